@@ -1,0 +1,278 @@
+import { performance } from 'node:perf_hooks';
+import { Kysely, PostgresDialect, sql } from 'kysely';
+import pg from 'pg';
+import type { Registry } from 'prom-client';
+import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
+import { BMDBError, ConnectionClosedError } from './errors.js';
+import type { SessionHost } from './internal/host.js';
+import { describeError, log } from './internal/log.js';
+import { withRetry } from './internal/retry.js';
+import { BMDBMetrics } from './metrics.js';
+import { migrateToLatest } from './migrations/index.js';
+import type { Database } from './schema.js';
+import { Session, type SessionOptions } from './session.js';
+
+/** Transaction isolation levels a BMDB connection can run at. */
+export type IsolationLevel = 'serializable' | 'repeatable read' | 'read committed';
+
+/** Options for {@link BMDB.open}. */
+export interface BMDBOptions {
+  /**
+   * PostgreSQL connection URL (`postgres://user:pass@host:5432/db`). Without
+   * it, `embedded` must say where an embedded server keeps its data.
+   */
+  readonly url?: string;
+  /** Run an embedded PostgreSQL server (used only when `url` is absent). */
+  readonly embedded?: EmbeddedDatabaseOptions;
+  /** Bring the schema up to date before returning. */
+  readonly migrate: boolean;
+  /** Name of the component using the BMDB, recorded with each session. */
+  readonly componentName: string;
+  /** Free-form runtime description (host, version), recorded with each session. */
+  readonly runtimeInfo: string;
+  /** Register Prometheus metrics on this registry. */
+  readonly metrics?: Registry;
+  /** Isolation level of every transaction and statement. Default `serializable`. */
+  readonly isolationLevel?: IsolationLevel;
+  /** Most database connections used at once for work. Default 20. */
+  readonly poolSize?: number;
+  /** Default session heartbeat interval in milliseconds (whole seconds). Default 5 s. */
+  readonly sessionInterval?: number;
+}
+
+const DEFAULT_SESSION_INTERVAL = 5_000;
+
+/**
+ * A connection to the BMDB: a connection pool, optionally an embedded server,
+ * and the sessions started through it.
+ *
+ * @example
+ * ```ts
+ * const bmdb = await BMDB.open({
+ *   embedded: { dataDir: './.bmdb' },
+ *   migrate: true,
+ *   componentName: 'example',
+ *   runtimeInfo: 'dev',
+ * });
+ * const session = await bmdb.startSession({ processor: 'example' });
+ * const machineId = await session.transact((q) => q.newMachine());
+ * await bmdb.close();
+ * ```
+ */
+export class BMDB {
+  readonly #db: Kysely<Database>;
+  readonly #pool: pg.Pool;
+  readonly #heartbeatPool: pg.Pool;
+  readonly #metrics: BMDBMetrics | undefined;
+  readonly #sessions = new Set<Session>();
+  readonly #host: SessionHost;
+  #collector: NodeJS.Timeout | undefined;
+  #closed = false;
+
+  private constructor(
+    private readonly options: BMDBOptions,
+    connectionString: string,
+    /** The embedded server, when this connection started one. */
+    readonly embedded: EmbeddedDatabase | undefined,
+  ) {
+    const isolation = options.isolationLevel ?? 'serializable';
+    const base: pg.PoolConfig = {
+      connectionString,
+      application_name: options.componentName.slice(0, 63),
+      keepAlive: true,
+      // Every statement, including single ones outside BEGIN, runs at the
+      // chosen level: claims and releases are single statements.
+      options: `-c default_transaction_isolation=${isolation.replace(' ', '\\ ')}`,
+    };
+    this.#pool = new pg.Pool({ ...base, max: options.poolSize ?? 20, connectionTimeoutMillis: 30_000 });
+    const interval = options.sessionInterval ?? DEFAULT_SESSION_INTERVAL;
+    this.#heartbeatPool = new pg.Pool({
+      ...base,
+      max: 2,
+      connectionTimeoutMillis: interval,
+      query_timeout: interval,
+    });
+    for (const pool of [this.#pool, this.#heartbeatPool]) {
+      // An idle connection dropped by the server must not crash the process.
+      pool.on('error', (error) => log.connection('idle connection failed: %s', describeError(error)));
+    }
+    this.#db = new Kysely<Database>({ dialect: new PostgresDialect({ pool: this.#pool }) });
+    this.#metrics = options.metrics ? new BMDBMetrics(options.metrics) : undefined;
+    const metrics = this.#metrics;
+    this.#host = {
+      db: this.#db,
+      heartbeatPool: this.#heartbeatPool,
+      metrics,
+      retry: (processor, attempt) =>
+        withRetry(attempt, {
+          onAttempt: () => metrics?.transactionsExecuted.inc({ processor }),
+          onRetry: () => metrics?.transactionsRetried.inc({ processor }),
+          onFailure: () => metrics?.transactionsFailed.inc({ processor }),
+        }),
+      sessionEnded: (session) => {
+        this.#sessions.delete(session);
+        if (this.#sessions.size === 0) this.#stopCollector();
+      },
+    };
+  }
+
+  /**
+   * Connects to the BMDB (starting an embedded server when no `url` is given)
+   * and, with `migrate: true`, brings the schema up to date.
+   */
+  static async open(options: BMDBOptions): Promise<BMDB> {
+    if (!options.componentName) throw new BMDBError('BMDB.open: componentName must be set');
+    const interval = options.sessionInterval ?? DEFAULT_SESSION_INTERVAL;
+    checkInterval(interval, 'sessionInterval');
+    let embedded: EmbeddedDatabase | undefined;
+    let url = options.url;
+    if (url === undefined) {
+      if (!options.embedded) {
+        throw new BMDBError('BMDB.open needs either url (a PostgreSQL URL) or embedded.dataDir');
+      }
+      embedded = await EmbeddedDatabase.start(options.embedded);
+      url = embedded.url;
+    }
+    const bmdb = new BMDB(options, url, embedded);
+    try {
+      await bmdb.#db.selectNoFrom(sql<number>`1`.as('ok')).execute();
+      if (options.migrate) await bmdb.migrate();
+    } catch (error) {
+      await bmdb.close();
+      if (error instanceof BMDBError) throw error;
+      throw new BMDBError(`could not connect to the BMDB at ${redact(url)}: ${describeError(error)}`, {
+        cause: error,
+      });
+    }
+    log.connection('opened %s for %s', redact(url), options.componentName);
+    return bmdb;
+  }
+
+  /** The Kysely instance over the pool, for queries outside sessions (reads, admin). */
+  get db(): Kysely<Database> {
+    this.#assertOpen();
+    return this.#db;
+  }
+
+  /** Applies pending migrations; returns the names of those applied. */
+  async migrate(): Promise<string[]> {
+    this.#assertOpen();
+    return migrateToLatest(this.#db as Kysely<unknown>);
+  }
+
+  /**
+   * Starts a session: inserts its row with a deadline one interval out and
+   * starts heartbeats.
+   */
+  async startSession(options: SessionOptions = {}): Promise<Session> {
+    this.#assertOpen();
+    const processor = options.processor ?? 'unknown';
+    const interval = options.interval ?? this.options.sessionInterval ?? DEFAULT_SESSION_INTERVAL;
+    checkInterval(interval, 'session interval');
+    const seconds = interval / 1000;
+    const sentAt = performance.now();
+    const row = await this.#host.retry(processor, () =>
+      this.#db
+        .insertInto('sessions')
+        .values({
+          component_name: this.options.componentName,
+          runtime_info: this.options.runtimeInfo,
+          interval_seconds: seconds,
+          deadline: sql<Date>`now() + make_interval(secs => ${seconds})`,
+        })
+        .returning('session_id')
+        .executeTakeFirstOrThrow(),
+    );
+    const session = new Session(this.#host, row.session_id, processor, interval, sentAt);
+    this.#sessions.add(session);
+    this.#metrics?.sessionsStarted.inc({ processor });
+    this.#startCollector(interval);
+    log.session('session %s started (%s, interval %ds)', session.id, processor, seconds);
+    return session;
+  }
+
+  /**
+   * Deletes sessions whose deadline passed, releasing their work with a
+   * `Canceled` history event each. Runs on its own every session interval
+   * while this connection has live sessions; callable directly too.
+   */
+  async collectExpiredSessions(): Promise<{ sessions: number; work: number }> {
+    this.#assertOpen();
+    const { rows } = await this.#host.retry('collector', () =>
+      sql<{ sessions: number; work: number }>`
+        WITH dead AS (
+          DELETE FROM sessions WHERE deadline < now() RETURNING session_id, deadline),
+        released AS (
+          DELETE FROM work w USING dead d WHERE w.session_id = d.session_id
+          RETURNING w.machine_id, w.process, d.session_id, d.deadline),
+        history AS (
+          INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
+          SELECT machine_id, process, 'Canceled', deadline, 'session ' || session_id || ' expired'
+          FROM released)
+        SELECT (SELECT count(*)::int FROM dead) AS sessions, (SELECT count(*)::int FROM released) AS work`.execute(
+        this.#db,
+      ),
+    );
+    const collected = rows[0] ?? { sessions: 0, work: 0 };
+    if (collected.sessions > 0) {
+      log.session('collected %d expired session(s), releasing %d claim(s)', collected.sessions, collected.work);
+    }
+    return collected;
+  }
+
+  /**
+   * Closes every session started here (cancelling their work), the pools and
+   * the embedded server. Idempotent.
+   */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#stopCollector();
+    const closing = [...this.#sessions].map((session) =>
+      session
+        .close()
+        .catch((error) => log.connection('closing session %s failed: %s', session.id, describeError(error))),
+    );
+    await Promise.all(closing);
+    await this.#db.destroy();
+    await this.#heartbeatPool.end();
+    if (this.embedded) await this.embedded.stop();
+    log.connection('closed (%s)', this.options.componentName);
+  }
+
+  #assertOpen(): void {
+    if (this.#closed) throw new ConnectionClosedError(this.options.componentName);
+  }
+
+  #startCollector(interval: number): void {
+    if (this.#collector) return;
+    this.#collector = setInterval(() => {
+      this.collectExpiredSessions().catch((error) =>
+        log.session('collecting expired sessions failed: %s', describeError(error)),
+      );
+    }, interval);
+    this.#collector.unref();
+  }
+
+  #stopCollector(): void {
+    clearInterval(this.#collector);
+    this.#collector = undefined;
+  }
+}
+
+function checkInterval(ms: number, what: string): void {
+  if (!Number.isInteger(ms / 1000) || ms < 1000) {
+    throw new RangeError(`${what} must be a whole number of seconds, at least 1s; got ${ms}ms`);
+  }
+}
+
+/** The URL without its password, for logs and errors. */
+function redact(url: string): string {
+  try {
+    const parsed = new URL(url);
+    if (parsed.password) parsed.password = '***';
+    return parsed.toString();
+  } catch {
+    return '(unparseable URL)';
+  }
+}

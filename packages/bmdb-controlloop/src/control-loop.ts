@@ -1,0 +1,242 @@
+import type { Backoff } from './backoff.js';
+import type { BMDB } from './connection.js';
+import {
+  ConnectionClosedError,
+  NothingToDoError,
+  SessionClosedError,
+  SessionExpiredError,
+  WorkConflictError,
+  WorkEndedError,
+  WorkLostError,
+} from './errors.js';
+import { describeError, log } from './internal/log.js';
+import { isAbort, sleep } from './internal/sleep.js';
+import type { RateLimiter } from './limiter.js';
+import type { Queries } from './queries.js';
+import type { Session } from './session.js';
+import type { Work, WorkCandidate } from './work.js';
+
+/**
+ * A BMDB control loop: which machines need work of a process, and what to do
+ * with each. Run it with {@link runControlLoop}.
+ */
+export interface ControlLoop<T extends WorkCandidate> {
+  /** Process name work is claimed under (e.g. `ShepherdAgentStart`). */
+  readonly process: string;
+  /** Metrics label for the loop's sessions (e.g. `shepherd-initializer`). */
+  readonly processor: string;
+  /** Backoff applied when `processMachine` throws; a task may override it. */
+  readonly defaultBackoff: Backoff;
+  /**
+   * Machines ready for this loop, at most `limit`. Runs inside the claim's
+   * transaction; must exclude machines under live work or backoff (see
+   * `hasLiveWork` and `inBackoff`).
+   */
+  getMachines(q: Queries, limit: number): Promise<readonly T[]>;
+  /**
+   * Processes one claimed machine. Call `task.work.finish(...)` on success;
+   * throwing fails the work with `task.backoff` and the error as cause.
+   * Returning without finishing releases the claim (`Canceled`).
+   */
+  processMachine(task: Task<T>): Promise<void>;
+}
+
+/** One claimed machine being processed by a control loop. */
+export interface Task<T extends WorkCandidate> {
+  /** The candidate `getMachines` returned. */
+  readonly machine: T;
+  /** The claim; finish it to record success. */
+  readonly work: Work<T>;
+  /** Backoff used if processing throws; starts as the loop's default. */
+  backoff: Backoff;
+  /** Aborts when the session expires or the stop grace period ends. */
+  readonly signal: AbortSignal;
+}
+
+/** Options for {@link runControlLoop}. */
+export interface ControlLoopOptions {
+  /** Workers claiming and processing in parallel, each with its own session. Default 1. */
+  readonly parallelism?: number;
+  /** Limits claim attempts (shared by all workers), e.g. `parseLimiter('250ms,8')`. */
+  readonly dbQueryLimiter: RateLimiter;
+  /** Stops the loop: no new claims, then in-flight work ends or is cancelled. */
+  readonly signal: AbortSignal;
+  /** How long in-flight work may run on after the stop signal. Default 30 s. */
+  readonly stopGracePeriod?: number;
+  /** Longest pause between claim attempts while there is nothing to do. Default 2 s. */
+  readonly maxIdleDelay?: number;
+  /** Heartbeat interval of the workers' sessions (ms). Default the connection's. */
+  readonly sessionInterval?: number;
+}
+
+const FIRST_IDLE_DELAY = 100;
+const ERROR_PAUSE = 1_000;
+
+/**
+ * Runs `loop` against the BMDB until `options.signal` aborts, then stops
+ * cleanly: no new claims, in-flight work finishes (or is cancelled after the
+ * grace period), and every session is closed, so nothing stays claimed.
+ *
+ * Each of `parallelism` workers holds a session (starting a new one when it
+ * expires), waits on the rate limiter, claims one machine and processes it.
+ * Idle workers back off up to `maxIdleDelay` between attempts.
+ */
+export async function runControlLoop<T extends WorkCandidate>(
+  bmdb: BMDB,
+  loop: ControlLoop<T>,
+  options: ControlLoopOptions,
+): Promise<void> {
+  const parallelism = options.parallelism ?? 1;
+  if (!Number.isInteger(parallelism) || parallelism < 1) {
+    throw new RangeError(`control loop ${loop.processor}: parallelism must be a positive integer, got ${parallelism}`);
+  }
+  const runner = new Runner(bmdb, loop, options);
+  log.loop('%s: starting %d worker(s) for %s', loop.processor, parallelism, loop.process);
+  await Promise.all(Array.from({ length: parallelism }, (_, index) => runner.worker(index)));
+  log.loop('%s: stopped', loop.processor);
+}
+
+class Runner<T extends WorkCandidate> {
+  readonly #stopGracePeriod: number;
+  readonly #maxIdleDelay: number;
+
+  constructor(
+    private readonly bmdb: BMDB,
+    private readonly loop: ControlLoop<T>,
+    private readonly options: ControlLoopOptions,
+  ) {
+    this.#stopGracePeriod = options.stopGracePeriod ?? 30_000;
+    this.#maxIdleDelay = options.maxIdleDelay ?? 2_000;
+  }
+
+  async worker(index: number): Promise<void> {
+    const { signal } = this.options;
+    const name = `${this.loop.processor}#${index}`;
+    let session: Session | undefined;
+    let idleDelay = FIRST_IDLE_DELAY;
+    try {
+      while (!signal.aborted) {
+        if (session?.state !== 'live') {
+          session = await this.#startSession(name, signal);
+          if (!session) break;
+        }
+        await this.options.dbQueryLimiter.wait(signal);
+        let work: Work<T>;
+        try {
+          work = await session.work(this.loop.process, (q) => this.loop.getMachines(q, 1));
+        } catch (error) {
+          if (error instanceof NothingToDoError) {
+            await sleep(idleDelay, signal);
+            idleDelay = Math.min(idleDelay * 2, this.#maxIdleDelay);
+          } else if (error instanceof WorkConflictError) {
+            log.loop('%s: %s', name, error.message);
+          } else if (error instanceof SessionExpiredError || error instanceof SessionClosedError) {
+            log.loop('%s: %s; starting a new session', name, error.message);
+            session = undefined;
+          } else if (error instanceof ConnectionClosedError) {
+            break;
+          } else {
+            log.loop('%s: claiming work for %s failed: %s', name, this.loop.process, describeError(error));
+            await sleep(ERROR_PAUSE, signal);
+          }
+          continue;
+        }
+        idleDelay = FIRST_IDLE_DELAY;
+        await this.#process(name, session, work);
+      }
+    } catch (error) {
+      if (!isAbort(error, signal)) throw error;
+    } finally {
+      await session?.close().catch((error) => log.loop('%s: closing session failed: %s', name, describeError(error)));
+    }
+  }
+
+  /** A new session, retried while the database is unreachable; undefined once stopped. */
+  async #startSession(name: string, signal: AbortSignal): Promise<Session | undefined> {
+    while (!signal.aborted) {
+      try {
+        return await this.bmdb.startSession({
+          processor: this.loop.processor,
+          ...(this.options.sessionInterval !== undefined && { interval: this.options.sessionInterval }),
+        });
+      } catch (error) {
+        if (error instanceof ConnectionClosedError) return undefined;
+        log.loop('%s: starting a session failed: %s', name, describeError(error));
+        await sleep(ERROR_PAUSE, signal);
+      }
+    }
+    return undefined;
+  }
+
+  /**
+   * Processes one claim to its end. After a stop signal, the task gets the
+   * grace period; then its signal aborts and the claim is released without
+   * waiting further.
+   */
+  async #process(name: string, session: Session, work: Work<T>): Promise<void> {
+    const grace = new AbortController();
+    const task: Task<T> = {
+      machine: work.candidate,
+      work,
+      backoff: this.loop.defaultBackoff,
+      signal: AbortSignal.any([session.signal, grace.signal]),
+    };
+    const processing = this.#runTask(name, task);
+
+    const { signal } = this.options;
+    let graceTimer: NodeJS.Timeout | undefined;
+    const startGrace = () => {
+      graceTimer = setTimeout(
+        () => grace.abort(new Error(`control loop stopped; grace period of ${this.#stopGracePeriod}ms ended`)),
+        this.#stopGracePeriod,
+      );
+    };
+    signal.addEventListener('abort', startGrace, { once: true });
+    if (signal.aborted) startGrace();
+    try {
+      await Promise.race([processing, abortion(grace.signal)]);
+    } finally {
+      signal.removeEventListener('abort', startGrace);
+      clearTimeout(graceTimer);
+    }
+    if (grace.signal.aborted) {
+      log.loop('%s: machine %s still processing after the grace period; releasing it', name, work.machineId);
+    }
+    await work.cancel().catch((error) => {
+      if (!isSessionGone(error))
+        log.loop('%s: releasing machine %s failed: %s', name, work.machineId, describeError(error));
+    });
+  }
+
+  async #runTask(name: string, task: Task<T>): Promise<void> {
+    const { work } = task;
+    try {
+      await this.loop.processMachine(task);
+    } catch (error) {
+      const cause = describeError(error);
+      log.loop('%s: processing machine %s failed: %s', name, work.machineId, cause);
+      if (work.state !== 'active') return;
+      await work.fail(task.backoff, cause).catch((failError) => {
+        if (!isSessionGone(failError)) {
+          log.loop('%s: recording failure of machine %s failed: %s', name, work.machineId, describeError(failError));
+        }
+      });
+    }
+  }
+}
+
+function isSessionGone(error: unknown): boolean {
+  return (
+    error instanceof SessionExpiredError ||
+    error instanceof SessionClosedError ||
+    error instanceof WorkLostError ||
+    error instanceof WorkEndedError ||
+    error instanceof ConnectionClosedError
+  );
+}
+
+/** Resolves when `signal` aborts; never rejects. */
+function abortion(signal: AbortSignal): Promise<void> {
+  if (signal.aborted) return Promise.resolve();
+  return new Promise((resolve) => signal.addEventListener('abort', () => resolve(), { once: true }));
+}

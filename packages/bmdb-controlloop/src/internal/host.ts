@@ -1,0 +1,17 @@
+import type { Kysely } from 'kysely';
+import type pg from 'pg';
+import type { BMDBMetrics } from '../metrics.js';
+import type { Database } from '../schema.js';
+import type { Session } from '../session.js';
+
+/** What a {@link Session} needs from the connection that started it. */
+export interface SessionHost {
+  readonly db: Kysely<Database>;
+  /** A small pool of its own, so heartbeats never queue behind work. */
+  readonly heartbeatPool: pg.Pool;
+  readonly metrics: BMDBMetrics | undefined;
+  /** Runs `attempt`, retrying serialization failures, with metrics for `processor`. */
+  retry<T>(processor: string, attempt: () => Promise<T>): Promise<T>;
+  /** The session ended (closed or expired). */
+  sessionEnded(session: Session): void;
+}

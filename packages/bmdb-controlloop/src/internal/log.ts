@@ -1,0 +1,20 @@
+import createDebug from 'debug';
+
+/** Loggers under the `bmdb:*` debug namespace; enable with `DEBUG=bmdb:*`. */
+export const log = {
+  connection: createDebug('bmdb:connection'),
+  embedded: createDebug('bmdb:embedded'),
+  migrate: createDebug('bmdb:migrate'),
+  session: createDebug('bmdb:session'),
+  work: createDebug('bmdb:work'),
+  loop: createDebug('bmdb:loop'),
+};
+
+/** The message of an unknown thrown value, for logs and failure causes. */
+export function describeError(error: unknown): string {
+  if (error instanceof Error) {
+    const code = (error as { code?: unknown }).code;
+    return typeof code === 'string' && !error.message.includes(code) ? `${error.message} (${code})` : error.message;
+  }
+  return String(error);
+}

@@ -1,0 +1,42 @@
+import { log } from './log.js';
+import { sleep } from './sleep.js';
+
+/** SQLSTATEs after which the whole transaction can simply run again. */
+const RETRYABLE = new Set(['40001', '40P01']);
+
+/** Whether a database error is a serialization failure or a deadlock. */
+export function isRetryable(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  return typeof code === 'string' && RETRYABLE.has(code);
+}
+
+export interface RetryHooks {
+  onAttempt(): void;
+  onRetry(error: unknown, attempt: number): void;
+  onFailure(error: unknown): void;
+}
+
+/** Enough for heavy contention; each wait is short and jittered. */
+const MAX_ATTEMPTS = 30;
+
+/**
+ * Runs `attempt` until it succeeds, retrying serialization failures and
+ * deadlocks with a jittered exponential pause (5 ms doubling to 500 ms).
+ */
+export async function withRetry<T>(attempt: () => Promise<T>, hooks: RetryHooks): Promise<T> {
+  for (let n = 1; ; n++) {
+    hooks.onAttempt();
+    try {
+      return await attempt();
+    } catch (error) {
+      if (!isRetryable(error) || n >= MAX_ATTEMPTS) {
+        hooks.onFailure(error);
+        throw error;
+      }
+      hooks.onRetry(error, n);
+      const ceiling = Math.min(500, 5 * 2 ** (n - 1));
+      log.connection('retrying transaction after %s (attempt %d)', (error as { code?: string }).code, n);
+      await sleep(ceiling / 2 + Math.random() * (ceiling / 2));
+    }
+  }
+}

@@ -1,0 +1,17 @@
+import type { Kysely } from 'kysely';
+import type { WorkOutcome } from '../errors.js';
+import type { Database } from '../schema.js';
+import type { Work } from '../work.js';
+
+/** What a {@link Work} needs from the session that holds it. */
+export interface SessionRuntime {
+  readonly sessionId: string;
+  /** Throws SessionExpiredError / SessionClosedError unless the session is live. */
+  assertLive(): void;
+  /** A retried transaction at the connection's isolation level. */
+  transaction<T>(fn: (trx: Kysely<Database>) => Promise<T>): Promise<T>;
+  /** A retried single statement, outside an explicit transaction. */
+  statement<T>(fn: (db: Kysely<Database>) => Promise<T>): Promise<T>;
+  /** Bookkeeping once a work item ended. */
+  workEnded(work: Work, outcome: WorkOutcome): void;
+}

@@ -1,0 +1,52 @@
+import { Counter, type Registry } from 'prom-client';
+import type { WorkOutcome } from './errors.js';
+
+type Labels<K extends string> = Record<K, string>;
+
+/**
+ * The BMDB's Prometheus metrics, registered on the registry given to
+ * `BMDB.open`. Counters are labelled by `processor` (the component role a
+ * session was started for) and, for work, by `process`.
+ */
+export class BMDBMetrics {
+  readonly sessionsStarted: Counter<'processor'>;
+  readonly transactionsExecuted: Counter<'processor'>;
+  readonly transactionsRetried: Counter<'processor'>;
+  readonly transactionsFailed: Counter<'processor'>;
+  readonly workStarted: Counter<'processor' | 'process'>;
+  readonly workFinished: Counter<'processor' | 'process' | 'result'>;
+
+  constructor(registry: Registry) {
+    const counter = <K extends string>(name: string, help: string, labelNames: readonly K[]): Counter<K> => {
+      // Several BMDB connections in one process may share a registry.
+      const existing = registry.getSingleMetric(name);
+      if (existing) return existing as Counter<K>;
+      return new Counter<K>({ name, help, labelNames, registers: [registry] });
+    };
+    this.sessionsStarted = counter('bmdb_session_started_total', 'BMDB sessions started.', ['processor']);
+    this.transactionsExecuted = counter(
+      'bmdb_transaction_executed_total',
+      'BMDB transactions attempted (each retry counts once more).',
+      ['processor'],
+    );
+    this.transactionsRetried = counter(
+      'bmdb_transaction_retried_total',
+      'BMDB transactions retried after a serialization failure or deadlock.',
+      ['processor'],
+    );
+    this.transactionsFailed = counter('bmdb_transaction_failed_total', 'BMDB transactions that failed for good.', [
+      'processor',
+    ]);
+    this.workStarted = counter('bmdb_work_started_total', 'Work items claimed.', ['processor', 'process']);
+    this.workFinished = counter('bmdb_work_finished_total', 'Work items ended, by result.', [
+      'processor',
+      'process',
+      'result',
+    ]);
+  }
+
+  /** @internal */
+  workEnded(labels: Labels<'processor' | 'process'>, result: WorkOutcome): void {
+    this.workFinished.inc({ ...labels, result });
+  }
+}

@@ -1,0 +1,116 @@
+import type { ColumnType, Generated, Insertable, Selectable } from 'kysely';
+
+/**
+ * The BMDB schema as Kysely sees it, for callers who write their own queries
+ * with `Queries.db`. Column names are the database's own (snake_case).
+ */
+export interface Database {
+  machines: MachinesTable;
+  machine_provided: MachineProvidedTable;
+  machine_agent_started: MachineAgentStartedTable;
+  machine_agent_heartbeat: MachineAgentHeartbeatTable;
+  sessions: SessionsTable;
+  work: WorkTable;
+  work_history: WorkHistoryTable;
+  work_backoff: WorkBackoffTable;
+}
+
+/** Timestamps are read as `Date` and written as `Date` or a SQL expression. */
+type Timestamp = ColumnType<Date, Date | string, Date | string>;
+
+export interface MachinesTable {
+  machine_id: Generated<string>;
+  machine_created_at: Generated<Date>;
+}
+
+/** Where a machine's provider status stands; `null` until first observed. */
+export const ProviderStatus = {
+  Missing: 'Missing',
+  Provisioning: 'Provisioning',
+  ProvisioningFailedPermanent: 'ProvisioningFailedPermanent',
+  Running: 'Running',
+  Stopped: 'Stopped',
+  Unknown: 'Unknown',
+} as const;
+export type ProviderStatus = (typeof ProviderStatus)[keyof typeof ProviderStatus];
+
+export interface MachineProvidedTable {
+  machine_id: string;
+  provider: string;
+  provider_id: string;
+  provider_reservation_id: string | null;
+  provider_ip_address: string | null;
+  provider_location: string | null;
+  provider_status: ProviderStatus | null;
+}
+
+export interface MachineAgentStartedTable {
+  machine_id: string;
+  agent_started_at: Timestamp;
+  agent_public_key: Uint8Array;
+}
+
+export interface MachineAgentHeartbeatTable {
+  machine_id: string;
+  agent_heartbeat_at: Timestamp;
+}
+
+export interface SessionsTable {
+  session_id: Generated<string>;
+  component_name: string;
+  runtime_info: string;
+  created_at: Generated<Date>;
+  interval_seconds: number;
+  deadline: Timestamp;
+}
+
+export interface WorkTable {
+  machine_id: string;
+  session_id: string;
+  process: string;
+}
+
+/** What happened to a piece of work, as recorded in its history. */
+export const WorkEvent = {
+  Started: 'Started',
+  Finished: 'Finished',
+  Failed: 'Failed',
+  Canceled: 'Canceled',
+} as const;
+export type WorkEvent = (typeof WorkEvent)[keyof typeof WorkEvent];
+
+export interface WorkHistoryTable {
+  machine_id: string;
+  process: string;
+  event: WorkEvent;
+  timestamp: Timestamp;
+  failed_cause: string | null;
+}
+
+export interface WorkBackoffTable {
+  machine_id: string;
+  process: string;
+  until: Timestamp;
+  cause: string;
+  last_interval_seconds: number | null;
+}
+
+export type MachineProvidedRow = Selectable<MachineProvidedTable>;
+export type NewMachineProvided = Insertable<MachineProvidedTable>;
+
+/**
+ * The processes the shepherd claims work under. `process` is free text in the
+ * database, so other components add their own without a migration.
+ */
+export const Process = {
+  ShepherdAccess: 'ShepherdAccess',
+  ShepherdAgentStart: 'ShepherdAgentStart',
+  ShepherdRecovery: 'ShepherdRecovery',
+} as const;
+
+/** Processes whose live work excludes a machine from every shepherd selection. */
+export const SHEPHERD_PROCESSES: readonly string[] = [
+  Process.ShepherdAccess,
+  Process.ShepherdAgentStart,
+  Process.ShepherdRecovery,
+];

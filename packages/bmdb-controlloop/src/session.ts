@@ -1,0 +1,332 @@
+import { performance } from 'node:perf_hooks';
+import { type Kysely, sql } from 'kysely';
+import {
+  BMDBError,
+  NothingToDoError,
+  SessionClosedError,
+  SessionExpiredError,
+  WorkConflictError,
+  type WorkOutcome,
+} from './errors.js';
+import type { SessionHost } from './internal/host.js';
+import { describeError, log } from './internal/log.js';
+import type { SessionRuntime } from './internal/runtime.js';
+import { Queries } from './queries.js';
+import type { Database } from './schema.js';
+import { Work, type WorkCandidate } from './work.js';
+
+/** Options for `BMDB.startSession`. */
+export interface SessionOptions {
+  /**
+   * The component role this session works for (`shepherd-initializer`, ...),
+   * used as the `processor` metrics label. Default `unknown`.
+   */
+  readonly processor?: string;
+  /**
+   * How long the session survives without a heartbeat, in milliseconds (whole
+   * seconds, at least 1 s). Heartbeats go out every half interval. Default
+   * the connection's `sessionInterval` (5 s).
+   */
+  readonly interval?: number;
+}
+
+type SessionState = 'live' | 'expired' | 'closed';
+
+/** How often a failed heartbeat is retried, as a fraction of the interval. */
+const HEARTBEAT_RETRY_FRACTION = 10;
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+/**
+ * A worker's presence in the BMDB: a row with a deadline that heartbeats keep
+ * pushing forward. Work is claimed through a session, and released when the
+ * session closes or expires, so a crashed worker's machines come free again.
+ *
+ * Once the deadline passes (heartbeats could not reach the database for a
+ * whole interval), the session is expired for good: {@link Session.signal}
+ * aborts and every call fails with {@link SessionExpiredError}.
+ */
+export class Session {
+  #state: SessionState = 'live';
+  /** performance.now() after which the database certainly considers us dead. */
+  #localDeadline: number;
+  #heartbeat: NodeJS.Timeout | undefined;
+  #watchdog: NodeJS.Timeout | undefined;
+  readonly #abort = new AbortController();
+  readonly #works = new Set<Work>();
+  readonly #runtime: SessionRuntime;
+  readonly #labels: { processor: string };
+
+  /** @internal Created by `BMDB.startSession`. */
+  constructor(
+    private readonly host: SessionHost,
+    /** The session's ID (its row in `sessions`). */
+    readonly id: string,
+    /** The metrics label this session was started with. */
+    readonly processor: string,
+    /** Heartbeat deadline interval, in milliseconds. */
+    readonly interval: number,
+    startedAt: number,
+  ) {
+    this.#labels = { processor };
+    this.#localDeadline = startedAt + interval;
+    this.#runtime = {
+      sessionId: id,
+      assertLive: () => this.#assertLive(),
+      transaction: (fn) => this.host.retry(processor, () => this.host.db.transaction().execute(fn)),
+      statement: (fn) => this.host.retry(processor, () => fn(this.host.db)),
+      workEnded: (work, outcome) => this.#workEnded(work, outcome),
+    };
+    this.#armWatchdog();
+    this.#scheduleHeartbeat(interval / 2);
+  }
+
+  /** Aborts when the session expires or closes; hand it to work done in its name. */
+  get signal(): AbortSignal {
+    return this.#abort.signal;
+  }
+
+  /** `live`, `expired` (deadline passed) or `closed` (by its owner). */
+  get state(): SessionState {
+    this.#checkDeadline();
+    return this.#state;
+  }
+
+  /**
+   * Runs `fn` in one database transaction at the connection's isolation level
+   * (SERIALIZABLE by default), after checking the session is alive. Retries the
+   * whole transaction on serialization failures and deadlocks, so `fn` must be
+   * safe to run more than once.
+   *
+   * @throws {@link SessionExpiredError} if the session expired
+   */
+  async transact<T>(fn: (q: Queries) => Promise<T>): Promise<T> {
+    this.#assertLive();
+    return this.#runtime.transaction(async (trx) => {
+      await this.#checkAliveIn(trx);
+      return fn(new Queries(trx));
+    });
+  }
+
+  /**
+   * Claims work on one machine for `process`, in one transaction: `retriever`
+   * returns candidates (machine IDs, or rows with a `machineId`), the first is
+   * claimed, `Started` is recorded, and the pair's previous backoff interval
+   * is remembered for {@link Work.fail}.
+   *
+   * A claim left behind by an expired session is taken over (its history gets
+   * a `Canceled` event).
+   *
+   * @throws {@link NothingToDoError} when the retriever returns no candidates
+   * @throws {@link WorkConflictError} when a live session holds the first candidate
+   * @throws {@link SessionExpiredError} if the session expired
+   */
+  async work<T extends WorkCandidate>(
+    process: string,
+    retriever: (q: Queries) => Promise<readonly T[]>,
+  ): Promise<Work<T>> {
+    this.#assertLive();
+    const claim = await this.#runtime.transaction(async (trx) => {
+      const candidates = await retriever(new Queries(trx));
+      const candidate = candidates[0];
+      if (candidate === undefined) throw new NothingToDoError(process);
+      const machineId = typeof candidate === 'string' ? candidate : candidate.machineId;
+      if (!UUID.test(machineId)) {
+        throw new BMDBError(
+          `work retriever for process ${process} returned ${JSON.stringify(machineId)}, not a machine ID`,
+        );
+      }
+      return { candidate, machineId, ...(await this.#claim(trx, machineId, process)) };
+    });
+    const work = new Work<T>(this.#runtime, claim.machineId, process, claim.candidate, claim.previousInterval);
+    this.#works.add(work as Work);
+    this.host.metrics?.workStarted.inc({ ...this.#labels, process });
+    log.work(
+      'session %s claimed machine %s for %s%s',
+      this.id,
+      claim.machineId,
+      process,
+      claim.tookOverFrom ? ` (taken over from expired session ${claim.tookOverFrom})` : '',
+    );
+    return work;
+  }
+
+  /**
+   * Ends the session: cancels its live work (recording `Canceled`), deletes
+   * its row and aborts {@link Session.signal}. Idempotent; also tidies up
+   * after an expired session.
+   */
+  async close(): Promise<void> {
+    if (this.#state === 'closed') return;
+    const wasExpired = this.#state === 'expired';
+    this.#end('closed', new SessionClosedError(this.id));
+    for (const work of this.#works) work.abandon('canceled');
+    this.#works.clear();
+    const { rows } = await this.host.retry(this.processor, () =>
+      sql<{ released: number }>`
+        WITH closed AS (
+          DELETE FROM sessions WHERE session_id = ${this.id}::uuid RETURNING session_id),
+        released AS (
+          DELETE FROM work w USING closed c WHERE w.session_id = c.session_id
+          RETURNING w.machine_id, w.process),
+        history AS (
+          INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
+          SELECT machine_id, process, 'Canceled', now(), ${`session ${this.id} closed`} FROM released)
+        SELECT count(*)::int AS released FROM released`.execute(this.host.db),
+    );
+    log.session(
+      'session %s closed%s, %d claim(s) released',
+      this.id,
+      wasExpired ? ' after expiring' : '',
+      rows[0]?.released ?? 0,
+    );
+  }
+
+  #assertLive(): void {
+    const state = this.state;
+    if (state === 'closed') throw new SessionClosedError(this.id);
+    if (state === 'expired') throw this.#abort.signal.reason as SessionExpiredError;
+  }
+
+  async #checkAliveIn(trx: Kysely<Database>): Promise<void> {
+    const row = await trx
+      .selectFrom('sessions')
+      .select('session_id')
+      .where('session_id', '=', this.id)
+      .where(sql<boolean>`deadline > now()`)
+      .executeTakeFirst();
+    if (!row) {
+      this.#expire('its deadline passed in the database');
+      throw this.#abort.signal.reason as SessionExpiredError;
+    }
+  }
+
+  /**
+   * The claim itself, one statement: insert the work row if the session is
+   * alive, taking over a row whose session expired, record the history and
+   * read the previous backoff interval.
+   */
+  async #claim(trx: Kysely<Database>, machineId: string, process: string) {
+    const { rows } = await sql<{
+      live: boolean;
+      claimed: boolean;
+      took_over_from: string | null;
+      last_interval_seconds: number | null;
+    }>`
+      WITH live AS (
+        SELECT session_id FROM sessions WHERE session_id = ${this.id}::uuid AND deadline > now()),
+      prior AS (
+        SELECT w.session_id, s.deadline FROM work w JOIN sessions s ON s.session_id = w.session_id
+        WHERE w.machine_id = ${machineId}::uuid AND w.process = ${process}),
+      claimed AS (
+        INSERT INTO work (machine_id, session_id, process)
+        SELECT ${machineId}::uuid, session_id, ${process} FROM live
+        ON CONFLICT (machine_id, process) DO UPDATE SET session_id = excluded.session_id
+        WHERE NOT EXISTS (
+          SELECT 1 FROM sessions s WHERE s.session_id = work.session_id AND s.deadline > now())
+        RETURNING machine_id, process),
+      history AS (
+        INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
+        SELECT c.machine_id, c.process, 'Canceled', p.deadline,
+               'session ' || p.session_id || ' expired holding this claim'
+        FROM claimed c CROSS JOIN prior p
+        UNION ALL
+        SELECT machine_id, process, 'Started', now(), NULL FROM claimed)
+      SELECT EXISTS (SELECT 1 FROM live) AS live,
+             EXISTS (SELECT 1 FROM claimed) AS claimed,
+             (SELECT session_id::text FROM prior) AS took_over_from,
+             (SELECT last_interval_seconds FROM work_backoff
+              WHERE machine_id = ${machineId}::uuid AND process = ${process}) AS last_interval_seconds`.execute(trx);
+    const row = rows[0];
+    if (!row?.live) {
+      this.#expire('its deadline passed in the database');
+      throw this.#abort.signal.reason as SessionExpiredError;
+    }
+    if (!row.claimed) throw new WorkConflictError(machineId, process);
+    return { tookOverFrom: row.took_over_from, previousInterval: row.last_interval_seconds ?? undefined };
+  }
+
+  #workEnded(work: Work, outcome: WorkOutcome): void {
+    this.#works.delete(work);
+    this.host.metrics?.workEnded({ ...this.#labels, process: work.process }, outcome);
+  }
+
+  #scheduleHeartbeat(delay: number): void {
+    this.#heartbeat = setTimeout(() => void this.#poke(), delay);
+    this.#heartbeat.unref();
+  }
+
+  /** Expires the session when the deadline passes without a successful poke. */
+  #armWatchdog(): void {
+    clearTimeout(this.#watchdog);
+    const untilDeadline = Math.max(0, this.#localDeadline - performance.now());
+    this.#watchdog = setTimeout(() => this.#checkDeadline(), untilDeadline + 1);
+    this.#watchdog.unref();
+  }
+
+  async #poke(): Promise<void> {
+    if (this.#state !== 'live') return;
+    const sentAt = performance.now();
+    let renewed: boolean;
+    try {
+      const client = await this.host.heartbeatPool.connect();
+      try {
+        const result = await client.query(
+          `UPDATE sessions SET deadline = now() + make_interval(secs => interval_seconds)
+           WHERE session_id = $1 AND deadline > now()`,
+          [this.id],
+        );
+        client.release();
+        renewed = result.rowCount === 1;
+      } catch (error) {
+        // A failed or timed-out connection must not go back to the pool.
+        client.release(error instanceof Error ? error : new Error(String(error)));
+        throw error;
+      }
+    } catch (error) {
+      if (this.#state !== 'live') return;
+      const left = this.#localDeadline - performance.now();
+      log.session(
+        'session %s heartbeat failed (%dms to deadline): %s',
+        this.id,
+        Math.round(left),
+        describeError(error),
+      );
+      // Transient: keep trying until the deadline has really passed.
+      if (this.state === 'live') this.#scheduleHeartbeat(Math.min(left, this.interval / HEARTBEAT_RETRY_FRACTION));
+      return;
+    }
+    if (this.#state !== 'live') return;
+    if (!renewed) {
+      this.#expire('its deadline passed in the database');
+      return;
+    }
+    // The database's new deadline is at least this far out: it counted from
+    // a moment after we sent the poke.
+    this.#localDeadline = sentAt + this.interval;
+    this.#armWatchdog();
+    this.#scheduleHeartbeat(this.interval / 2);
+  }
+
+  #checkDeadline(): void {
+    if (this.#state === 'live' && performance.now() >= this.#localDeadline) {
+      this.#expire('heartbeats did not reach the database before the deadline');
+    }
+  }
+
+  #expire(why: string): void {
+    if (this.#state !== 'live') return;
+    log.session('session %s expired: %s', this.id, why);
+    this.#end('expired', new SessionExpiredError(this.id, why));
+    for (const work of this.#works) work.abandon('lost');
+    this.#works.clear();
+  }
+
+  #end(state: 'expired' | 'closed', reason: Error): void {
+    this.#state = state;
+    clearTimeout(this.#heartbeat);
+    clearTimeout(this.#watchdog);
+    this.#abort.abort(reason);
+    this.host.sessionEnded(this);
+  }
+}

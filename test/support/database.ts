@@ -1,0 +1,60 @@
+import { randomBytes } from 'node:crypto';
+import { BMDB, type BMDBOptions } from '@bmaas/bmdb-controlloop';
+import pg from 'pg';
+import { afterAll, inject } from 'vitest';
+
+/** A database of one test file's own, dropped after the file's tests. */
+export interface TestDatabase {
+  readonly name: string;
+  readonly url: string;
+  /** Runs SQL as the server's superuser against this database (for moving time, faults). */
+  admin(text: string, values?: unknown[]): Promise<pg.QueryResult>;
+}
+
+/**
+ * Creates a fresh database for the calling test file and registers its
+ * removal. Call at module level or in `beforeAll`.
+ */
+export async function createTestDatabase(): Promise<TestDatabase> {
+  const adminUrl = inject('bmdbAdminUrl');
+  const name = `bmdb_test_${randomBytes(6).toString('hex')}`;
+  await withClient(adminUrl, (client) => client.query(`CREATE DATABASE ${name}`));
+  const url = withDatabase(adminUrl, name);
+  const pool = new pg.Pool({ connectionString: url, max: 2 });
+  pool.on('error', () => {});
+  afterAll(async () => {
+    await pool.end();
+    await withClient(adminUrl, (client) => client.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`));
+  });
+  return { name, url, admin: (text, values) => pool.query(text, values) };
+}
+
+/** Opens a BMDB on `db`, migrated, closed after the file's tests. */
+export async function openTestBMDB(db: TestDatabase, options: Partial<BMDBOptions> = {}): Promise<BMDB> {
+  const bmdb = await BMDB.open({
+    url: db.url,
+    migrate: true,
+    componentName: 'test',
+    runtimeInfo: 'vitest',
+    ...options,
+  });
+  afterAll(() => bmdb.close());
+  return bmdb;
+}
+
+/** `url` pointing at another database on the same server. */
+export function withDatabase(url: string, database: string): string {
+  const parsed = new URL(url);
+  parsed.pathname = `/${database}`;
+  return parsed.toString();
+}
+
+async function withClient<T>(url: string, fn: (client: pg.Client) => Promise<T>): Promise<T> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    return await fn(client);
+  } finally {
+    await client.end();
+  }
+}

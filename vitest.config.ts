@@ -1,0 +1,19 @@
+import { fileURLToPath } from 'node:url';
+import { defineConfig } from 'vitest/config';
+
+/** One Vitest project per package; tests run against sources (the `source` export condition). */
+const packages = ['bmdb-controlloop'];
+
+export default defineConfig({
+  ssr: { resolve: { conditions: ['source'] } },
+  test: {
+    // Absolute: projects inherit it and resolve relative paths from their own root.
+    globalSetup: [fileURLToPath(new URL('./test/global-setup.ts', import.meta.url))],
+    testTimeout: 60_000,
+    hookTimeout: 120_000,
+    projects: packages.map((name) => ({
+      extends: true,
+      test: { name, root: `packages/${name}`, include: ['test/**/*.test.ts'] },
+    })),
+  },
+});
