@@ -1,1 +1,38 @@
-export {};
+/**
+ * The Equinix Metal provider of the shepherd: a typed API client, the
+ * `Provider`/`Recoverer` that turns hardware reservations into BMDB machines,
+ * and a status updater keeping provider facts in the BMDB current. A fake
+ * Equinix API for tests lives in `@bmaas/provider-equinix/testing`.
+ *
+ * @packageDocumentation
+ */
+
+export {
+  CREATE_TAG_PREFIX,
+  DEFAULT_EQUINIX_API_URL,
+  type DeviceFilter,
+  EquinixClient,
+  type EquinixClientOptions,
+  type EquinixClientSettings,
+} from './api/client.js';
+export type { RetryPolicy } from './api/retry.js';
+export type {
+  DeviceCreateRequest,
+  DeviceState,
+  EquinixDevice,
+  EquinixHardwareReservation,
+  EquinixIpAddress,
+  EquinixRef,
+  EquinixSshKey,
+} from './api/types.js';
+export {
+  DeviceNotAdoptableError,
+  DeviceNotRecordedError,
+  EquinixApiError,
+  EquinixError,
+  EquinixRequestError,
+  EquinixResponseError,
+  ReservationTakenError,
+  ReservationUnavailableError,
+} from './errors.js';
+export { Secret } from './secret.js';

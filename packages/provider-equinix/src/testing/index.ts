@@ -1,0 +1,15 @@
+/**
+ * Test support: a fake Equinix Metal API served over real HTTP on
+ * 127.0.0.1, for this package's tests and for tests of packages built on it.
+ *
+ * @packageDocumentation
+ */
+
+export {
+  FakeEquinixApi,
+  type FakeEquinixApiOptions,
+  type FakeFault,
+  type FakeRequest,
+  type FakeRoute,
+} from './fake-api.js';
+export type { FakeDeviceSeed, FakeReservationSeed } from './fake-store.js';
