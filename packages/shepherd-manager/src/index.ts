@@ -6,6 +6,32 @@
  */
 
 export {
+  AGENT_KEY_LENGTH,
+  AgentResponseError,
+  type AgentResponseRejection,
+  type AgentTakeover,
+  encodeTakeoverInit,
+  parseTakeoverResponse,
+  type TakeoverInitParams,
+} from './agent-protocol.js';
+export { type FakeExecution, FakeSshClient, type FakeSshHooks, type FakeUpload } from './fake-ssh-client.js';
+export {
+  type TakeoverError,
+  TakeoverErrorSchema,
+  type TakeoverInit,
+  TakeoverInitSchema,
+  type TakeoverResponse,
+  TakeoverResponseSchema,
+  type TakeoverSuccess,
+  TakeoverSuccessSchema,
+} from './gen/cloud/agent/api/takeover_pb.js';
+export {
+  type HostKeyPinStore,
+  HostKeyStoreError,
+  JsonFileHostKeyPinStore,
+  MemoryHostKeyPinStore,
+} from './host-key-pins.js';
+export {
   Availability,
   type CreateMachineRequest,
   type Machine,
@@ -15,3 +41,21 @@ export {
   type Recoverer,
   ShepherdError,
 } from './provider.js';
+export {
+  DEFAULT_MAX_OUTPUT_BYTES,
+  HostKeyMismatchError,
+  Ssh2Client,
+  type Ssh2ClientOptions,
+  SshAbortedError,
+  type SshClient,
+  type SshConnection,
+  SshDialError,
+  type SshDialOptions,
+  SshError,
+  SshExecError,
+  type SshExecResult,
+  SshOutputLimitError,
+  type SshTarget,
+  SshUploadError,
+} from './ssh-client.js';
+export { SshKey, SshKeyError, type SshKeyOptions, type SshKeySource, sshFingerprint } from './ssh-key.js';

@@ -1,0 +1,372 @@
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { chmodSync, closeSync, existsSync, fchmodSync, openSync, renameSync, unlinkSync, writeSync } from 'node:fs';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { connect, createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { type Connection, Server, type ServerChannel, type SFTPWrapper, utils } from 'ssh2';
+
+/** Where Debian's `openssh-server` installs the daemon. */
+export const SSHD_PATH = '/usr/sbin/sshd';
+
+/** What a suite prints when it runs against the fallback server. */
+export const FALLBACK_NOTICE = "sshd not found, using ssh2's in-process server";
+
+/** A throwaway SSH server on 127.0.0.1 that lets in whoever holds one of the given keys, as root. */
+export interface TestSshServer {
+  /** `openssh`: a real `sshd`; `ssh2`: ssh2's in-process server, where no sshd is installed. */
+  readonly kind: 'openssh' | 'ssh2';
+  /** One line for the test output saying which server this is. */
+  readonly description: string;
+  readonly host: string;
+  readonly port: number;
+  /** The server's host key fingerprint, `SHA256:…` (from ssh-keygen for OpenSSH). */
+  readonly hostKeyFingerprint: string;
+  /** What the server logged so far (OpenSSH: its stderr at LogLevel VERBOSE). */
+  logs(): string;
+  stop(): Promise<void>;
+}
+
+export interface TestSshServerOptions {
+  /** Public keys in authorized_keys form. */
+  readonly authorizedKeys: readonly string[];
+}
+
+/**
+ * Which server {@link startTestSshServer} starts: OpenSSH when it is
+ * installed, unless `SHEPHERD_TEST_SSHD=ssh2` asks for the fallback.
+ */
+export function testSshServerKind(): 'openssh' | 'ssh2' {
+  return process.env.SHEPHERD_TEST_SSHD !== 'ssh2' && existsSync(SSHD_PATH) ? 'openssh' : 'ssh2';
+}
+
+/** Starts a throwaway SSH server; see {@link TestSshServer}. Stop it in the suite's teardown. */
+export function startTestSshServer(options: TestSshServerOptions): Promise<TestSshServer> {
+  return testSshServerKind() === 'openssh' ? startOpenSsh(options) : startInProcess(options);
+}
+
+const execFileAsync = promisify(execFile);
+
+async function startOpenSsh({ authorizedKeys }: TestSshServerOptions): Promise<TestSshServer> {
+  const dir = await mkdtemp(path.join(tmpdir(), 'test-sshd-'));
+  try {
+    // sshd insists on its privilege separation directory.
+    await mkdir('/run/sshd', { recursive: true, mode: 0o755 });
+    const hostKey = path.join(dir, 'ssh_host_ed25519_key');
+    await execFileAsync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'test-sshd', '-f', hostKey]);
+    const { stdout } = await execFileAsync('ssh-keygen', ['-l', '-E', 'sha256', '-f', `${hostKey}.pub`]);
+    const hostKeyFingerprint = stdout.split(' ')[1] ?? '';
+    const authorizedKeysFile = path.join(dir, 'authorized_keys');
+    await writeFile(authorizedKeysFile, authorizedKeys.map((line) => `${line}\n`).join(''), { mode: 0o600 });
+    const version = await sshdVersion();
+
+    // A port picked here can be taken before sshd binds it; then try another.
+    for (let attempt = 1; ; attempt++) {
+      const port = await freePort();
+      const config = path.join(dir, 'sshd_config');
+      await writeFile(
+        config,
+        [
+          `Port ${port}`,
+          'ListenAddress 127.0.0.1',
+          `HostKey ${hostKey}`,
+          `PidFile ${path.join(dir, 'sshd.pid')}`,
+          `AuthorizedKeysFile ${authorizedKeysFile}`,
+          'StrictModes no',
+          'UsePAM no',
+          'PubkeyAuthentication yes',
+          'PasswordAuthentication no',
+          'KbdInteractiveAuthentication no',
+          'PermitRootLogin prohibit-password',
+          'Subsystem sftp internal-sftp',
+          'PrintMotd no',
+          'UseDNS no',
+          'LogLevel VERBOSE',
+          // OpenSSH 9.8 penalizes sources whose connections fail; tests fail connections on purpose.
+          ...(version >= 9.8 ? ['PerSourcePenalties no'] : []),
+          '',
+        ].join('\n'),
+      );
+      // Its own process group, so that stop() also ends the per-connection children.
+      const child = spawn(SSHD_PATH, ['-D', '-e', '-f', config], {
+        stdio: ['ignore', 'ignore', 'pipe'],
+        detached: true,
+      });
+      const log = captureLog(child);
+      try {
+        await waitForBanner(port, child, 10_000);
+      } catch (error) {
+        await stopProcessGroup(child);
+        if (attempt < 3 && /Address already in use/.test(log.text())) continue;
+        throw new Error(`sshd did not start: ${(error as Error).message}\n${log.text()}`);
+      }
+      return {
+        kind: 'openssh',
+        description: `OpenSSH sshd ${version} (${SSHD_PATH}) on 127.0.0.1:${port}`,
+        host: '127.0.0.1',
+        port,
+        hostKeyFingerprint,
+        logs: log.text,
+        stop: async () => {
+          await stopProcessGroup(child);
+          await rm(dir, { recursive: true, force: true });
+        },
+      };
+    }
+  } catch (error) {
+    await rm(dir, { recursive: true, force: true });
+    throw error;
+  }
+}
+
+async function sshdVersion(): Promise<number> {
+  // `sshd -V` prints the version (to stderr) and exits; older ones print it with their usage.
+  const output = await new Promise<string>((resolve) =>
+    execFile(SSHD_PATH, ['-V'], (_error, stdout, stderr) => resolve(`${stdout}${stderr}`)),
+  );
+  const match = /OpenSSH_(\d+)\.(\d+)/.exec(output);
+  return match ? Number(`${match[1]}.${match[2]}`) : 0;
+}
+
+function captureLog(child: ChildProcess): { text: () => string } {
+  let text = '';
+  child.stderr?.setEncoding('utf8');
+  child.stderr?.on('data', (chunk: string) => {
+    text = (text + chunk).slice(-64 * 1024);
+  });
+  return { text: () => text };
+}
+
+async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const address = server.address();
+  await new Promise((resolve) => server.close(resolve));
+  if (!address || typeof address !== 'object') throw new Error('no free port');
+  return address.port;
+}
+
+/** Resolves once the port accepts connections and sends an SSH banner. */
+async function waitForBanner(port: number, child: ChildProcess, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let exited = false;
+  child.once('exit', () => {
+    exited = true;
+  });
+  while (Date.now() < deadline) {
+    if (exited) throw new Error(`sshd exited with ${child.exitCode ?? child.signalCode}`);
+    if (await readsBanner(port)) return;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  throw new Error(`no SSH banner on 127.0.0.1:${port} within ${timeoutMs} ms`);
+}
+
+function readsBanner(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = connect(port, '127.0.0.1');
+    let received = '';
+    const done = (ok: boolean) => {
+      socket.destroy();
+      resolve(ok);
+    };
+    socket.setTimeout(1000, () => done(false));
+    socket.on('error', () => done(false));
+    socket.on('data', (chunk) => {
+      received += chunk.toString('latin1');
+      if (received.includes('\n')) done(received.startsWith('SSH-2.0-'));
+    });
+    socket.on('end', () => done(false));
+  });
+}
+
+async function stopProcessGroup(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null || child.pid === undefined) return;
+  const exited = new Promise((resolve) => child.once('exit', resolve));
+  const pid = child.pid;
+  const signalGroup = (signal: NodeJS.Signals) => {
+    try {
+      process.kill(-pid, signal);
+    } catch {}
+  };
+  signalGroup('SIGTERM');
+  const timer = setTimeout(() => signalGroup('SIGKILL'), 3000);
+  await exited;
+  clearTimeout(timer);
+  // The listener's exit does not end the per-connection processes; the group signal did, or now does.
+  signalGroup('SIGKILL');
+}
+
+/**
+ * ssh2's server, standing in for sshd: public-key authentication, exec
+ * through /bin/sh with the caller's privileges, and the SFTP requests an
+ * upload needs (open, write, close, chmod).
+ */
+async function startInProcess({ authorizedKeys }: TestSshServerOptions): Promise<TestSshServer> {
+  const hostKey = utils.generateKeyPairSync('ed25519');
+  const parsedHostKey = utils.parseKey(hostKey.public);
+  if (parsedHostKey instanceof Error) throw parsedHostKey;
+  const allowed = authorizedKeys.map((line) => {
+    const key = utils.parseKey(line);
+    if (key instanceof Error) throw new Error(`bad authorized key ${line}: ${key.message}`);
+    return key;
+  });
+  const logLines: string[] = [];
+  const connections = new Set<Connection>();
+  const children = new Set<ChildProcess>();
+
+  const server = new Server({ hostKeys: [hostKey.private] }, (client) => {
+    connections.add(client);
+    client.on('close', () => connections.delete(client));
+    client.on('error', (error) => logLines.push(`client error: ${error.message}`));
+    client.on('authentication', (context) => {
+      if (context.method !== 'publickey') return context.reject(['publickey']);
+      const key = allowed.find((candidate) => candidate.getPublicSSH().equals(context.key.data));
+      const signed = context.signature && context.blob;
+      if (
+        !key ||
+        (signed && context.blob && context.signature && !key.verify(context.blob, context.signature, context.hashAlgo))
+      ) {
+        logLines.push(`rejected key for ${context.username}`);
+        return context.reject(['publickey']);
+      }
+      context.accept();
+    });
+    client.on('ready', () => {
+      client.on('session', (acceptSession) => {
+        const session = acceptSession();
+        let command: ChildProcess | undefined;
+        session.on('exec', (accept, _reject, info) => {
+          const channel = accept();
+          command = runCommand(info.command, channel, children);
+        });
+        session.on('signal', (accept, _reject, info) => {
+          accept?.();
+          command?.kill(`SIG${info.name}` as NodeJS.Signals);
+        });
+        session.on('sftp', (accept) => serveSftp(accept()));
+      });
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const address = server.address();
+  if (!address || typeof address !== 'object') throw new Error('in-process SSH server has no port');
+  return {
+    kind: 'ssh2',
+    description: `${existsSync(SSHD_PATH) ? "SHEPHERD_TEST_SSHD=ssh2: using ssh2's in-process server" : FALLBACK_NOTICE} (127.0.0.1:${address.port})`,
+    host: '127.0.0.1',
+    port: address.port,
+    hostKeyFingerprint: `SHA256:${createHash('sha256').update(parsedHostKey.getPublicSSH()).digest('base64').replace(/=+$/, '')}`,
+    logs: () => logLines.join('\n'),
+    stop: async () => {
+      for (const child of children) child.kill('SIGKILL');
+      for (const connection of connections) connection.end();
+      await new Promise((resolve) => server.close(resolve));
+    },
+  };
+}
+
+function runCommand(command: string, channel: ServerChannel, children: Set<ChildProcess>): ChildProcess {
+  const child = spawn('/bin/sh', ['-c', command], { stdio: 'pipe' });
+  children.add(child);
+  channel.pipe(child.stdin);
+  child.stdin.on('error', () => {});
+  child.stdout.pipe(channel, { end: false });
+  child.stderr.pipe(channel.stderr, { end: false });
+  child.on('close', (code, signal) => {
+    children.delete(child);
+    if (signal) channel.exit(signal.replace(/^SIG/, ''), false, '');
+    else channel.exit(code ?? 255);
+    channel.end();
+  });
+  // Unlike sshd, which leaves the command running; tidier for tests.
+  channel.on('close', () => child.kill('SIGKILL'));
+  return child;
+}
+
+/** Just enough of an SFTP server for an upload: open, write, close, chmod, remove, rename; other requests fail. */
+function serveSftp(sftp: SFTPWrapper): void {
+  const { OK, FAILURE, NO_SUCH_FILE, PERMISSION_DENIED, OP_UNSUPPORTED } = utils.sftp.STATUS_CODE;
+  const files = new Map<number, number>();
+  let nextHandle = 0;
+  const fdOf = (handle: Buffer) => files.get(handle.readUInt32BE(0));
+  const run = (reqId: number, operation: () => void) => {
+    try {
+      operation();
+      sftp.status(reqId, OK);
+    } catch (error) {
+      const code = (error as NodeJS.ErrnoException).code;
+      sftp.status(
+        reqId,
+        code === 'ENOENT' ? NO_SUCH_FILE : code === 'EACCES' ? PERMISSION_DENIED : FAILURE,
+        (error as Error).message,
+      );
+    }
+  };
+  sftp.on('OPEN', (reqId, filename, flags, attrs) => {
+    try {
+      const fd = openSync(filename, utils.sftp.flagsToString(flags) ?? 'r', attrs.mode ?? 0o644);
+      const handle = Buffer.alloc(4);
+      handle.writeUInt32BE(nextHandle);
+      files.set(nextHandle++, fd);
+      sftp.handle(reqId, handle);
+    } catch (error) {
+      sftp.status(reqId, FAILURE, (error as Error).message);
+    }
+  });
+  sftp.on('WRITE', (reqId, handle, offset, data) =>
+    run(reqId, () => {
+      const fd = fdOf(handle);
+      if (fd === undefined) throw new Error('bad handle');
+      writeSync(fd, data, 0, data.length, offset);
+    }),
+  );
+  sftp.on('CLOSE', (reqId, handle) =>
+    run(reqId, () => {
+      const fd = fdOf(handle);
+      if (fd === undefined) throw new Error('bad handle');
+      files.delete(handle.readUInt32BE(0));
+      closeSync(fd);
+    }),
+  );
+  sftp.on('SETSTAT', (reqId, filename, attrs) =>
+    run(reqId, () => {
+      if (attrs.mode !== undefined) chmodSync(filename, attrs.mode & 0o7777);
+    }),
+  );
+  sftp.on('FSETSTAT', (reqId, handle, attrs) =>
+    run(reqId, () => {
+      const fd = fdOf(handle);
+      if (fd === undefined) throw new Error('bad handle');
+      if (attrs.mode !== undefined) fchmodSync(fd, attrs.mode & 0o7777);
+    }),
+  );
+  sftp.on('REMOVE', (reqId, filename) => run(reqId, () => unlinkSync(filename)));
+  sftp.on('RENAME', (reqId, from, to) =>
+    run(reqId, () => {
+      // SFTPv3: renaming onto an existing file fails.
+      if (existsSync(to)) throw new Error(`${to} exists`);
+      renameSync(from, to);
+    }),
+  );
+  for (const request of [
+    'READ',
+    'OPENDIR',
+    'READDIR',
+    'LSTAT',
+    'FSTAT',
+    'STAT',
+    'RMDIR',
+    'MKDIR',
+    'READLINK',
+    'SYMLINK',
+    'REALPATH',
+  ] as const) {
+    sftp.on(request, (reqId: number) => sftp.status(reqId, OP_UNSUPPORTED));
+  }
+  sftp.on('close', () => {
+    for (const fd of files.values()) closeSync(fd);
+    files.clear();
+  });
+}
