@@ -1,9 +1,9 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import type { TestProject } from 'vitest/node';
 // By path: global setups resolve outside the test environment's export conditions.
 import { EmbeddedDatabase } from '../packages/bmdb-controlloop/src/embedded.js';
-import type { TestProject } from 'vitest/node';
 
 declare module 'vitest' {
   export interface ProvidedContext {
@@ -34,10 +34,15 @@ interface TestServer {
   stop(): Promise<void>;
 }
 
+interface SharedServer {
+  users: number;
+  server?: Promise<TestServer> | undefined;
+}
+
 const key = Symbol.for('shepherd-ts.test-server');
-const shared: { users: number; server?: Promise<TestServer> | undefined } = ((
-  globalThis as Record<symbol, unknown>
-)[key] ??= { users: 0 }) as { users: number; server?: Promise<TestServer> };
+const registry = globalThis as Record<symbol, SharedServer | undefined>;
+const shared: SharedServer = registry[key] ?? { users: 0 };
+registry[key] = shared;
 
 async function startServer(): Promise<TestServer> {
   const external = process.env.BMDB_TEST_URL;

@@ -1,4 +1,4 @@
-import { createServer, type Server, type Socket, connect } from 'node:net';
+import { connect, createServer, type Server, type Socket } from 'node:net';
 
 /**
  * A TCP proxy in front of the test database, to cut a client off the way a
@@ -25,7 +25,8 @@ export class TcpProxy {
       const upstream = connect(targetPort, targetHost);
       for (const socket of [client, upstream]) {
         proxy.#sockets.add(socket);
-        socket.on('close', () => proxy?.#sockets.delete(socket));
+        const sockets = proxy.#sockets;
+        socket.on('close', () => sockets.delete(socket));
         socket.on('error', () => {
           client.destroy();
           upstream.destroy();

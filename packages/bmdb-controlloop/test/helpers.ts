@@ -1,0 +1,38 @@
+import { randomUUID } from 'node:crypto';
+import type { Queries, Session } from '../src/index.js';
+
+/** Creates `count` machines provided by `provider`; returns their machine IDs. */
+export async function provideMachines(session: Session, count: number, provider = 'Test'): Promise<string[]> {
+  return session.transact(async (q) => {
+    const ids: string[] = [];
+    for (let i = 0; i < count; i++) {
+      const machineId = await q.newMachine();
+      await q.addProvided(machineId, { provider, providerId: `${provider.toLowerCase()}-${randomUUID()}` });
+      ids.push(machineId);
+    }
+    return ids;
+  });
+}
+
+/** A retriever over agent-start candidates of provider `Test`. */
+export const agentStartCandidates = (q: Queries) => q.machinesForAgentStart({ provider: 'Test', limit: 1 });
+
+/** A resolvable promise, for ordering concurrent steps in tests. */
+export function deferred<T = void>(): { promise: Promise<T>; resolve(value: T): void } {
+  let resolve!: (value: T) => void;
+  const promise = new Promise<T>((r) => {
+    resolve = r;
+  });
+  return { promise, resolve };
+}
+
+/** Polls `check` every 50 ms until it returns a value other than undefined, or fails after `timeout`. */
+export async function eventually<T>(check: () => Promise<T | undefined>, timeout = 10_000): Promise<T> {
+  const deadline = Date.now() + timeout;
+  for (;;) {
+    const value = await check();
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error(`condition not met within ${timeout}ms`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}

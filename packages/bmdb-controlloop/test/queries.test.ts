@@ -1,0 +1,212 @@
+import { beforeAll, describe, expect, test } from 'vitest';
+import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { type BMDB, Process, ProviderStatus, Queries, type Session } from '../src/index.js';
+import { provideMachines } from './helpers.js';
+
+let db: TestDatabase;
+let bmdb: BMDB;
+let session: Session;
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  bmdb = await openTestBMDB(db);
+  session = await bmdb.startSession();
+});
+
+const key = () => crypto.getRandomValues(new Uint8Array(32));
+
+/** Moves an agent's start and last heartbeat into the past, in minutes (undefined: no heartbeat). */
+async function ageAgent(machineId: string, startedMinutesAgo: number, heartbeatMinutesAgo: number | undefined) {
+  await db.admin(
+    `INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)
+     VALUES ($1, now() - make_interval(mins => $2), '\\x00')`,
+    [machineId, startedMinutesAgo],
+  );
+  if (heartbeatMinutesAgo !== undefined) {
+    await db.admin(
+      `INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at) VALUES ($1, now() - make_interval(mins => $2))`,
+      [machineId, heartbeatMinutesAgo],
+    );
+  }
+}
+
+describe('agent start candidates', () => {
+  test('are provided machines of the provider without AgentStarted, live shepherd work or running backoff', async () => {
+    const [fresh, started, claimed, claimedByDead, backedOff, recovering] = await provideMachines(session, 6, 'Start');
+    const [otherProvider] = await provideMachines(session, 1, 'Elsewhere');
+    const unprovided = await session.transact((q) => q.newMachine());
+    await session.transact((q) => q.setAgentStarted(started as string, { publicKey: key() }));
+    await session.work(Process.ShepherdAgentStart, async () => [claimed as string]);
+    await session.work(Process.ShepherdRecovery, async () => [recovering as string]);
+    const { rows } = await db.admin(
+      `INSERT INTO sessions (component_name, runtime_info, interval_seconds, deadline)
+       VALUES ('dead', 'test', 5, now() - interval '1 minute') RETURNING session_id`,
+    );
+    await db.admin(`INSERT INTO work VALUES ($1, $2, 'ShepherdAgentStart')`, [claimedByDead, rows[0].session_id]);
+    await db.admin(
+      `INSERT INTO work_backoff VALUES ($1, 'ShepherdAgentStart', now() + interval '5 minutes', 'dial failed', 300)`,
+      [backedOff],
+    );
+
+    const candidates = await session.transact((q) => q.machinesForAgentStart({ provider: 'Start', limit: 100 }));
+    // Work held by an expired session does not hide a machine.
+    expect(candidates.map((c) => c.machineId).sort()).toEqual([fresh, claimedByDead].sort());
+    expect(candidates.map((c) => c.machineId)).not.toContain(otherProvider);
+    expect(candidates.map((c) => c.machineId)).not.toContain(unprovided);
+    expect(await session.transact((q) => q.machinesForAgentStart({ provider: 'Start', limit: 1 }))).toHaveLength(1);
+  });
+});
+
+describe('agent recovery candidates', () => {
+  // started now / 40 min ago × heartbeat none / now / 20 min ago
+  const matrix: [started: number, heartbeat: number | undefined, candidate: boolean][] = [
+    [0, undefined, false],
+    [0, 0, false],
+    [0, 20, true],
+    [40, undefined, true],
+    [40, 0, false],
+    [40, 20, true],
+  ];
+
+  test.each(matrix)(
+    'agent started %d min ago, heartbeat %s min ago → candidate: %s',
+    async (started, heartbeat, expected) => {
+      const provider = `Recovery-${started}-${heartbeat ?? 'none'}`;
+      const [machineId] = (await provideMachines(session, 1, provider)) as [string];
+      await ageAgent(machineId, started, heartbeat);
+      const candidates = await session.transact((q) => q.machinesForAgentRecovery({ provider, limit: 10 }));
+      expect(candidates.map((c) => c.machineId)).toEqual(expected ? [machineId] : []);
+    },
+  );
+
+  test('thresholds are configurable', async () => {
+    const [machineId] = (await provideMachines(session, 1, 'RecoveryThresholds')) as [string];
+    await ageAgent(machineId, 40, undefined);
+    const lenient = await session.transact((q) =>
+      q.machinesForAgentRecovery({ provider: 'RecoveryThresholds', limit: 10, firstHeartbeatWithin: 60 * 60_000 }),
+    );
+    expect(lenient).toEqual([]);
+    await session.transact((q) => q.setAgentHeartbeat(machineId));
+    await db.admin(
+      "UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() - interval '3 minutes' WHERE machine_id = $1",
+      [machineId],
+    );
+    const strict = await session.transact((q) =>
+      q.machinesForAgentRecovery({ provider: 'RecoveryThresholds', limit: 10, heartbeatWithin: 2 * 60_000 }),
+    );
+    expect(strict.map((c) => c.machineId)).toEqual([machineId]);
+  });
+
+  test('exclude machines under live shepherd work or a running recovery backoff', async () => {
+    const [claimed, backedOff] = (await provideMachines(session, 2, 'RecoveryBlocked')) as [string, string];
+    await ageAgent(claimed, 40, undefined);
+    await ageAgent(backedOff, 40, undefined);
+    await session.work(Process.ShepherdAccess, async () => [claimed]);
+    await db.admin(
+      `INSERT INTO work_backoff VALUES ($1, 'ShepherdRecovery', now() + interval '1 minute', 'reboot failed', 60)`,
+      [backedOff],
+    );
+    expect(
+      await session.transact((q) => q.machinesForAgentRecovery({ provider: 'RecoveryBlocked', limit: 10 })),
+    ).toEqual([]);
+  });
+});
+
+describe('machine model', () => {
+  test('provided machines, provider status updates and tag removal', async () => {
+    const machineId = await session.transact(async (q) => {
+      const id = await q.newMachine();
+      await q.addProvided(id, { provider: 'Model', providerId: 'b-2', providerStatus: ProviderStatus.Provisioning });
+      return id;
+    });
+    const second = await session.transact(async (q) => {
+      const id = await q.newMachine();
+      await q.addProvided(id, { provider: 'Model', providerId: 'a-1' });
+      return id;
+    });
+    const updated = await session.transact((q) =>
+      q.updateProviderStatus('Model', 'b-2', {
+        providerStatus: ProviderStatus.Running,
+        providerIpAddress: '192.0.2.10',
+        providerLocation: 'am6',
+      }),
+    );
+    expect(updated).toBe(true);
+    expect(
+      await session.transact((q) => q.updateProviderStatus('Model', 'missing', { providerStatus: 'Running' })),
+    ).toBe(false);
+    const machines = await session.transact((q) => q.providedMachines('Model'));
+    expect(machines).toEqual([
+      expect.objectContaining({ machineId: second, providerId: 'a-1', providerStatus: null }),
+      {
+        machineId,
+        provider: 'Model',
+        providerId: 'b-2',
+        providerReservationId: null,
+        providerIpAddress: '192.0.2.10',
+        providerLocation: 'am6',
+        providerStatus: 'Running',
+      },
+    ]);
+    // A field left out keeps its value.
+    await session.transact((q) => q.updateProviderStatus('Model', 'b-2', { providerReservationId: 'r-1' }));
+    expect(await session.transact((q) => q.providedMachine(machineId))).toMatchObject({
+      providerReservationId: 'r-1',
+      providerIpAddress: '192.0.2.10',
+    });
+
+    // One provider ID belongs to one machine.
+    await expect(
+      session.transact(async (q) => q.addProvided(await q.newMachine(), { provider: 'Model', providerId: 'a-1' })),
+    ).rejects.toThrow(/machine_provided_provider_id_key/);
+    // The status is checked by the database too.
+    await expect(
+      db.admin("UPDATE machine_provided SET provider_status = 'Exploded' WHERE machine_id = $1", [machineId]),
+    ).rejects.toThrow(/check constraint/);
+
+    await session.transact(async (q) => {
+      await q.setAgentStarted(machineId, { publicKey: key() });
+      await q.setAgentHeartbeat(machineId);
+      await q.deleteAgentStarted(machineId);
+      await q.deleteAgentHeartbeat(machineId);
+    });
+    const tags = await db.admin(
+      `SELECT (SELECT count(*) FROM machine_agent_started WHERE machine_id = $1)::int
+            + (SELECT count(*) FROM machine_agent_heartbeat WHERE machine_id = $1)::int AS n`,
+      [machineId],
+    );
+    expect(tags.rows[0].n).toBe(0);
+  });
+
+  test('fleet stats count each machine in exactly one lifecycle stage', async () => {
+    const provider = 'Fleet';
+    const [provided, starting, started, heartbeating, silent, stale] = (await provideMachines(
+      session,
+      6,
+      provider,
+    )) as string[];
+    await session.work(Process.ShepherdAgentStart, async () => [starting as string]);
+    await ageAgent(started as string, 5, undefined);
+    await ageAgent(heartbeating as string, 60, 1);
+    await ageAgent(silent as string, 45, undefined);
+    await ageAgent(stale as string, 60, 15);
+    const failed = await session.work(Process.ShepherdRecovery, async () => [stale as string]);
+    await failed.fail({ initial: 60_000, maximum: 60_000, exponent: 1 }, 'reboot failed');
+    expect(provided).toBeDefined();
+
+    const stats = await new Queries(bmdb.db).fleetStats({ provider });
+    expect(stats.machines).toBe(6);
+    expect(stats.stages).toEqual({
+      unprovided: 0,
+      provided: 1,
+      agentStarting: 1,
+      agentStarted: 1,
+      heartbeating: 1,
+      awaitingRecovery: 2,
+    });
+    expect(stats.activeWork.ShepherdAgentStart).toBeGreaterThanOrEqual(1);
+    expect(stats.activeBackoffs.ShepherdRecovery).toBeGreaterThanOrEqual(1);
+    const backoffs = await new Queries(bmdb.db).activeBackoffs({ process: Process.ShepherdRecovery });
+    expect(backoffs.find((b) => b.machineId === stale)).toMatchObject({ cause: 'reboot failed', active: true });
+  });
+});
