@@ -90,7 +90,7 @@ export class SshKey {
   static #parse(path: string, data: Buffer, comment: string, source?: SshKeySource): SshKey {
     if (data.subarray(0, 11).toString('latin1') === '-----BEGIN ') {
       const parsed = utils.parseKey(data);
-      if (parsed instanceof Error) throw new SshKeyError(path, parsed.message, { cause: parsed });
+      if (parsed instanceof Error) throw new SshKeyError(path, `cannot parse: ${parsed.message}`, { cause: parsed });
       if (!parsed.isPrivateKey()) throw new SshKeyError(path, 'holds no private key');
       if (parsed.type !== ED25519) throw new SshKeyError(path, `is a ${parsed.type} key, want ${ED25519}`);
       const blob = parsed.getPublicSSH();
