@@ -35,4 +35,24 @@ export {
   ReservationTakenError,
   ReservationUnavailableError,
 } from './errors.js';
+export {
+  adoptionRefusal,
+  deviceAddress,
+  deviceLocation,
+  EQUINIX_PROVIDER,
+  hostnameFor,
+  providerStatusForState,
+} from './provider/device-facts.js';
+export type { EquinixMachine } from './provider/machine.js';
+export {
+  EquinixProvider,
+  type EquinixProviderOptions,
+  type EquinixProviderSettings,
+} from './provider/provider.js';
 export { Secret } from './secret.js';
+export {
+  EquinixStatusUpdater,
+  type EquinixStatusUpdaterOptions,
+  STATUS_UPDATER_PROCESSOR,
+  type StatusSyncReport,
+} from './status/status-updater.js';
