@@ -295,78 +295,34 @@ class Ssh2Connection implements SshConnection {
 
   async execute(command: string, stdin: Uint8Array, signal?: AbortSignal): Promise<SshExecResult> {
     const { target } = this;
-    if (signal?.aborted) throw new SshAbortedError(target, `execute ${JSON.stringify(command)}`, signal.reason);
-    const started = performance.now();
+    const operation = `execute ${JSON.stringify(command)}`;
+    if (signal?.aborted) throw new SshAbortedError(target, operation, signal.reason);
     let channel: ClientChannel | undefined;
     let aborted = false;
-    let killed = false;
-    const kill = (openChannel: ClientChannel): void => {
-      if (killed) return;
-      killed = true;
-      // Closing the channel alone leaves the command running on the machine, where the server allows a signal.
-      sendKillSignal(openChannel);
-      openChannel.close();
-    };
 
-    const finished = new Promise<SshExecResult>((resolve, reject) => {
-      this.connector.exec(command, (error, opened) => {
-        if (error) {
-          reject(new SshExecError(target, command, `cannot start: ${error.message}`, { cause: error }));
-          return;
-        }
-        if (aborted) {
-          kill(opened);
-          return;
-        }
-        channel = opened;
-        const stdout = new BoundedOutput(this.maxOutputBytes);
-        const stderr = new BoundedOutput(this.maxOutputBytes);
-        let exitCode: number | null = null;
-        let exitSignal: string | null = null;
-        const collect = (output: BoundedOutput, stream: 'stdout' | 'stderr') => (chunk: Buffer) => {
-          if (output.append(chunk)) return;
-          reject(new SshOutputLimitError(target, command, stream, this.maxOutputBytes));
-          kill(opened);
-        };
-        opened.on('data', collect(stdout, 'stdout'));
-        opened.stderr.on('data', collect(stderr, 'stderr'));
-        opened.on('exit', (code: number | null, signalName?: string) => {
-          exitCode = code;
-          exitSignal = signalName ?? null;
-        });
-        opened.on('error', (channelError: Error) =>
-          reject(new SshExecError(target, command, channelError.message, { cause: channelError })),
+    const finished = (async () => {
+      const opened = await new Promise<ClientChannel>((resolve, reject) => {
+        const startFailed = (error: unknown) =>
+          reject(new SshExecError(target, command, `cannot start: ${messageOf(error)}`, { cause: error }));
+        // Throws when the connection is gone; the callback reports other failures.
+        tryOrElse(startFailed, () =>
+          this.connector.exec(command, (error, opened) => (error ? startFailed(error) : resolve(opened))),
         );
-        opened.on('close', () => {
-          if (exitCode === null && exitSignal === null) {
-            const why = this.#closed ? 'the connection was lost' : 'the channel closed';
-            reject(new SshExecError(target, command, `${why} before the command reported an exit status`));
-            return;
-          }
-          log(
-            '%s: %s exited with %s after %d ms (%d bytes stdout, %d bytes stderr)',
-            describeTarget(target),
-            JSON.stringify(command),
-            exitSignal ? `signal ${exitSignal}` : `status ${exitCode}`,
-            Math.round(performance.now() - started),
-            stdout.length,
-            stderr.length,
-          );
-          resolve({ stdout: stdout.bytes(), stderr: stderr.bytes(), exitCode, exitSignal });
-        });
-        opened.end(Buffer.from(stdin.buffer, stdin.byteOffset, stdin.byteLength));
       });
-    });
+      channel = opened;
+      if (aborted) killChannel(opened);
+      return runCommand(opened, stdin, target, command, this.maxOutputBytes, () => this.#closed);
+    })();
 
     return abortable(
       finished,
       signal,
       () => {
         aborted = true;
-        if (channel) kill(channel);
+        if (channel) killChannel(channel);
       },
       target,
-      `execute ${JSON.stringify(command)}`,
+      operation,
     );
   }
 
@@ -378,13 +334,13 @@ class Ssh2Connection implements SshConnection {
     let aborted = false;
 
     const written = (async () => {
-      const session = await new Promise<SFTPWrapper>((resolve, reject) =>
-        this.connector.sftp((error, opened) =>
-          error
-            ? reject(new SshUploadError(target, targetPath, `cannot start SFTP: ${error.message}`, { cause: error }))
-            : resolve(opened),
-        ),
-      );
+      const session = await new Promise<SFTPWrapper>((resolve, reject) => {
+        const startFailed = (error: unknown) =>
+          reject(new SshUploadError(target, targetPath, `cannot start SFTP: ${messageOf(error)}`, { cause: error }));
+        tryOrElse(startFailed, () =>
+          this.connector.sftp((error, opened) => (error ? startFailed(error) : resolve(opened))),
+        );
+      });
       if (aborted) {
         session.end();
         return;
@@ -425,6 +381,64 @@ class Ssh2Connection implements SshConnection {
       setTimeout(() => this.connector.destroy(), 1000).unref();
     });
   }
+}
+
+/** Feeds `stdin` to a started command and collects its output and exit status. */
+function runCommand(
+  channel: ClientChannel,
+  stdin: Uint8Array,
+  target: SshTarget,
+  command: string,
+  maxOutputBytes: number,
+  connectionLost: () => boolean,
+): Promise<SshExecResult> {
+  const started = performance.now();
+  return new Promise((resolve, reject) => {
+    const stdout = new BoundedOutput(maxOutputBytes);
+    const stderr = new BoundedOutput(maxOutputBytes);
+    let exitCode: number | null = null;
+    let exitSignal: string | null = null;
+    const collect = (output: BoundedOutput, stream: 'stdout' | 'stderr') => (chunk: Buffer) => {
+      if (output.append(chunk)) return;
+      reject(new SshOutputLimitError(target, command, stream, maxOutputBytes));
+      killChannel(channel);
+    };
+    channel.on('data', collect(stdout, 'stdout'));
+    channel.stderr.on('data', collect(stderr, 'stderr'));
+    channel.on('exit', (code: number | null, signalName?: string) => {
+      exitCode = code;
+      exitSignal = signalName ?? null;
+    });
+    channel.on('error', (error: Error) => reject(new SshExecError(target, command, error.message, { cause: error })));
+    channel.on('close', () => {
+      if (exitCode === null && exitSignal === null) {
+        const why = connectionLost() ? 'the connection was lost' : 'the channel closed';
+        reject(new SshExecError(target, command, `${why} before the command reported an exit status`));
+        return;
+      }
+      log(
+        '%s: %s exited with %s after %d ms (%d bytes stdout, %d bytes stderr)',
+        describeTarget(target),
+        JSON.stringify(command),
+        exitSignal ? `signal ${exitSignal}` : `status ${exitCode}`,
+        Math.round(performance.now() - started),
+        stdout.length,
+        stderr.length,
+      );
+      resolve({ stdout: stdout.bytes(), stderr: stderr.bytes(), exitCode, exitSignal });
+    });
+    channel.end(Buffer.from(stdin.buffer, stdin.byteOffset, stdin.byteLength));
+  });
+}
+
+const killedChannels = new WeakSet<ClientChannel>();
+
+/** Ends a command: closing the channel alone would leave it running, so first ask for a signal. */
+function killChannel(channel: ClientChannel): void {
+  if (killedChannels.has(channel)) return;
+  killedChannels.add(channel);
+  sendKillSignal(channel);
+  channel.close();
 }
 
 /**
@@ -532,6 +546,14 @@ async function abortable<T>(
     return await Promise.race([work, aborted]);
   } finally {
     if (listener) signal.removeEventListener('abort', listener);
+  }
+}
+
+function tryOrElse(onError: (error: unknown) => void, run: () => void): void {
+  try {
+    run();
+  } catch (error) {
+    onError(error);
   }
 }
 

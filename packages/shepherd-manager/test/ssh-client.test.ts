@@ -144,6 +144,14 @@ describe('agent start against a real SSH server', () => {
     expect(new TextDecoder().decode(result.stderr)).toBe('oops\n');
   });
 
+  test('a closed connection fails execute and upload with typed errors', async () => {
+    const connection = await client.dial(target(sshd), { connectTimeout });
+    await connection.close();
+    await connection.close();
+    await expect(connection.execute('true', new Uint8Array())).rejects.toBeInstanceOf(SshExecError);
+    await expect(connection.upload(path.join(dir, 'closed'), new Uint8Array())).rejects.toBeInstanceOf(SshUploadError);
+  });
+
   test('execute passes stdin through unchanged', async () => {
     const stdin = new Uint8Array(300_000).map((_, i) => (i * 7) % 256);
     const result = await withConnection((connection) => connection.execute('cat', stdin));
