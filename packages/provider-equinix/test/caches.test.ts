@@ -60,6 +60,16 @@ describe('ReservationCache', () => {
     expect(load).toHaveBeenCalledTimes(2);
   });
 
+  it('remembers the latest listing for lookups across invalidations', async () => {
+    const load = vi.fn(async () => [reservation('r1')]);
+    const cache = new ReservationCache(load, 900_000);
+    expect(cache.lastKnown('r1')).toBeUndefined();
+    await cache.get();
+    cache.invalidate();
+    expect(cache.lastKnown('r1')?.plan.slug).toBe('m3.large.x86');
+    expect(load).toHaveBeenCalledTimes(1);
+  });
+
   it('forgets a failed listing', async () => {
     const load = vi
       .fn<() => Promise<EquinixHardwareReservation[]>>()

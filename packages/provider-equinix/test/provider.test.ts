@@ -265,6 +265,15 @@ describe('reservation cache', () => {
     expect(after.filter((m) => m.availability === Availability.KnownUnused)).toHaveLength(1);
   });
 
+  it('does not list reservations again for each creation of a batch', async () => {
+    const { api, provider } = await setup({ reservations: 3 });
+    for (const capacity of await provider.listMachines()) {
+      await provider.createMachine(session, { unusedMachine: capacity });
+    }
+    expect(api.devices).toHaveLength(3);
+    expect(api.requestsTo('GET /projects/{id}/hardware-reservations')).toHaveLength(1);
+  });
+
   it('lists reservations every time with a zero cache timeout', async () => {
     const { api, provider } = await setup({ reservations: 1, provider: { reservationCacheTimeout: 0 } });
     await provider.listMachines();

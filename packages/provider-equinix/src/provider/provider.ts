@@ -217,7 +217,10 @@ export class EquinixProvider implements Recoverer {
     if (penaltyEnds !== undefined) {
       throw new ReservationUnavailableError(reservationId, `penalised until ${new Date(penaltyEnds).toISOString()}`);
     }
-    const reservation = (await this.#reservations.get(signal)).find((r) => r.id === reservationId);
+    // Only the plan is needed: a listing from before the last invalidation will do.
+    const reservation =
+      this.#reservations.lastKnown(reservationId) ??
+      (await this.#reservations.get(signal)).find((r) => r.id === reservationId);
     if (!reservation) {
       throw new ReservationUnavailableError(reservationId, `not a hardware reservation of project ${projectId}`);
     }

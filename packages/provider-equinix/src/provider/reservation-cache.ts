@@ -14,6 +14,8 @@ export class ReservationCache {
   #cached: { reservations: readonly EquinixHardwareReservation[]; at: number } | undefined;
   #loading: Promise<readonly EquinixHardwareReservation[]> | undefined;
   #generation = 0;
+  /** Every reservation of the latest listing, kept across invalidations: plans do not change. */
+  #lastKnown = new Map<string, EquinixHardwareReservation>();
 
   constructor(
     private readonly load: Load,
@@ -31,6 +33,7 @@ export class ReservationCache {
     const loading = this.load(signal)
       .then((reservations) => {
         if (generation === this.#generation) this.#cached = { reservations, at: this.now() };
+        this.#lastKnown = new Map(reservations.map((reservation) => [reservation.id, reservation]));
         return reservations;
       })
       .finally(() => {
@@ -38,6 +41,15 @@ export class ReservationCache {
       });
     this.#loading = loading;
     return loading;
+  }
+
+  /**
+   * A reservation as the latest listing showed it, even if the cache has
+   * since been invalidated or expired: for its plan and facility, which do not
+   * change, not for whether it is free.
+   */
+  lastKnown(id: string): EquinixHardwareReservation | undefined {
+    return this.#lastKnown.get(id);
   }
 
   invalidate(): void {
