@@ -373,6 +373,10 @@ function parseReservation(body: unknown, method: string, path: string): EquinixH
   if (typeof reservation.provisionable !== 'boolean') {
     throw new EquinixResponseError(method, path, `reservation ${reservation.id} has no "provisionable" flag`);
   }
+  const plan = reservation.plan as { slug?: unknown } | null | undefined;
+  if (typeof plan?.slug !== 'string') {
+    throw new EquinixResponseError(method, path, `reservation ${reservation.id} has no plan slug`);
+  }
   return reservation as unknown as EquinixHardwareReservation;
 }
 
