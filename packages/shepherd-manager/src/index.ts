@@ -32,15 +32,29 @@ export {
   MemoryHostKeyPinStore,
 } from './host-key-pins.js';
 export {
+  AgentExecutionError,
+  Initializer,
+  type InitializerOptions,
+  NoAddressError,
+} from './initializer.js';
+export {
   Availability,
   type CreateMachineRequest,
   type Machine,
   MachineNotFoundError,
   NotImplementedError,
   type Provider,
-  type Recoverer,
+  type RebootingProvider,
   ShepherdError,
 } from './provider.js';
+export {
+  ProviderDiscrepancyError,
+  Provisioner,
+  type ProvisionerOptions,
+  type ReconcileReport,
+  resolvePossiblyUsed,
+} from './provisioner.js';
+export { Recoverer } from './recoverer.js';
 export {
   DEFAULT_MAX_OUTPUT_BYTES,
   HostKeyMismatchError,

@@ -1,4 +1,6 @@
 import type { Session } from '@bmaas/bmdb-controlloop';
+// For the TSDoc link only.
+import type { Recoverer } from './recoverer.js';
 
 /**
  * Whether a provider machine is in use by us. `PossiblyUsed` means the
@@ -62,8 +64,8 @@ export interface Provider {
   createMachine(session: Session, request: CreateMachineRequest, signal?: AbortSignal): Promise<Machine>;
 }
 
-/** A provider that can also power-cycle its machines, for the recoverer. */
-export interface Recoverer extends Provider {
+/** A provider that can also power-cycle its machines, as the {@link Recoverer} loop needs. */
+export interface RebootingProvider extends Provider {
   /** Reboots the machine `id`; resolves once the provider accepted the request. */
   rebootMachine(id: string, signal?: AbortSignal): Promise<void>;
 }

@@ -1,5 +1,10 @@
 import type { Session } from '@bmaas/bmdb-controlloop';
-import { Availability, type CreateMachineRequest, MachineNotFoundError, type Recoverer } from '@bmaas/shepherd-manager';
+import {
+  Availability,
+  type CreateMachineRequest,
+  MachineNotFoundError,
+  type RebootingProvider,
+} from '@bmaas/shepherd-manager';
 import type { EquinixClient } from '../api/client.js';
 import type { EquinixDevice } from '../api/types.js';
 import {
@@ -73,7 +78,7 @@ export interface EquinixProviderSettings {
  * const machines = await provider.listMachines();
  * ```
  */
-export class EquinixProvider implements Recoverer {
+export class EquinixProvider implements RebootingProvider {
   /** The provider name in the BMDB: `Equinix`. */
   readonly type = EQUINIX_PROVIDER;
   readonly settings: EquinixProviderSettings;

@@ -1,0 +1,166 @@
+import { createHash } from 'node:crypto';
+import type { Session } from '@bmaas/bmdb-controlloop';
+import {
+  Availability,
+  type CreateMachineRequest,
+  FakeSshClient,
+  type Machine,
+  MachineNotFoundError,
+  type RebootingProvider,
+  TakeoverResponseSchema,
+} from '@bmaas/shepherd-manager';
+import { create, toBinary } from '@bufbuild/protobuf';
+import createDebug from 'debug';
+
+const log = createDebug('shepherd:dummy');
+
+/** The provider name the dummy records its machines under. */
+export const DUMMY_PROVIDER = 'Dummy';
+
+/** Options of the {@link DummyProvider}. */
+export interface DummyProviderOptions {
+  /** Machines the provider can hand out (at most 16,777,215). */
+  readonly capacity: number;
+  /** Share (0–1) of agent starts that fail with an agent error. Default 0. */
+  readonly agentFailureRate?: number;
+  /** Share (0–1) of started agents that never send a heartbeat. Default 0. */
+  readonly heartbeatFailureRate?: number;
+  /** Source of randomness for agent failures (tests make it deterministic). Default `Math.random`. */
+  readonly random?: () => number;
+}
+
+/** The largest capacity: machine addresses are 10.0.0.1 onwards. */
+const MAX_CAPACITY = 2 ** 24 - 1;
+const ID_PREFIX = 'dummy-';
+
+/**
+ * A provider of pretend machines with a fixed capacity, and a fake agent to
+ * go with them ({@link DummyProvider.sshClient}).
+ *
+ * It keeps no state of its own: slot `i` is always machine `dummy-<i>` at
+ * 10.x.y.z, and whether a slot is in use is the BMDB's to say (every slot is
+ * listed `PossiblyUsed`). A shepherd restarted over the same BMDB therefore
+ * carries on without a provider/BMDB discrepancy.
+ */
+export class DummyProvider implements RebootingProvider {
+  readonly type = DUMMY_PROVIDER;
+  readonly capacity: number;
+  /** Reboots requested so far, by provider ID. */
+  readonly reboots = new Map<string, number>();
+  /** The fake agent: answers like the real one, failing `agentFailureRate` of starts. */
+  readonly sshClient: FakeSshClient;
+  readonly #heartbeatFailureRate: number;
+
+  constructor(options: DummyProviderOptions) {
+    const { capacity } = options;
+    if (!Number.isSafeInteger(capacity) || capacity < 0 || capacity > MAX_CAPACITY) {
+      throw new RangeError(`dummy provider capacity must be a whole number 0–${MAX_CAPACITY}, got ${capacity}`);
+    }
+    this.capacity = capacity;
+    const agentFailureRate = share(options.agentFailureRate ?? 0, 'agent failure rate');
+    this.#heartbeatFailureRate = share(options.heartbeatFailureRate ?? 0, 'heartbeat failure rate');
+    const random = options.random ?? Math.random;
+    this.sshClient = new FakeSshClient({
+      dial: (target) => {
+        if (slotOfAddress(target.host, this.capacity) === undefined) {
+          throw new Error(`no dummy machine at ${target.host}`);
+        }
+      },
+      execute: ({ target }) => {
+        if (random() >= agentFailureRate) return undefined; // the fake agent's success
+        log('simulating a failed agent start on machine %s (%s)', target.machineId, target.host);
+        const failure = create(TakeoverResponseSchema, {
+          result: {
+            case: 'error',
+            value: { message: `simulated failure (dummy provider, agent failure rate ${agentFailureRate})` },
+          },
+        });
+        return {
+          stdout: toBinary(TakeoverResponseSchema, failure),
+          stderr: new Uint8Array(),
+          exitCode: 0,
+          exitSignal: null,
+        };
+      },
+    });
+  }
+
+  async listMachines(): Promise<Machine[]> {
+    return Array.from({ length: this.capacity }, (_, slot) => machineAt(slot, Availability.PossiblyUsed));
+  }
+
+  async getMachine(id: string): Promise<Machine> {
+    const slot = slotOfId(id, this.capacity);
+    if (slot === undefined) throw new MachineNotFoundError(this.type, id);
+    return machineAt(slot, Availability.KnownUsed);
+  }
+
+  async createMachine(session: Session, request: CreateMachineRequest): Promise<Machine> {
+    const { id } = request.unusedMachine;
+    const slot = id === undefined ? undefined : slotOfId(id, this.capacity);
+    if (id === undefined || slot === undefined) throw new MachineNotFoundError(this.type, id ?? '(none)');
+    const machine = machineAt(slot, Availability.KnownUsed);
+    const machineId = await session.transact(async (q) => {
+      const created = await q.newMachine();
+      await q.addProvided(created, {
+        provider: this.type,
+        providerId: id,
+        providerIpAddress: machine.address ?? null,
+        providerLocation: 'dummy-1',
+        providerStatus: 'Running',
+      });
+      return created;
+    });
+    log('created machine %s (provider ID %s, %s)', machineId, id, machine.address);
+    return machine;
+  }
+
+  async rebootMachine(id: string): Promise<void> {
+    if (slotOfId(id, this.capacity) === undefined) throw new MachineNotFoundError(this.type, id);
+    this.reboots.set(id, (this.reboots.get(id) ?? 0) + 1);
+    log('rebooted %s', id);
+  }
+
+  /**
+   * Whether the agent started on `machineId` at `startedAt` heartbeats. Fixed
+   * per start (a hash, not a coin flip), so every heartbeat round and every
+   * restart agrees; a restarted agent gets a new chance.
+   */
+  agentHeartbeats(machineId: string, startedAt: Date): boolean {
+    const digest = createHash('sha256').update(`${machineId}/${startedAt.toISOString()}`).digest();
+    return digest.readUInt32BE(0) / 2 ** 32 >= this.#heartbeatFailureRate;
+  }
+}
+
+function machineAt(slot: number, availability: Availability): Machine {
+  const n = slot + 1;
+  return {
+    id: `${ID_PREFIX}${String(slot).padStart(6, '0')}`,
+    address: `10.${(n >> 16) & 255}.${(n >> 8) & 255}.${n & 255}`,
+    availability,
+    failed: false,
+  };
+}
+
+function slotOfId(id: string, capacity: number): number | undefined {
+  if (!id.startsWith(ID_PREFIX)) return undefined;
+  const digits = id.slice(ID_PREFIX.length);
+  if (!/^\d{6,}$/.test(digits)) return undefined;
+  const slot = Number(digits);
+  return slot < capacity ? slot : undefined;
+}
+
+function slotOfAddress(address: string, capacity: number): number | undefined {
+  const octets = address.split('.').map(Number);
+  if (octets.length !== 4 || octets[0] !== 10 || octets.some((o) => !Number.isInteger(o) || o < 0 || o > 255)) {
+    return undefined;
+  }
+  const [, a = 0, b = 0, c = 0] = octets;
+  const slot = ((a << 16) | (b << 8) | c) - 1;
+  return slot >= 0 && slot < capacity ? slot : undefined;
+}
+
+function share(value: number, what: string): number {
+  if (!(value >= 0 && value <= 1)) throw new RangeError(`dummy provider ${what} must be between 0 and 1, got ${value}`);
+  return value;
+}

@@ -1,0 +1,78 @@
+import { setTimeout as delay } from 'node:timers/promises';
+import type { BMDB, Session } from '@bmaas/bmdb-controlloop';
+import createDebug from 'debug';
+import { sql } from 'kysely';
+import type { DummyProvider } from './dummy-provider.js';
+
+const log = createDebug('shepherd:dummy');
+
+/** Options of the {@link HeartbeatSimulator}. */
+export interface HeartbeatSimulatorOptions {
+  /** Milliseconds between heartbeat rounds. Default 10 s. */
+  readonly interval?: number;
+}
+
+/** Heartbeats written per statement: two parameters each, well under PostgreSQL's 65535. */
+const BATCH = 10_000;
+
+/**
+ * Plays the dummy provider's agents: every interval, writes AgentHeartbeat
+ * for each started agent that heartbeats (see
+ * {@link DummyProvider.agentHeartbeats}). The silent ones are left for the
+ * recoverer to find.
+ */
+export class HeartbeatSimulator {
+  readonly #interval: number;
+
+  constructor(
+    private readonly provider: DummyProvider,
+    options: HeartbeatSimulatorOptions = {},
+  ) {
+    this.#interval = options.interval ?? 10_000;
+    if (!(this.#interval > 0)) throw new RangeError(`heartbeat interval must be > 0, got ${this.#interval}ms`);
+  }
+
+  /** Sends heartbeat rounds until `signal` aborts. A failed round is logged and the next one tried. */
+  async run(bmdb: BMDB, options: { signal: AbortSignal }): Promise<void> {
+    const { signal } = options;
+    let session: Session | undefined;
+    try {
+      while (!signal.aborted) {
+        try {
+          if (session?.state !== 'live') session = await bmdb.startSession({ processor: 'dummy-heartbeats' });
+          await this.beat(session);
+        } catch (error) {
+          if (signal.aborted) break;
+          log('heartbeat round failed: %s', error instanceof Error ? error.message : String(error));
+        }
+        await delay(this.#interval, undefined, { signal }).catch(() => undefined);
+      }
+    } finally {
+      await session?.close().catch(() => undefined);
+    }
+  }
+
+  /** One round; returns how many agents heartbeated. */
+  async beat(session: Session): Promise<number> {
+    return session.transact(async (q) => {
+      const started = await q.db
+        .selectFrom('machine_agent_started as a')
+        .innerJoin('machine_provided as p', 'p.machine_id', 'a.machine_id')
+        .where('p.provider', '=', this.provider.type)
+        .select(['a.machine_id', 'a.agent_started_at'])
+        .execute();
+      const alive = started.filter((a) => this.provider.agentHeartbeats(a.machine_id, a.agent_started_at));
+      for (let i = 0; i < alive.length; i += BATCH) {
+        await q.db
+          .insertInto('machine_agent_heartbeat')
+          .values(
+            alive.slice(i, i + BATCH).map((a) => ({ machine_id: a.machine_id, agent_heartbeat_at: sql<Date>`now()` })),
+          )
+          .onConflict((oc) => oc.column('machine_id').doUpdateSet({ agent_heartbeat_at: sql<Date>`now()` }))
+          .execute();
+      }
+      log('%d of %d started agents heartbeated', alive.length, started.length);
+      return alive.length;
+    });
+  }
+}

@@ -1,0 +1,9 @@
+/**
+ * An in-process provider of pretend machines and a fake agent, for tests and
+ * for the shepherd's zero-setup demo.
+ *
+ * @packageDocumentation
+ */
+
+export { DUMMY_PROVIDER, DummyProvider, type DummyProviderOptions } from './dummy-provider.js';
+export { HeartbeatSimulator, type HeartbeatSimulatorOptions } from './heartbeat-simulator.js';

@@ -1,0 +1,200 @@
+import { type BMDB, parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
+import {
+  Availability,
+  Initializer,
+  MachineNotFoundError,
+  ProviderDiscrepancyError,
+  Provisioner,
+  Recoverer,
+} from '@bmaas/shepherd-manager';
+import { beforeAll, describe, expect, test } from 'vitest';
+import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { DUMMY_PROVIDER, DummyProvider, HeartbeatSimulator } from '../src/index.js';
+
+let db: TestDatabase;
+let bmdb: BMDB;
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  bmdb = await openTestBMDB(db);
+});
+
+const fast = () => parseLimiter('1ms,1000');
+const provisioner = (provider: DummyProvider, maxCount: number) =>
+  new Provisioner(provider, { maxCount, chunkSize: 1000, reconcileLimiter: fast(), creationLimiter: fast() });
+const initializer = (provider: DummyProvider) =>
+  new Initializer(provider, {
+    agentExecutable: new Uint8Array([1]),
+    agentEndpoint: 'bmaas.example.com:443',
+    sshClient: provider.sshClient,
+  });
+
+async function reset(): Promise<void> {
+  await db.admin('DELETE FROM machines');
+}
+
+async function runUntil(
+  run: (signal: AbortSignal) => Promise<void>,
+  done: () => Promise<boolean>,
+  timeout = 20_000,
+): Promise<void> {
+  const stop = new AbortController();
+  const running = run(stop.signal);
+  const deadline = Date.now() + timeout;
+  try {
+    while (!(await done())) {
+      if (Date.now() > deadline) throw new Error('condition not met in time');
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  } finally {
+    stop.abort();
+    await running;
+  }
+}
+
+const count = async (sql: string) => (await db.admin(sql)).rows[0].n as number;
+
+describe('DummyProvider', () => {
+  test('lists its capacity as deterministic slots and knows each one', async () => {
+    const provider = new DummyProvider({ capacity: 3 });
+    const machines = await provider.listMachines();
+    expect(machines).toEqual([
+      { id: 'dummy-000000', address: '10.0.0.1', availability: Availability.PossiblyUsed, failed: false },
+      { id: 'dummy-000001', address: '10.0.0.2', availability: Availability.PossiblyUsed, failed: false },
+      { id: 'dummy-000002', address: '10.0.0.3', availability: Availability.PossiblyUsed, failed: false },
+    ]);
+    expect(await provider.getMachine('dummy-000002')).toMatchObject({ address: '10.0.0.3', availability: 'KnownUsed' });
+    await expect(provider.getMachine('dummy-000003')).rejects.toBeInstanceOf(MachineNotFoundError);
+    await expect(provider.getMachine('equinix-1')).rejects.toThrow('provider Dummy has no machine equinix-1');
+    await expect(provider.rebootMachine('dummy-9')).rejects.toBeInstanceOf(MachineNotFoundError);
+    expect(() => new DummyProvider({ capacity: -1 })).toThrow(/capacity must be a whole number/);
+    expect(() => new DummyProvider({ capacity: 1, agentFailureRate: 2 })).toThrow(
+      /agent failure rate must be between 0 and 1, got 2/,
+    );
+  });
+
+  test('a shepherd restarted over the same BMDB carries on without a discrepancy', async () => {
+    await reset();
+    const session = await bmdb.startSession();
+    const first = await provisioner(new DummyProvider({ capacity: 10 }), 4).reconcile(session);
+    expect(first.created).toEqual(['dummy-000000', 'dummy-000001', 'dummy-000002', 'dummy-000003']);
+    // A new process: a new provider object, nothing remembered but the BMDB.
+    const second = await provisioner(new DummyProvider({ capacity: 10 }), 6).reconcile(session);
+    expect(second.managed).toBe(4);
+    expect(second.created).toEqual(['dummy-000004', 'dummy-000005']);
+    // Shrinking capacity below what the BMDB holds is a discrepancy, named.
+    await expect(provisioner(new DummyProvider({ capacity: 5 }), 6).reconcile(session)).rejects.toThrow(
+      ProviderDiscrepancyError,
+    );
+    await expect(provisioner(new DummyProvider({ capacity: 5 }), 6).reconcile(session)).rejects.toThrow('dummy-000005');
+    const stored = await new Queries(bmdb.db).providedMachines(DUMMY_PROVIDER);
+    expect(stored[0]).toMatchObject({ providerIpAddress: '10.0.0.1', providerStatus: 'Running' });
+    await session.close();
+  });
+
+  test('the fake agent starts agents, and fails the chosen share of starts', async () => {
+    await reset();
+    const healthy = new DummyProvider({ capacity: 5 });
+    const session = await bmdb.startSession();
+    await provisioner(healthy, 5).reconcile(session);
+    await session.close();
+    await runUntil(
+      (signal) => initializer(healthy).run(bmdb, { dbQueryLimiter: fast(), signal }),
+      async () => (await count('SELECT count(*)::int AS n FROM machine_agent_started')) === 5,
+    );
+
+    await reset();
+    const failing = new DummyProvider({ capacity: 3, agentFailureRate: 0.5, random: () => 0.4 });
+    const setup = await bmdb.startSession();
+    await provisioner(failing, 3).reconcile(setup);
+    await setup.close();
+    await runUntil(
+      (signal) => initializer(failing).run(bmdb, { dbQueryLimiter: fast(), signal }),
+      async () => (await count('SELECT count(*)::int AS n FROM work_backoff')) === 3,
+    );
+    const { rows } = await db.admin('SELECT cause FROM work_backoff');
+    for (const row of rows) {
+      expect(row.cause).toMatch(
+        /agent reported an error: simulated failure \(dummy provider, agent failure rate 0.5\)/,
+      );
+    }
+    expect(await count('SELECT count(*)::int AS n FROM machine_agent_started')).toBe(0);
+  });
+});
+
+describe('HeartbeatSimulator', () => {
+  async function startAgents(provider: DummyProvider, n: number): Promise<void> {
+    await reset();
+    const session = await bmdb.startSession();
+    await provisioner(provider, n).reconcile(session);
+    await session.transact(async (q) => {
+      for (const m of await q.providedMachines(DUMMY_PROVIDER))
+        await q.setAgentStarted(m.machineId, { publicKey: new Uint8Array(32) });
+    });
+    await session.close();
+  }
+
+  test('heartbeats for the agents that heartbeat, the same ones every round', async () => {
+    const provider = new DummyProvider({ capacity: 200, heartbeatFailureRate: 0.5 });
+    await startAgents(provider, 200);
+    expect(await count('SELECT count(*)::int AS n FROM machine_agent_started')).toBe(200);
+    const session = await bmdb.startSession();
+    const simulator = new HeartbeatSimulator(provider);
+    const beating = await simulator.beat(session);
+    expect(beating).toBeGreaterThan(60);
+    expect(beating).toBeLessThan(140);
+    const first = (await db.admin('SELECT machine_id FROM machine_agent_heartbeat ORDER BY 1')).rows;
+    expect(await simulator.beat(session)).toBe(beating);
+    expect((await db.admin('SELECT machine_id FROM machine_agent_heartbeat ORDER BY 1')).rows).toEqual(first);
+    await session.close();
+  });
+
+  test('failure rate 0 heartbeats all, 1 none', async () => {
+    await startAgents(new DummyProvider({ capacity: 10 }), 10);
+    const session = await bmdb.startSession();
+    expect(await new HeartbeatSimulator(new DummyProvider({ capacity: 10 })).beat(session)).toBe(10);
+    await db.admin('DELETE FROM machine_agent_heartbeat');
+    expect(
+      await new HeartbeatSimulator(new DummyProvider({ capacity: 10, heartbeatFailureRate: 1 })).beat(session),
+    ).toBe(0);
+    await session.close();
+  });
+});
+
+test('the whole shepherd over the dummy: silent agents are rebooted and started again', async () => {
+  await reset();
+  const provider = new DummyProvider({ capacity: 20, heartbeatFailureRate: 0.3 });
+  const stop = new AbortController();
+  const { signal } = stop;
+  const options = { dbQueryLimiter: fast(), signal, parallelism: 4 };
+  const running = Promise.all([
+    provisioner(provider, 20).run(bmdb, { signal }),
+    initializer(provider).run(bmdb, options),
+    // Thresholds in seconds, not minutes, so recovery shows within the test.
+    new Recoverer(provider, { firstHeartbeatWithin: 1_000, heartbeatWithin: 1_000 }).run(bmdb, options),
+    new HeartbeatSimulator(provider, { interval: 200 }).run(bmdb, { signal }),
+  ]);
+  try {
+    for (let i = 0; i < 300 && provider.reboots.size === 0; i++) await new Promise((r) => setTimeout(r, 50));
+    // A silent agent got rebooted and its agent started again (with a new start, a new chance).
+    for (let i = 0; i < 300; i++) {
+      const restarted = await count(`
+        SELECT count(*)::int AS n FROM (
+          SELECT machine_id FROM work_history WHERE process = 'ShepherdAgentStart' AND event = 'Finished'
+          GROUP BY machine_id HAVING count(*) >= 2) r`);
+      if (restarted > 0) break;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  } finally {
+    stop.abort();
+    await running;
+  }
+  expect(provider.reboots.size).toBeGreaterThan(0);
+  expect(await count('SELECT count(*)::int AS n FROM machine_provided')).toBe(20);
+  expect(await count('SELECT count(*)::int AS n FROM work')).toBe(0);
+  const recovered = await count(`
+    SELECT count(*)::int AS n FROM (
+      SELECT machine_id FROM work_history WHERE process = 'ShepherdAgentStart' AND event = 'Finished'
+      GROUP BY machine_id HAVING count(*) >= 2) r`);
+  expect(recovered).toBeGreaterThan(0);
+});

@@ -1,0 +1,223 @@
+import {
+  type BMDB,
+  ConnectionClosedError,
+  type ProvidedMachine,
+  ProviderStatus,
+  parseLimiter,
+  type RateLimiter,
+  type Session,
+  SessionClosedError,
+  SessionExpiredError,
+} from '@bmaas/bmdb-controlloop';
+import { isAbort, log, sleep } from './internal.js';
+import { Availability, type Machine, type Provider, ShepherdError } from './provider.js';
+
+/** Options of the {@link Provisioner}. */
+export interface ProvisionerOptions {
+  /**
+   * Most machines to manage; 0 for no limit. The provisioner never reduces
+   * the count. Default 50.
+   */
+  readonly maxCount?: number;
+  /** Paces reconciliation passes. Default `1m,1`. */
+  readonly reconcileLimiter?: RateLimiter;
+  /** Paces machine creation, across passes. Default `5s,1`. */
+  readonly creationLimiter?: RateLimiter;
+  /**
+   * Most machines created in one pass, so the discrepancy check runs often
+   * while a large fleet comes up. Default 20.
+   */
+  readonly chunkSize?: number;
+}
+
+/**
+ * The provider and the BMDB disagree about which machines we manage, so badly
+ * that acting could lose or duplicate machines. The provisioner refuses to
+ * create anything until an operator resolves it.
+ */
+export class ProviderDiscrepancyError extends ShepherdError {
+  override name = 'ProviderDiscrepancyError';
+  constructor(
+    readonly provider: string,
+    /** Provider IDs the provider uses for us that the BMDB does not know. */
+    readonly missingFromBMDB: readonly string[],
+    /** Provider IDs in the BMDB that the provider does not list. */
+    readonly missingFromProvider: readonly string[],
+  ) {
+    const parts: string[] = [];
+    if (missingFromBMDB.length) parts.push(`in use at the provider but not in the BMDB: ${missingFromBMDB.join(', ')}`);
+    if (missingFromProvider.length) {
+      parts.push(`in the BMDB but not listed by the provider: ${missingFromProvider.join(', ')}`);
+    }
+    super(`provider ${provider} and the BMDB disagree, refusing to provision; machines ${parts.join('; ')}`);
+  }
+}
+
+/** What one reconciliation pass saw and did. */
+export interface ReconcileReport {
+  /** Machines both in use at the provider and in the BMDB. */
+  readonly managed: number;
+  /** Unused capacity the provider offered. */
+  readonly available: number;
+  /** Provider IDs of machines created in this pass. */
+  readonly created: readonly string[];
+  /** Machines whose creation failed in this pass, with the reason. */
+  readonly failed: readonly { readonly machine: Machine; readonly error: unknown }[];
+}
+
+const PROCESSOR = 'shepherd-provisioner';
+const ERROR_PAUSE = 1_000;
+
+/**
+ * Brings machines in from a provider, up to a limit: each pass lists the
+ * provider's machines and the BMDB's in parallel, checks they agree, and
+ * creates machines from unused capacity. It claims no work: creation is the
+ * provider's, recorded in the BMDB in the same step.
+ */
+export class Provisioner {
+  readonly #maxCount: number;
+  readonly #chunkSize: number;
+  readonly #reconcileLimiter: RateLimiter;
+  readonly #creationLimiter: RateLimiter;
+
+  constructor(
+    private readonly provider: Provider,
+    options: ProvisionerOptions = {},
+  ) {
+    const maxCount = options.maxCount ?? 50;
+    const chunkSize = options.chunkSize ?? 20;
+    if (!Number.isSafeInteger(maxCount) || maxCount < 0) {
+      throw new RangeError(`provisioner maxCount must be a whole number >= 0 (0: no limit), got ${maxCount}`);
+    }
+    if (!Number.isSafeInteger(chunkSize) || chunkSize < 1) {
+      throw new RangeError(`provisioner chunkSize must be a whole number >= 1, got ${chunkSize}`);
+    }
+    this.#maxCount = maxCount;
+    this.#chunkSize = chunkSize;
+    this.#reconcileLimiter = options.reconcileLimiter ?? parseLimiter('1m,1');
+    this.#creationLimiter = options.creationLimiter ?? parseLimiter('5s,1');
+  }
+
+  /**
+   * Reconciles, paced by the reconcile limiter, until `signal` aborts; then
+   * closes its session. A failed pass (including a refusal) is logged and the
+   * next one tried; an expired session is replaced.
+   */
+  async run(bmdb: BMDB, options: { signal: AbortSignal }): Promise<void> {
+    const { signal } = options;
+    let session: Session | undefined;
+    try {
+      while (!signal.aborted) {
+        await this.#reconcileLimiter.wait(signal);
+        try {
+          if (session?.state !== 'live') session = await bmdb.startSession({ processor: PROCESSOR });
+          await this.reconcile(session, signal);
+        } catch (error) {
+          if (isAbort(error, signal) || error instanceof ConnectionClosedError) break;
+          if (error instanceof SessionExpiredError || error instanceof SessionClosedError) {
+            log.provisioner('%s; starting a new session', error.message);
+            session = undefined;
+          } else {
+            log.provisioner('reconciliation failed: %s', describe(error));
+          }
+          await sleep(ERROR_PAUSE, signal);
+        }
+      }
+    } catch (error) {
+      if (!isAbort(error, signal)) throw error;
+    } finally {
+      await session?.close().catch((error) => log.provisioner('closing session failed: %s', describe(error)));
+    }
+  }
+
+  /**
+   * One reconciliation pass.
+   *
+   * @throws {@link ProviderDiscrepancyError} when the provider and the BMDB
+   *   disagree; nothing is created then
+   */
+  async reconcile(session: Session, signal?: AbortSignal): Promise<ReconcileReport> {
+    const type = this.provider.type;
+    const listing = new AbortController();
+    const listingSignal = signal ? AbortSignal.any([signal, listing.signal]) : listing.signal;
+    let inProvider: Machine[];
+    let provided: ProvidedMachine[];
+    try {
+      // In parallel; the first failure cancels the provider listing.
+      [inProvider, provided] = await Promise.all([
+        this.provider.listMachines(listingSignal),
+        session.transact((q) => q.providedMachines(type)),
+      ]);
+    } catch (error) {
+      listing.abort(error);
+      throw error;
+    }
+    const inBMDB = new Set(provided.map((m) => m.providerId));
+    // A machine whose provisioning failed for good may well be gone at the provider.
+    const failedInBMDB = new Set(
+      provided.filter((m) => m.providerStatus === ProviderStatus.ProvisioningFailedPermanent).map((m) => m.providerId),
+    );
+    log.provisioner('%s lists %d machine(s), the BMDB %d', type, inProvider.length, inBMDB.size);
+
+    const available: Machine[] = [];
+    const used = new Map<string, Machine>();
+    for (const machine of inProvider) {
+      const availability = resolvePossiblyUsed(machine, inBMDB);
+      if (availability === Availability.KnownUnused) available.push(machine);
+      else if (machine.id !== undefined) used.set(machine.id, machine);
+      else
+        throw new ShepherdError(`provider ${type} listed a machine in use without an ID (address ${machine.address})`);
+    }
+
+    const missingFromBMDB = [...used.values()].filter((m) => !inBMDB.has(m.id as string) && !m.failed).map((m) => m.id);
+    const missingFromProvider = [...inBMDB].filter((id) => !used.has(id) && !failedInBMDB.has(id));
+    if (missingFromBMDB.length > 0 || missingFromProvider.length > 0) {
+      throw new ProviderDiscrepancyError(type, missingFromBMDB as string[], missingFromProvider.sort());
+    }
+
+    const managed = [...used.keys()].filter((id) => inBMDB.has(id)).length;
+    const wanted = this.#maxCount === 0 ? Number.POSITIVE_INFINITY : this.#maxCount - managed;
+    const toCreate = available.slice(0, Math.max(0, Math.min(wanted, this.#chunkSize)));
+    log.provisioner(
+      '%d managed (limit %s), %d available, creating %d',
+      managed,
+      this.#maxCount === 0 ? 'none' : this.#maxCount,
+      available.length,
+      toCreate.length,
+    );
+
+    const created: string[] = [];
+    const failed: { machine: Machine; error: unknown }[] = [];
+    for (const machine of toCreate) {
+      await this.#creationLimiter.wait(signal);
+      try {
+        const result = await this.provider.createMachine(session, { unusedMachine: machine }, signal);
+        log.provisioner('created machine %s at %s', result.id, type);
+        created.push(result.id ?? '');
+      } catch (error) {
+        if (isAbort(error, signal) || error instanceof SessionExpiredError) throw error;
+        // One failed creation must not stop the others.
+        log.provisioner('creating machine %s at %s failed: %s', machine.id ?? '(new)', type, describe(error));
+        failed.push({ machine, error });
+      }
+    }
+    return { managed, available: available.length, created, failed };
+  }
+}
+
+/**
+ * A machine's availability once `PossiblyUsed` is settled against the BMDB:
+ * without an ID, or absent from the BMDB, it is unused; present, it is used.
+ * Other availabilities are returned unchanged.
+ *
+ * @param inBMDB - provider IDs the BMDB has for this provider
+ */
+export function resolvePossiblyUsed(machine: Machine, inBMDB: ReadonlySet<string>): Availability {
+  if (machine.availability !== Availability.PossiblyUsed) return machine.availability;
+  if (machine.id === undefined || machine.id === '') return Availability.KnownUnused;
+  return inBMDB.has(machine.id) ? Availability.KnownUsed : Availability.KnownUnused;
+}
+
+function describe(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}

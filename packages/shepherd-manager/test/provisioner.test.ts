@@ -1,0 +1,175 @@
+import { type BMDB, ProviderStatus, parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
+import { beforeAll, describe, expect, test } from 'vitest';
+import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import {
+  Availability,
+  type Machine,
+  ProviderDiscrepancyError,
+  Provisioner,
+  resolvePossiblyUsed,
+} from '../src/index.js';
+import { TestProvider } from './test-provider.js';
+
+let db: TestDatabase;
+let bmdb: BMDB;
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  bmdb = await openTestBMDB(db);
+});
+
+const fastLimiters = () => ({
+  reconcileLimiter: parseLimiter('1ms,1'),
+  creationLimiter: parseLimiter('1ms,100'),
+});
+
+/** A clean BMDB for the TestProvider's machines. */
+async function forget(provider: TestProvider): Promise<void> {
+  await db.admin(
+    'DELETE FROM machines WHERE machine_id IN (SELECT machine_id FROM machine_provided WHERE provider = $1)',
+    [provider.type],
+  );
+}
+
+describe('Provisioner', () => {
+  test('brings exactly max-count machines in, chunk by chunk, all known to the provider', async () => {
+    const provider = new TestProvider(100);
+    const provisioner = new Provisioner(provider, { maxCount: 10, chunkSize: 4, ...fastLimiters() });
+    const stop = new AbortController();
+    const running = provisioner.run(bmdb, { signal: stop.signal });
+    const provided = async () => new Queries(bmdb.db).providedMachines(provider.type);
+    for (let i = 0; i < 200 && (await provided()).length < 10; i++) await new Promise((r) => setTimeout(r, 20));
+    // Let it run a few more passes: it must stop at the limit.
+    await new Promise((r) => setTimeout(r, 200));
+    stop.abort();
+    await running;
+
+    const machines = await provided();
+    expect(machines).toHaveLength(10);
+    for (const machine of machines) expect(provider.machines.has(machine.providerId)).toBe(true);
+    expect(provider.createAttempts).toHaveLength(10);
+    expect((await db.admin("SELECT count(*)::int AS n FROM sessions WHERE component_name = 'test'")).rows[0].n).toBe(0);
+    await forget(provider);
+  });
+
+  test('creates at most chunk-size machines per pass, and nothing beyond the limit', async () => {
+    const provider = new TestProvider(100);
+    const provisioner = new Provisioner(provider, { maxCount: 10, chunkSize: 4, ...fastLimiters() });
+    const session = await bmdb.startSession();
+    const passes = [];
+    for (let i = 0; i < 4; i++) passes.push(await provisioner.reconcile(session));
+    expect(passes.map((p) => [p.managed, p.created.length])).toEqual([
+      [0, 4],
+      [4, 4],
+      [8, 2],
+      [10, 0],
+    ]);
+    await session.close();
+    await forget(provider);
+  });
+
+  test('maxCount 0 means no limit; a failed creation does not stop the others', async () => {
+    const provider = new TestProvider(6);
+    provider.failCreation.add('machine-1');
+    const provisioner = new Provisioner(provider, { maxCount: 0, chunkSize: 100, ...fastLimiters() });
+    const session = await bmdb.startSession();
+    const report = await provisioner.reconcile(session);
+    expect(report.created).toEqual(['machine-0', 'machine-2', 'machine-3', 'machine-4', 'machine-5']);
+    expect(report.failed.map((f) => (f.error as Error).message)).toEqual(['provider refused to create machine-1']);
+    const next = await provisioner.reconcile(session);
+    expect(next.created).toEqual(['machine-6']);
+    expect(next.managed).toBe(5);
+    await session.close();
+    await forget(provider);
+  });
+
+  test('refuses to act on a provider/BMDB discrepancy, naming every offending ID; failed machines excepted', async () => {
+    const provider = new TestProvider(20);
+    const provisioner = new Provisioner(provider, { maxCount: 20, chunkSize: 2, ...fastLimiters() });
+    const session = await bmdb.startSession();
+    await provisioner.reconcile(session);
+    expect(provider.machines.size).toBe(2);
+
+    // Two machines in use at the provider unknown to the BMDB, one failed (excepted)...
+    for (const [id, failed] of [
+      ['rogue-a', false],
+      ['rogue-b', false],
+      ['broken', true],
+    ] as const) {
+      provider.machines.set(id, { id, address: '192.0.2.1', availability: Availability.KnownUsed, failed });
+    }
+    // ...and a BMDB machine the provider no longer lists.
+    provider.machines.delete('machine-0');
+
+    const attempt = provisioner.reconcile(session);
+    await expect(attempt).rejects.toBeInstanceOf(ProviderDiscrepancyError);
+    const error = (await attempt.catch((e: unknown) => e)) as ProviderDiscrepancyError;
+    expect(error.missingFromBMDB).toEqual(['rogue-a', 'rogue-b']);
+    expect(error.missingFromProvider).toEqual(['machine-0']);
+    expect(error.message).toContain('rogue-a, rogue-b');
+    expect(error.message).toContain('machine-0');
+    expect(error.message).not.toContain('broken');
+    expect(provider.createAttempts).toHaveLength(2); // nothing created while it holds
+
+    // A BMDB machine that failed for good may be gone at the provider.
+    provider.machines.delete('rogue-a');
+    provider.machines.delete('rogue-b');
+    await session.transact((q) =>
+      q.updateProviderStatus(provider.type, 'machine-0', {
+        providerStatus: ProviderStatus.ProvisioningFailedPermanent,
+      }),
+    );
+    const resumed = await provisioner.reconcile(session);
+    expect(resumed.created).toHaveLength(2);
+    await session.close();
+    await forget(provider);
+  });
+
+  test('run() keeps going after a refusal and resumes once the discrepancy is gone', async () => {
+    const provider = new TestProvider(10);
+    provider.machines.set('stray', {
+      id: 'stray',
+      address: undefined,
+      availability: Availability.KnownUsed,
+      failed: false,
+    });
+    const provisioner = new Provisioner(provider, { maxCount: 3, chunkSize: 3, ...fastLimiters() });
+    const stop = new AbortController();
+    const running = provisioner.run(bmdb, { signal: stop.signal });
+    await new Promise((r) => setTimeout(r, 1200));
+    expect(provider.createAttempts).toEqual([]);
+    provider.machines.delete('stray');
+    for (let i = 0; i < 100 && provider.createAttempts.length < 3; i++) await new Promise((r) => setTimeout(r, 50));
+    stop.abort();
+    await running;
+    expect(provider.createAttempts).toHaveLength(3);
+    await forget(provider);
+  });
+
+  test('rejects a negative max count or a zero chunk size', () => {
+    const provider = new TestProvider(1);
+    expect(() => new Provisioner(provider, { maxCount: -1 })).toThrow(/maxCount must be a whole number >= 0/);
+    expect(() => new Provisioner(provider, { chunkSize: 0 })).toThrow(/chunkSize must be a whole number >= 1, got 0/);
+  });
+});
+
+describe('resolvePossiblyUsed', () => {
+  const inBMDB = new Set(['provided-machine']);
+  const machine = (id: string | undefined, availability: Availability): Machine => ({
+    id,
+    availability,
+    address: undefined,
+    failed: false,
+  });
+
+  test.each([
+    ['skips KnownUsed', 'provided-machine', Availability.KnownUsed, Availability.KnownUsed],
+    ['skips KnownUnused', 'provided-machine', Availability.KnownUnused, Availability.KnownUnused],
+    ['no ID', undefined, Availability.PossiblyUsed, Availability.KnownUnused],
+    ['empty ID', '', Availability.PossiblyUsed, Availability.KnownUnused],
+    ['valid ID, not in the BMDB', 'unused-machine', Availability.PossiblyUsed, Availability.KnownUnused],
+    ['valid ID, in the BMDB', 'provided-machine', Availability.PossiblyUsed, Availability.KnownUsed],
+  ])('%s', (_, id, availability, expected) => {
+    expect(resolvePossiblyUsed(machine(id, availability), inBMDB)).toBe(expected);
+  });
+});

@@ -1,0 +1,72 @@
+import { randomUUID } from 'node:crypto';
+import type { Session } from '@bmaas/bmdb-controlloop';
+import { expect } from 'vitest';
+import {
+  Availability,
+  type CreateMachineRequest,
+  type Machine,
+  MachineNotFoundError,
+  type RebootingProvider,
+} from '../src/index.js';
+
+interface TestMachine extends Machine {
+  id: string;
+  availability: Availability;
+  failed: boolean;
+}
+
+/**
+ * A provider like the original's provider_test.go dummy: `capacity` machines,
+ * those created listed as used and the rest as fresh unused capacity on every
+ * listing. Tests reach into `machines` to stage discrepancies and failures.
+ */
+export class TestProvider implements RebootingProvider {
+  readonly type = 'TestProvider';
+  readonly machines = new Map<string, TestMachine>();
+  readonly reboots: string[] = [];
+  readonly createAttempts: string[] = [];
+  /** Provider IDs whose creation fails. */
+  readonly failCreation = new Set<string>();
+  /** Address of every machine; by default 127.0.0.1 so a local sshd can stand in. */
+  address = '127.0.0.1';
+
+  constructor(readonly capacity: number) {}
+
+  async listMachines(): Promise<Machine[]> {
+    const unused = Math.max(0, this.capacity - this.machines.size);
+    return [
+      ...this.machines.values(),
+      ...Array.from({ length: unused }, () => ({
+        id: `unused-${randomUUID()}`,
+        address: undefined,
+        availability: Availability.KnownUnused,
+        failed: false,
+      })),
+    ];
+  }
+
+  async getMachine(id: string): Promise<Machine> {
+    const machine = this.machines.get(id);
+    if (!machine) throw new MachineNotFoundError(this.type, id);
+    return machine;
+  }
+
+  async createMachine(session: Session, request: CreateMachineRequest): Promise<Machine> {
+    const id = `machine-${this.createAttempts.length}`;
+    this.createAttempts.push(id);
+    if (this.failCreation.has(id)) throw new Error(`provider refused to create ${id}`);
+    const machine: TestMachine = { id, address: this.address, availability: Availability.KnownUsed, failed: false };
+    await session.transact(async (q) => {
+      const machineId = await q.newMachine();
+      await q.addProvided(machineId, { provider: this.type, providerId: id, providerIpAddress: this.address });
+    });
+    expect(request.unusedMachine.availability).not.toBe(Availability.KnownUsed);
+    this.machines.set(id, machine);
+    return machine;
+  }
+
+  async rebootMachine(id: string): Promise<void> {
+    if (!this.machines.has(id)) throw new MachineNotFoundError(this.type, id);
+    this.reboots.push(id);
+  }
+}
