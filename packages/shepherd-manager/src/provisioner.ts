@@ -163,8 +163,10 @@ export class Provisioner {
     const used = new Map<string, Machine>();
     for (const machine of inProvider) {
       const availability = resolvePossiblyUsed(machine, inBMDB);
-      if (availability === Availability.KnownUnused) available.push(machine);
-      else if (machine.id !== undefined) used.set(machine.id, machine);
+      if (availability === Availability.KnownUnused) {
+        // A failed machine is no capacity: creating or adopting it would fail every pass.
+        if (!machine.failed) available.push(machine);
+      } else if (machine.id !== undefined) used.set(machine.id, machine);
       else
         throw new ShepherdError(`provider ${type} listed a machine in use without an ID (address ${machine.address})`);
     }

@@ -125,6 +125,21 @@ describe('Provisioner', () => {
     await forget(provider);
   });
 
+  test('a failed machine the BMDB does not know is neither managed nor capacity', async () => {
+    const provider = new TestProvider(0);
+    provider.machines.set('failed-orphan', {
+      id: 'failed-orphan',
+      address: undefined,
+      availability: Availability.PossiblyUsed,
+      failed: true,
+    });
+    const provisioner = new Provisioner(provider, { maxCount: 5, chunkSize: 5, ...fastLimiters() });
+    const session = await bmdb.startSession();
+    expect(await provisioner.reconcile(session)).toEqual({ managed: 0, available: 0, created: [], failed: [] });
+    expect(provider.createAttempts).toEqual([]);
+    await session.close();
+  });
+
   test('run() keeps going after a refusal and resumes once the discrepancy is gone', async () => {
     const provider = new TestProvider(10);
     provider.machines.set('stray', {
