@@ -21,6 +21,13 @@ export interface EmbeddedDatabaseOptions {
   port?: number;
   /** Extra `postgres` server flags, e.g. `['-c', 'fsync=off']` for tests. */
   postgresFlags?: readonly string[];
+  /**
+   * When another live process already runs the server on this data directory,
+   * connect to it instead of failing (its owner keeps stopping it; `stop()`
+   * here only lets go). For tools such as `shepherd status` next to a running
+   * shepherd.
+   */
+  attach?: boolean;
 }
 
 interface Credentials {
@@ -43,8 +50,14 @@ export class EmbeddedDatabase {
     readonly port: number,
     readonly database: string,
     private readonly credentials: Credentials,
-    private readonly server: EmbeddedPostgresInstance,
+    /** Our server; `undefined` when attached to another process's. */
+    private readonly server: EmbeddedPostgresInstance | undefined,
   ) {}
+
+  /** Whether this connects to a server another process owns (see `attach`). */
+  get attached(): boolean {
+    return this.server === undefined;
+  }
 
   /** Connection URL of the database. */
   get url(): string {
@@ -63,6 +76,14 @@ export class EmbeddedDatabase {
     await mkdir(dataDir, { recursive: true });
     // As root, postgres runs as the `postgres` user, which must reach pgdata.
     if (userInfo().uid === 0) await chmod(dataDir, 0o755);
+    if (options.attach) {
+      const running = await runningServer(dataDir);
+      if (running) {
+        const credentials = await loadOrCreateCredentials(dataDir);
+        log.embedded('attached to the server of process %d on port %d', running.owner, running.port);
+        return new EmbeddedDatabase(dataDir, running.port, options.database ?? 'bmdb', credentials, undefined);
+      }
+    }
     await claimOwnership(dataDir, path.join(dataDir, 'pgdata'));
     try {
       return await EmbeddedDatabase.startOwned(dataDir, options);
@@ -164,6 +185,7 @@ export class EmbeddedDatabase {
 
   /** Fast shutdown of the server (open transactions are rolled back). */
   async stop(): Promise<void> {
+    if (!this.server) return;
     await this.server.stop();
     await rm(path.join(this.dataDir, OWNER_FILE), { force: true });
     openHere.delete(this.dataDir);
@@ -238,6 +260,23 @@ async function claimOwnership(dataDir: string, pgdata: string): Promise<void> {
   }
   await writeFile(path.join(dataDir, OWNER_FILE), `${process.pid}\n`);
   openHere.add(dataDir);
+}
+
+/** The server another live process runs on `dataDir`, if any. */
+async function runningServer(dataDir: string): Promise<{ owner: number; port: number } | undefined> {
+  if (openHere.has(dataDir)) return undefined;
+  const owner = await readPid(path.join(dataDir, OWNER_FILE));
+  if (owner === undefined || owner === process.pid || !isAlive(owner)) return undefined;
+  let lines: string[];
+  try {
+    lines = (await readFile(path.join(dataDir, 'pgdata', 'postmaster.pid'), 'utf8')).split('\n');
+  } catch {
+    return undefined;
+  }
+  const pid = Number.parseInt(lines[0] ?? '', 10);
+  // postmaster.pid: PID, data directory, start time, port, ...
+  const port = Number.parseInt(lines[3] ?? '', 10);
+  return isAlive(pid) && port > 0 ? { owner, port } : undefined;
 }
 
 async function loadOrCreateCredentials(dataDir: string): Promise<Credentials> {

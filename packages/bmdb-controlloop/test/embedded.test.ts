@@ -1,5 +1,5 @@
 import { spawn, spawnSync } from 'node:child_process';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -65,6 +65,36 @@ describe('embedded PostgreSQL', () => {
     }
   });
 
+  test('a server owned by another live process is refused, or attached to when asked', async () => {
+    const dir = await mkdtemp(path.join(tmpdir(), 'bmdb-attach-'));
+    const owner = spawn('sleep', ['60'], { stdio: 'ignore' });
+    try {
+      const first = await EmbeddedDatabase.start({ dataDir: dir });
+      await first.stop();
+      // Another shepherd process owns the running server.
+      const server = await startOrphan(path.join(dir, 'pgdata'), first.port);
+      await writeFile(path.join(dir, 'owner.pid'), `${owner.pid}\n`);
+
+      await expect(EmbeddedDatabase.start({ dataDir: dir })).rejects.toThrow(`already in use by process ${owner.pid}`);
+      const attached = await EmbeddedDatabase.start({ dataDir: dir, attach: true });
+      expect(attached.attached).toBe(true);
+      expect(attached.port).toBe(first.port);
+      const bmdb = await BMDB.open({
+        url: attached.url,
+        migrate: true,
+        componentName: 'attached',
+        runtimeInfo: 'vitest',
+      });
+      await bmdb.close();
+      await attached.stop(); // lets go only
+      expect(await portAccepts(first.port)).toBe(true);
+      await stopServer(dir, server);
+    } finally {
+      owner.kill();
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   test('open() needs a url or an embedded data directory', async () => {
     await expect(BMDB.open({ migrate: true, componentName: 'x', runtimeInfo: 'y' })).rejects.toThrow(
       /needs either url \(a PostgreSQL URL\) or embedded.dataDir/,
@@ -84,6 +114,17 @@ describe('embedded PostgreSQL', () => {
     expect(error.message).not.toContain('s3cret');
   });
 });
+
+/** Fast shutdown of a server started by {@link startOrphan}: signal the postmaster itself, not runuser. */
+async function stopServer(dir: string, child: ReturnType<typeof spawn>): Promise<void> {
+  const pid = Number.parseInt(
+    (await readFile(path.join(dir, 'pgdata', 'postmaster.pid'), 'utf8')).split('\n')[0] ?? '',
+    10,
+  );
+  const exited = new Promise((resolve) => child.once('exit', resolve));
+  process.kill(pid, 'SIGINT');
+  await exited;
+}
 
 /** Runs postgres on `pgdata` detached from any EmbeddedDatabase, as a crashed owner would leave it. */
 async function startOrphan(pgdata: string, port: number) {
