@@ -3,7 +3,7 @@ import { Kysely, PostgresDialect, sql } from 'kysely';
 import pg from 'pg';
 import type { Registry } from 'prom-client';
 import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
-import { BMDBError, ConnectionClosedError } from './errors.js';
+import { BMDBError, ConnectionClosedError, DatabaseUnreachableError } from './errors.js';
 import type { SessionHost } from './internal/host.js';
 import { describeError, log } from './internal/log.js';
 import { withRetry } from './internal/retry.js';
@@ -140,14 +140,15 @@ export class BMDB {
     }
     const bmdb = new BMDB(options, url, embedded);
     try {
-      await bmdb.#db.selectNoFrom(sql<number>`1`.as('ok')).execute();
+      try {
+        await bmdb.#db.selectNoFrom(sql<number>`1`.as('ok')).execute();
+      } catch (error) {
+        throw new DatabaseUnreachableError(redact(url), describeError(error), { cause: error });
+      }
       if (options.migrate) await bmdb.migrate();
     } catch (error) {
       await bmdb.close();
-      if (error instanceof BMDBError) throw error;
-      throw new BMDBError(`could not connect to the BMDB at ${redact(url)}: ${describeError(error)}`, {
-        cause: error,
-      });
+      throw error;
     }
     log.connection('opened %s for %s', redact(url), options.componentName);
     return bmdb;

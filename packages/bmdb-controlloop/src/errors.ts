@@ -110,6 +110,19 @@ export class WorkLostError extends BMDBError {
   }
 }
 
+/** The database could not be reached (or refused the connection) when opening the BMDB. */
+export class DatabaseUnreachableError extends BMDBError {
+  override name = 'DatabaseUnreachableError';
+  constructor(
+    /** The URL with its password masked. */
+    readonly url: string,
+    reason: string,
+    options?: ErrorOptions,
+  ) {
+    super(`could not connect to the BMDB at ${url}: ${reason}`, options);
+  }
+}
+
 /** A textual setting (a duration or a rate limit) could not be parsed. */
 export class InvalidSettingError extends BMDBError {
   override name = 'InvalidSettingError';

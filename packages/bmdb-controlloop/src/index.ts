@@ -14,6 +14,7 @@ export { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
 export {
   BMDBError,
   ConnectionClosedError,
+  DatabaseUnreachableError,
   EmbeddedDatabaseError,
   InvalidSettingError,
   NothingToDoError,

@@ -4,7 +4,7 @@ import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { BMDB, BMDBError, EmbeddedDatabase, EmbeddedDatabaseError } from '../src/index.js';
+import { BMDB, DatabaseUnreachableError, EmbeddedDatabase, EmbeddedDatabaseError } from '../src/index.js';
 
 let dataDir: string;
 
@@ -108,7 +108,7 @@ describe('embedded PostgreSQL', () => {
       componentName: 'x',
       runtimeInfo: 'y',
     });
-    await expect(attempt).rejects.toBeInstanceOf(BMDBError);
+    await expect(attempt).rejects.toBeInstanceOf(DatabaseUnreachableError);
     const error = (await attempt.catch((e: unknown) => e)) as Error;
     expect(error.message).toContain('postgres://shepherd:***@127.0.0.1:1/bmdb');
     expect(error.message).not.toContain('s3cret');
