@@ -192,6 +192,12 @@ export class Provisioner {
     const failed: { machine: Machine; error: unknown }[] = [];
     for (const machine of toCreate) {
       await this.#creationLimiter.wait(signal);
+      // A provider takes the machine before it records it through the session (and may wrap the
+      // session's error in its own): once the session is gone, each creation would leave a machine
+      // the BMDB never hears of.
+      const state = session.state;
+      if (state === 'closed') throw new SessionClosedError(session.id);
+      if (state === 'expired') throw new SessionExpiredError(session.id, 'during a provisioning pass');
       try {
         const result = await this.provider.createMachine(session, { unusedMachine: machine }, signal);
         log.provisioner('created machine %s at %s', result.id, type);

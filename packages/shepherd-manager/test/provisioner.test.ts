@@ -1,4 +1,4 @@
-import { type BMDB, ProviderStatus, parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
+import { type BMDB, ProviderStatus, parseLimiter, Queries, SessionExpiredError } from '@bmaas/bmdb-controlloop';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
 import {
@@ -138,6 +138,32 @@ describe('Provisioner', () => {
     expect(await provisioner.reconcile(session)).toEqual({ managed: 0, available: 0, created: [], failed: [] });
     expect(provider.createAttempts).toEqual([]);
     await session.close();
+  });
+
+  test('stops a pass once its session expired, even when the provider wraps the session error', async () => {
+    const session = await bmdb.startSession();
+    // A provider that takes the machine first and reports a failed record in its own error, as
+    // EquinixProvider does (DeviceNotRecordedError); the session expires in the middle of the first one.
+    const provider = new (class extends TestProvider {
+      override async createMachine(...args: Parameters<TestProvider['createMachine']>) {
+        if (this.createAttempts.length === 0) {
+          await db.admin("UPDATE sessions SET deadline = now() - interval '1 minute' WHERE session_id = $1", [
+            session.id,
+          ]);
+        }
+        try {
+          return await super.createMachine(...args);
+        } catch (error) {
+          throw new Error('machine taken at the provider but not recorded', { cause: error });
+        }
+      }
+    })(10);
+    const provisioner = new Provisioner(provider, { maxCount: 5, chunkSize: 5, ...fastLimiters() });
+    await expect(provisioner.reconcile(session)).rejects.toBeInstanceOf(SessionExpiredError);
+    // Only the machine in flight when it expired; not one more per remaining slot of the chunk.
+    expect(provider.createAttempts).toEqual(['machine-0']);
+    await session.close();
+    await forget(provider);
   });
 
   test('run() keeps going after a refusal and resumes once the discrepancy is gone', async () => {
