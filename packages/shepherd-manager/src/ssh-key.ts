@@ -1,9 +1,19 @@
-import { createHash, createPrivateKey, createPublicKey, randomBytes } from 'node:crypto';
-import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises';
+import {
+  createHash,
+  createPrivateKey,
+  createPublicKey,
+  generateKeyPairSync,
+  type KeyObject,
+  randomBytes,
+} from 'node:crypto';
+import { chmod, link, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import createDebug from 'debug';
-import { utils } from 'ssh2';
+import ssh2 from 'ssh2';
 import { ShepherdError } from './provider.js';
+
+// ssh2 is CommonJS; Node's ESM loader cannot see `utils` as a named export (Vite's interop can).
+const { utils } = ssh2;
 
 const log = createDebug('shepherd:ssh');
 
@@ -69,20 +79,21 @@ export class SshKey {
     const existing = await readKeyFile(path);
     if (existing) return SshKey.#parse(path, existing, comment);
 
-    const generated = utils.generateKeyPairSync('ed25519', { comment });
-    await mkdir(dirname(path), { recursive: true, mode: 0o700 }).catch((error: unknown) => {
-      throw new SshKeyError(path, `cannot create its directory: ${messageOf(error)}`, { cause: error });
-    });
+    // Not ssh2's generateKeyPairSync: it drops leading zero bytes of the public key,
+    // making one key in 256 unreadable (mscdex/ssh2#1390).
+    const { privateKey, publicKey } = generateKeyPairSync('ed25519');
+    const seed = Buffer.from(privateKey.export({ format: 'jwk' }).d ?? '', 'base64url');
+    const generated = openSshPrivateKey(seed, rawPublicKey(publicKey), comment);
+    let saved: boolean;
     try {
-      // 'wx' fails rather than overwrite a key another process saved meanwhile.
-      await writeFile(path, generated.private, { flag: 'wx', mode: 0o400 });
+      await mkdir(dirname(path), { recursive: true, mode: 0o700 });
+      saved = await saveNewFile(path, generated);
     } catch (error) {
-      if (errorCode(error) === 'EEXIST') return SshKey.loadOrGenerate(path, options);
-      throw new SshKeyError(path, `cannot save the generated key: ${messageOf(error)}`, { cause: error });
+      throw new SshKeyError(path, `cannot save a generated key: ${messageOf(error)}`, { cause: error });
     }
-    // The umask only ever narrows the mode; make it exactly 0400 anyway.
-    await chmod(path, 0o400);
-    const key = SshKey.#parse(path, Buffer.from(generated.private), comment, 'generated');
+    // Another process saved one first: use that.
+    if (!saved) return SshKey.loadOrGenerate(path, options);
+    const key = SshKey.#parse(path, Buffer.from(generated), comment, 'generated');
     log('generated SSH key %s at %s', key.fingerprint, path);
     return key;
   }
@@ -133,6 +144,28 @@ export function sshFingerprint(publicKeyBlob: Uint8Array): string {
   return `SHA256:${createHash('sha256').update(publicKeyBlob).digest('base64').replace(/=+$/, '')}`;
 }
 
+/**
+ * Saves `contents` (mode 0400) at `path` unless a file is there; false if one is.
+ * The file appears complete or not at all, so a concurrent reader never sees
+ * it half-written.
+ */
+async function saveNewFile(path: string, contents: string): Promise<boolean> {
+  const temporary = `${path}.${randomBytes(6).toString('hex')}.tmp`;
+  try {
+    await writeFile(temporary, contents, { flag: 'wx', mode: 0o400 });
+    // The umask only ever narrows the mode; make it exactly 0400 anyway.
+    await chmod(temporary, 0o400);
+    // Unlike rename, link refuses to replace an existing file.
+    await link(temporary, path);
+    return true;
+  } catch (error) {
+    if (errorCode(error) === 'EEXIST') return false;
+    throw error;
+  } finally {
+    await rm(temporary, { force: true });
+  }
+}
+
 async function readKeyFile(path: string): Promise<Buffer | undefined> {
   try {
     return await readFile(path);
@@ -153,8 +186,11 @@ function ed25519PublicKeyOf(seed: Buffer): Buffer {
     format: 'der',
     type: 'pkcs8',
   });
-  const jwk = createPublicKey(privateKey).export({ format: 'jwk' });
-  return Buffer.from(jwk.x ?? '', 'base64url');
+  return rawPublicKey(createPublicKey(privateKey));
+}
+
+function rawPublicKey(publicKey: KeyObject): Buffer {
+  return Buffer.from(publicKey.export({ format: 'jwk' }).x ?? '', 'base64url');
 }
 
 /** Encodes an unencrypted ed25519 key in the OpenSSH private key format (PROTOCOL.key). */

@@ -1,6 +1,6 @@
 import { execFile } from 'node:child_process';
 import { generateKeyPairSync } from 'node:crypto';
-import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -20,11 +20,13 @@ afterAll(async () => {
 });
 
 /** A key as the Go shepherd persisted it: crypto/ed25519.PrivateKey, seed ‖ public key. */
-function goRawKey(): Buffer {
-  const { privateKey, publicKey } = generateKeyPairSync('ed25519');
-  const seed = Buffer.from(privateKey.export({ format: 'jwk' }).d ?? '', 'base64url');
-  const pub = Buffer.from(publicKey.export({ format: 'jwk' }).x ?? '', 'base64url');
-  return Buffer.concat([seed, pub]);
+function goRawKey(publicKeyStartsWith?: number): Buffer {
+  for (;;) {
+    const { privateKey, publicKey } = generateKeyPairSync('ed25519');
+    const seed = Buffer.from(privateKey.export({ format: 'jwk' }).d ?? '', 'base64url');
+    const pub = Buffer.from(publicKey.export({ format: 'jwk' }).x ?? '', 'base64url');
+    if (publicKeyStartsWith === undefined || pub[0] === publicKeyStartsWith) return Buffer.concat([seed, pub]);
+  }
 }
 
 async function errorOf(promise: Promise<unknown>): Promise<SshKeyError> {
@@ -64,11 +66,15 @@ describe('SshKey', () => {
     expect((await stat(keyPath)).mtimeMs).toBe(before.mtimeMs);
   });
 
-  test('concurrent first loads agree on one key', async () => {
-    const keyPath = path.join(dir, 'race');
-    const keys = await Promise.all(Array.from({ length: 4 }, () => SshKey.loadOrGenerate(keyPath)));
-    expect(new Set(keys.map((key) => key.authorizedKey)).size).toBe(1);
-    expect(keys.map((key) => key.authorizedKey)).toContain((await SshKey.loadOrGenerate(keyPath)).authorizedKey);
+  test('concurrent first loads agree on one key, and never see a half-written file', async () => {
+    for (let round = 0; round < 5; round++) {
+      const raceDir = path.join(dir, `race-${round}`);
+      const keyPath = path.join(raceDir, 'id_ed25519');
+      const keys = await Promise.all(Array.from({ length: 8 }, () => SshKey.loadOrGenerate(keyPath)));
+      expect(new Set(keys.map((key) => key.authorizedKey)).size).toBe(1);
+      expect(keys.filter((key) => key.source === 'generated')).toHaveLength(1);
+      expect(await readdir(raceDir)).toEqual(['id_ed25519']);
+    }
   });
 
   test('reads the raw 64-byte key files of the Go shepherd, into a key OpenSSH accepts', async () => {
@@ -81,6 +87,21 @@ describe('SshKey', () => {
     expect(await readFile(keyPath)).toHaveLength(64);
 
     const converted = path.join(dir, 'go-key-converted');
+    await writeFile(converted, key.privateKey, { mode: 0o600 });
+    const { stdout } = await execFileAsync('ssh-keygen', ['-y', '-f', converted]);
+    expect(stdout.trim().split(' ').slice(0, 2)).toEqual(key.authorizedKey.split(' ').slice(0, 2));
+  });
+
+  test('keeps the leading zero bytes of a public key (ssh2 keygen drops them: mscdex/ssh2#1390)', async () => {
+    const keyPath = path.join(dir, 'go-key-leading-zero');
+    const raw = goRawKey(0);
+    await writeFile(keyPath, raw, { mode: 0o400 });
+    const key = await SshKey.loadOrGenerate(keyPath);
+    const blob = Buffer.from(key.authorizedKey.split(' ')[1] ?? '', 'base64');
+    expect(blob.subarray(-32)).toEqual(raw.subarray(32));
+    expect(blob.readUInt32BE(blob.length - 36)).toBe(32);
+
+    const converted = path.join(dir, 'go-key-leading-zero-converted');
     await writeFile(converted, key.privateKey, { mode: 0o600 });
     const { stdout } = await execFileAsync('ssh-keygen', ['-y', '-f', converted]);
     expect(stdout.trim().split(' ').slice(0, 2)).toEqual(key.authorizedKey.split(' ').slice(0, 2));
@@ -126,7 +147,11 @@ describe('SshKey', () => {
       /neither an OpenSSH private key nor a raw 64-byte ed25519 key \(17 bytes\)/,
     ],
     ['an empty file', Buffer.alloc(0), /\(0 bytes\)/],
-    ['a truncated OpenSSH key', Buffer.from('-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEA\n'), /cannot parse: Unsupported key format/],
+    [
+      'a truncated OpenSSH key',
+      Buffer.from('-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEA\n'),
+      /cannot parse: Unsupported key format/,
+    ],
   ])('%s is refused with SshKeyError and left in place', async (name, contents, problem) => {
     const keyPath = path.join(dir, `malformed-${name.replaceAll(' ', '-')}`);
     await writeFile(keyPath, contents);
