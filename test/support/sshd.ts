@@ -6,7 +6,10 @@ import { connect, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { type Connection, type ParsedKey, Server, type ServerChannel, type SFTPWrapper, utils } from 'ssh2';
+import ssh2, { type Connection, type ParsedKey, type ServerChannel, type SFTPWrapper } from 'ssh2';
+
+// ssh2 is CommonJS; Node's ESM loader sees neither `Server` nor `utils` as named exports.
+const { Server, utils } = ssh2;
 
 /** Where Debian's `openssh-server` installs the daemon. */
 export const SSHD_PATH = '/usr/sbin/sshd';

@@ -49,7 +49,8 @@ export interface SshConnection {
   /**
    * Runs `command`, writing `stdin` to its standard input, and resolves once it
    * exited, whatever its exit status. Output beyond the client's limit fails
-   * the call. Aborting `signal` kills the command's channel.
+   * the call. Aborting `signal` closes the command's channel (asking the
+   * server to kill the command) and rejects with {@link SshAbortedError}.
    */
   execute(command: string, stdin: Uint8Array, signal?: AbortSignal): Promise<SshExecResult>;
   /**
