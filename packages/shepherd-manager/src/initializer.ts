@@ -34,6 +34,9 @@ export interface InitializerOptions {
   readonly sshExecTimeout?: number;
 }
 
+/** How soon a machine the provider has no address for yet is looked at again. */
+const NOT_READY_BACKOFF: Backoff = { initial: 30_000, maximum: 30_000, exponent: 1 };
+
 /** The agent ran but did not start: it exited non-zero or was killed. */
 export class AgentExecutionError extends ShepherdError {
   override name = 'AgentExecutionError';
@@ -107,7 +110,11 @@ export class Initializer implements ControlLoop<ProvidedMachine> {
   async processMachine(task: Task<ProvidedMachine>): Promise<void> {
     const { machineId, providerId } = task.machine;
     const machine = await this.provider.getMachine(providerId, task.signal);
-    if (!machine.address) throw new NoAddressError(machineId, providerId);
+    if (!machine.address) {
+      // Still coming up at the provider: no failure of the agent, so look again soon.
+      task.backoff = NOT_READY_BACKOFF;
+      throw new NoAddressError(machineId, providerId);
+    }
     log.initializer('starting agent on machine %s (provider ID %s, %s)', machineId, providerId, machine.address);
     const key = await this.startAgent({ host: machine.address, port: this.#port, machineId }, task.signal);
     await task.work.finish((q) => q.setAgentStarted(machineId, { publicKey: key }));

@@ -218,6 +218,19 @@ describe('Initializer', () => {
     }
   });
 
+  test('a machine without an address yet is looked at again in 30 s, not 5 min', async () => {
+    const provider = await provided(1);
+    for (const machine of provider.machines.values()) Object.assign(machine, { address: undefined });
+    await runUntil(
+      initializer(provider, { sshClient: new FakeSshClient() }),
+      async () => (await backoffs(provider)).length === 1,
+    );
+    const [backoff] = await backoffs(provider);
+    expect(backoff?.cause).toMatch(/has no address to reach it at/);
+    expect(backoff?.last_interval_seconds).toBe(30);
+    await forget(provider);
+  });
+
   test('rejects bad options', () => {
     const provider = new TestProvider(0);
     const sshClient = new FakeSshClient();

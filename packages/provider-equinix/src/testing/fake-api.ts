@@ -42,6 +42,12 @@ export interface FakeEquinixApiOptions {
   readonly provisioningReads?: number;
   /** `per_page` when the request gives none. Default 10 (as the real API). */
   readonly defaultPageSize?: number;
+  /**
+   * Public IPv4 every device gets when it is addressed, instead of one from
+   * 198.18.0.0/15 (never routed) each: `127.0.0.1` lets a test's SSH server
+   * stand in for the devices.
+   */
+  readonly publicIpv4?: string;
 }
 
 /**
@@ -156,6 +162,7 @@ export class FakeEquinixApi {
       metro: options.metro ?? 'da',
       basePath,
       provisioningReads: options.provisioningReads ?? 1,
+      publicIpv4: options.publicIpv4,
     });
     for (let i = 0; i < (options.reservations ?? 0); i++) store.addReservation();
     for (const seed of options.devices ?? []) store.addDevice(seed);

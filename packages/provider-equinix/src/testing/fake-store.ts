@@ -56,6 +56,8 @@ interface StoredReservation {
 }
 
 export interface StoreDefaults {
+  /** The one public IPv4 of every device, if set; else one per device. */
+  readonly publicIpv4?: string | undefined;
   readonly plan: string;
   readonly facility: string;
   readonly metro: string;
@@ -101,7 +103,7 @@ export class FakeStore {
       facility: seed.facility === undefined ? (reservation?.facility ?? this.defaults.facility) : seed.facility,
       metro: seed.metro === undefined ? this.defaults.metro : seed.metro,
       reservationId: reservation?.id,
-      ipv4: seed.ipv4 === null ? undefined : (seed.ipv4 ?? (addressed ? publicIpv4(n) : undefined)),
+      ipv4: seed.ipv4 === null ? undefined : (seed.ipv4 ?? (addressed ? this.#publicIpv4(n) : undefined)),
       ipv6: seed.ipv6 === null ? undefined : (seed.ipv6 ?? (addressed ? publicIpv6(n) : undefined)),
       privateIpv4: addressed ? `10.${(n >> 16) & 255}.${(n >> 8) & 255}.${n & 255}` : undefined,
       readsLeft: state === 'provisioning' ? this.defaults.provisioningReads : 0,
@@ -199,10 +201,14 @@ export class FakeStore {
     return device;
   }
 
+  #publicIpv4(n: number): string {
+    return this.defaults.publicIpv4 ?? publicIpv4(n);
+  }
+
   #address(device: StoredDevice): void {
     if (device.ipv4 && device.ipv6) return;
     const n = ++this.#addresses;
-    device.ipv4 ??= publicIpv4(n);
+    device.ipv4 ??= this.#publicIpv4(n);
     device.ipv6 ??= publicIpv6(n);
     device.privateIpv4 ??= `10.${(n >> 16) & 255}.${(n >> 8) & 255}.${n & 255}`;
   }

@@ -1,0 +1,284 @@
+import type { Server } from 'node:http';
+import type { BMDB, RateLimiter } from '@bmaas/bmdb-controlloop';
+import { DummyProvider, HeartbeatSimulator } from '@bmaas/provider-dummy';
+import { EquinixClient, EquinixProvider, EquinixStatusUpdater, Secret } from '@bmaas/provider-equinix';
+import {
+  Initializer,
+  Provisioner,
+  type RebootingProvider,
+  Recoverer,
+  Ssh2Client,
+  type SshClient,
+  SshKey,
+} from '@bmaas/shepherd-manager';
+import { collectDefaultMetrics, Registry } from 'prom-client';
+import { openBMDB } from '../database.js';
+import { log } from '../logging.js';
+import { closeServer, serveMetrics } from '../metrics-server.js';
+import {
+  type Argv,
+  bundledTestAgent,
+  type DatabaseSettings,
+  databaseSettings,
+  duration,
+  fileContents,
+  hostPort,
+  integer,
+  noPlaceholder,
+  optional,
+  pemCertificate,
+  rate,
+  required,
+  share,
+  sshKeyPath,
+  UsageError,
+} from '../settings.js';
+
+export type ProviderKind = 'dummy' | 'equinix';
+
+/** Everything `shepherd run` needs, parsed and checked before anything is touched. */
+interface RunSettings {
+  readonly database: DatabaseSettings;
+  readonly metricsListen: { host: string; port: number } | undefined;
+  readonly agent: {
+    readonly executable: Uint8Array;
+    readonly targetPath: string;
+    readonly endpoint: string;
+    readonly caCertificate: Uint8Array | undefined;
+    readonly sshUser: string;
+    readonly sshPort: number;
+    readonly connectTimeout: number;
+    readonly execTimeout: number;
+  };
+  readonly provisioner: {
+    readonly maxCount: number;
+    readonly reconcileLimiter: RateLimiter;
+    readonly creationLimiter: RateLimiter;
+    readonly chunkSize: number;
+  };
+  readonly initializer: { readonly dbQueryLimiter: RateLimiter; readonly parallelism: number };
+  readonly recoverer: {
+    readonly dbQueryLimiter: RateLimiter;
+    readonly parallelism: number;
+    readonly firstHeartbeatWithin: number;
+    readonly heartbeatWithin: number;
+  };
+  readonly provider: DummySettings | EquinixSettings;
+}
+
+interface DummySettings {
+  readonly kind: 'dummy';
+  readonly capacity: number;
+  readonly agentFailureRate: number;
+  readonly heartbeatFailureRate: number;
+  readonly heartbeatInterval: number;
+}
+
+interface EquinixSettings {
+  readonly kind: 'equinix';
+  readonly apiUrl: string;
+  readonly projectId: string;
+  readonly apiUsername: string | undefined;
+  readonly apiKey: Secret;
+  readonly sshKeyLabel: string;
+  readonly devicePrefix: string;
+  readonly os: string;
+  readonly useProjectKeys: boolean;
+  readonly rebootWait: number;
+  readonly reservationCacheTimeout: number;
+  readonly sshKeyPath: string;
+}
+
+export async function runSettings(argv: Argv, kind: ProviderKind): Promise<RunSettings> {
+  const context = `run ${kind}`;
+  const executablePath = optional(argv, 'agent-executable-path') ?? (kind === 'dummy' ? bundledTestAgent() : undefined);
+  const caPath = optional(argv, 'agent-endpoint-ca-certificate-path');
+  return {
+    database: databaseSettings(argv),
+    metricsListen: hostPort(argv, 'metrics-listen'),
+    agent: {
+      executable: await fileContents(
+        'agent-executable-path',
+        executablePath ?? required(argv, 'agent-executable-path', context),
+      ),
+      targetPath: absolutePath(required(argv, 'agent-target-path', context)),
+      endpoint:
+        kind === 'dummy'
+          ? (optional(argv, 'agent-endpoint') ?? 'bmaas.invalid:443')
+          : required(argv, 'agent-endpoint', context),
+      caCertificate:
+        caPath === undefined ? undefined : await pemCertificate('agent-endpoint-ca-certificate-path', caPath),
+      sshUser: required(argv, 'agent-ssh-user', context),
+      sshPort: integer(argv, 'agent-ssh-port', 1, 65535),
+      connectTimeout: duration(argv, 'agent-ssh-connect-timeout'),
+      execTimeout: duration(argv, 'agent-ssh-exec-timeout'),
+    },
+    provisioner: {
+      maxCount: integer(argv, 'provisioner-max-machines', 0),
+      reconcileLimiter: rate(argv, 'provisioner-reconciler-rate'),
+      creationLimiter: rate(argv, 'provisioner-device-creation-rate'),
+      chunkSize: integer(argv, 'provisioner-reservation-chunk-size', 1),
+    },
+    initializer: {
+      dbQueryLimiter: rate(argv, 'initializer-db-query-rate'),
+      parallelism: integer(argv, 'initializer-loop-parallelism', 1, 1000),
+    },
+    recoverer: {
+      dbQueryLimiter: rate(argv, 'recoverer-db-query-rate'),
+      parallelism: integer(argv, 'recoverer-loop-parallelism', 1, 1000),
+      firstHeartbeatWithin: duration(argv, 'recoverer-first-heartbeat-timeout'),
+      heartbeatWithin: duration(argv, 'recoverer-heartbeat-timeout'),
+    },
+    provider: kind === 'dummy' ? dummySettings(argv) : equinixSettings(argv, context),
+  };
+
+  function absolutePath(value: string): string {
+    if (!value.startsWith('/'))
+      throw UsageError.invalid('agent-target-path', value, 'an absolute path, e.g. /root/agent');
+    return value;
+  }
+}
+
+function dummySettings(argv: Argv): DummySettings {
+  return {
+    kind: 'dummy',
+    capacity: integer(argv, 'dummy-capacity', 0, 2 ** 24 - 1),
+    agentFailureRate: share(argv, 'dummy-agent-failure-rate'),
+    heartbeatFailureRate: share(argv, 'dummy-heartbeat-failure-rate'),
+    heartbeatInterval: duration(argv, 'dummy-heartbeat-interval'),
+  };
+}
+
+function equinixSettings(argv: Argv, context: string): EquinixSettings {
+  return {
+    kind: 'equinix',
+    apiUrl: required(argv, 'equinix-api-url', context),
+    projectId: noPlaceholder('equinix-project-id', required(argv, 'equinix-project-id', context)),
+    apiUsername: optional(argv, 'equinix-api-username'),
+    apiKey: new Secret(required(argv, 'equinix-api-key', context)),
+    sshKeyLabel: noPlaceholder('equinix-ssh-key-label', required(argv, 'equinix-ssh-key-label', context)),
+    devicePrefix: noPlaceholder('equinix-device-prefix', required(argv, 'equinix-device-prefix', context)),
+    os: required(argv, 'equinix-os', context),
+    useProjectKeys: argv['equinix-use-project-keys'] === true,
+    rebootWait: duration(argv, 'equinix-reboot-wait'),
+    reservationCacheTimeout: duration(argv, 'equinix-reservation-cache-timeout'),
+    sshKeyPath: sshKeyPath(argv),
+  };
+}
+
+/** A piece of the shepherd running until the stop signal. */
+type Part = (signal: AbortSignal) => Promise<void>;
+
+/**
+ * `shepherd run <provider>`: provisioner, initializer and recoverer (and the
+ * provider's own loop) in one process until SIGINT/SIGTERM, then a clean stop:
+ * no work left claimed, sessions closed, the embedded database stopped. A
+ * second signal exits at once.
+ */
+export async function run(argv: Argv, kind: ProviderKind): Promise<void> {
+  const settings = await runSettings(argv, kind);
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry });
+  let metricsServer: Server | undefined;
+  if (settings.metricsListen) metricsServer = await serveMetrics(registry, settings.metricsListen);
+
+  const stop = new AbortController();
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (stop.signal.aborted) {
+      log('second %s: exiting at once', signal);
+      process.exit(signal === 'SIGINT' ? 130 : 143);
+    }
+    log(
+      '%s: stopping cleanly (no new work, in-flight work ends, sessions close); send it again to exit at once',
+      signal,
+    );
+    stop.abort();
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+
+  let bmdb: BMDB | undefined;
+  try {
+    bmdb = await openBMDB(settings.database, { migrate: true, metrics: registry });
+    const parts = await shepherdParts(bmdb, settings, registry);
+    if (stop.signal.aborted) return;
+    log(
+      'running with the %s provider (%s); %s',
+      kind,
+      settings.database.url === undefined ? `embedded BMDB in ${settings.database.dataDir}` : 'BMDB at --bmdb-url',
+      metricsServer
+        ? `metrics at ${settings.metricsListen?.host}:${settings.metricsListen?.port}`
+        : 'no metrics endpoint',
+    );
+    await Promise.all(parts.map((part) => part(stop.signal)));
+    log('stopped');
+  } finally {
+    await bmdb?.close();
+    if (metricsServer) await closeServer(metricsServer);
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+  }
+}
+
+async function shepherdParts(bmdb: BMDB, settings: RunSettings, registry: Registry): Promise<Part[]> {
+  const { agent } = settings;
+  let provider: RebootingProvider;
+  let sshClient: SshClient;
+  let providerLoop: Part;
+  if (settings.provider.kind === 'dummy') {
+    const dummy = new DummyProvider(settings.provider);
+    const heartbeats = new HeartbeatSimulator(dummy, { interval: settings.provider.heartbeatInterval });
+    provider = dummy;
+    sshClient = dummy.sshClient;
+    providerLoop = (signal) => heartbeats.run(bmdb, { signal });
+  } else {
+    const equinix = settings.provider;
+    const key = await SshKey.loadOrGenerate(equinix.sshKeyPath);
+    log('SSH key %s (%s)', key.path, key.fingerprint);
+    const client = new EquinixClient({
+      apiKey: equinix.apiKey,
+      apiUsername: equinix.apiUsername,
+      baseUrl: equinix.apiUrl,
+      metrics: registry,
+    });
+    const equinixProvider = new EquinixProvider({
+      client,
+      projectId: equinix.projectId,
+      devicePrefix: equinix.devicePrefix,
+      os: equinix.os,
+      sshKeyLabel: equinix.sshKeyLabel,
+      sshPublicKey: key.authorizedKey,
+      useProjectKeys: equinix.useProjectKeys,
+      rebootWait: equinix.rebootWait,
+      reservationCacheTimeout: equinix.reservationCacheTimeout,
+    });
+    // Fails early on bad credentials or a wrong project.
+    await equinixProvider.ensureSshKey();
+    const updater = new EquinixStatusUpdater({ client, projectId: equinix.projectId });
+    provider = equinixProvider;
+    sshClient = new Ssh2Client({ privateKey: key.privateKey, username: agent.sshUser });
+    providerLoop = (signal) => updater.run(bmdb, { signal });
+  }
+
+  const provisioner = new Provisioner(provider, settings.provisioner);
+  const initializer = new Initializer(provider, {
+    agentExecutable: agent.executable,
+    agentTargetPath: agent.targetPath,
+    agentEndpoint: agent.endpoint,
+    ...(agent.caCertificate ? { agentEndpointCaCertificate: agent.caCertificate } : {}),
+    sshClient,
+    sshPort: agent.sshPort,
+    sshConnectTimeout: agent.connectTimeout,
+    sshExecTimeout: agent.execTimeout,
+  });
+  const recoverer = new Recoverer(provider, {
+    firstHeartbeatWithin: settings.recoverer.firstHeartbeatWithin,
+    heartbeatWithin: settings.recoverer.heartbeatWithin,
+  });
+  return [
+    (signal) => provisioner.run(bmdb, { signal }),
+    (signal) => initializer.run(bmdb, { ...settings.initializer, signal }),
+    (signal) => recoverer.run(bmdb, { ...settings.recoverer, signal }),
+    providerLoop,
+  ];
+}

@@ -1,0 +1,48 @@
+import { existsSync } from 'node:fs';
+import { hostname } from 'node:os';
+import path from 'node:path';
+import { BMDB, DatabaseUnreachableError } from '@bmaas/bmdb-controlloop';
+import type { Registry } from 'prom-client';
+import { type DatabaseSettings, UsageError } from './settings.js';
+import { VERSION } from './version.js';
+
+/** What the commands need of the BMDB beyond where it is. */
+export interface OpenOptions {
+  readonly migrate: boolean;
+  readonly metrics?: Registry | undefined;
+  /**
+   * A command that only reads (status) attaches to the embedded server a
+   * running shepherd owns, and refuses a data directory that has none yet.
+   */
+  readonly readOnly?: boolean;
+  /** Use the embedded server a running shepherd owns rather than refuse (status, migrate). */
+  readonly attach?: boolean;
+}
+
+/**
+ * Opens the BMDB at `--bmdb-url`, or the embedded one under `--data-dir`. An
+ * unreachable database is bad input (exit 2), named by its flag.
+ */
+export async function openBMDB(settings: DatabaseSettings, options: OpenOptions): Promise<BMDB> {
+  const common = {
+    migrate: options.migrate,
+    componentName: settings.componentName,
+    runtimeInfo: `shepherd-ts ${VERSION} on ${hostname()} (pid ${process.pid})`,
+    ...(options.metrics ? { metrics: options.metrics } : {}),
+  };
+  if (settings.url !== undefined) {
+    try {
+      return await BMDB.open({ ...common, url: settings.url });
+    } catch (error) {
+      if (error instanceof DatabaseUnreachableError) throw new UsageError('bmdb-url', error.message);
+      throw error;
+    }
+  }
+  if (options.readOnly && !existsSync(path.join(settings.dataDir, 'pgdata', 'PG_VERSION'))) {
+    throw new UsageError(
+      'data-dir',
+      `no BMDB under ${settings.dataDir} yet (start \`shepherd run\` or \`shepherd migrate\` first, or pass --bmdb-url)`,
+    );
+  }
+  return BMDB.open({ ...common, embedded: { dataDir: settings.dataDir, attach: options.attach ?? false } });
+}

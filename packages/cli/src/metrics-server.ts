@@ -1,0 +1,36 @@
+import { createServer, type Server } from 'node:http';
+import type { Registry } from 'prom-client';
+import { log } from './logging.js';
+import { UsageError } from './settings.js';
+
+/** An HTTP server answering `GET /metrics` with the registry in Prometheus text format. */
+export async function serveMetrics(registry: Registry, listen: { host: string; port: number }): Promise<Server> {
+  const server = createServer((request, response) => {
+    if (request.method !== 'GET' || request.url?.split('?')[0] !== '/metrics') {
+      response.writeHead(404, { 'content-type': 'text/plain' }).end('not found: metrics are at /metrics\n');
+      return;
+    }
+    registry.metrics().then(
+      (text) => response.writeHead(200, { 'content-type': registry.contentType }).end(text),
+      (error: unknown) => response.writeHead(500).end(`${(error as Error).message}\n`),
+    );
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', (error: NodeJS.ErrnoException) =>
+      reject(
+        new UsageError(
+          'metrics-listen',
+          `cannot listen on ${listen.host}:${listen.port} (${error.code ?? error.message})`,
+        ),
+      ),
+    );
+    server.listen(listen.port, listen.host, resolve);
+  });
+  log('serving metrics at http://%s:%d/metrics', listen.host, listen.port);
+  return server;
+}
+
+export function closeServer(server: Server): Promise<void> {
+  server.closeAllConnections();
+  return new Promise((resolve) => server.close(() => resolve()));
+}

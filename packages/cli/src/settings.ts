@@ -1,0 +1,172 @@
+import { X509Certificate } from 'node:crypto';
+import { readFile } from 'node:fs/promises';
+import { createRequire } from 'node:module';
+import path from 'node:path';
+import { InvalidSettingError, parseDuration, parseLimiter, type RateLimiter } from '@bmaas/bmdb-controlloop';
+
+/**
+ * Bad input on the command line or in the environment. The CLI prints its
+ * one-line message and exits with status 2, before anything is touched.
+ */
+export class UsageError extends Error {
+  override name = 'UsageError';
+  constructor(
+    readonly flag: string,
+    problem: string,
+  ) {
+    super(`--${flag}: ${problem}`);
+  }
+
+  /** `--flag: invalid value "v": want <expected>`. */
+  static invalid(flag: string, value: string, expected: string): UsageError {
+    return new UsageError(flag, `invalid value ${JSON.stringify(value)}: want ${expected}`);
+  }
+}
+
+/** Parsed command-line arguments, keyed by flag name. */
+export type Argv = Readonly<Record<string, unknown>>;
+
+/** A flag's value, `undefined` when unset or empty. */
+export function optional(argv: Argv, flag: string): string | undefined {
+  const value = argv[flag];
+  if (value === undefined || value === '') return undefined;
+  return String(value);
+}
+
+export function required(argv: Argv, flag: string, context: string): string {
+  const value = optional(argv, flag);
+  if (value === undefined) {
+    throw new UsageError(flag, `required for ${context} (or set ${envName(flag)})`);
+  }
+  return value;
+}
+
+/** Milliseconds, from Go duration syntax; must be > 0. */
+export function duration(argv: Argv, flag: string): number {
+  const value = required(argv, flag, 'this command');
+  let ms: number;
+  try {
+    ms = parseDuration(value);
+  } catch {
+    throw UsageError.invalid(flag, value, "a duration such as '500ms', '30s', '10m' or '1h30m'");
+  }
+  if (ms <= 0) throw UsageError.invalid(flag, value, 'a duration greater than zero');
+  return ms;
+}
+
+export function rate(argv: Argv, flag: string): RateLimiter {
+  const value = required(argv, flag, 'this command');
+  try {
+    return parseLimiter(value);
+  } catch (error) {
+    if (error instanceof InvalidSettingError) throw new UsageError(flag, error.message);
+    throw error;
+  }
+}
+
+export function integer(argv: Argv, flag: string, min: number, max = Number.MAX_SAFE_INTEGER): number {
+  const value = required(argv, flag, 'this command');
+  if (!/^\d+$/.test(value.trim()) || Number(value) < min || Number(value) > max) {
+    throw UsageError.invalid(flag, value, `a whole number from ${min} to ${max}`);
+  }
+  return Number(value);
+}
+
+/** A share from 0 to 1. */
+export function share(argv: Argv, flag: string): number {
+  const value = required(argv, flag, 'this command');
+  const number = Number(value);
+  if (value.trim() === '' || !(number >= 0 && number <= 1)) {
+    throw UsageError.invalid(flag, value, 'a share between 0 and 1, e.g. 0.1');
+  }
+  return number;
+}
+
+/** `host:port` (`[::1]:9090` for IPv6). */
+export function hostPort(argv: Argv, flag: string): { host: string; port: number } | undefined {
+  const value = optional(argv, flag);
+  if (value === undefined) return undefined;
+  const match = /^(?:\[([^\]]+)\]|([^:[\]]*)):(\d{1,5})$/.exec(value);
+  const port = Number(match?.[3]);
+  if (!match || port < 1 || port > 65535) {
+    throw UsageError.invalid(flag, value, 'host:port, e.g. 127.0.0.1:9090 or [::1]:9090');
+  }
+  return { host: match[1] ?? (match[2] || '0.0.0.0'), port };
+}
+
+/** A value copied from a template that still says FIXME is refused. */
+export function noPlaceholder(flag: string, value: string): string {
+  if (/fixme/i.test(value)) throw UsageError.invalid(flag, value, 'a real value, not the FIXME placeholder');
+  return value;
+}
+
+/** The contents of a non-empty file. */
+export async function fileContents(flag: string, file: string): Promise<Buffer> {
+  let data: Buffer;
+  try {
+    data = await readFile(file);
+  } catch (error) {
+    const reason = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
+    throw new UsageError(flag, `cannot read ${JSON.stringify(file)} (${reason})`);
+  }
+  if (data.length === 0) throw new UsageError(flag, `${JSON.stringify(file)} is empty`);
+  return data;
+}
+
+/** A PEM X.509 certificate file, as DER (what `TakeoverInit.ca_certificate` carries). */
+export async function pemCertificate(flag: string, file: string): Promise<Uint8Array> {
+  const pem = await fileContents(flag, file);
+  try {
+    return new Uint8Array(new X509Certificate(pem).raw);
+  } catch (error) {
+    throw new UsageError(flag, `${JSON.stringify(file)} is not a PEM X.509 certificate (${(error as Error).message})`);
+  }
+}
+
+export function envName(flag: string): string {
+  return `SHEPHERD_${flag.replaceAll('-', '_').toUpperCase()}`;
+}
+
+/** Where the BMDB is: a URL, or an embedded server's data directory. */
+export interface DatabaseSettings {
+  readonly url: string | undefined;
+  readonly dataDir: string;
+  readonly componentName: string;
+}
+
+export function databaseSettings(argv: Argv): DatabaseSettings {
+  const url = optional(argv, 'bmdb-url');
+  if (url !== undefined) {
+    let parsed: URL;
+    try {
+      parsed = new URL(url);
+    } catch {
+      throw UsageError.invalid('bmdb-url', redactUrl(url), 'a URL such as postgres://user:password@host:5432/bmdb');
+    }
+    if (parsed.protocol !== 'postgres:' && parsed.protocol !== 'postgresql:') {
+      throw UsageError.invalid('bmdb-url', redactUrl(url), 'a postgres:// or postgresql:// URL');
+    }
+  }
+  return {
+    url,
+    dataDir: path.resolve(required(argv, 'data-dir', 'the embedded BMDB')),
+    componentName: required(argv, 'component-name', 'BMDB sessions'),
+  };
+}
+
+/** The key path: `--ssh-key-path`, or `ssh_key` in the data directory. */
+export function sshKeyPath(argv: Argv): string {
+  return path.resolve(
+    optional(argv, 'ssh-key-path') ?? path.join(required(argv, 'data-dir', 'the SSH key'), 'ssh_key'),
+  );
+}
+
+/** The test agent shipped with @bmaas/shepherd-manager, the dummy provider's default agent. */
+export function bundledTestAgent(): string {
+  return createRequire(import.meta.url).resolve('@bmaas/shepherd-manager/test-agent');
+}
+
+/** A URL with its password masked, for messages. */
+export function redactUrl(url: string): string {
+  return url.replace(/(\/\/[^:/@]*:)[^@/]*@/, '$1***@');
+}

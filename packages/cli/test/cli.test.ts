@@ -1,0 +1,383 @@
+import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { createServer, type Server } from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
+import { flagNames } from '../src/flags.js';
+import { buildOnce, eventually, shepherd, start } from './helpers.js';
+
+let db: TestDatabase;
+let dir: string;
+
+beforeAll(async () => {
+  buildOnce();
+  db = await createTestDatabase();
+  dir = await mkdtemp(path.join(tmpdir(), 'shepherd-cli-'));
+  // The tests read the BMDB while shepherds start: give it its schema first.
+  expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
+});
+afterAll(() => rm(dir, { recursive: true, force: true }));
+
+const count = async (sql: string, values: unknown[] = []) => (await db.admin(sql, values)).rows[0].n as number;
+const testAgent = path.resolve('packages/shepherd-manager/bin/test-agent.js');
+
+async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as { port: number };
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
+
+async function metrics(port: number): Promise<string> {
+  const response = await fetch(`http://127.0.0.1:${port}/metrics`);
+  expect(response.status).toBe(200);
+  return response.text();
+}
+
+describe('help', () => {
+  test('every command has --help, and run --help lists every flag with its default', async () => {
+    const top = await shepherd(['--help']);
+    expect(top.code).toBe(0);
+    for (const command of ['run <provider>', 'migrate', 'status', 'ssh-key']) expect(top.stdout).toContain(command);
+
+    const run = await shepherd(['run', '--help'], { SHEPHERD_EQUINIX_API_KEY: 'do-not-print-me' });
+    expect(run.code).toBe(0);
+    const groups = [
+      'database',
+      'observability',
+      'ssh',
+      'agent',
+      'provisioner',
+      'initializer',
+      'recoverer',
+      'equinix',
+      'dummy',
+    ] as const;
+    for (const group of groups) {
+      for (const flag of flagNames(group)) expect(run.stdout).toContain(`--${flag}`);
+    }
+    expect(run.stdout).toContain('[default: "250ms,8"]');
+    expect(run.stdout).toContain('[default: "1m,1"]');
+    expect(run.stdout).not.toContain('do-not-print-me');
+
+    expect((await shepherd(['status', '--help'])).stdout).toContain('--json');
+    expect((await shepherd(['ssh-key', '--help'])).stdout).toContain('--ssh-key-path');
+    expect((await shepherd(['migrate', '--help'])).stdout).toContain('--bmdb-url');
+  });
+});
+
+describe('bad input exits 2 with one line naming the flag, before anything is touched', () => {
+  let notCert: string;
+  beforeAll(async () => {
+    notCert = path.join(dir, 'not-a-cert.pem');
+    await writeFile(notCert, 'hello\n');
+  });
+
+  const equinix = (overrides: Record<string, string>) => {
+    const flags: Record<string, string> = {
+      'agent-executable-path': testAgent,
+      'agent-endpoint': 'bmaas.example.com:443',
+      'equinix-project-id': 'p',
+      'equinix-ssh-key-label': 'shepherd-test',
+      'equinix-device-prefix': 'shepherd-test-',
+      ...overrides,
+    };
+    return ['run', 'equinix', ...Object.entries(flags).flatMap(([flag, value]) => [`--${flag}`, value])];
+  };
+  const cases: [string, () => string[], RegExp][] = [
+    [
+      'a malformed rate',
+      () => ['run', 'dummy', '--initializer-db-query-rate', 'fast'],
+      /--initializer-db-query-rate: invalid value "fast": want 'duration,count'/,
+    ],
+    [
+      'a malformed duration',
+      () => ['run', 'dummy', '--agent-ssh-exec-timeout', '10'],
+      /--agent-ssh-exec-timeout: invalid value "10": want a duration/,
+    ],
+    [
+      'a missing agent executable',
+      () => ['run', 'dummy', '--agent-executable-path', path.join(dir, 'nope')],
+      /--agent-executable-path: cannot read ".*nope" \(ENOENT\)/,
+    ],
+    [
+      'no agent executable for equinix',
+      () => ['run', 'equinix'],
+      /--agent-executable-path: required for run equinix \(or set SHEPHERD_AGENT_EXECUTABLE_PATH\)/,
+    ],
+    [
+      'an unreadable CA file',
+      () => ['run', 'dummy', '--agent-endpoint-ca-certificate-path', path.join(dir, 'missing.pem')],
+      /--agent-endpoint-ca-certificate-path: cannot read/,
+    ],
+    [
+      'a CA file that is no certificate',
+      () => ['run', 'dummy', '--agent-endpoint-ca-certificate-path', notCert],
+      /--agent-endpoint-ca-certificate-path: ".*" is not a PEM X.509 certificate/,
+    ],
+    [
+      'a device prefix still saying FIXME',
+      () => equinix({ 'equinix-device-prefix': 'FIXME-', 'equinix-api-key': 'k' }),
+      /--equinix-device-prefix: invalid value "FIXME-": want a real value/,
+    ],
+    [
+      'a key label still saying FIXME',
+      () => equinix({ 'equinix-ssh-key-label': 'alice-FIXME', 'equinix-api-key': 'k' }),
+      /--equinix-ssh-key-label: invalid value "alice-FIXME"/,
+    ],
+    [
+      'no API key',
+      () => equinix({}),
+      /--equinix-api-key: required for run equinix \(or set SHEPHERD_EQUINIX_API_KEY\)/,
+    ],
+    [
+      'an unreachable database',
+      () => ['run', 'dummy', '--bmdb-url', 'postgres://shepherd:hunter2@127.0.0.1:1/bmdb'],
+      /--bmdb-url: could not connect to the BMDB at postgres:\/\/shepherd:\*\*\*@127.0.0.1:1\/bmdb/,
+    ],
+    [
+      'a share out of range',
+      () => ['run', 'dummy', '--dummy-agent-failure-rate', '1.5'],
+      /--dummy-agent-failure-rate: invalid value "1.5": want a share between 0 and 1/,
+    ],
+    [
+      'a port out of range',
+      () => ['run', 'dummy', '--agent-ssh-port', '65536'],
+      /--agent-ssh-port: invalid value "65536": want a whole number from 1 to 65535/,
+    ],
+    ['an unknown flag', () => ['run', 'dummy', '--nope'], /--nope: unknown flag for run; see --help/],
+    ['an unknown provider', () => ['run', 'vmware'], /run: unknown provider "vmware": want dummy or equinix/],
+    ['no command', () => [], /Say which command to run/],
+    [
+      'bad metrics address',
+      () => ['run', 'dummy', '--metrics-listen', 'everywhere'],
+      /--metrics-listen: invalid value "everywhere": want host:port/,
+    ],
+  ];
+
+  test.each(cases)('%s', async (_, args, message) => {
+    const dataDir = path.join(dir, `untouched-${Math.random().toString(36).slice(2)}`);
+    const result = await shepherd([...args(), ...(args().length ? ['--data-dir', dataDir] : [])]);
+    expect(result.code).toBe(2);
+    expect(result.stderr).toMatch(message);
+    // One line of its own; debug log lines (timestamped) aside.
+    const lines = result.stderr
+      .trim()
+      .split('\n')
+      .filter((line) => !/^\d{4}-\d\d-\d\dT/.test(line));
+    expect(lines).toHaveLength(1);
+    expect(result.stderr).not.toContain('hunter2');
+    await expect(stat(dataDir)).rejects.toThrow(/ENOENT/); // nothing touched
+  });
+
+  test('environment variables are read like flags', async () => {
+    const result = await shepherd(['run', 'dummy'], { SHEPHERD_RECOVERER_DB_QUERY_RATE: 'often' });
+    expect(result.code).toBe(2);
+    expect(result.stderr).toMatch(/--recoverer-db-query-rate: invalid value "often"/);
+  });
+});
+
+describe('run dummy', () => {
+  test('brings N machines to AgentStarted, status --json agrees, metrics are served, SIGTERM stops cleanly', async () => {
+    const port = await freePort();
+    const run = start([
+      'run',
+      'dummy',
+      '--bmdb-url',
+      db.url,
+      '--metrics-listen',
+      `127.0.0.1:${port}`,
+      '--dummy-capacity',
+      '8',
+      '--dummy-agent-failure-rate',
+      '0',
+      '--dummy-heartbeat-failure-rate',
+      '0',
+      '--dummy-heartbeat-interval',
+      '200ms',
+      '--provisioner-device-creation-rate',
+      '1ms,100',
+      '--initializer-loop-parallelism',
+      '4',
+    ]);
+    await eventually(async () =>
+      (await count('SELECT count(*)::int AS n FROM machine_agent_heartbeat')) === 8 ? true : undefined,
+    );
+    const status = await shepherd(['status', '--json', '--bmdb-url', db.url]);
+    expect(status.code).toBe(0);
+    const parsed = JSON.parse(status.stdout);
+    expect(parsed.machines).toBe(8);
+    expect(parsed.stages.heartbeating).toBe(8);
+    expect(await count('SELECT count(*)::int AS n FROM machine_agent_started')).toBe(8);
+
+    const text = await metrics(port);
+    expect(text).toMatch(
+      /bmdb_work_finished_total\{processor="shepherd-initializer",process="ShepherdAgentStart",result="finished"\} 8/,
+    );
+    expect(text).toContain('bmdb_session_started_total');
+    expect(text).toContain('process_cpu_seconds_total');
+
+    // A human-readable status too.
+    const table = await shepherd(['status', '--bmdb-url', db.url]);
+    expect(table.stdout).toMatch(/heartbeating\s+8/);
+
+    run.child.kill('SIGTERM');
+    const result = await run.exited;
+    expect(result.code).toBe(0);
+    expect(result.stderr).toContain('SIGTERM: stopping cleanly');
+    expect(await count('SELECT count(*)::int AS n FROM work')).toBe(0);
+    expect(await count("SELECT count(*)::int AS n FROM sessions WHERE component_name = 'shepherd'")).toBe(0);
+    // One line per event, each naming its machine and provider IDs.
+    expect(result.stderr).toMatch(
+      /shepherd:initializer agent started on machine [0-9a-f-]{36} \(provider ID dummy-\d{6}\)/,
+    );
+  });
+
+  test('SIGTERM mid-run, with work in flight, leaves nothing claimed', async () => {
+    await db.admin('DELETE FROM machines');
+    const run = start([
+      'run',
+      'dummy',
+      '--bmdb-url',
+      db.url,
+      '--dummy-capacity',
+      '200',
+      '--provisioner-device-creation-rate',
+      '1ms,1000',
+      '--provisioner-reservation-chunk-size',
+      '200',
+      '--provisioner-max-machines',
+      '0',
+      '--initializer-loop-parallelism',
+      '8',
+      '--initializer-db-query-rate',
+      '1ms,1000',
+    ]);
+    await run.logged(/agent started on machine/);
+    run.child.kill('SIGTERM');
+    const result = await run.exited;
+    expect(result.code).toBe(0);
+    expect(await count('SELECT count(*)::int AS n FROM work')).toBe(0);
+    expect(await count('SELECT count(*)::int AS n FROM sessions WHERE deadline > now()')).toBe(0);
+    // Everything claimed was ended: each Started has a Finished, Failed or Canceled.
+    const open = await count(`
+      SELECT count(*)::int AS n FROM (
+        SELECT machine_id, process FROM work_history GROUP BY machine_id, process
+        HAVING count(*) FILTER (WHERE event = 'Started') > count(*) FILTER (WHERE event <> 'Started')) x`);
+    expect(open).toBe(0);
+  });
+});
+
+describe('run equinix', () => {
+  let api: FakeEquinixApi;
+  let silent: Server;
+  let silentPort: number;
+  beforeAll(async () => {
+    // Devices answer SSH at 127.0.0.1:<silent port>: accepted, never answered.
+    api = await FakeEquinixApi.start({ reservations: 3, publicIpv4: '127.0.0.1', provisioningReads: 0 });
+    silent = createServer(() => {});
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    silentPort = (silent.address() as { port: number }).port;
+  });
+  afterAll(async () => {
+    await api.close();
+    silent.close();
+  });
+
+  const equinixArgs = (extra: string[]) => [
+    'run',
+    'equinix',
+    '--bmdb-url',
+    db.url,
+    '--ssh-key-path',
+    path.join(dir, 'equinix_key'),
+    '--agent-executable-path',
+    testAgent,
+    '--agent-endpoint',
+    'bmaas.example.com:443',
+    '--agent-ssh-port',
+    String(silentPort),
+    '--equinix-api-url',
+    api.url,
+    '--equinix-project-id',
+    api.projectId,
+    '--equinix-ssh-key-label',
+    'shepherd-cli-test',
+    '--equinix-device-prefix',
+    'cli-test-',
+    '--provisioner-device-creation-rate',
+    '1ms,100',
+    ...extra,
+  ];
+
+  test('brings its reservations in, serves BMDB and API metrics, never shows the API key', async () => {
+    await db.admin('DELETE FROM machines');
+    const port = await freePort();
+    const run = start(equinixArgs(['--metrics-listen', `127.0.0.1:${port}`, '--agent-ssh-connect-timeout', '300ms']), {
+      SHEPHERD_EQUINIX_API_KEY: api.apiKey,
+    });
+    await eventually(async () =>
+      (await count("SELECT count(*)::int AS n FROM machine_provided WHERE provider = 'Equinix'")) === 3
+        ? true
+        : undefined,
+    );
+    const rows = (await db.admin("SELECT provider_id FROM machine_provided WHERE provider = 'Equinix'")).rows;
+    expect(rows.map((r) => r.provider_id).sort()).toEqual(api.devices.map((d) => d.id).sort());
+    const text = await metrics(port);
+    expect(text).toContain('equinix_api_request_duration_seconds');
+    expect(text).toContain('bmdb_transaction_executed_total');
+    // The silent SSH server fails agent starts into backoff, with a cause.
+    await eventually(async () => ((await count('SELECT count(*)::int AS n FROM work_backoff')) > 0 ? true : undefined));
+    run.child.kill('SIGTERM');
+    const result = await run.exited;
+    expect(result.code).toBe(0);
+    expect(result.stderr).not.toContain(api.apiKey);
+    expect(result.stderr).toMatch(/connect timeout of 300 ms/);
+  });
+
+  test('a second signal exits at once, while a clean stop waits for in-flight work', async () => {
+    await db.admin('DELETE FROM work_backoff'); // the machines are due for an agent start again
+    const run = start(equinixArgs(['--agent-ssh-connect-timeout', '120s']), { SHEPHERD_EQUINIX_API_KEY: api.apiKey });
+    await run.logged(/starting agent on machine/);
+    run.child.kill('SIGTERM');
+    await run.logged(/SIGTERM: stopping cleanly/);
+    await new Promise((r) => setTimeout(r, 300));
+    expect(run.child.exitCode).toBeNull(); // still waiting for the SSH dial (grace period)
+    run.child.kill('SIGTERM');
+    const result = await run.exited;
+    expect(result.code).toBe(143);
+    expect(result.stderr).toContain('second SIGTERM: exiting at once');
+  });
+});
+
+describe('ssh-key and migrate', () => {
+  test('ssh-key generates the key once (mode 0400) and prints its public half', async () => {
+    const keyPath = path.join(dir, 'keys', 'id_shepherd');
+    const first = await shepherd(['ssh-key', '--ssh-key-path', keyPath]);
+    expect(first.code).toBe(0);
+    expect(first.stdout).toMatch(/^ssh-ed25519 AAAA[0-9A-Za-z+/]+=* \S+\n$/);
+    expect((await stat(keyPath)).mode & 0o777).toBe(0o400);
+    const again = await shepherd(['ssh-key', '--ssh-key-path', keyPath]);
+    expect(again.stdout).toBe(first.stdout);
+    expect(await readFile(keyPath, 'utf8')).toContain('OPENSSH PRIVATE KEY');
+  });
+
+  test('migrate brings a new database up to date, then is a no-op', async () => {
+    // (The suite's own database was migrated by `shepherd migrate` in beforeAll.)
+    const fresh = await createTestDatabase();
+    const first = await shepherd(['migrate', '--bmdb-url', fresh.url]);
+    expect(first.code).toBe(0);
+    expect(first.stdout).toMatch(/^applied 0001_initial/);
+    const again = await shepherd(['migrate', '--bmdb-url', fresh.url]);
+    expect(again.stdout).toBe('schema up to date\n');
+  });
+
+  test('status on a data directory without a BMDB says how to get one', async () => {
+    const result = await shepherd(['status', '--data-dir', path.join(dir, 'empty')]);
+    expect(result.code).toBe(2);
+    expect(result.stderr).toMatch(/--data-dir: no BMDB under .*empty yet/);
+  });
+});

@@ -1,0 +1,77 @@
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+
+const root = fileURLToPath(new URL('../../..', import.meta.url));
+const bin = fileURLToPath(new URL('../bin/shepherd.js', import.meta.url));
+
+/**
+ * The binary runs the compiled packages: bring them up to date (incremental,
+ * a second or two when nothing changed). `npm test` builds first as well.
+ */
+export function buildOnce(): void {
+  execFileSync(`${root}node_modules/.bin/tsc`, ['--build'], { cwd: root, stdio: 'inherit' });
+}
+
+export interface Result {
+  readonly code: number | null;
+  readonly signal: NodeJS.Signals | null;
+  readonly stdout: string;
+  readonly stderr: string;
+}
+
+/** A running `shepherd` process. */
+export class Shepherd {
+  stdout = '';
+  stderr = '';
+  readonly exited: Promise<Result>;
+
+  constructor(readonly child: ChildProcess) {
+    child.stdout?.setEncoding('utf8').on('data', (chunk: string) => {
+      this.stdout += chunk;
+    });
+    child.stderr?.setEncoding('utf8').on('data', (chunk: string) => {
+      this.stderr += chunk;
+    });
+    this.exited = new Promise((resolve) =>
+      child.once('close', (code, signal) => resolve({ code, signal, stdout: this.stdout, stderr: this.stderr })),
+    );
+  }
+
+  /** Waits until stderr (the log) matches `pattern`. */
+  async logged(pattern: RegExp, timeout = 30_000): Promise<void> {
+    const deadline = Date.now() + timeout;
+    while (!pattern.test(this.stderr)) {
+      if (this.child.exitCode !== null) throw new Error(`shepherd exited before logging ${pattern}:\n${this.stderr}`);
+      if (Date.now() > deadline)
+        throw new Error(`shepherd did not log ${pattern} within ${timeout}ms:\n${this.stderr}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+}
+
+/** Starts `shepherd <args>` with `env` added to a clean environment (no inherited SHEPHERD_*). */
+export function start(args: readonly string[], env: Record<string, string> = {}): Shepherd {
+  const inherited = Object.fromEntries(Object.entries(process.env).filter(([key]) => !key.startsWith('SHEPHERD_')));
+  const child = spawn(process.execPath, [bin, ...args], {
+    cwd: root,
+    env: { ...inherited, DEBUG: 'shepherd:*,bmdb:*,-bmdb:embedded', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  return new Shepherd(child);
+}
+
+/** Runs `shepherd <args>` to its end. */
+export function shepherd(args: readonly string[], env: Record<string, string> = {}): Promise<Result> {
+  return start(args, env).exited;
+}
+
+/** Polls `check` every 100 ms until it returns something other than undefined. */
+export async function eventually<T>(check: () => Promise<T | undefined>, timeout = 30_000): Promise<T> {
+  const deadline = Date.now() + timeout;
+  for (;;) {
+    const value = await check();
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error(`condition not met within ${timeout}ms`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
