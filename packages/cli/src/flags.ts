@@ -104,6 +104,14 @@ const flags = {
     'dummy-agent-failure-rate': { describe: 'Share (0-1) of agent starts that fail', default: '0.1' },
     'dummy-heartbeat-failure-rate': { describe: 'Share (0-1) of started agents that never heartbeat', default: '0.1' },
     'dummy-heartbeat-interval': { describe: 'Interval of the fake agents’ heartbeats', default: '10s' },
+    'dummy-agent-start-duration': {
+      describe: 'How long each fake agent start takes before it answers (0s: at once)',
+      default: '0s',
+    },
+    'dummy-agent-start-log': {
+      describe:
+        'Append one JSON line to this file as each fake agent start begins and ends (machine, address, pid, time); off when unset',
+    },
   },
 } as const satisfies Record<string, Record<string, Flag>>;
 

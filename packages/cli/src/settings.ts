@@ -41,8 +41,8 @@ export function required(argv: Argv, flag: string, context: string): string {
   return value;
 }
 
-/** Milliseconds, from Go duration syntax; must be > 0. */
-export function duration(argv: Argv, flag: string): number {
+/** Milliseconds, from Go duration syntax; must be > 0 unless `allowZero`. */
+export function duration(argv: Argv, flag: string, options: { allowZero?: boolean } = {}): number {
   const value = required(argv, flag, 'this command');
   let ms: number;
   try {
@@ -50,7 +50,9 @@ export function duration(argv: Argv, flag: string): number {
   } catch {
     throw UsageError.invalid(flag, value, "a duration such as '500ms', '30s', '10m' or '1h30m'");
   }
-  if (ms <= 0) throw UsageError.invalid(flag, value, 'a duration greater than zero');
+  if (ms < 0 || (ms === 0 && !options.allowZero)) {
+    throw UsageError.invalid(flag, value, 'a duration greater than zero');
+  }
   return ms;
 }
 

@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto';
+import { setTimeout as delay } from 'node:timers/promises';
 import type { Session } from '@bmaas/bmdb-controlloop';
 import {
   Availability,
@@ -27,6 +28,31 @@ export interface DummyProviderOptions {
   readonly heartbeatFailureRate?: number;
   /** Source of randomness for agent failures (tests make it deterministic). Default `Math.random`. */
   readonly random?: () => number;
+  /**
+   * Milliseconds each fake agent start takes before it answers, as a real
+   * upload and agent start would. Default 0 (answers at once).
+   */
+  readonly agentStartDuration?: number;
+  /**
+   * Told as each fake agent start begins and as it ends, whether or not the
+   * shepherd is still waiting for it: what happened on the pretend machines,
+   * independent of what the BMDB recorded (`shepherd run dummy
+   * --dummy-agent-start-log` writes these to a file).
+   */
+  readonly onAgentStart?: (event: AgentStartEvent) => void;
+}
+
+/** One fake agent start beginning or ending on a pretend machine. */
+export interface AgentStartEvent {
+  /** `begin` when the agent is run, `end` when it answered. */
+  readonly phase: 'begin' | 'end';
+  /** The BMDB machine ID the shepherd gave the agent. */
+  readonly machineId: string | undefined;
+  /** The machine's address, as dialed. */
+  readonly address: string;
+  /** At `end`: whether the agent started (`started`) or answered with a simulated failure (`failed`). */
+  readonly outcome?: 'started' | 'failed';
+  readonly at: Date;
 }
 
 /** The largest capacity: machine addresses are 10.0.0.1 onwards. */
@@ -60,14 +86,24 @@ export class DummyProvider implements RebootingProvider {
     const agentFailureRate = share(options.agentFailureRate ?? 0, 'agent failure rate');
     this.#heartbeatFailureRate = share(options.heartbeatFailureRate ?? 0, 'heartbeat failure rate');
     const random = options.random ?? Math.random;
+    const startDuration = options.agentStartDuration ?? 0;
+    if (!(startDuration >= 0) || !Number.isFinite(startDuration)) {
+      throw new RangeError(`dummy provider agent start duration must be >= 0 ms, got ${startDuration}`);
+    }
+    const report = options.onAgentStart ?? (() => {});
     this.sshClient = new FakeSshClient({
       dial: (target) => {
         if (slotOfAddress(target.host, this.capacity) === undefined) {
           throw new Error(`no dummy machine at ${target.host}`);
         }
       },
-      execute: ({ target }) => {
-        if (random() >= agentFailureRate) return undefined; // the fake agent's success
+      execute: async ({ target }) => {
+        const machine = { machineId: target.machineId, address: target.host };
+        report({ phase: 'begin', ...machine, at: new Date() });
+        if (startDuration > 0) await delay(startDuration);
+        const succeeds = random() >= agentFailureRate;
+        report({ phase: 'end', ...machine, outcome: succeeds ? 'started' : 'failed', at: new Date() });
+        if (succeeds) return undefined; // the fake agent's success
         log('simulating a failed agent start on machine %s (%s)', target.machineId, target.host);
         const failure = create(TakeoverResponseSchema, {
           result: {

@@ -5,5 +5,5 @@
  * @packageDocumentation
  */
 
-export { DUMMY_PROVIDER, DummyProvider, type DummyProviderOptions } from './dummy-provider.js';
+export { type AgentStartEvent, DUMMY_PROVIDER, DummyProvider, type DummyProviderOptions } from './dummy-provider.js';
 export { HeartbeatSimulator, type HeartbeatSimulatorOptions } from './heartbeat-simulator.js';

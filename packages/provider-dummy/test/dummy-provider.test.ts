@@ -9,7 +9,7 @@ import {
 } from '@bmaas/shepherd-manager';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
-import { DUMMY_PROVIDER, DummyProvider, HeartbeatSimulator } from '../src/index.js';
+import { type AgentStartEvent, DUMMY_PROVIDER, DummyProvider, HeartbeatSimulator } from '../src/index.js';
 
 let db: TestDatabase;
 let bmdb: BMDB;
@@ -120,6 +120,48 @@ describe('DummyProvider', () => {
     }
     expect(await count('SELECT count(*)::int AS n FROM machine_agent_started')).toBe(0);
   });
+});
+
+test('a slow fake agent takes its time, and every start is told as it begins and ends', async () => {
+  await reset();
+  const events: AgentStartEvent[] = [];
+  const provider = new DummyProvider({
+    capacity: 2,
+    agentStartDuration: 300,
+    agentFailureRate: 0.5,
+    random: (() => {
+      let n = 0;
+      return () => (n++ === 0 ? 0.9 : 0.1); // the first start succeeds, the second fails
+    })(),
+    onAgentStart: (event) => events.push(event),
+  });
+  expect(() => new DummyProvider({ capacity: 1, agentStartDuration: -1 })).toThrow(/start duration must be >= 0/);
+  const session = await bmdb.startSession();
+  await provisioner(provider, 2).reconcile(session);
+  await session.close();
+  const started = Date.now();
+  await runUntil(
+    (signal) => initializer(provider).run(bmdb, { dbQueryLimiter: fast(), signal, parallelism: 2 }),
+    async () =>
+      (await count('SELECT count(*)::int AS n FROM machine_agent_started')) +
+        (await count('SELECT count(*)::int AS n FROM work_backoff')) ===
+      2,
+  );
+  expect(Date.now() - started).toBeGreaterThanOrEqual(300);
+  const machines = (await db.admin('SELECT machine_id FROM machine_provided ORDER BY 1')).rows.map((r) => r.machine_id);
+  expect(events.map((e) => e.phase).sort()).toEqual(['begin', 'begin', 'end', 'end']);
+  expect([...new Set(events.map((e) => e.machineId))].sort()).toEqual(machines);
+  expect(
+    events
+      .filter((e) => e.phase === 'end')
+      .map((e) => e.outcome)
+      .sort(),
+  ).toEqual(['failed', 'started']);
+  for (const machine of machines) {
+    const [begin, end] = events.filter((e) => e.machineId === machine);
+    expect(end?.at.getTime() ?? 0).toBeGreaterThanOrEqual((begin?.at.getTime() ?? 0) + 290);
+    expect(begin?.address).toMatch(/^10\.0\.0\.[12]$/);
+  }
 });
 
 describe('HeartbeatSimulator', () => {

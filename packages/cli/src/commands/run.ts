@@ -1,6 +1,8 @@
+import { openSync, writeSync } from 'node:fs';
 import type { Server } from 'node:http';
+import path from 'node:path';
 import type { BMDB, RateLimiter } from '@bmaas/bmdb-controlloop';
-import { DummyProvider, HeartbeatSimulator } from '@bmaas/provider-dummy';
+import { type AgentStartEvent, DummyProvider, HeartbeatSimulator } from '@bmaas/provider-dummy';
 import { EquinixClient, EquinixProvider, EquinixStatusUpdater, Secret } from '@bmaas/provider-equinix';
 import {
   Initializer,
@@ -72,6 +74,8 @@ interface DummySettings {
   readonly agentFailureRate: number;
   readonly heartbeatFailureRate: number;
   readonly heartbeatInterval: number;
+  readonly agentStartDuration: number;
+  readonly agentStartLog: string | undefined;
 }
 
 interface EquinixSettings {
@@ -146,6 +150,8 @@ function dummySettings(argv: Argv): DummySettings {
     agentFailureRate: share(argv, 'dummy-agent-failure-rate'),
     heartbeatFailureRate: share(argv, 'dummy-heartbeat-failure-rate'),
     heartbeatInterval: duration(argv, 'dummy-heartbeat-interval'),
+    agentStartDuration: duration(argv, 'dummy-agent-start-duration', { allowZero: true }),
+    agentStartLog: optionalPath(argv, 'dummy-agent-start-log'),
   };
 }
 
@@ -163,6 +169,39 @@ function equinixSettings(argv: Argv, context: string): EquinixSettings {
     rebootWait: duration(argv, 'equinix-reboot-wait'),
     reservationCacheTimeout: duration(argv, 'equinix-reservation-cache-timeout'),
     sshKeyPath: sshKeyPath(argv),
+  };
+}
+
+function optionalPath(argv: Argv, flag: string): string | undefined {
+  const value = optional(argv, flag);
+  return value === undefined ? undefined : path.resolve(value);
+}
+
+/**
+ * `--dummy-agent-start-log`: one JSON line per fake agent start event,
+ * appended (O_APPEND, one write each) so several shepherds can share a file,
+ * and written synchronously so a line is on record before anything else
+ * happens, even if the process is killed right after.
+ */
+function agentStartRecorder(file: string): (event: AgentStartEvent) => void {
+  let fd: number;
+  try {
+    // Kept open for the process's life; the kernel closes it at exit.
+    fd = openSync(file, 'a');
+  } catch (error) {
+    const reason = (error as NodeJS.ErrnoException).code ?? (error as Error).message;
+    throw new UsageError('dummy-agent-start-log', `cannot open ${JSON.stringify(file)} for appending (${reason})`);
+  }
+  return (event) => {
+    const line = JSON.stringify({
+      phase: event.phase,
+      machine: event.machineId ?? null,
+      address: event.address,
+      ...(event.outcome === undefined ? {} : { outcome: event.outcome }),
+      pid: process.pid,
+      at: event.at.toISOString(),
+    });
+    writeSync(fd, `${line}\n`);
   };
 }
 
@@ -226,7 +265,11 @@ async function shepherdParts(bmdb: BMDB, settings: RunSettings, registry: Regist
   let sshClient: SshClient;
   let providerLoop: Part;
   if (settings.provider.kind === 'dummy') {
-    const dummy = new DummyProvider(settings.provider);
+    const { agentStartLog } = settings.provider;
+    const dummy = new DummyProvider({
+      ...settings.provider,
+      ...(agentStartLog === undefined ? {} : { onAgentStart: agentStartRecorder(agentStartLog) }),
+    });
     const heartbeats = new HeartbeatSimulator(dummy, { interval: settings.provider.heartbeatInterval });
     provider = dummy;
     sshClient = dummy.sshClient;
