@@ -11,9 +11,13 @@ export default defineConfig({
     globalSetup: [fileURLToPath(new URL('./test/global-setup.ts', import.meta.url))],
     testTimeout: 60_000,
     hookTimeout: 120_000,
-    projects: packages.map((name) => ({
-      extends: true,
-      test: { name, root: `packages/${name}`, include: ['test/**/*.test.ts'] },
-    })),
+    projects: [
+      ...packages.map((name) => ({
+        extends: true as const,
+        test: { name, root: `packages/${name}`, include: ['test/**/*.test.ts'] },
+      })),
+      // Whole shepherd processes under faults (test/chaos/README.md).
+      { extends: true as const, test: { name: 'chaos', root: 'test/chaos', include: ['*.test.ts'] } },
+    ],
   },
 });
