@@ -4,8 +4,10 @@ import pg from 'pg';
 import type { Registry } from 'prom-client';
 import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
 import { BMDBError, ConnectionClosedError, DatabaseUnreachableError } from './errors.js';
+import { MachineChanges, notifyReleased } from './internal/changes.js';
 import type { SessionHost } from './internal/host.js';
 import { describeError, log } from './internal/log.js';
+import { PreparedStatements } from './internal/prepared.js';
 import { withRetry } from './internal/retry.js';
 import { BMDBMetrics } from './metrics.js';
 import { migrateToLatest } from './migrations/index.js';
@@ -62,6 +64,8 @@ const DEFAULT_SESSION_INTERVAL = 5_000;
 export class BMDB {
   readonly #db: Kysely<Database>;
   readonly #pool: pg.Pool;
+  readonly #claimPool: pg.Pool;
+  readonly #changes: MachineChanges;
   readonly #heartbeatPool: pg.Pool;
   readonly #metrics: BMDBMetrics | undefined;
   readonly #sessions = new Set<Session>();
@@ -81,10 +85,32 @@ export class BMDB {
       application_name: options.componentName.slice(0, 63),
       keepAlive: true,
       // Every statement, including single ones outside BEGIN, runs at the
-      // chosen level: claims and releases are single statements.
-      options: `-c default_transaction_isolation=${isolation.replace(' ', '\\ ')}`,
+      // chosen level: releases are single statements. Sequential scans are
+      // discouraged because at SERIALIZABLE one takes a predicate lock on the
+      // whole table: on the small, hot `work` and `sessions` tables, every
+      // finish would then conflict with every concurrent finish (PostgreSQL's
+      // manual advises encouraging index scans for this). Large scans with no
+      // usable index still run sequentially.
+      options: `-c default_transaction_isolation=${isolation.replace(' ', '\\ ')} -c enable_seqscan=off`,
     };
-    this.#pool = new pg.Pool({ ...base, max: options.poolSize ?? 20, connectionTimeoutMillis: 30_000 });
+    const poolSize = options.poolSize ?? 20;
+    this.#pool = new pg.Pool({ ...base, max: poolSize, connectionTimeoutMillis: 30_000 });
+    // One-statement claims are exclusive at READ COMMITTED by their own
+    // locking (claim.ts), and would only conflict spuriously at SERIALIZABLE.
+    // A claim wants a few candidates from the front of an index: nested loops
+    // of index lookups. Left to itself, the planner may merge-join whole
+    // indexes (their key order matches) on the strength of stale statistics.
+    this.#claimPool = new pg.Pool({
+      ...base,
+      options: [
+        '-c default_transaction_isolation=read\\ committed',
+        '-c enable_seqscan=off',
+        '-c enable_mergejoin=off',
+        '-c enable_hashjoin=off',
+      ].join(' '),
+      max: poolSize,
+      connectionTimeoutMillis: 30_000,
+    });
     const interval = options.sessionInterval ?? DEFAULT_SESSION_INTERVAL;
     this.#heartbeatPool = new pg.Pool({
       ...base,
@@ -92,7 +118,7 @@ export class BMDB {
       connectionTimeoutMillis: interval,
       query_timeout: interval,
     });
-    for (const pool of [this.#pool, this.#heartbeatPool]) {
+    for (const pool of [this.#pool, this.#claimPool, this.#heartbeatPool]) {
       // A dropped connection must not crash the process. The pool only
       // listens on idle clients; one checked out (mid-query or mid-
       // transaction) emits its error on itself, after failing its queries.
@@ -102,10 +128,13 @@ export class BMDB {
       );
     }
     this.#db = new Kysely<Database>({ dialect: new PostgresDialect({ pool: this.#pool }) });
+    this.#changes = new MachineChanges({ ...base, keepAlive: true });
     this.#metrics = options.metrics ? new BMDBMetrics(options.metrics) : undefined;
     const metrics = this.#metrics;
     this.#host = {
       db: this.#db,
+      claims: new PreparedStatements(this.#claimPool),
+      changes: this.#changes,
       heartbeatPool: this.#heartbeatPool,
       metrics,
       retry: (processor, attempt) =>
@@ -158,6 +187,11 @@ export class BMDB {
   get db(): Kysely<Database> {
     this.#assertOpen();
     return this.#db;
+  }
+
+  /** @internal Notifications of machines that may have become eligible, for the runner. */
+  get machineChanges(): MachineChanges {
+    return this.#changes;
   }
 
   /** Applies pending migrations; returns the names of those applied. */
@@ -214,10 +248,10 @@ export class BMDB {
         history AS (
           INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
           SELECT machine_id, process, 'Canceled', deadline, 'session ' || session_id || ' expired'
-          FROM released)
-        SELECT (SELECT count(*)::int FROM dead) AS sessions, (SELECT count(*)::int FROM released) AS work`.execute(
-        this.#db,
-      ),
+          FROM released),
+        ${notifyReleased}
+        SELECT (SELECT count(*)::int FROM dead) AS sessions, (SELECT count(*)::int FROM released) AS work,
+               (SELECT count(*) FROM notified) AS notified`.execute(this.#db),
     );
     const collected = rows[0] ?? { sessions: 0, work: 0 };
     if (collected.sessions > 0) {
@@ -240,7 +274,9 @@ export class BMDB {
         .catch((error) => log.connection('closing session %s failed: %s', session.id, describeError(error))),
     );
     await Promise.all(closing);
+    await this.#changes.close();
     await this.#db.destroy();
+    await this.#claimPool.end();
     await this.#heartbeatPool.end();
     if (this.embedded) await this.embedded.stop();
     log.connection('closed (%s)', this.options.componentName);

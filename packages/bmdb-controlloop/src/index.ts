@@ -48,5 +48,6 @@ export {
   SHEPHERD_PROCESSES,
   WorkEvent,
 } from './schema.js';
-export { Session, type SessionOptions } from './session.js';
+export type { Selection, SelectionRow } from './selection.js';
+export { type ClaimOptions, Session, type SessionOptions } from './session.js';
 export { Work, type WorkCandidate } from './work.js';

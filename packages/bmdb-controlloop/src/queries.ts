@@ -1,6 +1,7 @@
 import { type Kysely, type RawBuilder, sql } from 'kysely';
 import type { Database, MachineProvidedRow, ProviderStatus, WorkEvent } from './schema.js';
 import { SHEPHERD_PROCESSES } from './schema.js';
+import type { Selection } from './selection.js';
 
 /** A machine as its provider knows it: the Provided tag. */
 export interface ProvidedMachine {
@@ -236,16 +237,16 @@ export class Queries {
    * backoff.
    */
   async machinesForAgentStart(options: { provider: string; limit: number }): Promise<ProvidedMachine[]> {
-    const rows = await this.db
-      .selectFrom('machine_provided as mp')
-      .selectAll('mp')
-      .where('mp.provider', '=', options.provider)
-      .where(sql<boolean>`NOT EXISTS (SELECT 1 FROM machine_agent_started a WHERE a.machine_id = mp.machine_id)`)
-      .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', SHEPHERD_PROCESSES)}`)
-      .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', 'ShepherdAgentStart')}`)
-      .limit(options.limit)
-      .execute();
+    const rows = await this.#agentStartQuery(options.provider).limit(options.limit).execute();
     return rows.map(toProvidedMachine);
+  }
+
+  /**
+   * {@link Queries.machinesForAgentStart} as a {@link Selection}, for
+   * one-statement claims (`Session.work`, `ControlLoop.selectMachines`).
+   */
+  agentStartSelection(options: { provider: string }): Selection<ProvidedMachine, MachineProvidedRow> {
+    return { query: this.#agentStartQuery(options.provider), toCandidate: toProvidedMachine };
   }
 
   /**
@@ -257,18 +258,75 @@ export class Queries {
   async machinesForAgentRecovery(
     options: { provider: string; limit: number } & RecoveryThresholds,
   ): Promise<ProvidedMachine[]> {
-    const rows = await this.db
+    const rows = await this.#agentRecoveryQuery(options).limit(options.limit).execute();
+    return rows.map(toProvidedMachine);
+  }
+
+  /** {@link Queries.machinesForAgentRecovery} as a {@link Selection}. */
+  agentRecoverySelection(
+    options: { provider: string } & RecoveryThresholds,
+  ): Selection<ProvidedMachine, MachineProvidedRow> {
+    return { query: this.#agentRecoveryQuery(options), toCandidate: toProvidedMachine };
+  }
+
+  /**
+   * The candidates come from `machine_agent_pending` (provided machines
+   * without AgentStarted, kept by triggers of migration 0002 in the same
+   * transaction as the tags): an index range scan, however many machines are
+   * started. The lateral join keeps it the driving table; otherwise the
+   * planner may prefer to walk every provided machine of the provider when
+   * statistics lag behind a fleet that is starting fast.
+   */
+  #agentStartQuery(provider: string) {
+    return this.db
+      .selectFrom('machine_agent_pending as pending')
+      .innerJoinLateral(
+        (eb) =>
+          eb
+            .selectFrom('machine_provided')
+            .selectAll()
+            .whereRef('machine_provided.machine_id', '=', 'pending.machine_id')
+            .where('machine_provided.provider', '=', provider)
+            // A barrier: the planner must probe machine_provided per pending row.
+            .offset(0)
+            .as('mp'),
+        (join) => join.onTrue(),
+      )
+      .selectAll('mp')
+      .where('pending.provider', '=', provider)
+      .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', SHEPHERD_PROCESSES)}`)
+      .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', 'ShepherdAgentStart')}`);
+  }
+
+  /**
+   * Lost agents come from two index range scans, one per way of going
+   * silent: heartbeats older than the threshold (`machine_agent_heartbeat_at_idx`),
+   * and agents without any heartbeat started before it (the partial
+   * `machine_agent_started_silent_idx`). Healthy machines are in neither.
+   */
+  #agentRecoveryQuery(options: { provider: string } & RecoveryThresholds) {
+    const firstWithin = seconds(options.firstHeartbeatWithin ?? DEFAULT_FIRST_HEARTBEAT_WITHIN);
+    const within = seconds(options.heartbeatWithin ?? DEFAULT_HEARTBEAT_WITHIN);
+    const silent = this.db
+      .selectFrom('machine_agent_heartbeat as h')
+      .innerJoin('machine_agent_started as a', 'a.machine_id', 'h.machine_id')
+      .select('h.machine_id')
+      .where(sql<boolean>`h.agent_heartbeat_at < now() - make_interval(secs => ${within})`)
+      .unionAll(
+        this.db
+          .selectFrom('machine_agent_started as a')
+          .select('a.machine_id')
+          .where('a.has_heartbeat', '=', false)
+          .where(sql<boolean>`a.agent_started_at < now() - make_interval(secs => ${firstWithin})`)
+          .where(sql<boolean>`NOT EXISTS (SELECT 1 FROM machine_agent_heartbeat h WHERE h.machine_id = a.machine_id)`),
+      );
+    return this.db
       .selectFrom('machine_provided as mp')
-      .innerJoin('machine_agent_started as a', 'a.machine_id', 'mp.machine_id')
-      .leftJoin('machine_agent_heartbeat as h', 'h.machine_id', 'mp.machine_id')
       .selectAll('mp')
       .where('mp.provider', '=', options.provider)
-      .where(lostAgent(options))
+      .where('mp.machine_id', 'in', silent)
       .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', SHEPHERD_PROCESSES)}`)
-      .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', 'ShepherdRecovery')}`)
-      .limit(options.limit)
-      .execute();
-    return rows.map(toProvidedMachine);
+      .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', 'ShepherdRecovery')}`);
   }
 
   /** A machine's work history, oldest first. */

@@ -9,6 +9,7 @@ export interface Database {
   machine_provided: MachineProvidedTable;
   machine_agent_started: MachineAgentStartedTable;
   machine_agent_heartbeat: MachineAgentHeartbeatTable;
+  machine_agent_pending: MachineAgentPendingTable;
   sessions: SessionsTable;
   work: WorkTable;
   work_history: WorkHistoryTable;
@@ -21,6 +22,8 @@ type Timestamp = ColumnType<Date, Date | string, Date | string>;
 export interface MachinesTable {
   machine_id: Generated<string>;
   machine_created_at: Generated<Date>;
+  /** Bumped by every claim on the machine (a bigint, read as a string); the library's. */
+  claim_version: Generated<string>;
 }
 
 /** Where a machine's provider status stands; `null` until first observed. */
@@ -44,10 +47,21 @@ export interface MachineProvidedTable {
   provider_status: ProviderStatus | null;
 }
 
+/**
+ * Provided machines without an AgentStarted tag, by provider: what the
+ * agent-start selection reads. Kept by triggers; never written by hand.
+ */
+export interface MachineAgentPendingTable {
+  machine_id: string;
+  provider: string;
+}
+
 export interface MachineAgentStartedTable {
   machine_id: string;
   agent_started_at: Timestamp;
   agent_public_key: Uint8Array;
+  /** Whether an AgentHeartbeat row exists; kept by triggers, for the recovery index. Never write it. */
+  has_heartbeat: Generated<boolean>;
 }
 
 export interface MachineAgentHeartbeatTable {

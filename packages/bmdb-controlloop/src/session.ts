@@ -1,5 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import { type Kysely, sql } from 'kysely';
+import { type ClaimStatus, claimStatement } from './claim.js';
 import {
   BMDBError,
   NothingToDoError,
@@ -8,11 +9,13 @@ import {
   WorkConflictError,
   type WorkOutcome,
 } from './errors.js';
+import { notifyReleased } from './internal/changes.js';
 import type { SessionHost } from './internal/host.js';
 import { describeError, log } from './internal/log.js';
 import type { SessionRuntime } from './internal/runtime.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
+import { isSelection, type Selection, type SelectionRow } from './selection.js';
 import { Work, type WorkCandidate } from './work.js';
 
 /** Options for `BMDB.startSession`. */
@@ -36,6 +39,37 @@ type SessionState = 'live' | 'expired' | 'closed';
 const HEARTBEAT_RETRY_FRACTION = 10;
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+/** Candidates a selection claim chooses among, unless told otherwise. */
+const DEFAULT_CANDIDATES = 8;
+/** Fresh tries when concurrent claims took every candidate, before giving up with a conflict. */
+const CONTENDED_ATTEMPTS = 5;
+
+/** Options of a claim from a {@link Selection}. */
+export interface ClaimOptions {
+  /**
+   * How many of the selection's first machines the claim chooses among, at
+   * random; concurrent claims then rarely want the same one. Default 8; the
+   * control-loop runner uses twice its parallelism.
+   */
+  readonly candidates?: number;
+}
+
+interface Claim<T> {
+  readonly machineId: string;
+  readonly candidate: T;
+  readonly tookOverFrom: string | null;
+  readonly previousInterval: number | undefined;
+}
+
+function toClaim<T>(status: ClaimStatus, machineId: string, candidate: T): Claim<T> {
+  return {
+    machineId,
+    candidate,
+    tookOverFrom: status.bmdb_took_over_from,
+    previousInterval: status.bmdb_last_interval_seconds ?? undefined,
+  };
+}
 
 /**
  * A worker's presence in the BMDB: a row with a deadline that heartbeats keep
@@ -109,35 +143,42 @@ export class Session {
   }
 
   /**
-   * Claims work on one machine for `process`, in one transaction: `retriever`
-   * returns candidates (machine IDs, or rows with a `machineId`), the first is
-   * claimed, `Started` is recorded, and the pair's previous backoff interval
-   * is remembered for {@link Work.fail}.
+   * Claims work on one machine for `process`, in one of two ways:
    *
-   * A claim left behind by an expired session is taken over (its history gets
-   * a `Canceled` event).
+   * - With a `retriever` function, in one transaction: the retriever returns
+   *   candidates (machine IDs, or rows with a `machineId`) and the first is
+   *   claimed.
+   * - With a {@link Selection}, in one statement and one round trip: one of
+   *   the selection's first `options.candidates` machines is chosen at random
+   *   and claimed, skipping machines that concurrent claims hold. Prefer this
+   *   when several workers claim from the same selection.
    *
-   * @throws {@link NothingToDoError} when the retriever returns no candidates
-   * @throws {@link WorkConflictError} when a live session holds the first candidate
+   * Either way `Started` is recorded and the pair's previous backoff interval
+   * is remembered for {@link Work.fail}. A claim left behind by an expired
+   * session is taken over (its history gets a `Canceled` event).
+   *
+   * @throws {@link NothingToDoError} when there is no candidate
+   * @throws {@link WorkConflictError} when live sessions hold the candidates
    * @throws {@link SessionExpiredError} if the session expired
    */
   async work<T extends WorkCandidate>(
     process: string,
     retriever: (q: Queries) => Promise<readonly T[]>,
+  ): Promise<Work<T>>;
+  async work<T extends WorkCandidate, R extends SelectionRow>(
+    process: string,
+    selection: Selection<T, R>,
+    options?: ClaimOptions,
+  ): Promise<Work<T>>;
+  async work<T extends WorkCandidate>(
+    process: string,
+    source: ((q: Queries) => Promise<readonly T[]>) | Selection<T>,
+    options: ClaimOptions = {},
   ): Promise<Work<T>> {
     this.#assertLive();
-    const claim = await this.#runtime.transaction(async (trx) => {
-      const candidates = await retriever(new Queries(trx));
-      const candidate = candidates[0];
-      if (candidate === undefined) throw new NothingToDoError(process);
-      const machineId = typeof candidate === 'string' ? candidate : candidate.machineId;
-      if (!UUID.test(machineId)) {
-        throw new BMDBError(
-          `work retriever for process ${process} returned ${JSON.stringify(machineId)}, not a machine ID`,
-        );
-      }
-      return { candidate, machineId, ...(await this.#claim(trx, machineId, process)) };
-    });
+    const claim = isSelection<T>(source)
+      ? await this.#claimSelected(process, source, options.candidates ?? DEFAULT_CANDIDATES)
+      : await this.#claimRetrieved(process, source);
     const work = new Work<T>(this.#runtime, claim.machineId, process, claim.candidate, claim.previousInterval);
     this.#works.add(work as Work);
     this.host.metrics?.workStarted.inc({ ...this.#labels, process });
@@ -171,8 +212,11 @@ export class Session {
           RETURNING w.machine_id, w.process),
         history AS (
           INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
-          SELECT machine_id, process, 'Canceled', now(), ${`session ${this.id} closed`} FROM released)
-        SELECT count(*)::int AS released FROM released`.execute(this.host.db),
+          SELECT machine_id, process, 'Canceled', now(), ${`session ${this.id} closed`} FROM released),
+        ${notifyReleased}
+        SELECT count(*)::int AS released, (SELECT count(*) FROM notified) AS notified FROM released`.execute(
+        this.host.db,
+      ),
     );
     log.session(
       'session %s closed%s, %d claim(s) released',
@@ -201,49 +245,71 @@ export class Session {
     }
   }
 
+  /** A retriever's first candidate, claimed in the retriever's transaction. */
+  async #claimRetrieved<T extends WorkCandidate>(
+    process: string,
+    retriever: (q: Queries) => Promise<readonly T[]>,
+  ): Promise<Claim<T>> {
+    return this.#runtime.transaction(async (trx) => {
+      const candidates = await retriever(new Queries(trx));
+      const candidate = candidates[0];
+      if (candidate === undefined) throw new NothingToDoError(process);
+      const machineId = typeof candidate === 'string' ? candidate : candidate.machineId;
+      if (!UUID.test(machineId)) {
+        throw new BMDBError(
+          `work retriever for process ${process} returned ${JSON.stringify(machineId)}, not a machine ID`,
+        );
+      }
+      const { rows } = await claimStatement(this.id, process, { machineId }).execute(trx);
+      const status = this.#checkClaim(rows[0], process);
+      if (status.bmdb_found === 0) {
+        throw new BMDBError(
+          `work retriever for process ${process} returned machine ${machineId}, which does not exist`,
+        );
+      }
+      if (!status.bmdb_claimed) throw new WorkConflictError(machineId, process);
+      return toClaim(status, machineId, candidate);
+    });
+  }
+
   /**
-   * The claim itself, one statement: insert the work row if the session is
-   * alive, taking over a row whose session expired, record the history and
-   * read the previous backoff interval.
+   * A selection's machine, claimed by one statement at READ COMMITTED (see
+   * claim.ts for why that is exclusive). When every candidate was taken by
+   * concurrent claims, the statement runs again on a fresh snapshot.
    */
-  async #claim(trx: Kysely<Database>, machineId: string, process: string) {
-    const { rows } = await sql<{
-      live: boolean;
-      claimed: boolean;
-      took_over_from: string | null;
-      last_interval_seconds: number | null;
-    }>`
-      WITH live AS (
-        SELECT session_id FROM sessions WHERE session_id = ${this.id}::uuid AND deadline > now()),
-      prior AS (
-        SELECT w.session_id, s.deadline FROM work w JOIN sessions s ON s.session_id = w.session_id
-        WHERE w.machine_id = ${machineId}::uuid AND w.process = ${process}),
-      claimed AS (
-        INSERT INTO work (machine_id, session_id, process)
-        SELECT ${machineId}::uuid, session_id, ${process} FROM live
-        ON CONFLICT (machine_id, process) DO UPDATE SET session_id = excluded.session_id
-        WHERE NOT EXISTS (
-          SELECT 1 FROM sessions s WHERE s.session_id = work.session_id AND s.deadline > now())
-        RETURNING machine_id, process),
-      history AS (
-        INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
-        SELECT c.machine_id, c.process, 'Canceled', p.deadline,
-               'session ' || p.session_id || ' expired holding this claim'
-        FROM claimed c CROSS JOIN prior p
-        UNION ALL
-        SELECT machine_id, process, 'Started', now(), NULL FROM claimed)
-      SELECT EXISTS (SELECT 1 FROM live) AS live,
-             EXISTS (SELECT 1 FROM claimed) AS claimed,
-             (SELECT session_id::text FROM prior) AS took_over_from,
-             (SELECT last_interval_seconds FROM work_backoff
-              WHERE machine_id = ${machineId}::uuid AND process = ${process}) AS last_interval_seconds`.execute(trx);
-    const row = rows[0];
-    if (!row?.live) {
+  async #claimSelected<T extends WorkCandidate, R extends SelectionRow>(
+    process: string,
+    selection: Selection<T, R>,
+    candidates: number,
+  ): Promise<Claim<T>> {
+    if (!Number.isSafeInteger(candidates) || candidates < 1) {
+      throw new RangeError(`claim candidates must be a positive integer, got ${candidates}`);
+    }
+    for (let attempt = 1; ; attempt++) {
+      const status = await this.host.retry(this.processor, async () => {
+        const statement = claimStatement(this.id, process, { selection: selection.query, candidates });
+        const rows = await this.host.claims.query(statement.compile(this.host.db));
+        return this.#checkClaim(rows[0], process);
+      });
+      if (status.bmdb_found === 0) throw new NothingToDoError(process);
+      if (status.bmdb_claimed && status.machine_id !== null) {
+        const row = status as unknown as R;
+        return toClaim(status, status.machine_id, selection.toCandidate(row));
+      }
+      if (attempt >= CONTENDED_ATTEMPTS) {
+        throw new WorkConflictError(status.bmdb_first_candidate ?? 'unknown', process);
+      }
+    }
+  }
+
+  /** Throws SessionExpiredError unless the claim statement found the session alive. */
+  #checkClaim(status: ClaimStatus | undefined, process: string): ClaimStatus {
+    if (!status) throw new BMDBError(`claim for process ${process} returned no row`);
+    if (!status.bmdb_live) {
       this.#expire('its deadline passed in the database');
       throw this.#abort.signal.reason as SessionExpiredError;
     }
-    if (!row.claimed) throw new WorkConflictError(machineId, process);
-    return { tookOverFrom: row.took_over_from, previousInterval: row.last_interval_seconds ?? undefined };
+    return status;
   }
 
   #workEnded(work: Work, outcome: WorkOutcome): void {

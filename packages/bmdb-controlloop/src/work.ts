@@ -1,6 +1,7 @@
 import { type Kysely, sql } from 'kysely';
 import { type Backoff, nextBackoffSeconds } from './backoff.js';
 import { WorkEndedError, type WorkEndState, WorkLostError, type WorkOutcome } from './errors.js';
+import { notifyReleased } from './internal/changes.js';
 import { log } from './internal/log.js';
 import type { SessionRuntime } from './internal/runtime.js';
 import { Queries } from './queries.js';
@@ -87,9 +88,12 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
             DELETE FROM work
             WHERE machine_id = ${this.machineId}::uuid AND process = ${this.process}
               AND session_id = ${this.runtime.sessionId}::uuid
-            RETURNING machine_id, process)
-          INSERT INTO work_history (machine_id, process, event, "timestamp")
-          SELECT machine_id, process, 'Canceled', now() FROM released`.execute(db);
+            RETURNING machine_id, process),
+          history AS (
+            INSERT INTO work_history (machine_id, process, event, "timestamp")
+            SELECT machine_id, process, 'Canceled', now() FROM released),
+          ${notifyReleased}
+          SELECT count(*) AS notified FROM notified`.execute(db);
       }),
     );
   }

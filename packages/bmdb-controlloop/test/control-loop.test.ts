@@ -1,3 +1,4 @@
+import { sql } from 'kysely';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
@@ -5,11 +6,14 @@ import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import {
   type BMDB,
   type ControlLoop,
+  hasLiveWork,
   Process,
   type ProvidedMachine,
   parseLimiter,
+  type Queries,
   runControlLoop,
   SessionExpiredError,
+  SHEPHERD_PROCESSES,
   type Task,
 } from '../src/index.js';
 import { deferred, eventually, provideMachines } from './helpers.js';
@@ -25,15 +29,21 @@ beforeAll(async () => {
 const fast = () => parseLimiter('1ms,1000');
 const key = () => crypto.getRandomValues(new Uint8Array(32));
 
+/** How a loop names its machines: a selection (one-statement claims) or a retriever. */
+type Claims = 'selectMachines' | 'getMachines';
+
 function agentStartLoop(
   provider: string,
   processMachine: (task: Task<ProvidedMachine>) => Promise<void>,
+  claims: Claims = 'selectMachines',
 ): ControlLoop<ProvidedMachine> {
   return {
     process: Process.ShepherdAgentStart,
     processor: `loop-${provider}`,
     defaultBackoff: { initial: 60_000, maximum: 60_000, exponent: 1 },
-    getMachines: (q, limit) => q.machinesForAgentStart({ provider, limit }),
+    ...(claims === 'selectMachines'
+      ? { selectMachines: (q: Queries) => q.agentStartSelection({ provider }) }
+      : { getMachines: (q: Queries, limit: number) => q.machinesForAgentStart({ provider, limit }) }),
     processMachine,
   };
 }
@@ -47,52 +57,66 @@ async function count(sql: string, values: unknown[] = []): Promise<number> {
 }
 
 describe('runControlLoop', () => {
-  test('N parallel workers over M machines process every machine exactly once', async () => {
-    const session = await bmdb.startSession();
-    const ids = await provideMachines(session, 60, 'ExactlyOnce');
-    await session.close();
-    const registry = new Registry();
-    const measured = await openTestBMDB(db, { metrics: registry, componentName: 'exactly-once' });
-    const seen = new Map<string, number>();
-    const stop = new AbortController();
-    const running = runControlLoop(
-      measured,
-      agentStartLoop('ExactlyOnce', async (task) => {
-        seen.set(task.machine.machineId, (seen.get(task.machine.machineId) ?? 0) + 1);
-        await new Promise((resolve) => setTimeout(resolve, Math.random() * 10));
-        await startAgent(task);
-      }),
-      { parallelism: 8, dbQueryLimiter: fast(), signal: stop.signal },
-    );
-    await eventually(async () =>
-      (await count('SELECT count(*)::int AS n FROM machine_agent_started')) >= 60 ? true : undefined,
-    );
-    stop.abort();
-    await running;
+  test.each<Claims>(['selectMachines', 'getMachines'])(
+    'N parallel workers over M machines process every machine exactly once (%s)',
+    async (claims) => {
+      const provider = `ExactlyOnce-${claims}`;
+      const session = await bmdb.startSession();
+      const ids = await provideMachines(session, 60, provider);
+      await session.close();
+      const registry = new Registry();
+      const measured = await openTestBMDB(db, { metrics: registry, componentName: `exactly-once-${claims}` });
+      const seen = new Map<string, number>();
+      const stop = new AbortController();
+      const running = runControlLoop(
+        measured,
+        agentStartLoop(
+          provider,
+          async (task) => {
+            seen.set(task.machine.machineId, (seen.get(task.machine.machineId) ?? 0) + 1);
+            await new Promise((resolve) => setTimeout(resolve, Math.random() * 10));
+            await startAgent(task);
+          },
+          claims,
+        ),
+        { parallelism: 8, dbQueryLimiter: fast(), signal: stop.signal },
+      );
+      await eventually(async () =>
+        (await count('SELECT count(*)::int AS n FROM machine_agent_started WHERE machine_id = ANY($1::uuid[])', [
+          ids,
+        ])) >= 60
+          ? true
+          : undefined,
+      );
+      stop.abort();
+      await running;
 
-    expect([...seen.keys()].sort()).toEqual([...ids].sort());
-    expect([...seen.values()].every((n) => n === 1)).toBe(true);
-    const events = await db.admin(
-      `SELECT machine_id, array_agg(event ORDER BY timestamp) AS events FROM work_history
+      expect([...seen.keys()].sort()).toEqual([...ids].sort());
+      expect([...seen.values()].every((n) => n === 1)).toBe(true);
+      const events = await db.admin(
+        `SELECT machine_id, array_agg(event ORDER BY timestamp) AS events FROM work_history
        WHERE machine_id = ANY($1::uuid[]) GROUP BY machine_id`,
-      [ids],
-    );
-    expect(events.rows).toHaveLength(60);
-    for (const row of events.rows) expect(row.events).toEqual(['Started', 'Finished']);
-    expect(await count('SELECT count(*)::int AS n FROM work')).toBe(0);
-    expect(await count("SELECT count(*)::int AS n FROM sessions WHERE component_name = 'exactly-once'")).toBe(0);
+        [ids],
+      );
+      expect(events.rows).toHaveLength(60);
+      for (const row of events.rows) expect(row.events).toEqual(['Started', 'Finished']);
+      expect(await count('SELECT count(*)::int AS n FROM work')).toBe(0);
+      expect(
+        await count('SELECT count(*)::int AS n FROM sessions WHERE component_name = $1', [`exactly-once-${claims}`]),
+      ).toBe(0);
 
-    const metrics = await registry.getMetricsAsJSON();
-    const value = (name: string, labels: Record<string, string>) =>
-      metrics
-        .find((m) => m.name === name)
-        ?.values.find((v) => Object.entries(labels).every(([k, l]) => v.labels[k] === l))?.value;
-    const labels = { processor: 'loop-ExactlyOnce', process: 'ShepherdAgentStart' };
-    expect(value('bmdb_work_started_total', labels)).toBe(60);
-    expect(value('bmdb_work_finished_total', { ...labels, result: 'finished' })).toBe(60);
-    expect(value('bmdb_session_started_total', { processor: 'loop-ExactlyOnce' })).toBe(8);
-    await measured.close();
-  });
+      const metrics = await registry.getMetricsAsJSON();
+      const value = (name: string, labels: Record<string, string>) =>
+        metrics
+          .find((m) => m.name === name)
+          ?.values.find((v) => Object.entries(labels).every(([k, l]) => v.labels[k] === l))?.value;
+      const labels = { processor: `loop-${provider}`, process: 'ShepherdAgentStart' };
+      expect(value('bmdb_work_started_total', labels)).toBe(60);
+      expect(value('bmdb_work_finished_total', { ...labels, result: 'finished' })).toBe(60);
+      expect(value('bmdb_session_started_total', { processor: `loop-${provider}` })).toBe(8);
+      await measured.close();
+    },
+  );
 
   test('a throwing processMachine fails the work with the task backoff and the error as cause', async () => {
     const session = await bmdb.startSession();
@@ -255,6 +279,127 @@ describe('runControlLoop', () => {
     expect(
       await count('SELECT count(*)::int AS n FROM work w JOIN sessions s USING (session_id) WHERE s.deadline > now()'),
     ).toBe(0);
+  });
+
+  test('an idle worker is woken by the notification of a newly provided machine', async () => {
+    const quiet = await openTestBMDB(db, { componentName: 'notified' });
+    const stop = new AbortController();
+    const picked = deferred<string>();
+    let attempts = 0;
+    const limiter = parseLimiter('1ms,1000');
+    const counting = Object.assign(Object.create(limiter) as typeof limiter, {
+      wait: (signal?: AbortSignal) => {
+        attempts++;
+        return limiter.wait(signal);
+      },
+    });
+    const running = runControlLoop(
+      quiet,
+      agentStartLoop('Notified', async (task) => {
+        picked.resolve(task.machine.machineId);
+        await startAgent(task);
+      }),
+      // Without notifications, an idle worker would look again only every 10 minutes.
+      { dbQueryLimiter: counting, signal: stop.signal, maxIdleDelay: 600_000 },
+    );
+    // Idle long enough for the delay to have grown past what the test waits.
+    await eventually(async () => (attempts >= 4 ? true : undefined));
+    const session = await bmdb.startSession();
+    const [machineId] = (await provideMachines(session, 1, 'Notified')) as [string];
+    await session.close();
+    expect(await picked.promise).toBe(machineId);
+    stop.abort();
+    await running;
+  });
+
+  test('notifications: a provided machine, a released claim, a removed agent or backoff wake waiters', async () => {
+    const changes = bmdb.machineChanges;
+    const signal = new AbortController().signal;
+    // The first wait starts listening; a (re)connection itself counts as a change.
+    await changes.wait(changes.generation, 10, signal);
+    await eventually(async () => (changes.listening ? true : undefined));
+    /** Resolves only on a notification: the timeout is far beyond the test's. */
+    const nextChange = () => changes.wait(changes.generation, 600_000, signal);
+    const session = await bmdb.startSession();
+
+    let woken = nextChange();
+    const [machineId] = (await provideMachines(session, 1, 'Wakes')) as [string];
+    await woken;
+
+    const work = await session.work(Process.ShepherdAgentStart, async () => [machineId]);
+    woken = nextChange();
+    await work.cancel();
+    await woken;
+
+    await session.transact((q) => q.setAgentStarted(machineId, { publicKey: key() }));
+    woken = nextChange();
+    await session.transact((q) => q.deleteAgentStarted(machineId));
+    await woken;
+
+    const failed = await session.work(Process.ShepherdAgentStart, async () => [machineId]);
+    await failed.fail(undefined, 'test');
+    woken = nextChange();
+    await db.admin('DELETE FROM work_backoff WHERE machine_id = $1', [machineId]);
+    await woken;
+
+    await session.work(Process.ShepherdAgentStart, async () => [machineId]);
+    woken = nextChange();
+    await session.close();
+    await woken;
+  });
+
+  test('two loops of different shepherd processes never hold one machine at once', async () => {
+    const setup = await bmdb.startSession();
+    const ids = await provideMachines(setup, 6, 'Exclusive');
+    await setup.close();
+    const held = new Map<string, string>();
+    const overlaps: string[] = [];
+    let claims = 0;
+    const stop = new AbortController();
+    const loopFor = (process: string): ControlLoop<ProvidedMachine> => ({
+      process,
+      processor: `exclusive-${process}`,
+      defaultBackoff: { initial: 60_000, maximum: 60_000, exponent: 1 },
+      // Every machine of the provider without live shepherd work: both loops want the same machines.
+      selectMachines: (q) => ({
+        query: q.db
+          .selectFrom('machine_provided as mp')
+          .selectAll('mp')
+          .where('mp.provider', '=', 'Exclusive')
+          .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', SHEPHERD_PROCESSES)}`),
+        // A selection's rows are its query's: narrow the parameter to them.
+        toCandidate: (row: { machine_id: string; provider_id: string }) =>
+          ({ machineId: row.machine_id, providerId: row.provider_id }) as ProvidedMachine,
+      }),
+      async processMachine({ machine }) {
+        const holder = held.get(machine.machineId);
+        if (holder) overlaps.push(`${machine.machineId} held by ${holder} and ${process}`);
+        held.set(machine.machineId, process);
+        await new Promise((resolve) => setTimeout(resolve, Math.random() * 3));
+        held.delete(machine.machineId);
+        if (++claims >= 400) stop.abort();
+        // Returning without finishing releases the claim: the machine is wanted again at once.
+      },
+    });
+    const options = { parallelism: 6, dbQueryLimiter: fast(), signal: stop.signal };
+    await Promise.all([
+      runControlLoop(bmdb, loopFor(Process.ShepherdAgentStart), options),
+      runControlLoop(bmdb, loopFor(Process.ShepherdRecovery), options),
+    ]);
+    expect(overlaps).toEqual([]);
+    expect(claims).toBeGreaterThanOrEqual(400);
+    const processes = await db.admin(
+      `SELECT count(DISTINCT process)::int AS n FROM work_history WHERE machine_id = ANY($1::uuid[])`,
+      [ids],
+    );
+    expect(processes.rows[0].n).toBe(2);
+  });
+
+  test('refuses a loop without selectMachines or getMachines', async () => {
+    const { getMachines: _, selectMachines: __, ...loop } = agentStartLoop('None', async () => {});
+    await expect(
+      runControlLoop(bmdb, loop, { dbQueryLimiter: fast(), signal: new AbortController().signal }),
+    ).rejects.toThrow(/neither selectMachines nor getMachines/);
   });
 
   test('refuses a parallelism that is not a positive integer', async () => {

@@ -1,10 +1,13 @@
+import { Kysely, Migrator, PostgresDialect } from 'kysely';
+import pg from 'pg';
 import { expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
+import * as initial from '../src/migrations/0001_initial.js';
 
 test('migrations create the schema once; running them again is a no-op', async () => {
   const db = await createTestDatabase();
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0001_initial']);
+  expect(await bmdb.migrate()).toEqual(['0001_initial', '0002_fast_claims']);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
   const [a, b] = await Promise.all([openTestBMDB(db), openTestBMDB(db)]);
@@ -17,7 +20,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     GROUP BY table_name ORDER BY table_name`);
   expect(Object.fromEntries(rows.map((r) => [r.table_name, r.columns]))).toEqual({
     machine_agent_heartbeat: ['machine_id', 'agent_heartbeat_at'],
-    machine_agent_started: ['machine_id', 'agent_started_at', 'agent_public_key'],
+    machine_agent_started: ['machine_id', 'agent_started_at', 'agent_public_key', 'has_heartbeat'],
     machine_provided: [
       'machine_id',
       'provider',
@@ -27,7 +30,8 @@ test('migrations create the schema once; running them again is a no-op', async (
       'provider_location',
       'provider_status',
     ],
-    machines: ['machine_id', 'machine_created_at'],
+    machine_agent_pending: ['machine_id', 'provider'],
+    machines: ['machine_id', 'machine_created_at', 'claim_version'],
     sessions: ['session_id', 'component_name', 'runtime_info', 'created_at', 'interval_seconds', 'deadline'],
     work: ['machine_id', 'session_id', 'process'],
     work_backoff: ['machine_id', 'process', 'until', 'cause', 'last_interval_seconds'],
@@ -43,6 +47,8 @@ test('migrations create the schema once; running them again is a no-op', async (
       'work_backoff_machine_process_key',
       'work_history_machine_idx',
       'sessions_deadline_idx',
+      'machine_agent_pending_provider_idx',
+      'machine_agent_started_silent_idx',
     ]),
   );
 
@@ -53,4 +59,88 @@ test('migrations create the schema once; running them again is a no-op', async (
   await expect(db.admin('DELETE FROM machines WHERE machine_id = $1', [machineId])).rejects.toThrow(/foreign key/);
   await db.admin('DELETE FROM sessions WHERE session_id = $1', [session.id]);
   expect((await db.admin('SELECT count(*)::int AS n FROM work')).rows[0].n).toBe(0);
+});
+
+test('0002 on a database with data: pending agents and heartbeat mirrors are backfilled, then kept by triggers', async () => {
+  const db = await createTestDatabase();
+  // A deployment that ran 0001 only, with a started agent and a heartbeat.
+  const released = new Kysely<unknown>({
+    dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: db.url }) }),
+  });
+  const { error } = await new Migrator({
+    db: released,
+    provider: { getMigrations: async () => ({ '0001_initial': initial }) },
+    migrationTableName: 'bmdb_migration',
+    migrationLockTableName: 'bmdb_migration_lock',
+  }).migrateToLatest();
+  await released.destroy();
+  expect(error).toBeUndefined();
+  const [started, heartbeating, fresh] = ['a', 'b', 'c'];
+  for (const name of [started, heartbeating, fresh]) {
+    await db.admin(
+      `WITH m AS (INSERT INTO machines DEFAULT VALUES RETURNING machine_id)
+       INSERT INTO machine_provided (machine_id, provider, provider_id) SELECT machine_id, 'Old', $1 FROM m`,
+      [name],
+    );
+  }
+  const id = async (name: string) =>
+    (await db.admin('SELECT machine_id FROM machine_provided WHERE provider_id = $1', [name])).rows[0]
+      .machine_id as string;
+  for (const name of [started, heartbeating]) {
+    await db.admin(`INSERT INTO machine_agent_started VALUES ($1, now(), '\\x00')`, [await id(name)]);
+  }
+  await db.admin('INSERT INTO machine_agent_heartbeat VALUES ($1, now())', [await id(heartbeating)]);
+
+  const bmdb = await openTestBMDB(db, { migrate: false });
+  expect(await bmdb.migrate()).toEqual(['0002_fast_claims']);
+  expect(await bmdb.migrate()).toEqual([]);
+  const mirrors = async () =>
+    (
+      await db.admin(`
+        SELECT mp.provider_id, p.provider IS NOT NULL AS pending, a.has_heartbeat FROM machine_provided mp
+        LEFT JOIN machine_agent_pending p USING (machine_id)
+        LEFT JOIN machine_agent_started a USING (machine_id) ORDER BY mp.provider_id`)
+    ).rows;
+  expect(await mirrors()).toEqual([
+    { provider_id: 'a', pending: false, has_heartbeat: false },
+    { provider_id: 'b', pending: false, has_heartbeat: true },
+    { provider_id: 'c', pending: true, has_heartbeat: null },
+  ]);
+
+  const session = await bmdb.startSession();
+  await session.transact(async (q) => {
+    await q.setAgentStarted(await id(fresh), { publicKey: new Uint8Array(32) });
+    await q.setAgentHeartbeat(await id(started));
+    await q.deleteAgentHeartbeat(await id(heartbeating));
+  });
+  expect(await mirrors()).toEqual([
+    { provider_id: 'a', pending: false, has_heartbeat: true },
+    { provider_id: 'b', pending: false, has_heartbeat: false },
+    { provider_id: 'c', pending: false, has_heartbeat: false },
+  ]);
+  await session.transact(async (q) => {
+    await q.deleteAgentStarted(await id(started));
+    await q.setAgentHeartbeat(await id(heartbeating));
+  });
+  expect(await mirrors()).toEqual([
+    { provider_id: 'a', pending: true, has_heartbeat: null },
+    { provider_id: 'b', pending: false, has_heartbeat: true },
+    { provider_id: 'c', pending: false, has_heartbeat: false },
+  ]);
+  // A Provided tag added after the agent started is not pending; one removed is pending no more.
+  const late = await session.transact(async (q) => {
+    const machineId = await q.newMachine();
+    await q.setAgentStarted(machineId, { publicKey: new Uint8Array(32) });
+    await q.addProvided(machineId, { provider: 'Old', providerId: 'late' });
+    return machineId;
+  });
+  const pending = async (machineId: string) =>
+    (await db.admin('SELECT 1 FROM machine_agent_pending WHERE machine_id = $1', [machineId])).rowCount;
+  expect(await pending(late)).toBe(0);
+  const fresh2 = await id(fresh);
+  await session.transact((q) => q.deleteAgentStarted(fresh2));
+  expect(await pending(fresh2)).toBe(1);
+  await db.admin('DELETE FROM machine_provided WHERE machine_id = $1', [fresh2]);
+  expect(await pending(fresh2)).toBe(0);
+  await session.close();
 });

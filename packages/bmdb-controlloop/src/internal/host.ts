@@ -3,10 +3,16 @@ import type pg from 'pg';
 import type { BMDBMetrics } from '../metrics.js';
 import type { Database } from '../schema.js';
 import type { Session } from '../session.js';
+import type { MachineChanges } from './changes.js';
+import type { PreparedStatements } from './prepared.js';
 
 /** What a {@link Session} needs from the connection that started it. */
 export interface SessionHost {
   readonly db: Kysely<Database>;
+  /** Prepared statements on a pool at READ COMMITTED, for one-statement claims (see claim.ts). */
+  readonly claims: PreparedStatements;
+  /** Wakes idle control loops when machines may have become eligible. */
+  readonly changes: MachineChanges;
   /** A small pool of its own, so heartbeats never queue behind work. */
   readonly heartbeatPool: pg.Pool;
   readonly metrics: BMDBMetrics | undefined;

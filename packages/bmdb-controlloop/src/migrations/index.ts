@@ -2,6 +2,7 @@ import { type Kysely, type Migration, type MigrationProvider, Migrator } from 'k
 import { BMDBError } from '../errors.js';
 import { log } from '../internal/log.js';
 import * as initial from './0001_initial.js';
+import * as fastClaims from './0002_fast_claims.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -9,6 +10,7 @@ import * as initial from './0001_initial.js';
  */
 const MIGRATIONS: Record<string, Migration> = {
   '0001_initial': initial,
+  '0002_fast_claims': fastClaims,
 };
 
 const provider: MigrationProvider = { getMigrations: async () => MIGRATIONS };

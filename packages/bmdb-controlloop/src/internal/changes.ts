@@ -1,0 +1,127 @@
+import { sql } from 'kysely';
+import pg from 'pg';
+import { describeError, log } from './log.js';
+
+/** The channel migration 0002's triggers and the releasing statements notify. */
+export const CHANGES_CHANNEL = 'bmdb_machines_changed';
+
+/**
+ * A CTE `notified` for statements that release claims (cancel, close,
+ * collection): released machines are eligible again. It runs only when the
+ * statement's final SELECT reads it, and notifies only if `released` has rows.
+ */
+export const notifyReleased = sql`notified AS (
+  SELECT pg_notify(${CHANGES_CHANNEL}, 'work') FROM (SELECT 1 FROM released LIMIT 1) r)`;
+
+/** Pause before listening again after the listening connection failed. */
+const RECONNECT_PAUSE = 1_000;
+
+/**
+ * Notifications that machines may have become eligible, from one listening
+ * connection per BMDB connection. Idle control-loop workers wait on it
+ * instead of sleeping out their idle delay; the delay stays as the fallback
+ * for what no statement announces (backoffs and heartbeats aging) and for
+ * while the listening connection is down.
+ *
+ * A worker reads {@link MachineChanges.generation} before it looks for work,
+ * and waits for a later one: a change announced while it was looking is not
+ * missed.
+ */
+export class MachineChanges {
+  #generation = 0;
+  readonly #waiters = new Set<() => void>();
+  #client: pg.Client | undefined;
+  #connecting = false;
+  #retryAt = 0;
+  #closed = false;
+
+  constructor(private readonly config: pg.ClientConfig) {}
+
+  /** Counts notifications (and reconnections, after which changes may have gone unheard). */
+  get generation(): number {
+    return this.#generation;
+  }
+
+  /** Whether the listening connection is up. */
+  get listening(): boolean {
+    return this.#client !== undefined;
+  }
+
+  /**
+   * Waits until a notification later than `generation`, at most `ms`. Returns
+   * at once if one came already. Rejects with the signal's reason when it aborts.
+   */
+  async wait(generation: number, ms: number, signal: AbortSignal): Promise<void> {
+    signal.throwIfAborted();
+    this.#listen();
+    if (this.#generation !== generation) return;
+    await new Promise<void>((resolve, reject) => {
+      const settle = () => {
+        clearTimeout(timer);
+        this.#waiters.delete(wake);
+        signal.removeEventListener('abort', abort);
+      };
+      const wake = () => {
+        settle();
+        resolve();
+      };
+      const abort = () => {
+        settle();
+        reject(signal.reason);
+      };
+      const timer = setTimeout(wake, ms);
+      this.#waiters.add(wake);
+      signal.addEventListener('abort', abort, { once: true });
+    });
+  }
+
+  /** Stops listening; waiting workers fall back to their timeouts. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    const client = this.#client;
+    this.#client = undefined;
+    await client?.end().catch(() => undefined);
+  }
+
+  /** Connects and LISTENs unless already (or recently failed, or closed). */
+  #listen(): void {
+    if (this.#closed || this.#client || this.#connecting || Date.now() < this.#retryAt) return;
+    this.#connecting = true;
+    const client = new pg.Client(this.config);
+    const lost = (error?: Error) => {
+      if (this.#client === client) this.#client = undefined;
+      if (error) log.connection('listening connection failed: %s', describeError(error));
+      this.#retryAt = Date.now() + RECONNECT_PAUSE;
+    };
+    client.on('error', (error) => {
+      lost(error);
+      client.end().catch(() => undefined);
+    });
+    client.on('end', () => lost());
+    client.on('notification', () => this.#changed());
+    (async () => {
+      await client.connect();
+      await client.query(`LISTEN ${CHANGES_CHANNEL}`);
+      if (this.#closed) {
+        await client.end();
+        return;
+      }
+      this.#client = client;
+      log.connection('listening for machine changes');
+      // Changes made while nobody listened went unheard: have waiters look.
+      this.#changed();
+    })()
+      .catch((error: unknown) => {
+        lost(error instanceof Error ? error : new Error(String(error)));
+        client.end().catch(() => undefined);
+      })
+      .finally(() => {
+        this.#connecting = false;
+      });
+  }
+
+  #changed(): void {
+    this.#generation++;
+    for (const wake of [...this.#waiters]) wake();
+  }
+}
