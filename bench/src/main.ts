@@ -1,0 +1,133 @@
+/**
+ * `npm run bench`: every figure of the BMDB control-loop library, measured on
+ * one embedded PostgreSQL server in one run, medians over several rounds.
+ * Prints a table and writes JSON (and the table as Markdown) to results/.
+ *
+ * Environment: BENCH_ROUNDS (default 3), BENCH_ONLY (comma-separated sections:
+ * throughput, ceiling, scale, pickup, idle), BENCH_SYSTEMS (comma-separated
+ * systems for throughput: bmdb-controlloop, graphile-worker, pg-boss).
+ */
+import { mkdir, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { writeCeiling } from './ceiling.js';
+import { idleCost } from './idle.js';
+import { pickupLatency } from './pickup.js';
+import { type BenchResult, type Rounds, renderReport } from './report.js';
+import { claimAtScale } from './scale.js';
+import { BenchServer } from './server.js';
+import { latency, summarize } from './stats.js';
+import { bmdbControlLoop, graphileWorker, type Measure, pgBoss, UNBOUND_LIMITER } from './throughput.js';
+
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
+const ONLY = new Set((process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle').split(','));
+const ITEMS = 10_000;
+const CONCURRENCY = [1, 8, 32];
+const SCALES = [1_000, 10_000, 100_000];
+const RESULTS = path.join(import.meta.dirname, '..', 'results');
+
+const ALL_SYSTEMS: Record<string, Measure> = {
+  'bmdb-controlloop': bmdbControlLoop,
+  'graphile-worker': graphileWorker,
+  'pg-boss': pgBoss,
+};
+const systems = Object.fromEntries(
+  Object.entries(ALL_SYSTEMS).filter(([name]) => (process.env.BENCH_SYSTEMS ?? name).split(',').includes(name)),
+);
+
+function progress(message: string): void {
+  process.stderr.write(`[bench] ${message}\n`);
+}
+
+async function main(): Promise<void> {
+  const startedAt = new Date();
+  const server = await BenchServer.start();
+  try {
+    const machine = await server.machine();
+    progress(`${machine.cpu}, ${machine.cores} cores, PostgreSQL ${machine.postgres}`);
+    const result: BenchResult = {
+      startedAt: startedAt.toISOString(),
+      rounds: ROUNDS,
+      machine,
+      limiter: UNBOUND_LIMITER,
+    };
+
+    if (ONLY.has('throughput')) {
+      const throughput: Record<string, Record<number, Rounds>> = {};
+      for (const concurrency of CONCURRENCY) {
+        for (let round = 0; round < ROUNDS; round++) {
+          // Interleaved, so drift in the machine hits every system alike.
+          for (const [system, measure] of Object.entries(systems)) {
+            const { perSecond, retried } = await measure(server, ITEMS, concurrency);
+            progress(
+              `throughput ${system} ×${concurrency} round ${round + 1}: ${perSecond.toFixed(0)}/s` +
+                (retried === undefined ? '' : `, ${retried} transactions retried`),
+            );
+            throughput[system] ??= {};
+            const entry = throughput[system];
+            const rounds = [...(entry[concurrency]?.rounds ?? []), perSecond];
+            const retries = retried === undefined ? undefined : [...(entry[concurrency]?.retried ?? []), retried];
+            entry[concurrency] = { ...summarize(rounds), rounds, ...(retries && { retried: retries }) };
+          }
+        }
+      }
+      result.throughput = throughput;
+    }
+
+    if (ONLY.has('ceiling')) {
+      const ceiling: Record<number, Rounds> = {};
+      for (const connections of CONCURRENCY) {
+        const rounds: number[] = [];
+        for (let round = 0; round < ROUNDS; round++) rounds.push(await writeCeiling(server, connections, 3_000));
+        ceiling[connections] = { ...summarize(rounds), rounds };
+        progress(`ceiling ×${connections}: ${summarize(rounds).median.toFixed(0)} tx/s`);
+      }
+      result.ceiling = ceiling;
+    }
+
+    if (ONLY.has('scale')) {
+      const scale: NonNullable<BenchResult['scale']> = {};
+      for (const machines of SCALES) {
+        const claims: number[] = [];
+        const finishes: number[] = [];
+        let plans: Record<string, string> = {};
+        for (let round = 0; round < ROUNDS; round++) {
+          const measured = await claimAtScale(server, machines, { ready: 250, iterations: 200 });
+          claims.push(...measured.claims);
+          finishes.push(...measured.finishes);
+          plans = measured.plans;
+        }
+        scale[machines] = { machines, claim: latency(claims), finish: latency(finishes), plans };
+        progress(`scale ${machines}: claim p50 ${latency(claims).p50.toFixed(2)} ms`);
+      }
+      result.scale = scale;
+    }
+
+    if (ONLY.has('pickup')) {
+      const samples: number[] = [];
+      for (let round = 0; round < ROUNDS; round++) samples.push(...(await pickupLatency(server, 15)));
+      result.pickup = { ...latency(samples), all: samples };
+      progress(`pickup p50 ${latency(samples).p50.toFixed(1)} ms`);
+    }
+
+    if (ONLY.has('idle')) {
+      const rounds: number[] = [];
+      for (let round = 0; round < ROUNDS; round++) rounds.push(await idleCost(server, 4, 10_000));
+      result.idle = { workers: 4, ...summarize(rounds), rounds };
+      progress(`idle ${summarize(rounds).median.toFixed(2)} statements/s per worker`);
+    }
+
+    result.durationSeconds = (Date.now() - startedAt.getTime()) / 1000;
+    const report = renderReport(result);
+    console.log(report);
+    await mkdir(RESULTS, { recursive: true });
+    const stamp = startedAt.toISOString().replace(/[:.]/g, '-');
+    const json = `${JSON.stringify(result, null, 2)}\n`;
+    await writeFile(path.join(RESULTS, `${stamp}.json`), json);
+    await writeFile(path.join(RESULTS, 'latest.json'), json);
+    await writeFile(path.join(RESULTS, 'latest.md'), `${report}\n`);
+  } finally {
+    await server.stop();
+  }
+}
+
+await main();

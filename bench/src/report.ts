@@ -1,0 +1,100 @@
+import type { MachineInfo } from './server.js';
+import type { Latency, Summary } from './stats.js';
+
+export type Rounds = Summary & { readonly rounds: readonly number[]; readonly retried?: readonly number[] };
+
+export interface ScaleFigure {
+  readonly machines: number;
+  readonly claim: Latency;
+  readonly finish: Latency;
+  readonly plans: Record<string, string>;
+}
+
+/** Everything one run measured; written as JSON, rendered as Markdown. */
+export interface BenchResult {
+  startedAt: string;
+  rounds: number;
+  machine: MachineInfo;
+  limiter: string;
+  throughput?: Record<string, Record<number, Rounds>>;
+  ceiling?: Record<number, Rounds>;
+  scale?: Record<number, ScaleFigure>;
+  pickup?: Latency & { readonly all: readonly number[] };
+  idle?: Rounds & { readonly workers: number };
+  durationSeconds?: number;
+}
+
+const int = (n: number) => Math.round(n).toLocaleString('en-US');
+const ms = (n: number) => (n < 10 ? n.toFixed(2) : n.toFixed(0));
+const spread = (r: Summary, format = int) => `${format(r.median)} (${format(r.min)}–${format(r.max)})`;
+
+/** The results as Markdown tables, for the terminal and the README alike. */
+export function renderReport(result: BenchResult): string {
+  const { machine } = result;
+  const lines = [
+    `Machine: ${machine.cpu}, ${machine.cores} cores, ${machine.memoryGiB} GiB RAM; Node ${machine.node}; ` +
+      `PostgreSQL ${machine.postgres} (embedded, one server for every figure) with ${machine.settings}.`,
+    `Medians over ${result.rounds} rounds, (min–max) in brackets.`,
+    '',
+  ];
+  const { throughput, ceiling } = result;
+  if (throughput) {
+    const concurrency = Object.keys(Object.values(throughput)[0] ?? {}).map(Number);
+    lines.push(
+      `**Throughput**: 10,000 no-op work items, items/s; rate limiter \`${result.limiter}\` (never binds).`,
+      '',
+      `| system | ${concurrency.map((c) => `×${c}`).join(' | ')} |`,
+      `|---|${concurrency.map(() => '---:').join('|')}|`,
+    );
+    for (const [system, byConcurrency] of Object.entries(throughput)) {
+      lines.push(
+        `| ${system} | ${concurrency.map((c) => (byConcurrency[c] ? spread(byConcurrency[c]) : '')).join(' | ')} |`,
+      );
+    }
+    const ours = throughput['bmdb-controlloop'];
+    for (const other of Object.keys(throughput).filter((s) => s !== 'bmdb-controlloop')) {
+      const theirs = throughput[other];
+      if (!ours || !theirs) continue;
+      lines.push(
+        `| ratio to ${other} | ${concurrency
+          .map((c) => (ours[c] && theirs[c] ? `${(ours[c].median / theirs[c].median).toFixed(2)}×` : ''))
+          .join(' | ')} |`,
+      );
+    }
+    if (ceiling) {
+      lines.push(
+        `| server ceiling, write tx/s | ${concurrency.map((c) => (ceiling[c] ? spread(ceiling[c]) : '')).join(' | ')} |`,
+      );
+    }
+    lines.push('');
+  }
+  if (result.scale) {
+    lines.push(
+      '**Scale**: one claim, then one finish, at a time; 250 machines ready, every other one with a heartbeating agent. Milliseconds.',
+      '',
+      '| machines | claim p50 | claim p99 | finish p50 | finish p99 |',
+      '|---:|---:|---:|---:|---:|',
+    );
+    for (const figure of Object.values(result.scale)) {
+      lines.push(
+        `| ${int(figure.machines)} | ${ms(figure.claim.p50)} | ${ms(figure.claim.p99)} | ${ms(figure.finish.p50)} | ${ms(figure.finish.p99)} |`,
+      );
+    }
+    lines.push('');
+  }
+  if (result.pickup || result.idle) {
+    lines.push('| idle behaviour at default settings | value |', '|---|---:|');
+    if (result.pickup) {
+      lines.push(
+        `| pickup latency p50 / p99 (${result.pickup.samples} samples) | ${ms(result.pickup.p50)} / ${ms(result.pickup.p99)} ms |`,
+      );
+    }
+    if (result.idle) {
+      lines.push(
+        `| idle statements per second per worker (${result.idle.workers} workers) | ${spread(result.idle, (n) => n.toFixed(2))} |`,
+      );
+    }
+    lines.push('');
+  }
+  return lines.join('\n');
+}

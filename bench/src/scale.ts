@@ -1,0 +1,106 @@
+import { BMDB, type Database, Process, Queries } from '@bmaas/bmdb-controlloop';
+import { type CompiledQuery, Kysely, PostgresDialect } from 'kysely';
+import pg from 'pg';
+// The claim statement is internal to the library; the bench runs from its sources.
+import { claimStatement } from '../../packages/bmdb-controlloop/src/claim.js';
+import { fillFleet, PROVIDER } from './fleet.js';
+import type { BenchServer } from './server.js';
+
+const PUBLIC_KEY = new Uint8Array(32);
+
+export interface ScaleResult {
+  readonly machines: number;
+  /** Milliseconds per claim (`Session.work` with the initializer's selection, one statement). */
+  readonly claims: number[];
+  /** Milliseconds per finish (release plus setting AgentStarted). */
+  readonly finishes: number[];
+  /** EXPLAIN (ANALYZE, BUFFERS) of each selection query, by name. */
+  readonly plans: Record<string, string>;
+}
+
+/**
+ * One claim and one finish at a time, `iterations` times, in a BMDB of
+ * `machines` machines of which only `ready` need an agent start and a few
+ * (`lost`) need recovery: every other machine has a heartbeating agent.
+ */
+export async function claimAtScale(
+  server: BenchServer,
+  machines: number,
+  options: { ready: number; iterations: number },
+): Promise<ScaleResult> {
+  const name = `bench_scale_${machines}`;
+  const url = await server.createDatabase(name);
+  const bmdb = await BMDB.open({ url, migrate: true, componentName: 'bench-scale', runtimeInfo: 'bench' });
+  try {
+    await server.withClient(name, (client) => fillFleet(client, { total: machines, ready: options.ready, lost: 10 }));
+    const session = await bmdb.startSession({ processor: 'bench-scale' });
+    const selection = new Queries(bmdb.db).agentStartSelection({ provider: PROVIDER });
+    const plans = await explainSelections(url, session.id);
+    const claims: number[] = [];
+    const finishes: number[] = [];
+    for (let i = 0; i < options.iterations; i++) {
+      const claimStart = performance.now();
+      const work = await session.work(Process.ShepherdAgentStart, selection);
+      const claimed = performance.now();
+      await work.finish((q) => q.setAgentStarted(work.machineId, { publicKey: PUBLIC_KEY }));
+      finishes.push(performance.now() - claimed);
+      claims.push(claimed - claimStart);
+    }
+    await session.close();
+    return { machines, claims, finishes, plans };
+  } finally {
+    await bmdb.close();
+    await server.dropDatabase(name);
+  }
+}
+
+/** The selection queries as the library sends them, captured and explained. */
+async function explainSelections(url: string, sessionId: string): Promise<Record<string, string>> {
+  const pool = new pg.Pool({ connectionString: url, max: 1 });
+  const captured: CompiledQuery[] = [];
+  const db = new Kysely<Database>({
+    dialect: new PostgresDialect({ pool }),
+    log: (event) => {
+      if (event.level === 'query') captured.push(event.query);
+    },
+  });
+  try {
+    const q = new Queries(db);
+    const plans: Record<string, string> = {};
+    const selections: Record<string, () => Promise<unknown>> = {
+      machinesForAgentStart: () => q.machinesForAgentStart({ provider: PROVIDER, limit: 1 }),
+      machinesForAgentRecovery: () => q.machinesForAgentRecovery({ provider: PROVIDER, limit: 1 }),
+    };
+    for (const [selection, run] of Object.entries(selections)) {
+      captured.length = 0;
+      await run();
+      const query = captured.at(-1);
+      if (!query) throw new Error(`${selection} sent no query`);
+      plans[selection] = await explain(pool, query.sql, query.parameters);
+    }
+    // The claim statement the runner sends, at the READ COMMITTED it runs at.
+    const claim = claimStatement(sessionId, Process.ShepherdAgentStart, {
+      selection: q.agentStartSelection({ provider: PROVIDER }).query,
+      candidates: 8,
+    }).compile(db);
+    plans.claim = await explain(pool, claim.sql, claim.parameters);
+    return plans;
+  } finally {
+    await db.destroy();
+  }
+}
+
+/** EXPLAIN (ANALYZE, BUFFERS) of a statement, rolled back afterwards. */
+export async function explain(pool: pg.Pool, text: string, values: readonly unknown[]): Promise<string> {
+  const client = await pool.connect();
+  try {
+    await client.query('BEGIN');
+    const { rows } = await client.query<{ 'QUERY PLAN': string }>(`EXPLAIN (ANALYZE, BUFFERS, SUMMARY ON) ${text}`, [
+      ...values,
+    ]);
+    return rows.map((row) => row['QUERY PLAN']).join('\n');
+  } finally {
+    await client.query('ROLLBACK');
+    client.release();
+  }
+}

@@ -1,0 +1,194 @@
+import {
+  BMDB,
+  type ControlLoop,
+  Process,
+  type ProvidedMachine,
+  parseLimiter,
+  runControlLoop,
+} from '@bmaas/bmdb-controlloop';
+import { Logger, makeWorkerUtils, run as runGraphileWorker } from 'graphile-worker';
+import pg from 'pg';
+import PgBoss from 'pg-boss';
+import { Registry } from 'prom-client';
+import { fillFleet, PROVIDER } from './fleet.js';
+import type { BenchServer } from './server.js';
+import { since } from './stats.js';
+
+/** A limiter that never binds: a million tokens, refilled every millisecond. */
+export const UNBOUND_LIMITER = '1ms,1000000';
+const PUBLIC_KEY = new Uint8Array(32);
+
+/** One round: work items per second, and transactions retried after serialization failures (ours only). */
+export interface RoundResult {
+  readonly perSecond: number;
+  readonly retried?: number;
+}
+
+export type Measure = (server: BenchServer, items: number, concurrency: number) => Promise<RoundResult>;
+
+/**
+ * `runControlLoop` over `items` ready machines: each task finishes its work
+ * by setting AgentStarted, as the initializer does, and nothing else.
+ */
+export const bmdbControlLoop: Measure = async (server, items, concurrency) => {
+  const name = `bench_bmdb_${concurrency}`;
+  const url = await server.createDatabase(name);
+  const registry = new Registry();
+  const bmdb = await BMDB.open({
+    url,
+    migrate: true,
+    metrics: registry,
+    componentName: 'bench',
+    runtimeInfo: 'bench',
+    poolSize: Math.max(20, concurrency + 4),
+  });
+  try {
+    await server.withClient(name, (client) => fillFleet(client, { total: items, ready: items }));
+    const stop = new AbortController();
+    let done = 0;
+    const loop: ControlLoop<ProvidedMachine> = {
+      process: Process.ShepherdAgentStart,
+      processor: 'bench',
+      defaultBackoff: { initial: 60_000, maximum: 60_000, exponent: 1 },
+      selectMachines: (q) => q.agentStartSelection({ provider: PROVIDER }),
+      async processMachine({ machine, work }) {
+        await work.finish((q) => q.setAgentStarted(machine.machineId, { publicKey: PUBLIC_KEY }));
+        if (++done === items) stop.abort();
+      },
+    };
+    const start = performance.now();
+    await runControlLoop(bmdb, loop, {
+      parallelism: concurrency,
+      dbQueryLimiter: parseLimiter(UNBOUND_LIMITER),
+      signal: stop.signal,
+    });
+    const elapsed = since(start);
+    const finished = await server.withClient(name, async (client) => {
+      const { rows } = await client.query<{ n: number }>('SELECT count(*)::int AS n FROM machine_agent_started');
+      return rows[0]?.n ?? 0;
+    });
+    if (finished !== items) throw new Error(`bmdb: ${finished} of ${items} machines finished`);
+    const retried = (await registry.getSingleMetric('bmdb_transaction_retried_total')?.get())?.values ?? [];
+    return { perSecond: (items / elapsed) * 1000, retried: retried.reduce((sum, v) => sum + v.value, 0) };
+  } finally {
+    await bmdb.close();
+    await server.dropDatabase(name);
+  }
+};
+
+/** graphile-worker 0.17 with `concurrency` and its defaults otherwise. */
+export const graphileWorker: Measure = async (server, items, concurrency) => {
+  const name = `bench_graphile_${concurrency}`;
+  const connectionString = await server.createDatabase(name);
+  try {
+    const utils = await makeWorkerUtils({ connectionString });
+    try {
+      await utils.migrate();
+      for (let offset = 0; offset < items; offset += 1000) {
+        const batch = Math.min(1000, items - offset);
+        await utils.addJobs(
+          Array.from({ length: batch }, (_, i) => ({ identifier: 'noop', payload: { i: offset + i } })),
+        );
+      }
+    } finally {
+      await utils.release();
+    }
+    let done = 0;
+    const allRun = deferred();
+    const start = performance.now();
+    const runner = await runGraphileWorker({
+      connectionString,
+      concurrency,
+      maxPoolSize: concurrency + 4,
+      noHandleSignals: true,
+      logger: quietGraphileLogger(),
+      taskList: {
+        noop: async () => {
+          if (++done === items) allRun.resolve();
+        },
+      },
+    });
+    await allRun.promise;
+    // Completions are batched: the round ends when the database agrees.
+    await waitUntil(connectionString, 'SELECT count(*)::int AS n FROM graphile_worker.jobs', 0);
+    const elapsed = since(start);
+    await runner.stop();
+    return { perSecond: (items / elapsed) * 1000 };
+  } finally {
+    await server.dropDatabase(name);
+  }
+};
+
+/**
+ * pg-boss 10 with `concurrency` workers fetching one job each. A pg-boss
+ * worker sleeps its polling interval (at least 0.5 s) after every fetch, so
+ * each handler re-notifies its own worker: it then fetches again at once, as
+ * when jobs are sent in-process. That measures pg-boss's per-job cost, not
+ * its polling interval.
+ */
+export const pgBoss: Measure = async (server, items, concurrency) => {
+  const name = `bench_pgboss_${concurrency}`;
+  const connectionString = await server.createDatabase(name);
+  const boss = new PgBoss({ connectionString, max: concurrency + 4, supervise: false, schedule: false });
+  boss.on('error', (error) => console.error('pg-boss:', error));
+  try {
+    await boss.start();
+    await boss.createQueue('noop');
+    for (let offset = 0; offset < items; offset += 1000) {
+      const batch = Math.min(1000, items - offset);
+      await boss.insert(Array.from({ length: batch }, (_, i) => ({ name: 'noop', data: { i: offset + i } })));
+    }
+    let done = 0;
+    const allRun = deferred();
+    const start = performance.now();
+    for (let i = 0; i < concurrency; i++) {
+      let workerId = '';
+      workerId = await boss.work('noop', { batchSize: 1, pollingIntervalSeconds: 0.5 }, async (jobs) => {
+        done += jobs.length;
+        if (done >= items) allRun.resolve();
+        boss.notifyWorker(workerId);
+      });
+    }
+    await allRun.promise;
+    await waitUntil(
+      connectionString,
+      `SELECT count(*)::int AS n FROM pgboss.job WHERE name = 'noop' AND state <> 'completed'`,
+      0,
+    );
+    const elapsed = since(start);
+    return { perSecond: (items / elapsed) * 1000 };
+  } finally {
+    await boss.stop({ graceful: false, wait: true });
+    await server.dropDatabase(name);
+  }
+};
+
+/** Polls `query` (returning `n`) every 10 ms until it returns `expected`. */
+async function waitUntil(connectionString: string, query: string, expected: number): Promise<void> {
+  const client = new pg.Client({ connectionString });
+  await client.connect();
+  try {
+    for (;;) {
+      const { rows } = await client.query<{ n: number }>(query);
+      if (rows[0]?.n === expected) return;
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+  } finally {
+    await client.end();
+  }
+}
+
+/** graphile-worker logs every worker's start and stop; keep its errors only. */
+function quietGraphileLogger(): Logger {
+  return new Logger(() => (level, message) => {
+    if (level === 'error') console.error(`graphile-worker: ${message}`);
+  });
+}
+
+function deferred(): { promise: Promise<void>; resolve(): void } {
+  let resolve = () => {};
+  const promise = new Promise<void>((r) => {
+    resolve = r;
+  });
+  return { promise, resolve };
+}
