@@ -10,7 +10,7 @@ import {
   type Task,
 } from '@bmaas/bmdb-controlloop';
 import { encodeTakeoverInit, parseTakeoverResponse, type TakeoverInitParams } from './agent-protocol.js';
-import { log } from './internal.js';
+import { finishDone, log } from './internal.js';
 import { type Provider, ShepherdError } from './provider.js';
 import type { SshClient, SshTarget } from './ssh-client.js';
 
@@ -117,7 +117,8 @@ export class Initializer implements ControlLoop<ProvidedMachine> {
     }
     log.initializer('starting agent on machine %s (provider ID %s, %s)', machineId, providerId, machine.address);
     const key = await this.startAgent({ host: machine.address, port: this.#port, machineId }, task.signal);
-    await task.work.finish((q) => q.setAgentStarted(machineId, { publicKey: key }));
+    // The agent runs now: a database outage must not make us start it again.
+    await finishDone(task, (q) => q.setAgentStarted(machineId, { publicKey: key }), log.initializer);
     log.initializer(
       'agent started on machine %s (provider ID %s), key %s',
       machineId,

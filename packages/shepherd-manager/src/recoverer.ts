@@ -10,7 +10,7 @@ import {
   runControlLoop,
   type Task,
 } from '@bmaas/bmdb-controlloop';
-import { log } from './internal.js';
+import { finishDone, log } from './internal.js';
 import type { RebootingProvider } from './provider.js';
 
 /**
@@ -42,10 +42,15 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
     const { machineId, providerId } = task.machine;
     log.recoverer('rebooting machine %s (provider ID %s): agent silent', machineId, providerId);
     await this.provider.rebootMachine(providerId, task.signal);
-    await task.work.finish(async (q) => {
-      await q.deleteAgentStarted(machineId);
-      await q.deleteAgentHeartbeat(machineId);
-    });
+    // Rebooted: a database outage must not make us reboot it again.
+    await finishDone(
+      task,
+      async (q) => {
+        await q.deleteAgentStarted(machineId);
+        await q.deleteAgentHeartbeat(machineId);
+      },
+      log.recoverer,
+    );
     log.recoverer('rebooted machine %s (provider ID %s); agent to be started again', machineId, providerId);
   }
 }

@@ -9,6 +9,7 @@ import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
+import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import {
   FakeSshClient,
   type FakeSshHooks,
@@ -228,6 +229,44 @@ describe('Initializer', () => {
     const [backoff] = await backoffs(provider);
     expect(backoff?.cause).toMatch(/has no address to reach it at/);
     expect(backoff?.last_interval_seconds).toBe(30);
+    await forget(provider);
+  });
+
+  test('an agent that started while the BMDB was unreachable is recorded once it is back, not started again', async () => {
+    // The initializer's BMDB connection goes through a proxy the agent cuts while it "starts".
+    const { proxy, url } = await TcpProxy.for(db.url);
+    const cutOff = await openTestBMDB(db, { url });
+    const provider = await provided(1);
+    const [machineId] = (await machinesOf(provider)) as [string];
+    let restore: NodeJS.Timeout | undefined;
+    const ssh = new FakeSshClient({
+      execute: () => {
+        proxy.cut();
+        // Back well within the session's 5 s deadline, as after a database restart.
+        restore = setTimeout(() => proxy.restore(), 1_000);
+        return undefined; // the agent started
+      },
+    });
+    const stop = new AbortController();
+    const running = initializer(provider, { sshClient: ssh }).run(cutOff, {
+      dbQueryLimiter: fast(),
+      signal: stop.signal,
+    });
+    try {
+      for (let i = 0; i < 200 && (await agentKeys(provider)).size === 0; i++)
+        await new Promise((r) => setTimeout(r, 50));
+    } finally {
+      stop.abort();
+      await running;
+      clearTimeout(restore);
+      proxy.restore();
+      await proxy.close();
+    }
+    expect((await agentKeys(provider)).size).toBe(1);
+    expect(ssh.executions).toHaveLength(1); // started once
+    const history = await new Queries(bmdb.db).workHistory(machineId);
+    expect(history.map((h) => h.event)).toEqual(['Started', 'Finished']);
+    expect(await backoffs(provider)).toEqual([]);
     await forget(provider);
   });
 
