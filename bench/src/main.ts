@@ -4,8 +4,9 @@
  * Prints a table and writes JSON (and the table as Markdown) to results/.
  *
  * Environment: BENCH_ROUNDS (default 3), BENCH_ONLY (comma-separated sections:
- * throughput, ceiling, scale, pickup, idle), BENCH_SYSTEMS (comma-separated
- * systems for throughput: bmdb-controlloop, graphile-worker, pg-boss).
+ * throughput, ceiling, scale, pickup, idle), BENCH_SYSTEMS (`|`-separated
+ * systems for throughput: bmdb-controlloop, "bmdb-controlloop, finish()",
+ * graphile-worker, pg-boss).
  */
 import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
@@ -16,22 +17,30 @@ import { type BenchResult, type Rounds, renderReport } from './report.js';
 import { claimAtScale } from './scale.js';
 import { BenchServer } from './server.js';
 import { latency, summarize } from './stats.js';
-import { bmdbControlLoop, graphileWorker, type Measure, pgBoss, UNBOUND_LIMITER } from './throughput.js';
+import {
+  bmdbControlLoop,
+  bmdbControlLoopBare,
+  graphileWorker,
+  type Measure,
+  pgBoss,
+  UNBOUND_LIMITER,
+} from './throughput.js';
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 const ONLY = new Set((process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle').split(','));
-const ITEMS = 10_000;
+const ITEMS = Number(process.env.BENCH_ITEMS ?? 10_000);
 const CONCURRENCY = [1, 8, 32];
 const SCALES = [1_000, 10_000, 100_000];
 const RESULTS = path.join(import.meta.dirname, '..', 'results');
 
 const ALL_SYSTEMS: Record<string, Measure> = {
   'bmdb-controlloop': bmdbControlLoop,
+  'bmdb-controlloop, finish()': bmdbControlLoopBare,
   'graphile-worker': graphileWorker,
   'pg-boss': pgBoss,
 };
 const systems = Object.fromEntries(
-  Object.entries(ALL_SYSTEMS).filter(([name]) => (process.env.BENCH_SYSTEMS ?? name).split(',').includes(name)),
+  Object.entries(ALL_SYSTEMS).filter(([name]) => (process.env.BENCH_SYSTEMS ?? name).split('|').includes(name)),
 );
 
 function progress(message: string): void {
@@ -49,6 +58,7 @@ async function main(): Promise<void> {
       rounds: ROUNDS,
       machine,
       limiter: UNBOUND_LIMITER,
+      items: ITEMS,
     };
 
     if (ONLY.has('throughput')) {
@@ -104,14 +114,14 @@ async function main(): Promise<void> {
 
     if (ONLY.has('pickup')) {
       const samples: number[] = [];
-      for (let round = 0; round < ROUNDS; round++) samples.push(...(await pickupLatency(server, 15)));
+      for (let round = 0; round < ROUNDS; round++) samples.push(...(await pickupLatency(server, 12)));
       result.pickup = { ...latency(samples), all: samples };
       progress(`pickup p50 ${latency(samples).p50.toFixed(1)} ms`);
     }
 
     if (ONLY.has('idle')) {
       const rounds: number[] = [];
-      for (let round = 0; round < ROUNDS; round++) rounds.push(await idleCost(server, 4, 10_000));
+      for (let round = 0; round < ROUNDS; round++) rounds.push(await idleCost(server, 4, 8_000));
       result.idle = { workers: 4, ...summarize(rounds), rounds };
       progress(`idle ${summarize(rounds).median.toFixed(2)} statements/s per worker`);
     }

@@ -16,6 +16,7 @@ export interface BenchResult {
   rounds: number;
   machine: MachineInfo;
   limiter: string;
+  items?: number;
   throughput?: Record<string, Record<number, Rounds>>;
   ceiling?: Record<number, Rounds>;
   scale?: Record<number, ScaleFigure>;
@@ -41,7 +42,9 @@ export function renderReport(result: BenchResult): string {
   if (throughput) {
     const concurrency = Object.keys(Object.values(throughput)[0] ?? {}).map(Number);
     lines.push(
-      `**Throughput**: 10,000 no-op work items, items/s; rate limiter \`${result.limiter}\` (never binds).`,
+      `**Throughput**: ${int(result.items ?? 10_000)} no-op work items, items/s; rate limiter \`${result.limiter}\` (never binds). ` +
+        '`bmdb-controlloop`: each task sets AgentStarted in `work.finish(fn)`; `finish()`: a bare release, as a job queue completes a job. ' +
+        'graphile-worker: defaults; pg-boss: one worker per unit of concurrency, batch size 1, re-notified after each job so it does not sleep its polling interval.',
       '',
       `| system | ${concurrency.map((c) => `×${c}`).join(' | ')} |`,
       `|---|${concurrency.map(() => '---:').join('|')}|`,
@@ -51,15 +54,15 @@ export function renderReport(result: BenchResult): string {
         `| ${system} | ${concurrency.map((c) => (byConcurrency[c] ? spread(byConcurrency[c]) : '')).join(' | ')} |`,
       );
     }
-    const ours = throughput['bmdb-controlloop'];
-    for (const other of Object.keys(throughput).filter((s) => s !== 'bmdb-controlloop')) {
-      const theirs = throughput[other];
-      if (!ours || !theirs) continue;
-      lines.push(
-        `| ratio to ${other} | ${concurrency
-          .map((c) => (ours[c] && theirs[c] ? `${(ours[c].median / theirs[c].median).toFixed(2)}×` : ''))
-          .join(' | ')} |`,
-      );
+    const isOurs = (system: string) => system.startsWith('bmdb-controlloop');
+    for (const [system, ours] of Object.entries(throughput).filter(([s]) => isOurs(s))) {
+      for (const [other, theirs] of Object.entries(throughput).filter(([s]) => !isOurs(s))) {
+        lines.push(
+          `| ${system} ÷ ${other} | ${concurrency
+            .map((c) => (ours[c] && theirs[c] ? `${(ours[c].median / theirs[c].median).toFixed(2)}×` : ''))
+            .join(' | ')} |`,
+        );
+      }
     }
     if (ceiling) {
       lines.push(

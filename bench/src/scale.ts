@@ -81,7 +81,6 @@ async function explainSelections(url: string, sessionId: string): Promise<Record
     // The claim statement the runner sends, at the READ COMMITTED it runs at.
     const claim = claimStatement(sessionId, Process.ShepherdAgentStart, {
       selection: q.agentStartSelection({ provider: PROVIDER }).query,
-      candidates: 8,
     }).compile(db);
     plans.claim = await explain(pool, claim.sql, claim.parameters);
     return plans;

@@ -27,11 +27,26 @@ export interface RoundResult {
 export type Measure = (server: BenchServer, items: number, concurrency: number) => Promise<RoundResult>;
 
 /**
- * `runControlLoop` over `items` ready machines: each task finishes its work
- * by setting AgentStarted, as the initializer does, and nothing else.
+ * `runControlLoop` over `items` ready machines, each task finishing its work
+ * by setting AgentStarted as the initializer does: a claim, and a finish of
+ * three round trips (BEGIN with the release, the tag, COMMIT).
  */
-export const bmdbControlLoop: Measure = async (server, items, concurrency) => {
-  const name = `bench_bmdb_${concurrency}`;
+export const bmdbControlLoop: Measure = (server, items, concurrency) => runBmdb(server, items, concurrency, 'tag');
+
+/**
+ * The same with `work.finish()` and no tag: a claim and a one-statement
+ * release, what a job queue does per job. Machines stay eligible, so the
+ * `items` work items come from the same machines over and over.
+ */
+export const bmdbControlLoopBare: Measure = (server, items, concurrency) => runBmdb(server, items, concurrency, 'bare');
+
+async function runBmdb(
+  server: BenchServer,
+  items: number,
+  concurrency: number,
+  finish: 'tag' | 'bare',
+): Promise<RoundResult> {
+  const name = `bench_bmdb_${finish}_${concurrency}`;
   const url = await server.createDatabase(name);
   const registry = new Registry();
   const bmdb = await BMDB.open({
@@ -52,7 +67,9 @@ export const bmdbControlLoop: Measure = async (server, items, concurrency) => {
       defaultBackoff: { initial: 60_000, maximum: 60_000, exponent: 1 },
       selectMachines: (q) => q.agentStartSelection({ provider: PROVIDER }),
       async processMachine({ machine, work }) {
-        await work.finish((q) => q.setAgentStarted(machine.machineId, { publicKey: PUBLIC_KEY }));
+        if (done >= items) return; // the last ones in flight are released by the stop
+        if (finish === 'tag') await work.finish((q) => q.setAgentStarted(machine.machineId, { publicKey: PUBLIC_KEY }));
+        else await work.finish();
         if (++done === items) stop.abort();
       },
     };
@@ -64,17 +81,19 @@ export const bmdbControlLoop: Measure = async (server, items, concurrency) => {
     });
     const elapsed = since(start);
     const finished = await server.withClient(name, async (client) => {
-      const { rows } = await client.query<{ n: number }>('SELECT count(*)::int AS n FROM machine_agent_started');
+      const { rows } = await client.query<{ n: number }>(
+        "SELECT count(*)::int AS n FROM work_history WHERE event = 'Finished'",
+      );
       return rows[0]?.n ?? 0;
     });
-    if (finished !== items) throw new Error(`bmdb: ${finished} of ${items} machines finished`);
+    if (finished !== items) throw new Error(`bmdb: ${finished} of ${items} work items finished`);
     const retried = (await registry.getSingleMetric('bmdb_transaction_retried_total')?.get())?.values ?? [];
     return { perSecond: (items / elapsed) * 1000, retried: retried.reduce((sum, v) => sum + v.value, 0) };
   } finally {
     await bmdb.close();
     await server.dropDatabase(name);
   }
-};
+}
 
 /** graphile-worker 0.17 with `concurrency` and its defaults otherwise. */
 export const graphileWorker: Measure = async (server, items, concurrency) => {
@@ -93,6 +112,8 @@ export const graphileWorker: Measure = async (server, items, concurrency) => {
     } finally {
       await utils.release();
     }
+    // As for the BMDB: planner statistics of the filled queue.
+    await server.withClient(name, (client) => client.query('VACUUM ANALYZE'));
     let done = 0;
     const allRun = deferred();
     const start = performance.now();
@@ -138,6 +159,7 @@ export const pgBoss: Measure = async (server, items, concurrency) => {
       const batch = Math.min(1000, items - offset);
       await boss.insert(Array.from({ length: batch }, (_, i) => ({ name: 'noop', data: { i: offset + i } })));
     }
+    await server.withClient(name, (client) => client.query('VACUUM ANALYZE'));
     let done = 0;
     const allRun = deferred();
     const start = performance.now();

@@ -6,13 +6,13 @@ export type ClaimSource =
   /** One machine, named by a work retriever (the claim runs in the retriever's transaction). */
   | { readonly machineId: string }
   /** A selection query, embedded: the claim is one statement of its own. */
-  | { readonly selection: Expression<SelectionRow>; readonly candidates: number };
+  | { readonly selection: Expression<SelectionRow> };
 
 /** The bookkeeping columns of a claim statement's one result row. */
 export interface ClaimStatus {
   /** The session was alive (its deadline not passed) when the claim ran. */
   readonly bmdb_live: boolean;
-  /** Candidates the selection offered (at most `candidates`). */
+  /** Whether the selection had a candidate (1) or not (0). */
   readonly bmdb_found: number;
   /** The first candidate, to name in a conflict. */
   readonly bmdb_first_candidate: string | null;
@@ -32,15 +32,17 @@ export interface ClaimStatus {
  *
  * Exclusion rests on the machine row, which every claim locks and updates:
  *
- * - From a selection, the statement runs at READ COMMITTED. It locks one of
- *   the first `candidates` rows at random, skipping rows locked by claims in
- *   flight (`SKIP LOCKED`), and only if the row's `claim_version` is still the
- *   one the selection saw. A row updated since the statement's snapshot is
- *   re-checked against its newest version before it is locked (PostgreSQL's
- *   EvalPlanQual); a claim committed since then bumped the version, so the
- *   machine is skipped. Claims committed before the snapshot are visible to
- *   the selection, which excludes their machines. So no machine is claimed on
- *   a stale view of its claims, by any process.
+ * - From a selection, the statement runs at READ COMMITTED. It walks the
+ *   selection's rows in order and locks the first machine it can, skipping
+ *   rows locked by claims in flight (`SKIP LOCKED`), and only if the row's
+ *   `claim_version` is still the one the selection saw. A row updated since
+ *   the statement's snapshot is re-checked against its newest version before
+ *   it is locked (PostgreSQL's EvalPlanQual); a claim committed since then
+ *   bumped the version, so the machine is skipped. Claims committed before
+ *   the snapshot are visible to the selection, which excludes their
+ *   machines. So no machine is claimed on a stale view of its claims, by any
+ *   process. If every candidate was skipped, `found` still tells there were
+ *   some: the caller tries again on a fresh snapshot.
  * - For a retriever's machine, the statement runs in the retriever's
  *   transaction (SERIALIZABLE by default) and waits for the lock: a machine
  *   claimed since the transaction's snapshot fails it with a serialization
@@ -57,18 +59,21 @@ export function claimStatement(sessionId: string, process: string, source: Claim
       pool AS (SELECT machine_id FROM chosen),
       found AS (SELECT count(*)::int AS n FROM chosen)`
       : sql`
-      pool AS MATERIALIZED (
-        SELECT s.*, m0.claim_version AS bmdb_seen_version
-        FROM (${source.selection}) s JOIN machines m0 ON m0.machine_id = s.machine_id
-        LIMIT ${sql.lit(source.candidates)}),
-      found AS (SELECT count(*)::int AS n FROM pool),
       chosen AS MATERIALIZED (
-        SELECT p.* FROM pool p
-        JOIN machines m ON m.machine_id = p.machine_id AND m.claim_version = p.bmdb_seen_version
+        SELECT s.* FROM (
+          SELECT s.*, m0.claim_version AS bmdb_seen_version
+          FROM (${source.selection}) s JOIN machines m0 ON m0.machine_id = s.machine_id
+          -- Keeps the version the selection saw apart from the row locked below.
+          OFFSET 0) s
+        JOIN machines m ON m.machine_id = s.machine_id AND m.claim_version = s.bmdb_seen_version
         WHERE EXISTS (SELECT 1 FROM live)
-        ORDER BY random()
         LIMIT 1
-        FOR NO KEY UPDATE OF m SKIP LOCKED)`;
+        FOR NO KEY UPDATE OF m SKIP LOCKED),
+      pool AS (
+        SELECT machine_id FROM chosen
+        UNION ALL
+        (SELECT x.machine_id FROM (${source.selection}) x WHERE NOT EXISTS (SELECT 1 FROM chosen) LIMIT 1)),
+      found AS (SELECT count(*)::int AS n FROM pool)`;
   return sql<ClaimStatus>`
     WITH live AS (
       SELECT session_id FROM sessions WHERE session_id = ${sessionId}::uuid AND deadline > now()),

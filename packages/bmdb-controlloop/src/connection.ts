@@ -90,8 +90,13 @@ export class BMDB {
       // whole table: on the small, hot `work` and `sessions` tables, every
       // finish would then conflict with every concurrent finish (PostgreSQL's
       // manual advises encouraging index scans for this). Large scans with no
-      // usable index still run sequentially.
-      options: `-c default_transaction_isolation=${isolation.replace(' ', '\\ ')} -c enable_seqscan=off`,
+      // usable index still run sequentially. Releases inline their values as
+      // literals (work.ts), which standard_conforming_strings keeps literal.
+      options: [
+        `-c default_transaction_isolation=${isolation.replace(' ', '\\ ')}`,
+        '-c enable_seqscan=off',
+        '-c standard_conforming_strings=on',
+      ].join(' '),
     };
     const poolSize = options.poolSize ?? 20;
     this.#pool = new pg.Pool({ ...base, max: poolSize, connectionTimeoutMillis: 30_000 });

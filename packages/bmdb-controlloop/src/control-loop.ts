@@ -1,3 +1,4 @@
+import { setMaxListeners } from 'node:events';
 import type { Backoff } from './backoff.js';
 import type { BMDB } from './connection.js';
 import {
@@ -31,8 +32,9 @@ export interface ControlLoop<T extends WorkCandidate> {
   readonly defaultBackoff: Backoff;
   /**
    * Machines ready for this loop, as a query: the runner claims from it in one
-   * statement, its workers spread over the first candidates instead of racing
-   * for one. Give this or `getMachines`; this one is faster.
+   * statement, and parallel workers skip machines another one is claiming
+   * instead of conflicting on them. Give this or `getMachines`; this one is
+   * faster.
    */
   selectMachines?(q: Queries): Selection<T>;
   /**
@@ -84,8 +86,6 @@ export interface ControlLoopOptions {
 }
 
 const FIRST_IDLE_DELAY = 100;
-/** Candidates a selection claim chooses among at least (twice the parallelism if more). */
-const MIN_CANDIDATES = 8;
 const ERROR_PAUSE = 1_000;
 
 /**
@@ -109,17 +109,27 @@ export async function runControlLoop<T extends WorkCandidate>(
   if (!loop.selectMachines && !loop.getMachines) {
     throw new BMDBError(`control loop ${loop.processor} has neither selectMachines nor getMachines`);
   }
-  const runner = new Runner(bmdb, loop, options);
+  // Each worker listens for the stop at a few places at once (limiter, idle
+  // wait, grace period): a signal of the runner's own, on which many
+  // listeners are expected, rather than raising the caller's limit.
+  const stop = new AbortController();
+  setMaxListeners(0, stop.signal);
+  const forward = () => stop.abort(options.signal.reason);
+  if (options.signal.aborted) forward();
+  else options.signal.addEventListener('abort', forward, { once: true });
+  const runner = new Runner(bmdb, loop, { ...options, signal: stop.signal });
   log.loop('%s: starting %d worker(s) for %s', loop.processor, parallelism, loop.process);
-  await Promise.all(Array.from({ length: parallelism }, (_, index) => runner.worker(index)));
+  try {
+    await Promise.all(Array.from({ length: parallelism }, (_, index) => runner.worker(index)));
+  } finally {
+    options.signal.removeEventListener('abort', forward);
+  }
   log.loop('%s: stopped', loop.processor);
 }
 
 class Runner<T extends WorkCandidate> {
   readonly #stopGracePeriod: number;
   readonly #maxIdleDelay: number;
-  /** How many candidates each selection claim chooses among. */
-  readonly #candidates: number;
 
   constructor(
     private readonly bmdb: BMDB,
@@ -128,12 +138,11 @@ class Runner<T extends WorkCandidate> {
   ) {
     this.#stopGracePeriod = options.stopGracePeriod ?? 30_000;
     this.#maxIdleDelay = options.maxIdleDelay ?? 2_000;
-    this.#candidates = Math.max(MIN_CANDIDATES, 2 * (options.parallelism ?? 1));
   }
 
   /** Claims one machine, from the loop's selection if it has one. */
   #claim(session: Session, selection: Selection<T> | undefined): Promise<Work<T>> {
-    if (selection) return session.work(this.loop.process, selection, { candidates: this.#candidates });
+    if (selection) return session.work(this.loop.process, selection);
     const getMachines = this.loop.getMachines;
     if (!getMachines) throw new BMDBError(`control loop ${this.loop.processor} has no getMachines`);
     return session.work(this.loop.process, (q) => getMachines.call(this.loop, q, 1));

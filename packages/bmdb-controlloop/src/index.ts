@@ -49,5 +49,5 @@ export {
   WorkEvent,
 } from './schema.js';
 export type { Selection, SelectionRow } from './selection.js';
-export { type ClaimOptions, Session, type SessionOptions } from './session.js';
+export { Session, type SessionOptions } from './session.js';
 export { Work, type WorkCandidate } from './work.js';

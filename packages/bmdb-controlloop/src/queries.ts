@@ -272,28 +272,24 @@ export class Queries {
   /**
    * The candidates come from `machine_agent_pending` (provided machines
    * without AgentStarted, kept by triggers of migration 0002 in the same
-   * transaction as the tags): an index range scan, however many machines are
-   * started. The lateral join keeps it the driving table; otherwise the
-   * planner may prefer to walk every provided machine of the provider when
-   * statistics lag behind a fleet that is starting fast.
+   * transaction as the tags): index range scans, however many machines are
+   * started. They are read from a random machine ID onwards, then from the
+   * start of the range up to it, so parallel claims start at different
+   * machines instead of all walking past the same few being claimed.
    */
   #agentStartQuery(provider: string) {
+    const pending = sql<{ machine_id: string }>`(
+      WITH start AS (SELECT gen_random_uuid() AS at)
+      (SELECT machine_id FROM machine_agent_pending
+       WHERE provider = ${provider} AND machine_id >= (SELECT at FROM start) ORDER BY machine_id)
+      UNION ALL
+      (SELECT machine_id FROM machine_agent_pending
+       WHERE provider = ${provider} AND machine_id < (SELECT at FROM start) ORDER BY machine_id))`;
     return this.db
-      .selectFrom('machine_agent_pending as pending')
-      .innerJoinLateral(
-        (eb) =>
-          eb
-            .selectFrom('machine_provided')
-            .selectAll()
-            .whereRef('machine_provided.machine_id', '=', 'pending.machine_id')
-            .where('machine_provided.provider', '=', provider)
-            // A barrier: the planner must probe machine_provided per pending row.
-            .offset(0)
-            .as('mp'),
-        (join) => join.onTrue(),
-      )
+      .selectFrom(pending.as('pending'))
+      .innerJoin('machine_provided as mp', 'mp.machine_id', 'pending.machine_id')
       .selectAll('mp')
-      .where('pending.provider', '=', provider)
+      .where('mp.provider', '=', provider)
       .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', SHEPHERD_PROCESSES)}`)
       .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', 'ShepherdAgentStart')}`);
   }

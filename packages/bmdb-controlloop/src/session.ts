@@ -1,5 +1,5 @@
 import { performance } from 'node:perf_hooks';
-import { type Kysely, sql } from 'kysely';
+import { CompiledQuery, type Kysely, type RawBuilder, sql } from 'kysely';
 import { type ClaimStatus, claimStatement } from './claim.js';
 import {
   BMDBError,
@@ -40,26 +40,38 @@ const HEARTBEAT_RETRY_FRACTION = 10;
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
-/** Candidates a selection claim chooses among, unless told otherwise. */
-const DEFAULT_CANDIDATES = 8;
 /** Fresh tries when concurrent claims took every candidate, before giving up with a conflict. */
 const CONTENDED_ATTEMPTS = 5;
-
-/** Options of a claim from a {@link Selection}. */
-export interface ClaimOptions {
-  /**
-   * How many of the selection's first machines the claim chooses among, at
-   * random; concurrent claims then rarely want the same one. Default 8; the
-   * control-loop runner uses twice its parallelism.
-   */
-  readonly candidates?: number;
-}
 
 interface Claim<T> {
   readonly machineId: string;
   readonly candidate: T;
   readonly tookOverFrom: string | null;
   readonly previousInterval: number | undefined;
+}
+
+/**
+ * Runs `fn` in a transaction on `db` (one connection) whose `BEGIN` and first
+ * statement go in one simple query: a round trip less than Kysely's
+ * `transaction()`. The transaction's level is the connection's default.
+ */
+async function openedBy<T>(
+  db: Kysely<Database>,
+  opening: RawBuilder<unknown>,
+  fn: (trx: Kysely<Database>) => Promise<T>,
+): Promise<T> {
+  const first = opening.compile(db);
+  if (first.parameters.length > 0) throw new BMDBError('a transaction-opening statement must inline its values');
+  try {
+    await db.executeQuery(CompiledQuery.raw(`BEGIN; ${first.sql}`));
+    const result = await fn(db);
+    await db.executeQuery(CompiledQuery.raw('COMMIT'));
+    return result;
+  } catch (error) {
+    // After a failed COMMIT there is no transaction left: PostgreSQL only warns.
+    await db.executeQuery(CompiledQuery.raw('ROLLBACK')).catch(() => undefined);
+    throw error;
+  }
 }
 
 function toClaim<T>(status: ClaimStatus, machineId: string, candidate: T): Claim<T> {
@@ -108,6 +120,8 @@ export class Session {
       sessionId: id,
       assertLive: () => this.#assertLive(),
       transaction: (fn) => this.host.retry(processor, () => this.host.db.transaction().execute(fn)),
+      transactionOpenedBy: (opening, fn) =>
+        this.host.retry(processor, () => this.host.db.connection().execute((db) => openedBy(db, opening, fn))),
       statement: (fn) => this.host.retry(processor, () => fn(this.host.db)),
       workEnded: (work, outcome) => this.#workEnded(work, outcome),
     };
@@ -148,10 +162,10 @@ export class Session {
    * - With a `retriever` function, in one transaction: the retriever returns
    *   candidates (machine IDs, or rows with a `machineId`) and the first is
    *   claimed.
-   * - With a {@link Selection}, in one statement and one round trip: one of
-   *   the selection's first `options.candidates` machines is chosen at random
-   *   and claimed, skipping machines that concurrent claims hold. Prefer this
-   *   when several workers claim from the same selection.
+   * - With a {@link Selection}, in one statement and one round trip: the
+   *   first of the selection's machines that no concurrent claim holds is
+   *   claimed. Prefer this when several workers claim from the same
+   *   selection.
    *
    * Either way `Started` is recorded and the pair's previous backoff interval
    * is remembered for {@link Work.fail}. A claim left behind by an expired
@@ -168,16 +182,14 @@ export class Session {
   async work<T extends WorkCandidate, R extends SelectionRow>(
     process: string,
     selection: Selection<T, R>,
-    options?: ClaimOptions,
   ): Promise<Work<T>>;
   async work<T extends WorkCandidate>(
     process: string,
     source: ((q: Queries) => Promise<readonly T[]>) | Selection<T>,
-    options: ClaimOptions = {},
   ): Promise<Work<T>> {
     this.#assertLive();
     const claim = isSelection<T>(source)
-      ? await this.#claimSelected(process, source, options.candidates ?? DEFAULT_CANDIDATES)
+      ? await this.#claimSelected(process, source)
       : await this.#claimRetrieved(process, source);
     const work = new Work<T>(this.#runtime, claim.machineId, process, claim.candidate, claim.previousInterval);
     this.#works.add(work as Work);
@@ -280,14 +292,10 @@ export class Session {
   async #claimSelected<T extends WorkCandidate, R extends SelectionRow>(
     process: string,
     selection: Selection<T, R>,
-    candidates: number,
   ): Promise<Claim<T>> {
-    if (!Number.isSafeInteger(candidates) || candidates < 1) {
-      throw new RangeError(`claim candidates must be a positive integer, got ${candidates}`);
-    }
     for (let attempt = 1; ; attempt++) {
       const status = await this.host.retry(this.processor, async () => {
-        const statement = claimStatement(this.id, process, { selection: selection.query, candidates });
+        const statement = claimStatement(this.id, process, { selection: selection.query });
         const rows = await this.host.claims.query(statement.compile(this.host.db));
         return this.#checkClaim(rows[0], process);
       });

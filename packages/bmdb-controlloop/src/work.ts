@@ -1,16 +1,17 @@
-import { type Kysely, sql } from 'kysely';
+import { type RawBuilder, sql } from 'kysely';
 import { type Backoff, nextBackoffSeconds } from './backoff.js';
 import { WorkEndedError, type WorkEndState, WorkLostError, type WorkOutcome } from './errors.js';
 import { notifyReleased } from './internal/changes.js';
 import { log } from './internal/log.js';
 import type { SessionRuntime } from './internal/runtime.js';
 import { Queries } from './queries.js';
-import type { Database } from './schema.js';
 
 /** What a work retriever may return: machine IDs, or rows that carry one. */
 export type WorkCandidate = string | { readonly machineId: string };
 
 type WorkState = 'active' | WorkEndState;
+
+const noResult = (): void => undefined;
 
 /**
  * An exclusive claim on one (machine, process), held by a session. End it
@@ -51,10 +52,12 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    */
   async finish(fn?: (q: Queries) => Promise<void>): Promise<void> {
     await this.#end('finished', async () => {
-      await this.runtime.transaction(async (trx) => {
-        await this.#release(trx, 'Finished');
-        if (fn) await fn(new Queries(trx));
-      });
+      const release = this.#release('Finished');
+      // Without tags to set, the release is one statement on its own.
+      if (!fn) return this.runtime.statement((db) => release.execute(db)).then(noResult, (e) => this.#lost(e));
+      await this.runtime
+        .transactionOpenedBy(release, (trx) => fn(new Queries(trx)))
+        .catch((error: unknown) => this.#lost(error));
     });
   }
 
@@ -68,8 +71,9 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    */
   async fail(backoff: Backoff | undefined, cause: string): Promise<void> {
     const interval = nextBackoffSeconds(backoff, this.previousBackoffSeconds);
+    const release = this.#release('Failed', { cause, backoffSeconds: interval });
     await this.#end('failed', () =>
-      this.runtime.statement((db) => this.#release(db, 'Failed', { cause, backoffSeconds: interval })),
+      this.runtime.statement((db) => release.execute(db)).then(noResult, (error) => this.#lost(error)),
     );
     log.work('machine %s %s failed, backing off %ds: %s', this.machineId, this.process, interval, cause);
   }
@@ -123,36 +127,50 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
   /**
    * Deletes this session's work row (only while the session is alive in the
    * database), writes the history event and updates the backoff, in one
-   * statement.
+   * statement. If the row is gone, the database raises {@link WORK_LOST}.
+   *
+   * Values are inlined as literals, so the statement can share one round trip
+   * with the `BEGIN` before it (a simple query may hold several statements;
+   * one with parameters may not).
    */
-  async #release(
-    db: Kysely<Database>,
-    event: 'Finished' | 'Failed',
-    failure?: { cause: string; backoffSeconds: number },
-  ): Promise<void> {
-    const { machineId, process } = this;
+  #release(event: 'Finished' | 'Failed', failure?: { cause: string; backoffSeconds: number }): RawBuilder<unknown> {
+    const machineId = sql.lit(this.machineId);
+    const process = sql.lit(this.process);
+    const sessionId = sql.lit(this.runtime.sessionId);
     const backoff =
       event === 'Finished'
         ? sql`DELETE FROM work_backoff b USING released r WHERE b.machine_id = r.machine_id AND b.process = r.process`
         : sql`INSERT INTO work_backoff (machine_id, process, until, cause, last_interval_seconds)
-              SELECT machine_id, process, now() + make_interval(secs => ${failure?.backoffSeconds}),
-                     ${failure?.cause}, ${failure?.backoffSeconds}::int
+              SELECT machine_id, process, now() + make_interval(secs => ${sql.lit(failure?.backoffSeconds ?? 1)}),
+                     ${sql.lit(failure?.cause ?? '')}, ${sql.lit(failure?.backoffSeconds ?? 1)}
               FROM released
               ON CONFLICT (machine_id, process) DO UPDATE
               SET until = excluded.until, cause = excluded.cause,
                   last_interval_seconds = excluded.last_interval_seconds`;
-    const { rows } = await sql<{ released: number }>`
+    return sql`
       WITH released AS (
         DELETE FROM work w USING sessions s
         WHERE w.machine_id = ${machineId}::uuid AND w.process = ${process}
-          AND w.session_id = ${this.runtime.sessionId}::uuid
+          AND w.session_id = ${sessionId}::uuid
           AND s.session_id = w.session_id AND s.deadline > now()
         RETURNING w.machine_id, w.process),
       history AS (
         INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
-        SELECT machine_id, process, ${event}, now(), ${failure?.cause ?? null}::text FROM released),
+        SELECT machine_id, process, ${sql.lit(event)}, now(), ${failure ? sql.lit(failure.cause) : sql`NULL`}::text
+        FROM released),
       backoff AS (${backoff})
-      SELECT count(*)::int AS released FROM released`.execute(db);
-    if (rows[0]?.released !== 1) throw new WorkLostError(machineId, process, this.runtime.sessionId);
+      SELECT bmdb_work_lost(${machineId}::uuid, ${process}, ${sessionId}::uuid)
+      WHERE (SELECT count(*) FROM released) <> 1`;
+  }
+
+  /** WorkLostError for the database's {@link WORK_LOST}; other errors as they are. */
+  #lost(error: unknown): never {
+    if ((error as { code?: unknown } | null)?.code === WORK_LOST) {
+      throw new WorkLostError(this.machineId, this.process, this.runtime.sessionId);
+    }
+    throw error;
   }
 }
+
+/** SQLSTATE raised by `bmdb_work_lost()` (migration 0002) when a release finds no claim. */
+const WORK_LOST = 'BMW01';

@@ -62,9 +62,7 @@ describe('claims from a selection', () => {
       sessions.map(async (session) => {
         for (;;) {
           try {
-            const work = await session.work(Process.ShepherdAgentStart, startSelection('Contended'), {
-              candidates: 24,
-            });
+            const work = await session.work(Process.ShepherdAgentStart, startSelection('Contended'));
             claimed.push(work.machineId);
             await work.finish((q) => q.setAgentStarted(work.machineId, { publicKey: new Uint8Array(32) }));
           } catch (error) {
@@ -174,14 +172,6 @@ describe('claims from a selection', () => {
       SessionExpiredError,
     );
     expect((await db.admin('SELECT 1 FROM work WHERE machine_id = $1', [machineId])).rowCount).toBe(0);
-    await session.close();
-  });
-
-  test('refuses a candidate count that is not a positive integer', async () => {
-    const session = await bmdb.startSession();
-    await expect(session.work(Process.ShepherdAgentStart, startSelection('None'), { candidates: 0 })).rejects.toThrow(
-      /candidates must be a positive integer/,
-    );
     await session.close();
   });
 });

@@ -252,6 +252,21 @@ describe('backoff', () => {
     await session.close();
   });
 
+  test('a cause with quotes, backslashes and a placeholder is recorded exactly (releases inline their values)', async () => {
+    const session = await bmdb.startSession();
+    const [machineId] = (await provideMachines(session, 1, 'Quoted')) as [string];
+    const cause = String.raw`dial 'x': \n "$1" ' ); DROP TABLE work; --`;
+    const work = await session.work("Process 'quoted'", async () => [machineId]);
+    await work.fail(undefined, cause);
+    const { rows } = await db.admin('SELECT process, cause FROM work_backoff WHERE machine_id = $1', [machineId]);
+    expect(rows).toEqual([{ process: "Process 'quoted'", cause }]);
+    expect((await history(machineId)).map((h) => h.failedCause)).toEqual([null, cause]);
+    const again = await session.work("Process 'quoted'", async () => [machineId]);
+    await again.finish((q) => q.setAgentHeartbeat(machineId));
+    expect((await history(machineId)).map((h) => h.event)).toEqual(['Started', 'Failed', 'Started', 'Finished']);
+    await session.close();
+  });
+
   test('a backoff of one process does not hide the machine from another', async () => {
     const session = await bmdb.startSession();
     const [machineId] = (await provideMachines(session, 1, 'OtherProcess')) as [string];

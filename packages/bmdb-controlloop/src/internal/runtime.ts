@@ -1,4 +1,4 @@
-import type { Kysely } from 'kysely';
+import type { Kysely, RawBuilder } from 'kysely';
 import type { WorkOutcome } from '../errors.js';
 import type { Database } from '../schema.js';
 import type { Work } from '../work.js';
@@ -10,6 +10,11 @@ export interface SessionRuntime {
   assertLive(): void;
   /** A retried transaction at the connection's isolation level. */
   transaction<T>(fn: (trx: Kysely<Database>) => Promise<T>): Promise<T>;
+  /**
+   * A retried transaction whose first statement, values inlined, is sent in
+   * one round trip with its `BEGIN`.
+   */
+  transactionOpenedBy<T>(opening: RawBuilder<unknown>, fn: (trx: Kysely<Database>) => Promise<T>): Promise<T>;
   /** A retried single statement, outside an explicit transaction. */
   statement<T>(fn: (db: Kysely<Database>) => Promise<T>): Promise<T>;
   /** Bookkeeping once a work item ended. */

@@ -108,6 +108,16 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     CREATE INDEX machine_agent_started_silent_idx ON machine_agent_started (agent_started_at)
     WHERE NOT has_heartbeat`.execute(db);
 
+  // A release that finds no claim to release raises, so that it can open a
+  // transaction in the same round trip as its BEGIN (whose result nobody reads).
+  await sql`
+    CREATE FUNCTION bmdb_work_lost(machine_id uuid, process text, session_id uuid) RETURNS boolean
+    LANGUAGE plpgsql AS $$
+    BEGIN
+      RAISE EXCEPTION 'work on machine % for process % is no longer held by session %',
+        machine_id, process, session_id USING ERRCODE = 'BMW01';
+    END $$`.execute(db);
+
   // Wake-ups. One notification per statement that changed rows; PostgreSQL
   // folds identical notifications of a transaction into one. Claims, finishes
   // and failures never notify: they make machines ineligible, not eligible.
@@ -140,6 +150,7 @@ export async function down(db: Kysely<unknown>): Promise<void> {
   await sql`DROP TRIGGER machine_agent_started_init ON machine_agent_started`.execute(db);
   await sql`DROP TRIGGER machine_agent_started_pending ON machine_agent_started`.execute(db);
   await sql`DROP TRIGGER machine_provided_agent_pending ON machine_provided`.execute(db);
+  await sql`DROP FUNCTION bmdb_work_lost(uuid, text, uuid)`.execute(db);
   for (const fn of [
     'bmdb_notify_machines_changed',
     'bmdb_agent_heartbeat_mirror',
