@@ -361,16 +361,42 @@ class Ssh2Connection implements SshConnection {
       );
     })();
 
-    return abortable(
-      written,
-      signal,
-      () => {
-        aborted = true;
-        sftp?.end();
-      },
-      target,
-      `upload to ${targetPath}`,
+    // ssh2 leaves SFTP requests pending when the connection drops: without this, a
+    // connection cut mid-upload would hang the upload until its signal (the exec timeout).
+    const lost = this.#whenLost(
+      () => new SshUploadError(target, targetPath, 'the connection was lost before the upload completed'),
     );
+    try {
+      return await abortable(
+        Promise.race([written, lost.promise]),
+        signal,
+        () => {
+          aborted = true;
+          sftp?.end();
+        },
+        target,
+        `upload to ${targetPath}`,
+      );
+    } finally {
+      lost.dispose();
+    }
+  }
+
+  /** A promise that rejects with `error()` once the connection closes (at once if it has). */
+  #whenLost(error: () => Error): { promise: Promise<never>; dispose: () => void } {
+    let onClose: (() => void) | undefined;
+    const promise = new Promise<never>((_, reject) => {
+      onClose = () => reject(error());
+      if (this.#closed) onClose();
+      else this.connector.once('close', onClose);
+    });
+    promise.catch(() => {});
+    return {
+      promise,
+      dispose: () => {
+        if (onClose) this.connector.off('close', onClose);
+      },
+    };
   }
 
   close(): Promise<void> {

@@ -6,6 +6,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { HostileProxy } from '../../../test/support/hostile-proxy.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
 import {
   AgentResponseError,
@@ -150,6 +151,34 @@ describe('agent start against a real SSH server', () => {
     await connection.close();
     await expect(connection.execute('true', new Uint8Array())).rejects.toBeInstanceOf(SshExecError);
     await expect(connection.upload(path.join(dir, 'closed'), new Uint8Array())).rejects.toBeInstanceOf(SshUploadError);
+  });
+
+  test('a connection cut mid-upload or mid-command fails at once, saying so, not at the signal', async () => {
+    // The network drops the connection once 256 KiB went out: half way through a 2 MiB upload.
+    const proxy = await HostileProxy.start(sshd.port);
+    try {
+      const viaProxy = { host: '127.0.0.1', port: proxy.port };
+      proxy.mode = { kind: 'cut', bytes: 256 * 1024 };
+      const uploading = await client.dial(viaProxy, { connectTimeout });
+      const started = performance.now();
+      const uploadError = await uploading
+        .upload(path.join(dir, 'cut'), new Uint8Array(2 * 1024 * 1024), AbortSignal.timeout(20_000))
+        .catch((e) => e);
+      expect(uploadError).toBeInstanceOf(SshUploadError);
+      expect(uploadError.message).toMatch(/upload to .*cut: the connection was lost before the upload completed/);
+      expect(performance.now() - started).toBeLessThan(10_000);
+      expect(proxy.cuts).toBe(1);
+
+      const executing = await client.dial(viaProxy, { connectTimeout });
+      const execError = await executing
+        .execute('cat >/dev/null', new Uint8Array(1024 * 1024), AbortSignal.timeout(20_000))
+        .catch((e) => e);
+      expect(execError).toBeInstanceOf(SshExecError);
+      expect(execError.message).toMatch(/lost|closed/);
+      expect(proxy.cuts).toBe(2);
+    } finally {
+      await proxy.close();
+    }
   });
 
   test('execute passes stdin through unchanged', async () => {
