@@ -8,6 +8,7 @@
  * between requests. No crash, no duplicate device, no machine lost from the
  * BMDB, and a listing that does not add up is refused as designed.
  */
+import { format } from 'node:util';
 import { type BMDB, parseLimiter, Queries, SessionClosedError, SessionExpiredError } from '@bmaas/bmdb-controlloop';
 import { EQUINIX_PROVIDER, EquinixClient, EquinixProvider, EquinixStatusUpdater } from '@bmaas/provider-equinix';
 import { FakeEquinixApi, type FakeFault, type FakeRoute } from '@bmaas/provider-equinix/testing';
