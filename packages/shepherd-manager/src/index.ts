@@ -54,7 +54,7 @@ export {
   type ReconcileReport,
   resolvePossiblyUsed,
 } from './provisioner.js';
-export { Recoverer } from './recoverer.js';
+export { Recoverer, type RecovererOptions } from './recoverer.js';
 export {
   DEFAULT_MAX_OUTPUT_BYTES,
   HostKeyMismatchError,

@@ -1,6 +1,7 @@
 import {
   type Backoff,
   type BMDB,
+  ConnectionClosedError,
   type ControlLoop,
   type ControlLoopOptions,
   Process,
@@ -10,32 +11,106 @@ import {
   runControlLoop,
   type Task,
 } from '@bmaas/bmdb-controlloop';
-import { finishDone, log } from './internal.js';
+import { finishDone, log, sleep } from './internal.js';
 import type { RebootingProvider } from './provider.js';
+
+/** Options of the {@link Recoverer}: when an agent counts as silent, and how often heartbeats are audited. */
+export interface RecovererOptions extends RecoveryThresholds {
+  /**
+   * How often `run` looks for heartbeats stamped in the future, in
+   * milliseconds (also once at start). Default 1 min.
+   */
+  readonly auditInterval?: number;
+}
+
+/** A heartbeat this far ahead of the BMDB's clock is bad data, not clock jitter. */
+const FUTURE_TOLERANCE_SECONDS = 60;
+const DEFAULT_AUDIT_INTERVAL = 60_000;
 
 /**
  * Reboots machines whose agent went silent (process `ShepherdRecovery`): no
  * first heartbeat 30 min after the start, or none for 10 min (both
  * configurable). After the reboot it deletes AgentStarted and AgentHeartbeat,
  * so the initializer starts the agent again. Failures back off 1 min → 1 h × 1.2.
+ *
+ * A heartbeat stamped in the future (a writer's clock ahead, or bad data)
+ * makes its agent look alive until then, however silent it is: `run` logs
+ * each such machine once, so an operator can fix what writes the heartbeats.
+ * It does not reboot them: the agent may well be alive.
  */
 export class Recoverer implements ControlLoop<ProvidedMachine> {
   readonly process = Process.ShepherdRecovery;
   readonly processor = 'shepherd-recoverer';
   readonly defaultBackoff: Backoff = { initial: 60_000, maximum: 3_600_000, exponent: 1.2 };
+  readonly #thresholds: RecoveryThresholds;
+  readonly #auditInterval: number;
+  /** `machine/heartbeat time` pairs already logged, so each is named once. */
+  #reported = new Set<string>();
 
   constructor(
     private readonly provider: RebootingProvider,
-    private readonly thresholds: RecoveryThresholds = {},
-  ) {}
+    options: RecovererOptions = {},
+  ) {
+    const { auditInterval, ...thresholds } = options;
+    this.#thresholds = thresholds;
+    this.#auditInterval = auditInterval ?? DEFAULT_AUDIT_INTERVAL;
+    if (!(this.#auditInterval > 0))
+      throw new RangeError(`recoverer audit interval must be > 0, got ${auditInterval}ms`);
+  }
 
-  /** Runs the recoverer until `options.signal` aborts (see `runControlLoop`). */
-  run(bmdb: BMDB, options: ControlLoopOptions): Promise<void> {
-    return runControlLoop(bmdb, this, options);
+  /** Runs the recoverer until `options.signal` aborts (see `runControlLoop`), auditing heartbeats meanwhile. */
+  async run(bmdb: BMDB, options: ControlLoopOptions): Promise<void> {
+    await Promise.all([runControlLoop(bmdb, this, options), this.#auditLoop(bmdb, options.signal)]);
   }
 
   getMachines(q: Queries, limit: number): Promise<ProvidedMachine[]> {
-    return q.machinesForAgentRecovery({ provider: this.provider.type, limit, ...this.thresholds });
+    return q.machinesForAgentRecovery({ provider: this.provider.type, limit, ...this.#thresholds });
+  }
+
+  /**
+   * Logs every machine of the provider whose last heartbeat is more than a
+   * minute ahead of the BMDB's clock, once per machine and heartbeat time;
+   * returns how many there are. An index range scan
+   * (`machine_agent_heartbeat_at_idx`).
+   */
+  async auditHeartbeats(bmdb: BMDB): Promise<number> {
+    // The database's clock, not ours: it is the one the recovery selection compares with.
+    const { now } = await bmdb.db.selectNoFrom((eb) => eb.fn<Date>('now').as('now')).executeTakeFirstOrThrow();
+    const rows = await bmdb.db
+      .selectFrom('machine_agent_heartbeat as h')
+      .innerJoin('machine_provided as p', 'p.machine_id', 'h.machine_id')
+      .select(['h.machine_id', 'p.provider_id', 'h.agent_heartbeat_at'])
+      .where('p.provider', '=', this.provider.type)
+      .where('h.agent_heartbeat_at', '>', new Date(now.getTime() + FUTURE_TOLERANCE_SECONDS * 1000))
+      .execute();
+    const seen = new Set<string>();
+    for (const row of rows) {
+      const key = `${row.machine_id}/${row.agent_heartbeat_at.toISOString()}`;
+      seen.add(key);
+      if (this.#reported.has(key)) continue;
+      log.recoverer(
+        'machine %s (provider ID %s): agent heartbeat at %s is %s in the future by the BMDB clock; until then its ' +
+          'agent counts as alive, however silent (check the clock of what records heartbeats)',
+        row.machine_id,
+        row.provider_id,
+        row.agent_heartbeat_at.toISOString(),
+        aheadBy((row.agent_heartbeat_at.getTime() - now.getTime()) / 1000),
+      );
+    }
+    this.#reported = seen;
+    return rows.length;
+  }
+
+  async #auditLoop(bmdb: BMDB, signal: AbortSignal): Promise<void> {
+    while (!signal.aborted) {
+      try {
+        await this.auditHeartbeats(bmdb);
+      } catch (error) {
+        if (error instanceof ConnectionClosedError) return;
+        log.recoverer('auditing heartbeats failed: %s', error instanceof Error ? error.message : String(error));
+      }
+      await sleep(this.#auditInterval, signal).catch(() => undefined);
+    }
   }
 
   async processMachine(task: Task<ProvidedMachine>): Promise<void> {
@@ -53,4 +128,10 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
     );
     log.recoverer('rebooted machine %s (provider ID %s); agent to be started again', machineId, providerId);
   }
+}
+
+function aheadBy(seconds: number): string {
+  if (seconds < 3600) return `${Math.round(seconds / 60)} min`;
+  if (seconds < 2 * 86_400) return `${Math.round(seconds / 3600)} h`;
+  return `${Math.round(seconds / 86_400)} days`;
 }

@@ -4,8 +4,10 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
+import { format } from 'node:util';
 import { type BMDB, parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
+import createDebug from 'debug';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
@@ -319,6 +321,38 @@ describe('Recoverer', () => {
     expect(ssh.executions.length).toBe(executionsBefore + 1);
     expect(provider.reboots).toHaveLength(1); // exactly one reboot
     await forget(provider);
+  });
+
+  test('names a machine whose heartbeat is stamped in the future, once, and leaves it alone', async () => {
+    const lines: string[] = [];
+    const previousLog = createDebug.log;
+    const previous = createDebug.disable();
+    createDebug.enable('shepherd:recoverer');
+    createDebug.log = (...args: unknown[]) => void lines.push(format(...args));
+    try {
+      const provider = await provided(2);
+      const [ahead, fine] = (await machinesOf(provider)) as [string, string];
+      for (const machine of [ahead, fine]) {
+        await db.admin("INSERT INTO machine_agent_started VALUES ($1, now() - interval '2 hours', '\\x00')", [machine]);
+      }
+      await db.admin("INSERT INTO machine_agent_heartbeat VALUES ($1, now() + interval '400 days')", [ahead]);
+      await db.admin("INSERT INTO machine_agent_heartbeat VALUES ($1, now() + interval '5 seconds')", [fine]);
+      const recoverer = new Recoverer(provider, { auditInterval: 50 });
+      await runUntil(recoverer, async () => lines.length > 0);
+      expect(await recoverer.auditHeartbeats(bmdb)).toBe(1); // jitter of a few seconds is no bad data
+      const warnings = lines.filter((line) => line.includes('in the future'));
+      expect(warnings).toHaveLength(1); // once, though audited every 50 ms
+      expect(warnings[0]).toMatch(
+        new RegExp(`machine ${ahead} \\(provider ID machine-0\\): agent heartbeat at \\S+ is 400 days in the future`),
+      );
+      expect(provider.reboots).toEqual([]); // the agent may be alive: not rebooted
+      expect(() => new Recoverer(provider, { auditInterval: 0 })).toThrow(/audit interval must be > 0/);
+      await forget(provider);
+    } finally {
+      createDebug.log = previousLog;
+      createDebug.disable();
+      if (previous) createDebug.enable(previous);
+    }
   });
 
   test('a failed reboot backs the machine off for a minute', async () => {
