@@ -271,6 +271,25 @@ describe('run dummy', () => {
   });
 });
 
+describe('run with machines of another provider in the BMDB', () => {
+  test('names them at start, and leaves them alone', async () => {
+    await db.admin('DELETE FROM machines');
+    const { rows } = await db.admin('INSERT INTO machines DEFAULT VALUES RETURNING machine_id');
+    const foreign = rows[0].machine_id as string;
+    await db.admin("INSERT INTO machine_provided (machine_id, provider, provider_id) VALUES ($1, 'Bogus', 'b-1')", [
+      foreign,
+    ]);
+    const run = start(['run', 'dummy', '--bmdb-url', db.url, '--dummy-capacity', '1']);
+    await run.logged(
+      /the BMDB holds 0 machine\(s\) of provider Dummy; machines of other providers, left alone by this shepherd: Bogus 1/,
+    );
+    run.child.kill('SIGTERM');
+    expect((await run.exited).code).toBe(0);
+    expect(await count('SELECT count(*)::int AS n FROM work_history WHERE machine_id = $1', [foreign])).toBe(0);
+    await db.admin('DELETE FROM machines');
+  });
+});
+
 describe('run equinix', () => {
   let api: FakeEquinixApi;
   let silent: Server;

@@ -205,6 +205,29 @@ function agentStartRecorder(file: string): (event: AgentStartEvent) => void {
   };
 }
 
+/**
+ * Says at start how many machines of this shepherd's provider the BMDB holds,
+ * and which other providers' machines it leaves alone: a machine recorded
+ * under a provider no shepherd runs waits forever, and this is where an
+ * operator sees it.
+ */
+async function logProviders(bmdb: BMDB, type: string): Promise<void> {
+  const rows = await bmdb.db
+    .selectFrom('machine_provided')
+    .select((eb) => ['provider', eb.fn.countAll<string>().as('machines')])
+    .groupBy('provider')
+    .orderBy('provider')
+    .execute();
+  const ours = rows.find((row) => row.provider === type)?.machines ?? 0;
+  const others = rows.filter((row) => row.provider !== type).map((row) => `${row.provider} ${row.machines}`);
+  log(
+    'the BMDB holds %s machine(s) of provider %s%s',
+    ours,
+    type,
+    others.length === 0 ? '' : `; machines of other providers, left alone by this shepherd: ${others.join(', ')}`,
+  );
+}
+
 /** A piece of the shepherd running until the stop signal. */
 type Part = (signal: AbortSignal) => Promise<void>;
 
@@ -303,6 +326,7 @@ async function shepherdParts(bmdb: BMDB, settings: RunSettings, registry: Regist
     providerLoop = (signal) => updater.run(bmdb, { signal });
   }
 
+  await logProviders(bmdb, provider.type);
   const provisioner = new Provisioner(provider, settings.provisioner);
   const initializer = new Initializer(provider, {
     agentExecutable: agent.executable,
