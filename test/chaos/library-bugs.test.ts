@@ -105,3 +105,33 @@ test.fails('a claim whose failure could not be recorded during a brief outage is
     await running;
   }
 });
+
+/*
+ * A heartbeat time ahead of the database's clock is stored as given
+ * (`Queries.setAgentHeartbeat(machine, at)`), and the recovery selection
+ * trusts it: an agent whose writer's clock runs a year fast looks alive for a
+ * year, however silent, and `fleetStats` counts it as heartbeating. (The
+ * shepherd's Recoverer now logs such machines; it cannot safely reboot them.)
+ *
+ * Wanted: a heartbeat is never recorded later than the database's now(), so
+ * a silent agent is found by the usual thresholds.
+ */
+test.fails('a heartbeat stamped in the future is recorded no later than the database clock', async () => {
+  const session = await bmdb.startSession();
+  try {
+    const machineId = await session.transact(async (q) => {
+      const id = await q.newMachine();
+      await q.addProvided(id, { provider: 'ChaosClock', providerId: 'clock-1' });
+      await q.setAgentStarted(id, { publicKey: new Uint8Array(32), startedAt: new Date(Date.now() - 3_600_000) });
+      await q.setAgentHeartbeat(id, new Date(Date.now() + 365 * 86_400_000));
+      return id;
+    });
+    const { rows } = await db.admin(
+      'SELECT agent_heartbeat_at <= now() AS sane FROM machine_agent_heartbeat WHERE machine_id = $1',
+      [machineId],
+    );
+    expect(rows[0]?.sane).toBe(true);
+  } finally {
+    await session.close();
+  }
+});
