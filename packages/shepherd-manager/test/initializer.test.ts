@@ -434,8 +434,9 @@ describe('against a real OpenSSH server', () => {
 
   test('an agent that never exits fails the work at the exec timeout', async () => {
     const provider = await provided(1);
+    const pidFile = path.join(dir, 'hanging-agent.pid');
     const loop = new Initializer(provider, {
-      agentExecutable: new TextEncoder().encode('#!/bin/sh\nexec sleep 600\n'),
+      agentExecutable: new TextEncoder().encode(`#!/bin/sh\necho $$ > ${pidFile}\nexec sleep 600\n`),
       agentTargetPath: path.join(dir, 'hanging-agent'),
       agentEndpoint: 'bmaas.example.com:443',
       sshClient: new Ssh2Client({ privateKey: key.privateKey }),
@@ -443,7 +444,17 @@ describe('against a real OpenSSH server', () => {
       sshConnectTimeout: 5_000,
       sshExecTimeout: 700,
     });
-    await runUntil(loop, async () => (await backoffs(provider)).length === 1);
+    try {
+      await runUntil(loop, async () => (await backoffs(provider)).length === 1);
+    } finally {
+      // As root, OpenSSH does not pass on the kill request: the agent would sleep on for 10 min.
+      const pid = Number(await readFile(pidFile, 'utf8').catch(() => ''));
+      if (pid > 0) {
+        try {
+          process.kill(pid, 'SIGKILL');
+        } catch {}
+      }
+    }
     const [backoff] = await backoffs(provider);
     expect(backoff?.cause).toContain('exec timeout of 700 ms (upload and run) passed');
     expect(backoff?.cause).toContain(`127.0.0.1:${sshd.port}`);
