@@ -62,9 +62,8 @@ killShepherdsAfterEach();
 function agentScript(): string {
   const script = `#!/bin/sh
 # The chaos tests' hostile agent: what it does is in ${dir}/mode.
-echo $$ >> ${dir}/agent-pids
 case "$(cat ${dir}/mode)" in
-  hang) exec sleep 600 ;;
+  hang) echo $$ >> ${dir}/hung-agents; exec sleep 600 ;;
   garbage) cat > /dev/null; printf 'HTTP/1.1 500 Internal Server Error\\r\\n\\r\\n<html>oops</html>\\n'; exit 0 ;;
   flood) cat > /dev/null; exec head -c 1073741824 /dev/zero ;;
   exit-3) cat > /dev/null; echo 'agent: cannot open /dev/tpm0: No such device' >&2; exit 3 ;;
@@ -75,15 +74,16 @@ exit 99
   return script + `# ${'x'.repeat(78)}\n`.repeat(Math.ceil((AGENT_SIZE - script.length) / 81));
 }
 
-/** Kills what the agents left running on the "machines" (the hung ones, as root the SSH server cannot signal them). */
+/** Kills the hung agents left on the "machines": as root, the SSH server does not pass the shepherd's kill on. */
 function killAgents(): void {
   let pids: string[] = [];
   try {
-    pids = readFileSync(path.join(dir, 'agent-pids'), 'utf8').split('\n').filter(Boolean);
+    pids = readFileSync(path.join(dir, 'hung-agents'), 'utf8').split('\n').filter(Boolean);
   } catch {}
   for (const pid of pids) {
     try {
-      process.kill(Number(pid), 'SIGKILL');
+      // Only if it still is our sleeping agent, not a process that got its PID since.
+      if (readFileSync(`/proc/${pid}/cmdline`, 'utf8') === 'sleep\u0000600\u0000') process.kill(Number(pid), 'SIGKILL');
     } catch {}
   }
 }

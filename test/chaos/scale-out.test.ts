@@ -78,6 +78,13 @@ test('three shepherds, 200 machines: every agent started exactly once, no machin
   expect(finished.rows).toHaveLength(MACHINES);
   expect(finished.rows.every((row) => row.n === 1)).toBe(true);
   expect(await count('SELECT count(*)::int AS n FROM work')).toBe(0);
+  // Each machine's history alternates claim and end: no claim while another was open.
+  const interleaved = await count(`
+    SELECT count(*)::int AS n FROM (
+      SELECT event, lag(event) OVER (PARTITION BY machine_id, process ORDER BY "timestamp", event = 'Started') AS previous
+      FROM work_history) h
+    WHERE (event = 'Started') = (previous = 'Started')`);
+  expect(interleaved).toBe(0);
 
   // The machines' own record: one agent start each, and it succeeded.
   const starts = agentStarts(readAgentLog(agentLog));
