@@ -148,6 +148,16 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
       () => ['run', 'dummy', '--agent-ssh-port', '65536'],
       /--agent-ssh-port: invalid value "65536": want a whole number from 1 to 65535/,
     ],
+    [
+      'an agent start log in a missing directory',
+      () => ['run', 'dummy', '--dummy-agent-start-log', path.join(dir, 'missing', 'starts.jsonl')],
+      /--dummy-agent-start-log: invalid value ".*starts.jsonl": want a file in an existing directory/,
+    ],
+    [
+      'a negative agent start duration',
+      () => ['run', 'dummy', '--dummy-agent-start-duration=-1s'],
+      /--dummy-agent-start-duration: invalid value "-1s"/,
+    ],
     ['an unknown flag', () => ['run', 'dummy', '--nope'], /--nope: unknown flag for run; see --help/],
     ['an unknown provider', () => ['run', 'vmware'], /run: unknown provider "vmware": want dummy or equinix/],
     ['no command', () => [], /Say which command to run/],

@@ -1,4 +1,4 @@
-import { openSync, writeSync } from 'node:fs';
+import { existsSync, openSync, writeSync } from 'node:fs';
 import type { Server } from 'node:http';
 import path from 'node:path';
 import type { BMDB, RateLimiter } from '@bmaas/bmdb-controlloop';
@@ -172,9 +172,15 @@ function equinixSettings(argv: Argv, context: string): EquinixSettings {
   };
 }
 
+/** A file to write, whose directory must exist: checked with the other flags, before anything is touched. */
 function optionalPath(argv: Argv, flag: string): string | undefined {
   const value = optional(argv, flag);
-  return value === undefined ? undefined : path.resolve(value);
+  if (value === undefined) return undefined;
+  const file = path.resolve(value);
+  if (!existsSync(path.dirname(file))) {
+    throw UsageError.invalid(flag, value, 'a file in an existing directory');
+  }
+  return file;
 }
 
 /**
