@@ -64,7 +64,10 @@ export async function main(
   }
   const unknown = unknownFlag(args);
   if (unknown) {
-    io.stderr(`shepherd: --${unknown}: unknown flag${commandOf(args) ? ` for ${commandOf(args)}` : ''}; see --help\n`);
+    const hint = unknown.startsWith('--') ? '' : ' (a value starting with "-" is written --flag=value)';
+    io.stderr(
+      `shepherd: ${unknown}: unknown flag${commandOf(args) ? ` for ${commandOf(args)}` : ''}; see --help${hint}\n`,
+    );
     return EXIT.usage;
   }
 
@@ -171,9 +174,15 @@ function unknownFlag(args: readonly string[]): string | undefined {
   ]);
   for (const arg of args) {
     if (arg === '--') break;
-    if (!arg.startsWith('--')) continue;
+    if (!arg.startsWith('-') || arg === '-') continue;
+    // Single-dash: -h is --help, a negative number a flag's value; yargs would take anything
+    // else as short flags and leave the flag before it at its default (`--x -1s`).
+    if (!arg.startsWith('--')) {
+      if (arg === '-h' || /^-\d+(\.\d+)?$/.test(arg)) continue;
+      return arg;
+    }
     const name = arg.slice(2).split('=')[0] ?? '';
-    if (!known.has(name) && !(name.startsWith('no-') && known.has(name.slice(3)))) return name;
+    if (!known.has(name) && !(name.startsWith('no-') && known.has(name.slice(3)))) return `--${name}`;
   }
   return undefined;
 }

@@ -159,6 +159,12 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
       /--dummy-agent-start-duration: invalid value "-1s"/,
     ],
     ['an unknown flag', () => ['run', 'dummy', '--nope'], /--nope: unknown flag for run; see --help/],
+    [
+      'a value starting with a dash after a space (yargs would read short flags and keep the default)',
+      () => ['run', 'dummy', '--agent-ssh-exec-timeout', '-30s'],
+      /-30s: unknown flag for run; see --help \(a value starting with "-" is written --flag=value\)/,
+    ],
+    ['an unknown short flag', () => ['run', 'dummy', '-x'], /-x: unknown flag for run/],
     ['an unknown provider', () => ['run', 'vmware'], /run: unknown provider "vmware": want dummy or equinix/],
     ['no command', () => [], /Say which command to run/],
     [
