@@ -33,9 +33,10 @@ const CONCURRENCY = [1, 8, 32];
 const SCALES = [1_000, 10_000, 100_000];
 const RESULTS = path.join(import.meta.dirname, '..', 'results');
 
+const BARE = 'bmdb-controlloop, finish()';
 const ALL_SYSTEMS: Record<string, Measure> = {
   'bmdb-controlloop': bmdbControlLoop,
-  'bmdb-controlloop, finish()': bmdbControlLoopBare,
+  [BARE]: bmdbControlLoopBare,
   'graphile-worker': graphileWorker,
   'pg-boss': pgBoss,
 };
@@ -67,6 +68,8 @@ async function main(): Promise<void> {
         for (let round = 0; round < ROUNDS; round++) {
           // Interleaved, so drift in the machine hits every system alike.
           for (const [system, measure] of Object.entries(systems)) {
+            // The bare-release variant is a reference point; one concurrency keeps the run short.
+            if (system === BARE && concurrency !== Math.max(...CONCURRENCY)) continue;
             const { perSecond, retried } = await measure(server, ITEMS, concurrency);
             progress(
               `throughput ${system} ×${concurrency} round ${round + 1}: ${perSecond.toFixed(0)}/s` +
@@ -87,7 +90,7 @@ async function main(): Promise<void> {
       const ceiling: Record<number, Rounds> = {};
       for (const connections of CONCURRENCY) {
         const rounds: number[] = [];
-        for (let round = 0; round < ROUNDS; round++) rounds.push(await writeCeiling(server, connections, 3_000));
+        for (let round = 0; round < ROUNDS; round++) rounds.push(await writeCeiling(server, connections, 2_000));
         ceiling[connections] = { ...summarize(rounds), rounds };
         progress(`ceiling ×${connections}: ${summarize(rounds).median.toFixed(0)} tx/s`);
       }
@@ -97,31 +100,28 @@ async function main(): Promise<void> {
     if (ONLY.has('scale')) {
       const scale: NonNullable<BenchResult['scale']> = {};
       for (const machines of SCALES) {
-        const claims: number[] = [];
-        const finishes: number[] = [];
-        let plans: Record<string, string> = {};
-        for (let round = 0; round < ROUNDS; round++) {
-          const measured = await claimAtScale(server, machines, { ready: 250, iterations: 200 });
-          claims.push(...measured.claims);
-          finishes.push(...measured.finishes);
-          plans = measured.plans;
-        }
-        scale[machines] = { machines, claim: latency(claims), finish: latency(finishes), plans };
-        progress(`scale ${machines}: claim p50 ${latency(claims).p50.toFixed(2)} ms`);
+        const measured = await claimAtScale(server, machines, { ready: 300, rounds: ROUNDS, iterations: 80 });
+        scale[machines] = {
+          machines,
+          claim: latency(measured.claims),
+          finish: latency(measured.finishes),
+          plans: measured.plans,
+        };
+        progress(`scale ${machines}: claim p50 ${latency(measured.claims).p50.toFixed(2)} ms`);
       }
       result.scale = scale;
     }
 
     if (ONLY.has('pickup')) {
       const samples: number[] = [];
-      for (let round = 0; round < ROUNDS; round++) samples.push(...(await pickupLatency(server, 12)));
+      for (let round = 0; round < ROUNDS; round++) samples.push(...(await pickupLatency(server, 10)));
       result.pickup = { ...latency(samples), all: samples };
       progress(`pickup p50 ${latency(samples).p50.toFixed(1)} ms`);
     }
 
     if (ONLY.has('idle')) {
       const rounds: number[] = [];
-      for (let round = 0; round < ROUNDS; round++) rounds.push(await idleCost(server, 4, 8_000));
+      for (let round = 0; round < ROUNDS; round++) rounds.push(await idleCost(server, 4, 6_000));
       result.idle = { workers: 4, ...summarize(rounds), rounds };
       progress(`idle ${summarize(rounds).median.toFixed(2)} statements/s per worker`);
     }

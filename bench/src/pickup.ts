@@ -15,7 +15,7 @@ const PUBLIC_KEY = new Uint8Array(32);
  * Milliseconds from a machine becoming eligible (the statement that provides
  * it is sent) to an idle worker's `processMachine` receiving it, at default
  * settings: one worker, `250ms,8`, default idle delay and session interval.
- * Between samples the worker idles for a random 0.3–1.5 s.
+ * Between samples the worker idles for a random 0.3–1.0 s.
  */
 export async function pickupLatency(server: BenchServer, samples: number): Promise<number[]> {
   const name = 'bench_pickup';
@@ -38,7 +38,7 @@ export async function pickupLatency(server: BenchServer, samples: number): Promi
     const latencies: number[] = [];
     await server.withClient(name, async (client) => {
       for (let i = 0; i < samples; i++) {
-        await new Promise((resolve) => setTimeout(resolve, 300 + Math.random() * 1200));
+        await new Promise((resolve) => setTimeout(resolve, 300 + Math.random() * 700));
         const providerId = `pickup-${i}`;
         const arrived = new Promise<number>((resolve) => arrivals.set(providerId, resolve));
         const sentAt = performance.now();

@@ -35,7 +35,7 @@ export function renderReport(result: BenchResult): string {
   const lines = [
     `Machine: ${machine.cpu}, ${machine.cores} cores, ${machine.memoryGiB} GiB RAM; Node ${machine.node}; ` +
       `PostgreSQL ${machine.postgres} (embedded, one server for every figure) with ${machine.settings}.`,
-    `Medians over ${result.rounds} rounds, (min–max) in brackets.`,
+    `Medians over ${result.rounds} rounds, (min–max) in brackets${result.durationSeconds ? `; the run took ${Math.round(result.durationSeconds / 60)} minutes` : ''}.`,
     '',
   ];
   const { throughput, ceiling } = result;
@@ -73,7 +73,7 @@ export function renderReport(result: BenchResult): string {
   }
   if (result.scale) {
     lines.push(
-      '**Scale**: one claim, then one finish, at a time; 250 machines ready, every other one with a heartbeating agent. Milliseconds.',
+      '**Scale**: one claim (one statement), then one finish (setting AgentStarted), at a time; 300 machines ready, every other one with a heartbeating agent. Milliseconds.',
       '',
       '| machines | claim p50 | claim p99 | finish p50 | finish p99 |',
       '|---:|---:|---:|---:|---:|',

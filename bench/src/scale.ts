@@ -19,34 +19,39 @@ export interface ScaleResult {
 }
 
 /**
- * One claim and one finish at a time, `iterations` times, in a BMDB of
- * `machines` machines of which only `ready` need an agent start and a few
- * (`lost`) need recovery: every other machine has a heartbeating agent.
+ * One claim and one finish at a time, `iterations` times in each of `rounds`
+ * sessions, in a BMDB of `machines` machines of which only `ready` need an
+ * agent start and a few need recovery: every other machine has a
+ * heartbeating agent. The fleet is filled once for all rounds.
  */
 export async function claimAtScale(
   server: BenchServer,
   machines: number,
-  options: { ready: number; iterations: number },
+  options: { ready: number; rounds: number; iterations: number },
 ): Promise<ScaleResult> {
+  if (options.rounds * options.iterations > options.ready) throw new RangeError('not enough ready machines');
   const name = `bench_scale_${machines}`;
   const url = await server.createDatabase(name);
   const bmdb = await BMDB.open({ url, migrate: true, componentName: 'bench-scale', runtimeInfo: 'bench' });
   try {
     await server.withClient(name, (client) => fillFleet(client, { total: machines, ready: options.ready, lost: 10 }));
-    const session = await bmdb.startSession({ processor: 'bench-scale' });
     const selection = new Queries(bmdb.db).agentStartSelection({ provider: PROVIDER });
-    const plans = await explainSelections(url, session.id);
     const claims: number[] = [];
     const finishes: number[] = [];
-    for (let i = 0; i < options.iterations; i++) {
-      const claimStart = performance.now();
-      const work = await session.work(Process.ShepherdAgentStart, selection);
-      const claimed = performance.now();
-      await work.finish((q) => q.setAgentStarted(work.machineId, { publicKey: PUBLIC_KEY }));
-      finishes.push(performance.now() - claimed);
-      claims.push(claimed - claimStart);
+    let plans: Record<string, string> = {};
+    for (let round = 0; round < options.rounds; round++) {
+      const session = await bmdb.startSession({ processor: 'bench-scale' });
+      if (round === 0) plans = await explainSelections(url, session.id);
+      for (let i = 0; i < options.iterations; i++) {
+        const claimStart = performance.now();
+        const work = await session.work(Process.ShepherdAgentStart, selection);
+        const claimed = performance.now();
+        await work.finish((q) => q.setAgentStarted(work.machineId, { publicKey: PUBLIC_KEY }));
+        finishes.push(performance.now() - claimed);
+        claims.push(claimed - claimStart);
+      }
+      await session.close();
     }
-    await session.close();
     return { machines, claims, finishes, plans };
   } finally {
     await bmdb.close();

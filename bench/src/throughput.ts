@@ -61,32 +61,39 @@ async function runBmdb(
     await server.withClient(name, (client) => fillFleet(client, { total: items, ready: items }));
     const stop = new AbortController();
     let done = 0;
+    let elapsed = 0;
+    const start = performance.now();
     const loop: ControlLoop<ProvidedMachine> = {
       process: Process.ShepherdAgentStart,
       processor: 'bench',
       defaultBackoff: { initial: 60_000, maximum: 60_000, exponent: 1 },
       selectMachines: (q) => q.agentStartSelection({ provider: PROVIDER }),
       async processMachine({ machine, work }) {
-        if (done >= items) return; // the last ones in flight are released by the stop
         if (finish === 'tag') await work.finish((q) => q.setAgentStarted(machine.machineId, { publicKey: PUBLIC_KEY }));
         else await work.finish();
-        if (++done === items) stop.abort();
+        if (++done === items) {
+          elapsed = since(start);
+          stop.abort();
+        }
       },
     };
-    const start = performance.now();
     await runControlLoop(bmdb, loop, {
       parallelism: concurrency,
       dbQueryLimiter: parseLimiter(UNBOUND_LIMITER),
       signal: stop.signal,
     });
-    const elapsed = since(start);
-    const finished = await server.withClient(name, async (client) => {
-      const { rows } = await client.query<{ n: number }>(
-        "SELECT count(*)::int AS n FROM work_history WHERE event = 'Finished'",
+    // Tasks in flight at the stop finish too (bare finishes may pass `items`).
+    const { finished, machines } = await server.withClient(name, async (client) => {
+      const { rows } = await client.query<{ finished: number; machines: number }>(
+        `SELECT count(*)::int AS finished, count(DISTINCT machine_id)::int AS machines
+         FROM work_history WHERE event = 'Finished'`,
       );
-      return rows[0]?.n ?? 0;
+      return rows[0] ?? { finished: 0, machines: 0 };
     });
-    if (finished !== items) throw new Error(`bmdb: ${finished} of ${items} work items finished`);
+    if (finished !== done) throw new Error(`bmdb: ${done} finishes, ${finished} recorded`);
+    if (finish === 'tag' && machines !== items) {
+      throw new Error(`bmdb: ${finished} finishes of ${machines} machines; want each of ${items} once`);
+    }
     const retried = (await registry.getSingleMetric('bmdb_transaction_retried_total')?.get())?.values ?? [];
     return { perSecond: (items / elapsed) * 1000, retried: retried.reduce((sum, v) => sum + v.value, 0) };
   } finally {
@@ -95,12 +102,17 @@ async function runBmdb(
   }
 }
 
-/** graphile-worker 0.17 with `concurrency` and its defaults otherwise. */
+/**
+ * graphile-worker 0.17 with `concurrency` and its defaults otherwise, on a
+ * pool of ours: we end it, so no idle connection outlives the database.
+ */
 export const graphileWorker: Measure = async (server, items, concurrency) => {
   const name = `bench_graphile_${concurrency}`;
   const connectionString = await server.createDatabase(name);
+  const pgPool = new pg.Pool({ connectionString, max: concurrency + 4 });
+  pgPool.on('error', (error) => console.error('graphile-worker pool:', error.message));
   try {
-    const utils = await makeWorkerUtils({ connectionString });
+    const utils = await makeWorkerUtils({ pgPool });
     try {
       await utils.migrate();
       for (let offset = 0; offset < items; offset += 1000) {
@@ -118,9 +130,8 @@ export const graphileWorker: Measure = async (server, items, concurrency) => {
     const allRun = deferred();
     const start = performance.now();
     const runner = await runGraphileWorker({
-      connectionString,
+      pgPool,
       concurrency,
-      maxPoolSize: concurrency + 4,
       noHandleSignals: true,
       logger: quietGraphileLogger(),
       taskList: {
@@ -136,6 +147,7 @@ export const graphileWorker: Measure = async (server, items, concurrency) => {
     await runner.stop();
     return { perSecond: (items / elapsed) * 1000 };
   } finally {
+    await pgPool.end();
     await server.dropDatabase(name);
   }
 };

@@ -74,11 +74,12 @@ export interface ControlLoopOptions {
   /** How long in-flight work may run on after the stop signal. Default 30 s. */
   readonly stopGracePeriod?: number;
   /**
-   * Longest pause between claim attempts while there is nothing to do.
-   * Default 2 s. Idle workers wake earlier when the database notifies that
-   * machines became eligible (provided, released, agent or backoff removed);
-   * the pause only bounds how late time-based eligibility (a backoff running
-   * out, a heartbeat going stale) is noticed.
+   * Pause between claim attempts while there is nothing to do. Default 2 s.
+   * Idle workers are woken when the database notifies that machines became
+   * eligible (provided, released, agent or backoff removed); the pause bounds
+   * how late time-based eligibility (a backoff running out, a heartbeat going
+   * stale) is noticed. While notifications cannot be heard, idle workers look
+   * again after 100 ms, doubling up to this.
    */
   readonly maxIdleDelay?: number;
   /** Heartbeat interval of the workers' sessions (ms). Default the connection's. */
@@ -169,6 +170,11 @@ class Runner<T extends WorkCandidate> {
           work = await this.#claim(session, selection);
         } catch (error) {
           if (error instanceof NothingToDoError) {
+            // While notifications are heard, polling only has to notice what
+            // no statement announces (backoffs and heartbeats aging), and a
+            // worker that polls often would spend the limiter's tokens that
+            // a notified claim then waits for.
+            if (changes.listening) idleDelay = this.#maxIdleDelay;
             await changes.wait(generation, idleDelay, signal);
             idleDelay = Math.min(idleDelay * 2, this.#maxIdleDelay);
           } else if (error instanceof WorkConflictError) {
@@ -185,6 +191,8 @@ class Runner<T extends WorkCandidate> {
           continue;
         }
         idleDelay = FIRST_IDLE_DELAY;
+        // One machine was there; there may be more: wake an idle colleague.
+        changes.wakeOne();
         await this.#process(name, session, work);
       }
     } catch (error) {

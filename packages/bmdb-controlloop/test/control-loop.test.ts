@@ -281,7 +281,7 @@ describe('runControlLoop', () => {
     ).toBe(0);
   });
 
-  test('an idle worker is woken by the notification of a newly provided machine', async () => {
+  test('an idle worker is woken by the notification of a newly provided machine, not by polling', async () => {
     const quiet = await openTestBMDB(db, { componentName: 'notified' });
     const stop = new AbortController();
     const picked = deferred<string>();
@@ -302,8 +302,8 @@ describe('runControlLoop', () => {
       // Without notifications, an idle worker would look again only every 10 minutes.
       { dbQueryLimiter: counting, signal: stop.signal, maxIdleDelay: 600_000 },
     );
-    // Idle long enough for the delay to have grown past what the test waits.
-    await eventually(async () => (attempts >= 4 ? true : undefined));
+    // Once the loop hears notifications, an idle worker waits out maxIdleDelay between looks.
+    await eventually(async () => (quiet.machineChanges.listening && attempts >= 2 ? true : undefined));
     const session = await bmdb.startSession();
     const [machineId] = (await provideMachines(session, 1, 'Notified')) as [string];
     await session.close();
@@ -346,6 +346,42 @@ describe('runControlLoop', () => {
     woken = nextChange();
     await session.close();
     await woken;
+  });
+
+  test('a notification wakes one idle worker; one that finds work wakes the next', async () => {
+    const herd = await openTestBMDB(db, { componentName: 'herd' });
+    const stop = new AbortController();
+    let attempts = 0;
+    const limiter = parseLimiter('1ms,1000');
+    const counting = Object.assign(Object.create(limiter) as typeof limiter, {
+      wait: (signal?: AbortSignal) => {
+        attempts++;
+        return limiter.wait(signal);
+      },
+    });
+    const processed: string[] = [];
+    const running = runControlLoop(
+      herd,
+      agentStartLoop('Herd', async (task) => {
+        processed.push(task.machine.machineId);
+        await startAgent(task);
+      }),
+      { parallelism: 6, dbQueryLimiter: counting, signal: stop.signal, maxIdleDelay: 600_000 },
+    );
+    // Every worker idle, listening: each has looked at least once since the connection listens.
+    await eventually(async () => (herd.machineChanges.listening && attempts >= 12 ? true : undefined));
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    const before = attempts;
+    const session = await bmdb.startSession();
+    const ids = await provideMachines(session, 3, 'Herd');
+    await session.close();
+    await eventually(async () => (processed.length === 3 ? true : undefined));
+    stop.abort();
+    await running;
+    expect(processed.sort()).toEqual([...ids].sort());
+    // Woken in turn, three workers claim and look once more each after their task, and a fourth
+    // finds nothing: 7 looks. Waking all six on the notification makes it 9 or more.
+    expect(attempts - before).toBeLessThanOrEqual(8);
   });
 
   test('two loops of different shepherd processes never hold one machine at once', async () => {

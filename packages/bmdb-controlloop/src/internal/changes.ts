@@ -25,7 +25,10 @@ const RECONNECT_PAUSE = 1_000;
  *
  * A worker reads {@link MachineChanges.generation} before it looks for work,
  * and waits for a later one: a change announced while it was looking is not
- * missed.
+ * missed. A notification wakes one waiting worker, not all of them: a worker
+ * that then finds work wakes the next ({@link MachineChanges.wakeOne}), so a
+ * burst of new machines is taken up one worker after another, and a single
+ * machine costs one wasted look instead of one per idle worker.
  */
 export class MachineChanges {
   #generation = 0;
@@ -75,6 +78,12 @@ export class MachineChanges {
     });
   }
 
+  /** Wakes the longest-waiting worker, if any: there may be more work than one. */
+  wakeOne(): void {
+    const [first] = this.#waiters;
+    first?.();
+  }
+
   /** Stops listening; waiting workers fall back to their timeouts. */
   async close(): Promise<void> {
     this.#closed = true;
@@ -98,7 +107,7 @@ export class MachineChanges {
       client.end().catch(() => undefined);
     });
     client.on('end', () => lost());
-    client.on('notification', () => this.#changed());
+    client.on('notification', () => this.#changed('one'));
     (async () => {
       await client.connect();
       await client.query(`LISTEN ${CHANGES_CHANNEL}`);
@@ -108,8 +117,8 @@ export class MachineChanges {
       }
       this.#client = client;
       log.connection('listening for machine changes');
-      // Changes made while nobody listened went unheard: have waiters look.
-      this.#changed();
+      // Changes made while nobody listened went unheard: have every waiter look.
+      this.#changed('all');
     })()
       .catch((error: unknown) => {
         lost(error instanceof Error ? error : new Error(String(error)));
@@ -120,8 +129,9 @@ export class MachineChanges {
       });
   }
 
-  #changed(): void {
+  #changed(wake: 'one' | 'all'): void {
     this.#generation++;
-    for (const wake of [...this.#waiters]) wake();
+    if (wake === 'one') this.wakeOne();
+    else for (const waiter of [...this.#waiters]) waiter();
   }
 }
