@@ -35,7 +35,7 @@ export async function idleCost(server: BenchServer, workers: number, durationMs:
       dbQueryLimiter: parseLimiter('250ms,8'),
       signal: stop.signal,
     });
-    await new Promise((resolve) => setTimeout(resolve, 4_000));
+    await new Promise((resolve) => setTimeout(resolve, 3_000));
     const statements = () =>
       server.withClient('postgres', async (client) => {
         const { rows } = await client.query<{ n: string | null }>(

@@ -90,7 +90,7 @@ async function main(): Promise<void> {
       const ceiling: Record<number, Rounds> = {};
       for (const connections of CONCURRENCY) {
         const rounds: number[] = [];
-        for (let round = 0; round < ROUNDS; round++) rounds.push(await writeCeiling(server, connections, 2_000));
+        for (let round = 0; round < ROUNDS; round++) rounds.push(await writeCeiling(server, connections, 1_500));
         ceiling[connections] = { ...summarize(rounds), rounds };
         progress(`ceiling ×${connections}: ${summarize(rounds).median.toFixed(0)} tx/s`);
       }

@@ -83,6 +83,19 @@ export function renderReport(result: BenchResult): string {
         `| ${int(figure.machines)} | ${ms(figure.claim.p50)} | ${ms(figure.claim.p99)} | ${ms(figure.finish.p50)} | ${ms(figure.finish.p99)} |`,
       );
     }
+    const largest = Object.values(result.scale).at(-1);
+    if (largest) {
+      const sequential = Object.entries(largest.plans)
+        .filter(([, plan]) => plan.includes('Seq Scan'))
+        .map(([name]) => name);
+      lines.push(
+        '',
+        `Plans at ${int(largest.machines)} machines (in the JSON): ${Object.keys(largest.plans).join(', ')}; ` +
+          (sequential.length
+            ? `sequential scans in ${sequential.join(', ')}.`
+            : 'index scans only, no sequential scan.'),
+      );
+    }
     lines.push('');
   }
   if (result.pickup || result.idle) {

@@ -59,9 +59,17 @@ export async function claimAtScale(
   }
 }
 
-/** The selection queries as the library sends them, captured and explained. */
+/**
+ * Planner settings of the library's pools (connection.ts): its transaction
+ * pool discourages sequential scans; its claim pool also hash and merge joins.
+ */
+const TRANSACTION_POOL_OPTIONS = '-c enable_seqscan=off';
+const CLAIM_POOL_OPTIONS = '-c enable_seqscan=off -c enable_mergejoin=off -c enable_hashjoin=off';
+
+/** The selection queries and the claim as the library sends them, captured and explained. */
 async function explainSelections(url: string, sessionId: string): Promise<Record<string, string>> {
-  const pool = new pg.Pool({ connectionString: url, max: 1 });
+  const pool = new pg.Pool({ connectionString: url, max: 1, options: TRANSACTION_POOL_OPTIONS });
+  const claimPool = new pg.Pool({ connectionString: url, max: 1, options: CLAIM_POOL_OPTIONS });
   const captured: CompiledQuery[] = [];
   const db = new Kysely<Database>({
     dialect: new PostgresDialect({ pool }),
@@ -84,13 +92,17 @@ async function explainSelections(url: string, sessionId: string): Promise<Record
       plans[selection] = await explain(pool, query.sql, query.parameters);
     }
     // The claim statement the runner sends, at the READ COMMITTED it runs at.
-    const claim = claimStatement(sessionId, Process.ShepherdAgentStart, {
-      selection: q.agentStartSelection({ provider: PROVIDER }).query,
-    }).compile(db);
-    plans.claim = await explain(pool, claim.sql, claim.parameters);
+    for (const [name, selection] of [
+      ['claim (agent start)', q.agentStartSelection({ provider: PROVIDER })],
+      ['claim (agent recovery)', q.agentRecoverySelection({ provider: PROVIDER })],
+    ] as const) {
+      const claim = claimStatement(sessionId, Process.ShepherdAgentStart, { selection: selection.query }).compile(db);
+      plans[name] = await explain(claimPool, claim.sql, claim.parameters);
+    }
     return plans;
   } finally {
     await db.destroy();
+    await claimPool.end();
   }
 }
 
