@@ -195,9 +195,11 @@ export class Queries {
     await this.db.deleteFrom('machine_agent_started').where('machine_id', '=', machineId).execute();
   }
 
-  /** Records an agent heartbeat. `at` defaults to the database's now. */
+  /** Records an agent heartbeat at `at` (default, and at most, the database's now). */
   async setAgentHeartbeat(machineId: string, at?: Date): Promise<void> {
-    const heartbeatAt = at ?? sql<Date>`now()`;
+    // Never later than the database's now: a writer whose clock runs fast
+    // would otherwise keep a silent agent looking alive until its time comes.
+    const heartbeatAt = at === undefined ? sql<Date>`now()` : sql<Date>`least(${at}::timestamptz, now())`;
     await this.db
       .insertInto('machine_agent_heartbeat')
       .values({ machine_id: machineId, agent_heartbeat_at: heartbeatAt })

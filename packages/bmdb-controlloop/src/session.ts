@@ -10,6 +10,7 @@ import {
   type WorkOutcome,
 } from './errors.js';
 import { notifyReleased } from './internal/changes.js';
+import { isConnectionLost } from './internal/connection-lost.js';
 import type { SessionHost } from './internal/host.js';
 import { describeError, log } from './internal/log.js';
 import type { SessionRuntime } from './internal/runtime.js';
@@ -123,6 +124,20 @@ export class Session {
       transactionOpenedBy: (opening, fn) =>
         this.host.retry(processor, () => this.host.db.connection().execute((db) => openedBy(db, opening, fn))),
       statement: (fn) => this.host.retry(processor, () => fn(this.host.db)),
+      signal: this.#abort.signal,
+      aliveInDatabase: async () => {
+        try {
+          const row = await this.host.db
+            .selectFrom('sessions')
+            .select(sql<boolean>`deadline > now()`.as('alive'))
+            .where('session_id', '=', this.id)
+            .executeTakeFirst();
+          return row?.alive === true;
+        } catch (error) {
+          if (isConnectionLost(error)) return undefined;
+          throw error;
+        }
+      },
       workEnded: (work, outcome) => this.#workEnded(work, outcome),
     };
     this.#armWatchdog();
@@ -188,9 +203,19 @@ export class Session {
     source: ((q: Queries) => Promise<readonly T[]>) | Selection<T>,
   ): Promise<Work<T>> {
     this.#assertLive();
-    const claim = isSelection<T>(source)
-      ? await this.#claimSelected(process, source)
-      : await this.#claimRetrieved(process, source);
+    let claim: Claim<T>;
+    try {
+      claim = isSelection<T>(source)
+        ? await this.#claimSelected(process, source)
+        : await this.#claimRetrieved(process, source);
+    } catch (error) {
+      if (!isConnectionLost(error)) throw error;
+      // The claim may have committed with nobody to know of it: a claim the
+      // session would hold for as long as it lives. Give the session up; the
+      // database releases what it holds within one interval.
+      this.#abandon(`the connection was lost during a claim for ${process} (${describeError(error)})`);
+      throw this.#abort.signal.reason as SessionExpiredError;
+    }
     const work = new Work<T>(this.#runtime, claim.machineId, process, claim.candidate, claim.previousInterval);
     this.#works.add(work as Work);
     this.host.metrics?.workStarted.inc({ ...this.#labels, process });
@@ -380,6 +405,14 @@ export class Session {
     this.#localDeadline = sentAt + this.interval;
     this.#armWatchdog();
     this.#scheduleHeartbeat(this.interval / 2);
+  }
+
+  /** Expires the session now and tries to close it; its row expires on its own if that fails. */
+  #abandon(why: string): void {
+    this.#expire(why);
+    this.close().catch((error) =>
+      log.session('closing abandoned session %s failed: %s', this.id, describeError(error)),
+    );
   }
 
   #checkDeadline(): void {

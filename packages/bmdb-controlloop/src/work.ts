@@ -2,8 +2,10 @@ import { type RawBuilder, sql } from 'kysely';
 import { type Backoff, nextBackoffSeconds } from './backoff.js';
 import { WorkEndedError, type WorkEndState, WorkLostError, type WorkOutcome } from './errors.js';
 import { notifyReleased } from './internal/changes.js';
+import { isConnectionLost } from './internal/connection-lost.js';
 import { log } from './internal/log.js';
 import type { SessionRuntime } from './internal/runtime.js';
+import { sleep } from './internal/sleep.js';
 import { Queries } from './queries.js';
 
 /** What a work retriever may return: machine IDs, or rows that carry one. */
@@ -111,7 +113,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     if (this.#state !== 'active') throw new WorkEndedError(this.machineId, this.process, this.#state);
     if (outcome !== 'canceled') this.runtime.assertLive();
     this.#state = 'ending';
-    const ending = run();
+    const ending = this.#persist(outcome, run);
     this.#ending = ending;
     try {
       await ending;
@@ -121,6 +123,51 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
       this.#state = error instanceof WorkLostError ? 'lost' : 'active';
       if (this.#state === 'lost') this.runtime.workEnded(this, 'canceled');
       throw error;
+    }
+  }
+
+  /**
+   * Runs `attempt` again and again while the database cannot be reached and
+   * the session lives: a restart of PostgreSQL must not leave the claim held,
+   * nor make the work be done twice. After an attempt whose outcome the lost
+   * connection hid, a claim found gone while the session is alive in the
+   * database means that attempt committed — only the session itself removes
+   * its claims while it lives. Once the session expires, the database
+   * releases the claim anyway; the last error is thrown.
+   */
+  async #persist(outcome: WorkOutcome, attempt: () => Promise<void>): Promise<void> {
+    let uncertain = false;
+    let pause = RECONNECT_FIRST_PAUSE;
+    for (;;) {
+      try {
+        return await attempt();
+      } catch (error) {
+        if (uncertain && error instanceof WorkLostError) {
+          const alive = await this.runtime.aliveInDatabase();
+          if (alive === true) {
+            log.work('machine %s %s: %s before the connection was lost', this.machineId, this.process, outcome);
+            return;
+          }
+          if (alive === false) throw error;
+        } else if (!isConnectionLost(error)) {
+          throw error;
+        }
+        if (this.runtime.signal.aborted) throw error;
+        uncertain = true;
+        log.work(
+          'machine %s %s: the BMDB is unreachable (%s); trying again in %d ms',
+          this.machineId,
+          this.process,
+          error instanceof Error ? error.message : String(error),
+          pause,
+        );
+        try {
+          await sleep(pause, this.runtime.signal);
+        } catch {
+          throw error;
+        }
+        pause = Math.min(pause * 2, RECONNECT_MAX_PAUSE);
+      }
     }
   }
 
@@ -171,6 +218,10 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     throw error;
   }
 }
+
+/** Pauses between attempts to end work while the database is unreachable. */
+const RECONNECT_FIRST_PAUSE = 100;
+const RECONNECT_MAX_PAUSE = 1_000;
 
 /** SQLSTATE raised by `bmdb_work_lost()` (migration 0002) when a release finds no claim. */
 const WORK_LOST = 'BMW01';

@@ -178,6 +178,23 @@ describe('machine model', () => {
     expect(tags.rows[0].n).toBe(0);
   });
 
+  test('a heartbeat stamped in the future is recorded no later than the database clock', async () => {
+    const [machineId] = (await provideMachines(session, 1, 'FastClock')) as [string];
+    await session.transact((q) => q.setAgentHeartbeat(machineId, new Date(Date.now() + 365 * 86_400_000)));
+    const { rows } = await db.admin(
+      'SELECT agent_heartbeat_at <= now() AS sane FROM machine_agent_heartbeat WHERE machine_id = $1',
+      [machineId],
+    );
+    expect(rows[0]?.sane).toBe(true);
+    // A time in the past is kept as given.
+    const past = new Date(Date.now() - 3_600_000);
+    await session.transact((q) => q.setAgentHeartbeat(machineId, past));
+    const kept = await db.admin('SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1', [
+      machineId,
+    ]);
+    expect(kept.rows[0].agent_heartbeat_at.getTime()).toBe(past.getTime());
+  });
+
   test('fleet stats count each machine in exactly one lifecycle stage', async () => {
     const provider = 'Fleet';
     const [provided, starting, started, heartbeating, silent, stale] = (await provideMachines(

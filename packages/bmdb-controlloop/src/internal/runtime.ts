@@ -8,6 +8,13 @@ export interface SessionRuntime {
   readonly sessionId: string;
   /** Throws SessionExpiredError / SessionClosedError unless the session is live. */
   assertLive(): void;
+  /** Aborts when the session expires or closes. */
+  readonly signal: AbortSignal;
+  /**
+   * Whether the session's row is alive in the database right now; `undefined`
+   * when the database cannot be reached to tell.
+   */
+  aliveInDatabase(): Promise<boolean | undefined>;
   /** A retried transaction at the connection's isolation level. */
   transaction<T>(fn: (trx: Kysely<Database>) => Promise<T>): Promise<T>;
   /**

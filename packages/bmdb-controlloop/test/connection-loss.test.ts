@@ -1,0 +1,145 @@
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { TcpProxy } from '../../../test/support/tcp-proxy.js';
+import {
+  type BMDB,
+  type ControlLoop,
+  Process,
+  type ProvidedMachine,
+  parseLimiter,
+  runControlLoop,
+  SessionExpiredError,
+} from '../src/index.js';
+import { eventually, provideMachines } from './helpers.js';
+
+let db: TestDatabase;
+let bmdb: BMDB;
+let proxy: TcpProxy;
+/** A connection through the proxy, with sessions short enough to see expire, long enough to outlive a blip. */
+let flaky: BMDB;
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  bmdb = await openTestBMDB(db);
+  const proxied = await TcpProxy.for(db.url);
+  proxy = proxied.proxy;
+  flaky = await openTestBMDB(db, { url: proxied.url, sessionInterval: 2_000, componentName: 'flaky' });
+});
+afterAll(() => proxy.close());
+
+/** Cuts the database off for `ms`, starting now. */
+function blip(ms: number): void {
+  proxy.cut();
+  setTimeout(() => proxy.restore(), ms);
+}
+
+const history = async (machineId: string) =>
+  (await db.admin('SELECT event FROM work_history WHERE machine_id = $1 ORDER BY timestamp', [machineId])).rows.map(
+    (r) => r.event,
+  );
+
+describe('ending work across a lost connection', () => {
+  test.each([
+    ['finish', 'Finished'],
+    ['fail', 'Failed'],
+    ['cancel', 'Canceled'],
+  ] as const)('%s rides out a brief outage and is recorded once', async (end, event) => {
+    const session = await flaky.startSession();
+    const [machineId] = (await provideMachines(session, 1, `Blip${end}`)) as [string];
+    const work = await session.work(Process.ShepherdAgentStart, async () => [machineId]);
+    blip(300);
+    if (end === 'finish') await work.finish((q) => q.setAgentStarted(machineId, { publicKey: new Uint8Array(32) }));
+    else if (end === 'fail') await work.fail(undefined, 'agent did not answer');
+    else await work.cancel();
+    expect(await history(machineId)).toEqual(['Started', event]);
+    expect((await db.admin('SELECT 1 FROM work WHERE machine_id = $1', [machineId])).rowCount).toBe(0);
+    expect(session.state).toBe('live');
+    await session.close();
+  });
+
+  test('an attempt that committed before the connection was lost counts as done', async () => {
+    const session = await flaky.startSession();
+    const [machineId] = (await provideMachines(session, 1, 'Committed')) as [string];
+    const work = await session.work(Process.ShepherdAgentStart, async () => [machineId]);
+    proxy.cut();
+    // As if the first attempt's COMMIT went through and only its answer was lost.
+    await db.admin('DELETE FROM work WHERE machine_id = $1', [machineId]);
+    setTimeout(() => proxy.restore(), 300);
+    await work.finish();
+    expect(work.state).toBe('finished');
+    await session.close();
+  });
+
+  test('past the session deadline, the claim is left to the database and the error surfaces', async () => {
+    const session = await flaky.startSession();
+    const [machineId] = (await provideMachines(session, 1, 'LongOutage')) as [string];
+    const work = await session.work(Process.ShepherdAgentStart, async () => [machineId]);
+    proxy.cut();
+    try {
+      await expect(work.fail(undefined, 'never recorded')).rejects.toThrow();
+      expect(session.state).toBe('expired');
+    } finally {
+      proxy.restore();
+    }
+    // Released by expiry: no live session holds it.
+    const held = await db.admin(
+      'SELECT 1 FROM work w JOIN sessions s USING (session_id) WHERE w.machine_id = $1 AND s.deadline > now()',
+      [machineId],
+    );
+    expect(held.rowCount).toBe(0);
+  });
+});
+
+test('a claim whose outcome the connection lost gives its session up, so the claim cannot stay held', async () => {
+  const session = await flaky.startSession();
+  const [machineId] = (await provideMachines(session, 1, 'LostClaim')) as [string];
+  const claiming = session.work(Process.ShepherdAgentStart, async () => {
+    proxy.cut(); // the claim statement goes out on a dead connection
+    setTimeout(() => proxy.restore(), 300);
+    return [machineId];
+  });
+  await expect(claiming).rejects.toBeInstanceOf(SessionExpiredError);
+  expect(session.state).not.toBe('live'); // expired, and closed as soon as the database answers
+  // Whatever the session held is released once its row is gone or expired.
+  await eventually(async () => {
+    const held = await db.admin(
+      'SELECT 1 FROM work w JOIN sessions s USING (session_id) WHERE w.machine_id = $1 AND s.deadline > now()',
+      [machineId],
+    );
+    return held.rowCount === 0 ? true : undefined;
+  }, 5_000);
+});
+
+test('a task failing during a brief outage is recorded once the database is back, and processed again', async () => {
+  const setup = await bmdb.startSession();
+  const [machineId] = (await provideMachines(setup, 1, 'OutageLoop')) as [string];
+  await setup.close();
+  let calls = 0;
+  const loop: ControlLoop<ProvidedMachine> = {
+    process: Process.ShepherdAgentStart,
+    processor: 'outage-loop',
+    defaultBackoff: { initial: 1_000, maximum: 1_000, exponent: 1 },
+    getMachines: (q, limit) => q.machinesForAgentStart({ provider: 'OutageLoop', limit }),
+    async processMachine(task) {
+      if (++calls === 1) {
+        blip(300);
+        throw new Error('the work failed while the database was unreachable');
+      }
+      await task.work.finish((q) => q.setAgentStarted(task.machine.machineId, { publicKey: new Uint8Array(32) }));
+    },
+  };
+  const stop = new AbortController();
+  const running = runControlLoop(flaky, loop, { dbQueryLimiter: parseLimiter('10ms,10'), signal: stop.signal });
+  try {
+    await eventually(async () =>
+      (await db.admin('SELECT 1 FROM machine_agent_started WHERE machine_id = $1', [machineId])).rowCount === 1
+        ? true
+        : undefined,
+    );
+  } finally {
+    stop.abort();
+    await running;
+  }
+  expect(calls).toBe(2);
+  expect(await history(machineId)).toEqual(['Started', 'Failed', 'Started', 'Finished']);
+});
