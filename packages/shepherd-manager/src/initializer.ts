@@ -7,10 +7,11 @@ import {
   type ProvidedMachine,
   type Queries,
   runControlLoop,
+  type Selection,
   type Task,
 } from '@bmaas/bmdb-controlloop';
 import { encodeTakeoverInit, parseTakeoverResponse, type TakeoverInitParams } from './agent-protocol.js';
-import { finishDone, log } from './internal.js';
+import { log } from './internal.js';
 import { type Provider, ShepherdError } from './provider.js';
 import type { SshClient, SshTarget } from './ssh-client.js';
 
@@ -103,8 +104,9 @@ export class Initializer implements ControlLoop<ProvidedMachine> {
     return runControlLoop(bmdb, this, options);
   }
 
-  getMachines(q: Queries, limit: number): Promise<ProvidedMachine[]> {
-    return q.machinesForAgentStart({ provider: this.provider.type, limit });
+  /** Claimed from in one statement; parallel workers skip each other's machines. */
+  selectMachines(q: Queries): Selection<ProvidedMachine> {
+    return q.agentStartSelection({ provider: this.provider.type });
   }
 
   async processMachine(task: Task<ProvidedMachine>): Promise<void> {
@@ -117,8 +119,8 @@ export class Initializer implements ControlLoop<ProvidedMachine> {
     }
     log.initializer('starting agent on machine %s (provider ID %s, %s)', machineId, providerId, machine.address);
     const key = await this.startAgent({ host: machine.address, port: this.#port, machineId }, task.signal);
-    // The agent runs now: a database outage must not make us start it again.
-    await finishDone(task, (q) => q.setAgentStarted(machineId, { publicKey: key }), log.initializer);
+    // The agent runs now; the library records it through a brief database outage.
+    await task.work.finish((q) => q.setAgentStarted(machineId, { publicKey: key }));
     log.initializer(
       'agent started on machine %s (provider ID %s), key %s',
       machineId,

@@ -9,9 +9,10 @@ import {
   type Queries,
   type RecoveryThresholds,
   runControlLoop,
+  type Selection,
   type Task,
 } from '@bmaas/bmdb-controlloop';
-import { finishDone, log, sleep } from './internal.js';
+import { log, sleep } from './internal.js';
 import type { RebootingProvider } from './provider.js';
 
 /** Options of the {@link Recoverer}: when an agent counts as silent, and how often heartbeats are audited. */
@@ -63,8 +64,9 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
     await Promise.all([runControlLoop(bmdb, this, options), this.#auditLoop(bmdb, options.signal)]);
   }
 
-  getMachines(q: Queries, limit: number): Promise<ProvidedMachine[]> {
-    return q.machinesForAgentRecovery({ provider: this.provider.type, limit, ...this.#thresholds });
+  /** Claimed from in one statement; parallel workers skip each other's machines. */
+  selectMachines(q: Queries): Selection<ProvidedMachine> {
+    return q.agentRecoverySelection({ provider: this.provider.type, ...this.#thresholds });
   }
 
   /**
@@ -117,15 +119,11 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
     const { machineId, providerId } = task.machine;
     log.recoverer('rebooting machine %s (provider ID %s): agent silent', machineId, providerId);
     await this.provider.rebootMachine(providerId, task.signal);
-    // Rebooted: a database outage must not make us reboot it again.
-    await finishDone(
-      task,
-      async (q) => {
-        await q.deleteAgentStarted(machineId);
-        await q.deleteAgentHeartbeat(machineId);
-      },
-      log.recoverer,
-    );
+    // Rebooted; the library records it through a brief database outage.
+    await task.work.finish(async (q) => {
+      await q.deleteAgentStarted(machineId);
+      await q.deleteAgentHeartbeat(machineId);
+    });
     log.recoverer('rebooted machine %s (provider ID %s); agent to be started again', machineId, providerId);
   }
 }
