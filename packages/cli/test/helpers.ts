@@ -1,6 +1,8 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 
+export { eventually } from '../../../test/support/wait.js';
+
 const root = fileURLToPath(new URL('../../..', import.meta.url));
 const bin = fileURLToPath(new URL('../bin/shepherd.js', import.meta.url));
 
@@ -63,15 +65,4 @@ export function start(args: readonly string[], env: Record<string, string> = {})
 /** Runs `shepherd <args>` to its end. */
 export function shepherd(args: readonly string[], env: Record<string, string> = {}): Promise<Result> {
   return start(args, env).exited;
-}
-
-/** Polls `check` every 100 ms until it returns something other than undefined. */
-export async function eventually<T>(check: () => Promise<T | undefined>, timeout = 30_000): Promise<T> {
-  const deadline = Date.now() + timeout;
-  for (;;) {
-    const value = await check();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`condition not met within ${timeout}ms`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
 }

@@ -9,6 +9,7 @@ import {
 } from '@bmaas/shepherd-manager';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { runUntil } from '../../../test/support/wait.js';
 import { type AgentStartEvent, DUMMY_PROVIDER, DummyProvider, HeartbeatSimulator } from '../src/index.js';
 
 let db: TestDatabase;
@@ -31,25 +32,6 @@ const initializer = (provider: DummyProvider) =>
 
 async function reset(): Promise<void> {
   await db.admin('DELETE FROM machines');
-}
-
-async function runUntil(
-  run: (signal: AbortSignal) => Promise<void>,
-  done: () => Promise<boolean>,
-  timeout = 20_000,
-): Promise<void> {
-  const stop = new AbortController();
-  const running = run(stop.signal);
-  const deadline = Date.now() + timeout;
-  try {
-    while (!(await done())) {
-      if (Date.now() > deadline) throw new Error('condition not met in time');
-      await new Promise((r) => setTimeout(r, 50));
-    }
-  } finally {
-    stop.abort();
-    await running;
-  }
 }
 
 const count = async (sql: string) => (await db.admin(sql)).rows[0].n as number;

@@ -25,6 +25,7 @@ import {
 } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { runUntil } from '../../../test/support/wait.js';
 import { refId } from '../src/api/types.js';
 import {
   DeviceNotRecordedError,
@@ -84,33 +85,6 @@ const loopOptions = (signal: AbortSignal): ControlLoopOptions => ({
   parallelism: 2,
   dbQueryLimiter: parseLimiter('1ms,1000'),
 });
-
-/**
- * Runs a loop (`start` gets its stop signal) until `done` holds, then stops
- * it and waits for its clean end. Gives up after 20 s rather than hang.
- */
-async function runUntil(
-  start: (signal: AbortSignal) => Promise<void>,
-  done: () => Promise<boolean>,
-  what: string,
-): Promise<void> {
-  const stop = new AbortController();
-  let ended = false;
-  const running = start(stop.signal).finally(() => {
-    ended = true;
-  });
-  const deadline = Date.now() + 20_000;
-  try {
-    while (!(await done())) {
-      if (ended) throw new Error(`${what}: the loop ended before the condition held`);
-      if (Date.now() > deadline) throw new Error(`${what}: condition not reached within 20 s`);
-      await new Promise((resolve) => setTimeout(resolve, 20));
-    }
-  } finally {
-    stop.abort();
-    await running;
-  }
-}
 
 /** The BMDB's Equinix machines. */
 function recorded(): Promise<ProvidedMachine[]> {
@@ -192,7 +166,7 @@ describe('the shepherd on a fake Equinix project', () => {
         // Three passes more: at the limit, it must create nothing.
         return passesAtTen > 0 && passes() >= passesAtTen + 3;
       },
-      'provisioning 10 machines',
+      { what: 'provisioning 10 machines' },
     );
 
     // Creations per pass, from the fake's request log.
@@ -240,7 +214,7 @@ describe('the shepherd on a fake Equinix project', () => {
     await runUntil(
       (signal) => initializer.run(bmdb, loopOptions(signal)),
       async () => (await agentStarts()).size === 10,
-      'starting 10 agents',
+      { what: 'starting 10 agents' },
     );
 
     const keys = await agentStarts();
@@ -276,7 +250,7 @@ describe('the shepherd on a fake Equinix project', () => {
     await runUntil(
       (signal) => new Recoverer(provider).run(bmdb, loopOptions(signal)),
       async () => !(await agentStarts()).has(silent.machineId),
-      'recovering the silent machine',
+      { what: 'recovering the silent machine' },
     );
     const reboots = api.requestsTo(ACTIONS);
     expect(reboots).toHaveLength(1);
@@ -301,7 +275,7 @@ describe('the shepherd on a fake Equinix project', () => {
     await runUntil(
       (signal) => initializer.run(bmdb, loopOptions(signal)),
       async () => (await agentStarts()).size === 10,
-      'restarting the agent',
+      { what: 'restarting the agent' },
     );
     expect(ssh.dials.slice(dialsBefore)).toEqual([
       expect.objectContaining({ host: publicIpv4(api.device(silent.providerId)), machineId: silent.machineId }),

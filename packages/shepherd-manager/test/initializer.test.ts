@@ -12,6 +12,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
+import { runUntil } from '../../../test/support/wait.js';
 import {
   FakeSshClient,
   type FakeSshHooks,
@@ -62,25 +63,9 @@ function initializer(
   });
 }
 
-/** Runs `loop` until `done` holds (checked every 50 ms), then stops it cleanly. */
-async function runUntil(
-  loop: { run: Initializer['run'] },
-  done: () => Promise<boolean>,
-  timeout = 20_000,
-): Promise<void> {
-  const stop = new AbortController();
-  const running = loop.run(bmdb, { parallelism: 2, dbQueryLimiter: fast(), signal: stop.signal });
-  const deadline = Date.now() + timeout;
-  try {
-    while (!(await done())) {
-      if (Date.now() > deadline) throw new Error('condition not met in time');
-      await new Promise((r) => setTimeout(r, 50));
-    }
-  } finally {
-    stop.abort();
-    await running;
-  }
-}
+/** Runs `loop` (two workers, unthrottled) until `done` holds, then stops it cleanly. */
+const runLoopUntil = (loop: { run: Initializer['run'] }, done: () => Promise<boolean>, timeout = 20_000) =>
+  runUntil((signal) => loop.run(bmdb, { parallelism: 2, dbQueryLimiter: fast(), signal }), done, { timeout });
 
 async function machinesOf(provider: TestProvider) {
   return new Queries(bmdb.db).providedMachines(provider.type).then((ms) => ms.map((m) => m.machineId));
@@ -115,7 +100,7 @@ describe('Initializer', () => {
   test('starts the agent on all of 10 machines', async () => {
     const provider = await provided(10);
     const ssh = new FakeSshClient();
-    await runUntil(initializer(provider, { sshClient: ssh }), async () => (await agentKeys(provider)).size === 10);
+    await runLoopUntil(initializer(provider, { sshClient: ssh }), async () => (await agentKeys(provider)).size === 10);
 
     const keys = await agentKeys(provider);
     expect([...keys.keys()].sort()).toEqual((await machinesOf(provider)).sort());
@@ -181,7 +166,7 @@ describe('Initializer', () => {
 
   test.each(badAgents)('fails the work when the agent answers with %s', async (_, execute, cause) => {
     const provider = await provided(1);
-    await runUntil(
+    await runLoopUntil(
       initializer(provider, { sshClient: new FakeSshClient({ execute }) }),
       async () => (await backoffs(provider)).length === 1,
     );
@@ -202,7 +187,7 @@ describe('Initializer', () => {
       const key = await SshKey.loadOrGenerate(path.join(dir, 'id'));
       const provider = await provided(1);
       const started = performance.now();
-      await runUntil(
+      await runLoopUntil(
         initializer(provider, {
           sshClient: new Ssh2Client({ privateKey: key.privateKey }),
           sshPort: port,
@@ -224,7 +209,7 @@ describe('Initializer', () => {
   test('a machine without an address yet is looked at again in 30 s, not 5 min', async () => {
     const provider = await provided(1);
     for (const machine of provider.machines.values()) Object.assign(machine, { address: undefined });
-    await runUntil(
+    await runLoopUntil(
       initializer(provider, { sshClient: new FakeSshClient() }),
       async () => (await backoffs(provider)).length === 1,
     );
@@ -291,7 +276,7 @@ describe('Recoverer', () => {
   test('reboots a machine started 10 h ago with no heartbeat, clears its tags, and the initializer starts it again', async () => {
     const provider = await provided(2);
     const ssh = new FakeSshClient();
-    await runUntil(initializer(provider, { sshClient: ssh }), async () => (await agentKeys(provider)).size === 2);
+    await runLoopUntil(initializer(provider, { sshClient: ssh }), async () => (await agentKeys(provider)).size === 2);
     const [silent, healthy] = (await machinesOf(provider)) as [string, string];
     await db.admin(
       "UPDATE machine_agent_started SET agent_started_at = now() - interval '10 hours' WHERE machine_id = $1",
@@ -304,7 +289,7 @@ describe('Recoverer', () => {
     await db.admin('INSERT INTO machine_agent_heartbeat VALUES ($1, now())', [healthy]);
     const silentProviderId = (await new Queries(bmdb.db).providedMachine(silent))?.providerId;
 
-    await runUntil(new Recoverer(provider), async () => (await agentKeys(provider)).size === 1);
+    await runLoopUntil(new Recoverer(provider), async () => (await agentKeys(provider)).size === 1);
     expect(provider.reboots).toEqual([silentProviderId]);
     const heartbeats = await db.admin('SELECT machine_id FROM machine_agent_heartbeat WHERE machine_id = $1', [silent]);
     expect(heartbeats.rowCount).toBe(0);
@@ -317,7 +302,7 @@ describe('Recoverer', () => {
     ]);
 
     const executionsBefore = ssh.executions.length;
-    await runUntil(initializer(provider, { sshClient: ssh }), async () => (await agentKeys(provider)).size === 2);
+    await runLoopUntil(initializer(provider, { sshClient: ssh }), async () => (await agentKeys(provider)).size === 2);
     expect(ssh.executions.length).toBe(executionsBefore + 1);
     expect(provider.reboots).toHaveLength(1); // exactly one reboot
     await forget(provider);
@@ -338,7 +323,7 @@ describe('Recoverer', () => {
       await db.admin("INSERT INTO machine_agent_heartbeat VALUES ($1, now() + interval '400 days')", [ahead]);
       await db.admin("INSERT INTO machine_agent_heartbeat VALUES ($1, now() + interval '5 seconds')", [fine]);
       const recoverer = new Recoverer(provider, { auditInterval: 50 });
-      await runUntil(recoverer, async () => lines.length > 0);
+      await runLoopUntil(recoverer, async () => lines.length > 0);
       expect(await recoverer.auditHeartbeats(bmdb)).toBe(1); // jitter of a few seconds is no bad data
       const warnings = lines.filter((line) => line.includes('in the future'));
       expect(warnings).toHaveLength(1); // once, though audited every 50 ms
@@ -360,7 +345,7 @@ describe('Recoverer', () => {
     const [machineId] = (await machinesOf(provider)) as [string];
     await db.admin("INSERT INTO machine_agent_started VALUES ($1, now() - interval '1 hour', '\\x00')", [machineId]);
     provider.machines.clear(); // the provider lost it: reboot fails
-    await runUntil(new Recoverer(provider), async () => {
+    await runLoopUntil(new Recoverer(provider), async () => {
       const { rowCount } = await db.admin(
         "SELECT 1 FROM work_backoff WHERE machine_id = $1 AND process = 'ShepherdRecovery'",
         [machineId],
@@ -406,7 +391,7 @@ describe('against a real OpenSSH server', () => {
       sshExecTimeout: 20_000,
     });
     const started = performance.now();
-    await runUntil(loop, async () => (await agentKeys(provider)).size === 3, 60_000);
+    await runLoopUntil(loop, async () => (await agentKeys(provider)).size === 3, 60_000);
     const elapsed = performance.now() - started;
     console.log(
       `3 agent starts against ${sshd.kind} took ${Math.round(elapsed)} ms (~${Math.round(elapsed / 3)} ms each, 2 in parallel)`,
@@ -445,7 +430,7 @@ describe('against a real OpenSSH server', () => {
       sshExecTimeout: 700,
     });
     try {
-      await runUntil(loop, async () => (await backoffs(provider)).length === 1);
+      await runLoopUntil(loop, async () => (await backoffs(provider)).length === 1);
     } finally {
       // As root, OpenSSH does not pass on the kill request: the agent would sleep on for 10 min.
       const pid = Number(await readFile(pidFile, 'utf8').catch(() => ''));
