@@ -150,6 +150,9 @@ export function flagOptions(...groups: FlagGroup[]): Record<string, Options> {
   return options;
 }
 
+/** Every group, in --help order: `run` takes them all. */
+export const FLAG_GROUPS = Object.keys(flags) as FlagGroup[];
+
 /** The flags of a group, for tests and docs. */
 export function flagNames(group: FlagGroup): string[] {
   return Object.keys(flags[group]);

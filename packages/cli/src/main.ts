@@ -9,7 +9,7 @@ import { migrate } from './commands/migrate.js';
 import { type ProviderKind, run } from './commands/run.js';
 import { sshKey } from './commands/ssh-key.js';
 import { status } from './commands/status.js';
-import { type FlagGroup, flagNames, flagOptions } from './flags.js';
+import { FLAG_GROUPS, type FlagGroup, flagNames, flagOptions } from './flags.js';
 import { enableLogs } from './logging.js';
 import { UsageError } from './settings.js';
 import { VERSION } from './version.js';
@@ -23,18 +23,6 @@ interface Io {
 }
 
 const PROVIDERS: readonly string[] = ['dummy', 'equinix'] satisfies ProviderKind[];
-
-const RUN_GROUPS: FlagGroup[] = [
-  'database',
-  'observability',
-  'ssh',
-  'agent',
-  'provisioner',
-  'initializer',
-  'recoverer',
-  'equinix',
-  'dummy',
-];
 
 /**
  * Runs the CLI on `args` (without `node` and the script) and resolves with
@@ -91,7 +79,7 @@ export async function main(
       (y) =>
         y
           .positional('provider', { describe: 'Where machines come from', choices: ['dummy', 'equinix'] as const })
-          .options(flagOptions(...RUN_GROUPS))
+          .options(flagOptions(...FLAG_GROUPS))
           .strict(),
       async (argv) => {
         enableLogs();
@@ -147,7 +135,7 @@ export async function main(
 }
 
 const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
-  run: RUN_GROUPS,
+  run: FLAG_GROUPS,
   migrate: ['database'],
   status: ['database'],
   'ssh-key': ['database'],

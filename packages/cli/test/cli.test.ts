@@ -5,7 +5,7 @@ import path from 'node:path';
 import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
-import { flagNames } from '../src/flags.js';
+import { FLAG_GROUPS, flagNames } from '../src/flags.js';
 import { buildOnce, eventually, shepherd, start } from './helpers.js';
 
 let db: TestDatabase;
@@ -45,18 +45,7 @@ describe('help', () => {
 
     const run = await shepherd(['run', '--help'], { SHEPHERD_EQUINIX_API_KEY: 'do-not-print-me' });
     expect(run.code).toBe(0);
-    const groups = [
-      'database',
-      'observability',
-      'ssh',
-      'agent',
-      'provisioner',
-      'initializer',
-      'recoverer',
-      'equinix',
-      'dummy',
-    ] as const;
-    for (const group of groups) {
+    for (const group of FLAG_GROUPS) {
       for (const flag of flagNames(group)) expect(run.stdout).toContain(`--${flag}`);
     }
     expect(run.stdout).toContain('[default: "250ms,8"]');
