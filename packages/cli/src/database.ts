@@ -28,6 +28,7 @@ export async function openBMDB(settings: DatabaseSettings, options: OpenOptions)
     migrate: options.migrate,
     componentName: settings.componentName,
     runtimeInfo: `shepherd-ts ${VERSION} on ${hostname()} (pid ${process.pid})`,
+    sessionInterval: settings.sessionInterval,
     ...(options.metrics ? { metrics: options.metrics } : {}),
   };
   if (settings.url !== undefined) {

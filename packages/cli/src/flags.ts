@@ -26,6 +26,11 @@ const flags = {
     },
     'data-dir': { describe: 'Directory of the embedded PostgreSQL (and the default SSH key)', default: './.shepherd' },
     'component-name': { describe: 'Name recorded with this process’s BMDB sessions', default: 'shepherd' },
+    'bmdb-session-interval': {
+      describe:
+        'How long a BMDB session lives without a heartbeat (whole seconds); a crashed shepherd’s machines are free again after it',
+      default: '5s',
+    },
   },
   observability: {
     'metrics-listen': {

@@ -134,6 +134,8 @@ export interface DatabaseSettings {
   readonly url: string | undefined;
   readonly dataDir: string;
   readonly componentName: string;
+  /** Milliseconds, whole seconds. */
+  readonly sessionInterval: number;
 }
 
 export function databaseSettings(argv: Argv): DatabaseSettings {
@@ -149,10 +151,19 @@ export function databaseSettings(argv: Argv): DatabaseSettings {
       throw UsageError.invalid('bmdb-url', redactUrl(url), 'a postgres:// or postgresql:// URL');
     }
   }
+  const sessionInterval = duration(argv, 'bmdb-session-interval');
+  if (sessionInterval % 1000 !== 0) {
+    throw UsageError.invalid(
+      'bmdb-session-interval',
+      String(argv['bmdb-session-interval']),
+      'whole seconds, e.g. 5s or 1m',
+    );
+  }
   return {
     url,
     dataDir: path.resolve(required(argv, 'data-dir', 'the embedded BMDB')),
     componentName: required(argv, 'component-name', 'BMDB sessions'),
+    sessionInterval,
   };
 }
 

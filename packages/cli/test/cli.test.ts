@@ -133,6 +133,11 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
       /--dummy-agent-failure-rate: invalid value "1.5": want a share between 0 and 1/,
     ],
     [
+      'a session interval of part seconds',
+      () => ['run', 'dummy', '--bmdb-session-interval', '1500ms'],
+      /--bmdb-session-interval: invalid value "1500ms": want whole seconds/,
+    ],
+    [
       'a port out of range',
       () => ['run', 'dummy', '--agent-ssh-port', '65536'],
       /--agent-ssh-port: invalid value "65536": want a whole number from 1 to 65535/,
