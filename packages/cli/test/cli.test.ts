@@ -265,8 +265,12 @@ describe('run dummy', () => {
       '8',
       '--initializer-db-query-rate',
       '1ms,1000',
+      '--bmdb-session-interval',
+      '3s',
     ]);
     await run.logged(/agent started on machine/);
+    const intervals = await db.admin("SELECT DISTINCT interval_seconds FROM sessions WHERE component_name = 'shepherd'");
+    expect(intervals.rows).toEqual([{ interval_seconds: 3 }]);
     run.child.kill('SIGTERM');
     const result = await run.exited;
     expect(result.code).toBe(0);
