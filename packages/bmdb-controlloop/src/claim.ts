@@ -1,22 +1,19 @@
 import { type Expression, type RawBuilder, sql } from 'kysely';
 import type { SelectionRow } from './selection.js';
 
-/** What a claim statement picks its machine from. */
-export type ClaimSource =
-  /** One machine, named by a work retriever (the claim runs in the retriever's transaction). */
-  | { readonly machineId: string }
-  /** A selection query, embedded: the claim is one statement of its own. */
-  | { readonly selection: Expression<SelectionRow> };
-
-/** The bookkeeping columns of a claim statement's one result row. */
+/** The bookkeeping columns of a claim statement's result row for one request. */
 export interface ClaimStatus {
   /** The session was alive (its deadline not passed) when the claim ran. */
   readonly bmdb_live: boolean;
-  /** Whether the selection had a candidate (1) or not (0). */
+  /**
+   * Candidates the statement saw but did not claim for anyone (taken by
+   * concurrent claims, or left over); for a retriever's machine, whether it
+   * exists (1) or not (0).
+   */
   readonly bmdb_found: number;
-  /** The first candidate, to name in a conflict. */
+  /** A candidate left unclaimed, to name in a conflict. */
   readonly bmdb_first_candidate: string | null;
-  /** Whether a machine was claimed; its selection row's columns follow. */
+  /** Whether a machine was claimed for this request; its selection row's columns follow. */
   readonly bmdb_claimed: boolean;
   /** The expired session a stale claim was taken over from. */
   readonly bmdb_took_over_from: string | null;
@@ -25,59 +22,28 @@ export interface ClaimStatus {
   readonly machine_id: string | null;
 }
 
+/** A batched claim's row: a {@link ClaimStatus} for the request at `bmdb_ord` (1-based). */
+export interface BatchClaimStatus extends ClaimStatus {
+  readonly bmdb_ord: string;
+}
+
 /**
- * The claim, as one statement: choose a machine, lock it, bump its
+ * The claim of a retriever's machine, as one statement run in the retriever's
+ * transaction (SERIALIZABLE by default): lock the machine, bump its
  * `claim_version`, insert the work row (taking over a row whose session
- * expired), and record history, provided the session is alive.
- *
- * Exclusion rests on the machine row, which every claim locks and updates:
- *
- * - From a selection, the statement runs at READ COMMITTED. It walks the
- *   selection's rows in order and locks the first machine it can, skipping
- *   rows locked by claims in flight (`SKIP LOCKED`), and only if the row's
- *   `claim_version` is still the one the selection saw. A row updated since
- *   the statement's snapshot is re-checked against its newest version before
- *   it is locked (PostgreSQL's EvalPlanQual); a claim committed since then
- *   bumped the version, so the machine is skipped. Claims committed before
- *   the snapshot are visible to the selection, which excludes their
- *   machines. So no machine is claimed on a stale view of its claims, by any
- *   process. If every candidate was skipped, `found` still tells there were
- *   some: the caller tries again on a fresh snapshot.
- * - For a retriever's machine, the statement runs in the retriever's
- *   transaction (SERIALIZABLE by default) and waits for the lock: a machine
- *   claimed since the transaction's snapshot fails it with a serialization
- *   error, and the transaction runs again.
+ * expired), and record history, provided the session is alive. It waits for
+ * the machine's lock: a machine claimed since the transaction's snapshot
+ * fails it with a serialization error, and the transaction runs again.
  */
-export function claimStatement(sessionId: string, process: string, source: ClaimSource): RawBuilder<ClaimStatus> {
-  const chosen =
-    'machineId' in source
-      ? sql`
-      chosen AS (
-        SELECT m.machine_id FROM machines m
-        WHERE m.machine_id = ${source.machineId}::uuid AND EXISTS (SELECT 1 FROM live)
-        FOR NO KEY UPDATE OF m),
-      pool AS (SELECT machine_id FROM chosen),
-      found AS (SELECT count(*)::int AS n FROM chosen)`
-      : sql`
-      chosen AS MATERIALIZED (
-        SELECT s.* FROM (
-          SELECT s.*, m0.claim_version AS bmdb_seen_version
-          FROM (${source.selection}) s JOIN machines m0 ON m0.machine_id = s.machine_id
-          -- Keeps the version the selection saw apart from the row locked below.
-          OFFSET 0) s
-        JOIN machines m ON m.machine_id = s.machine_id AND m.claim_version = s.bmdb_seen_version
-        WHERE EXISTS (SELECT 1 FROM live)
-        LIMIT 1
-        FOR NO KEY UPDATE OF m SKIP LOCKED),
-      pool AS (
-        SELECT machine_id FROM chosen
-        UNION ALL
-        (SELECT x.machine_id FROM (${source.selection}) x WHERE NOT EXISTS (SELECT 1 FROM chosen) LIMIT 1)),
-      found AS (SELECT count(*)::int AS n FROM pool)`;
+export function claimMachineStatement(sessionId: string, process: string, machineId: string): RawBuilder<ClaimStatus> {
   return sql<ClaimStatus>`
     WITH live AS (
       SELECT session_id FROM sessions WHERE session_id = ${sessionId}::uuid AND deadline > now()),
-    ${chosen},
+    chosen AS (
+      SELECT m.machine_id FROM machines m
+      WHERE m.machine_id = ${machineId}::uuid AND EXISTS (SELECT 1 FROM live)
+      FOR NO KEY UPDATE OF m),
+    found AS (SELECT count(*)::int AS n FROM chosen),
     bumped AS (
       UPDATE machines m SET claim_version = m.claim_version + 1
       FROM chosen c WHERE m.machine_id = c.machine_id
@@ -103,11 +69,108 @@ export function claimStatement(sessionId: string, process: string, source: Claim
       SELECT machine_id, process, 'Started', now(), NULL FROM claimed)
     SELECT EXISTS (SELECT 1 FROM live) AS bmdb_live,
            (SELECT n FROM found) AS bmdb_found,
-           (SELECT machine_id::text FROM pool LIMIT 1) AS bmdb_first_candidate,
+           (SELECT machine_id::text FROM chosen) AS bmdb_first_candidate,
            EXISTS (SELECT 1 FROM claimed) AS bmdb_claimed,
            (SELECT session_id::text FROM prior) AS bmdb_took_over_from,
            (SELECT b.last_interval_seconds FROM work_backoff b JOIN claimed c
             ON b.machine_id = c.machine_id AND b.process = c.process) AS bmdb_last_interval_seconds,
-           c.*
+           c.machine_id
     FROM (SELECT 1) AS one LEFT JOIN chosen c ON true`;
+}
+
+/**
+ * Claims from a selection for several sessions at once, as one statement:
+ * choose up to one machine per live session, lock them, bump their
+ * `claim_version`, insert their work rows (taking over rows whose sessions
+ * expired), and record history. `sessions` is the requests' session IDs (a
+ * session may appear more than once, asking for as many machines); each gets
+ * its own result row, by position (`bmdb_ord`).
+ *
+ * The statement runs at READ COMMITTED, and exclusion rests on the machine
+ * row, which every claim locks and updates. It walks the selection's rows in
+ * order and locks the first machines it can, skipping rows locked by claims
+ * in flight (`SKIP LOCKED`), and only if a row's `claim_version` is still the
+ * one the selection saw. A row updated since the statement's snapshot is
+ * re-checked against its newest version before it is locked (PostgreSQL's
+ * EvalPlanQual); a claim committed since then bumped the version, so the
+ * machine is skipped. Claims committed before the snapshot are visible to
+ * the selection, which excludes their machines. So no machine is claimed on
+ * a stale view of its claims, by any process. A request left without a
+ * machine while candidates were skipped learns of them (`bmdb_found`), and
+ * the caller tries again on a fresh snapshot.
+ */
+export function claimSelectedStatement(
+  process: string,
+  selection: Expression<SelectionRow>,
+  sessions: readonly string[],
+): RawBuilder<BatchClaimStatus> {
+  return sql<BatchClaimStatus>`
+    WITH requests AS (
+      SELECT r.session_id, r.ord FROM unnest(${sessions}::uuid[]) WITH ORDINALITY AS r (session_id, ord)),
+    live AS MATERIALIZED (
+      SELECT r.ord, r.session_id, row_number() OVER (ORDER BY r.ord) AS slot
+      FROM requests r JOIN sessions s ON s.session_id = r.session_id
+      WHERE s.deadline > now()),
+    chosen AS MATERIALIZED (
+      SELECT s.* FROM (
+        SELECT s.*, m0.claim_version AS bmdb_seen_version
+        FROM (${selection}) s JOIN machines m0 ON m0.machine_id = s.machine_id
+        -- Keeps the version the selection saw apart from the row locked below.
+        OFFSET 0) s
+      JOIN machines m ON m.machine_id = s.machine_id AND m.claim_version = s.bmdb_seen_version
+      LIMIT (SELECT count(*) FROM live)
+      FOR NO KEY UPDATE OF m SKIP LOCKED),
+    assigned AS (
+      SELECT c.machine_id, l.session_id, l.ord
+      FROM (SELECT machine_id, row_number() OVER () AS slot FROM chosen) c
+      JOIN live l ON l.slot = c.slot),
+    bumped AS (
+      UPDATE machines m SET claim_version = m.claim_version + 1
+      FROM chosen c WHERE m.machine_id = c.machine_id
+      RETURNING m.machine_id),
+    prior AS (
+      SELECT w.machine_id, w.session_id, s.deadline FROM work w
+      JOIN sessions s ON s.session_id = w.session_id
+      JOIN chosen c ON c.machine_id = w.machine_id
+      WHERE w.process = ${process}),
+    claimed AS (
+      INSERT INTO work (machine_id, session_id, process)
+      SELECT a.machine_id, a.session_id, ${process} FROM assigned a JOIN bumped b ON b.machine_id = a.machine_id
+      ON CONFLICT (machine_id, process) DO UPDATE SET session_id = excluded.session_id
+      WHERE NOT EXISTS (
+        SELECT 1 FROM sessions s WHERE s.session_id = work.session_id AND s.deadline > now())
+      RETURNING machine_id, process),
+    history AS (
+      INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
+      SELECT c.machine_id, c.process, 'Canceled', p.deadline,
+             'session ' || p.session_id || ' expired holding this claim'
+      FROM claimed c JOIN prior p ON p.machine_id = c.machine_id
+      UNION ALL
+      SELECT machine_id, process, 'Started', now(), NULL FROM claimed),
+    -- Only when some live request is left without a machine: is there more
+    -- the statement could not have (locked, or claimed since its snapshot)?
+    more AS (
+      SELECT x.machine_id FROM (${selection}) x
+      WHERE (SELECT count(*) FROM chosen) < (SELECT count(*) FROM live)
+        AND NOT EXISTS (SELECT 1 FROM chosen c WHERE c.machine_id = x.machine_id)
+      LIMIT 1),
+    unclaimed AS (
+      SELECT machine_id FROM more
+      UNION ALL
+      SELECT c.machine_id FROM chosen c WHERE NOT EXISTS (SELECT 1 FROM claimed d WHERE d.machine_id = c.machine_id))
+    SELECT r.ord::text AS bmdb_ord,
+           l.ord IS NOT NULL AS bmdb_live,
+           (SELECT count(*)::int FROM unclaimed) AS bmdb_found,
+           (SELECT machine_id::text FROM unclaimed LIMIT 1) AS bmdb_first_candidate,
+           d.machine_id IS NOT NULL AS bmdb_claimed,
+           p.session_id::text AS bmdb_took_over_from,
+           b.last_interval_seconds AS bmdb_last_interval_seconds,
+           c.*
+    FROM requests r
+    LEFT JOIN live l ON l.ord = r.ord
+    LEFT JOIN assigned a ON a.ord = r.ord
+    LEFT JOIN claimed d ON d.machine_id = a.machine_id
+    LEFT JOIN chosen c ON c.machine_id = d.machine_id
+    LEFT JOIN prior p ON p.machine_id = d.machine_id
+    LEFT JOIN work_backoff b ON b.machine_id = d.machine_id AND b.process = ${process}`;
 }

@@ -8,7 +8,9 @@ import { MachineChanges, notifyReleased } from './internal/changes.js';
 import type { SessionHost } from './internal/host.js';
 import { describeError, log } from './internal/log.js';
 import { PreparedStatements } from './internal/prepared.js';
+import { Releases } from './internal/releases.js';
 import { withRetry } from './internal/retry.js';
+import { type RunStatement, SelectionClaims } from './internal/selection-claims.js';
 import { BMDBMetrics } from './metrics.js';
 import { migrateToLatest } from './migrations/index.js';
 import type { Database } from './schema.js';
@@ -136,18 +138,28 @@ export class BMDB {
     this.#changes = new MachineChanges({ ...base, keepAlive: true });
     this.#metrics = options.metrics ? new BMDBMetrics(options.metrics) : undefined;
     const metrics = this.#metrics;
+    // A batch is one transaction, counted once for each processor it served.
+    const runBatch: RunStatement = (processors, attempt) =>
+      withRetry(attempt, {
+        onAttempt: () => {
+          for (const processor of processors) metrics?.transactionsExecuted.inc({ processor });
+        },
+        onRetry: () => {
+          for (const processor of processors) metrics?.transactionsRetried.inc({ processor });
+        },
+        onFailure: () => {
+          for (const processor of processors) metrics?.transactionsFailed.inc({ processor });
+        },
+      });
+    const prepared = new PreparedStatements(this.#claimPool);
     this.#host = {
       db: this.#db,
-      claims: new PreparedStatements(this.#claimPool),
+      claims: new SelectionClaims(this.#db, prepared, runBatch),
+      releases: new Releases(prepared, runBatch),
       changes: this.#changes,
       heartbeatPool: this.#heartbeatPool,
       metrics,
-      retry: (processor, attempt) =>
-        withRetry(attempt, {
-          onAttempt: () => metrics?.transactionsExecuted.inc({ processor }),
-          onRetry: () => metrics?.transactionsRetried.inc({ processor }),
-          onFailure: () => metrics?.transactionsFailed.inc({ processor }),
-        }),
+      retry: (processor, attempt) => runBatch([processor], attempt),
       sessionEnded: (session) => {
         this.#sessions.delete(session);
         if (this.#sessions.size === 0) this.#stopCollector();

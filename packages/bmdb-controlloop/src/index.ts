@@ -50,4 +50,5 @@ export {
 } from './schema.js';
 export type { Selection, SelectionRow } from './selection.js';
 export { Session, type SessionOptions } from './session.js';
+export type { FinishTags, TagName } from './tags.js';
 export { Work, type WorkCandidate } from './work.js';

@@ -1,6 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import { CompiledQuery, type Kysely, type RawBuilder, sql } from 'kysely';
-import { type ClaimStatus, claimStatement } from './claim.js';
+import { type ClaimStatus, claimMachineStatement } from './claim.js';
 import {
   BMDBError,
   NothingToDoError,
@@ -124,6 +124,7 @@ export class Session {
       transactionOpenedBy: (opening, fn) =>
         this.host.retry(processor, () => this.host.db.connection().execute((db) => openedBy(db, opening, fn))),
       statement: (fn) => this.host.retry(processor, () => fn(this.host.db)),
+      release: (request) => this.host.releases.release({ ...request, sessionId: id, processor }),
       signal: this.#abort.signal,
       aliveInDatabase: async () => {
         try {
@@ -297,7 +298,7 @@ export class Session {
           `work retriever for process ${process} returned ${JSON.stringify(machineId)}, not a machine ID`,
         );
       }
-      const { rows } = await claimStatement(this.id, process, { machineId }).execute(trx);
+      const { rows } = await claimMachineStatement(this.id, process, machineId).execute(trx);
       const status = this.#checkClaim(rows[0], process);
       if (status.bmdb_found === 0) {
         throw new BMDBError(
@@ -311,24 +312,24 @@ export class Session {
 
   /**
    * A selection's machine, claimed by one statement at READ COMMITTED (see
-   * claim.ts for why that is exclusive). When every candidate was taken by
-   * concurrent claims, the statement runs again on a fresh snapshot.
+   * claim.ts for why that is exclusive), shared with the concurrent claims of
+   * other sessions from the same selection. When every candidate was taken by
+   * concurrent claims, the claim runs again on a fresh snapshot.
    */
   async #claimSelected<T extends WorkCandidate, R extends SelectionRow>(
     process: string,
     selection: Selection<T, R>,
   ): Promise<Claim<T>> {
     for (let attempt = 1; ; attempt++) {
-      const status = await this.host.retry(this.processor, async () => {
-        const statement = claimStatement(this.id, process, { selection: selection.query });
-        const rows = await this.host.claims.query(statement.compile(this.host.db));
-        return this.#checkClaim(rows[0], process);
-      });
-      if (status.bmdb_found === 0) throw new NothingToDoError(process);
+      const status = this.#checkClaim(
+        await this.host.claims.claim(this.id, this.processor, process, selection.query),
+        process,
+      );
       if (status.bmdb_claimed && status.machine_id !== null) {
         const row = status as unknown as R;
         return toClaim(status, status.machine_id, selection.toCandidate(row));
       }
+      if (status.bmdb_found === 0) throw new NothingToDoError(process);
       if (attempt >= CONTENDED_ATTEMPTS) {
         throw new WorkConflictError(status.bmdb_first_candidate ?? 'unknown', process);
       }

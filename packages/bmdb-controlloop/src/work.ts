@@ -1,12 +1,13 @@
 import { type RawBuilder, sql } from 'kysely';
 import { type Backoff, nextBackoffSeconds } from './backoff.js';
 import { WorkEndedError, type WorkEndState, WorkLostError, type WorkOutcome } from './errors.js';
-import { notifyReleased } from './internal/changes.js';
 import { isConnectionLost } from './internal/connection-lost.js';
 import { log } from './internal/log.js';
+import type { ReleaseRequest } from './internal/releases.js';
 import type { SessionRuntime } from './internal/runtime.js';
 import { sleep } from './internal/sleep.js';
 import { Queries } from './queries.js';
+import { type FinishTags, tagWrites } from './tags.js';
 
 /** What a work retriever may return: machine IDs, or rows that carry one. */
 export type WorkCandidate = string | { readonly machineId: string };
@@ -44,39 +45,56 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
   }
 
   /**
-   * Ends the work successfully in one transaction: releases the claim, clears
-   * the pair's backoff, records `Finished`, and runs `fn` (which sets the
-   * machine's tags). If `fn` throws, nothing is recorded and the work stays
-   * active.
+   * Ends the work successfully: releases the claim, clears the pair's
+   * backoff, records `Finished` and writes the machine's tags, all or
+   * nothing. Two forms:
+   *
+   * - `finish(tags?)` writes tags the library knows ({@link FinishTags}) in
+   *   the releasing statement itself. The finishes, failures and cancels of
+   *   concurrent work go to the database together, as one statement: this is
+   *   the fast form.
+   * - `finish(fn)` runs `fn` in the releasing transaction (at the
+   *   connection's isolation level), for writes of your own: three round
+   *   trips for one statement of `fn`. If `fn` throws, nothing is recorded
+   *   and the work stays active.
+   *
+   * @example
+   * ```ts
+   * await work.finish({ set: { agentStarted: { publicKey } } });
+   * await work.finish({ delete: ['agentStarted', 'agentHeartbeat'] });
+   * await work.finish(async (q) => { await q.db.insertInto(...)...; });
+   * ```
    *
    * @throws {@link WorkEndedError} if the work already ended
    * @throws {@link WorkLostError} if the session no longer holds the claim
+   * @throws {@link BMDBError} for tags that make no sense (one both set and deleted)
    */
-  async finish(fn?: (q: Queries) => Promise<void>): Promise<void> {
-    await this.#end('finished', async () => {
-      const release = this.#release('Finished');
-      // Without tags to set, the release is one statement on its own.
-      if (!fn) return this.runtime.statement((db) => release.execute(db)).then(noResult, (e) => this.#lost(e));
-      await this.runtime
-        .transactionOpenedBy(release, (trx) => fn(new Queries(trx)))
-        .catch((error: unknown) => this.#lost(error));
-    });
+  async finish(how?: FinishTags | ((q: Queries) => Promise<void>)): Promise<void> {
+    if (typeof how === 'function') {
+      const release = this.#releaseFinished();
+      await this.#end('finished', () =>
+        this.runtime
+          .transactionOpenedBy(release, (trx) => how(new Queries(trx)))
+          .then(noResult, (error: unknown) => this.#lost(error)),
+      );
+      return;
+    }
+    const tags = how === undefined ? undefined : tagWrites(how);
+    await this.#end('finished', () => this.#released({ event: 'Finished', ...(tags && { tags }) }));
   }
 
   /**
    * Ends the work as failed: releases the claim, records `Failed` with
    * `cause`, and backs the pair off for the next interval of `backoff` (or
-   * the previous interval again when `backoff` is undefined).
+   * the previous interval again when `backoff` is undefined). Sent with the
+   * ends of concurrent work, as one statement.
    *
    * @throws {@link WorkEndedError} if the work already ended
    * @throws {@link WorkLostError} if the session no longer holds the claim
    */
   async fail(backoff: Backoff | undefined, cause: string): Promise<void> {
     const interval = nextBackoffSeconds(backoff, this.previousBackoffSeconds);
-    const release = this.#release('Failed', { cause, backoffSeconds: interval });
-    await this.#end('failed', () =>
-      this.runtime.statement((db) => release.execute(db)).then(noResult, (error) => this.#lost(error)),
-    );
+    await this.#end('failed', () => this.#released({ event: 'Failed', failure: { cause, backoffSeconds: interval } }));
     log.work('machine %s %s failed, backing off %ds: %s', this.machineId, this.process, interval, cause);
   }
 
@@ -87,20 +105,9 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
   async cancel(): Promise<void> {
     if (this.#state === 'ending') await this.#ending?.catch(() => undefined);
     if (this.#state !== 'active') return;
+    // A claim already gone needs no cancelling.
     await this.#end('canceled', () =>
-      this.runtime.statement(async (db) => {
-        await sql`
-          WITH released AS (
-            DELETE FROM work
-            WHERE machine_id = ${this.machineId}::uuid AND process = ${this.process}
-              AND session_id = ${this.runtime.sessionId}::uuid
-            RETURNING machine_id, process),
-          history AS (
-            INSERT INTO work_history (machine_id, process, event, "timestamp")
-            SELECT machine_id, process, 'Canceled', now() FROM released),
-          ${notifyReleased}
-          SELECT count(*) AS notified FROM notified`.execute(db);
-      }),
+      this.runtime.release({ machineId: this.machineId, process: this.process, event: 'Canceled' }).then(noResult),
     );
   }
 
@@ -171,29 +178,27 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     }
   }
 
+  /** Ends the work in the next batch of releases; WorkLostError if the claim was gone. */
+  async #released(end: Pick<ReleaseRequest, 'event' | 'failure' | 'tags'>): Promise<void> {
+    if (!(await this.runtime.release({ machineId: this.machineId, process: this.process, ...end }))) {
+      throw new WorkLostError(this.machineId, this.process, this.runtime.sessionId);
+    }
+  }
+
   /**
    * Deletes this session's work row (only while the session is alive in the
-   * database), writes the history event and updates the backoff, in one
-   * statement. If the row is gone, the database raises {@link WORK_LOST}.
+   * database), writes `Finished` and clears the backoff, in one statement:
+   * the opening of `finish(fn)`'s transaction. If the row is gone, the
+   * database raises {@link WORK_LOST}.
    *
    * Values are inlined as literals, so the statement can share one round trip
    * with the `BEGIN` before it (a simple query may hold several statements;
    * one with parameters may not).
    */
-  #release(event: 'Finished' | 'Failed', failure?: { cause: string; backoffSeconds: number }): RawBuilder<unknown> {
+  #releaseFinished(): RawBuilder<unknown> {
     const machineId = sql.lit(this.machineId);
     const process = sql.lit(this.process);
     const sessionId = sql.lit(this.runtime.sessionId);
-    const backoff =
-      event === 'Finished'
-        ? sql`DELETE FROM work_backoff b USING released r WHERE b.machine_id = r.machine_id AND b.process = r.process`
-        : sql`INSERT INTO work_backoff (machine_id, process, until, cause, last_interval_seconds)
-              SELECT machine_id, process, now() + make_interval(secs => ${sql.lit(failure?.backoffSeconds ?? 1)}),
-                     ${sql.lit(failure?.cause ?? '')}, ${sql.lit(failure?.backoffSeconds ?? 1)}
-              FROM released
-              ON CONFLICT (machine_id, process) DO UPDATE
-              SET until = excluded.until, cause = excluded.cause,
-                  last_interval_seconds = excluded.last_interval_seconds`;
     return sql`
       WITH released AS (
         DELETE FROM work w USING sessions s
@@ -202,10 +207,10 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
           AND s.session_id = w.session_id AND s.deadline > now()
         RETURNING w.machine_id, w.process),
       history AS (
-        INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
-        SELECT machine_id, process, ${sql.lit(event)}, now(), ${failure ? sql.lit(failure.cause) : sql`NULL`}::text
-        FROM released),
-      backoff AS (${backoff})
+        INSERT INTO work_history (machine_id, process, event, "timestamp")
+        SELECT machine_id, process, 'Finished', now() FROM released),
+      backoff AS (
+        DELETE FROM work_backoff b USING released r WHERE b.machine_id = r.machine_id AND b.process = r.process)
       SELECT bmdb_work_lost(${machineId}::uuid, ${process}, ${sessionId}::uuid)
       WHERE (SELECT count(*) FROM released) <> 1`;
   }

@@ -4,13 +4,16 @@ import type { BMDBMetrics } from '../metrics.js';
 import type { Database } from '../schema.js';
 import type { Session } from '../session.js';
 import type { MachineChanges } from './changes.js';
-import type { PreparedStatements } from './prepared.js';
+import type { Releases } from './releases.js';
+import type { SelectionClaims } from './selection-claims.js';
 
 /** What a {@link Session} needs from the connection that started it. */
 export interface SessionHost {
   readonly db: Kysely<Database>;
-  /** Prepared statements on a pool at READ COMMITTED, for one-statement claims (see claim.ts). */
-  readonly claims: PreparedStatements;
+  /** Claims from selections, batched across sessions (one statement at READ COMMITTED; see claim.ts). */
+  readonly claims: SelectionClaims;
+  /** Ends of work without a caller's transaction, batched across sessions. */
+  readonly releases: Releases;
   /** Wakes idle control loops when machines may have become eligible. */
   readonly changes: MachineChanges;
   /** A small pool of its own, so heartbeats never queue behind work. */

@@ -1,5 +1,4 @@
 import { createHash } from 'node:crypto';
-import type { CompiledQuery } from 'kysely';
 import type pg from 'pg';
 
 /**
@@ -14,7 +13,7 @@ export class PreparedStatements {
 
   constructor(private readonly pool: pg.Pool) {}
 
-  async query<R>(compiled: CompiledQuery<R>): Promise<R[]> {
+  async query<R>(compiled: { readonly sql: string; readonly parameters: readonly unknown[] }): Promise<R[]> {
     let name = this.#names.get(compiled.sql);
     if (name === undefined) {
       name = `bmdb_${createHash('sha256').update(compiled.sql).digest('hex').slice(0, 24)}`;

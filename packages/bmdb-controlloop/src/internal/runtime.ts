@@ -2,6 +2,7 @@ import type { Kysely, RawBuilder } from 'kysely';
 import type { WorkOutcome } from '../errors.js';
 import type { Database } from '../schema.js';
 import type { Work } from '../work.js';
+import type { ReleaseRequest } from './releases.js';
 
 /** What a {@link Work} needs from the session that holds it. */
 export interface SessionRuntime {
@@ -22,6 +23,11 @@ export interface SessionRuntime {
    * one round trip with its `BEGIN`.
    */
   transactionOpenedBy<T>(opening: RawBuilder<unknown>, fn: (trx: Kysely<Database>) => Promise<T>): Promise<T>;
+  /**
+   * Ends a work item of this session in the next batch of releases; resolves
+   * false if the session no longer held the claim.
+   */
+  release(request: Omit<ReleaseRequest, 'sessionId' | 'processor'>): Promise<boolean>;
   /** A retried single statement, outside an explicit transaction. */
   statement<T>(fn: (db: Kysely<Database>) => Promise<T>): Promise<T>;
   /** Bookkeeping once a work item ended. */

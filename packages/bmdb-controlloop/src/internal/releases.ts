@@ -1,0 +1,136 @@
+import type { TagWrite, TagWrites } from '../tags.js';
+import { Batcher } from './batcher.js';
+import { CHANGES_CHANNEL } from './changes.js';
+import type { PreparedStatements } from './prepared.js';
+import type { RunStatement } from './selection-claims.js';
+
+/** Most releases in one statement. */
+const MAX_BATCH = 64;
+
+/** The end of one work item, as the release statement takes it. */
+export interface ReleaseRequest {
+  readonly machineId: string;
+  readonly process: string;
+  readonly sessionId: string;
+  /** Metrics label of the session. */
+  readonly processor: string;
+  readonly event: 'Finished' | 'Failed' | 'Canceled';
+  /** Failed: the cause, and the backoff interval to start. */
+  readonly failure?: { readonly cause: string; readonly backoffSeconds: number };
+  /** Finished: tags to write on the machine. */
+  readonly tags?: TagWrites;
+}
+
+/**
+ * The releases of a batch, one array element per request. For each request
+ * whose work row this session still holds — while the session lives, except
+ * for a cancel — the statement deletes the row, records the history event,
+ * clears (Finished) or starts (Failed) the pair's backoff, and writes the
+ * finish's tags; a cancel announces the machine free again. It returns the
+ * positions of the requests released: the others' claims were gone.
+ *
+ * One statement at READ COMMITTED: everything it does hangs on the work row
+ * it deletes, which it locks. A concurrent takeover or collection of the same
+ * row either committed first (the row is re-checked, no longer ours, and the
+ * request is not released) or waits for this statement.
+ */
+const RELEASE_SQL = `
+  WITH requests AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::int[],
+                         $7::text[], $8::text[], $9::timestamptz[], $10::text[], $11::timestamptz[])
+      WITH ORDINALITY AS r (machine_id, process, session_id, event, cause, backoff_seconds,
+                            started, started_key, started_at, heartbeat, heartbeat_at, ord)),
+  released AS (
+    DELETE FROM work w USING requests r, sessions s
+    WHERE w.machine_id = r.machine_id AND w.process = r.process AND w.session_id = r.session_id
+      AND s.session_id = w.session_id AND (r.event = 'Canceled' OR s.deadline > now())
+    RETURNING r.*),
+  history AS (
+    INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
+    SELECT machine_id, process, event, now(), cause FROM released),
+  backoff_cleared AS (
+    DELETE FROM work_backoff b USING released r
+    WHERE r.event = 'Finished' AND b.machine_id = r.machine_id AND b.process = r.process),
+  backoff_started AS (
+    INSERT INTO work_backoff (machine_id, process, until, cause, last_interval_seconds)
+    SELECT machine_id, process, now() + make_interval(secs => backoff_seconds), cause, backoff_seconds
+    FROM released WHERE event = 'Failed'
+    ON CONFLICT (machine_id, process) DO UPDATE
+    SET until = excluded.until, cause = excluded.cause, last_interval_seconds = excluded.last_interval_seconds),
+  started_set AS (
+    INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)
+    SELECT machine_id, coalesce(started_at, now()), decode(started_key, 'hex')
+    FROM released WHERE event = 'Finished' AND started = 'set'
+    ON CONFLICT (machine_id) DO UPDATE
+    SET agent_started_at = excluded.agent_started_at, agent_public_key = excluded.agent_public_key),
+  started_deleted AS (
+    DELETE FROM machine_agent_started a USING released r
+    WHERE r.event = 'Finished' AND r.started = 'delete' AND a.machine_id = r.machine_id),
+  heartbeat_set AS (
+    INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at)
+    -- Never later than the database's now (see Queries.setAgentHeartbeat).
+    SELECT machine_id, least(coalesce(heartbeat_at, now()), now())
+    FROM released WHERE event = 'Finished' AND heartbeat = 'set'
+    ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heartbeat_at),
+  heartbeat_deleted AS (
+    DELETE FROM machine_agent_heartbeat h USING released r
+    WHERE r.event = 'Finished' AND r.heartbeat = 'delete' AND h.machine_id = r.machine_id),
+  notified AS (
+    SELECT pg_notify('${CHANGES_CHANNEL}', 'work')
+    FROM (SELECT 1 FROM released WHERE event = 'Canceled' LIMIT 1) c)
+  SELECT coalesce(array_agg(ord::int), '{}') AS released, (SELECT count(*)::int FROM notified) AS notified
+  FROM released`;
+
+/**
+ * Ends work items, batched: the finishes (declarative ones), failures and
+ * cancels of every session of a BMDB connection go to the database together,
+ * as one statement. One sent while none is in flight goes at once, alone.
+ * A batch holds at most one request per machine, so that the tag writes of
+ * one statement never meet on a row.
+ */
+export class Releases {
+  readonly #batcher: Batcher<ReleaseRequest, boolean>;
+
+  constructor(
+    private readonly prepared: PreparedStatements,
+    private readonly run: RunStatement,
+  ) {
+    this.#batcher = new Batcher({
+      maxSize: MAX_BATCH,
+      admits: (batch, request) => !batch.some((other) => other.machineId === request.machineId),
+      send: (requests) => this.#send(requests),
+    });
+  }
+
+  /** Resolves true once released, false if the session no longer held the claim. */
+  release(request: ReleaseRequest): Promise<boolean> {
+    return this.#batcher.submit(request);
+  }
+
+  async #send(requests: readonly ReleaseRequest[]): Promise<boolean[]> {
+    const started = requests.map((r) => r.tags?.agentStarted);
+    const heartbeat = requests.map((r) => r.tags?.agentHeartbeat);
+    const parameters = [
+      requests.map((r) => r.machineId),
+      requests.map((r) => r.process),
+      requests.map((r) => r.sessionId),
+      requests.map((r) => r.event),
+      requests.map((r) => r.failure?.cause ?? null),
+      requests.map((r) => r.failure?.backoffSeconds ?? null),
+      started.map(op),
+      started.map((w) => (w?.publicKey ? Buffer.from(w.publicKey).toString('hex') : null)),
+      started.map(at),
+      heartbeat.map(op),
+      heartbeat.map(at),
+    ];
+    const processors = [...new Set(requests.map((r) => r.processor))];
+    const [row] = await this.run(processors, () =>
+      this.prepared.query<{ released: number[] }>({ sql: RELEASE_SQL, parameters }),
+    );
+    const released = new Set(row?.released ?? []);
+    return requests.map((_, i) => released.has(i + 1));
+  }
+}
+
+const op = (write: TagWrite | undefined) => write?.op ?? null;
+const at = (write: TagWrite | undefined) => write?.at?.toISOString() ?? null;
