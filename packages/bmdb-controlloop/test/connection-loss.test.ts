@@ -7,6 +7,7 @@ import {
   Process,
   type ProvidedMachine,
   parseLimiter,
+  Queries,
   runControlLoop,
   SessionExpiredError,
 } from '../src/index.js';
@@ -57,6 +58,25 @@ describe('ending work across a lost connection', () => {
     await session.close();
   });
 
+  test('ends sharing a statement ride out an outage together, each recorded once', async () => {
+    const session = await flaky.startSession();
+    const ids = (await provideMachines(session, 3, 'BlipShared')) as [string, string, string];
+    const works = await Promise.all(ids.map((id) => session.work(Process.ShepherdAgentStart, async () => [id])));
+    blip(300);
+    await Promise.all([
+      works[0]?.finish({ set: { agentStarted: { publicKey: new Uint8Array(32) } } }),
+      works[1]?.fail(undefined, 'agent did not answer'),
+      works[2]?.cancel(),
+    ]);
+    expect(await history(ids[0])).toEqual(['Started', 'Finished']);
+    expect(await history(ids[1])).toEqual(['Started', 'Failed']);
+    expect(await history(ids[2])).toEqual(['Started', 'Canceled']);
+    expect((await db.admin('SELECT 1 FROM machine_agent_started WHERE machine_id = $1', [ids[0]])).rowCount).toBe(1);
+    expect((await db.admin('SELECT 1 FROM work WHERE machine_id = ANY($1::uuid[])', [ids])).rowCount).toBe(0);
+    expect(session.state).toBe('live');
+    await session.close();
+  });
+
   test('an attempt that committed before the connection was lost counts as done', async () => {
     const session = await flaky.startSession();
     const [machineId] = (await provideMachines(session, 1, 'Committed')) as [string];
@@ -88,6 +108,34 @@ describe('ending work across a lost connection', () => {
     );
     expect(held.rowCount).toBe(0);
   });
+});
+
+test('a shared claim whose outcome the connection lost gives up every session in it', async () => {
+  const setup = await bmdb.startSession();
+  const ids = await provideMachines(setup, 2, 'LostSharedClaim');
+  await setup.close();
+  const sessions = await Promise.all([flaky.startSession(), flaky.startSession()]);
+  const selection = new Queries(flaky.db).agentStartSelection({ provider: 'LostSharedClaim' });
+  proxy.cut(); // the claim statement goes out on a dead connection, or none
+  const restored = new Promise<void>((resolve) =>
+    setTimeout(() => {
+      proxy.restore();
+      resolve();
+    }, 300),
+  );
+  const results = await Promise.allSettled(sessions.map((s) => s.work(Process.ShepherdAgentStart, selection)));
+  for (const result of results) {
+    expect(result.status === 'rejected' && result.reason).toBeInstanceOf(SessionExpiredError);
+  }
+  for (const session of sessions) expect(session.state).not.toBe('live');
+  await eventually(async () => {
+    const held = await db.admin(
+      'SELECT 1 FROM work w JOIN sessions s USING (session_id) WHERE w.machine_id = ANY($1::uuid[]) AND s.deadline > now()',
+      [ids],
+    );
+    return held.rowCount === 0 ? true : undefined;
+  }, 5_000);
+  await restored; // leave the database reachable for the next test
 });
 
 test('a claim whose outcome the connection lost gives its session up, so the claim cannot stay held', async () => {

@@ -290,3 +290,81 @@ test('work by agentStartCandidates helper stays consistent with its provider', a
 function key(): Uint8Array {
   return crypto.getRandomValues(new Uint8Array(32));
 }
+
+describe('finish with tags', () => {
+  const claimOne = async (provider: string) => {
+    const session = await bmdb.startSession();
+    const [machineId] = (await provideMachines(session, 1, provider)) as [string];
+    const work = await session.work(Process.ShepherdAgentStart, async () => [machineId]);
+    return { session, machineId, work };
+  };
+  const tagsOf = async (machineId: string) => {
+    const started = await db.admin(
+      'SELECT agent_started_at, agent_public_key, has_heartbeat FROM machine_agent_started WHERE machine_id = $1',
+      [machineId],
+    );
+    const heartbeat = await db.admin(
+      'SELECT agent_heartbeat_at, agent_heartbeat_at <= now() AS not_future FROM machine_agent_heartbeat WHERE machine_id = $1',
+      [machineId],
+    );
+    return { started: started.rows[0], heartbeat: heartbeat.rows[0] };
+  };
+  const candidates = (provider: string) =>
+    new Queries(bmdb.db).machinesForAgentStart({ provider, limit: 5 }).then((ms) => ms.map((m) => m.machineId));
+
+  test('set.agentStarted records the key (and the time given) with Finished; the machine is no longer a candidate', async () => {
+    const { session, machineId, work } = await claimOne('TagStarted');
+    const publicKey = key();
+    const startedAt = new Date('2026-01-02T03:04:05.678Z');
+    await work.finish({ set: { agentStarted: { publicKey, startedAt } } });
+    expect(work.state).toBe('finished');
+    const { started } = await tagsOf(machineId);
+    expect(new Uint8Array(started.agent_public_key)).toEqual(publicKey);
+    expect(started.agent_started_at).toEqual(startedAt);
+    expect((await history(machineId)).map((h) => h.event)).toEqual(['Started', 'Finished']);
+    expect(await candidates('TagStarted')).toEqual([]);
+    await session.close();
+  });
+
+  test('set.agentHeartbeat never records a time later than the database clock; with agentStarted, the mirror agrees', async () => {
+    const { session, machineId, work } = await claimOne('TagHeartbeat');
+    await work.finish({
+      set: { agentStarted: { publicKey: key() }, agentHeartbeat: { at: new Date(Date.now() + 3_600_000) } },
+    });
+    const { started, heartbeat } = await tagsOf(machineId);
+    expect(heartbeat.not_future).toBe(true);
+    expect(started.has_heartbeat).toBe(true);
+    await session.close();
+  });
+
+  test('delete removes AgentStarted and AgentHeartbeat, and the machine is an agent-start candidate again', async () => {
+    const { session, machineId, work } = await claimOne('TagDelete');
+    await work.finish({ set: { agentStarted: { publicKey: key() }, agentHeartbeat: {} } });
+    expect(await candidates('TagDelete')).toEqual([]);
+    const recovery = await session.work(Process.ShepherdRecovery, async () => [machineId]);
+    await recovery.finish({ delete: ['agentStarted', 'agentHeartbeat'] });
+    expect(await tagsOf(machineId)).toEqual({ started: undefined, heartbeat: undefined });
+    expect(await candidates('TagDelete')).toEqual([machineId]);
+    await session.close();
+  });
+
+  test('tags that make no sense are refused before anything is recorded; the work stays active', async () => {
+    const { session, machineId, work } = await claimOne('TagRefused');
+    await expect(
+      work.finish({ set: { agentStarted: { publicKey: key() } }, delete: ['agentStarted'] }),
+    ).rejects.toThrow('tag agentStarted is both set and deleted');
+    await expect(work.finish({ delete: ['agentRunning' as 'agentStarted'] })).rejects.toBeInstanceOf(BMDBError);
+    await expect(
+      work.finish({ set: { agentStarted: { publicKey: 'not bytes' as unknown as Uint8Array } } }),
+    ).rejects.toThrow('publicKey must be a Uint8Array');
+    await expect(work.finish({ set: { agentHeartbeat: { at: new Date(Number.NaN) } } })).rejects.toThrow(
+      'must be a valid Date',
+    );
+    expect(work.state).toBe('active');
+    expect(await tagsOf(machineId)).toEqual({ started: undefined, heartbeat: undefined });
+    expect((await history(machineId)).map((h) => h.event)).toEqual(['Started']);
+    await work.finish({});
+    expect((await history(machineId)).map((h) => h.event)).toEqual(['Started', 'Finished']);
+    await session.close();
+  });
+});
