@@ -119,8 +119,9 @@ export class Initializer implements ControlLoop<ProvidedMachine> {
     }
     log.initializer('starting agent on machine %s (provider ID %s, %s)', machineId, providerId, machine.address);
     const key = await this.startAgent({ host: machine.address, port: this.#port, machineId }, task.signal);
-    // The agent runs now; the library records it through a brief database outage.
-    await task.work.finish((q) => q.setAgentStarted(machineId, { publicKey: key }));
+    // The agent runs now; the library records it through a brief database
+    // outage, in one statement shared with other workers' finishes.
+    await task.work.finish({ set: { agentStarted: { publicKey: key } } });
     log.initializer(
       'agent started on machine %s (provider ID %s), key %s',
       machineId,

@@ -119,11 +119,9 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
     const { machineId, providerId } = task.machine;
     log.recoverer('rebooting machine %s (provider ID %s): agent silent', machineId, providerId);
     await this.provider.rebootMachine(providerId, task.signal);
-    // Rebooted; the library records it through a brief database outage.
-    await task.work.finish(async (q) => {
-      await q.deleteAgentStarted(machineId);
-      await q.deleteAgentHeartbeat(machineId);
-    });
+    // Rebooted; the library records it through a brief database outage, in
+    // one statement shared with other workers' finishes.
+    await task.work.finish({ delete: ['agentStarted', 'agentHeartbeat'] });
     log.recoverer('rebooted machine %s (provider ID %s); agent to be started again', machineId, providerId);
   }
 }
