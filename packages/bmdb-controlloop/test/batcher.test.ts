@@ -65,6 +65,26 @@ describe('Batcher', () => {
     expect(await next).toBe('C');
   });
 
+  test('a batch failing with an error to isolate is sent again item by item, each failing or not on its own', async () => {
+    const sent: string[][] = [];
+    const batcher = new Batcher<string, string>({
+      maxSize: 8,
+      isolates: (error) => error instanceof RangeError,
+      send: async (items) => {
+        sent.push([...items]);
+        if (items.includes('bad')) throw new RangeError('bad value');
+        return items.map((item) => item.toUpperCase());
+      },
+    });
+    const results = await Promise.allSettled(['a', 'bad', 'c'].map((item) => batcher.submit(item)));
+    expect(results).toEqual([
+      { status: 'fulfilled', value: 'A' },
+      { status: 'rejected', reason: new RangeError('bad value') },
+      { status: 'fulfilled', value: 'C' },
+    ]);
+    expect(sent).toEqual([['a', 'bad', 'c'], ['a'], ['bad'], ['c']]);
+  });
+
   test('a batch answering with the wrong number of results fails every item', async () => {
     const { batcher, answers, sentCount } = manual();
     const results = [batcher.submit('a'), batcher.submit('b')];

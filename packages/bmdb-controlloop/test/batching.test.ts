@@ -256,6 +256,27 @@ describe('ends made together', () => {
     await session.close();
   });
 
+  test("one end's value PostgreSQL refuses fails that end alone", async () => {
+    const setup = await bmdb.startSession();
+    const ids = (await provideMachines(setup, 3, 'EndsBadValue')) as [string, string, string];
+    await setup.close();
+    const session = await bmdb.startSession();
+    const works = await Promise.all(ids.map((id) => claim(session, id)));
+    const results = await Promise.allSettled([
+      works[0]?.finish({ set: { agentStarted: { publicKey: key(1) } } }),
+      // Before 4713 BC: no timestamptz holds it.
+      works[1]?.finish({ set: { agentStarted: { publicKey: key(2), startedAt: new Date(-8.64e15) } } }),
+      works[2]?.fail(undefined, 'a NUL \u0000 in the cause'),
+    ]);
+    expect(results.map((r) => r.status)).toEqual(['fulfilled', 'rejected', 'fulfilled']);
+    expect(works.map((w) => w.state)).toEqual(['finished', 'active', 'failed']);
+    expect(await events(ids[1])).toEqual(['ShepherdAgentStart:Started']);
+    const { rows } = await db.admin('SELECT cause FROM work_backoff WHERE machine_id = $1', [ids[2]]);
+    expect(rows).toEqual([{ cause: 'a NUL \uFFFD in the cause' }]);
+    await works[1]?.cancel();
+    await session.close();
+  });
+
   test('two ends on one machine never share a statement: the second follows the first', async () => {
     const session = await bmdb.startSession();
     const [machineId] = (await provideMachines(session, 1, 'EndsOneMachine')) as [string];

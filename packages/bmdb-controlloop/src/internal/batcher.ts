@@ -15,6 +15,13 @@ export interface BatcherOptions<I, Result> {
    * waits for the next batch, keeping its place in the queue.
    */
   admits?(batch: readonly I[], item: I): boolean;
+  /**
+   * Whether a batch of several items that failed with `error` may have
+   * failed for one item alone: each item is then sent again on its own, to
+   * succeed or fail by itself. Errors that hit every item alike (a lost
+   * connection) need not be.
+   */
+  isolates?(error: unknown): boolean;
   /** Called whenever the last batch returned and nothing is queued. */
   onIdle?(): void;
 }
@@ -81,7 +88,11 @@ export class Batcher<I, Result> {
         throw new Error(`a batch of ${batch.length} returned ${results.length} results`);
       }
     } catch (error) {
-      for (const waiting of batch) waiting.reject(error);
+      if (batch.length > 1 && this.options.isolates?.(error)) {
+        for (const waiting of batch) await this.#send([waiting]);
+      } else {
+        for (const waiting of batch) waiting.reject(error);
+      }
       return;
     }
     for (let i = 0; i < batch.length; i++) batch[i]?.resolve(results[i] as Result);

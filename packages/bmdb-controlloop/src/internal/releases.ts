@@ -1,6 +1,7 @@
 import type { TagWrite, TagWrites } from '../tags.js';
 import { Batcher } from './batcher.js';
 import { CHANGES_CHANNEL } from './changes.js';
+import { isConnectionLost } from './connection-lost.js';
 import type { PreparedStatements } from './prepared.js';
 import type { RunStatement } from './selection-claims.js';
 
@@ -98,6 +99,9 @@ export class Releases {
     this.#batcher = new Batcher({
       maxSize: MAX_BATCH,
       admits: (batch, request) => !batch.some((other) => other.machineId === request.machineId),
+      // One request's bad value (a time PostgreSQL cannot store) fails the
+      // statement: it must not fail the others with it.
+      isolates: (error) => !isConnectionLost(error),
       send: (requests) => this.#send(requests),
     });
   }
@@ -115,7 +119,8 @@ export class Releases {
       requests.map((r) => r.process),
       requests.map((r) => r.sessionId),
       requests.map((r) => r.event),
-      requests.map((r) => r.failure?.cause ?? null),
+      // PostgreSQL's text cannot hold NUL; an error message might.
+      requests.map((r) => r.failure?.cause.replaceAll('\u0000', '\uFFFD') ?? null),
       requests.map((r) => r.failure?.backoffSeconds ?? null),
       started.map(op),
       started.map((w) => (w?.publicKey ? Buffer.from(w.publicKey).toString('hex') : null)),
