@@ -225,32 +225,21 @@ class Runner<T extends WorkCandidate> {
    * waiting further.
    */
   async #process(name: string, session: Session, work: Work<T>): Promise<void> {
-    const grace = new AbortController();
-    const task: Task<T> = {
-      machine: work.candidate,
-      work,
-      backoff: this.loop.defaultBackoff,
-      signal: AbortSignal.any([session.signal, grace.signal]),
-    };
+    const grace = new GracePeriod(this.#stopGracePeriod);
+    const task = newTask(work, this.loop.defaultBackoff, session.signal, grace);
     const processing = this.#runTask(name, task);
 
     const { signal } = this.options;
-    let graceTimer: NodeJS.Timeout | undefined;
-    const startGrace = () => {
-      graceTimer = setTimeout(
-        () => grace.abort(new Error(`control loop stopped; grace period of ${this.#stopGracePeriod}ms ended`)),
-        this.#stopGracePeriod,
-      );
-    };
+    const startGrace = () => grace.start();
     signal.addEventListener('abort', startGrace, { once: true });
     if (signal.aborted) startGrace();
     try {
-      await Promise.race([processing, abortion(grace.signal)]);
+      await Promise.race([processing, grace.ended]);
     } finally {
       signal.removeEventListener('abort', startGrace);
-      clearTimeout(graceTimer);
+      grace.dispose();
     }
-    if (grace.signal.aborted) {
+    if (grace.over) {
       log.loop('%s: machine %s still processing after the grace period; releasing it', name, work.machineId);
     }
     await work.cancel().catch((error) => {
@@ -286,8 +275,66 @@ function isSessionGone(error: unknown): boolean {
   );
 }
 
-/** Resolves when `signal` aborts; never rejects. */
-function abortion(signal: AbortSignal): Promise<void> {
-  if (signal.aborted) return Promise.resolve();
-  return new Promise((resolve) => signal.addEventListener('abort', () => resolve(), { once: true }));
+/**
+ * The time a task may run on after the loop was told to stop. Its abort
+ * signal is made only when a task asks for it: most tasks of a busy loop end
+ * without looking, and making one costs more than a short task itself.
+ */
+class GracePeriod {
+  #controller: AbortController | undefined;
+  #timer: NodeJS.Timeout | undefined;
+  #reason: Error | undefined;
+  #end: () => void = () => {};
+  /** Resolves when the grace period ends; never rejects. */
+  readonly ended = new Promise<void>((resolve) => {
+    this.#end = resolve;
+  });
+
+  constructor(private readonly duration: number) {}
+
+  /** Whether the grace period ran out. */
+  get over(): boolean {
+    return this.#reason !== undefined;
+  }
+
+  /** Aborts when the grace period ends. */
+  get signal(): AbortSignal {
+    if (!this.#controller) {
+      this.#controller = new AbortController();
+      if (this.#reason) this.#controller.abort(this.#reason);
+    }
+    return this.#controller.signal;
+  }
+
+  /** Starts counting down; idempotent. */
+  start(): void {
+    this.#timer ??= setTimeout(() => {
+      this.#reason = new Error(`control loop stopped; grace period of ${this.duration}ms ended`);
+      this.#controller?.abort(this.#reason);
+      this.#end();
+    }, this.duration);
+  }
+
+  dispose(): void {
+    clearTimeout(this.#timer);
+  }
+}
+
+/** A task whose signal (session or grace period ending) is made on first use. */
+function newTask<T extends WorkCandidate>(
+  work: Work<T>,
+  backoff: Backoff,
+  sessionSignal: AbortSignal,
+  grace: GracePeriod,
+): Task<T> {
+  let signal: AbortSignal | undefined;
+  return {
+    machine: work.candidate,
+    work,
+    backoff,
+    get signal() {
+      signal ??= AbortSignal.any([sessionSignal, grace.signal]);
+      return signal;
+    },
+  };
 }
