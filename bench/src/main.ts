@@ -3,10 +3,12 @@
  * one embedded PostgreSQL server in one run, medians over several rounds.
  * Prints a table and writes JSON (and the table as Markdown) to results/.
  *
- * Environment: BENCH_ROUNDS (default 3), BENCH_ONLY (comma-separated sections:
- * throughput, ceiling, scale, pickup, idle), BENCH_SYSTEMS (`|`-separated
- * systems for throughput: bmdb-controlloop, "bmdb-controlloop, finish()",
- * graphile-worker, pg-boss).
+ * Environment: BENCH_ROUNDS (default 3), BENCH_ITEMS (work items per
+ * throughput round, default 10,000), BENCH_CONCURRENCY (comma-separated,
+ * default 1,8,32), BENCH_ONLY (comma-separated sections: throughput,
+ * ceiling, scale, pickup, idle), BENCH_SYSTEMS (`|`-separated systems for
+ * throughput: bmdb-controlloop, "bmdb-controlloop, finish()",
+ * "bmdb-controlloop, finish(fn)", graphile-worker, pg-boss).
  */
 import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
@@ -20,6 +22,7 @@ import { latency, summarize } from './stats.js';
 import {
   bmdbControlLoop,
   bmdbControlLoopBare,
+  bmdbControlLoopCallback,
   graphileWorker,
   type Measure,
   pgBoss,
@@ -29,14 +32,18 @@ import {
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 const ONLY = new Set((process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle').split(','));
 const ITEMS = Number(process.env.BENCH_ITEMS ?? 10_000);
-const CONCURRENCY = [1, 8, 32];
+const CONCURRENCY = (process.env.BENCH_CONCURRENCY ?? '1,8,32').split(',').map(Number);
 const SCALES = [1_000, 10_000, 100_000];
 const RESULTS = path.join(import.meta.dirname, '..', 'results');
 
 const BARE = 'bmdb-controlloop, finish()';
+const CALLBACK = 'bmdb-controlloop, finish(fn)';
+/** Variants measured at the highest concurrency only, as reference points. */
+const REFERENCES = new Set([BARE, CALLBACK]);
 const ALL_SYSTEMS: Record<string, Measure> = {
   'bmdb-controlloop': bmdbControlLoop,
   [BARE]: bmdbControlLoopBare,
+  [CALLBACK]: bmdbControlLoopCallback,
   'graphile-worker': graphileWorker,
   'pg-boss': pgBoss,
 };
@@ -68,8 +75,8 @@ async function main(): Promise<void> {
         for (let round = 0; round < ROUNDS; round++) {
           // Interleaved, so drift in the machine hits every system alike.
           for (const [system, measure] of Object.entries(systems)) {
-            // The bare-release variant is a reference point; one concurrency keeps the run short.
-            if (system === BARE && concurrency !== Math.max(...CONCURRENCY)) continue;
+            // The other finish forms are reference points; one concurrency keeps the run short.
+            if (REFERENCES.has(system) && concurrency !== Math.max(...CONCURRENCY)) continue;
             const { perSecond, retried } = await measure(server, ITEMS, concurrency);
             progress(
               `throughput ${system} ×${concurrency} round ${round + 1}: ${perSecond.toFixed(0)}/s` +

@@ -43,7 +43,8 @@ export function renderReport(result: BenchResult): string {
     const concurrency = Object.keys(Object.values(throughput)[0] ?? {}).map(Number);
     lines.push(
       `**Throughput**: ${int(result.items ?? 10_000)} no-op work items, items/s; rate limiter \`${result.limiter}\` (never binds). ` +
-        '`bmdb-controlloop`: each task sets AgentStarted in `work.finish(fn)`; `finish()`: a bare release, as a job queue completes a job. ' +
+        '`bmdb-controlloop`: each task sets AgentStarted with `work.finish({ set: { agentStarted } })`, the fastest form that records what the initializer does (claims and finishes of concurrent workers share statements); ' +
+        '`finish()`: a bare release, as a job queue completes a job; `finish(fn)`: AgentStarted set by a callback in a transaction of its own per item. ' +
         'graphile-worker: defaults; pg-boss: one worker per unit of concurrency, batch size 1, re-notified after each job so it does not sleep its polling interval.',
       '',
       `| system | ${concurrency.map((c) => `×${c}`).join(' | ')} |`,
@@ -73,7 +74,7 @@ export function renderReport(result: BenchResult): string {
   }
   if (result.scale) {
     lines.push(
-      '**Scale**: one claim (one statement), then one finish (setting AgentStarted), at a time; 300 machines ready, every other one with a heartbeating agent. Milliseconds.',
+      '**Scale**: one claim (one statement), then one finish setting AgentStarted (`finish({ set: { agentStarted } })`, one statement), at a time; 300 machines ready, every other one with a heartbeating agent. Milliseconds.',
       '',
       '| machines | claim p50 | claim p99 | finish p50 | finish p99 |',
       '|---:|---:|---:|---:|---:|',

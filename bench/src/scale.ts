@@ -2,7 +2,7 @@ import { BMDB, type Database, Process, Queries } from '@bmaas/bmdb-controlloop';
 import { type CompiledQuery, Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
 // The claim statement is internal to the library; the bench runs from its sources.
-import { claimStatement } from '../../packages/bmdb-controlloop/src/claim.js';
+import { claimSelectedStatement } from '../../packages/bmdb-controlloop/src/claim.js';
 import { fillFleet, PROVIDER } from './fleet.js';
 import type { BenchServer } from './server.js';
 
@@ -12,7 +12,7 @@ export interface ScaleResult {
   readonly machines: number;
   /** Milliseconds per claim (`Session.work` with the initializer's selection, one statement). */
   readonly claims: number[];
-  /** Milliseconds per finish (release plus setting AgentStarted). */
+  /** Milliseconds per finish (release plus setting AgentStarted, one statement). */
   readonly finishes: number[];
   /** EXPLAIN (ANALYZE, BUFFERS) of each selection query, by name. */
   readonly plans: Record<string, string>;
@@ -46,7 +46,7 @@ export async function claimAtScale(
         const claimStart = performance.now();
         const work = await session.work(Process.ShepherdAgentStart, selection);
         const claimed = performance.now();
-        await work.finish((q) => q.setAgentStarted(work.machineId, { publicKey: PUBLIC_KEY }));
+        await work.finish({ set: { agentStarted: { publicKey: PUBLIC_KEY } } });
         finishes.push(performance.now() - claimed);
         claims.push(claimed - claimStart);
       }
@@ -96,7 +96,7 @@ async function explainSelections(url: string, sessionId: string): Promise<Record
       ['claim (agent start)', q.agentStartSelection({ provider: PROVIDER })],
       ['claim (agent recovery)', q.agentRecoverySelection({ provider: PROVIDER })],
     ] as const) {
-      const claim = claimStatement(sessionId, Process.ShepherdAgentStart, { selection: selection.query }).compile(db);
+      const claim = claimSelectedStatement(Process.ShepherdAgentStart, selection.query, [sessionId]).compile(db);
       plans[name] = await explain(claimPool, claim.sql, claim.parameters);
     }
     return plans;

@@ -28,15 +28,25 @@ export type Measure = (server: BenchServer, items: number, concurrency: number) 
 
 /**
  * `runControlLoop` over `items` ready machines, each task finishing its work
- * by setting AgentStarted as the initializer does: a claim, and a finish of
- * three round trips (BEGIN with the release, the tag, COMMIT).
+ * by setting AgentStarted as the initializer does, in the declarative form
+ * `work.finish({ set: { agentStarted } })`: claims and finishes of
+ * concurrent workers go to the database in shared statements.
  */
 export const bmdbControlLoop: Measure = (server, items, concurrency) => runBmdb(server, items, concurrency, 'tag');
 
 /**
- * The same with `work.finish()` and no tag: a claim and a one-statement
- * release, what a job queue does per job. Machines stay eligible, so the
- * `items` work items come from the same machines over and over.
+ * The same with the tag set by a callback, `work.finish((q) => ...)`: a
+ * transaction of its own per item, three round trips (BEGIN with the
+ * release, the tag, COMMIT).
+ */
+export const bmdbControlLoopCallback: Measure = (server, items, concurrency) =>
+  runBmdb(server, items, concurrency, 'callback');
+
+/**
+ * The same with `work.finish()` and no tag: a claim and a release (both
+ * batched like the rest), what a job queue does per job. Machines stay
+ * eligible, so the `items` work items come from the same machines over and
+ * over.
  */
 export const bmdbControlLoopBare: Measure = (server, items, concurrency) => runBmdb(server, items, concurrency, 'bare');
 
@@ -44,7 +54,7 @@ async function runBmdb(
   server: BenchServer,
   items: number,
   concurrency: number,
-  finish: 'tag' | 'bare',
+  finish: 'tag' | 'callback' | 'bare',
 ): Promise<RoundResult> {
   const name = `bench_bmdb_${finish}_${concurrency}`;
   const url = await server.createDatabase(name);
@@ -69,8 +79,10 @@ async function runBmdb(
       defaultBackoff: { initial: 60_000, maximum: 60_000, exponent: 1 },
       selectMachines: (q) => q.agentStartSelection({ provider: PROVIDER }),
       async processMachine({ machine, work }) {
-        if (finish === 'tag') await work.finish((q) => q.setAgentStarted(machine.machineId, { publicKey: PUBLIC_KEY }));
-        else await work.finish();
+        if (finish === 'tag') await work.finish({ set: { agentStarted: { publicKey: PUBLIC_KEY } } });
+        else if (finish === 'callback') {
+          await work.finish((q) => q.setAgentStarted(machine.machineId, { publicKey: PUBLIC_KEY }));
+        } else await work.finish();
         if (++done === items) {
           elapsed = since(start);
           stop.abort();
@@ -91,7 +103,7 @@ async function runBmdb(
       return rows[0] ?? { finished: 0, machines: 0 };
     });
     if (finished !== done) throw new Error(`bmdb: ${done} finishes, ${finished} recorded`);
-    if (finish === 'tag' && machines !== items) {
+    if (finish !== 'bare' && machines !== items) {
       throw new Error(`bmdb: ${finished} finishes of ${machines} machines; want each of ${items} once`);
     }
     const retried = (await registry.getSingleMetric('bmdb_transaction_retried_total')?.get())?.values ?? [];
