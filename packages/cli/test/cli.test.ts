@@ -269,7 +269,9 @@ describe('run dummy', () => {
       '3s',
     ]);
     await run.logged(/agent started on machine/);
-    const intervals = await db.admin("SELECT DISTINCT interval_seconds FROM sessions WHERE component_name = 'shepherd'");
+    const intervals = await db.admin(
+      "SELECT DISTINCT interval_seconds FROM sessions WHERE component_name = 'shepherd'",
+    );
     expect(intervals.rows).toEqual([{ interval_seconds: 3 }]);
     run.child.kill('SIGTERM');
     const result = await run.exited;
