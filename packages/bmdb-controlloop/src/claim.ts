@@ -98,6 +98,10 @@ export function claimMachineStatement(sessionId: string, process: string, machin
  * a stale view of its claims, by any process. A request left without a
  * machine while candidates were skipped learns of them (`bmdb_found`), and
  * the caller tries again on a fresh snapshot.
+ *
+ * The statement is prepared once and runs on its generic plan: every table
+ * besides the selection's is reached through keys the statement holds
+ * (`= ANY (...)`), so no plan can scan one that grew since it was made.
  */
 export function claimSelectedStatement(
   process: string,
@@ -110,7 +114,7 @@ export function claimSelectedStatement(
     live AS MATERIALIZED (
       SELECT r.ord, r.session_id, row_number() OVER (ORDER BY r.ord) AS slot
       FROM requests r JOIN sessions s ON s.session_id = r.session_id
-      WHERE s.deadline > now()),
+      WHERE s.session_id = ANY (${sessions}::uuid[]) AND s.deadline > now()),
     chosen AS MATERIALIZED (
       SELECT s.* FROM (
         SELECT s.*, m0.claim_version AS bmdb_seen_version
@@ -126,13 +130,12 @@ export function claimSelectedStatement(
       JOIN live l ON l.slot = c.slot),
     bumped AS (
       UPDATE machines m SET claim_version = m.claim_version + 1
-      FROM chosen c WHERE m.machine_id = c.machine_id
+      WHERE m.machine_id = ANY (ARRAY(SELECT machine_id FROM chosen))
       RETURNING m.machine_id),
     prior AS (
       SELECT w.machine_id, w.session_id, s.deadline FROM work w
       JOIN sessions s ON s.session_id = w.session_id
-      JOIN chosen c ON c.machine_id = w.machine_id
-      WHERE w.process = ${process}),
+      WHERE w.machine_id = ANY (ARRAY(SELECT machine_id FROM chosen)) AND w.process = ${process}),
     claimed AS (
       INSERT INTO work (machine_id, session_id, process)
       SELECT a.machine_id, a.session_id, ${process} FROM assigned a JOIN bumped b ON b.machine_id = a.machine_id
@@ -164,13 +167,13 @@ export function claimSelectedStatement(
            (SELECT machine_id::text FROM unclaimed LIMIT 1) AS bmdb_first_candidate,
            d.machine_id IS NOT NULL AS bmdb_claimed,
            p.session_id::text AS bmdb_took_over_from,
-           b.last_interval_seconds AS bmdb_last_interval_seconds,
+           (SELECT b.last_interval_seconds FROM work_backoff b
+            WHERE b.machine_id = d.machine_id AND b.process = ${process}) AS bmdb_last_interval_seconds,
            c.*
     FROM requests r
     LEFT JOIN live l ON l.ord = r.ord
     LEFT JOIN assigned a ON a.ord = r.ord
     LEFT JOIN claimed d ON d.machine_id = a.machine_id
     LEFT JOIN chosen c ON c.machine_id = d.machine_id
-    LEFT JOIN prior p ON p.machine_id = d.machine_id
-    LEFT JOIN work_backoff b ON b.machine_id = d.machine_id AND b.process = ${process}`;
+    LEFT JOIN prior p ON p.machine_id = d.machine_id`;
 }

@@ -9,8 +9,8 @@ import type { SessionHost } from './internal/host.js';
 import { describeError, log } from './internal/log.js';
 import { PreparedStatements } from './internal/prepared.js';
 import { Releases } from './internal/releases.js';
-import { withRetry } from './internal/retry.js';
-import { type RunStatement, SelectionClaims } from './internal/selection-claims.js';
+import { type RunStatement, withRetry } from './internal/retry.js';
+import { SelectionClaims } from './internal/selection-claims.js';
 import { BMDBMetrics } from './metrics.js';
 import { migrateToLatest } from './migrations/index.js';
 import type { Database } from './schema.js';
@@ -102,11 +102,15 @@ export class BMDB {
     };
     const poolSize = options.poolSize ?? 20;
     this.#pool = new pg.Pool({ ...base, max: poolSize, connectionTimeoutMillis: 30_000 });
-    // One-statement claims are exclusive at READ COMMITTED by their own
-    // locking (claim.ts), and would only conflict spuriously at SERIALIZABLE.
-    // A claim wants a few candidates from the front of an index: nested loops
-    // of index lookups. Left to itself, the planner may merge-join whole
-    // indexes (their key order matches) on the strength of stale statistics.
+    // One-statement claims and ends are exclusive at READ COMMITTED by their
+    // own locking (claim.ts, releases.ts), and would only conflict spuriously
+    // at SERIALIZABLE. A claim wants a few candidates from the front of an
+    // index: nested loops of index lookups. Left to itself, the planner may
+    // merge-join whole indexes (their key order matches) on the strength of
+    // stale statistics. The statements are prepared, and planned once: left
+    // to choose, PostgreSQL re-plans a claim for every execution once it
+    // judges the generic plan costlier than custom ones, which it does after
+    // statistics change, and planning one costs more than running it.
     this.#claimPool = new pg.Pool({
       ...base,
       options: [
@@ -114,6 +118,7 @@ export class BMDB {
         '-c enable_seqscan=off',
         '-c enable_mergejoin=off',
         '-c enable_hashjoin=off',
+        '-c plan_cache_mode=force_generic_plan',
       ].join(' '),
       max: poolSize,
       connectionTimeoutMillis: 30_000,

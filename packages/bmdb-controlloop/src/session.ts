@@ -123,7 +123,6 @@ export class Session {
       transaction: (fn) => this.host.retry(processor, () => this.host.db.transaction().execute(fn)),
       transactionOpenedBy: (opening, fn) =>
         this.host.retry(processor, () => this.host.db.connection().execute((db) => openedBy(db, opening, fn))),
-      statement: (fn) => this.host.retry(processor, () => fn(this.host.db)),
       release: (request) => this.host.releases.release({ ...request, sessionId: id, processor }),
       signal: this.#abort.signal,
       aliveInDatabase: async () => {

@@ -62,7 +62,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    * ```ts
    * await work.finish({ set: { agentStarted: { publicKey } } });
    * await work.finish({ delete: ['agentStarted', 'agentHeartbeat'] });
-   * await work.finish(async (q) => { await q.db.insertInto(...)...; });
+   * await work.finish((q) => q.updateProviderStatus(provider, providerId, { providerStatus: 'Running' }));
    * ```
    *
    * @throws {@link WorkEndedError} if the work already ended

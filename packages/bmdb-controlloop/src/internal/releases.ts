@@ -3,7 +3,7 @@ import { Batcher } from './batcher.js';
 import { CHANGES_CHANNEL } from './changes.js';
 import { isConnectionLost } from './connection-lost.js';
 import type { PreparedStatements } from './prepared.js';
-import type { RunStatement } from './selection-claims.js';
+import type { RunStatement } from './retry.js';
 
 /** Most releases in one statement. */
 const MAX_BATCH = 64;
@@ -30,6 +30,10 @@ export interface ReleaseRequest {
  * finish's tags; a cancel announces the machine free again. It returns the
  * positions of the requests released: the others' claims were gone.
  *
+ * Every table is reached through keys of the batch (`= ANY (...)`), so that
+ * its one generic plan (made perhaps when a table was empty) never scans a
+ * table that has grown since.
+ *
  * One statement at READ COMMITTED: everything it does hangs on the work row
  * it deletes, which it locks. A concurrent takeover or collection of the same
  * row either committed first (the row is re-checked, no longer ours, and the
@@ -43,7 +47,8 @@ const RELEASE_SQL = `
                             started, started_key, started_at, heartbeat, heartbeat_at, ord)),
   released AS (
     DELETE FROM work w USING requests r, sessions s
-    WHERE w.machine_id = r.machine_id AND w.process = r.process AND w.session_id = r.session_id
+    WHERE w.machine_id = ANY ($1::uuid[]) AND s.session_id = ANY ($3::uuid[])
+      AND w.machine_id = r.machine_id AND w.process = r.process AND w.session_id = r.session_id
       AND s.session_id = w.session_id AND (r.event = 'Canceled' OR s.deadline > now())
     RETURNING r.*),
   history AS (
@@ -51,7 +56,8 @@ const RELEASE_SQL = `
     SELECT machine_id, process, event, now(), cause FROM released),
   backoff_cleared AS (
     DELETE FROM work_backoff b USING released r
-    WHERE r.event = 'Finished' AND b.machine_id = r.machine_id AND b.process = r.process),
+    WHERE b.machine_id = ANY (ARRAY(SELECT machine_id FROM released WHERE event = 'Finished'))
+      AND r.event = 'Finished' AND b.machine_id = r.machine_id AND b.process = r.process),
   backoff_started AS (
     INSERT INTO work_backoff (machine_id, process, until, cause, last_interval_seconds)
     SELECT machine_id, process, now() + make_interval(secs => backoff_seconds), cause, backoff_seconds
@@ -65,8 +71,8 @@ const RELEASE_SQL = `
     ON CONFLICT (machine_id) DO UPDATE
     SET agent_started_at = excluded.agent_started_at, agent_public_key = excluded.agent_public_key),
   started_deleted AS (
-    DELETE FROM machine_agent_started a USING released r
-    WHERE r.event = 'Finished' AND r.started = 'delete' AND a.machine_id = r.machine_id),
+    DELETE FROM machine_agent_started a
+    WHERE a.machine_id = ANY (ARRAY(SELECT machine_id FROM released WHERE event = 'Finished' AND started = 'delete'))),
   heartbeat_set AS (
     INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at)
     -- Never later than the database's now (see Queries.setAgentHeartbeat).
@@ -74,8 +80,8 @@ const RELEASE_SQL = `
     FROM released WHERE event = 'Finished' AND heartbeat = 'set'
     ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heartbeat_at),
   heartbeat_deleted AS (
-    DELETE FROM machine_agent_heartbeat h USING released r
-    WHERE r.event = 'Finished' AND r.heartbeat = 'delete' AND h.machine_id = r.machine_id),
+    DELETE FROM machine_agent_heartbeat h
+    WHERE h.machine_id = ANY (ARRAY(SELECT machine_id FROM released WHERE event = 'Finished' AND heartbeat = 'delete'))),
   notified AS (
     SELECT pg_notify('${CHANGES_CHANNEL}', 'work')
     FROM (SELECT 1 FROM released WHERE event = 'Canceled' LIMIT 1) c)
@@ -85,9 +91,9 @@ const RELEASE_SQL = `
 /**
  * Ends work items, batched: the finishes (declarative ones), failures and
  * cancels of every session of a BMDB connection go to the database together,
- * as one statement. One sent while none is in flight goes at once, alone.
- * A batch holds at most one request per machine, so that the tag writes of
- * one statement never meet on a row.
+ * as one statement (see {@link Batcher} for when a batch leaves). A batch
+ * holds at most one request per machine, so that the tag writes of one
+ * statement never meet on a row.
  */
 export class Releases {
   readonly #batcher: Batcher<ReleaseRequest, boolean>;

@@ -28,8 +28,6 @@ export interface SessionRuntime {
    * false if the session no longer held the claim.
    */
   release(request: Omit<ReleaseRequest, 'sessionId' | 'processor'>): Promise<boolean>;
-  /** A retried single statement, outside an explicit transaction. */
-  statement<T>(fn: (db: Kysely<Database>) => Promise<T>): Promise<T>;
   /** Bookkeeping once a work item ended. */
   workEnded(work: Work, outcome: WorkOutcome): void;
 }

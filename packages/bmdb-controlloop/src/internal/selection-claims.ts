@@ -5,6 +5,7 @@ import type { Database } from '../schema.js';
 import type { SelectionRow } from '../selection.js';
 import { Batcher } from './batcher.js';
 import type { PreparedStatements } from './prepared.js';
+import type { RunStatement } from './retry.js';
 
 /** Most claims in one statement. */
 const MAX_BATCH = 64;
@@ -13,8 +14,8 @@ const MAX_BATCH = 64;
 interface ClaimTemplate {
   readonly sql: string;
   readonly parameters: readonly unknown[];
-  /** Where the session IDs go among `parameters`. */
-  readonly sessionsAt: number;
+  /** Positions of the session IDs among the parameters (the statement uses them more than once). */
+  readonly sessionsAt: readonly number[];
   /** Equal for statements that differ only in their sessions: they can share a batch. */
   readonly key: string;
 }
@@ -25,14 +26,11 @@ interface ClaimRequest {
   readonly processor: string;
 }
 
-export type RunStatement = <T>(processors: readonly string[], attempt: () => Promise<T>) => Promise<T>;
-
 /**
  * Claims from selections, batched: concurrent claims of the same process from
  * the same selection (the workers of one control loop) go to the database
  * together, as one statement that claims a machine for each of their
- * sessions (claim.ts). A claim made while none of its kind is in flight goes
- * at once, alone.
+ * sessions (claim.ts); see {@link Batcher} for when a batch leaves.
  */
 export class SelectionClaims {
   /** Compiled statements, by selection query and process; the query builders are immutable. */
@@ -71,7 +69,8 @@ export class SelectionClaims {
 
   async #send(template: ClaimTemplate, requests: readonly ClaimRequest[]): Promise<ClaimStatus[]> {
     const parameters = [...template.parameters];
-    parameters[template.sessionsAt] = requests.map((r) => r.sessionId);
+    const sessions = requests.map((r) => r.sessionId);
+    for (const at of template.sessionsAt) parameters[at] = sessions;
     const processors = [...new Set(requests.map((r) => r.processor))];
     const rows = await this.run(processors, () =>
       this.prepared.query<BatchClaimStatus>({ sql: template.sql, parameters }),
@@ -97,10 +96,10 @@ export class SelectionClaims {
       // placeholder array, found again by identity, and swap it per batch.
       const placeholder: string[] = [];
       const compiled = claimSelectedStatement(process, selection, placeholder).compile(this.db);
-      const sessionsAt = compiled.parameters.indexOf(placeholder);
-      if (sessionsAt < 0) throw new BMDBError('claim statement lost its sessions parameter');
       const parameters = [...compiled.parameters];
-      const others = parameters.filter((_, i) => i !== sessionsAt);
+      const sessionsAt = parameters.flatMap((value, i) => (value === placeholder ? [i] : []));
+      if (sessionsAt.length === 0) throw new BMDBError('claim statement lost its sessions parameter');
+      const others = parameters.filter((value) => value !== placeholder);
       template = {
         sql: compiled.sql,
         parameters,
