@@ -26,6 +26,7 @@ export {
   WorkLostError,
   type WorkOutcome,
 } from './errors.js';
+export { sleep } from './internal/sleep.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
 export { BMDBMetrics } from './metrics.js';
 export {

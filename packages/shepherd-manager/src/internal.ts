@@ -1,4 +1,3 @@
-import { setTimeout as delay } from 'node:timers/promises';
 import createDebug from 'debug';
 
 /** Loggers under `shepherd:*`; each line names the machine and provider IDs involved. */
@@ -7,16 +6,6 @@ export const log = {
   initializer: createDebug('shepherd:initializer'),
   recoverer: createDebug('shepherd:recoverer'),
 };
-
-/** Waits `ms`, rejecting with the signal's reason as soon as it aborts. */
-export async function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  signal?.throwIfAborted();
-  try {
-    await delay(ms, undefined, { signal });
-  } catch (error) {
-    throw signal?.aborted ? signal.reason : error;
-  }
-}
 
 /** Whether `error` is `signal`'s abort rather than a failure. */
 export function isAbort(error: unknown, signal?: AbortSignal): boolean {

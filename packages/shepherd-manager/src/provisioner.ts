@@ -8,8 +8,9 @@ import {
   type Session,
   SessionClosedError,
   SessionExpiredError,
+  sleep,
 } from '@bmaas/bmdb-controlloop';
-import { isAbort, log, sleep } from './internal.js';
+import { isAbort, log } from './internal.js';
 import { Availability, type Machine, type Provider, ShepherdError } from './provider.js';
 
 /** Options of the {@link Provisioner}. */

@@ -10,9 +10,10 @@ import {
   type RecoveryThresholds,
   runControlLoop,
   type Selection,
+  sleep,
   type Task,
 } from '@bmaas/bmdb-controlloop';
-import { log, sleep } from './internal.js';
+import { log } from './internal.js';
 import type { RebootingProvider } from './provider.js';
 
 /** Options of the {@link Recoverer}: when an agent counts as silent, and how often heartbeats are audited. */

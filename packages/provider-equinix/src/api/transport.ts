@@ -1,8 +1,7 @@
 import { performance } from 'node:perf_hooks';
-import type { RateLimiter } from '@bmaas/bmdb-controlloop';
+import { type RateLimiter, sleep } from '@bmaas/bmdb-controlloop';
 import { EquinixApiError, type EquinixError, EquinixRequestError, EquinixResponseError } from '../errors.js';
 import { describeError, log } from '../internal/log.js';
-import { sleep } from '../internal/sleep.js';
 import type { Secret } from '../secret.js';
 import type { EquinixApiMetrics } from './metrics.js';
 import { backoffDelay, parseRetryAfter, type RetryPolicy } from './retry.js';

@@ -1,4 +1,4 @@
-import type { Session } from '@bmaas/bmdb-controlloop';
+import { type Session, sleep } from '@bmaas/bmdb-controlloop';
 import {
   Availability,
   type CreateMachineRequest,
@@ -15,8 +15,8 @@ import {
   ReservationTakenError,
   ReservationUnavailableError,
 } from '../errors.js';
+import { isAbortOf } from '../internal/abort.js';
 import { describeError, log } from '../internal/log.js';
-import { isAbortOf, sleep } from '../internal/sleep.js';
 import { adoptionRefusal, deviceFacts, deviceReservationId, EQUINIX_PROVIDER, hostnameFor } from './device-facts.js';
 import { deviceMachine, type EquinixMachine, reservationMachine } from './machine.js';
 import { PenaltyBox } from './penalty-box.js';
