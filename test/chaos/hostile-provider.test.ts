@@ -98,6 +98,9 @@ function providerParts(registry: Registry) {
     rebootWait: 1,
     // Listed afresh on every pass: more calls, more faults met.
     reservationCacheTimeout: 1,
+    // A creation the faults failed past the client's retries penalises its reservation (an hour
+    // by default): here for two seconds, so the run converges with the reservation tried again.
+    penaltyDuration: 2_000,
   });
   const provisioner = new Provisioner(provider, {
     maxCount: 0,
@@ -134,6 +137,8 @@ async function bmdbProviderIds(): Promise<string[]> {
 test('500s, 429s, timeouts, malformed JSON and lost answers on every route: no crash, no duplicate, nothing lost', async () => {
   const seed = Number(process.env.CHAOS_SEED ?? Date.now() % 100_000);
   const random = prng(seed);
+  // Said first, so that a run that never converges can be replayed too.
+  console.log(`hostile provider API: seed ${seed} (CHAOS_SEED=${seed} replays it)`);
   const injected = new Map<string, number>();
   for (const route of ROUTES) {
     for (let i = 0; i < 24; i++) {
@@ -174,6 +179,9 @@ test('500s, 429s, timeouts, malformed JSON and lost answers on every route: no c
       },
       90_000,
     );
+  } catch (error) {
+    console.log(`hostile provider API (seed ${seed}) did not converge:\n${await describeState()}`);
+    throw error;
   } finally {
     stop.abort();
     await running;
@@ -204,17 +212,38 @@ test('500s, 429s, timeouts, malformed JSON and lost answers on every route: no c
     `hostile provider API (seed ${seed}): ${[...injected.values()].reduce((a, b) => a + b, 0)} faults injected on ` +
       `${ROUTES.length} routes; converged in ${converged} ms: ${RESERVATIONS} devices, no duplicate, ${RESERVATIONS} ` +
       `machines, none lost; ${failedStarts} agent starts failed by the API (retried), ` +
-      `${logs.filter((l) => /reconciliation failed/.test(l)).length} reconciliation passes failed\n` +
+      `${logs.filter((l) => /reconciliation failed/.test(l)).length} reconciliation passes failed, ` +
+      `${logs.filter((l) => /failed; penalised until/.test(l)).length} creations failed into the penalty box\n` +
       table([
         ...[...injected].map(([fault, n]) => ({ what: `injected: ${fault}`, count: n })),
         ...[...byReason].map(([reason, n]) => ({ what: `client retried: ${reason}`, count: n })),
       ]),
   );
-});
+}, 120_000);
+
+/** What the API and the BMDB hold, and what the shepherd said last: for a run that did not converge. */
+async function describeState(): Promise<string> {
+  const rows = await db.admin(
+    `SELECT m.machine_id, p.provider_id, p.provider_status, a.machine_id IS NOT NULL AS started,
+            (SELECT string_agg(b.process || ': ' || b.cause || ' until ' || b.until, '; ')
+             FROM work_backoff b WHERE b.machine_id = m.machine_id) AS backoff,
+            (SELECT string_agg(w.process, ', ') FROM work w WHERE w.machine_id = m.machine_id) AS work
+     FROM machines m LEFT JOIN machine_provided p USING (machine_id)
+     LEFT JOIN machine_agent_started a USING (machine_id)`,
+  );
+  return [
+    `API: ${api.devices.length} devices (${api.devices.map((d) => `${d.id.slice(0, 8)} ${d.state}`).join(', ')})`,
+    `BMDB: ${rows.rows.length} machines`,
+    table(rows.rows.map((r) => ({ ...r, machine_id: String(r.machine_id).slice(0, 8) }))),
+    'last log lines:',
+    ...logs.slice(-40),
+  ].join('\n');
+}
 
 test('device pages that change between requests: the provisioner refuses the inconsistent listing, the updater loses nothing', async () => {
   api.clearFaults();
   const { provisioner, updater } = providerParts(new Registry());
+  const devicesBefore = api.devices.length;
   const extra = api.addReservations(2);
   const session = await bmdb.startSession({ processor: 'chaos' });
   try {
@@ -249,7 +278,7 @@ test('device pages that change between requests: the provisioner refuses the inc
     // Exactly the device the shifted pages hid is named, and nothing was created meanwhile.
     expect(error.missingFromProvider).toEqual([refused.skipped]);
     expect(error.missingFromBMDB).toEqual([]);
-    expect(api.devices).toHaveLength(RESERVATIONS);
+    expect(api.devices).toHaveLength(devicesBefore);
 
     // The next, consistent listing goes ahead and brings the two new reservations in.
     const report = await provisioner.reconcile(session);
