@@ -24,7 +24,7 @@ import {
 } from './helpers.js';
 
 const MACHINES = 20;
-/** The shepherd's session interval (the library's default; the CLI has no flag for it). */
+/** The shepherds' session interval (`--bmdb-session-interval`): the bound on recovery rests on it. */
 const SESSION_INTERVAL = 5_000;
 const AGENT_START = 3_000;
 
@@ -47,14 +47,18 @@ test('a shepherd killed mid agent start: its machines are finished by the others
   const start = (name: string) =>
     new ChaosShepherd(
       name,
-      dummyArgs({
-        url: db.url,
-        name: `chaos-${name}`,
-        capacity: MACHINES,
-        agentLog,
-        agentStartDuration: `${AGENT_START}ms`,
-        parallelism: 8,
-      }),
+      [
+        ...dummyArgs({
+          url: db.url,
+          name: `chaos-${name}`,
+          capacity: MACHINES,
+          agentLog,
+          agentStartDuration: `${AGENT_START}ms`,
+          parallelism: 8,
+        }),
+        '--bmdb-session-interval',
+        `${SESSION_INTERVAL / 1000}s`,
+      ],
       {},
     );
   // The victim first, so it surely holds claims; the others have workers to spare when it dies.
