@@ -1,4 +1,5 @@
 import type { Options } from 'yargs';
+import { envName, UsageError } from './settings.js';
 
 /**
  * Every flag of the shepherd, in kebab case after the original's, grouped as
@@ -8,10 +9,12 @@ import type { Options } from 'yargs';
  * Values are read as strings and parsed by settings.ts, so a bad one is
  * reported with the flag's name and the syntax it wants.
  */
-interface Flag {
+export interface Flag {
   readonly describe: string;
   readonly default?: string;
   readonly boolean?: true;
+  /** What --help says the value is; `string` when unset. Values are strings to the parser either way. */
+  readonly kind?: 'number' | 'duration' | 'rate' | 'path';
   /** Shown in --help instead of a default computed at run time. */
   readonly defaultDescription?: string;
   /** Never shown or logged: no default, and the help says so. */
@@ -24,9 +27,14 @@ const flags = {
       describe:
         'PostgreSQL URL of the BMDB (postgres://user:pass@host:5432/db); without it, an embedded PostgreSQL keeps its data under --data-dir',
     },
-    'data-dir': { describe: 'Directory of the embedded PostgreSQL (and the default SSH key)', default: './.shepherd' },
+    'data-dir': {
+      kind: 'path',
+      describe: 'Directory of the embedded PostgreSQL (and the default SSH key)',
+      default: './.shepherd',
+    },
     'component-name': { describe: 'Name recorded with this process’s BMDB sessions', default: 'shepherd' },
     'bmdb-session-interval': {
+      kind: 'duration',
       describe:
         'How long a BMDB session lives without a heartbeat (whole seconds); a crashed shepherd’s machines are free again after it',
       default: '5s',
@@ -39,17 +47,27 @@ const flags = {
   },
   ssh: {
     'ssh-key-path': {
+      kind: 'path',
       describe:
         'The shepherd’s ed25519 SSH key (OpenSSH format, or the original’s raw 64 bytes); generated there when missing',
       defaultDescription: '<data-dir>/ssh_key',
     },
     'agent-ssh-user': { describe: 'User the shepherd logs in to machines as', default: 'root' },
-    'agent-ssh-port': { describe: 'SSH port of the machines', default: '22' },
-    'agent-ssh-connect-timeout': { describe: 'Time to connect and authenticate over SSH', default: '2s' },
-    'agent-ssh-exec-timeout': { describe: 'Time to upload and run the agent once connected', default: '60s' },
+    'agent-ssh-port': { kind: 'number', describe: 'SSH port of the machines', default: '22' },
+    'agent-ssh-connect-timeout': {
+      kind: 'duration',
+      describe: 'Time to connect and authenticate over SSH',
+      default: '2s',
+    },
+    'agent-ssh-exec-timeout': {
+      kind: 'duration',
+      describe: 'Time to upload and run the agent once connected',
+      default: '60s',
+    },
   },
   agent: {
     'agent-executable-path': {
+      kind: 'path',
       describe: 'The agent executable uploaded to machines (required for equinix; dummy: the bundled test agent)',
     },
     'agent-target-path': {
@@ -58,30 +76,54 @@ const flags = {
     },
     'agent-endpoint': { describe: 'Address of the BMaaS endpoint the agent connects to (required for equinix)' },
     'agent-endpoint-ca-certificate-path': {
+      kind: 'path',
       describe: 'PEM CA certificate of the endpoint, passed to the agent (DER); unset: the agent trusts system CAs',
     },
   },
   provisioner: {
-    'provisioner-max-machines': { describe: 'Most machines to bring into the BMDB; 0 for no limit', default: '50' },
-    'provisioner-reconciler-rate': { describe: 'Rate of reconciliation passes (duration,count)', default: '1m,1' },
-    'provisioner-device-creation-rate': { describe: 'Rate of machine creation (duration,count)', default: '5s,1' },
-    'provisioner-reservation-chunk-size': { describe: 'Most machines created in one pass', default: '20' },
+    'provisioner-max-machines': {
+      kind: 'number',
+      describe: 'Most machines to bring into the BMDB; 0 for no limit',
+      default: '50',
+    },
+    'provisioner-reconciler-rate': {
+      kind: 'rate',
+      describe: 'Rate of reconciliation passes (duration,count)',
+      default: '1m,1',
+    },
+    'provisioner-device-creation-rate': {
+      kind: 'rate',
+      describe: 'Rate of machine creation (duration,count)',
+      default: '5s,1',
+    },
+    'provisioner-reservation-chunk-size': {
+      kind: 'number',
+      describe: 'Most machines created in one pass',
+      default: '20',
+    },
   },
   initializer: {
     'initializer-db-query-rate': {
+      kind: 'rate',
       describe: 'Rate of BMDB queries for agent starts (duration,count)',
       default: '250ms,8',
     },
-    'initializer-loop-parallelism': { describe: 'Agent starts run in parallel', default: '1' },
+    'initializer-loop-parallelism': { kind: 'number', describe: 'Agent starts run in parallel', default: '1' },
   },
   recoverer: {
-    'recoverer-db-query-rate': { describe: 'Rate of BMDB queries for recoveries (duration,count)', default: '250ms,8' },
-    'recoverer-loop-parallelism': { describe: 'Recoveries run in parallel', default: '1' },
+    'recoverer-db-query-rate': {
+      kind: 'rate',
+      describe: 'Rate of BMDB queries for recoveries (duration,count)',
+      default: '250ms,8',
+    },
+    'recoverer-loop-parallelism': { kind: 'number', describe: 'Recoveries run in parallel', default: '1' },
     'recoverer-first-heartbeat-timeout': {
+      kind: 'duration',
       describe: 'Reboot a machine whose agent sent no heartbeat this long after it started',
       default: '30m',
     },
     'recoverer-heartbeat-timeout': {
+      kind: 'duration',
       describe: 'Reboot a machine whose agent’s last heartbeat is this old',
       default: '10m',
     },
@@ -96,24 +138,36 @@ const flags = {
     'equinix-os': { describe: 'Operating system of new devices', default: 'ubuntu_22_04' },
     'equinix-use-project-keys': { describe: 'Install every project SSH key on new devices', boolean: true },
     'equinix-reboot-wait': {
+      kind: 'duration',
       describe: 'Wait after a reboot request before the machine counts as rebooted',
       default: '30s',
     },
     'equinix-reservation-cache-timeout': {
+      kind: 'duration',
       describe: 'How long a listing of hardware reservations is reused',
       default: '15m',
     },
   },
   dummy: {
-    'dummy-capacity': { describe: 'Machines the dummy provider can hand out', default: '20' },
-    'dummy-agent-failure-rate': { describe: 'Share (0-1) of agent starts that fail', default: '0.1' },
-    'dummy-heartbeat-failure-rate': { describe: 'Share (0-1) of started agents that never heartbeat', default: '0.1' },
-    'dummy-heartbeat-interval': { describe: 'Interval of the fake agents’ heartbeats', default: '10s' },
+    'dummy-capacity': { kind: 'number', describe: 'Machines the dummy provider can hand out', default: '20' },
+    'dummy-agent-failure-rate': { kind: 'number', describe: 'Share (0-1) of agent starts that fail', default: '0.1' },
+    'dummy-heartbeat-failure-rate': {
+      kind: 'number',
+      describe: 'Share (0-1) of started agents that never heartbeat',
+      default: '0.1',
+    },
+    'dummy-heartbeat-interval': {
+      kind: 'duration',
+      describe: 'Interval of the fake agents’ heartbeats',
+      default: '10s',
+    },
     'dummy-agent-start-duration': {
+      kind: 'duration',
       describe: 'How long each fake agent start takes before it answers (0s: at once)',
       default: '0s',
     },
     'dummy-agent-start-log': {
+      kind: 'path',
       describe:
         'Append one JSON line to this file as each fake agent start begins and ends (machine, address, pid, time); off when unset',
     },
@@ -140,19 +194,76 @@ export function flagOptions(...groups: FlagGroup[]): Record<string, Options> {
   const options: Record<string, Options> = {};
   for (const group of groups) {
     for (const [name, flag] of Object.entries(flags[group]) as [string, Flag][]) {
-      options[name] = {
-        group: `${GROUP_TITLES[group]}:`,
-        describe: flag.describe,
-        type: flag.boolean ? 'boolean' : 'string',
-        ...(flag.boolean ? { default: false } : {}),
-        ...(flag.default !== undefined && !flag.secret ? { default: flag.default } : {}),
-        ...(flag.defaultDescription ? { defaultDescription: flag.defaultDescription } : {}),
-        // A value from the environment is never echoed back in help or errors.
-        ...(flag.secret ? { defaultDescription: '(none)' } : {}),
-      };
+      options[name] = { ...flagOption(name, flag), group: `${GROUP_TITLES[group]}:` };
     }
   }
   return options;
+}
+
+/** yargs options of single flags of the table, under their groups' titles. */
+export function namedFlagOptions(...names: string[]): Record<string, Options> {
+  const options: Record<string, Options> = {};
+  for (const group of FLAG_GROUPS) {
+    for (const [name, flag] of Object.entries(flags[group]) as [string, Flag][]) {
+      if (names.includes(name)) options[name] = { ...flagOption(name, flag), group: `${GROUP_TITLES[group]}:` };
+    }
+  }
+  return options;
+}
+
+/** Whether a flag of the table is a boolean (takes no value on the command line). */
+export function isBooleanFlag(name: string): boolean {
+  return FLAG_GROUPS.some((group) => (flags[group] as Record<string, Flag>)[name]?.boolean === true);
+}
+
+/**
+ * A yargs option for a flag outside the table (a command's own, such as
+ * `status --json`), with the same help layout and `SHEPHERD_<NAME>` reading.
+ */
+export function commandOption(name: string, flag: Flag): Record<string, Options> {
+  return { [name]: flagOption(name, flag) };
+}
+
+/**
+ * One flag as a yargs option. Its value from `SHEPHERD_<NAME>` becomes the
+ * option's default, so the command line still wins and each command takes
+ * from the environment only the flags it has: yargs' own `.env()` hands every
+ * `SHEPHERD_*` variable to every command, whose strict mode then refuses
+ * those meant for another command.
+ *
+ * The type and default are written into the description (yargs' own type
+ * column is hidden): yargs would call every flag `[string]`, and runs a long
+ * description into it.
+ */
+function flagOption(name: string, flag: Flag): Options {
+  const variable = envName(name);
+  const fromEnvironment = process.env[variable];
+  const fallback = flag.boolean ? false : flag.default;
+  let value: string | boolean | undefined = fallback;
+  if (fromEnvironment !== undefined)
+    value = flag.boolean ? booleanFrom(name, variable, fromEnvironment) : fromEnvironment;
+  let shownDefault: string | undefined;
+  if (flag.secret) shownDefault = fromEnvironment === undefined ? undefined : `set in ${variable}`;
+  else if (fromEnvironment !== undefined) shownDefault = `${JSON.stringify(value)} from ${variable}`;
+  else if (flag.defaultDescription !== undefined) shownDefault = flag.defaultDescription;
+  else if (flag.default !== undefined)
+    shownDefault = flag.kind === 'number' ? flag.default : JSON.stringify(flag.default);
+  const type = flag.boolean ? 'boolean' : (flag.kind ?? 'string');
+  return {
+    describe: `${flag.describe} [${type}]${shownDefault === undefined ? '' : ` [default: ${shownDefault}]`}`,
+    type: flag.boolean ? 'boolean' : 'string',
+    ...(value === undefined ? {} : { default: value }),
+  };
+}
+
+const TRUE = ['true', '1', 'yes', 'on'];
+const FALSE = ['false', '0', 'no', 'off', ''];
+
+function booleanFrom(flag: string, variable: string, value: string): boolean {
+  const lower = value.trim().toLowerCase();
+  if (TRUE.includes(lower)) return true;
+  if (FALSE.includes(lower)) return false;
+  throw new UsageError(flag, `invalid value ${JSON.stringify(value)} in ${variable}: want true or false`);
 }
 
 /** Every group, in --help order: `run` takes them all. */
@@ -161,4 +272,9 @@ export const FLAG_GROUPS = Object.keys(flags) as FlagGroup[];
 /** The flags of a group, for tests and docs. */
 export function flagNames(group: FlagGroup): string[] {
   return Object.keys(flags[group]);
+}
+
+/** Every flag of the table, whichever command takes it. */
+export function allFlagNames(): string[] {
+  return FLAG_GROUPS.flatMap((group) => flagNames(group));
 }

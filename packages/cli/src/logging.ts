@@ -7,8 +7,12 @@ import createDebug from 'debug';
  */
 export const DEFAULT_LOG_NAMESPACES = 'shepherd:*,bmdb:*,-bmdb:embedded';
 
-export function enableLogs(): void {
-  createDebug.enable(process.env.DEBUG ?? DEFAULT_LOG_NAMESPACES);
+/**
+ * Turns on the namespaces of `setting` (the process's `DEBUG`, read before
+ * the `debug` package loaded: see `MainOptions.debug`), the default when unset.
+ */
+export function enableLogs(setting: string | undefined): void {
+  createDebug.enable(setting ?? DEFAULT_LOG_NAMESPACES);
 }
 
 /** The CLI's own lines (start, stop, what it serves). */

@@ -4,14 +4,24 @@
  * @packageDocumentation
  */
 
-import yargs, { type Argv as Yargs } from 'yargs';
+import yargs, { type Options, type Argv as Yargs } from 'yargs';
 import { migrate } from './commands/migrate.js';
 import { type ProviderKind, run } from './commands/run.js';
 import { sshKey } from './commands/ssh-key.js';
 import { status } from './commands/status.js';
-import { FLAG_GROUPS, type FlagGroup, flagNames, flagOptions } from './flags.js';
-import { enableLogs } from './logging.js';
-import { UsageError } from './settings.js';
+import {
+  allFlagNames,
+  commandOption,
+  FLAG_GROUPS,
+  type Flag,
+  type FlagGroup,
+  flagNames,
+  flagOptions,
+  isBooleanFlag,
+  namedFlagOptions,
+} from './flags.js';
+import { DEFAULT_LOG_NAMESPACES, enableLogs as enableLogsFrom } from './logging.js';
+import { envName, UsageError } from './settings.js';
 import { VERSION } from './version.js';
 
 /** Exit statuses: 0 done, 1 failed at run time, 2 bad input (nothing was touched). */
@@ -22,6 +32,16 @@ interface Io {
   readonly stderr: (text: string) => void;
 }
 
+export interface MainOptions {
+  readonly io?: Io;
+  /**
+   * `DEBUG` as the process was started with it. The `debug` package deletes
+   * an empty `DEBUG` from the environment when it loads, and empty means "no
+   * logs" here, so the executable reads it before loading anything.
+   */
+  readonly debug?: string | undefined;
+}
+
 const PROVIDERS: readonly string[] = ['dummy', 'equinix'] satisfies ProviderKind[];
 
 /**
@@ -29,10 +49,10 @@ const PROVIDERS: readonly string[] = ['dummy', 'equinix'] satisfies ProviderKind
  * the exit status. Never calls `process.exit` itself, except on a second stop
  * signal during `run`.
  */
-export async function main(
-  args: readonly string[],
-  io: Io = { stdout: (t) => process.stdout.write(t), stderr: (t) => process.stderr.write(t) },
-): Promise<number> {
+export async function main(args: readonly string[], options: MainOptions = {}): Promise<number> {
+  const io = options.io ?? { stdout: (t) => process.stdout.write(t), stderr: (t) => process.stderr.write(t) };
+  const debug = 'debug' in options ? options.debug : process.env.DEBUG;
+  const enableLogs = () => enableLogsFrom(debug);
   let exitCode: number = EXIT.ok;
   const fail = (error: unknown) => {
     if (error instanceof UsageError) {
@@ -44,8 +64,16 @@ export async function main(
     }
   };
 
+  for (const variable of unknownVariables(process.env)) {
+    io.stderr(`shepherd: warning: ${variable} is set, but no shepherd command has such a flag; ignored\n`);
+  }
   const command = commandOf(args);
-  const provider = command === 'run' ? args.filter((arg) => !arg.startsWith('-'))[1] : undefined;
+  const wantsHelp = args.some((arg) => arg === '--help' || arg === '-h' || arg === '--version');
+  const provider = command === 'run' ? positionals(args)[1] : undefined;
+  if (command === 'run' && provider === undefined && !wantsHelp) {
+    io.stderr(`shepherd: run: say which provider: ${PROVIDERS.join(' or ')} (e.g. shepherd run dummy)\n`);
+    return EXIT.usage;
+  }
   if (provider !== undefined && !PROVIDERS.includes(provider)) {
     io.stderr(`shepherd: run: unknown provider ${JSON.stringify(provider)}: want ${PROVIDERS.join(' or ')}\n`);
     return EXIT.usage;
@@ -53,33 +81,36 @@ export async function main(
   const unknown = unknownFlag(args);
   if (unknown) {
     const hint = unknown.startsWith('--') ? '' : ' (a value starting with "-" is written --flag=value)';
-    io.stderr(
-      `shepherd: ${unknown}: unknown flag${commandOf(args) ? ` for ${commandOf(args)}` : ''}; see --help${hint}\n`,
-    );
+    io.stderr(`shepherd: ${unknown}: unknown flag${command ? ` for ${command}` : ''}; see --help${hint}\n`);
     return EXIT.usage;
   }
 
-  const cli: Yargs = yargs([...args])
+  const parser = yargs([...args]) as Yargs & UsageConfigurable;
+  // Each flag's description carries its type and default (flags.ts).
+  parser.usageConfiguration({ 'hide-types': true });
+  const cli: Yargs = parser
     .scriptName('shepherd')
     .usage(
       '$0 <command> [flags]\n\nKeeps a fleet of bare-metal servers in step with the BMDB: brings machines in from a provider, starts the agent on each over SSH, and reboots those whose agent went silent.',
     )
-    .env('SHEPHERD')
     .strict()
     .version(VERSION)
     .help()
     .alias('help', 'h')
     .wrap(Math.min(120, process.stdout.columns ?? 120))
     .epilogue(
-      'Every flag can also be set in the environment as SHEPHERD_<FLAG>, e.g. SHEPHERD_BMDB_URL or SHEPHERD_EQUINIX_API_KEY. Logs go to stderr; DEBUG narrows or widens them (default shepherd:*,bmdb:*).',
+      `Every flag can also be set in the environment as SHEPHERD_<FLAG>, e.g. SHEPHERD_BMDB_URL or SHEPHERD_EQUINIX_API_KEY; each command takes the variables of its own flags. Logs go to stderr; DEBUG narrows or widens them (default ${DEFAULT_LOG_NAMESPACES}), DEBUG= turns them off.`,
     )
     .command(
       'run <provider>',
       'Run the provisioner, initializer and recoverer (and the provider’s own loop) until SIGINT/SIGTERM',
       (y) =>
         y
-          .positional('provider', { describe: 'Where machines come from', choices: ['dummy', 'equinix'] as const })
-          .options(flagOptions(...FLAG_GROUPS))
+          .positional('provider', {
+            describe: `Where machines come from: ${PROVIDERS.join(' or ')}`,
+            choices: PROVIDERS,
+          })
+          .options(optionsOf('run'))
           .strict(),
       async (argv) => {
         enableLogs();
@@ -89,7 +120,7 @@ export async function main(
     .command(
       'migrate',
       'Bring the BMDB schema up to date (run does this too)',
-      (y) => y.options(flagOptions('database')).strict(),
+      (y) => y.options(optionsOf('migrate')).strict(),
       async (argv) => {
         enableLogs();
         await migrate(argv, io.stdout);
@@ -98,24 +129,16 @@ export async function main(
     .command(
       'status',
       'The fleet at a glance: machines per lifecycle stage, active work, backoffs with causes',
-      (y) =>
-        y
-          .options(flagOptions('database'))
-          .option('json', { type: 'boolean', default: false, describe: 'Print JSON, for scripts' })
-          .strict(),
+      (y) => y.options(optionsOf('status')).strict(),
       (argv) => status(argv, io.stdout),
     )
     .command(
       'ssh-key',
       'Print the shepherd’s SSH public key (authorized_keys form), generating the key if missing',
-      (y) =>
-        y
-          .options(flagOptions('database'))
-          .options(pick(flagOptions('ssh'), 'ssh-key-path'))
-          .strict(),
+      (y) => y.options(optionsOf('ssh-key')).strict(),
       (argv) => sshKey(argv, io.stdout),
     )
-    .demandCommand(1, 'Say which command to run: run, migrate, status or ssh-key (see --help)')
+    .demandCommand(1, 'say which command to run: run, migrate, status or ssh-key')
     .fail((message, error) => {
       // Our handlers' errors and yargs' own validation (unknown flag, missing command) end here.
       if (error) fail(error);
@@ -134,17 +157,73 @@ export async function main(
   return exitCode;
 }
 
+/** yargs 18 has it; its types (@types/yargs 17) do not yet. */
+interface UsageConfigurable {
+  usageConfiguration(config: { 'hide-types'?: boolean }): unknown;
+}
+
+/** Options of commands beyond the flags table, with their help. */
+const COMMAND_OPTIONS: Record<string, Flag> = {
+  json: { describe: 'Print JSON, for scripts', boolean: true },
+};
+
+/** Each command's flags: whole groups of the table, and single flags (of the table or COMMAND_OPTIONS). */
 const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
   run: FLAG_GROUPS,
   migrate: ['database'],
   status: ['database'],
-  'ssh-key': ['database'],
 };
-const COMMAND_FLAGS: Record<string, string[]> = { status: ['json'], 'ssh-key': ['ssh-key-path'] };
+const COMMAND_FLAGS: Record<string, string[]> = {
+  status: ['json'],
+  'ssh-key': ['data-dir', 'ssh-key-path'],
+};
 const GLOBAL_FLAGS = ['help', 'version'];
 
+/** The yargs options of a command, from the tables above. */
+function optionsOf(command: string): Record<string, Options> {
+  const names = COMMAND_FLAGS[command] ?? [];
+  const options: Record<string, Options> = {
+    ...flagOptions(...(COMMAND_GROUPS[command] ?? [])),
+    ...namedFlagOptions(...names.filter((name) => !(name in COMMAND_OPTIONS))),
+  };
+  for (const name of names) {
+    const extra = COMMAND_OPTIONS[name];
+    if (extra) Object.assign(options, commandOption(name, extra));
+  }
+  return options;
+}
+
+/**
+ * `SHEPHERD_*` variables that are no flag of any command: probably a typo,
+ * worth a word, but not worth refusing to work over (another tool may share
+ * the prefix). Variables of other commands' flags are silently left to them.
+ */
+function unknownVariables(environment: NodeJS.ProcessEnv): string[] {
+  const known = new Set([...allFlagNames(), ...Object.keys(COMMAND_OPTIONS)].map(envName));
+  return Object.keys(environment)
+    .filter((name) => name.startsWith('SHEPHERD_') && !known.has(name))
+    .sort();
+}
+
 function commandOf(args: readonly string[]): string | undefined {
-  return args.find((arg) => !arg.startsWith('-'));
+  return positionals(args)[0];
+}
+
+/** The words of the command line that are no flag and no flag's value (`run dummy` of `run --data-dir d dummy`). */
+function positionals(args: readonly string[]): string[] {
+  const words: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const arg = args[i] ?? '';
+    if (arg === '--') return [...words, ...args.slice(i + 1)];
+    if (!arg.startsWith('-') || arg === '-') words.push(arg);
+    else if (arg.startsWith('--') && !arg.includes('=') && takesValue(arg.slice(2))) i++;
+  }
+  return words;
+}
+
+function takesValue(name: string): boolean {
+  if (GLOBAL_FLAGS.includes(name) || name.startsWith('no-')) return false;
+  return !(isBooleanFlag(name) || COMMAND_OPTIONS[name]?.boolean === true);
 }
 
 /**
@@ -173,8 +252,4 @@ function unknownFlag(args: readonly string[]): string | undefined {
     if (!known.has(name) && !(name.startsWith('no-') && known.has(name.slice(3)))) return `--${name}`;
   }
   return undefined;
-}
-
-function pick<T>(record: Record<string, T>, ...keys: string[]): Record<string, T> {
-  return Object.fromEntries(keys.flatMap((key) => (key in record ? [[key, record[key] as T]] : [])));
 }

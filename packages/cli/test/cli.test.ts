@@ -5,7 +5,8 @@ import path from 'node:path';
 import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
-import { FLAG_GROUPS, flagNames } from '../src/flags.js';
+import { allFlagNames, FLAG_GROUPS, flagNames } from '../src/flags.js';
+import { DEFAULT_LOG_NAMESPACES } from '../src/logging.js';
 import { buildOnce, eventually, shepherd, start } from './helpers.js';
 
 let db: TestDatabase;
@@ -55,6 +56,87 @@ describe('help', () => {
     expect((await shepherd(['status', '--help'])).stdout).toContain('--json');
     expect((await shepherd(['ssh-key', '--help'])).stdout).toContain('--ssh-key-path');
     expect((await shepherd(['migrate', '--help'])).stdout).toContain('--bmdb-url');
+  });
+});
+
+describe('help and usage texts', () => {
+  /** The help text with its line wrapping undone. */
+  const flat = (text: string) => text.replace(/\s+/g, ' ');
+
+  test('each flag says its type and default apart from its description', async () => {
+    const help = flat((await shepherd(['run', '--help'])).stdout);
+    expect(help).toContain('--agent-ssh-port SSH port of the machines [number] [default: 22]');
+    expect(help).toContain('0 for no limit [number] [default: 50]');
+    expect(help).toContain('[duration] [default: "30m"]');
+    expect(help).toContain('[rate] [default: "250ms,8"]');
+    // Nothing runs into its type.
+    expect(help).not.toMatch(/[^\s]\[(string|number|duration|rate|path|boolean)\]/);
+  });
+
+  test('ssh-key lists only the flags it uses', async () => {
+    const help = (await shepherd(['ssh-key', '--help'])).stdout;
+    expect(help).toContain('--ssh-key-path');
+    expect(help).toContain('--data-dir');
+    for (const flag of ['--bmdb-url', '--component-name', '--bmdb-session-interval']) expect(help).not.toContain(flag);
+  });
+
+  test('the default of DEBUG in --help is the one the code uses', async () => {
+    expect(flat((await shepherd(['--help'])).stdout)).toContain(`(default ${DEFAULT_LOG_NAMESPACES})`);
+  });
+});
+
+describe('the environment', () => {
+  /** The flags a command's --help lists. */
+  const flagsOf = async (command: string) =>
+    new Set([...(await shepherd([command, '--help'])).stdout.matchAll(/--([a-z][a-z-]+)/g)].map((m) => m[1]));
+
+  test.each([
+    ['migrate', () => ['migrate', '--bmdb-url', db.url], /schema up to date/],
+    ['status', () => ['status', '--bmdb-url', db.url], /Machines: /],
+    ['ssh-key', () => ['ssh-key', '--ssh-key-path', path.join(dir, 'env-key')], /^ssh-ed25519 /],
+  ])('%s works with every other command’s SHEPHERD_* variables set', async (command, args, output) => {
+    const own = await flagsOf(command);
+    const others = allFlagNames().filter((flag) => !own.has(flag));
+    expect(others).toContain('equinix-api-key');
+    const env = Object.fromEntries(others.map((flag) => [`SHEPHERD_${flag.replaceAll('-', '_').toUpperCase()}`, 'x']));
+    const result = await shepherd(args(), { ...env, DEBUG: '' });
+    expect(result.stderr).toBe('');
+    expect(result.stdout).toMatch(output);
+    expect(result.code).toBe(0);
+  });
+
+  test('a SHEPHERD_* variable no command knows is named once, as written, and the command still works', async () => {
+    const result = await shepherd(['migrate', '--bmdb-url', db.url], {
+      SHEPHERD_BMDB_URLL: 'postgres://typo',
+      Shepherd_lower: 'not ours',
+      DEBUG: '',
+    });
+    expect(result.code).toBe(0);
+    expect(result.stdout).toBe('schema up to date\n');
+    expect(result.stderr).toBe(
+      'shepherd: warning: SHEPHERD_BMDB_URLL is set, but no shepherd command has such a flag; ignored\n',
+    );
+  });
+
+  test('a command’s own variables still count, and the command line wins over them', async () => {
+    const fromEnv = await shepherd(['status'], { SHEPHERD_BMDB_URL: db.url, SHEPHERD_JSON: 'true', DEBUG: '' });
+    expect(fromEnv.code).toBe(0);
+    expect(JSON.parse(fromEnv.stdout)).toHaveProperty('machines');
+    const overridden = await shepherd(['status', '--no-json', '--bmdb-url', db.url], {
+      SHEPHERD_BMDB_URL: 'postgres://nobody@127.0.0.1:1/none',
+      SHEPHERD_JSON: 'true',
+      DEBUG: '',
+    });
+    expect(overridden.code).toBe(0);
+    expect(overridden.stdout).toMatch(/^Machines: /);
+  });
+
+  test('DEBUG= (empty) turns the logs off', async () => {
+    const quiet = await shepherd(['migrate', '--bmdb-url', db.url], { DEBUG: '' });
+    expect(quiet.code).toBe(0);
+    expect(quiet.stderr).toBe('');
+    const noisy = await shepherd(['migrate', '--bmdb-url', db.url], { DEBUG: 'bmdb:*' });
+    expect(noisy.stderr).toMatch(/bmdb:connection/);
   });
 });
 
@@ -160,7 +242,12 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
     ],
     ['an unknown short flag', () => ['run', 'dummy', '-x'], /-x: unknown flag for run/],
     ['an unknown provider', () => ['run', 'vmware'], /run: unknown provider "vmware": want dummy or equinix/],
-    ['no command', () => [], /Say which command to run/],
+    ['no command', () => [], /^shepherd: say which command to run: run, migrate, status or ssh-key; see --help\n$/],
+    [
+      'run without a provider',
+      () => ['run'],
+      /^shepherd: run: say which provider: dummy or equinix \(e.g. shepherd run dummy\)\n$/,
+    ],
     [
       'bad metrics address',
       () => ['run', 'dummy', '--metrics-listen', 'everywhere'],
