@@ -6,5 +6,6 @@ const debug = process.env.DEBUG;
 const { main } = await import('../dist/main.js');
 
 process.exitCode = await main(process.argv.slice(2), { debug });
-// Everything is closed by now; should a stray handle keep the process alive, do not hang.
-setTimeout(() => process.exit(), 5_000).unref();
+// Everything is closed by now; a stray handle, or a file system call abandoned on a stop
+// signal (see run), must not keep the process alive.
+setTimeout(() => process.exit(), 1_000).unref();

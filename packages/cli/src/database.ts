@@ -3,6 +3,8 @@ import { hostname } from 'node:os';
 import path from 'node:path';
 import { BMDB, DatabaseUnreachableError } from '@bmaas/bmdb-controlloop';
 import type { Registry } from 'prom-client';
+import { ensureDirectory } from './directory.js';
+import { log } from './logging.js';
 import { type DatabaseSettings, UsageError } from './settings.js';
 import { VERSION } from './version.js';
 
@@ -44,6 +46,10 @@ export async function openBMDB(settings: DatabaseSettings, options: OpenOptions)
       'data-dir',
       `no BMDB under ${settings.dataDir} yet (start \`shepherd run\` or \`shepherd migrate\` first, or pass --bmdb-url)`,
     );
+  }
+  if (!options.readOnly) await ensureDirectory('data-dir', settings.dataDir);
+  if (!existsSync(path.join(settings.dataDir, 'pgdata', 'PG_VERSION'))) {
+    log('initialising a new embedded BMDB in %s (the first start takes a few seconds)', settings.dataDir);
   }
   return BMDB.open({ ...common, embedded: { dataDir: settings.dataDir, attach: options.attach ?? false } });
 }

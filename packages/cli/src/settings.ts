@@ -174,6 +174,11 @@ export function sshKeyPath(argv: Argv): string {
   );
 }
 
+/** The flag the key path comes from, for messages about its directory. */
+export function sshKeyFlag(argv: Argv): 'ssh-key-path' | 'data-dir' {
+  return optional(argv, 'ssh-key-path') === undefined ? 'data-dir' : 'ssh-key-path';
+}
+
 /** The test agent shipped with @bmaas/shepherd-manager, the dummy provider's default agent. */
 export function bundledTestAgent(): string {
   return createRequire(import.meta.url).resolve('@bmaas/shepherd-manager/test-agent');

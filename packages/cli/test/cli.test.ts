@@ -1,4 +1,5 @@
-import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { execFileSync } from 'node:child_process';
+import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -274,6 +275,57 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
     const result = await shepherd(['run', 'dummy'], { SHEPHERD_RECOVERER_DB_QUERY_RATE: 'often' });
     expect(result.code).toBe(2);
     expect(result.stderr).toMatch(/--recoverer-db-query-rate: invalid value "often"/);
+  });
+});
+
+describe('a data directory that cannot be made', () => {
+  const root = process.getuid?.() === 0;
+  const cases: [string, () => Promise<string>, RegExp][] = [
+    [
+      'under a regular file',
+      async () => {
+        await writeFile(path.join(dir, 'plain-file'), '');
+        return path.join(dir, 'plain-file', 'data');
+      },
+      /^shepherd: --data-dir: cannot use ".*plain-file\/data": ".*plain-file" is not a directory\n$/,
+    ],
+    [
+      'where the file system allows none (/proc; Node’s recursive mkdir never returns there)',
+      async () => '/proc/forbidden',
+      /^shepherd: --data-dir: cannot create "\/proc\/forbidden": ENOENT \(the file system does not allow a directory there\)\n$/,
+    ],
+  ];
+  test.each(cases)('%s: run and migrate exit 2 with one line', async (_, dataDir, message) => {
+    const value = await dataDir();
+    for (const command of [['run', 'dummy'], ['migrate'], ['ssh-key']]) {
+      const result = await shepherd([...command, '--data-dir', value], { DEBUG: '' });
+      expect(result.stderr).toMatch(message);
+      expect(result.code).toBe(2);
+    }
+  });
+
+  test.skipIf(root)('in a directory this user cannot write (not as root)', async () => {
+    const locked = path.join(dir, 'locked');
+    await mkdir(locked, { mode: 0o500 });
+    const result = await shepherd(['run', 'dummy', '--data-dir', path.join(locked, 'data')], { DEBUG: '' });
+    expect(result.code).toBe(2);
+    expect(result.stderr).toMatch(
+      /^shepherd: --data-dir: cannot create ".*locked\/data": EACCES \(permission denied\)\n$/,
+    );
+  });
+
+  test('a signal stops start-up while it waits on the file system', async () => {
+    // Reading a FIFO nobody writes to never returns: start-up is stuck reading the agent executable.
+    const fifo = path.join(dir, 'agent-fifo');
+    execFileSync('mkfifo', [fifo]);
+    const run = start(['run', 'dummy', '--bmdb-url', db.url, '--agent-executable-path', fifo]);
+    await run.logged(/starting with the dummy provider/);
+    run.child.kill('SIGTERM');
+    const result = await run.exited;
+    // The read never returns; the process ends by the signal, after saying so.
+    expect(result.signal).toBe('SIGTERM');
+    expect(result.stderr).toContain('SIGTERM: stopping start-up');
+    expect(result.stderr).toContain('start-up is still waiting on the file system: ending the process by SIGTERM');
   });
 });
 

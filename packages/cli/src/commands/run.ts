@@ -15,6 +15,7 @@ import {
 } from '@bmaas/shepherd-manager';
 import { collectDefaultMetrics, Registry } from 'prom-client';
 import { openBMDB } from '../database.js';
+import { ensureDirectory } from '../directory.js';
 import { log } from '../logging.js';
 import { closeServer, serveMetrics } from '../metrics-server.js';
 import {
@@ -32,6 +33,7 @@ import {
   rate,
   required,
   share,
+  sshKeyFlag,
   sshKeyPath,
   UsageError,
 } from '../settings.js';
@@ -244,20 +246,20 @@ type Part = (signal: AbortSignal) => Promise<void>;
  * second signal exits at once.
  */
 export async function run(argv: Argv, kind: ProviderKind): Promise<void> {
-  const settings = await runSettings(argv, kind);
-  const registry = new Registry();
-  collectDefaultMetrics({ register: registry });
-  let metricsServer: Server | undefined;
-  if (settings.metricsListen) metricsServer = await serveMetrics(registry, settings.metricsListen);
-
+  // Signals count from the first moment: start-up may be stuck reading a file or creating a directory.
   const stop = new AbortController();
+  let running = false;
+  let stoppedBy: NodeJS.Signals | undefined;
   const onSignal = (signal: NodeJS.Signals) => {
+    stoppedBy ??= signal;
     if (stop.signal.aborted) {
       log('second %s: exiting at once', signal);
       process.exit(signal === 'SIGINT' ? 130 : 143);
     }
     log(
-      '%s: stopping cleanly (no new work, in-flight work ends, sessions close); send it again to exit at once',
+      running
+        ? '%s: stopping cleanly (no new work, in-flight work ends, sessions close); send it again to exit at once'
+        : '%s: stopping start-up; send it again to exit at once',
       signal,
     );
     stop.abort();
@@ -265,11 +267,31 @@ export async function run(argv: Argv, kind: ProviderKind): Promise<void> {
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
 
+  // Start-up steps a signal made us stop waiting for, until they settle.
+  const abandoned = new Set<Promise<unknown>>();
+  const untilStopped = <T>(step: Promise<T>): Promise<T> => {
+    const settled = () => abandoned.delete(step);
+    return raceSignal(step, stop.signal, () => {
+      abandoned.add(step);
+      step.then(settled, settled);
+    });
+  };
   let bmdb: BMDB | undefined;
+  let metricsServer: Server | undefined;
+  log('starting with the %s provider', kind);
   try {
+    const settings = await untilStopped(runSettings(argv, kind));
+    if (settings.database.url === undefined) {
+      await untilStopped(ensureDirectory('data-dir', settings.database.dataDir));
+    }
+    const registry = new Registry();
+    collectDefaultMetrics({ register: registry });
+    if (settings.metricsListen) metricsServer = await serveMetrics(registry, settings.metricsListen);
+    // Not abandoned on a signal: it may be starting a server, which the `finally` must stop.
     bmdb = await openBMDB(settings.database, { migrate: true, metrics: registry });
-    const parts = await shepherdParts(bmdb, settings, registry);
-    if (stop.signal.aborted) return;
+    if (stop.signal.aborted) throw new StartupStopped();
+    const parts = await untilStopped(shepherdParts(bmdb, settings, registry, argv));
+    running = true;
     log(
       'running with the %s provider (%s); %s',
       kind,
@@ -280,15 +302,62 @@ export async function run(argv: Argv, kind: ProviderKind): Promise<void> {
     );
     await Promise.all(parts.map((part) => part(stop.signal)));
     log('stopped');
+  } catch (error) {
+    if (!(error instanceof StartupStopped)) throw error;
+    log('stopped during start-up');
   } finally {
     await bmdb?.close();
     if (metricsServer) await closeServer(metricsServer);
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
+    if (abandoned.size > 0 && stoppedBy) {
+      // A call stuck in the file system (a FIFO, a hung mount) holds a thread that even
+      // process.exit() waits for; the signal's own default action ends the process.
+      log('start-up is still waiting on the file system: ending the process by %s', stoppedBy);
+      process.kill(process.pid, stoppedBy);
+    }
   }
 }
 
-async function shepherdParts(bmdb: BMDB, settings: RunSettings, registry: Registry): Promise<Part[]> {
+/** A stop signal came before the shepherd was running. */
+class StartupStopped extends Error {
+  override name = 'StartupStopped';
+  constructor() {
+    super('stopped during start-up');
+  }
+}
+
+/**
+ * `step`, or a {@link StartupStopped} as soon as `signal` aborts (calling
+ * `onAbandon`). What the step was waiting for (a file read, a directory
+ * created, an HTTP request) is abandoned: a file system that never answers
+ * must not keep the process.
+ */
+function raceSignal<T>(step: Promise<T>, signal: AbortSignal, onAbandon: () => void): Promise<T> {
+  if (signal.aborted) {
+    onAbandon();
+    return Promise.reject(new StartupStopped());
+  }
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => {
+      onAbandon();
+      reject(new StartupStopped());
+    };
+    signal.addEventListener('abort', onAbort, { once: true });
+    step.then(
+      (value) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(value);
+      },
+      (error: unknown) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(error);
+      },
+    );
+  });
+}
+
+async function shepherdParts(bmdb: BMDB, settings: RunSettings, registry: Registry, argv: Argv): Promise<Part[]> {
   const { agent } = settings;
   let provider: RebootingProvider;
   let sshClient: SshClient;
@@ -305,6 +374,7 @@ async function shepherdParts(bmdb: BMDB, settings: RunSettings, registry: Regist
     providerLoop = (signal) => heartbeats.run(bmdb, { signal });
   } else {
     const equinix = settings.provider;
+    await ensureDirectory(sshKeyFlag(argv), path.dirname(equinix.sshKeyPath), 0o700);
     const key = await SshKey.loadOrGenerate(equinix.sshKeyPath);
     log('SSH key %s (%s)', key.path, key.fingerprint);
     const client = new EquinixClient({
