@@ -71,6 +71,8 @@ export class BMDB {
   readonly #heartbeatPool: pg.Pool;
   readonly #metrics: BMDBMetrics | undefined;
   readonly #sessions = new Set<Session>();
+  /** Pool clients whose connection has not ended yet (see close). */
+  readonly #connected = new Set<pg.PoolClient>();
   readonly #host: SessionHost;
   #collector: NodeJS.Timeout | undefined;
   #closed = false;
@@ -135,9 +137,11 @@ export class BMDB {
       // listens on idle clients; one checked out (mid-query or mid-
       // transaction) emits its error on itself, after failing its queries.
       pool.on('error', (error) => log.connection('idle connection failed: %s', describeError(error)));
-      pool.on('connect', (client) =>
-        client.on('error', (error) => log.connection('connection failed: %s', describeError(error))),
-      );
+      pool.on('connect', (client) => {
+        client.on('error', (error) => log.connection('connection failed: %s', describeError(error)));
+        this.#connected.add(client);
+        client.once('end', () => this.#connected.delete(client));
+      });
     }
     this.#db = new Kysely<Database>({ dialect: new PostgresDialect({ pool: this.#pool }) });
     this.#changes = new MachineChanges({ ...base, keepAlive: true });
@@ -300,6 +304,10 @@ export class BMDB {
     await this.#db.destroy();
     await this.#claimPool.end();
     await this.#heartbeatPool.end();
+    // A pool's end() resolves once its clients are told to end, not once they
+    // have: stopping the server before their sockets close ends those
+    // connections "due to administrator command" (57P01), logged as failures.
+    await Promise.all([...this.#connected].map((client) => new Promise((resolve) => client.once('end', resolve))));
     if (this.embedded) await this.embedded.stop();
     log.connection('closed (%s)', this.options.componentName);
   }
