@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -423,6 +423,38 @@ describe('run dummy', () => {
         SELECT machine_id, process FROM work_history GROUP BY machine_id, process
         HAVING count(*) FILTER (WHERE event = 'Started') > count(*) FILTER (WHERE event <> 'Started')) x`);
     expect(open).toBe(0);
+  });
+});
+
+describe('run on an embedded BMDB', () => {
+  test('says it initialises the database, and a clean stop prints no error lines', async () => {
+    // As root the server runs as `postgres`, which must reach the data directory.
+    await chmod(dir, 0o755);
+    const run = start([
+      'run',
+      'dummy',
+      '--data-dir',
+      path.join(dir, 'embedded'),
+      '--dummy-capacity',
+      '20',
+      '--provisioner-device-creation-rate',
+      '1ms,100',
+      '--initializer-loop-parallelism',
+      '8',
+      '--dummy-heartbeat-interval',
+      '100ms',
+      '--dummy-agent-failure-rate',
+      '0',
+    ]);
+    await run.logged(
+      /shepherd:cli initialising a new embedded BMDB in .*embedded \(the first start takes a few seconds\)/,
+    );
+    await run.logged(/agent started on machine/, 120_000);
+    run.child.kill('SIGINT');
+    const result = await run.exited;
+    expect(result.code).toBe(0);
+    const afterStop = result.stderr.slice(result.stderr.indexOf('SIGINT: stopping cleanly'));
+    expect(afterStop).not.toMatch(/57P01|administrator command|failed/);
   });
 });
 
