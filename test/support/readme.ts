@@ -1,10 +1,12 @@
-import { readFile, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
 import path from 'node:path';
 
 /**
  * Runs the first ```ts block of a package README as a module, from inside
  * the package (so its imports resolve as a user's would), and returns what it
- * logged. Keeps the README's opening example honest.
+ * logged. Keeps the README's opening example honest, and tidy: it runs with
+ * its own temporary directory (TMPDIR), which must be empty afterwards.
  */
 export async function runReadmeExample(packageDir: string): Promise<string[]> {
   const readme = await readFile(path.join(packageDir, 'README.md'), 'utf8');
@@ -17,11 +19,26 @@ export async function runReadmeExample(packageDir: string): Promise<string[]> {
   console.log = (...args: unknown[]) => {
     logged.push(args.map((a) => (typeof a === 'string' ? a : JSON.stringify(a))).join(' '));
   };
+  const previousTmp = process.env.TMPDIR;
+  const tmp = await mkdtemp(path.join(tmpdir(), 'readme-tmp-'));
+  // As root the embedded server runs as `postgres`, which must reach its data directory in here.
+  await chmod(tmp, 0o755);
+  process.env.TMPDIR = tmp; // os.tmpdir() reads it on every call
+  let left: string[];
   try {
     await import(file);
   } finally {
     console.log = original;
+    if (previousTmp === undefined) delete process.env.TMPDIR;
+    else process.env.TMPDIR = previousTmp;
     await rm(file, { force: true });
+    left = await readdir(tmp);
+    await rm(tmp, { recursive: true, force: true });
+  }
+  if (left.length > 0) {
+    throw new Error(
+      `${path.join(packageDir, 'README.md')}: the example left ${left.join(', ')} in its temporary directory`,
+    );
   }
   return logged;
 }
