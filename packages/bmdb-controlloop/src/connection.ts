@@ -6,7 +6,7 @@ import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
 import { BMDBError, ConnectionClosedError, DatabaseUnreachableError } from './errors.js';
 import { MachineChanges, notifyReleased } from './internal/changes.js';
 import type { SessionHost } from './internal/host.js';
-import { describeError, log } from './internal/log.js';
+import { describeError, detail, log } from './internal/log.js';
 import { PreparedStatements } from './internal/prepared.js';
 import { Releases } from './internal/releases.js';
 import { type RunStatement, withRetry } from './internal/retry.js';
@@ -205,7 +205,7 @@ export class BMDB {
       await bmdb.close();
       throw error;
     }
-    log.connection('opened %s for %s', redact(url), options.componentName);
+    detail.connection('opened %s for %s', redact(url), options.componentName);
     return bmdb;
   }
 
@@ -253,7 +253,7 @@ export class BMDB {
     this.#sessions.add(session);
     this.#metrics?.sessionsStarted.inc({ processor });
     this.#startCollector(interval);
-    log.session('session %s started (%s, interval %ds)', session.id, processor, seconds);
+    detail.session('session %s started (%s, interval %ds)', session.id, processor, seconds);
     return session;
   }
 
@@ -309,7 +309,7 @@ export class BMDB {
     // connections "due to administrator command" (57P01), logged as failures.
     await Promise.all([...this.#connected].map((client) => new Promise((resolve) => client.once('end', resolve))));
     if (this.embedded) await this.embedded.stop();
-    log.connection('closed (%s)', this.options.componentName);
+    detail.connection('closed (%s)', this.options.componentName);
   }
 
   #assertOpen(): void {

@@ -11,7 +11,7 @@ import {
   WorkEndedError,
   WorkLostError,
 } from './errors.js';
-import { describeError, log } from './internal/log.js';
+import { describeError, detail, log } from './internal/log.js';
 import { isAbort, sleep } from './internal/sleep.js';
 import type { RateLimiter } from './limiter.js';
 import { Queries } from './queries.js';
@@ -119,13 +119,13 @@ export async function runControlLoop<T extends WorkCandidate>(
   if (options.signal.aborted) forward();
   else options.signal.addEventListener('abort', forward, { once: true });
   const runner = new Runner(bmdb, loop, { ...options, signal: stop.signal });
-  log.loop('%s: starting %d worker(s) for %s', loop.processor, parallelism, loop.process);
+  detail.loop('%s: starting %d worker(s) for %s', loop.processor, parallelism, loop.process);
   try {
     await Promise.all(Array.from({ length: parallelism }, (_, index) => runner.worker(index)));
   } finally {
     options.signal.removeEventListener('abort', forward);
   }
-  log.loop('%s: stopped', loop.processor);
+  detail.loop('%s: stopped', loop.processor);
 }
 
 class Runner<T extends WorkCandidate> {
@@ -254,8 +254,12 @@ class Runner<T extends WorkCandidate> {
       await this.loop.processMachine(task);
     } catch (error) {
       const cause = describeError(error);
-      log.loop('%s: processing machine %s failed: %s', name, work.machineId, cause);
-      if (work.state !== 'active') return;
+      if (work.state !== 'active') {
+        log.loop('%s: processing machine %s failed after its work ended: %s', name, work.machineId, cause);
+        return;
+      }
+      // The failure's own line (with its backoff) comes from work.fail.
+      detail.loop('%s: processing machine %s failed', name, work.machineId);
       await work.fail(task.backoff, cause).catch((failError) => {
         if (!isSessionGone(failError)) {
           log.loop('%s: recording failure of machine %s failed: %s', name, work.machineId, describeError(failError));

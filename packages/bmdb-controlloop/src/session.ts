@@ -12,7 +12,7 @@ import {
 import { notifyReleased } from './internal/changes.js';
 import { isConnectionLost } from './internal/connection-lost.js';
 import type { SessionHost } from './internal/host.js';
-import { describeError, log } from './internal/log.js';
+import { describeError, detail, log } from './internal/log.js';
 import type { SessionRuntime } from './internal/runtime.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
@@ -219,7 +219,7 @@ export class Session {
     const work = new Work<T>(this.#runtime, claim.machineId, process, claim.candidate, claim.previousInterval);
     this.#works.add(work as Work);
     this.host.metrics?.workStarted.inc({ ...this.#labels, process });
-    log.work(
+    detail.work(
       'session %s claimed machine %s for %s%s',
       this.id,
       claim.machineId,
@@ -255,7 +255,7 @@ export class Session {
         this.host.db,
       ),
     );
-    log.session(
+    detail.session(
       'session %s closed%s, %d claim(s) released',
       this.id,
       wasExpired ? ' after expiring' : '',

@@ -1,11 +1,14 @@
 import createDebug from 'debug';
 
 /**
- * Logs are on by default in the CLI: every shepherd and BMDB event, one line
- * each, on stderr. `DEBUG` narrows or widens them (`DEBUG=shepherd:*`,
- * `DEBUG=*`); `DEBUG=` (empty) turns them off.
+ * Logs are on by default in the CLI: every shepherd and BMDB event a person
+ * cares about (machine provided, agent started, failed with its cause and
+ * backoff, rebooted), one line each, on stderr. The steps within them are
+ * under `…:detail` namespaces, included by `DEBUG=shepherd:*,bmdb:*`. `DEBUG`
+ * narrows or widens them (`DEBUG=shepherd:*`, `DEBUG=*`); `DEBUG=` (empty)
+ * turns them off.
  */
-export const DEFAULT_LOG_NAMESPACES = 'shepherd:*,bmdb:*,-bmdb:embedded';
+export const DEFAULT_LOG_NAMESPACES = 'shepherd:*,bmdb:*,-*:detail,-bmdb:embedded';
 
 /**
  * Turns on the namespaces of `setting` (the process's `DEBUG`, read before

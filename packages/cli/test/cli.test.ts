@@ -426,6 +426,86 @@ describe('run dummy', () => {
   });
 });
 
+describe('the default logs: one line per event a person cares about', () => {
+  /** The log lines of `stderr` (timestamped), without their timestamps. */
+  const lines = (stderr: string) =>
+    stderr
+      .split('\n')
+      .filter((line) => /^\d{4}-\d\d-\d\dT/.test(line))
+      .map((line) => line.replace(/^\S+ /, ''));
+
+  test('machines provided and agents started: a line each, no steps, at most one heartbeat summary', async () => {
+    await db.admin('DELETE FROM machines');
+    const run = start(
+      [
+        'run',
+        'dummy',
+        '--bmdb-url',
+        db.url,
+        '--dummy-capacity',
+        '4',
+        '--dummy-agent-failure-rate',
+        '0',
+        '--dummy-heartbeat-failure-rate',
+        '0',
+        '--dummy-heartbeat-interval',
+        '100ms',
+        '--provisioner-device-creation-rate',
+        '300ms,1',
+      ],
+      { DEBUG: undefined },
+    );
+    await eventually(async () =>
+      (await count('SELECT count(*)::int AS n FROM machine_agent_heartbeat')) === 4 ? true : undefined,
+    );
+    // Heartbeat rounds every 100 ms while the fleet grew from 0 to 4: summaries at most once a minute.
+    await run.logged(/4 of 4 started agents heartbeated|agent started on machine(.|\n)*agent started on machine/);
+    run.child.kill('SIGTERM');
+    const result = await run.exited;
+    expect(result.code).toBe(0);
+    const logged = lines(result.stderr);
+    expect(
+      logged.filter((line) => /^shepherd:provisioner provided machine dummy-\d{6} at Dummy/.test(line)),
+    ).toHaveLength(4);
+    expect(
+      logged.filter((line) =>
+        /^shepherd:initializer agent started on machine [0-9a-f-]{36} \(provider ID dummy-\d{6}\)$/.test(line),
+      ),
+    ).toHaveLength(4);
+    expect(logged.filter((line) => line.includes('started agents heartbeated')).length).toBeLessThanOrEqual(1);
+    for (const step of [/claimed machine/, /starting agent/, /^bmdb:session /, /worker\(s\)/, /created machine/]) {
+      expect(logged.filter((line) => step.test(line))).toEqual([]);
+    }
+  });
+
+  test('a failed agent start is one line with its cause and backoff; the steps stay under :detail', async () => {
+    await db.admin('DELETE FROM machines');
+    const args = ['run', 'dummy', '--bmdb-url', db.url, '--dummy-capacity', '1', '--dummy-agent-failure-rate', '1'];
+    const run = start(args, { DEBUG: undefined });
+    await run.logged(/failed, backing off/);
+    run.child.kill('SIGTERM');
+    const result = await run.exited;
+    expect(result.code).toBe(0);
+    const { rows } = await db.admin('SELECT machine_id FROM machines');
+    const machine = rows[0].machine_id as string;
+    const failures = lines(result.stderr).filter((line) => line.includes(machine) && /fail/.test(line));
+    expect(failures).toHaveLength(1);
+    expect(failures[0]).toMatch(
+      /^bmdb:work machine \S+ ShepherdAgentStart failed, backing off \d+s: .*simulated failure/,
+    );
+
+    // The steps, with DEBUG widened to every namespace.
+    await db.admin('DELETE FROM machines');
+    const detailed = start(args, { DEBUG: 'shepherd:*,bmdb:*,-bmdb:embedded' });
+    await detailed.logged(/failed, backing off/);
+    detailed.child.kill('SIGTERM');
+    const all = (await detailed.exited).stderr;
+    expect(all).toMatch(/bmdb:work:detail session \S+ claimed machine/);
+    expect(all).toMatch(/shepherd:initializer:detail starting agent on machine/);
+    expect(all).toMatch(/shepherd:dummy:detail simulating a failed agent start/);
+  });
+});
+
 describe('run on an embedded BMDB', () => {
   test('says it initialises the database, and a clean stop prints no error lines', async () => {
     // As root the server runs as `postgres`, which must reach the data directory.

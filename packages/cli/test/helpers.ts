@@ -51,18 +51,22 @@ export class Shepherd {
   }
 }
 
-/** Starts `shepherd <args>` with `env` added to a clean environment (no inherited SHEPHERD_*). */
-export function start(args: readonly string[], env: Record<string, string> = {}): Shepherd {
+/**
+ * Starts `shepherd <args>` with `env` added to a clean environment (no
+ * inherited SHEPHERD_*); a variable `undefined` in `env` is left unset.
+ */
+export function start(args: readonly string[], env: Record<string, string | undefined> = {}): Shepherd {
   const inherited = Object.fromEntries(Object.entries(process.env).filter(([key]) => !key.startsWith('SHEPHERD_')));
+  const merged = { ...inherited, DEBUG: 'shepherd:*,bmdb:*,-bmdb:embedded', ...env };
   const child = spawn(process.execPath, [bin, ...args], {
     cwd: root,
-    env: { ...inherited, DEBUG: 'shepherd:*,bmdb:*,-bmdb:embedded', ...env },
+    env: Object.fromEntries(Object.entries(merged).filter(([, value]) => value !== undefined)),
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   return new Shepherd(child);
 }
 
 /** Runs `shepherd <args>` to its end. */
-export function shepherd(args: readonly string[], env: Record<string, string> = {}): Promise<Result> {
+export function shepherd(args: readonly string[], env: Record<string, string | undefined> = {}): Promise<Result> {
   return start(args, env).exited;
 }

@@ -13,7 +13,8 @@ import {
 import { create, toBinary } from '@bufbuild/protobuf';
 import createDebug from 'debug';
 
-const log = createDebug('shepherd:dummy');
+/** The fake's own steps, below the shepherd's events (the CLI's default logs leave them out). */
+const detail = createDebug('shepherd:dummy:detail');
 
 /** The provider name the dummy records its machines under. */
 export const DUMMY_PROVIDER = 'Dummy';
@@ -104,7 +105,7 @@ export class DummyProvider implements RebootingProvider {
         const succeeds = random() >= agentFailureRate;
         report({ phase: 'end', ...machine, outcome: succeeds ? 'started' : 'failed', at: new Date() });
         if (succeeds) return undefined; // the fake agent's success
-        log('simulating a failed agent start on machine %s (%s)', target.machineId, target.host);
+        detail('simulating a failed agent start on machine %s (%s)', target.machineId, target.host);
         const failure = create(TakeoverResponseSchema, {
           result: {
             case: 'error',
@@ -147,14 +148,14 @@ export class DummyProvider implements RebootingProvider {
       });
       return created;
     });
-    log('created machine %s (provider ID %s, %s)', machineId, id, machine.address);
+    detail('created machine %s (provider ID %s, %s)', machineId, id, machine.address);
     return machine;
   }
 
   async rebootMachine(id: string): Promise<void> {
     if (slotOfId(id, this.capacity) === undefined) throw new MachineNotFoundError(this.type, id);
     this.reboots.set(id, (this.reboots.get(id) ?? 0) + 1);
-    log('rebooted %s', id);
+    detail('rebooted %s', id);
   }
 
   /**

@@ -5,6 +5,10 @@ import { sql } from 'kysely';
 import type { DummyProvider } from './dummy-provider.js';
 
 const log = createDebug('shepherd:dummy');
+const detail = createDebug('shepherd:dummy:detail');
+
+/** The least time between two heartbeat summaries at the default log level. */
+const SUMMARY_INTERVAL = 60_000;
 
 /** Options of the {@link HeartbeatSimulator}. */
 export interface HeartbeatSimulatorOptions {
@@ -31,6 +35,9 @@ export class HeartbeatSimulator {
     this.#interval = options.interval ?? 10_000;
     if (!(this.#interval > 0)) throw new RangeError(`heartbeat interval must be > 0, got ${this.#interval}ms`);
   }
+
+  /** The summary last logged, and when (performance.now()). */
+  #summary = { line: '0 of 0', at: Number.NEGATIVE_INFINITY };
 
   /** Sends heartbeat rounds until `signal` aborts. A failed round is logged and the next one tried. */
   async run(bmdb: BMDB, options: { signal: AbortSignal }): Promise<void> {
@@ -71,8 +78,21 @@ export class HeartbeatSimulator {
           .onConflict((oc) => oc.column('machine_id').doUpdateSet({ agent_heartbeat_at: sql<Date>`now()` }))
           .execute();
       }
-      log('%d of %d started agents heartbeated', alive.length, started.length);
+      this.#summarize(alive.length, started.length);
       return alive.length;
     });
+  }
+
+  /**
+   * Says how many started agents heartbeat: at most once a minute, and only
+   * when it changed; every round under `shepherd:dummy:detail`.
+   */
+  #summarize(alive: number, started: number): void {
+    const line = `${alive} of ${started}`;
+    detail('%s started agents heartbeated', line);
+    const now = performance.now();
+    if (line === this.#summary.line || now - this.#summary.at < SUMMARY_INTERVAL) return;
+    this.#summary = { line, at: now };
+    log('%s started agents heartbeated', line);
   }
 }

@@ -11,7 +11,7 @@ import {
   type Task,
 } from '@bmaas/bmdb-controlloop';
 import { encodeTakeoverInit, parseTakeoverResponse, type TakeoverInitParams } from './agent-protocol.js';
-import { log } from './internal.js';
+import { detail, log } from './internal.js';
 import { type Provider, ShepherdError } from './provider.js';
 import type { SshClient, SshTarget } from './ssh-client.js';
 
@@ -117,17 +117,13 @@ export class Initializer implements ControlLoop<ProvidedMachine> {
       task.backoff = NOT_READY_BACKOFF;
       throw new NoAddressError(machineId, providerId);
     }
-    log.initializer('starting agent on machine %s (provider ID %s, %s)', machineId, providerId, machine.address);
+    detail.initializer('starting agent on machine %s (provider ID %s, %s)', machineId, providerId, machine.address);
     const key = await this.startAgent({ host: machine.address, port: this.#port, machineId }, task.signal);
     // The agent runs now; the library records it through a brief database
     // outage, in one statement shared with other workers' finishes.
     await task.work.finish({ set: { agentStarted: { publicKey: key } } });
-    log.initializer(
-      'agent started on machine %s (provider ID %s), key %s',
-      machineId,
-      providerId,
-      Buffer.from(key).toString('hex'),
-    );
+    log.initializer('agent started on machine %s (provider ID %s)', machineId, providerId);
+    detail.initializer('agent key of machine %s: %s', machineId, Buffer.from(key).toString('hex'));
   }
 
   /**

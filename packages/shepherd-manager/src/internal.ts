@@ -7,6 +7,13 @@ export const log = {
   recoverer: createDebug('shepherd:recoverer'),
 };
 
+/** Steps within an event (an agent start begun, a reboot asked for): `shepherd:*` includes them, the CLI's default not. */
+export const detail = {
+  provisioner: createDebug('shepherd:provisioner:detail'),
+  initializer: createDebug('shepherd:initializer:detail'),
+  recoverer: createDebug('shepherd:recoverer:detail'),
+};
+
 /** Whether `error` is `signal`'s abort rather than a failure. */
 export function isAbort(error: unknown, signal?: AbortSignal): boolean {
   return (

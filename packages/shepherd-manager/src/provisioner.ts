@@ -10,7 +10,7 @@ import {
   SessionExpiredError,
   sleep,
 } from '@bmaas/bmdb-controlloop';
-import { isAbort, log } from './internal.js';
+import { detail, isAbort, log } from './internal.js';
 import { Availability, type Machine, type Provider, ShepherdError } from './provider.js';
 
 /** Options of the {@link Provisioner}. */
@@ -158,7 +158,7 @@ export class Provisioner {
     const failedInBMDB = new Set(
       provided.filter((m) => m.providerStatus === ProviderStatus.ProvisioningFailedPermanent).map((m) => m.providerId),
     );
-    log.provisioner('%s lists %d machine(s), the BMDB %d', type, inProvider.length, inBMDB.size);
+    detail.provisioner('%s lists %d machine(s), the BMDB %d', type, inProvider.length, inBMDB.size);
 
     const available: Machine[] = [];
     const used = new Map<string, Machine>();
@@ -181,7 +181,8 @@ export class Provisioner {
     const managed = [...used.keys()].filter((id) => inBMDB.has(id)).length;
     const wanted = this.#maxCount === 0 ? Number.POSITIVE_INFINITY : this.#maxCount - managed;
     const toCreate = available.slice(0, Math.max(0, Math.min(wanted, this.#chunkSize)));
-    log.provisioner(
+    // Worth a line only when it leads to something.
+    (toCreate.length > 0 ? log.provisioner : detail.provisioner)(
       '%d managed (limit %s), %d available, creating %d',
       managed,
       this.#maxCount === 0 ? 'none' : this.#maxCount,
@@ -201,7 +202,7 @@ export class Provisioner {
       if (state === 'expired') throw new SessionExpiredError(session.id, 'during a provisioning pass');
       try {
         const result = await this.provider.createMachine(session, { unusedMachine: machine }, signal);
-        log.provisioner('created machine %s at %s', result.id, type);
+        log.provisioner('provided machine %s at %s (%s)', result.id, type, result.address ?? 'no address yet');
         created.push(result.id ?? '');
       } catch (error) {
         if (isAbort(error, signal) || error instanceof SessionExpiredError) throw error;

@@ -13,7 +13,7 @@ import {
   sleep,
   type Task,
 } from '@bmaas/bmdb-controlloop';
-import { log } from './internal.js';
+import { detail, log } from './internal.js';
 import type { RebootingProvider } from './provider.js';
 
 /** Options of the {@link Recoverer}: when an agent counts as silent, and how often heartbeats are audited. */
@@ -118,12 +118,16 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
 
   async processMachine(task: Task<ProvidedMachine>): Promise<void> {
     const { machineId, providerId } = task.machine;
-    log.recoverer('rebooting machine %s (provider ID %s): agent silent', machineId, providerId);
+    detail.recoverer('rebooting machine %s (provider ID %s): agent silent', machineId, providerId);
     await this.provider.rebootMachine(providerId, task.signal);
     // Rebooted; the library records it through a brief database outage, in
     // one statement shared with other workers' finishes.
     await task.work.finish({ delete: ['agentStarted', 'agentHeartbeat'] });
-    log.recoverer('rebooted machine %s (provider ID %s); agent to be started again', machineId, providerId);
+    log.recoverer(
+      'rebooted machine %s (provider ID %s), its agent silent; agent to be started again',
+      machineId,
+      providerId,
+    );
   }
 }
 

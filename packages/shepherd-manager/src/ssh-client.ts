@@ -7,6 +7,8 @@ import { ShepherdError } from './provider.js';
 import { sshFingerprint } from './ssh-key.js';
 
 const log = createDebug('shepherd:ssh');
+/** Each connection's steps (dialing, connected, closed); the CLI's default logs leave them out. */
+const detail = createDebug('shepherd:ssh:detail');
 
 /** Default cap on each of a command's stdout and stderr: agents answer in bytes, not megabytes. */
 export const DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024;
@@ -220,7 +222,7 @@ export class Ssh2Client implements SshClient {
       );
     });
 
-    log('%s: dialing (timeout %d ms)', describeTarget(target), connectTimeout);
+    detail('%s: dialing (timeout %d ms)', describeTarget(target), connectTimeout);
     connector.connect({
       host: target.host,
       port: target.port,
@@ -259,7 +261,7 @@ export class Ssh2Client implements SshClient {
       connector.destroy();
       throw error;
     }
-    log(
+    detail(
       '%s: connected in %d ms, host key %s',
       describeTarget(target),
       Math.round(performance.now() - started),
@@ -290,7 +292,7 @@ class Ssh2Connection implements SshConnection {
   ) {
     connector.once('close', () => {
       this.#closed = true;
-      log('%s: connection closed', describeTarget(target));
+      detail('%s: connection closed', describeTarget(target));
     });
   }
 

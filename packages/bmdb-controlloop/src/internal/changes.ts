@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import pg from 'pg';
-import { describeError, log } from './log.js';
+import { describeError, detail, log } from './log.js';
 
 /** The channel migration 0002's triggers and the releasing statements notify. */
 export const CHANGES_CHANNEL = 'bmdb_machines_changed';
@@ -116,7 +116,7 @@ export class MachineChanges {
         return;
       }
       this.#client = client;
-      log.connection('listening for machine changes');
+      detail.connection('listening for machine changes');
       // Changes made while nobody listened went unheard: have every waiter look.
       this.#changed('all');
     })()

@@ -10,6 +10,18 @@ export const log = {
   loop: createDebug('bmdb:loop'),
 };
 
+/**
+ * Routine steps (claims, sessions started and closed, workers starting,
+ * retried transactions), one level below the loggers above: `bmdb:*`
+ * includes them, the shepherd's default logs leave them out (`-*:detail`).
+ */
+export const detail = {
+  connection: createDebug('bmdb:connection:detail'),
+  session: createDebug('bmdb:session:detail'),
+  work: createDebug('bmdb:work:detail'),
+  loop: createDebug('bmdb:loop:detail'),
+};
+
 /** The message of an unknown thrown value, for logs and failure causes. */
 export function describeError(error: unknown): string {
   if (error instanceof Error) {

@@ -1,4 +1,4 @@
-import { log } from './log.js';
+import { detail } from './log.js';
 import { sleep } from './sleep.js';
 
 /** SQLSTATEs after which the whole transaction can simply run again. */
@@ -41,7 +41,7 @@ export async function withRetry<T>(attempt: () => Promise<T>, hooks: RetryHooks)
       }
       hooks.onRetry(error, n);
       const ceiling = Math.min(500, 5 * 2 ** (n - 1));
-      log.connection('retrying transaction after %s (attempt %d)', (error as { code?: string }).code, n);
+      detail.connection('retrying transaction after %s (attempt %d)', (error as { code?: string }).code, n);
       await sleep(ceiling / 2 + Math.random() * (ceiling / 2));
     }
   }
