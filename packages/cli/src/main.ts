@@ -84,6 +84,11 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
     io.stderr(`shepherd: ${unknown}: unknown flag${command ? ` for ${command}` : ''}; see --help${hint}\n`);
     return EXIT.usage;
   }
+  const extra = command === undefined ? undefined : extraArgument(command, positionals(args));
+  if (extra !== undefined) {
+    io.stderr(`shepherd: ${command}: unexpected argument ${JSON.stringify(extra)}; see --help\n`);
+    return EXIT.usage;
+  }
 
   const parser = yargs([...args]) as Yargs & UsageConfigurable;
   // Each flag's description carries its type and default (flags.ts).
@@ -155,6 +160,15 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
     if (exitCode === EXIT.ok) fail(error);
   }
   return exitCode;
+}
+
+/** How many words each command takes after its name (`run dummy`); yargs' strict mode would find more only after the command ran. */
+const COMMAND_ARGUMENTS: Record<string, number> = { run: 1, migrate: 0, status: 0, 'ssh-key': 0 };
+
+/** The first word after a command beyond those it takes; commands not in the table are left to yargs. */
+function extraArgument(command: string, words: readonly string[]): string | undefined {
+  const taken = COMMAND_ARGUMENTS[command];
+  return taken === undefined ? undefined : words[1 + taken];
 }
 
 /** yargs 18 has it; its types (@types/yargs 17) do not yet. */

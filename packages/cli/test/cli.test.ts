@@ -243,6 +243,12 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
     ],
     ['an unknown short flag', () => ['run', 'dummy', '-x'], /-x: unknown flag for run/],
     ['an unknown provider', () => ['run', 'vmware'], /run: unknown provider "vmware": want dummy or equinix/],
+    [
+      'a word too many (yargs would find it only after the command ran)',
+      () => ['migrate', 'now'],
+      /^shepherd: migrate: unexpected argument "now"; see --help\n$/,
+    ],
+    ['a word after the provider', () => ['run', 'dummy', 'fast'], /^shepherd: run: unexpected argument "fast"/],
     ['no command', () => [], /^shepherd: say which command to run: run, migrate, status or ssh-key; see --help\n$/],
     [
       'run without a provider',
