@@ -3,7 +3,7 @@ import { parseLimiter, type RateLimiter } from '@bmaas/bmdb-controlloop';
 import type { Registry } from 'prom-client';
 import { EquinixApiError, EquinixResponseError, ReservationTakenError } from '../errors.js';
 import { sameKey } from '../internal/authorized-key.js';
-import { log } from '../internal/log.js';
+import { detail } from '../internal/log.js';
 import { Secret } from '../secret.js';
 import { EquinixApiMetrics } from './metrics.js';
 import { type RetryPolicy, retryPolicy } from './retry.js';
@@ -200,7 +200,7 @@ export class EquinixClient {
         parse: (body) => parseDevice(body, 'POST', path),
         signal,
       });
-      log.api(
+      detail.api(
         'created device %s (%s) in project %s on reservation %s',
         device.id,
         device.hostname,

@@ -8,6 +8,16 @@ export const log = {
   fake: createDebug('shepherd:equinix:fake'),
 };
 
+/**
+ * Steps within the shepherd's events (a device created and recorded, which
+ * the provisioner reports as one line): `shepherd:*` includes them, the CLI's
+ * default logs not.
+ */
+export const detail = {
+  api: createDebug('shepherd:equinix:api:detail'),
+  provider: createDebug('shepherd:equinix:provider:detail'),
+};
+
 /** The message of an unknown thrown value, with the cause a fetch failure hides behind. */
 export function describeError(error: unknown): string {
   if (!(error instanceof Error)) return String(error);

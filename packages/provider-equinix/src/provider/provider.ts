@@ -16,7 +16,7 @@ import {
   ReservationUnavailableError,
 } from '../errors.js';
 import { isAbortOf } from '../internal/abort.js';
-import { describeError, log } from '../internal/log.js';
+import { describeError, detail, log } from '../internal/log.js';
 import { adoptionRefusal, deviceFacts, deviceReservationId, EQUINIX_PROVIDER, hostnameFor } from './device-facts.js';
 import { deviceMachine, type EquinixMachine, reservationMachine } from './machine.js';
 import { PenaltyBox } from './penalty-box.js';
@@ -136,7 +136,7 @@ export class EquinixProvider implements RebootingProvider {
       if (ours.has(hostnameFor(prefix, reservation.id))) continue;
       machines.push(reservationMachine(reservation));
     }
-    log.provider(
+    detail.provider(
       'project %s: %d managed device(s), %d free reservation(s), %d penalised',
       this.settings.projectId,
       devices.length,
@@ -265,7 +265,7 @@ export class EquinixProvider implements RebootingProvider {
       throw error;
     }
     this.#reservations.invalidate();
-    log.provider('created device %s (%s) on reservation %s', device.id, hostname, reservationId);
+    detail.provider('created device %s (%s) on reservation %s', device.id, hostname, reservationId);
     return this.#record(session, device, 'created');
   }
 
@@ -312,7 +312,7 @@ export class EquinixProvider implements RebootingProvider {
     if (machineId === undefined) {
       log.provider('device %s (%s) was already recorded; facts refreshed', device.id, device.hostname);
     } else {
-      log.provider('device %s (%s) %s, recorded as machine %s', device.id, device.hostname, how, machineId);
+      detail.provider('device %s (%s) %s, recorded as machine %s', device.id, device.hostname, how, machineId);
     }
     return deviceMachine(device, this.settings.devicePrefix, Availability.KnownUsed);
   }
