@@ -311,12 +311,30 @@ export async function run(argv: Argv, kind: ProviderKind): Promise<void> {
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
     if (abandoned.size > 0 && stoppedBy) {
-      // A call stuck in the file system (a FIFO, a hung mount) holds a thread that even
+      // Most abandoned steps end soon (a query on the closed BMDB, an HTTP request). A call
+      // stuck in the file system (a FIFO, a hung mount) holds a thread that even
       // process.exit() waits for; the signal's own default action ends the process.
-      log('start-up is still waiting on the file system: ending the process by %s', stoppedBy);
-      process.kill(process.pid, stoppedBy);
+      await settledWithin([...abandoned], ABANDONED_GRACE);
+      if (abandoned.size > 0) {
+        log('start-up is still waiting on the file system: ending the process by %s', stoppedBy);
+        process.kill(process.pid, stoppedBy);
+      }
     }
   }
+}
+
+/** How long start-up steps abandoned on a stop signal may take to end on their own. */
+const ABANDONED_GRACE = 1_000;
+
+async function settledWithin(steps: Promise<unknown>[], ms: number): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([
+    Promise.allSettled(steps),
+    new Promise((resolve) => {
+      timer = setTimeout(resolve, ms);
+    }),
+  ]);
+  clearTimeout(timer);
 }
 
 /** A stop signal came before the shepherd was running. */
