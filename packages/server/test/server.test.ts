@@ -65,7 +65,7 @@ const hardwareReport = create(AgentHardwareReportSchema, {
     product: 'AS-1114S',
     efiSupport: EFISupport.EFI_SUPPORT_ENABLED,
     memoryInstalledBytes: 256n * 2n ** 30n,
-    blockDevice: [{ vendor: 'Samsung', capacityBytes: 2n ** 40n, protocol: BlockDevice_Protocol.PROTOCOL_NVME }],
+    blockDevice: [{ vendor: 'Samsung', capacityBytes: 2n ** 40n, protocol: BlockDevice_Protocol.NVME }],
   }),
   warning: ['no IPMI'],
 });
