@@ -118,6 +118,17 @@ const flags = {
         'Append one JSON line to this file as each fake agent start begins and ends (machine, address, pid, time); off when unset',
     },
   },
+  server: {
+    listen: {
+      describe: 'host:port the BMaaS server takes agents’ heartbeats on (gRPC over TLS)',
+      default: '0.0.0.0:8443',
+    },
+    'tls-cert': {
+      describe:
+        'PEM certificate of the BMaaS server (with --tls-key); unset: a self-signed one made once as <data-dir>/server.crt, for agents to trust',
+    },
+    'tls-key': { describe: 'PEM private key of --tls-cert' },
+  },
 } as const satisfies Record<string, Record<string, Flag>>;
 
 export type FlagGroup = keyof typeof flags;
@@ -133,6 +144,7 @@ const GROUP_TITLES: Record<FlagGroup, string> = {
   recoverer: 'Recoverer',
   equinix: 'Equinix provider (run equinix)',
   dummy: 'Dummy provider (run dummy)',
+  server: 'BMaaS server (server)',
 };
 
 /** yargs options of the given groups, strings throughout (see the module comment). */
@@ -155,8 +167,11 @@ export function flagOptions(...groups: FlagGroup[]): Record<string, Options> {
   return options;
 }
 
-/** Every group, in --help order: `run` takes them all. */
-export const FLAG_GROUPS = Object.keys(flags) as FlagGroup[];
+/** The groups of `server` alone; every other command's are a subset of `run`'s. */
+export const SERVER_GROUPS: FlagGroup[] = ['database', 'observability', 'server'];
+
+/** Every group `run` takes, in --help order. */
+export const FLAG_GROUPS = (Object.keys(flags) as FlagGroup[]).filter((group) => group !== 'server');
 
 /** The flags of a group, for tests and docs. */
 export function flagNames(group: FlagGroup): string[] {

@@ -7,9 +7,10 @@
 import yargs, { type Argv as Yargs } from 'yargs';
 import { migrate } from './commands/migrate.js';
 import { type ProviderKind, run } from './commands/run.js';
+import { server } from './commands/server.js';
 import { sshKey } from './commands/ssh-key.js';
 import { status } from './commands/status.js';
-import { FLAG_GROUPS, type FlagGroup, flagNames, flagOptions } from './flags.js';
+import { FLAG_GROUPS, type FlagGroup, flagNames, flagOptions, SERVER_GROUPS } from './flags.js';
 import { enableLogs } from './logging.js';
 import { UsageError } from './settings.js';
 import { VERSION } from './version.js';
@@ -115,7 +116,16 @@ export async function main(
           .strict(),
       (argv) => sshKey(argv, io.stdout),
     )
-    .demandCommand(1, 'Say which command to run: run, migrate, status or ssh-key (see --help)')
+    .command(
+      'server',
+      'Run the BMaaS server agents heartbeat to (gRPC AgentCallback over TLS) until SIGINT/SIGTERM',
+      (y) => y.options(flagOptions(...SERVER_GROUPS)).strict(),
+      async (argv) => {
+        enableLogs();
+        await server(argv, io.stdout);
+      },
+    )
+    .demandCommand(1, 'Say which command to run: run, migrate, status, ssh-key or server (see --help)')
     .fail((message, error) => {
       // Our handlers' errors and yargs' own validation (unknown flag, missing command) end here.
       if (error) fail(error);
@@ -139,6 +149,7 @@ const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
   migrate: ['database'],
   status: ['database'],
   'ssh-key': ['database'],
+  server: SERVER_GROUPS,
 };
 const COMMAND_FLAGS: Record<string, string[]> = { status: ['json'], 'ssh-key': ['ssh-key-path'] };
 const GLOBAL_FLAGS = ['help', 'version'];
