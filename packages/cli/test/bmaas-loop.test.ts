@@ -55,7 +55,7 @@ afterAll(async () => {
     process.child.kill('SIGKILL');
     await process.exited;
   }
-  for (const pid of await heartbeaters()) killQuietly(pid);
+  for (const pid of (await heartbeaters()).values()) killQuietly(pid);
   await api?.close();
   await sshd?.stop();
   await rm(dir, { recursive: true, force: true });
