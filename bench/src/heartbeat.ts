@@ -1,19 +1,19 @@
 /**
  * Heartbeats through the BMaaS server: simulated agents, each on its own
  * TLS connection with its own ed25519 key and client certificate, against
- * one server process (heartbeat-server.ts) recording into the BMDB. Each
- * agent sends on a schedule (open loop, staggered), so the offered rate is
- * `agents / interval`; latency is from a heartbeat's send to its answer.
+ * one `shepherd server` process (compiled, as operators run it) recording
+ * into the BMDB. Each agent sends on a schedule (open loop, staggered), so
+ * the offered rate is `agents / interval`; latency is from a heartbeat's send to its answer.
  * Statements per heartbeat come from pg_stat_statements: calls of the
  * heartbeat statement over heartbeats answered.
  */
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { generateKeyPairSync } from 'node:crypto';
 import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { type ClientHttp2Session, connect } from 'node:http2';
+import { createServer } from 'node:net';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
-import { createInterface } from 'node:readline';
 import { BMDB } from '@bmaas/bmdb-controlloop';
 import { certificatePem, selfSignedCertificate } from '@bmaas/server';
 import { sql } from 'kysely';
@@ -35,6 +35,14 @@ export interface HeartbeatFigure {
   readonly loadAverage: number;
 }
 
+async function freePort(): Promise<number> {
+  const listener = createServer();
+  await new Promise<void>((resolve) => listener.listen(0, '127.0.0.1', resolve));
+  const { port } = listener.address() as { port: number };
+  await new Promise((resolve) => listener.close(resolve));
+  return port;
+}
+
 /** CPU seconds used so far by `pid` (utime + stime), from /proc. */
 async function cpuSeconds(pid: number): Promise<number> {
   try {
@@ -45,20 +53,29 @@ async function cpuSeconds(pid: number): Promise<number> {
   }
 }
 
-/** CPU seconds used so far by every `postgres` process. */
-async function postgresSeconds(): Promise<number> {
-  let total = 0;
+/** CPU seconds used so far by each `postgres` process, by pid. */
+async function postgresSeconds(): Promise<Map<number, number>> {
+  const seconds = new Map<number, number>();
   for (const entry of await readdir('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
     try {
-      if ((await readFile(`/proc/${entry}/comm`, 'utf8')).trim() === 'postgres')
-        total += await cpuSeconds(Number(entry));
+      if ((await readFile(`/proc/${entry}/comm`, 'utf8')).trim() === 'postgres') {
+        seconds.set(Number(entry), await cpuSeconds(Number(entry)));
+      }
     } catch {}
   }
+  return seconds;
+}
+
+/** CPU seconds PostgreSQL used between two readings, over the processes alive at both. */
+function postgresDelta(before: Map<number, number>, after: Map<number, number>): number {
+  let total = 0;
+  for (const [pid, seconds] of after) total += seconds - (before.get(pid) ?? seconds);
   return total;
 }
 
 const DATABASE = 'bench_heartbeat';
+const ROOT = path.join(import.meta.dirname, '..', '..');
 const PATH = '/cloud.bmaas.server.api.AgentCallback/Heartbeat';
 
 interface Agent {
@@ -99,24 +116,34 @@ export async function heartbeats(
     .execute();
   await bmdb.close();
 
+  // The server as operators run it: `shepherd server`, compiled, in a process of its own.
+  execFileSync(path.join(ROOT, 'node_modules/.bin/tsc'), ['--build'], { cwd: ROOT, stdio: 'inherit' });
+  const port = await freePort();
   const server = spawn(
     process.execPath,
     [
+      // BENCH_PROF=<dir>: a CPU profile of the server process.
       ...(process.env.BENCH_PROF ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_PROF] : []),
-      '--conditions=source',
-      '--import',
-      'tsx',
-      path.join(import.meta.dirname, 'heartbeat-server.ts'),
+      path.join(ROOT, 'packages/cli/bin/shepherd.js'),
+      'server',
+      '--bmdb-url',
       url,
+      '--data-dir',
       dir,
+      '--listen',
+      `127.0.0.1:${port}`,
     ],
-    { stdio: ['ignore', 'pipe', 'inherit'] },
+    { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, DEBUG: 'shepherd:cli', DEBUG_COLORS: '0' } },
   );
   const sessions: ClientHttp2Session[] = [];
   try {
-    const port = await new Promise<number>((resolve, reject) => {
-      server.once('exit', (code) => reject(new Error(`heartbeat server exited with ${code}`)));
-      createInterface({ input: server.stdout }).once('line', (line) => resolve(JSON.parse(line).port));
+    await new Promise<void>((resolve, reject) => {
+      let log = '';
+      server.once('exit', (code) => reject(new Error(`shepherd server exited with ${code}: ${log}`)));
+      server.stderr?.setEncoding('utf8').on('data', (chunk: string) => {
+        log += chunk;
+        if (log.includes('BMaaS server listening')) resolve();
+      });
     });
     const ca = await readFile(path.join(dir, 'server.crt'), 'utf8');
     const fleet: Agent[] = [];
@@ -146,7 +173,7 @@ export async function heartbeats(
       const cpu = {
         server: ((await cpuSeconds(server.pid ?? 0)) - before.server) / seconds,
         generator: (generator.user + generator.system) / 1e6 / seconds,
-        postgres: ((await postgresSeconds()) - before.postgres) / seconds,
+        postgres: postgresDelta(before.postgres, await postgresSeconds()) / seconds,
       };
       const calls = await bench.withClient(DATABASE, async (client) => {
         const result = await client.query<{ calls: string }>(
