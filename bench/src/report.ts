@@ -122,7 +122,7 @@ export function renderReport(result: BenchResult): string {
     const [first] = result.heartbeat;
     lines.push(
       `**Heartbeats** through the BMaaS server (\`@bmaas/server\`, one process): ${int(first?.agents ?? 0)} simulated agents, ` +
-        'each on its own TLS connection with its own ed25519 client certificate, sending on a schedule (offered rate); ' +
+        'each on its own TLS connection with its own ed25519 client certificate, sending on a schedule (offered rate), 10 s per rate, one run; ' +
         'the load generator runs on the same machine. Statements: calls of the heartbeat statement (pg_stat_statements) per heartbeat. ' +
         'CPU: milliseconds of CPU per heartbeat answered, of the server process, the load generator and PostgreSQL, and the load average at the end (the machine is shared).',
       '',
