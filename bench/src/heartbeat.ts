@@ -53,13 +53,17 @@ async function cpuSeconds(pid: number): Promise<number> {
   }
 }
 
-/** CPU seconds used so far by each `postgres` process, by pid. */
+/**
+ * CPU seconds used so far by each PostgreSQL backend serving the benchmark's
+ * database, by pid (its command line names the database; the machine's other
+ * PostgreSQL servers do not count).
+ */
 async function postgresSeconds(): Promise<Map<number, number>> {
   const seconds = new Map<number, number>();
   for (const entry of await readdir('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
     try {
-      if ((await readFile(`/proc/${entry}/comm`, 'utf8')).trim() === 'postgres') {
+      if ((await readFile(`/proc/${entry}/cmdline`, 'utf8')).startsWith(`postgres: bmdb ${DATABASE} `)) {
         seconds.set(Number(entry), await cpuSeconds(Number(entry)));
       }
     } catch {}

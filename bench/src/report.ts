@@ -124,7 +124,7 @@ export function renderReport(result: BenchResult): string {
       `**Heartbeats** through the BMaaS server (\`@bmaas/server\`, one process): ${int(first?.agents ?? 0)} simulated agents, ` +
         'each on its own TLS connection with its own ed25519 client certificate, sending on a schedule (offered rate), 10 s per rate, one run; ' +
         'the load generator runs on the same machine. Statements: calls of the heartbeat statement (pg_stat_statements) per heartbeat. ' +
-        'CPU: milliseconds of CPU per heartbeat answered, of the server process, the load generator and PostgreSQL, and the load average at the end (the machine is shared).',
+        'CPU: milliseconds of CPU per heartbeat answered, of the server process, the load generator and PostgreSQL (the backends serving the benchmark’s database), and the load average at the end (the machine is shared).',
       '',
       '| offered/s | answered/s | p50 | p99 | statements per heartbeat | failed | CPU ms per heartbeat: server / generator / PostgreSQL | load average |',
       '|---:|---:|---:|---:|---:|---:|---:|---:|',
