@@ -20,9 +20,9 @@ import { buildOnce, eventually, type Shepherd, shepherd, start } from './helpers
 
 const MACHINES = 3;
 const TEST_AGENT = path.resolve('packages/shepherd-manager/bin/test-agent.js');
-/** Heartbeats every 300 ms; silent for 5 s counts as lost (the machine is shared and may be slow). */
+/** Heartbeats every 300 ms; silent for 8 s counts as lost (the machine is shared and may be slow). */
 const HEARTBEAT_INTERVAL = '300ms';
-const HEARTBEAT_TIMEOUT = '5s';
+const HEARTBEAT_TIMEOUT = '8s';
 
 let db: TestDatabase;
 let dir: string;
@@ -216,7 +216,7 @@ test('agents heartbeat through `shepherd server`; a killed one is rebooted, star
     if (machineId === victim) continue;
     expect(api.reboots(agent.deviceId), machineId).toBe(0);
     expect(now.get(machineId)?.key).toBe(agent.key);
-    expect(now.get(machineId)?.heartbeatAgo).toBeLessThan(2);
+    expect(now.get(machineId)?.heartbeatAgo).toBeLessThan(4);
   }
   const recoveries = await db.admin(
     "SELECT DISTINCT machine_id FROM work_history WHERE process = 'ShepherdRecovery' AND event = 'Finished'",
