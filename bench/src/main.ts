@@ -6,13 +6,15 @@
  * Environment: BENCH_ROUNDS (default 3), BENCH_ITEMS (work items per
  * throughput round, default 10,000), BENCH_CONCURRENCY (comma-separated,
  * default 1,8,32), BENCH_ONLY (comma-separated sections: throughput,
- * ceiling, scale, pickup, idle), BENCH_SYSTEMS (`|`-separated systems for
+ * ceiling, scale, pickup, idle, heartbeat), BENCH_AGENTS (simulated agents
+ * of the heartbeat section, default 1,000), BENCH_SYSTEMS (`|`-separated systems for
  * throughput: bmdb-controlloop, "bmdb-controlloop, finish()",
  * "bmdb-controlloop, finish(fn)", graphile-worker, pg-boss).
  */
 import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { writeCeiling } from './ceiling.js';
+import { heartbeats } from './heartbeat.js';
 import { idleCost } from './idle.js';
 import { pickupLatency } from './pickup.js';
 import { type BenchResult, type Rounds, renderReport } from './report.js';
@@ -30,10 +32,14 @@ import {
 } from './throughput.js';
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
-const ONLY = new Set((process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle').split(','));
+const ONLY = new Set((process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle,heartbeat').split(','));
 const ITEMS = Number(process.env.BENCH_ITEMS ?? 10_000);
 const CONCURRENCY = (process.env.BENCH_CONCURRENCY ?? '1,8,32').split(',').map(Number);
 const SCALES = [1_000, 10_000, 100_000];
+const AGENTS = Number(process.env.BENCH_AGENTS ?? 1_000);
+/** Offered heartbeat rates: a 100,000-machine fleet at 30 s is 3,300/s; the target 5,000/s; and past it. */
+const HEARTBEAT_RATES = (process.env.BENCH_HEARTBEAT_RATES ?? '3300,5000,8000').split(',').map(Number);
+const HEARTBEAT_SECONDS = 10;
 const RESULTS = path.join(import.meta.dirname, '..', 'results');
 
 const BARE = 'bmdb-controlloop, finish()';
@@ -133,6 +139,18 @@ async function main(): Promise<void> {
       progress(`idle ${summarize(rounds).median.toFixed(2)} statements/s per worker`);
     }
 
+    if (ONLY.has('heartbeat')) {
+      result.heartbeat = await heartbeats(server, AGENTS, HEARTBEAT_RATES, HEARTBEAT_SECONDS);
+      for (const figure of result.heartbeat) {
+        progress(
+          `heartbeat ${figure.agents} agents, offered ${figure.offered}/s: ${figure.perSecond.toFixed(0)}/s, ` +
+            `p50 ${figure.latency.p50.toFixed(1)} ms, p99 ${figure.latency.p99.toFixed(1)} ms, ` +
+            `${figure.statementsPerHeartbeat.toFixed(3)} statements per heartbeat, ${figure.failed} failed; CPU s/s ` +
+            `server ${figure.cpu.server.toFixed(2)}, generator ${figure.cpu.generator.toFixed(2)}, postgres ${figure.cpu.postgres.toFixed(2)}`,
+        );
+      }
+    }
+
     result.durationSeconds = (Date.now() - startedAt.getTime()) / 1000;
     const report = renderReport(result);
     console.log(report);
@@ -140,8 +158,10 @@ async function main(): Promise<void> {
     const stamp = startedAt.toISOString().replace(/[:.]/g, '-');
     const json = `${JSON.stringify(result, null, 2)}\n`;
     await writeFile(path.join(RESULTS, `${stamp}.json`), json);
-    await writeFile(path.join(RESULTS, 'latest.json'), json);
-    await writeFile(path.join(RESULTS, 'latest.md'), `${report}\n`);
+    // A run of some sections only keeps its own latest, beside the full run's.
+    const latest = process.env.BENCH_ONLY ? `latest-${[...ONLY].join('+')}` : 'latest';
+    await writeFile(path.join(RESULTS, `${latest}.json`), json);
+    await writeFile(path.join(RESULTS, `${latest}.md`), `${report}\n`);
   } finally {
     await server.stop();
   }

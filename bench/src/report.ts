@@ -1,3 +1,4 @@
+import type { HeartbeatFigure } from './heartbeat.js';
 import type { MachineInfo } from './server.js';
 import type { Latency, Summary } from './stats.js';
 
@@ -22,12 +23,16 @@ export interface BenchResult {
   scale?: Record<number, ScaleFigure>;
   pickup?: Latency & { readonly all: readonly number[] };
   idle?: Rounds & { readonly workers: number };
+  heartbeat?: readonly HeartbeatFigure[];
   durationSeconds?: number;
 }
 
 const int = (n: number) => Math.round(n).toLocaleString('en-US');
 const ms = (n: number) => (n < 10 ? n.toFixed(2) : n.toFixed(0));
 const spread = (r: Summary, format = int) => `${format(r.median)} (${format(r.min)}–${format(r.max)})`;
+
+const perHeartbeat = (figure: HeartbeatFigure, cpuPerSecond: number) =>
+  ((cpuPerSecond * 1000) / Math.max(1, figure.perSecond)).toFixed(2);
 
 /** The results as Markdown tables, for the terminal and the README alike. */
 export function renderReport(result: BenchResult): string {
@@ -109,6 +114,25 @@ export function renderReport(result: BenchResult): string {
     if (result.idle) {
       lines.push(
         `| idle statements per second per worker (${result.idle.workers} workers) | ${spread(result.idle, (n) => n.toFixed(2))} |`,
+      );
+    }
+    lines.push('');
+  }
+  if (result.heartbeat?.length) {
+    const [first] = result.heartbeat;
+    lines.push(
+      `**Heartbeats** through the BMaaS server (\`@bmaas/server\`, one process): ${int(first?.agents ?? 0)} simulated agents, ` +
+        'each on its own TLS connection with its own ed25519 client certificate, sending on a schedule (offered rate), 10 s per rate, one run; ' +
+        'the load generator runs on the same machine. Statements: calls of the heartbeat statement (pg_stat_statements) per heartbeat. ' +
+        'CPU: milliseconds of CPU per heartbeat answered, of the server process, the load generator and PostgreSQL (the backends serving the benchmark’s database), and the load average at the end (the machine is shared).',
+      '',
+      '| offered/s | answered/s | p50 | p99 | statements per heartbeat | failed | CPU ms per heartbeat: server / generator / PostgreSQL | load average |',
+      '|---:|---:|---:|---:|---:|---:|---:|---:|',
+    );
+    for (const figure of result.heartbeat) {
+      lines.push(
+        `| ${int(figure.offered)} | ${int(figure.perSecond)} | ${ms(figure.latency.p50)} ms | ${ms(figure.latency.p99)} ms | ${figure.statementsPerHeartbeat.toFixed(3)} | ${figure.failed} | ` +
+          `${perHeartbeat(figure, figure.cpu.server)} / ${perHeartbeat(figure, figure.cpu.generator)} / ${perHeartbeat(figure, figure.cpu.postgres)} | ${figure.loadAverage.toFixed(1)} |`,
       );
     }
     lines.push('');

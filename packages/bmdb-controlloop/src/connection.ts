@@ -2,8 +2,10 @@ import { performance } from 'node:perf_hooks';
 import { Kysely, PostgresDialect, sql } from 'kysely';
 import pg from 'pg';
 import type { Registry } from 'prom-client';
+import { type AgentHeartbeat, type AgentHeartbeatResult, checkAgentHeartbeat } from './agent-heartbeat.js';
 import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
 import { BMDBError, ConnectionClosedError, DatabaseUnreachableError } from './errors.js';
+import { AgentHeartbeats } from './internal/agent-heartbeats.js';
 import { MachineChanges, notifyReleased } from './internal/changes.js';
 import type { SessionHost } from './internal/host.js';
 import { describeError, detail, log } from './internal/log.js';
@@ -74,6 +76,7 @@ export class BMDB {
   /** Pool clients whose connection has not ended yet (see close). */
   readonly #connected = new Set<pg.PoolClient>();
   readonly #host: SessionHost;
+  readonly #agentHeartbeats: AgentHeartbeats;
   #collector: NodeJS.Timeout | undefined;
   #closed = false;
 
@@ -161,6 +164,9 @@ export class BMDB {
         },
       });
     const prepared = new PreparedStatements(this.#claimPool);
+    this.#agentHeartbeats = new AgentHeartbeats(prepared, runBatch, (size) =>
+      metrics?.agentHeartbeatBatchSize.observe(size),
+    );
     this.#host = {
       db: this.#db,
       claims: new SelectionClaims(this.#db, prepared, runBatch),
@@ -255,6 +261,28 @@ export class BMDB {
     this.#startCollector(interval);
     detail.session('session %s started (%s, interval %ds)', session.id, processor, seconds);
     return session;
+  }
+
+  /**
+   * Records an agent's heartbeat if `heartbeat.publicKey` is the
+   * `agent_public_key` of the machine's AgentStarted tag: AgentHeartbeat set
+   * to the database's now, and the hardware and installation reports it
+   * carries stored as the machine's tags (read them with
+   * `Queries.hardwareReport` and `Queries.osInstallationReport`). Otherwise
+   * (no such machine, no AgentStarted tag, another key) nothing is written.
+   *
+   * Concurrent calls are coalesced: the heartbeats arriving while one
+   * statement is in flight are checked and recorded together by the next, so
+   * a server taking thousands of heartbeats a second spends one statement per
+   * batch. Needs no session: a heartbeat claims nothing.
+   *
+   * @throws {@link BMDBError} for a machine ID that is not a UUID or an empty
+   *   key (nothing is sent); the database's error if the statement failed
+   */
+  async recordAgentHeartbeat(heartbeat: AgentHeartbeat): Promise<AgentHeartbeatResult> {
+    this.#assertOpen();
+    checkAgentHeartbeat(heartbeat);
+    return this.#agentHeartbeats.record(heartbeat);
   }
 
   /**

@@ -6,6 +6,14 @@
  * @packageDocumentation
  */
 
+export {
+  type AgentHeartbeat,
+  type AgentHeartbeatResult,
+  type HardwareReportEntry,
+  isMachineId,
+  type OSInstallationReport,
+  type OSInstallationReportEntry,
+} from './agent-heartbeat.js';
 export { type Backoff, nextBackoffSeconds, normalizeBackoff } from './backoff.js';
 export { BMDB, type BMDBOptions, type IsolationLevel } from './connection.js';
 export { type ControlLoop, type ControlLoopOptions, runControlLoop, type Task } from './control-loop.js';
@@ -44,6 +52,7 @@ export {
 } from './queries.js';
 export {
   type Database,
+  OSInstallationResult,
   Process,
   ProviderStatus,
   SHEPHERD_PROCESSES,

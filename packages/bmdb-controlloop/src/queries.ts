@@ -1,4 +1,5 @@
 import { type Kysely, type RawBuilder, sql } from 'kysely';
+import type { HardwareReportEntry, OSInstallationReportEntry } from './agent-heartbeat.js';
 import type { Database, MachineProvidedRow, ProviderStatus, WorkEvent } from './schema.js';
 import { SHEPHERD_PROCESSES } from './schema.js';
 import type { Selection } from './selection.js';
@@ -210,6 +211,34 @@ export class Queries {
   /** Removes the AgentHeartbeat tag, if any. */
   async deleteAgentHeartbeat(machineId: string): Promise<void> {
     await this.db.deleteFrom('machine_agent_heartbeat').where('machine_id', '=', machineId).execute();
+  }
+
+  /** The machine's last hardware report from its agent, if any. */
+  async hardwareReport(machineId: string): Promise<HardwareReportEntry | undefined> {
+    const row = await this.db
+      .selectFrom('machine_hardware_report')
+      .selectAll()
+      .where('machine_id', '=', machineId)
+      .executeTakeFirst();
+    return row && { machineId: row.machine_id, raw: row.hardware_report_raw, reportedAt: row.hardware_reported_at };
+  }
+
+  /** The machine's last OS installation report from its agent, if any. */
+  async osInstallationReport(machineId: string): Promise<OSInstallationReportEntry | undefined> {
+    const row = await this.db
+      .selectFrom('machine_os_installation_report')
+      .selectAll()
+      .where('machine_id', '=', machineId)
+      .executeTakeFirst();
+    return (
+      row && {
+        machineId: row.machine_id,
+        generation: BigInt(row.generation),
+        result: row.os_installation_result,
+        raw: row.os_installation_report_raw,
+        reportedAt: row.os_installation_reported_at,
+      }
+    );
   }
 
   /** Every machine provided by `provider`, ordered by provider ID. */

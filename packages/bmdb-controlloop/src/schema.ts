@@ -10,6 +10,8 @@ export interface Database {
   machine_agent_started: MachineAgentStartedTable;
   machine_agent_heartbeat: MachineAgentHeartbeatTable;
   machine_agent_pending: MachineAgentPendingTable;
+  machine_hardware_report: MachineHardwareReportTable;
+  machine_os_installation_report: MachineOsInstallationReportTable;
   sessions: SessionsTable;
   work: WorkTable;
   work_history: WorkHistoryTable;
@@ -67,6 +69,27 @@ export interface MachineAgentStartedTable {
 export interface MachineAgentHeartbeatTable {
   machine_id: string;
   agent_heartbeat_at: Timestamp;
+}
+
+/** The agent's last hardware report (a serialized `cloud.bmaas.server.api.AgentHardwareReport`). */
+export interface MachineHardwareReportTable {
+  machine_id: string;
+  hardware_report_raw: Uint8Array;
+  hardware_reported_at: Timestamp;
+}
+
+/** How an OS installation the agent was asked for ended. */
+export const OSInstallationResult = { Success: 'Success', Error: 'Error' } as const;
+export type OSInstallationResult = (typeof OSInstallationResult)[keyof typeof OSInstallationResult];
+
+/** The agent's last OS installation report (a serialized `cloud.bmaas.server.api.OSInstallationReport`). */
+export interface MachineOsInstallationReportTable {
+  machine_id: string;
+  /** The request's generation (a bigint, read as a string). */
+  generation: ColumnType<string, string | bigint, string | bigint>;
+  os_installation_result: OSInstallationResult;
+  os_installation_report_raw: Uint8Array;
+  os_installation_reported_at: Timestamp;
 }
 
 export interface SessionsTable {

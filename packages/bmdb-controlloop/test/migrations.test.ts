@@ -7,7 +7,7 @@ import * as initial from '../src/migrations/0001_initial.js';
 test('migrations create the schema once; running them again is a no-op', async () => {
   const db = await createTestDatabase();
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0001_initial', '0002_fast_claims']);
+  expect(await bmdb.migrate()).toEqual(['0001_initial', '0002_fast_claims', '0003_agent_reports']);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
   const [a, b] = await Promise.all([openTestBMDB(db), openTestBMDB(db)]);
@@ -31,6 +31,14 @@ test('migrations create the schema once; running them again is a no-op', async (
       'provider_status',
     ],
     machine_agent_pending: ['machine_id', 'provider'],
+    machine_hardware_report: ['machine_id', 'hardware_report_raw', 'hardware_reported_at'],
+    machine_os_installation_report: [
+      'machine_id',
+      'generation',
+      'os_installation_result',
+      'os_installation_report_raw',
+      'os_installation_reported_at',
+    ],
     machines: ['machine_id', 'machine_created_at', 'claim_version'],
     sessions: ['session_id', 'component_name', 'runtime_info', 'created_at', 'interval_seconds', 'deadline'],
     work: ['machine_id', 'session_id', 'process'],
@@ -92,7 +100,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
   await db.admin('INSERT INTO machine_agent_heartbeat VALUES ($1, now())', [await id(heartbeating)]);
 
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0002_fast_claims']);
+  expect(await bmdb.migrate()).toEqual(['0002_fast_claims', '0003_agent_reports']);
   expect(await bmdb.migrate()).toEqual([]);
   const mirrors = async () =>
     (

@@ -172,6 +172,17 @@ const flags = {
         'Append one JSON line to this file as each fake agent start begins and ends (machine, address, pid, time); off when unset',
     },
   },
+  server: {
+    listen: {
+      describe: 'host:port the BMaaS server takes agents’ heartbeats on (gRPC over TLS)',
+      default: '0.0.0.0:8443',
+    },
+    'tls-cert': {
+      describe:
+        'PEM certificate of the BMaaS server (with --tls-key); unset: a self-signed one made once as <data-dir>/server.crt, for agents to trust',
+    },
+    'tls-key': { describe: 'PEM private key of --tls-cert' },
+  },
 } as const satisfies Record<string, Record<string, Flag>>;
 
 export type FlagGroup = keyof typeof flags;
@@ -187,6 +198,7 @@ const GROUP_TITLES: Record<FlagGroup, string> = {
   recoverer: 'Recoverer',
   equinix: 'Equinix provider (run equinix)',
   dummy: 'Dummy provider (run dummy)',
+  server: 'BMaaS server (server)',
 };
 
 /** yargs options of the given groups, strings throughout (see the module comment). */
@@ -203,7 +215,7 @@ export function flagOptions(...groups: FlagGroup[]): Record<string, Options> {
 /** yargs options of single flags of the table, under their groups' titles. */
 export function namedFlagOptions(...names: string[]): Record<string, Options> {
   const options: Record<string, Options> = {};
-  for (const group of FLAG_GROUPS) {
+  for (const group of ALL_GROUPS) {
     for (const [name, flag] of Object.entries(flags[group]) as [string, Flag][]) {
       if (names.includes(name)) options[name] = { ...flagOption(name, flag), group: `${GROUP_TITLES[group]}:` };
     }
@@ -213,7 +225,7 @@ export function namedFlagOptions(...names: string[]): Record<string, Options> {
 
 /** Whether a flag of the table is a boolean (takes no value on the command line). */
 export function isBooleanFlag(name: string): boolean {
-  return FLAG_GROUPS.some((group) => (flags[group] as Record<string, Flag>)[name]?.boolean === true);
+  return ALL_GROUPS.some((group) => (flags[group] as Record<string, Flag>)[name]?.boolean === true);
 }
 
 /**
@@ -266,8 +278,14 @@ function booleanFrom(flag: string, variable: string, value: string): boolean {
   throw new UsageError(flag, `invalid value ${JSON.stringify(value)} in ${variable}: want true or false`);
 }
 
-/** Every group, in --help order: `run` takes them all. */
-export const FLAG_GROUPS = Object.keys(flags) as FlagGroup[];
+/** Every group of the table, in --help order. */
+const ALL_GROUPS = Object.keys(flags) as FlagGroup[];
+
+/** The groups of `server` alone; every other command's are a subset of `run`'s. */
+export const SERVER_GROUPS: FlagGroup[] = ['database', 'observability', 'server'];
+
+/** Every group `run` takes, in --help order. */
+export const FLAG_GROUPS = ALL_GROUPS.filter((group) => group !== 'server');
 
 /** The flags of a group, for tests and docs. */
 export function flagNames(group: FlagGroup): string[] {
@@ -276,5 +294,5 @@ export function flagNames(group: FlagGroup): string[] {
 
 /** Every flag of the table, whichever command takes it. */
 export function allFlagNames(): string[] {
-  return FLAG_GROUPS.flatMap((group) => flagNames(group));
+  return ALL_GROUPS.flatMap((group) => flagNames(group));
 }

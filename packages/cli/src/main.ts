@@ -7,6 +7,7 @@
 import yargs, { type Options, type Argv as Yargs } from 'yargs';
 import { migrate } from './commands/migrate.js';
 import { type ProviderKind, run } from './commands/run.js';
+import { server } from './commands/server.js';
 import { sshKey } from './commands/ssh-key.js';
 import { status } from './commands/status.js';
 import {
@@ -19,6 +20,7 @@ import {
   flagOptions,
   isBooleanFlag,
   namedFlagOptions,
+  SERVER_GROUPS,
 } from './flags.js';
 import { DEFAULT_LOG_NAMESPACES, enableLogs as enableLogsFrom } from './logging.js';
 import { envName, UsageError } from './settings.js';
@@ -143,7 +145,16 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
       (y) => y.options(optionsOf('ssh-key')).strict(),
       (argv) => sshKey(argv, io.stdout),
     )
-    .demandCommand(1, 'say which command to run: run, migrate, status or ssh-key')
+    .command(
+      'server',
+      'Run the BMaaS server agents heartbeat to (gRPC AgentCallback over TLS) until SIGINT/SIGTERM',
+      (y) => y.options(optionsOf('server')).strict(),
+      async (argv) => {
+        enableLogs();
+        await server(argv, io.stdout);
+      },
+    )
+    .demandCommand(1, 'say which command to run: run, migrate, status, ssh-key or server')
     .fail((message, error) => {
       // Our handlers' errors and yargs' own validation (unknown flag, missing command) end here.
       if (error) fail(error);
@@ -163,7 +174,7 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
 }
 
 /** How many words each command takes after its name (`run dummy`); yargs' strict mode would find more only after the command ran. */
-const COMMAND_ARGUMENTS: Record<string, number> = { run: 1, migrate: 0, status: 0, 'ssh-key': 0 };
+const COMMAND_ARGUMENTS: Record<string, number> = { run: 1, migrate: 0, status: 0, 'ssh-key': 0, server: 0 };
 
 /** The first word after a command beyond those it takes; commands not in the table are left to yargs. */
 function extraArgument(command: string, words: readonly string[]): string | undefined {
@@ -186,6 +197,7 @@ const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
   run: FLAG_GROUPS,
   migrate: ['database'],
   status: ['database'],
+  server: SERVER_GROUPS,
 };
 const COMMAND_FLAGS: Record<string, string[]> = {
   status: ['json'],

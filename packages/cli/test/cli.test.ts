@@ -249,7 +249,11 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
       /^shepherd: migrate: unexpected argument "now"; see --help\n$/,
     ],
     ['a word after the provider', () => ['run', 'dummy', 'fast'], /^shepherd: run: unexpected argument "fast"/],
-    ['no command', () => [], /^shepherd: say which command to run: run, migrate, status or ssh-key; see --help\n$/],
+    [
+      'no command',
+      () => [],
+      /^shepherd: say which command to run: run, migrate, status, ssh-key or server; see --help\n$/,
+    ],
     [
       'run without a provider',
       () => ['run'],

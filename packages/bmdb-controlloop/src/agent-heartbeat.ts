@@ -1,0 +1,79 @@
+import { BMDBError } from './errors.js';
+import type { OSInstallationResult } from './schema.js';
+
+/**
+ * A heartbeat an agent sent, with the public key it proved it holds (the
+ * key of the TLS client certificate it connected with). Recorded by
+ * `BMDB.recordAgentHeartbeat` only if the key is the one of the machine's
+ * AgentStarted tag.
+ */
+export interface AgentHeartbeat {
+  /** The machine the agent says it runs on (a UUID). */
+  readonly machineId: string;
+  /** The agent's public key, as proven by its connection (ed25519: 32 bytes). */
+  readonly publicKey: Uint8Array;
+  /** A serialized `cloud.bmaas.server.api.AgentHardwareReport`, when the agent sent one. */
+  readonly hardwareReport?: Uint8Array;
+  /** An OS installation report, when the agent sent one. */
+  readonly installationReport?: OSInstallationReport;
+}
+
+/** An agent's report on an OS installation it was asked for. */
+export interface OSInstallationReport {
+  /** The generation of the installation request it answers. */
+  readonly generation: bigint;
+  readonly result: OSInstallationResult;
+  /** The report as sent: a serialized `cloud.bmaas.server.api.OSInstallationReport`. */
+  readonly raw: Uint8Array;
+}
+
+/**
+ * What became of a heartbeat: `recorded` (AgentHeartbeat set to the
+ * database's now, reports stored), or `unauthenticated` (no such machine, no
+ * AgentStarted tag, or another key: nothing written).
+ */
+export type AgentHeartbeatResult = 'recorded' | 'unauthenticated';
+
+/** A machine's last hardware report. */
+export interface HardwareReportEntry {
+  readonly machineId: string;
+  /** A serialized `cloud.bmaas.server.api.AgentHardwareReport`. */
+  readonly raw: Uint8Array;
+  readonly reportedAt: Date;
+}
+
+/** A machine's last OS installation report. */
+export interface OSInstallationReportEntry extends OSInstallationReport {
+  readonly machineId: string;
+  readonly reportedAt: Date;
+}
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+/** Whether `value` is a machine ID the BMDB can hold (a UUID in its usual form). */
+export function isMachineId(value: string): boolean {
+  return UUID.test(value);
+}
+
+/** Refuses a heartbeat no statement could take, naming the bad value. */
+export function checkAgentHeartbeat(heartbeat: AgentHeartbeat): void {
+  if (!isMachineId(heartbeat.machineId)) {
+    throw new BMDBError(`agent heartbeat: machine ID ${JSON.stringify(heartbeat.machineId)} is not a UUID`);
+  }
+  if (!(heartbeat.publicKey instanceof Uint8Array) || heartbeat.publicKey.length === 0) {
+    throw new BMDBError(`agent heartbeat of machine ${heartbeat.machineId}: publicKey must be non-empty bytes`);
+  }
+  const report = heartbeat.installationReport;
+  if (report !== undefined) {
+    if (report.result !== 'Success' && report.result !== 'Error') {
+      throw new BMDBError(
+        `agent heartbeat of machine ${heartbeat.machineId}: installation result ${JSON.stringify(report.result)} is neither Success nor Error`,
+      );
+    }
+    if (typeof report.generation !== 'bigint' || report.generation < -(2n ** 63n) || report.generation >= 2n ** 63n) {
+      throw new BMDBError(
+        `agent heartbeat of machine ${heartbeat.machineId}: installation generation ${String(report.generation)} is not a 64-bit integer`,
+      );
+    }
+  }
+}

@@ -1,0 +1,142 @@
+import { randomBytes } from 'node:crypto';
+import { Registry } from 'prom-client';
+import { beforeAll, describe, expect, test } from 'vitest';
+import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { eventually } from '../../../test/support/wait.js';
+import { type BMDB, BMDBError, Queries } from '../src/index.js';
+
+let db: TestDatabase;
+let bmdb: BMDB;
+const registry = new Registry();
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  bmdb = await openTestBMDB(db, { metrics: registry });
+});
+
+/** A machine with an AgentStarted tag (started an hour ago) under a fresh key; returns its ID and key. */
+async function startedMachine(): Promise<{ machineId: string; key: Uint8Array }> {
+  const q = new Queries(bmdb.db);
+  const machineId = await q.newMachine();
+  const key = new Uint8Array(randomBytes(32));
+  await q.setAgentStarted(machineId, { publicKey: key, startedAt: new Date(Date.now() - 3_600_000) });
+  return { machineId, key };
+}
+
+const heartbeatAt = async (machineId: string) =>
+  (await db.admin('SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId])).rows[0]
+    ?.agent_heartbeat_at as Date | undefined;
+
+const dbNow = async () => (await db.admin('SELECT now() AS now')).rows[0].now as Date;
+
+describe('BMDB.recordAgentHeartbeat', () => {
+  test('the right key records the heartbeat at the database’s now, and the reports as tags', async () => {
+    const { machineId, key } = await startedMachine();
+    const hardware = new Uint8Array([0x0a, 0x02, 0x08, 0x01]);
+    const installation = new Uint8Array([0x08, 0x07, 0x12, 0x00]);
+    const before = await dbNow();
+    expect(
+      await bmdb.recordAgentHeartbeat({
+        machineId,
+        publicKey: key,
+        hardwareReport: hardware,
+        installationReport: { generation: 7n, result: 'Success', raw: installation },
+      }),
+    ).toBe('recorded');
+    const at = await heartbeatAt(machineId);
+    expect(at?.getTime()).toBeGreaterThanOrEqual(before.getTime());
+    expect(at?.getTime()).toBeLessThanOrEqual((await dbNow()).getTime());
+
+    const q = new Queries(bmdb.db);
+    const report = await q.hardwareReport(machineId);
+    expect(Buffer.from(report?.raw ?? []).equals(Buffer.from(hardware))).toBe(true);
+    expect(report?.reportedAt.getTime()).toBe(at?.getTime());
+    expect(await q.osInstallationReport(machineId)).toMatchObject({
+      machineId,
+      generation: 7n,
+      result: 'Success',
+      raw: Buffer.from(installation),
+    });
+
+    // A heartbeat without reports keeps the stored ones.
+    expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key })).toBe('recorded');
+    expect((await q.hardwareReport(machineId))?.reportedAt.getTime()).toBe(at?.getTime());
+    expect((await heartbeatAt(machineId))?.getTime()).toBeGreaterThanOrEqual(at?.getTime() ?? 0);
+  });
+
+  test('another key, an unknown machine or a machine without AgentStarted: unauthenticated, nothing written', async () => {
+    const { machineId } = await startedMachine();
+    const q = new Queries(bmdb.db);
+    const bare = await q.newMachine();
+    const unknown = '00000000-0000-4000-8000-000000000000';
+    const report = { hardwareReport: new Uint8Array([1]) };
+    for (const id of [machineId, bare, unknown]) {
+      expect(await bmdb.recordAgentHeartbeat({ machineId: id, publicKey: new Uint8Array(32).fill(9), ...report })).toBe(
+        'unauthenticated',
+      );
+      expect(await heartbeatAt(id)).toBeUndefined();
+      expect(await q.hardwareReport(id)).toBeUndefined();
+    }
+  });
+
+  test('a malformed machine ID or a bad installation report is refused before anything is sent, naming it', async () => {
+    const { machineId, key } = await startedMachine();
+    await expect(bmdb.recordAgentHeartbeat({ machineId: 'machine-1', publicKey: key })).rejects.toThrow(
+      new BMDBError('agent heartbeat: machine ID "machine-1" is not a UUID'),
+    );
+    await expect(
+      bmdb.recordAgentHeartbeat({
+        machineId,
+        publicKey: key,
+        installationReport: { generation: 2n ** 63n, result: 'Success', raw: new Uint8Array() },
+      }),
+    ).rejects.toThrow(/installation generation 9223372036854775808 is not a 64-bit integer/);
+    expect(await heartbeatAt(machineId)).toBeUndefined();
+  });
+
+  test('concurrent heartbeats go as one statement, each answered by itself', async () => {
+    const machines = await Promise.all(Array.from({ length: 40 }, () => startedMachine()));
+    const batches = async () =>
+      (await registry.getSingleMetricAsString('bmdb_agent_heartbeat_batch_size')).match(
+        /bmdb_agent_heartbeat_batch_size_count (\d+)/,
+      )?.[1];
+    const before = Number(await batches());
+    const results = await Promise.all(
+      machines.map(({ machineId, key }, i) =>
+        bmdb.recordAgentHeartbeat({ machineId, publicKey: i % 4 === 0 ? new Uint8Array(32) : key }),
+      ),
+    );
+    expect(results).toEqual(machines.map((_, i) => (i % 4 === 0 ? 'unauthenticated' : 'recorded')));
+    expect(Number(await batches()) - before).toBe(1);
+    for (const [i, { machineId }] of machines.entries()) {
+      expect(await heartbeatAt(machineId), `machine ${i}`).toEqual(i % 4 === 0 ? undefined : expect.any(Date));
+    }
+  });
+
+  test('a heartbeat waits for a recovery deleting the AgentStarted tag, and is then refused', async () => {
+    const { machineId, key } = await startedMachine();
+    const { default: pg } = await import('pg');
+    const client = new pg.Client({ connectionString: db.url });
+    await client.connect();
+    try {
+      await client.query('BEGIN');
+      await client.query('DELETE FROM machine_agent_started WHERE machine_id = $1', [machineId]);
+      const heartbeat = bmdb.recordAgentHeartbeat({ machineId, publicKey: key });
+      // It waits on the deleted row's lock (the recovery has not committed).
+      await eventually(async () =>
+        (
+          await db.admin(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+          )
+        ).rowCount
+          ? true
+          : undefined,
+      );
+      await client.query('COMMIT');
+      expect(await heartbeat).toBe('unauthenticated');
+      expect(await heartbeatAt(machineId)).toBeUndefined();
+    } finally {
+      await client.end();
+    }
+  });
+});

@@ -1,0 +1,232 @@
+/**
+ * The whole loop on real parts: `shepherd server` and `shepherd run equinix`
+ * (the fake Equinix API, its devices at a real sshd on loopback, or ssh2's
+ * in-process server where none is installed) start the bundled test agent on
+ * every machine; the agents heartbeat through the server, authenticated by
+ * their own keys; the recoverer leaves them alone although their first-
+ * heartbeat timeout passed long ago; the agent killed goes silent, its
+ * machine is rebooted, its agent started again, and it heartbeats again.
+ */
+import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
+import { SshKey } from '@bmaas/shepherd-manager';
+import { afterAll, beforeAll, expect, test } from 'vitest';
+import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
+import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
+import { buildOnce, eventually, type Shepherd, shepherd, start } from './helpers.js';
+
+const MACHINES = 3;
+const TEST_AGENT = path.resolve('packages/shepherd-manager/bin/test-agent.js');
+/** Heartbeats every 300 ms; silent for 8 s counts as lost (the machine is shared and may be slow). */
+const HEARTBEAT_INTERVAL = '300ms';
+const HEARTBEAT_TIMEOUT = '8s';
+
+let db: TestDatabase;
+let dir: string;
+let api: FakeEquinixApi;
+let sshd: TestSshServer;
+let keyPath: string;
+const running: Shepherd[] = [];
+
+beforeAll(async () => {
+  buildOnce();
+  db = await createTestDatabase();
+  dir = await mkdtemp(path.join(tmpdir(), 'bmaas-loop-'));
+  expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
+  keyPath = path.join(dir, 'ssh_key');
+  const key = await SshKey.loadOrGenerate(keyPath);
+  sshd = await startTestSshServer({ authorizedKeys: [key.authorizedKey] });
+  console.log(`BMaaS loop: devices reach ${sshd.description}`);
+  api = await FakeEquinixApi.start({ reservations: MACHINES, publicIpv4: '127.0.0.1', provisioningReads: 0 });
+  // The agent as uploaded: sshd passes no environment on, so the wrapper sets the test agent's.
+  await writeFile(
+    path.join(dir, 'agent'),
+    `#!/bin/sh
+SHEPHERD_TEST_AGENT_HEARTBEAT_INTERVAL=${HEARTBEAT_INTERVAL} SHEPHERD_TEST_AGENT_LOG=${dir}/agents.log exec ${process.execPath} ${TEST_AGENT}
+`,
+    { mode: 0o755 },
+  );
+});
+afterAll(async () => {
+  for (const process of running) {
+    process.child.kill('SIGKILL');
+    await process.exited;
+  }
+  for (const pid of (await heartbeaters()).values()) killQuietly(pid);
+  await api?.close();
+  await sshd?.stop();
+  await rm(dir, { recursive: true, force: true });
+});
+
+async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as { port: number };
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
+
+/** Detached test agents heartbeating for this test's machines, by machine ID. */
+async function heartbeaters(): Promise<Map<string, number>> {
+  const machines = new Set(
+    (await db.admin('SELECT machine_id FROM machines')).rows.map((row) => row.machine_id as string),
+  );
+  const found = new Map<string, number>();
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const argv = (await readFile(`/proc/${entry}/cmdline`, 'utf8')).split('\0');
+      const machineId = argv[argv.indexOf('--heartbeat') + 1];
+      if (argv.includes('--heartbeat') && machineId && machines.has(machineId)) found.set(machineId, Number(entry));
+    } catch {}
+  }
+  return found;
+}
+
+function killQuietly(pid: number): void {
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {}
+}
+
+/** Per machine: its agent's key (hex), when it started and last heartbeated, by the database's clock (seconds ago). */
+async function agents(): Promise<
+  Map<string, { key: string; startedAgo: number; heartbeatAgo: number | null; deviceId: string }>
+> {
+  const { rows } = await db.admin(`
+    SELECT p.machine_id, p.provider_id, encode(a.agent_public_key, 'hex') AS key,
+           extract(epoch FROM now() - a.agent_started_at)::float8 AS started_ago,
+           extract(epoch FROM now() - h.agent_heartbeat_at)::float8 AS heartbeat_ago
+    FROM machine_provided p JOIN machine_agent_started a USING (machine_id)
+    LEFT JOIN machine_agent_heartbeat h USING (machine_id)`);
+  return new Map(
+    rows.map((row) => [
+      row.machine_id,
+      { key: row.key, startedAgo: row.started_ago, heartbeatAgo: row.heartbeat_ago, deviceId: row.provider_id },
+    ]),
+  );
+}
+
+/** What the processes said, for a failure's message. */
+async function diagnostics(run: Shepherd, server: Shepherd): Promise<string> {
+  const agentsLog = await readFile(path.join(dir, 'agents.log'), 'utf8').catch(() => '(no agent log)');
+  return [
+    `shepherd run:\n${run.stderr.slice(-4000)}`,
+    `shepherd server:\n${server.stderr.slice(-2000)}`,
+    `agents:\n${agentsLog.slice(-2000)}`,
+    `BMDB: ${JSON.stringify([...(await agents()).entries()])}`,
+  ].join('\n');
+}
+
+test('agents heartbeat through `shepherd server`; a killed one is rebooted, started again, and heartbeats again', async () => {
+  const port = await freePort();
+  const serverDir = path.join(dir, 'server');
+  const server = start(['server', '--bmdb-url', db.url, '--data-dir', serverDir, '--listen', `127.0.0.1:${port}`]);
+  running.push(server);
+  await server.logged(/BMaaS server listening/);
+  const run = start(
+    [
+      'run',
+      'equinix',
+      '--bmdb-url',
+      db.url,
+      '--ssh-key-path',
+      keyPath,
+      '--agent-executable-path',
+      path.join(dir, 'agent'),
+      '--agent-target-path',
+      path.join(dir, 'agent-on-machine'),
+      '--agent-endpoint',
+      `127.0.0.1:${port}`,
+      '--agent-endpoint-ca-certificate-path',
+      path.join(serverDir, 'server.crt'),
+      '--agent-ssh-port',
+      String(sshd.port),
+      '--agent-ssh-exec-timeout',
+      '20s',
+      '--equinix-api-url',
+      api.url,
+      '--equinix-project-id',
+      api.projectId,
+      '--equinix-ssh-key-label',
+      'loop',
+      '--equinix-device-prefix',
+      'loop-',
+      '--equinix-reboot-wait',
+      '100ms',
+      '--provisioner-device-creation-rate',
+      '1ms,100',
+      // One start at a time: every "machine" is this host, and its agent one file.
+      '--initializer-loop-parallelism',
+      '1',
+      '--initializer-db-query-rate',
+      '1ms,1000',
+      '--recoverer-db-query-rate',
+      '50ms,10',
+      '--recoverer-first-heartbeat-timeout',
+      '2s',
+      '--recoverer-heartbeat-timeout',
+      HEARTBEAT_TIMEOUT,
+    ],
+    { SHEPHERD_EQUINIX_API_KEY: api.apiKey },
+  );
+  running.push(run);
+  const within = async <T>(what: string, check: () => Promise<T | undefined>): Promise<T> => {
+    try {
+      return await eventually(check, 60_000);
+    } catch (error) {
+      throw new Error(`${what}: ${(error as Error).message}\n${await diagnostics(run, server)}`);
+    }
+  };
+
+  // Every machine's agent started and heartbeats through the server.
+  const first = await within('every agent heartbeating', async () => {
+    const now = await agents();
+    return now.size === MACHINES && [...now.values()].every((a) => a.heartbeatAgo !== null && a.heartbeatAgo < 2)
+      ? now
+      : undefined;
+  });
+  expect((await heartbeaters()).size).toBe(MACHINES);
+  const reports = await db.admin('SELECT count(*)::int AS n FROM machine_hardware_report');
+  expect(reports.rows[0].n).toBe(MACHINES);
+
+  // Their starts are moved an hour back, far past the first-heartbeat timeout: heartbeats keep them alive.
+  await db.admin("UPDATE machine_agent_started SET agent_started_at = agent_started_at - interval '1 hour'");
+
+  // One agent is killed: silent, its machine rebooted, its agent started again (a new key), heartbeating again.
+  const [victim, victimAgent] = [...first.entries()][0] as [string, { key: string; deviceId: string }];
+  const pid = (await heartbeaters()).get(victim);
+  expect(pid).toBeDefined();
+  process.kill(pid as number, 'SIGKILL');
+  const again = await within('the killed agent rebooted, started again and heartbeating', async () => {
+    const now = (await agents()).get(victim);
+    return now && now.key !== victimAgent.key && now.heartbeatAgo !== null && now.heartbeatAgo < now.startedAgo
+      ? now
+      : undefined;
+  });
+  expect(again.startedAgo).toBeLessThan(60);
+  expect(api.reboots(victimAgent.deviceId)).toBe(1);
+
+  // The others were left alone all along: no reboot, the same agent, heartbeating.
+  const now = await agents();
+  for (const [machineId, agent] of first) {
+    if (machineId === victim) continue;
+    expect(api.reboots(agent.deviceId), machineId).toBe(0);
+    expect(now.get(machineId)?.key).toBe(agent.key);
+    expect(now.get(machineId)?.heartbeatAgo).toBeLessThan(4);
+  }
+  const recoveries = await db.admin(
+    "SELECT DISTINCT machine_id FROM work_history WHERE process = 'ShepherdRecovery' AND event = 'Finished'",
+  );
+  expect(recoveries.rows.map((row) => row.machine_id)).toEqual([victim]);
+  const restarted = await heartbeaters();
+  expect(restarted.size).toBe(MACHINES);
+  expect(restarted.get(victim)).not.toBe(pid);
+
+  for (const process of [run, server]) process.child.kill('SIGTERM');
+  expect((await run.exited).code, run.stderr.slice(-3000)).toBe(0);
+  expect((await server.exited).code, server.stderr.slice(-3000)).toBe(0);
+}, 180_000);

@@ -1,0 +1,114 @@
+/**
+ * `shepherd server` as a process: its flags, its self-signed certificate, a
+ * heartbeat through it over gRPC, its metrics and its clean stop.
+ */
+import { generateKeyPairSync } from 'node:crypto';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { Queries } from '@bmaas/bmdb-controlloop';
+import { AgentCallback, certificatePem, selfSignedCertificate } from '@bmaas/server';
+import { createClient } from '@connectrpc/connect';
+import { createGrpcTransport } from '@connectrpc/connect-node';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { flagNames } from '../src/flags.js';
+import { buildOnce, shepherd, start } from './helpers.js';
+
+let db: TestDatabase;
+let dir: string;
+
+beforeAll(async () => {
+  buildOnce();
+  db = await createTestDatabase();
+  dir = await mkdtemp(path.join(tmpdir(), 'shepherd-server-'));
+  expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
+});
+afterAll(() => rm(dir, { recursive: true, force: true }));
+
+async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as { port: number };
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
+
+describe('shepherd server', () => {
+  test('--help lists its flags; bad flags exit 2 naming the flag, before anything is touched', async () => {
+    const help = await shepherd(['server', '--help']);
+    expect(help.code).toBe(0);
+    for (const flag of [...flagNames('server'), 'bmdb-url', 'metrics-listen'])
+      expect(help.stdout).toContain(`--${flag}`);
+    expect(help.stdout).not.toContain('--agent-ssh-user');
+
+    const cases: Array<[string[], RegExp]> = [
+      [['--listen', 'localhost'], /^shepherd: --listen: invalid value "localhost": want host:port/],
+      [['--tls-cert', path.join(dir, 'x.crt')], /^shepherd: --tls-key: required with --tls-cert/],
+      [
+        ['--tls-cert', path.join(dir, 'missing.crt'), '--tls-key', path.join(dir, 'missing.key')],
+        /^shepherd: --tls-cert: server TLS: .*missing\.crt: cannot read it \(ENOENT\)/,
+      ],
+      [['--agent-ssh-user', 'root'], /^shepherd: --agent-ssh-user: unknown flag for server/],
+    ];
+    for (const [args, message] of cases) {
+      const result = await shepherd(['server', '--bmdb-url', db.url, '--data-dir', path.join(dir, 'bad'), ...args]);
+      expect(result.code, args.join(' ')).toBe(2);
+      expect(result.stderr).toMatch(message);
+    }
+    // Nothing was made under the data directory.
+    await expect(readFile(path.join(dir, 'bad', 'server.crt'))).rejects.toThrow(/ENOENT/);
+  });
+
+  test('makes a self-signed certificate once, says where, takes heartbeats, counts them, stops on SIGTERM', async () => {
+    const port = await freePort();
+    const metricsPort = await freePort();
+    const dataDir = path.join(dir, 'data');
+    const args = ['server', '--data-dir', dataDir, '--metrics-listen', `127.0.0.1:${metricsPort}`];
+    const env = { SHEPHERD_BMDB_URL: db.url, SHEPHERD_LISTEN: `127.0.0.1:${port}` };
+    const first = start(args, env);
+    await first.logged(/BMaaS server listening on 127\.0\.0\.1:\d+/);
+    const certPath = path.join(dataDir, 'server.crt');
+    expect(first.stdout).toContain(`generated a self-signed server certificate ${certPath}`);
+    const ca = await readFile(certPath, 'utf8');
+
+    const bmdb = await openTestBMDB(db);
+    const { privateKey, publicKey } = generateKeyPairSync('ed25519');
+    const machineId = await new Queries(bmdb.db).newMachine();
+    await new Queries(bmdb.db).setAgentStarted(machineId, {
+      publicKey: Buffer.from(publicKey.export({ format: 'jwk' }).x ?? '', 'base64url'),
+    });
+    const client = createClient(
+      AgentCallback,
+      createGrpcTransport({
+        baseUrl: `https://localhost:${port}`,
+        nodeOptions: {
+          ca,
+          cert: certificatePem(selfSignedCertificate(privateKey, { commonName: 'agent' })),
+          key: privateKey.export({ type: 'pkcs8', format: 'pem' }),
+        },
+      }),
+    );
+    await client.heartbeat({ machineId });
+    expect((await db.admin('SELECT 1 FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId])).rowCount).toBe(
+      1,
+    );
+    const metrics = await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text();
+    expect(metrics).toMatch(/bmaas_server_requests_total\{method="Heartbeat",code="ok"\} 1/);
+    expect(metrics).toMatch(/bmdb_agent_heartbeat_batch_size_count 1/);
+
+    first.child.kill('SIGTERM');
+    const ended = await first.exited;
+    expect(ended.code, ended.stderr).toBe(0);
+    expect(ended.stderr).toMatch(/SIGTERM: stopping cleanly/);
+
+    // The second start reuses the certificate.
+    const second = start(args, env);
+    await second.logged(/BMaaS server listening/);
+    expect(second.stdout).toContain(`using the self-signed server certificate ${certPath}`);
+    expect(await readFile(certPath, 'utf8')).toBe(ca);
+    second.child.kill('SIGINT');
+    expect((await second.exited).code).toBe(0);
+  });
+});

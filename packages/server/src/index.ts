@@ -1,0 +1,15 @@
+/**
+ * The BMaaS server: agents call back to it after takeover and heartbeat over
+ * gRPC (`cloud.bmaas.server.api.AgentCallback`), authenticated by the
+ * ed25519 key they returned in TakeoverSuccess; heartbeats and the reports
+ * they carry go into the BMDB.
+ *
+ * @packageDocumentation
+ */
+
+export { BmaasServerError, ListenError, ServerTlsError } from './errors.js';
+export * from './gen/cloud/agent/api/hwreport_pb.js';
+export * from './gen/cloud/bmaas/server/api/agent_pb.js';
+export { BmaasServer, type BmaasServerOptions } from './server.js';
+export { loadServerTls, type ServerTls, selfSignedServerTls } from './tls.js';
+export { certificatePem, type SelfSignedOptions, selfSignedCertificate } from './x509.js';
