@@ -192,7 +192,7 @@ function parseBmc(value: unknown, fail: (field: string, problem: string) => Inve
 export class InventorySource {
   /** The path or URL, as named in messages (a URL's user info masked). */
   readonly name: string;
-  readonly #location: { kind: 'file'; path: string } | { kind: 'url'; url: URL };
+  readonly #location: { kind: 'file'; path: string } | { kind: 'url'; url: URL; authorization: string | undefined };
   readonly #timeout: number;
 
   /**
@@ -202,7 +202,15 @@ export class InventorySource {
   constructor(location: string, options: { timeout?: number } = {}) {
     this.#timeout = options.timeout ?? 10_000;
     if (/^https?:\/\//i.test(location)) {
-      this.#location = { kind: 'url', url: new URL(location) };
+      // User info in the URL is sent as basic authentication (fetch refuses such URLs) and never shown.
+      const url = new URL(location);
+      const authorization =
+        url.username === '' && url.password === ''
+          ? undefined
+          : `Basic ${Buffer.from(`${decodeURIComponent(url.username)}:${decodeURIComponent(url.password)}`).toString('base64')}`;
+      url.username = '';
+      url.password = '';
+      this.#location = { kind: 'url', url, authorization };
       this.name = redactUrl(location);
     } else if (/^[a-z][a-z0-9+.-]*:\/\//i.test(location)) {
       throw new InventoryError(redactUrl(location), {}, 'want a file path or an http:// or https:// URL');
@@ -245,7 +253,7 @@ export class InventorySource {
       }
       return machines;
     }
-    const text = await this.#fetch(location.url, signal);
+    const text = await this.#fetch(location.url, location.authorization, signal);
     const machines = parseInventory(text, this.name);
     const holder = machines.findIndex((m) => m.bmc?.password?.kind === 'inline');
     if (holder >= 0 && location.url.protocol === 'http:') {
@@ -258,13 +266,13 @@ export class InventorySource {
     return machines;
   }
 
-  async #fetch(url: URL, signal: AbortSignal | undefined): Promise<string> {
+  async #fetch(url: URL, authorization: string | undefined, signal: AbortSignal | undefined): Promise<string> {
     const timeout = AbortSignal.timeout(this.#timeout);
     let response: Response;
     try {
       response = await fetch(url, {
         signal: signal ? AbortSignal.any([signal, timeout]) : timeout,
-        headers: { accept: 'application/json' },
+        headers: { accept: 'application/json', ...(authorization === undefined ? {} : { authorization }) },
         redirect: 'follow',
       });
     } catch (error) {
