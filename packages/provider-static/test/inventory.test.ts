@@ -27,7 +27,11 @@ describe('parseInventory', () => {
     const machines = parseInventory(
       JSON.stringify([
         { id: 'rack1-node07', address: '10.0.7.7', location: 'ams1', bmc },
-        { id: 'rack1-node08', address: '2001:db8::8', bmc: { url: 'http://10.1.7.8/redfish/v1/Systems/1', password: 'pw', insecure: true } },
+        {
+          id: 'rack1-node08',
+          address: '2001:db8::8',
+          bmc: { url: 'http://10.1.7.8/redfish/v1/Systems/1', password: 'pw', insecure: true },
+        },
         { id: 'rack1-node09', address: '10.0.7.9' },
       ]),
       SOURCE,
@@ -43,7 +47,11 @@ describe('parseInventory', () => {
         id: 'rack1-node08',
         address: '2001:db8::8',
         location: undefined,
-        bmc: expect.objectContaining({ url: 'http://10.1.7.8/redfish/v1/Systems/1', username: undefined, insecure: true }),
+        bmc: expect.objectContaining({
+          url: 'http://10.1.7.8/redfish/v1/Systems/1',
+          username: undefined,
+          insecure: true,
+        }),
       },
       { id: 'rack1-node09', address: '10.0.7.9', location: undefined, bmc: undefined },
     ]);
@@ -81,7 +89,11 @@ describe('parseInventory', () => {
     ['a missing id', [{ address: '10.0.0.1' }], 'entry 0, field id: missing'],
     ['an id of the wrong type', [{ id: 7, address: '10.0.0.1' }], 'entry 0, field id: want a string, got number 7'],
     ['an empty id', [{ id: '', address: '10.0.0.1' }], 'entry 0 (id ""), field id: want a non-empty id'],
-    ['an id with spaces', [{ id: 'node 1', address: '10.0.0.1' }], 'entry 0 (id "node 1"), field id: want a non-empty id'],
+    [
+      'an id with spaces',
+      [{ id: 'node 1', address: '10.0.0.1' }],
+      'entry 0 (id "node 1"), field id: want a non-empty id',
+    ],
     [
       'a duplicate id',
       [
@@ -120,7 +132,11 @@ describe('parseInventory', () => {
       [{ id: 'n1', address: '10.0.0.1', adress: '10.0.0.2' }],
       'entry 0 (id "n1"), field adress: unknown key (want id, address, location, bmc',
     ],
-    ['both spellings of a key', [{ id: 'n1', ID: 'n1', address: '10.0.0.1' }], 'field id: both id and ID given; use one'],
+    [
+      'both spellings of a key',
+      [{ id: 'n1', ID: 'n1', address: '10.0.0.1' }],
+      'field id: both id and ID given; use one',
+    ],
     ['a bmc that is no object', [{ id: 'n1', address: '10.0.0.1', bmc: 'https://x' }], 'field bmc.: want an object'],
     ['a bmc without url', [{ id: 'n1', address: '10.0.0.1', bmc: { username: 'a' } }], 'field bmc.url: missing'],
     [
@@ -247,7 +263,9 @@ describe('InventorySource', () => {
     const inventory = await file('secret.json', entries, 0o600);
     expect(await new InventorySource(inventory).read()).toHaveLength(1);
     // Password files instead of passwords: any mode will do for the inventory.
-    const open = await file('open.json', [{ id: 'n1', address: '10.0.0.1', bmc: { url: 'https://10.1.0.1/', passwordFile: '/p' } }]);
+    const open = await file('open.json', [
+      { id: 'n1', address: '10.0.0.1', bmc: { url: 'https://10.1.0.1/', passwordFile: '/p' } },
+    ]);
     expect(await new InventorySource(open).read()).toHaveLength(1);
   });
 

@@ -101,6 +101,8 @@ export class FakeRedfishServer {
   readonly #resets: FakeReset[] = [];
   readonly #requests: FakeRedfishRequest[] = [];
   readonly #sockets = new Set<Socket>();
+  #inFlight = 0;
+  #peak = 0;
 
   private constructor(server: Server, url: string, username: string, password: string) {
     this.#server = server;
@@ -185,6 +187,15 @@ export class FakeRedfishServer {
     return [...this.#requests];
   }
 
+  /** Most requests the fake was handling at once since start or the last {@link FakeRedfishServer.resetPeak}. */
+  get peakConcurrency(): number {
+    return this.#peak;
+  }
+
+  resetPeak(): void {
+    this.#peak = this.#inFlight;
+  }
+
   /** Stops listening and cuts open connections. */
   async close(): Promise<void> {
     for (const socket of this.#sockets) socket.destroy();
@@ -199,6 +210,9 @@ export class FakeRedfishServer {
     const credentials = basicAuth(req.headers.authorization);
     const record: FakeRedfishRequest = { method, path, system: systemId, username: credentials?.username, status: 0 };
     this.#requests.push(record);
+    this.#inFlight++;
+    this.#peak = Math.max(this.#peak, this.#inFlight);
+    res.once('close', () => this.#inFlight--);
     const body = await readBody(req);
     const answer = (status: number, json?: unknown) => {
       record.status = status;
