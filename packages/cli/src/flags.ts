@@ -12,6 +12,8 @@ interface Flag {
   readonly describe: string;
   readonly default?: string;
   readonly boolean?: true;
+  /** Takes several values (`--flag a b`, `--flag a --flag b`, or comma-separated). */
+  readonly array?: true;
   /** Shown in --help instead of a default computed at run time. */
   readonly defaultDescription?: string;
   /** Never shown or logged: no default, and the help says so. */
@@ -118,6 +120,30 @@ const flags = {
         'Append one JSON line to this file as each fake agent start begins and ends (machine, address, pid, time); off when unset',
     },
   },
+  static: {
+    inventory: {
+      describe:
+        'The machines: a JSON file or an http(s):// URL, read again on every reconciliation pass (see the README for its format)',
+    },
+    'redfish-username': { describe: 'BMC user name for machines whose inventory entry gives none' },
+    'redfish-password-file': {
+      describe:
+        'File holding the BMC password for machines whose inventory entry gives none (mode 0600; read at each reset)',
+    },
+    'redfish-ca-file': {
+      describe: 'PEM CA certificate(s) to verify BMCs with; unset: the system trust store',
+    },
+    'redfish-reset-type': {
+      describe:
+        'Reset type to power-cycle with, if the BMC allows it; unset: the first allowed of ForceRestart, PowerCycle, GracefulRestart',
+    },
+    'redfish-timeout': { describe: 'Time for each Redfish request', default: '30s' },
+    'redfish-concurrency': { describe: 'Most BMC resets in flight at once, across the fleet', default: '8' },
+  },
+  decommission: {
+    provider: { describe: 'Provider of the machines, as in the BMDB (Static, Equinix, Dummy, …)' },
+    'provider-id': { describe: 'Provider IDs of the machines to remove from the BMDB', array: true },
+  },
 } as const satisfies Record<string, Record<string, Flag>>;
 
 export type FlagGroup = keyof typeof flags;
@@ -133,6 +159,8 @@ const GROUP_TITLES: Record<FlagGroup, string> = {
   recoverer: 'Recoverer',
   equinix: 'Equinix provider (run equinix)',
   dummy: 'Dummy provider (run dummy)',
+  static: 'Static provider (run static)',
+  decommission: 'Decommission',
 };
 
 /** yargs options of the given groups, strings throughout (see the module comment). */
@@ -144,6 +172,7 @@ export function flagOptions(...groups: FlagGroup[]): Record<string, Options> {
         group: `${GROUP_TITLES[group]}:`,
         describe: flag.describe,
         type: flag.boolean ? 'boolean' : 'string',
+        ...(flag.array ? { array: true } : {}),
         ...(flag.boolean ? { default: false } : {}),
         ...(flag.default !== undefined && !flag.secret ? { default: flag.default } : {}),
         ...(flag.defaultDescription ? { defaultDescription: flag.defaultDescription } : {}),
@@ -155,8 +184,11 @@ export function flagOptions(...groups: FlagGroup[]): Record<string, Options> {
   return options;
 }
 
-/** Every group, in --help order: `run` takes them all. */
-export const FLAG_GROUPS = Object.keys(flags) as FlagGroup[];
+/** Groups of one command other than `run`. */
+const OTHER_COMMAND_GROUPS: readonly FlagGroup[] = ['decommission'];
+
+/** Every group of `run`, in --help order: `run` takes them all. */
+export const FLAG_GROUPS = (Object.keys(flags) as FlagGroup[]).filter((group) => !OTHER_COMMAND_GROUPS.includes(group));
 
 /** The flags of a group, for tests and docs. */
 export function flagNames(group: FlagGroup): string[] {

@@ -5,6 +5,7 @@
  */
 
 import yargs, { type Argv as Yargs } from 'yargs';
+import { decommission } from './commands/decommission.js';
 import { migrate } from './commands/migrate.js';
 import { type ProviderKind, run } from './commands/run.js';
 import { sshKey } from './commands/ssh-key.js';
@@ -22,7 +23,7 @@ interface Io {
   readonly stderr: (text: string) => void;
 }
 
-const PROVIDERS: readonly string[] = ['dummy', 'equinix'] satisfies ProviderKind[];
+const PROVIDERS: readonly string[] = ['dummy', 'equinix', 'static'] satisfies ProviderKind[];
 
 /**
  * Runs the CLI on `args` (without `node` and the script) and resolves with
@@ -78,7 +79,7 @@ export async function main(
       'Run the provisioner, initializer and recoverer (and the provider’s own loop) until SIGINT/SIGTERM',
       (y) =>
         y
-          .positional('provider', { describe: 'Where machines come from', choices: ['dummy', 'equinix'] as const })
+          .positional('provider', { describe: 'Where machines come from', choices: PROVIDERS })
           .options(flagOptions(...FLAG_GROUPS))
           .strict(),
       async (argv) => {
@@ -115,7 +116,16 @@ export async function main(
           .strict(),
       (argv) => sshKey(argv, io.stdout),
     )
-    .demandCommand(1, 'Say which command to run: run, migrate, status or ssh-key (see --help)')
+    .command(
+      'decommission',
+      'Remove machines gone for good at their provider from the BMDB (refused for machines with live work; their history stays)',
+      (y) => y.options(flagOptions('database')).options(flagOptions('decommission')).strict(),
+      async (argv) => {
+        enableLogs();
+        await decommission(argv, io.stdout);
+      },
+    )
+    .demandCommand(1, 'Say which command to run: run, migrate, status, ssh-key or decommission (see --help)')
     .fail((message, error) => {
       // Our handlers' errors and yargs' own validation (unknown flag, missing command) end here.
       if (error) fail(error);
@@ -139,6 +149,7 @@ const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
   migrate: ['database'],
   status: ['database'],
   'ssh-key': ['database'],
+  decommission: ['database', 'decommission'],
 };
 const COMMAND_FLAGS: Record<string, string[]> = { status: ['json'], 'ssh-key': ['ssh-key-path'] };
 const GLOBAL_FLAGS = ['help', 'version'];
