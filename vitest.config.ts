@@ -2,7 +2,14 @@ import { fileURLToPath } from 'node:url';
 import { defineConfig } from 'vitest/config';
 
 /** One Vitest project per package; tests run against sources (the `source` export condition). */
-const packages = ['bmdb-controlloop', 'shepherd-manager', 'provider-dummy', 'provider-equinix', 'provider-static', 'cli'];
+const packages = [
+  'bmdb-controlloop',
+  'shepherd-manager',
+  'provider-dummy',
+  'provider-equinix',
+  'provider-static',
+  'cli',
+];
 
 export default defineConfig({
   ssr: { resolve: { conditions: ['source'] } },
