@@ -195,7 +195,11 @@ describe('rebooting through the BMC', () => {
       },
     ]);
     const p = provider(file);
-    const failure = (id: string) => p.rebootMachine(id).catch((e: unknown) => e as Error);
+    const failure = (id: string): Promise<Error> =>
+      p.rebootMachine(id).then(
+        () => new Error(`rebooting ${id} succeeded`),
+        (e: unknown) => e as Error,
+      );
     expect(await failure('no-bmc')).toBeInstanceOf(NoBmcError);
     expect((await failure('no-bmc')).message).toBe(
       'machine no-bmc has no bmc in the inventory: it cannot be power-cycled; add its Redfish URL',
