@@ -8,11 +8,11 @@
  * their agents started again. The inventory is edited while it runs: a good
  * edit is taken on the next pass, a bad one changes nothing and is logged.
  */
-import { chmod, mkdtemp, rename, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir, userInfo } from 'node:os';
 import path from 'node:path';
 import { FakeRedfishServer, selfSignedCertificate } from '@bmaas/provider-static/testing';
-import { afterAll, beforeAll, expect, test } from 'vitest';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
 import { buildOnce, eventually, type Shepherd, shepherd, start } from './helpers.js';
@@ -146,10 +146,15 @@ test('run static: inventory to running fleet, silent machines reset through the 
     '50ms,8',
   ]);
 
+  const running = run.logged(/running with the static provider/, 60_000).then(() => performance.now() - started);
+
   // 1. Every machine of the inventory provided, at its address, and its agent started over SSH.
   const first = await allStarted(['node1', 'node2', 'node3', 'node4']);
   const upMs = performance.now() - started;
-  console.log(`run static: 4 machines from start to all agents started in ${Math.round(upMs)} ms (${sshd.kind})`);
+  console.log(
+    `run static: 4 machines from start to all agents started in ${Math.round(upMs)} ms ` +
+      `(process running after ${Math.round(await running)} ms; agents started one at a time over ${sshd.kind})`,
+  );
   expect([...first.keys()]).toEqual(['node1', 'node2', 'node3', 'node4']);
   for (const [id, row] of first) expect(row.provider_ip_address).toBe(entry(Number(id.slice(4))).address);
   expect(bmc.resets).toEqual([]);
@@ -261,4 +266,98 @@ test('decommission removes machines gone from the inventory; refuses unknown one
     'SELECT count(*)::int AS n FROM work_history h WHERE NOT EXISTS (SELECT 1 FROM machines m WHERE m.machine_id = h.machine_id)',
   );
   expect(rows[0].n).toBeGreaterThanOrEqual(4);
+});
+
+describe('run static: bad input exits 2 with one line naming the flag, before anything is touched', () => {
+  const base = () => [
+    'run',
+    'static',
+    '--inventory',
+    path.join(dir, 'good.json'),
+    '--agent-executable-path',
+    testAgent,
+    '--agent-endpoint',
+    'bmaas.example.com:443',
+  ];
+  beforeAll(async () => {
+    await writeFile(path.join(dir, 'good.json'), '[{"id": "n1", "address": "10.0.0.1"}]');
+    await writeFile(path.join(dir, 'open-password'), 'hunter2\n', { mode: 0o644 });
+    await chmod(path.join(dir, 'open-password'), 0o644);
+    await writeFile(path.join(dir, 'not-a-cert.pem'), 'hello\n');
+  });
+
+  test.each<[string, () => string[], Record<string, string>, RegExp]>([
+    [
+      'no inventory',
+      () => ['run', 'static', '--agent-executable-path', testAgent, '--agent-endpoint', 'x:1'],
+      {},
+      /--inventory: required for run static \(or set SHEPHERD_INVENTORY\)/,
+    ],
+    [
+      'a missing inventory file',
+      () => [...base().slice(0, 3), path.join(dir, 'nope.json'), ...base().slice(4)],
+      {},
+      /--inventory: inventory .*nope\.json: cannot read \(ENOENT\)/,
+    ],
+    [
+      'an inventory URL of another scheme',
+      () => [...base().slice(0, 3), 'ftp://10.0.0.1/fleet.json', ...base().slice(4)],
+      {},
+      /--inventory: inventory ftp:\/\/10\.0\.0\.1\/fleet\.json: want a file path or an http:\/\/ or https:\/\/ URL/,
+    ],
+    [
+      'a bad inventory from the environment',
+      () => base().slice(0, 2).concat(base().slice(4)),
+      { SHEPHERD_INVENTORY: '/nonexistent/inventory.json' },
+      /--inventory: inventory \/nonexistent\/inventory\.json: cannot read \(ENOENT\)/,
+    ],
+    [
+      'an unknown reset type',
+      () => [...base(), '--redfish-reset-type', 'Reboot'],
+      {},
+      /--redfish-reset-type: invalid value "Reboot": want one of On, ForceOff, GracefulShutdown, GracefulRestart, ForceRestart/,
+    ],
+    [
+      'a password file readable by others',
+      () => [...base(), '--redfish-password-file', path.join(dir, 'open-password')],
+      {},
+      /--redfish-password-file: ".*open-password" is readable by group or others \(mode 0644\); chmod 600 it/,
+    ],
+    [
+      'a CA file that is no certificate',
+      () => [...base(), '--redfish-ca-file', path.join(dir, 'not-a-cert.pem')],
+      {},
+      /--redfish-ca-file: ".*not-a-cert\.pem" holds no PEM certificate/,
+    ],
+    [
+      'a bad Redfish timeout',
+      () => [...base(), '--redfish-timeout', 'soon'],
+      {},
+      /--redfish-timeout: invalid value "soon": want a duration/,
+    ],
+    [
+      'a bad Redfish concurrency',
+      () => [...base(), '--redfish-concurrency', '0'],
+      {},
+      /--redfish-concurrency: invalid value "0": want a whole number from 1 to 1000/,
+    ],
+  ])('%s', async (_, args, env, message) => {
+    const dataDir = path.join(dir, `untouched-${Math.random().toString(36).slice(2)}`);
+    const result = await shepherd([...args(), '--data-dir', dataDir], env);
+    expect(result.code).toBe(2);
+    expect(result.stderr).toMatch(message);
+    const lines = result.stderr
+      .trim()
+      .split('\n')
+      .filter((line) => !/^\d{4}-\d\d-\d\dT/.test(line));
+    expect(lines).toHaveLength(1);
+    expect(result.stderr).not.toContain('hunter2');
+    await expect(stat(dataDir)).rejects.toThrow(/ENOENT/); // nothing touched
+  });
+
+  test('decommission without provider IDs', async () => {
+    const result = await shepherd(['decommission', '--provider', 'Static', '--data-dir', path.join(dir, 'untouched')]);
+    expect(result.code).toBe(2);
+    expect(result.stderr).toContain('--provider-id: required for decommission');
+  });
 });
