@@ -3,6 +3,7 @@
  * self-signed certificate made with openssl): reset type choice, every
  * fault, TLS verification, retries and the fleet-wide concurrency bound.
  */
+import { format } from 'node:util';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import {
   chooseResetType,
@@ -16,6 +17,7 @@ import {
   type RedfishTarget,
   RedfishTimeoutError,
 } from '../src/index.js';
+import { log } from '../src/internal/log.js';
 import { FakeRedfishServer, selfSignedCertificate, type TestCertificate } from '../src/testing/index.js';
 
 let certificate: TestCertificate;
@@ -283,4 +285,33 @@ test('chooseResetType', () => {
   expect(chooseResetType(where, ['GracefulRestart'], undefined)).toBe('GracefulRestart');
   expect(chooseResetType(where, ['GracefulRestart'], 'GracefulRestart')).toBe('GracefulRestart');
   expect(() => chooseResetType(where, [], undefined)).toThrow(RedfishResetUnsupportedError);
+});
+
+test('insecure and plain-http BMCs are warned about once per machine', async () => {
+  const lines: string[] = [];
+  const logger = log.redfish;
+  const [enabled, write] = [logger.enabled, logger.log];
+  logger.enabled = true;
+  logger.log = (...args: unknown[]) => lines.push(format(...args));
+  try {
+    const plain = await fake(false);
+    const secure = await fake(true);
+    plain.addSystem('1');
+    secure.addSystem('1');
+    const redfish = client();
+    for (let i = 0; i < 3; i++) {
+      await redfish.resetSystem(target(plain, '1', { machine: 'lab-node' }));
+      await redfish.resetSystem(target(secure, '1', { machine: 'odd-cert-node', insecure: true }));
+    }
+    const warnings = lines.filter((line) => line.includes('warning:'));
+    expect(warnings).toHaveLength(2);
+    expect(warnings[0]).toContain(`warning: machine lab-node: BMC ${plain.systemUrl('1')} is plain http://`);
+    expect(warnings[1]).toContain(
+      `warning: machine odd-cert-node: TLS certificate of BMC ${secure.systemUrl('1')} is not verified (insecure: true in the inventory)`,
+    );
+    expect(lines.join('\n')).not.toContain(plain.password);
+  } finally {
+    logger.enabled = enabled;
+    logger.log = write;
+  }
 });
