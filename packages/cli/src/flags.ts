@@ -139,6 +139,11 @@ const flags = {
     },
     'redfish-timeout': { describe: 'Time for each Redfish request', default: '30s' },
     'redfish-concurrency': { describe: 'Most BMC resets in flight at once, across the fleet', default: '8' },
+    'static-reboot-wait': {
+      describe:
+        'Wait after a BMC accepted a reset before the machine counts as rebooted (so its agent is not started on the OS going down)',
+      default: '30s',
+    },
   },
   decommission: {
     provider: { describe: 'Provider of the machines, as in the BMDB (Static, Equinix, Dummy, …)' },

@@ -40,7 +40,11 @@ export interface StaticProviderOptions {
   readonly defaultCredentials?: DefaultBmcCredentials | undefined;
   /** `--redfish-reset-type`: use this reset type instead of the preferred one the BMC allows. */
   readonly resetType?: ResetType | undefined;
-  /** Wait after a reset was accepted before the machine counts as rebooted, in ms. Default 0. */
+  /**
+   * Wait after a reset was accepted before the machine counts as rebooted, in
+   * ms, so the initializer does not start the agent on the OS going down
+   * (`--static-reboot-wait`, 30 s in the CLI). Default 0.
+   */
   readonly rebootWait?: number | undefined;
 }
 

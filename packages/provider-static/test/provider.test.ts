@@ -11,7 +11,7 @@ import { type BMDB, parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
 import { MachineNotFoundError, ProviderDiscrepancyError, Provisioner } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
-import { runUntil } from '../../../test/support/wait.js';
+import { eventually, runUntil } from '../../../test/support/wait.js';
 import {
   BmcCredentialsError,
   InventoryError,
@@ -219,6 +219,26 @@ describe('rebooting through the BMC', () => {
     expect(bmc.resets.filter((r) => r.system !== 'inline' && r.system !== 'file' && r.system !== 'defaults')).toEqual(
       [],
     );
+  });
+
+  test('after the reset, the reboot wait holds the recovery until it passes or the stop comes', async () => {
+    const file = await writeInventory('waiting.json', [
+      {
+        id: 'waiting',
+        address: '10.0.4.1',
+        bmc: { url: bmc.addSystem('waiting'), username: 'admin', password: bmc.password },
+      },
+    ]);
+    const p = provider(file, { rebootWait: 3_600_000 });
+    const stop = new AbortController();
+    let settled = false;
+    const reboot = p.rebootMachine('waiting', stop.signal).finally(() => {
+      settled = true;
+    });
+    await eventually(async () => (bmc.resetsOf('waiting').length === 1 ? true : undefined));
+    expect(settled).toBe(false); // reset accepted, still waiting
+    stop.abort(new Error('stopping'));
+    await expect(reboot).rejects.toThrow('stopping');
   });
 
   test('resets go by the last good inventory while a bad edit is in place', async () => {

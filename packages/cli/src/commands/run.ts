@@ -115,6 +115,7 @@ interface StaticSettings {
   readonly redfishResetType: ResetType | undefined;
   readonly redfishTimeout: number;
   readonly redfishConcurrency: number;
+  readonly rebootWait: number;
   readonly sshKeyPath: string;
 }
 
@@ -216,6 +217,7 @@ async function staticSettings(argv: Argv, context: string): Promise<StaticSettin
     redfishResetType: oneOf(argv, 'redfish-reset-type', RESET_TYPES),
     redfishTimeout: duration(argv, 'redfish-timeout'),
     redfishConcurrency: integer(argv, 'redfish-concurrency', 1, 1000),
+    rebootWait: duration(argv, 'static-reboot-wait', { allowZero: true }),
     sshKeyPath: sshKeyPath(argv),
   };
   try {
@@ -389,6 +391,7 @@ async function shepherdParts(bmdb: BMDB, settings: RunSettings, registry: Regist
       redfish,
       defaultCredentials: { username: own.redfishUsername, passwordFile: own.redfishPasswordFile },
       resetType: own.redfishResetType,
+      rebootWait: own.rebootWait,
     });
     provider = staticProvider;
     sshClient = new Ssh2Client({ privateKey: key.privateKey, username: agent.sshUser });
