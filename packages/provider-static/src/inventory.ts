@@ -203,7 +203,12 @@ export class InventorySource {
     this.#timeout = options.timeout ?? 10_000;
     if (/^https?:\/\//i.test(location)) {
       // User info in the URL is sent as basic authentication (fetch refuses such URLs) and never shown.
-      const url = new URL(location);
+      let url: URL;
+      try {
+        url = new URL(location);
+      } catch {
+        throw new InventoryError(redactUrl(location), {}, 'not a valid URL');
+      }
       const authorization =
         url.username === '' && url.password === ''
           ? undefined

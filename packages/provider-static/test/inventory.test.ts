@@ -309,6 +309,12 @@ describe('InventorySource', () => {
     expect(String(error)).not.toContain('hunter2');
   });
 
+  test('a URL that does not parse is refused, its user info masked', () => {
+    expect(() => new InventorySource('https://ops:topsecret@[::1/fleet.json')).toThrow(
+      'inventory https://***@[::1/fleet.json: not a valid URL',
+    );
+  });
+
   test('other URL schemes are refused', () => {
     expect(() => new InventorySource('ftp://10.0.0.1/fleet.json')).toThrow(
       'inventory ftp://10.0.0.1/fleet.json: want a file path or an http:// or https:// URL',

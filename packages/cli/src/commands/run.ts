@@ -234,9 +234,7 @@ function inventorySource(location: string): InventorySource {
   try {
     return new InventorySource(location);
   } catch (error) {
-    if (error instanceof InventoryError || error instanceof TypeError) {
-      throw new UsageError('inventory', (error as Error).message);
-    }
+    if (error instanceof InventoryError) throw new UsageError('inventory', error.message);
     throw error;
   }
 }
