@@ -35,6 +35,11 @@ export interface TestSshServer {
 export interface TestSshServerOptions {
   /** Public keys in authorized_keys form. */
   readonly authorizedKeys: readonly string[];
+  /**
+   * Loopback addresses to listen on, all on the same port, so that one
+   * server stands in for several machines. Default `['127.0.0.1']`.
+   */
+  readonly listenAddresses?: readonly string[];
 }
 
 /**
@@ -52,7 +57,9 @@ export function startTestSshServer(options: TestSshServerOptions): Promise<TestS
 
 const execFileAsync = promisify(execFile);
 
-async function startOpenSsh({ authorizedKeys }: TestSshServerOptions): Promise<TestSshServer> {
+async function startOpenSsh({ authorizedKeys, listenAddresses }: TestSshServerOptions): Promise<TestSshServer> {
+  const addresses = listenAddresses ?? ['127.0.0.1'];
+  const host = addresses[0] ?? '127.0.0.1';
   const dir = await mkdtemp(path.join(tmpdir(), 'test-sshd-'));
   try {
     // sshd insists on its privilege separation directory.
@@ -73,7 +80,7 @@ async function startOpenSsh({ authorizedKeys }: TestSshServerOptions): Promise<T
         config,
         [
           `Port ${port}`,
-          'ListenAddress 127.0.0.1',
+          ...addresses.map((address) => `ListenAddress ${address}`),
           `HostKey ${hostKey}`,
           `PidFile ${path.join(dir, 'sshd.pid')}`,
           `AuthorizedKeysFile ${authorizedKeysFile}`,
@@ -99,7 +106,7 @@ async function startOpenSsh({ authorizedKeys }: TestSshServerOptions): Promise<T
       });
       const log = captureLog(child);
       try {
-        await waitForBanner(port, child, 10_000);
+        for (const address of addresses) await waitForBanner(address, port, child, 10_000);
       } catch (error) {
         await stopProcessGroup(child);
         if (attempt < 3 && /Address already in use/.test(log.text())) continue;
@@ -107,8 +114,8 @@ async function startOpenSsh({ authorizedKeys }: TestSshServerOptions): Promise<T
       }
       return {
         kind: 'openssh',
-        description: `OpenSSH sshd ${version} (${SSHD_PATH}) on 127.0.0.1:${port}`,
-        host: '127.0.0.1',
+        description: `OpenSSH sshd ${version} (${SSHD_PATH}) on ${addresses.join(', ')} port ${port}`,
+        host,
         port,
         hostKeyFingerprint,
         logs: log.text,
@@ -152,7 +159,7 @@ async function freePort(): Promise<number> {
 }
 
 /** Resolves once the port accepts connections and sends an SSH banner. */
-async function waitForBanner(port: number, child: ChildProcess, timeoutMs: number): Promise<void> {
+async function waitForBanner(host: string, port: number, child: ChildProcess, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   let exited = false;
   child.once('exit', () => {
@@ -160,15 +167,15 @@ async function waitForBanner(port: number, child: ChildProcess, timeoutMs: numbe
   });
   while (Date.now() < deadline) {
     if (exited) throw new Error(`sshd exited with ${child.exitCode ?? child.signalCode}`);
-    if (await readsBanner(port)) return;
+    if (await readsBanner(host, port)) return;
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
-  throw new Error(`no SSH banner on 127.0.0.1:${port} within ${timeoutMs} ms`);
+  throw new Error(`no SSH banner on ${host}:${port} within ${timeoutMs} ms`);
 }
 
-function readsBanner(port: number): Promise<boolean> {
+function readsBanner(host: string, port: number): Promise<boolean> {
   return new Promise((resolve) => {
-    const socket = connect(port, '127.0.0.1');
+    const socket = connect(port, host);
     let received = '';
     const done = (ok: boolean) => {
       socket.destroy();
@@ -206,7 +213,8 @@ async function stopProcessGroup(child: ChildProcess): Promise<void> {
  * through /bin/sh with the caller's privileges, and the SFTP requests an
  * upload needs (open, write, close, chmod).
  */
-async function startInProcess({ authorizedKeys }: TestSshServerOptions): Promise<TestSshServer> {
+async function startInProcess({ authorizedKeys, listenAddresses }: TestSshServerOptions): Promise<TestSshServer> {
+  const [host = '127.0.0.1', ...moreAddresses] = listenAddresses ?? ['127.0.0.1'];
   const { hostKey, parsedHostKey } = ed25519HostKey();
   const allowed = authorizedKeys.map((line) => {
     const key = utils.parseKey(line);
@@ -250,19 +258,31 @@ async function startInProcess({ authorizedKeys }: TestSshServerOptions): Promise
       });
     });
   });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  await new Promise<void>((resolve) => server.listen(0, host, resolve));
   const address = server.address();
   if (!address || typeof address !== 'object') throw new Error('in-process SSH server has no port');
+  // The other addresses on the same port hand their connections to the one server.
+  const extraListeners = await Promise.all(
+    moreAddresses.map(
+      (extra) =>
+        new Promise<ReturnType<typeof createServer>>((resolve, reject) => {
+          const listener = createServer((socket) => server.injectSocket(socket));
+          listener.once('error', reject);
+          listener.listen(address.port, extra, () => resolve(listener));
+        }),
+    ),
+  );
   return {
     kind: 'ssh2',
-    description: `${existsSync(SSHD_PATH) ? "SHEPHERD_TEST_SSHD=ssh2: using ssh2's in-process server" : FALLBACK_NOTICE} (127.0.0.1:${address.port})`,
-    host: '127.0.0.1',
+    description: `${existsSync(SSHD_PATH) ? "SHEPHERD_TEST_SSHD=ssh2: using ssh2's in-process server" : FALLBACK_NOTICE} (${[host, ...moreAddresses].join(', ')} port ${address.port})`,
+    host,
     port: address.port,
     hostKeyFingerprint: `SHA256:${createHash('sha256').update(parsedHostKey.getPublicSSH()).digest('base64').replace(/=+$/, '')}`,
     logs: () => logLines.join('\n'),
     stop: async () => {
       for (const child of children) child.kill('SIGKILL');
       for (const connection of connections) connection.end();
+      await Promise.all(extraListeners.map((listener) => new Promise((resolve) => listener.close(resolve))));
       await new Promise((resolve) => server.close(resolve));
     },
   };

@@ -38,6 +38,7 @@ export { sleep } from './internal/sleep.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
 export { BMDBMetrics } from './metrics.js';
 export {
+  type DecommissionReport,
   type FleetStages,
   type FleetStats,
   hasLiveWork,

@@ -56,6 +56,20 @@ export interface WorkBackoffEntry {
   readonly active: boolean;
 }
 
+/** What {@link Queries.decommissionMachines} did with each provider ID it was given. */
+export interface DecommissionReport {
+  /** Removed from the BMDB, with their tags and backoffs; their work history stays. */
+  readonly removed: readonly { readonly providerId: string; readonly machineId: string }[];
+  /** Refused: work of these processes is held on them by a live session. */
+  readonly busy: readonly {
+    readonly providerId: string;
+    readonly machineId: string;
+    readonly processes: readonly string[];
+  }[];
+  /** Not in the BMDB under this provider. */
+  readonly unknown: readonly string[];
+}
+
 /** Thresholds after which a started agent counts as lost. Milliseconds. */
 export interface RecoveryThresholds {
   /** No first heartbeat this long after the agent started. Default 30 min. */
@@ -354,6 +368,51 @@ export class Queries {
       .where('mp.machine_id', 'in', silent)
       .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', SHEPHERD_PROCESSES)}`)
       .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', 'ShepherdRecovery')}`);
+  }
+
+  /**
+   * Removes the machines `providerIds` of `provider` from the BMDB: the
+   * machine rows and, by cascade, their tags and backoffs. Machines with
+   * work held by a live session (any process) are refused and left as they
+   * are; work left behind by expired sessions goes with its machine. Work
+   * history has no key on machines and stays, for the record.
+   *
+   * The machines are locked first (`FOR UPDATE`), so a claim racing with the
+   * removal either lands first and is seen, or waits and then fails.
+   */
+  async decommissionMachines(provider: string, providerIds: readonly string[]): Promise<DecommissionReport> {
+    const wanted = [...new Set(providerIds)];
+    if (wanted.length === 0) return { removed: [], busy: [], unknown: [] };
+    const rows = await this.db
+      .selectFrom('machines as m')
+      .innerJoin('machine_provided as mp', 'mp.machine_id', 'm.machine_id')
+      .select([
+        'm.machine_id',
+        'mp.provider_id',
+        sql<string[]>`ARRAY(
+          SELECT w.process FROM work w JOIN sessions s ON s.session_id = w.session_id
+          WHERE w.machine_id = m.machine_id AND s.deadline > now() ORDER BY w.process)`.as('live'),
+      ])
+      .where('mp.provider', '=', provider)
+      .where('mp.provider_id', 'in', wanted)
+      .orderBy('mp.provider_id')
+      .forUpdate('m')
+      .execute();
+    const removed = rows.filter((row) => row.live.length === 0);
+    const ids = removed.map((row) => row.machine_id);
+    if (ids.length > 0) {
+      // Only dead work is left on them: its key on machines would block the delete.
+      await this.db.deleteFrom('work').where('machine_id', 'in', ids).execute();
+      await this.db.deleteFrom('machines').where('machine_id', 'in', ids).execute();
+    }
+    const found = new Set(rows.map((row) => row.provider_id));
+    return {
+      removed: removed.map((row) => ({ providerId: row.provider_id, machineId: row.machine_id })),
+      busy: rows
+        .filter((row) => row.live.length > 0)
+        .map((row) => ({ providerId: row.provider_id, machineId: row.machine_id, processes: row.live })),
+      unknown: wanted.filter((id) => !found.has(id)).sort(),
+    };
   }
 
   /** A machine's work history, oldest first. */

@@ -227,3 +227,65 @@ describe('machine model', () => {
     expect(backoffs.find((b) => b.machineId === stale)).toMatchObject({ cause: 'reboot failed', active: true });
   });
 });
+
+describe('decommissioning', () => {
+  test('removes free machines with their tags and backoffs, refuses busy ones, names unknown IDs; history stays', async () => {
+    const [free, busy, deadWork, other] = await provideMachines(session, 4, 'Decommission');
+    const ids = new Map<string, string>();
+    for (const row of (
+      await db.admin("SELECT machine_id, provider_id FROM machine_provided WHERE provider = 'Decommission'")
+    ).rows as { machine_id: string; provider_id: string }[]) {
+      ids.set(row.machine_id, row.provider_id);
+    }
+    const pid = (machineId: string | undefined) => ids.get(machineId as string) as string;
+    await session.transact((q) => q.setAgentStarted(free as string, { publicKey: key() }));
+    await db.admin(
+      `INSERT INTO work_backoff VALUES ($1, 'ShepherdAgentStart', now() + interval '5 minutes', 'x', 300)`,
+      [free],
+    );
+    // A finished piece of work leaves history behind.
+    const done = await session.work(Process.ShepherdRecovery, async () => [free as string]);
+    await done.finish();
+    const held = await session.work(Process.ShepherdAgentStart, async () => [busy as string]);
+    const { rows } = await db.admin(
+      `INSERT INTO sessions (component_name, runtime_info, interval_seconds, deadline)
+       VALUES ('dead', 'test', 5, now() - interval '1 minute') RETURNING session_id`,
+    );
+    await db.admin(`INSERT INTO work VALUES ($1, $2, 'ShepherdRecovery')`, [deadWork, rows[0].session_id]);
+
+    const report = await session.transact((q) =>
+      q.decommissionMachines('Decommission', [pid(free), pid(busy), pid(deadWork), 'no-such-machine', pid(free)]),
+    );
+    expect(report.removed.map((r) => r.machineId).sort()).toEqual([free, deadWork].sort());
+    expect(report.removed.find((r) => r.machineId === free)?.providerId).toBe(pid(free));
+    expect(report.busy).toEqual([{ providerId: pid(busy), machineId: busy, processes: ['ShepherdAgentStart'] }]);
+    expect(report.unknown).toEqual(['no-such-machine']);
+
+    const left = await session.transact((q) => q.providedMachines('Decommission'));
+    expect(left.map((m) => m.machineId).sort()).toEqual([busy, other].sort());
+    for (const table of ['machines', 'machine_agent_started', 'work_backoff', 'work', 'machine_agent_pending']) {
+      const { rows } = await db.admin(`SELECT count(*)::int AS n FROM ${table} WHERE machine_id = ANY($1)`, [
+        [free, deadWork],
+      ]);
+      expect({ table, n: rows[0].n }).toEqual({ table, n: 0 });
+    }
+    const history = await session.transact((q) => q.workHistory(free as string));
+    expect(history.map((h) => `${h.process}:${h.event}`)).toEqual([
+      'ShepherdRecovery:Started',
+      'ShepherdRecovery:Finished',
+    ]);
+
+    // Once its work ended, the busy machine goes too; another provider's IDs are unknown to this one.
+    await held.finish();
+    const second = await session.transact((q) => q.decommissionMachines('Decommission', [pid(busy)]));
+    expect(second.removed).toEqual([{ providerId: pid(busy), machineId: busy }]);
+    expect((await session.transact((q) => q.decommissionMachines('Elsewhere', [pid(other)]))).unknown).toEqual([
+      pid(other),
+    ]);
+    expect(await session.transact((q) => q.decommissionMachines('Decommission', []))).toEqual({
+      removed: [],
+      busy: [],
+      unknown: [],
+    });
+  });
+});

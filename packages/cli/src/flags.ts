@@ -15,6 +15,8 @@ export interface Flag {
   readonly boolean?: true;
   /** What --help says the value is; `string` when unset. Values are strings to the parser either way. */
   readonly kind?: 'number' | 'duration' | 'rate' | 'path';
+  /** Takes several values (`--flag a b`, `--flag a --flag b`, or comma-separated). */
+  readonly array?: true;
   /** Shown in --help instead of a default computed at run time. */
   readonly defaultDescription?: string;
   /** Never shown or logged: no default, and the help says so. */
@@ -183,6 +185,35 @@ const flags = {
     },
     'tls-key': { describe: 'PEM private key of --tls-cert' },
   },
+  static: {
+    inventory: {
+      describe:
+        'The machines: a JSON file or an http(s):// URL, read again on every reconciliation pass (see the README for its format)',
+    },
+    'redfish-username': { describe: 'BMC user name for machines whose inventory entry gives none' },
+    'redfish-password-file': {
+      describe:
+        'File holding the BMC password for machines whose inventory entry gives none (mode 0600; read at each reset)',
+    },
+    'redfish-ca-file': {
+      describe: 'PEM CA certificate(s) to verify BMCs with; unset: the system trust store',
+    },
+    'redfish-reset-type': {
+      describe:
+        'Reset type to power-cycle with, if the BMC allows it; unset: the first allowed of ForceRestart, PowerCycle, GracefulRestart',
+    },
+    'redfish-timeout': { describe: 'Time for each Redfish request', default: '30s' },
+    'redfish-concurrency': { describe: 'Most BMC resets in flight at once, across the fleet', default: '8' },
+    'static-reboot-wait': {
+      describe:
+        'Wait after a BMC accepted a reset before the machine counts as rebooted (so its agent is not started on the OS going down)',
+      default: '30s',
+    },
+  },
+  decommission: {
+    provider: { describe: 'Provider of the machines, as in the BMDB (Static, Equinix, Dummy, …)' },
+    'provider-id': { describe: 'Provider IDs of the machines to remove from the BMDB', array: true },
+  },
 } as const satisfies Record<string, Record<string, Flag>>;
 
 export type FlagGroup = keyof typeof flags;
@@ -199,6 +230,8 @@ const GROUP_TITLES: Record<FlagGroup, string> = {
   equinix: 'Equinix provider (run equinix)',
   dummy: 'Dummy provider (run dummy)',
   server: 'BMaaS server (server)',
+  static: 'Static provider (run static)',
+  decommission: 'Decommission',
 };
 
 /** yargs options of the given groups, strings throughout (see the module comment). */
@@ -264,6 +297,7 @@ function flagOption(name: string, flag: Flag): Options {
   return {
     describe: `${flag.describe} [${type}]${shownDefault === undefined ? '' : ` [default: ${shownDefault}]`}`,
     type: flag.boolean ? 'boolean' : 'string',
+    ...(flag.array ? { array: true } : {}),
     ...(value === undefined ? {} : { default: value }),
   };
 }
@@ -285,7 +319,11 @@ const ALL_GROUPS = Object.keys(flags) as FlagGroup[];
 export const SERVER_GROUPS: FlagGroup[] = ['database', 'observability', 'server'];
 
 /** Every group `run` takes, in --help order. */
-export const FLAG_GROUPS = ALL_GROUPS.filter((group) => group !== 'server');
+/** Groups of one command other than `run`. */
+const OTHER_COMMAND_GROUPS: readonly FlagGroup[] = ['server', 'decommission'];
+
+/** Every group `run` takes, in --help order. */
+export const FLAG_GROUPS = ALL_GROUPS.filter((group) => !OTHER_COMMAND_GROUPS.includes(group));
 
 /** The flags of a group, for tests and docs. */
 export function flagNames(group: FlagGroup): string[] {

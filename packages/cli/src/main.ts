@@ -5,6 +5,7 @@
  */
 
 import yargs, { type Options, type Argv as Yargs } from 'yargs';
+import { decommission } from './commands/decommission.js';
 import { migrate } from './commands/migrate.js';
 import { type ProviderKind, run } from './commands/run.js';
 import { server } from './commands/server.js';
@@ -44,7 +45,8 @@ export interface MainOptions {
   readonly debug?: string | undefined;
 }
 
-const PROVIDERS: readonly string[] = ['dummy', 'equinix'] satisfies ProviderKind[];
+const PROVIDERS: readonly string[] = ['dummy', 'equinix', 'static'] satisfies ProviderKind[];
+const PROVIDER_LIST = `${PROVIDERS.slice(0, -1).join(', ')} or ${PROVIDERS.at(-1)}`;
 
 /**
  * Runs the CLI on `args` (without `node` and the script) and resolves with
@@ -73,11 +75,11 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
   const wantsHelp = args.some((arg) => arg === '--help' || arg === '-h' || arg === '--version');
   const provider = command === 'run' ? positionals(args)[1] : undefined;
   if (command === 'run' && provider === undefined && !wantsHelp) {
-    io.stderr(`shepherd: run: say which provider: ${PROVIDERS.join(' or ')} (e.g. shepherd run dummy)\n`);
+    io.stderr(`shepherd: run: say which provider: ${PROVIDER_LIST} (e.g. shepherd run dummy)\n`);
     return EXIT.usage;
   }
   if (provider !== undefined && !PROVIDERS.includes(provider)) {
-    io.stderr(`shepherd: run: unknown provider ${JSON.stringify(provider)}: want ${PROVIDERS.join(' or ')}\n`);
+    io.stderr(`shepherd: run: unknown provider ${JSON.stringify(provider)}: want ${PROVIDER_LIST}\n`);
     return EXIT.usage;
   }
   const unknown = unknownFlag(args);
@@ -114,7 +116,7 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
       (y) =>
         y
           .positional('provider', {
-            describe: `Where machines come from: ${PROVIDERS.join(' or ')}`,
+            describe: `Where machines come from: ${PROVIDER_LIST}`,
             choices: PROVIDERS,
           })
           .options(optionsOf('run'))
@@ -154,7 +156,16 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
         await server(argv, io.stdout);
       },
     )
-    .demandCommand(1, 'say which command to run: run, migrate, status, ssh-key or server')
+    .command(
+      'decommission',
+      'Remove machines gone for good at their provider from the BMDB (refused for machines with live work; their history stays)',
+      (y) => y.options(optionsOf('decommission')).strict(),
+      async (argv) => {
+        enableLogs();
+        await decommission(argv, io.stdout);
+      },
+    )
+    .demandCommand(1, 'say which command to run: run, migrate, status, ssh-key, server or decommission')
     .fail((message, error) => {
       // Our handlers' errors and yargs' own validation (unknown flag, missing command) end here.
       if (error) fail(error);
@@ -198,6 +209,7 @@ const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
   migrate: ['database'],
   status: ['database'],
   server: SERVER_GROUPS,
+  decommission: ['database', 'decommission'],
 };
 const COMMAND_FLAGS: Record<string, string[]> = {
   status: ['json'],

@@ -1,5 +1,5 @@
 import { X509Certificate } from 'node:crypto';
-import { readFile } from 'node:fs/promises';
+import { readFile, stat } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import { InvalidSettingError, parseDuration, parseLimiter, type RateLimiter } from '@bmaas/bmdb-controlloop';
@@ -187,4 +187,45 @@ export function bundledTestAgent(): string {
 /** A URL with its password masked, for messages. */
 export function redactUrl(url: string): string {
   return url.replace(/(\/\/[^:/@]*:)[^@/]*@/, '$1***@');
+}
+
+/** One of `values`. */
+export function oneOf<T extends string>(argv: Argv, flag: string, values: readonly T[]): T | undefined {
+  const value = optional(argv, flag);
+  if (value === undefined) return undefined;
+  if (!(values as readonly string[]).includes(value))
+    throw UsageError.invalid(flag, value, `one of ${values.join(', ')}`);
+  return value as T;
+}
+
+/** A PEM file of one or more X.509 certificates, as its text. */
+export async function pemCertificates(flag: string, file: string): Promise<string> {
+  const pem = (await fileContents(flag, file)).toString('utf8');
+  const blocks = pem.match(/-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g) ?? [];
+  if (blocks.length === 0) throw new UsageError(flag, `${JSON.stringify(file)} holds no PEM certificate`);
+  for (const block of blocks) {
+    try {
+      new X509Certificate(block);
+    } catch (error) {
+      throw new UsageError(flag, `${JSON.stringify(file)} holds a bad PEM certificate (${(error as Error).message})`);
+    }
+  }
+  return pem;
+}
+
+/**
+ * A file holding a secret: readable, not empty, and not readable by group or
+ * others (as OpenSSH wants of keys). Its contents are never shown.
+ */
+export async function secretFile(flag: string, file: string): Promise<string> {
+  const resolved = path.resolve(file);
+  await fileContents(flag, resolved);
+  const mode = (await stat(resolved)).mode & 0o777;
+  if ((mode & 0o077) !== 0) {
+    throw new UsageError(
+      flag,
+      `${JSON.stringify(file)} is readable by group or others (mode ${mode.toString(8).padStart(4, '0')}); chmod 600 it`,
+    );
+  }
+  return resolved;
 }

@@ -242,7 +242,7 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
       /-30s: unknown flag for run; see --help \(a value starting with "-" is written --flag=value\)/,
     ],
     ['an unknown short flag', () => ['run', 'dummy', '-x'], /-x: unknown flag for run/],
-    ['an unknown provider', () => ['run', 'vmware'], /run: unknown provider "vmware": want dummy or equinix/],
+    ['an unknown provider', () => ['run', 'vmware'], /run: unknown provider "vmware": want dummy, equinix or static/],
     [
       'a word too many (yargs would find it only after the command ran)',
       () => ['migrate', 'now'],
@@ -252,12 +252,12 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
     [
       'no command',
       () => [],
-      /^shepherd: say which command to run: run, migrate, status, ssh-key or server; see --help\n$/,
+      /^shepherd: say which command to run: run, migrate, status, ssh-key, server or decommission; see --help\n$/,
     ],
     [
       'run without a provider',
       () => ['run'],
-      /^shepherd: run: say which provider: dummy or equinix \(e.g. shepherd run dummy\)\n$/,
+      /^shepherd: run: say which provider: dummy, equinix or static \(e.g. shepherd run dummy\)\n$/,
     ],
     [
       'bad metrics address',

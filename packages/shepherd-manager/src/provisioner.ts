@@ -50,7 +50,11 @@ export class ProviderDiscrepancyError extends ShepherdError {
     if (missingFromProvider.length) {
       parts.push(`in the BMDB but not listed by the provider: ${missingFromProvider.join(', ')}`);
     }
-    super(`provider ${provider} and the BMDB disagree, refusing to provision; machines ${parts.join('; ')}`);
+    // The way out of the second kind: machines gone for good leave the BMDB by decommissioning.
+    const wayOut = missingFromProvider.length
+      ? `; if they are gone for good, remove them from the BMDB with \`shepherd decommission --provider ${provider} --provider-id ${missingFromProvider.join(' ')}\``
+      : '';
+    super(`provider ${provider} and the BMDB disagree, refusing to provision; machines ${parts.join('; ')}${wayOut}`);
   }
 }
 

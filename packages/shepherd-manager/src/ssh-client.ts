@@ -309,7 +309,13 @@ class Ssh2Connection implements SshConnection {
           reject(new SshExecError(target, command, `cannot start: ${messageOf(error)}`, { cause: error }));
         // Throws when the connection is gone; the callback reports other failures.
         tryOrElse(startFailed, () =>
-          this.connector.exec(command, (error, opened) => (error ? startFailed(error) : resolve(opened))),
+          this.connector.exec(command, (error, opened) => {
+            if (error) return startFailed(error);
+            // Listened for here, not after the await: a command that exits at once has its exit
+            // status in the same read as the exec's acceptance, and ssh2 emits it right away.
+            watchExit(opened);
+            resolve(opened);
+          }),
         );
       });
       channel = opened;
@@ -425,8 +431,6 @@ function runCommand(
   return new Promise((resolve, reject) => {
     const stdout = new BoundedOutput(maxOutputBytes);
     const stderr = new BoundedOutput(maxOutputBytes);
-    let exitCode: number | null = null;
-    let exitSignal: string | null = null;
     const collect = (output: BoundedOutput, stream: 'stdout' | 'stderr') => (chunk: Buffer) => {
       if (output.append(chunk)) return;
       reject(new SshOutputLimitError(target, command, stream, maxOutputBytes));
@@ -434,12 +438,9 @@ function runCommand(
     };
     channel.on('data', collect(stdout, 'stdout'));
     channel.stderr.on('data', collect(stderr, 'stderr'));
-    channel.on('exit', (code: number | null, signalName?: string) => {
-      exitCode = code;
-      exitSignal = signalName ?? null;
-    });
     channel.on('error', (error: Error) => reject(new SshExecError(target, command, error.message, { cause: error })));
     channel.on('close', () => {
+      const { code: exitCode, signal: exitSignal } = exits.get(channel) ?? { code: null, signal: null };
       if (exitCode === null && exitSignal === null) {
         const why = connectionLost() ? 'the connection was lost' : 'the channel closed';
         reject(new SshExecError(target, command, `${why} before the command reported an exit status`));
@@ -457,6 +458,15 @@ function runCommand(
       resolve({ stdout: stdout.bytes(), stderr: stderr.bytes(), exitCode, exitSignal });
     });
     channel.end(Buffer.from(stdin.buffer, stdin.byteOffset, stdin.byteLength));
+  });
+}
+
+/** Exit statuses of running commands' channels, recorded from the moment the exec is accepted. */
+const exits = new WeakMap<ClientChannel, { code: number | null; signal: string | null }>();
+
+function watchExit(channel: ClientChannel): void {
+  channel.on('exit', (code: number | null, signalName?: string) => {
+    exits.set(channel, { code: code ?? null, signal: signalName ?? null });
   });
 }
 

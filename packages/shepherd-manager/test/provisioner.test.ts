@@ -109,6 +109,10 @@ describe('Provisioner', () => {
     expect(error.message).toContain('rogue-a, rogue-b');
     expect(error.message).toContain('machine-0');
     expect(error.message).not.toContain('broken');
+    // The operator is told the way out for machines gone at the provider.
+    expect(error.message).toContain(
+      `remove them from the BMDB with \`shepherd decommission --provider ${provider.type} --provider-id machine-0\``,
+    );
     expect(provider.createAttempts).toHaveLength(2); // nothing created while it holds
 
     // A BMDB machine that failed for good may be gone at the provider.

@@ -5,6 +5,14 @@ import type { BMDB, RateLimiter } from '@bmaas/bmdb-controlloop';
 import { type AgentStartEvent, DummyProvider, HeartbeatSimulator } from '@bmaas/provider-dummy';
 import { EquinixClient, EquinixProvider, EquinixStatusUpdater, Secret } from '@bmaas/provider-equinix';
 import {
+  InventoryError,
+  InventorySource,
+  RESET_TYPES,
+  RedfishClient,
+  type ResetType,
+  StaticProvider,
+} from '@bmaas/provider-static';
+import {
   Initializer,
   Provisioner,
   type RebootingProvider,
@@ -28,17 +36,20 @@ import {
   hostPort,
   integer,
   noPlaceholder,
+  oneOf,
   optional,
   pemCertificate,
+  pemCertificates,
   rate,
   required,
+  secretFile,
   share,
   sshKeyFlag,
   sshKeyPath,
   UsageError,
 } from '../settings.js';
 
-export type ProviderKind = 'dummy' | 'equinix';
+export type ProviderKind = 'dummy' | 'equinix' | 'static';
 
 /** Everything `shepherd run` needs, parsed and checked before anything is touched. */
 interface RunSettings {
@@ -67,7 +78,7 @@ interface RunSettings {
     readonly firstHeartbeatWithin: number;
     readonly heartbeatWithin: number;
   };
-  readonly provider: DummySettings | EquinixSettings;
+  readonly provider: DummySettings | EquinixSettings | StaticSettings;
 }
 
 interface DummySettings {
@@ -92,6 +103,21 @@ interface EquinixSettings {
   readonly useProjectKeys: boolean;
   readonly rebootWait: number;
   readonly reservationCacheTimeout: number;
+  readonly sshKeyPath: string;
+}
+
+interface StaticSettings {
+  readonly kind: 'static';
+  /** Read once here, so a bad inventory stops the start (exit 2). */
+  readonly inventory: InventorySource;
+  readonly redfishUsername: string | undefined;
+  readonly redfishPasswordFile: string | undefined;
+  /** PEM text of `--redfish-ca-file`. */
+  readonly redfishCa: string | undefined;
+  readonly redfishResetType: ResetType | undefined;
+  readonly redfishTimeout: number;
+  readonly redfishConcurrency: number;
+  readonly rebootWait: number;
   readonly sshKeyPath: string;
 }
 
@@ -135,7 +161,12 @@ export async function runSettings(argv: Argv, kind: ProviderKind): Promise<RunSe
       firstHeartbeatWithin: duration(argv, 'recoverer-first-heartbeat-timeout'),
       heartbeatWithin: duration(argv, 'recoverer-heartbeat-timeout'),
     },
-    provider: kind === 'dummy' ? dummySettings(argv) : equinixSettings(argv, context),
+    provider:
+      kind === 'dummy'
+        ? dummySettings(argv)
+        : kind === 'equinix'
+          ? equinixSettings(argv, context)
+          : await staticSettings(argv, context),
   };
 
   function absolutePath(value: string): string {
@@ -172,6 +203,42 @@ function equinixSettings(argv: Argv, context: string): EquinixSettings {
     reservationCacheTimeout: duration(argv, 'equinix-reservation-cache-timeout'),
     sshKeyPath: sshKeyPath(argv),
   };
+}
+
+async function staticSettings(argv: Argv, context: string): Promise<StaticSettings> {
+  const location = required(argv, 'inventory', context);
+  const passwordFile = optional(argv, 'redfish-password-file');
+  const caFile = optional(argv, 'redfish-ca-file');
+  const settings: StaticSettings = {
+    kind: 'static',
+    inventory: inventorySource(location),
+    redfishUsername: optional(argv, 'redfish-username'),
+    redfishPasswordFile:
+      passwordFile === undefined ? undefined : await secretFile('redfish-password-file', passwordFile),
+    redfishCa: caFile === undefined ? undefined : await pemCertificates('redfish-ca-file', caFile),
+    redfishResetType: oneOf(argv, 'redfish-reset-type', RESET_TYPES),
+    redfishTimeout: duration(argv, 'redfish-timeout'),
+    redfishConcurrency: integer(argv, 'redfish-concurrency', 1, 1000),
+    rebootWait: duration(argv, 'static-reboot-wait', { allowZero: true }),
+    sshKeyPath: sshKeyPath(argv),
+  };
+  try {
+    const machines = await settings.inventory.read();
+    log('inventory %s: %d machine(s)', settings.inventory.name, machines.length);
+  } catch (error) {
+    if (error instanceof InventoryError) throw new UsageError('inventory', error.message);
+    throw error;
+  }
+  return settings;
+}
+
+function inventorySource(location: string): InventorySource {
+  try {
+    return new InventorySource(location);
+  } catch (error) {
+    if (error instanceof InventoryError) throw new UsageError('inventory', error.message);
+    throw error;
+  }
 }
 
 /** A file to write, whose directory must exist: checked with the other flags, before anything is touched. */
@@ -390,6 +457,30 @@ async function shepherdParts(bmdb: BMDB, settings: RunSettings, registry: Regist
     provider = dummy;
     sshClient = dummy.sshClient;
     providerLoop = (signal) => heartbeats.run(bmdb, { signal });
+  } else if (settings.provider.kind === 'static') {
+    const own = settings.provider;
+    const key = await SshKey.loadOrGenerate(own.sshKeyPath);
+    log(
+      'SSH key %s (%s): the machines must let it in as %s (`shepherd ssh-key` prints it)',
+      key.path,
+      key.fingerprint,
+      agent.sshUser,
+    );
+    const redfish = new RedfishClient({
+      ca: own.redfishCa,
+      timeout: own.redfishTimeout,
+      concurrency: own.redfishConcurrency,
+    });
+    const staticProvider = new StaticProvider({
+      inventory: own.inventory,
+      redfish,
+      defaultCredentials: { username: own.redfishUsername, passwordFile: own.redfishPasswordFile },
+      resetType: own.redfishResetType,
+      rebootWait: own.rebootWait,
+    });
+    provider = staticProvider;
+    sshClient = new Ssh2Client({ privateKey: key.privateKey, username: agent.sshUser });
+    providerLoop = (signal) => staticProvider.run(bmdb, { signal }).finally(() => redfish.close());
   } else {
     const equinix = settings.provider;
     await ensureDirectory(sshKeyFlag(argv), path.dirname(equinix.sshKeyPath), 0o700);

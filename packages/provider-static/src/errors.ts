@@ -1,0 +1,136 @@
+import { ShepherdError } from '@bmaas/shepherd-manager';
+
+/** Base class of this package's errors. */
+export class StaticProviderError extends ShepherdError {
+  override name = 'StaticProviderError';
+}
+
+/** Where in an inventory a problem is: the entry (index, and `id` when it has one) and the field. */
+export interface InventoryLocation {
+  /** Zero-based index of the entry in the inventory array. */
+  readonly index?: number | undefined;
+  /** The entry's `id`, when it has a readable one. */
+  readonly id?: string | undefined;
+  /** The field, dotted (`bmc.url`). */
+  readonly field?: string | undefined;
+}
+
+/**
+ * The inventory cannot be used: unreadable, not JSON, or an entry that fails
+ * validation. The message names the file or URL, the entry and the field;
+ * it never holds a password.
+ */
+export class InventoryError extends StaticProviderError {
+  override name = 'InventoryError';
+  constructor(
+    /** The inventory's path or URL. */
+    readonly source: string,
+    readonly location: InventoryLocation,
+    readonly problem: string,
+    options?: ErrorOptions,
+  ) {
+    super(`inventory ${source}: ${describeLocation(location)}${problem}`, options);
+  }
+}
+
+function describeLocation({ index, id, field }: InventoryLocation): string {
+  const parts: string[] = [];
+  if (index !== undefined) parts.push(`entry ${index}${id === undefined ? '' : ` (id ${JSON.stringify(id)})`}`);
+  if (field !== undefined) parts.push(`field ${field}`);
+  return parts.length === 0 ? '' : `${parts.join(', ')}: `;
+}
+
+/** A machine's BMC could not be made to reset it. Names the machine and the BMC URL. */
+export class RedfishError extends StaticProviderError {
+  override name = 'RedfishError';
+  constructor(
+    /** The machine's provider ID (its inventory `id`). */
+    readonly machine: string,
+    /** The BMC URL the request went to (the ComputerSystem or its reset target). */
+    readonly url: string,
+    problem: string,
+    options?: ErrorOptions,
+  ) {
+    super(`machine ${machine}: BMC ${url}: ${problem}`, options);
+  }
+}
+
+/** The BMC answered 401 or 403. Not retried: the same credentials fail again. */
+export class RedfishCredentialsError extends RedfishError {
+  override name = 'RedfishCredentialsError';
+  constructor(
+    machine: string,
+    url: string,
+    readonly status: number,
+    /** The user name the request was made as. */
+    readonly username: string,
+  ) {
+    super(machine, url, `BMC refused the credentials of user ${JSON.stringify(username)} (HTTP ${status})`);
+  }
+}
+
+/** The BMC answered an HTTP status other than the ones expected (after retries for 5xx). */
+export class RedfishHttpError extends RedfishError {
+  override name = 'RedfishHttpError';
+  constructor(
+    machine: string,
+    url: string,
+    readonly method: string,
+    readonly status: number,
+    /** The start of the body, for the operator (Redfish errors carry a message there). */
+    readonly detail: string,
+  ) {
+    super(machine, url, `${method} answered HTTP ${status}${detail === '' ? '' : `: ${detail}`}`);
+  }
+}
+
+/** No answer within the request timeout (after retries). */
+export class RedfishTimeoutError extends RedfishError {
+  override name = 'RedfishTimeoutError';
+  constructor(
+    machine: string,
+    url: string,
+    readonly method: string,
+    readonly timeout: number,
+  ) {
+    super(machine, url, `${method} got no answer within ${timeout} ms (timeout)`);
+  }
+}
+
+/** The BMC could not be reached (refused, reset, TLS failure, …), after retries. */
+export class RedfishNetworkError extends RedfishError {
+  override name = 'RedfishNetworkError';
+}
+
+/**
+ * The ComputerSystem resource offers no usable reset: no
+ * `#ComputerSystem.Reset` action or target, no allowable reset type the
+ * shepherd uses, or not the one `--redfish-reset-type` asks for.
+ */
+export class RedfishResetUnsupportedError extends RedfishError {
+  override name = 'RedfishResetUnsupportedError';
+}
+
+/** The BMC answered something that is not a Redfish ComputerSystem. */
+export class RedfishResponseError extends RedfishError {
+  override name = 'RedfishResponseError';
+}
+
+/** The machine has no `bmc` in the inventory, so it cannot be power-cycled. */
+export class NoBmcError extends StaticProviderError {
+  override name = 'NoBmcError';
+  constructor(readonly machine: string) {
+    super(`machine ${machine} has no bmc in the inventory: it cannot be power-cycled; add its Redfish URL`);
+  }
+}
+
+/** The BMC password cannot be had: no password, unreadable or too open password file. */
+export class BmcCredentialsError extends StaticProviderError {
+  override name = 'BmcCredentialsError';
+  constructor(
+    readonly machine: string,
+    problem: string,
+  ) {
+    super(`machine ${machine}: ${problem}`);
+  }
+}

@@ -1,0 +1,51 @@
+/**
+ * The static provider of the shepherd: machines the operator owns, listed in
+ * an inventory file or URL, and power-cycled through their BMCs' Redfish
+ * API when their agent goes silent. The Redfish client is usable on its own;
+ * a fake Redfish BMC for tests lives in `@bmaas/provider-static/testing`.
+ *
+ * @packageDocumentation
+ */
+
+export {
+  BmcCredentialsError,
+  InventoryError,
+  type InventoryLocation,
+  NoBmcError,
+  RedfishCredentialsError,
+  RedfishError,
+  RedfishHttpError,
+  RedfishNetworkError,
+  RedfishResetUnsupportedError,
+  RedfishResponseError,
+  RedfishTimeoutError,
+  StaticProviderError,
+} from './errors.js';
+export {
+  type BmcPassword,
+  type InventoryBmc,
+  type InventoryMachine,
+  InventorySource,
+  parseInventory,
+} from './inventory.js';
+export {
+  type DefaultBmcCredentials,
+  readPasswordFile,
+  STATIC_PROVIDER,
+  type StaticMachine,
+  StaticProvider,
+  type StaticProviderOptions,
+} from './provider.js';
+export {
+  chooseResetType,
+  RESET_TYPES,
+  RESTART_PREFERENCE,
+  RedfishClient,
+  type RedfishClientOptions,
+  type RedfishClientSettings,
+  type RedfishReset,
+  type RedfishSystem,
+  type RedfishTarget,
+  type ResetType,
+} from './redfish/client.js';
+export { Password } from './secret.js';

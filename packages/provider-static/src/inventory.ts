@@ -1,0 +1,326 @@
+import { readFile, stat } from 'node:fs/promises';
+import { isIP } from 'node:net';
+import path from 'node:path';
+import { InventoryError } from './errors.js';
+import { describeError, redactUrl } from './internal/log.js';
+import { Password } from './secret.js';
+
+/** How a machine's BMC password is had: in the inventory itself, or in a file read at each reset. */
+export type BmcPassword =
+  | { readonly kind: 'inline'; readonly password: Password }
+  | { readonly kind: 'file'; readonly path: string };
+
+/** A machine's BMC, as the inventory gives it. */
+export interface InventoryBmc {
+  /** The Redfish ComputerSystem resource, `http(s)://…/redfish/v1/Systems/<id>`. */
+  readonly url: string;
+  /** User name; `undefined`: the fleet-wide default (`--redfish-username`). */
+  readonly username: string | undefined;
+  /** Password; `undefined`: the fleet-wide default (`--redfish-password-file`). */
+  readonly password: BmcPassword | undefined;
+  /** Skip TLS verification for this BMC (logged once per machine). */
+  readonly insecure: boolean;
+}
+
+/** One machine of the inventory. */
+export interface InventoryMachine {
+  /** Provider ID, unique in the inventory. */
+  readonly id: string;
+  /** IPv4 or IPv6 literal the shepherd reaches the machine at over SSH. */
+  readonly address: string;
+  readonly location: string | undefined;
+  readonly bmc: InventoryBmc | undefined;
+}
+
+const MACHINE_KEYS = ['id', 'address', 'location', 'bmc'] as const;
+/** The upstream Go shepherd's "mini" device list. */
+const MINI_KEYS = { ID: 'id', Addr: 'address', Location: 'location' } as const;
+const BMC_KEYS = ['url', 'username', 'password', 'passwordFile', 'insecure'] as const;
+/** Longest inventory read over HTTP: far more than any fleet needs, far less than memory. */
+const MAX_INVENTORY_BYTES = 16 * 1024 * 1024;
+
+/**
+ * Parses and checks an inventory's text: a JSON array of machines. Either
+ * the shepherd's own keys (`id`, `address`, `location`, `bmc`) or the
+ * upstream mini device list's (`ID`, `Addr`, `Location`) per entry.
+ *
+ * @param source - the file or URL the text came from, named in errors
+ * @throws {@link InventoryError} naming the source, the entry (index and
+ *   `id`) and the field of the first problem
+ */
+export function parseInventory(text: string, source: string): InventoryMachine[] {
+  let data: unknown;
+  try {
+    data = JSON.parse(text);
+  } catch (error) {
+    throw new InventoryError(source, {}, `not JSON (${describeError(error)})`);
+  }
+  if (!Array.isArray(data)) {
+    throw new InventoryError(source, {}, `want a JSON array of machines, got ${kindOf(data)}`);
+  }
+  const machines: InventoryMachine[] = [];
+  const byId = new Map<string, number>();
+  const byAddress = new Map<string, number>();
+  data.forEach((entry: unknown, index) => {
+    const machine = parseMachine(entry, source, index);
+    const fail = (field: string, problem: string) =>
+      new InventoryError(source, { index, id: machine.id, field }, problem);
+    const sameId = byId.get(machine.id);
+    if (sameId !== undefined) throw fail('id', `duplicate id: entry ${sameId} has it too`);
+    const sameAddress = byAddress.get(machine.address);
+    if (sameAddress !== undefined) {
+      throw fail('address', `duplicate address ${machine.address}: entry ${sameAddress} has it too`);
+    }
+    byId.set(machine.id, index);
+    byAddress.set(machine.address, index);
+    machines.push(machine);
+  });
+  return machines;
+}
+
+function parseMachine(entry: unknown, source: string, index: number): InventoryMachine {
+  if (!isRecord(entry)) throw new InventoryError(source, { index }, `want an object, got ${kindOf(entry)}`);
+  // The id first, so every later message can name it.
+  const idKey = pickKey(entry, 'id', 'ID', source, index);
+  const rawId = idKey === undefined ? undefined : entry[idKey];
+  const id = typeof rawId === 'string' ? rawId : undefined;
+  const fail = (field: string, problem: string) => new InventoryError(source, { index, id, field }, problem);
+
+  for (const key of Object.keys(entry)) {
+    if (!(MACHINE_KEYS as readonly string[]).includes(key) && !(key in MINI_KEYS)) {
+      throw fail(
+        key,
+        `unknown key (want ${MACHINE_KEYS.join(', ')}; or the mini list's ${Object.keys(MINI_KEYS).join(', ')})`,
+      );
+    }
+  }
+  if (idKey === undefined) throw fail('id', 'missing');
+  if (id === undefined) throw fail(idKey, `want a string, got ${kindOf(rawId)}`);
+  if (id === '' || id.trim() !== id || /[\s\p{Cc}]/u.test(id)) {
+    throw fail(idKey, `want a non-empty id without spaces or control characters, got ${JSON.stringify(id)}`);
+  }
+
+  const addressKey = pickKey(entry, 'address', 'Addr', source, index, id);
+  if (addressKey === undefined) throw fail('address', 'missing');
+  const address = entry[addressKey];
+  if (typeof address !== 'string' || isIP(address) === 0) {
+    throw fail(addressKey, `want an IPv4 or IPv6 literal, got ${show(address)}`);
+  }
+
+  const locationKey = pickKey(entry, 'location', 'Location', source, index, id);
+  const location = locationKey === undefined ? undefined : entry[locationKey];
+  if (location !== undefined && typeof location !== 'string') {
+    throw fail(locationKey ?? 'location', `want a string, got ${kindOf(location)}`);
+  }
+
+  const bmc =
+    entry.bmc === undefined ? undefined : parseBmc(entry.bmc, (field, problem) => fail(`bmc.${field}`, problem));
+  return { id, address, location: location === '' ? undefined : location, bmc };
+}
+
+/** The one of two spellings of a key the entry uses; both at once is an error. */
+function pickKey(
+  entry: Record<string, unknown>,
+  own: string,
+  mini: string,
+  source: string,
+  index: number,
+  id?: string,
+): string | undefined {
+  const hasOwn = Object.hasOwn(entry, own);
+  const hasMini = Object.hasOwn(entry, mini);
+  if (hasOwn && hasMini) {
+    throw new InventoryError(source, { index, id, field: own }, `both ${own} and ${mini} given; use one`);
+  }
+  return hasOwn ? own : hasMini ? mini : undefined;
+}
+
+function parseBmc(value: unknown, fail: (field: string, problem: string) => InventoryError): InventoryBmc {
+  if (!isRecord(value)) throw fail('', `want an object, got ${kindOf(value)}`);
+  for (const key of Object.keys(value)) {
+    if (!(BMC_KEYS as readonly string[]).includes(key)) throw fail(key, `unknown key (want ${BMC_KEYS.join(', ')})`);
+  }
+  const { url, username, password, passwordFile, insecure } = value;
+  if (url === undefined) throw fail('url', 'missing: the Redfish ComputerSystem URL');
+  if (typeof url !== 'string') throw fail('url', `want a string, got ${kindOf(url)}`);
+  let parsed: URL | undefined;
+  try {
+    parsed = new URL(url);
+  } catch {
+    parsed = undefined;
+  }
+  if (!parsed || (parsed.protocol !== 'https:' && parsed.protocol !== 'http:')) {
+    throw fail('url', `want an http(s):// URL of the Redfish ComputerSystem, got ${show(redactUrl(url))}`);
+  }
+  if (parsed.username !== '' || parsed.password !== '') {
+    throw fail('url', 'credentials in the URL are not used: give username and password or passwordFile instead');
+  }
+  if (username !== undefined && (typeof username !== 'string' || username === '')) {
+    throw fail('username', `want a non-empty string, got ${kindOf(username)}`);
+  }
+  // The password's value is never shown, not even when it is of the wrong kind.
+  if (password !== undefined && passwordFile !== undefined) {
+    throw fail('password', 'both password and passwordFile given; use one');
+  }
+  if (password !== undefined && (typeof password !== 'string' || password === '')) {
+    throw fail('password', 'want a non-empty string');
+  }
+  if (passwordFile !== undefined && (typeof passwordFile !== 'string' || !path.isAbsolute(passwordFile))) {
+    throw fail('passwordFile', `want an absolute path, got ${show(passwordFile)}`);
+  }
+  if (insecure !== undefined && typeof insecure !== 'boolean') {
+    throw fail('insecure', `want true or false, got ${show(insecure)}`);
+  }
+  return {
+    url,
+    username,
+    password:
+      typeof password === 'string'
+        ? { kind: 'inline', password: new Password(password) }
+        : typeof passwordFile === 'string'
+          ? { kind: 'file', path: passwordFile }
+          : undefined,
+    insecure: insecure ?? false,
+  };
+}
+
+/**
+ * Where the inventory comes from: a file, or an `http(s)://` URL. Read anew
+ * at every {@link InventorySource.read}, so the operator edits it while the
+ * shepherd runs.
+ */
+export class InventorySource {
+  /** The path or URL, as named in messages (a URL's user info masked). */
+  readonly name: string;
+  readonly #location: { kind: 'file'; path: string } | { kind: 'url'; url: URL; authorization: string | undefined };
+  readonly #timeout: number;
+
+  /**
+   * @param location - a path, or an `http://` or `https://` URL
+   * @param options.timeout - how long fetching a URL may take, in ms (default 10 s)
+   */
+  constructor(location: string, options: { timeout?: number } = {}) {
+    this.#timeout = options.timeout ?? 10_000;
+    if (/^https?:\/\//i.test(location)) {
+      // User info in the URL is sent as basic authentication (fetch refuses such URLs) and never shown.
+      let url: URL;
+      try {
+        url = new URL(location);
+      } catch {
+        throw new InventoryError(redactUrl(location), {}, 'not a valid URL');
+      }
+      const authorization =
+        url.username === '' && url.password === ''
+          ? undefined
+          : `Basic ${Buffer.from(`${decodeURIComponent(url.username)}:${decodeURIComponent(url.password)}`).toString('base64')}`;
+      url.username = '';
+      url.password = '';
+      this.#location = { kind: 'url', url, authorization };
+      this.name = redactUrl(location);
+    } else if (/^[a-z][a-z0-9+.-]*:\/\//i.test(location)) {
+      throw new InventoryError(redactUrl(location), {}, 'want a file path or an http:// or https:// URL');
+    } else {
+      this.#location = { kind: 'file', path: path.resolve(location) };
+      this.name = location;
+    }
+  }
+
+  /**
+   * Reads and checks the inventory.
+   *
+   * @throws {@link InventoryError} when it cannot be read or is bad; an
+   *   inventory file holding passwords must not be readable by group or
+   *   others, and one from a plain `http://` URL must hold none
+   */
+  async read(signal?: AbortSignal): Promise<InventoryMachine[]> {
+    const location = this.#location;
+    if (location.kind === 'file') {
+      let text: string;
+      let mode: number;
+      try {
+        [text, mode] = await Promise.all([
+          readFile(location.path, { encoding: 'utf8', signal }),
+          stat(location.path).then((s) => s.mode),
+        ]);
+      } catch (error) {
+        if (signal?.aborted) throw signal.reason;
+        throw new InventoryError(this.name, {}, `cannot read (${errorCode(error)})`, { cause: error });
+      }
+      const machines = parseInventory(text, this.name);
+      const holder = machines.findIndex((m) => m.bmc?.password?.kind === 'inline');
+      if (holder >= 0 && (mode & 0o077) !== 0) {
+        throw new InventoryError(
+          this.name,
+          { index: holder, id: machines[holder]?.id, field: 'bmc.password' },
+          `the file holds BMC passwords but is readable by group or others (mode ${(mode & 0o777).toString(8).padStart(4, '0')}); ` +
+            'chmod 600 it, or use passwordFile',
+        );
+      }
+      return machines;
+    }
+    const text = await this.#fetch(location.url, location.authorization, signal);
+    const machines = parseInventory(text, this.name);
+    const holder = machines.findIndex((m) => m.bmc?.password?.kind === 'inline');
+    if (holder >= 0 && location.url.protocol === 'http:') {
+      throw new InventoryError(
+        this.name,
+        { index: holder, id: machines[holder]?.id, field: 'bmc.password' },
+        'an inventory served over plain http:// must not hold passwords; serve it over https:// or use passwordFile',
+      );
+    }
+    return machines;
+  }
+
+  async #fetch(url: URL, authorization: string | undefined, signal: AbortSignal | undefined): Promise<string> {
+    const timeout = AbortSignal.timeout(this.#timeout);
+    let response: Response;
+    try {
+      response = await fetch(url, {
+        signal: signal ? AbortSignal.any([signal, timeout]) : timeout,
+        headers: { accept: 'application/json', ...(authorization === undefined ? {} : { authorization }) },
+        redirect: 'follow',
+      });
+    } catch (error) {
+      if (signal?.aborted) throw signal.reason;
+      const problem = timeout.aborted ? `no answer within ${this.#timeout} ms` : describeError(error);
+      throw new InventoryError(this.name, {}, `cannot fetch (${problem})`, { cause: error });
+    }
+    if (response.status !== 200) {
+      await response.body?.cancel();
+      throw new InventoryError(this.name, {}, `cannot fetch (HTTP ${response.status})`);
+    }
+    const length = Number(response.headers.get('content-length') ?? 0);
+    if (length > MAX_INVENTORY_BYTES) {
+      await response.body?.cancel();
+      throw new InventoryError(this.name, {}, `larger than ${MAX_INVENTORY_BYTES} bytes`);
+    }
+    try {
+      const text = await response.text();
+      if (text.length > MAX_INVENTORY_BYTES) throw new Error(`larger than ${MAX_INVENTORY_BYTES} bytes`);
+      return text;
+    } catch (error) {
+      if (signal?.aborted) throw signal.reason;
+      throw new InventoryError(this.name, {}, `cannot fetch (${describeError(error)})`, { cause: error });
+    }
+  }
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+function kindOf(value: unknown): string {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  return typeof value === 'object' ? 'an object' : `${typeof value} ${show(value)}`;
+}
+
+/** A value for a message, cut short. */
+function show(value: unknown): string {
+  const text = JSON.stringify(value) ?? String(value);
+  return text.length > 80 ? `${text.slice(0, 77)}...` : text;
+}
+
+function errorCode(error: unknown): string {
+  return (error as NodeJS.ErrnoException).code ?? describeError(error);
+}

@@ -1,0 +1,288 @@
+import { readFile, stat } from 'node:fs/promises';
+import { type BMDB, ProviderStatus, type Session, sleep } from '@bmaas/bmdb-controlloop';
+import {
+  Availability,
+  type CreateMachineRequest,
+  type Machine,
+  MachineNotFoundError,
+  type RebootingProvider,
+} from '@bmaas/shepherd-manager';
+import { BmcCredentialsError, NoBmcError, StaticProviderError } from './errors.js';
+import { describeError, log } from './internal/log.js';
+import { type InventoryMachine, InventorySource } from './inventory.js';
+import type { RedfishClient, RedfishReset, ResetType } from './redfish/client.js';
+import { Password } from './secret.js';
+
+/** The provider name in the BMDB. */
+export const STATIC_PROVIDER = 'Static';
+
+/** A machine of the inventory as the provisioner sees it. */
+export interface StaticMachine extends Machine {
+  readonly id: string;
+  readonly address: string;
+  readonly location: string | undefined;
+}
+
+/** Fleet-wide BMC credentials, for machines whose inventory entry gives none. */
+export interface DefaultBmcCredentials {
+  /** `--redfish-username`. */
+  readonly username?: string | undefined;
+  /** `--redfish-password-file`: read at each reset, so a rotated password is picked up. */
+  readonly passwordFile?: string | undefined;
+}
+
+/** Options of the {@link StaticProvider}. */
+export interface StaticProviderOptions {
+  /** `--inventory`: a file path or an `http(s)://` URL, read on every `listMachines`. */
+  readonly inventory: string | InventorySource;
+  /** The Redfish client resets go through (its concurrency bound is fleet-wide). */
+  readonly redfish: RedfishClient;
+  readonly defaultCredentials?: DefaultBmcCredentials | undefined;
+  /** `--redfish-reset-type`: use this reset type instead of the preferred one the BMC allows. */
+  readonly resetType?: ResetType | undefined;
+  /**
+   * Wait after a reset was accepted before the machine counts as rebooted, in
+   * ms, so the initializer does not start the agent on the OS going down
+   * (`--static-reboot-wait`, 30 s in the CLI). Default 0.
+   */
+  readonly rebootWait?: number | undefined;
+}
+
+/**
+ * The shepherd's provider for machines the operator owns: every machine of
+ * the inventory is the shepherd's (`PossiblyUsed`, settled against the BMDB
+ * by the provisioner), and a silent one is power-cycled through its BMC's
+ * Redfish API.
+ *
+ * The inventory is read anew on every `listMachines`, i.e. on every
+ * reconciliation pass; a bad one fails that pass (nothing in the BMDB
+ * changes) and the next pass reads it again. Changed addresses and locations
+ * are written to the BMDB by {@link StaticProvider.run}.
+ */
+export class StaticProvider implements RebootingProvider {
+  /** The provider name in the BMDB: `Static`. */
+  readonly type = STATIC_PROVIDER;
+  readonly inventory: InventorySource;
+  readonly #redfish: RedfishClient;
+  readonly #defaults: DefaultBmcCredentials;
+  readonly #resetType: ResetType | undefined;
+  readonly #rebootWait: number;
+  /** The last inventory read that was good: what resets and lookups go by between passes. */
+  #lastGood: ReadonlyMap<string, InventoryMachine> | undefined;
+  /** Bumped on every good read; `run` syncs when it changes. */
+  #generation = 0;
+  #wake: (() => void) | undefined;
+
+  constructor(options: StaticProviderOptions) {
+    this.inventory = typeof options.inventory === 'string' ? new InventorySource(options.inventory) : options.inventory;
+    this.#redfish = options.redfish;
+    this.#defaults = options.defaultCredentials ?? {};
+    this.#resetType = options.resetType;
+    this.#rebootWait = options.rebootWait ?? 0;
+    if (!(this.#rebootWait >= 0))
+      throw new RangeError(`StaticProvider: rebootWait must be >= 0 ms, got ${this.#rebootWait}`);
+  }
+
+  /**
+   * Every machine of the inventory, read now, each `PossiblyUsed`.
+   *
+   * @throws {@link InventoryError} when the inventory is unreadable or bad
+   */
+  async listMachines(signal?: AbortSignal): Promise<StaticMachine[]> {
+    const machines = await this.inventory.read(signal);
+    this.#lastGood = new Map(machines.map((m) => [m.id, m]));
+    this.#generation++;
+    this.#wake?.();
+    log.inventory('%s: %d machine(s)', this.inventory.name, machines.length);
+    return machines.map((m) => toMachine(m, Availability.PossiblyUsed));
+  }
+
+  /**
+   * One machine by ID, from the last good inventory (read now if there is none yet).
+   *
+   * @throws {@link MachineNotFoundError} when the inventory does not have it
+   */
+  async getMachine(id: string, signal?: AbortSignal): Promise<StaticMachine> {
+    return toMachine(await this.#entry(id, signal), Availability.PossiblyUsed);
+  }
+
+  /**
+   * Records `request.unusedMachine` (an inventory machine the BMDB lacks) in
+   * the BMDB: a new machine with its Provided tag (provider ID, address,
+   * location, status `Unknown`). One already recorded gets its address and
+   * location refreshed instead.
+   */
+  async createMachine(session: Session, request: CreateMachineRequest, signal?: AbortSignal): Promise<StaticMachine> {
+    const { id } = request.unusedMachine;
+    if (id === undefined) {
+      throw new StaticProviderError(
+        'createMachine: the machine has no ID; pass one StaticProvider.listMachines returned',
+      );
+    }
+    const entry = await this.#entry(id, signal);
+    const facts = { providerIpAddress: entry.address, providerLocation: entry.location ?? null };
+    const machineId = await session.transact(async (q) => {
+      if (await q.updateProviderStatus(STATIC_PROVIDER, id, facts)) return undefined;
+      const machineId = await q.newMachine();
+      await q.addProvided(machineId, {
+        provider: STATIC_PROVIDER,
+        providerId: id,
+        providerStatus: ProviderStatus.Unknown,
+        ...facts,
+      });
+      return machineId;
+    });
+    if (machineId === undefined) log.provider('machine %s was already recorded; address and location refreshed', id);
+    else log.provider('machine %s (%s) recorded as machine %s', id, entry.address, machineId);
+    return toMachine(entry, Availability.KnownUsed);
+  }
+
+  /**
+   * Power-cycles the machine through its BMC (see {@link RedfishClient.resetSystem}).
+   *
+   * @throws {@link MachineNotFoundError} when the inventory does not have it
+   * @throws {@link NoBmcError} when its entry has no `bmc`
+   * @throws {@link BmcCredentialsError} when no user name or password can be had
+   * @throws {@link RedfishError} subclasses when the BMC does not reset it
+   */
+  async rebootMachine(id: string, signal?: AbortSignal): Promise<void> {
+    const reset = await this.resetMachine(id, signal);
+    log.provider('machine %s: BMC accepted %s', id, reset.resetType);
+    if (this.#rebootWait > 0) await sleep(this.#rebootWait, signal);
+  }
+
+  /** {@link StaticProvider.rebootMachine}, returning what the BMC accepted. */
+  async resetMachine(id: string, signal?: AbortSignal): Promise<RedfishReset> {
+    const entry = await this.#entry(id, signal);
+    const bmc = entry.bmc;
+    if (bmc === undefined) throw new NoBmcError(id);
+    const username = bmc.username ?? this.#defaults.username;
+    if (username === undefined) {
+      throw new BmcCredentialsError(id, 'no BMC user name: set bmc.username in the inventory or --redfish-username');
+    }
+    let password: Password;
+    if (bmc.password?.kind === 'inline') password = bmc.password.password;
+    else {
+      const file = bmc.password?.path ?? this.#defaults.passwordFile;
+      if (file === undefined) {
+        throw new BmcCredentialsError(
+          id,
+          'no BMC password: set bmc.passwordFile (or bmc.password) in the inventory or --redfish-password-file',
+        );
+      }
+      password = await readPasswordFile(file, (problem) => new BmcCredentialsError(id, problem));
+    }
+    return this.#redfish.resetSystem(
+      { machine: id, url: bmc.url, username, password, insecure: bmc.insecure },
+      { resetType: this.#resetType },
+      signal,
+    );
+  }
+
+  /**
+   * Writes addresses and locations the last good inventory has for machines
+   * the BMDB holds with other ones, through `session`. Returns the provider
+   * IDs it updated.
+   */
+  async syncAddresses(session: Session): Promise<string[]> {
+    const inventory = this.#lastGood;
+    if (inventory === undefined) return [];
+    return session.transact(async (q) => {
+      const updated: string[] = [];
+      for (const machine of await q.providedMachines(STATIC_PROVIDER)) {
+        const entry = inventory.get(machine.providerId);
+        if (entry === undefined) continue;
+        const location = entry.location ?? null;
+        if (machine.providerIpAddress === entry.address && machine.providerLocation === location) continue;
+        await q.updateProviderStatus(STATIC_PROVIDER, entry.id, {
+          providerIpAddress: entry.address,
+          providerLocation: location,
+        });
+        log.provider(
+          'machine %s: address %s -> %s, location %s -> %s (from the inventory)',
+          entry.id,
+          machine.providerIpAddress,
+          entry.address,
+          machine.providerLocation,
+          location,
+        );
+        updated.push(entry.id);
+      }
+      return updated;
+    });
+  }
+
+  /**
+   * After every good inventory read (the provisioner's passes), brings the
+   * BMDB's addresses and locations in line with it; until `signal` aborts.
+   * A failed sync is logged and tried at the next read.
+   */
+  async run(bmdb: BMDB, options: { signal: AbortSignal }): Promise<void> {
+    const { signal } = options;
+    let session: Session | undefined;
+    let synced = 0;
+    try {
+      while (!signal.aborted) {
+        if (this.#generation === synced) {
+          await new Promise<void>((resolve) => {
+            const done = () => {
+              signal.removeEventListener('abort', done);
+              this.#wake = undefined;
+              resolve();
+            };
+            this.#wake = done;
+            signal.addEventListener('abort', done, { once: true });
+          });
+          continue;
+        }
+        const generation = this.#generation;
+        try {
+          if (session?.state !== 'live') session = await bmdb.startSession({ processor: 'shepherd-static-inventory' });
+          await this.syncAddresses(session);
+          synced = generation;
+        } catch (error) {
+          if (signal.aborted) break;
+          log.provider('syncing addresses from the inventory failed: %s', describeError(error));
+          synced = generation;
+        }
+      }
+    } finally {
+      await session?.close().catch((error) => log.provider('closing session failed: %s', describeError(error)));
+    }
+  }
+
+  async #entry(id: string, signal: AbortSignal | undefined): Promise<InventoryMachine> {
+    if (this.#lastGood === undefined) await this.listMachines(signal);
+    const entry = this.#lastGood?.get(id);
+    if (entry === undefined) throw new MachineNotFoundError(STATIC_PROVIDER, id);
+    return entry;
+  }
+}
+
+/**
+ * A password file's first line. Refused when group or others may read it,
+ * as OpenSSH refuses such private keys.
+ */
+export async function readPasswordFile(file: string, fail: (problem: string) => Error): Promise<Password> {
+  let text: string;
+  let mode: number;
+  try {
+    [text, mode] = await Promise.all([readFile(file, 'utf8'), stat(file).then((s) => s.mode)]);
+  } catch (error) {
+    throw fail(
+      `cannot read BMC password file ${file} (${(error as NodeJS.ErrnoException).code ?? describeError(error)})`,
+    );
+  }
+  if ((mode & 0o077) !== 0) {
+    throw fail(
+      `BMC password file ${file} is readable by group or others (mode ${(mode & 0o777).toString(8).padStart(4, '0')}); chmod 600 it`,
+    );
+  }
+  const password = text.split(/\r?\n/)[0] ?? '';
+  if (password === '') throw fail(`BMC password file ${file} is empty`);
+  return new Password(password);
+}
+
+function toMachine(entry: InventoryMachine, availability: Availability): StaticMachine {
+  return { id: entry.id, address: entry.address, location: entry.location, availability, failed: false };
+}

@@ -1,0 +1,325 @@
+import { timingSafeEqual } from 'node:crypto';
+import { createServer as createHttpServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { createServer as createHttpsServer } from 'node:https';
+import type { AddressInfo, Socket } from 'node:net';
+import { log } from '../internal/log.js';
+
+/** A ComputerSystem of the fake BMC. */
+export interface FakeSystemOptions {
+  /**
+   * `ResetType@Redfish.AllowableValues` of its reset action. Default
+   * `['On', 'ForceOff', 'GracefulRestart', 'ForceRestart', 'PowerCycle']`;
+   * `null` to leave the list out.
+   */
+  readonly allowableResetTypes?: readonly string[] | null;
+  /** Lists the allowable values in an ActionInfo resource instead of on the action. */
+  readonly actionInfo?: boolean;
+  /** `false`: the system has no `#ComputerSystem.Reset` action. Default true. */
+  readonly resetAction?: boolean;
+}
+
+/** A failure to inject into the next requests for a system. Without `status` or `drop` the request is only delayed. */
+export interface FakeRedfishFault {
+  /** Answer with this HTTP status (401, 500, 503, …) instead of handling the request. */
+  readonly status?: number;
+  /** Close the connection without answering. */
+  readonly drop?: boolean;
+  /** Wait this long (ms) before doing anything: a slow BMC. */
+  readonly delay?: number;
+  /** Only requests of this method. Default both. */
+  readonly method?: 'GET' | 'POST';
+  /** How many requests the fault applies to. Default 1. */
+  readonly times?: number;
+}
+
+/** A reset the fake accepted. */
+export interface FakeReset {
+  readonly system: string;
+  readonly resetType: string;
+  readonly at: Date;
+}
+
+/** A request the fake received. Passwords are never recorded. */
+export interface FakeRedfishRequest {
+  readonly method: string;
+  readonly path: string;
+  readonly system: string | undefined;
+  /** The basic-auth user name, if any. */
+  readonly username: string | undefined;
+  /** The status it answered (0: dropped). */
+  status: number;
+}
+
+/** Options of {@link FakeRedfishServer.start}. */
+export interface FakeRedfishServerOptions {
+  /** Serve HTTPS with this key and certificate (PEM); plain HTTP without. */
+  readonly tls?: { readonly key: string | Buffer; readonly cert: string | Buffer } | undefined;
+  /** The one user name accepted. Default `admin`. */
+  readonly username?: string;
+  /** Its password. Default `secret`. */
+  readonly password?: string;
+  /** Address to listen on. Default 127.0.0.1. */
+  readonly host?: string;
+}
+
+interface SystemState {
+  readonly id: string;
+  options: FakeSystemOptions;
+  powerState: 'On' | 'Off';
+}
+
+interface PendingFault extends FakeRedfishFault {
+  remaining: number;
+}
+
+const DEFAULT_ALLOWABLE = ['On', 'ForceOff', 'GracefulRestart', 'ForceRestart', 'PowerCycle'];
+
+/**
+ * A fake BMC speaking just enough Redfish for power-cycling, over real
+ * HTTP or HTTPS on 127.0.0.1: several ComputerSystems under
+ * `/redfish/v1/Systems/<id>`, HTTP basic authentication, faults to inject
+ * (401, 5xx, slow answers, dropped connections, a missing reset action,
+ * odd allowable values) and a record of the resets it accepted.
+ *
+ * @example
+ * ```ts
+ * const bmc = await FakeRedfishServer.start();
+ * bmc.addSystem('node1');
+ * // …point a RedfishClient at bmc.systemUrl('node1') with bmc.username / bmc.password…
+ * console.log(bmc.resets); // [{ system: 'node1', resetType: 'ForceRestart', at: … }]
+ * await bmc.close();
+ * ```
+ */
+export class FakeRedfishServer {
+  /** Base URL, `http(s)://127.0.0.1:<port>`. */
+  readonly url: string;
+  readonly username: string;
+  readonly password: string;
+  readonly #server: Server;
+  readonly #systems = new Map<string, SystemState>();
+  readonly #faults = new Map<string, PendingFault[]>();
+  readonly #resets: FakeReset[] = [];
+  readonly #requests: FakeRedfishRequest[] = [];
+  readonly #sockets = new Set<Socket>();
+  #inFlight = 0;
+  #peak = 0;
+
+  private constructor(server: Server, url: string, username: string, password: string) {
+    this.#server = server;
+    this.url = url;
+    this.username = username;
+    this.password = password;
+  }
+
+  /** Starts a fake BMC on a free port. Close it in the test's teardown. */
+  static async start(options: FakeRedfishServerOptions = {}): Promise<FakeRedfishServer> {
+    let fake: FakeRedfishServer | undefined;
+    const handler = (req: IncomingMessage, res: ServerResponse) => {
+      fake?.handle(req, res).catch((error: unknown) => {
+        log.fake('handler failed: %s', error instanceof Error ? error.message : String(error));
+        if (!res.headersSent) res.writeHead(500).end();
+      });
+    };
+    const server = options.tls ? createHttpsServer({ ...options.tls }, handler) : createHttpServer(handler);
+    const host = options.host ?? '127.0.0.1';
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(0, host, () => resolve());
+    });
+    const { port } = server.address() as AddressInfo;
+    const scheme = options.tls ? 'https' : 'http';
+    fake = new FakeRedfishServer(
+      server,
+      `${scheme}://${host.includes(':') ? `[${host}]` : host}:${port}`,
+      options.username ?? 'admin',
+      options.password ?? 'secret',
+    );
+    const sockets = fake.#sockets;
+    server.on(options.tls ? 'secureConnection' : 'connection', (socket: Socket) => {
+      sockets.add(socket);
+      socket.once('close', () => sockets.delete(socket));
+    });
+    return fake;
+  }
+
+  /** Adds (or replaces) a ComputerSystem; returns its URL. */
+  addSystem(id: string, options: FakeSystemOptions = {}): string {
+    this.#systems.set(id, { id, options, powerState: 'On' });
+    return this.systemUrl(id);
+  }
+
+  /** Changes a system's reset action or allowable values. */
+  configureSystem(id: string, options: FakeSystemOptions): void {
+    const system = this.#systems.get(id);
+    if (!system) throw new Error(`fake Redfish: no system ${id}`);
+    system.options = options;
+  }
+
+  /** The ComputerSystem URL of system `id`. */
+  systemUrl(id: string): string {
+    return `${this.url}/redfish/v1/Systems/${encodeURIComponent(id)}`;
+  }
+
+  /** Injects `fault` into the next requests for system `id` (`*`: any system). */
+  fail(id: string, fault: FakeRedfishFault): void {
+    const list = this.#faults.get(id) ?? [];
+    list.push({ ...fault, remaining: fault.times ?? 1 });
+    this.#faults.set(id, list);
+  }
+
+  /** Drops every pending fault. */
+  clearFaults(): void {
+    this.#faults.clear();
+  }
+
+  /** Resets accepted so far, oldest first. */
+  get resets(): readonly FakeReset[] {
+    return [...this.#resets];
+  }
+
+  /** Resets accepted for one system. */
+  resetsOf(id: string): FakeReset[] {
+    return this.#resets.filter((reset) => reset.system === id);
+  }
+
+  /** Requests received so far, oldest first. */
+  get requests(): readonly FakeRedfishRequest[] {
+    return [...this.#requests];
+  }
+
+  /** Most requests the fake was handling at once since start or the last {@link FakeRedfishServer.resetPeak}. */
+  get peakConcurrency(): number {
+    return this.#peak;
+  }
+
+  resetPeak(): void {
+    this.#peak = this.#inFlight;
+  }
+
+  /** Stops listening and cuts open connections. */
+  async close(): Promise<void> {
+    for (const socket of this.#sockets) socket.destroy();
+    await new Promise<void>((resolve) => this.#server.close(() => resolve()));
+  }
+
+  private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const method = req.method ?? 'GET';
+    const path = new URL(req.url ?? '/', 'http://fake').pathname;
+    const match = /^\/redfish\/v1\/Systems\/([^/]+)(\/.*)?$/.exec(path);
+    const systemId = match?.[1] === undefined ? undefined : decodeURIComponent(match[1]);
+    const credentials = basicAuth(req.headers.authorization);
+    const record: FakeRedfishRequest = { method, path, system: systemId, username: credentials?.username, status: 0 };
+    this.#requests.push(record);
+    this.#inFlight++;
+    this.#peak = Math.max(this.#peak, this.#inFlight);
+    res.once('close', () => this.#inFlight--);
+    const body = await readBody(req);
+    const answer = (status: number, json?: unknown) => {
+      record.status = status;
+      if (json === undefined) res.writeHead(status).end();
+      else res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(json));
+    };
+
+    const fault = systemId === undefined ? undefined : this.#takeFault(systemId, method);
+    if (fault?.delay) await new Promise((resolve) => setTimeout(resolve, fault.delay));
+    if (fault?.drop) {
+      req.socket.destroy();
+      return;
+    }
+    if (fault?.status !== undefined) return answer(fault.status, redfishError(`injected HTTP ${fault.status}`));
+
+    if (!credentials || credentials.username !== this.username || !sameText(credentials.password, this.password)) {
+      res.setHeader('www-authenticate', 'Basic realm="fake-redfish"');
+      return answer(401, redfishError('authentication required'));
+    }
+    const system = systemId === undefined ? undefined : this.#systems.get(systemId);
+    if (!system) return answer(404, redfishError(`no resource ${path}`));
+    const rest = match?.[2] ?? '';
+    const base = `/redfish/v1/Systems/${encodeURIComponent(system.id)}`;
+    if (method === 'GET' && (rest === '' || rest === '/')) return answer(200, this.#resource(system, base));
+    if (method === 'GET' && rest === '/ResetActionInfo' && system.options.actionInfo) {
+      return answer(200, {
+        '@odata.id': `${base}/ResetActionInfo`,
+        Parameters: [{ Name: 'ResetType', Required: true, AllowableValues: allowable(system) ?? [] }],
+      });
+    }
+    if (method === 'POST' && rest === '/Actions/ComputerSystem.Reset' && system.options.resetAction !== false) {
+      const resetType = isRecord(body) ? body.ResetType : undefined;
+      const allowed = allowable(system);
+      if (typeof resetType !== 'string' || (allowed !== undefined && !allowed.includes(resetType))) {
+        return answer(400, redfishError(`ResetType ${JSON.stringify(resetType)} is not allowed`));
+      }
+      this.#resets.push({ system: system.id, resetType, at: new Date() });
+      log.fake('system %s: %s', system.id, resetType);
+      return answer(204);
+    }
+    return answer(405, redfishError(`${method} ${path} is not supported`));
+  }
+
+  #resource(system: SystemState, base: string): unknown {
+    const action: Record<string, unknown> = { target: `${base}/Actions/ComputerSystem.Reset` };
+    const values = allowable(system);
+    if (system.options.actionInfo) action['@Redfish.ActionInfo'] = `${base}/ResetActionInfo`;
+    else if (values !== undefined) action['ResetType@Redfish.AllowableValues'] = values;
+    return {
+      '@odata.id': base,
+      '@odata.type': '#ComputerSystem.v1_20_0.ComputerSystem',
+      Id: system.id,
+      Name: `fake system ${system.id}`,
+      PowerState: system.powerState,
+      Actions: system.options.resetAction === false ? {} : { '#ComputerSystem.Reset': action },
+    };
+  }
+
+  #takeFault(systemId: string, method: string): PendingFault | undefined {
+    for (const key of [systemId, '*']) {
+      const list = this.#faults.get(key);
+      const fault = list?.find((f) => f.method === undefined || f.method === method);
+      if (!list || !fault) continue;
+      fault.remaining--;
+      if (fault.remaining <= 0) list.splice(list.indexOf(fault), 1);
+      return fault;
+    }
+    return undefined;
+  }
+}
+
+function allowable(system: SystemState): readonly string[] | undefined {
+  const values = system.options.allowableResetTypes;
+  return values === null ? undefined : (values ?? DEFAULT_ALLOWABLE);
+}
+
+function redfishError(message: string): unknown {
+  return { error: { code: 'Base.1.0.GeneralError', message, '@Message.ExtendedInfo': [{ Message: message }] } };
+}
+
+function basicAuth(header: string | undefined): { username: string; password: string } | undefined {
+  const match = /^Basic\s+(\S+)$/i.exec(header ?? '');
+  if (!match?.[1]) return undefined;
+  const decoded = Buffer.from(match[1], 'base64').toString('utf8');
+  const colon = decoded.indexOf(':');
+  if (colon < 0) return undefined;
+  return { username: decoded.slice(0, colon), password: decoded.slice(colon + 1) };
+}
+
+function sameText(a: string, b: string): boolean {
+  const left = Buffer.from(a);
+  const right = Buffer.from(b);
+  return left.length === right.length && timingSafeEqual(left, right);
+}
+
+async function readBody(req: IncomingMessage): Promise<unknown> {
+  const chunks: Buffer[] = [];
+  for await (const chunk of req) chunks.push(chunk as Buffer);
+  const text = Buffer.concat(chunks).toString('utf8');
+  if (text === '') return undefined;
+  try {
+    return JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}

@@ -1,0 +1,17 @@
+/**
+ * Test support: a fake Redfish BMC over real HTTP or HTTPS on 127.0.0.1,
+ * and throwaway self-signed certificates for it, for this package's tests
+ * and for tests of packages built on it.
+ *
+ * @packageDocumentation
+ */
+
+export { selfSignedCertificate, type TestCertificate } from './certificate.js';
+export {
+  type FakeRedfishFault,
+  type FakeRedfishRequest,
+  FakeRedfishServer,
+  type FakeRedfishServerOptions,
+  type FakeReset,
+  type FakeSystemOptions,
+} from './fake-redfish.js';

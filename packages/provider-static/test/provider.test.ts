@@ -1,0 +1,259 @@
+/**
+ * The static provider with the real provisioner on a real BMDB: machines
+ * from an inventory file, addresses kept current, removed machines refused
+ * until decommissioned, and resets through the fake BMC with credentials from
+ * the inventory, password files or fleet-wide defaults.
+ */
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { type BMDB, parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
+import { MachineNotFoundError, ProviderDiscrepancyError, Provisioner } from '@bmaas/shepherd-manager';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { eventually, runUntil } from '../../../test/support/wait.js';
+import {
+  BmcCredentialsError,
+  InventoryError,
+  NoBmcError,
+  RedfishClient,
+  RedfishCredentialsError,
+  STATIC_PROVIDER,
+  StaticProvider,
+  type StaticProviderOptions,
+} from '../src/index.js';
+import { FakeRedfishServer } from '../src/testing/index.js';
+
+let db: TestDatabase;
+let bmdb: BMDB;
+let dir: string;
+let bmc: FakeRedfishServer;
+const redfish = new RedfishClient({ timeout: 2_000, retryDelay: 1 });
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  bmdb = await openTestBMDB(db);
+  dir = await mkdtemp(path.join(tmpdir(), 'static-provider-'));
+  bmc = await FakeRedfishServer.start();
+});
+afterAll(async () => {
+  await redfish.close();
+  await bmc.close();
+  await rm(dir, { recursive: true, force: true });
+});
+
+async function writeInventory(name: string, machines: unknown, mode = 0o600): Promise<string> {
+  const file = path.join(dir, name);
+  await writeFile(file, JSON.stringify(machines, null, 2));
+  await chmod(file, mode);
+  return file;
+}
+
+function provider(inventory: string, options: Partial<StaticProviderOptions> = {}): StaticProvider {
+  return new StaticProvider({ inventory, redfish, ...options });
+}
+
+const provisionerFor = (p: StaticProvider, maxCount = 0) =>
+  new Provisioner(p, {
+    maxCount,
+    chunkSize: 2,
+    reconcileLimiter: parseLimiter('1ms,1'),
+    creationLimiter: parseLimiter('1ms,100'),
+  });
+
+const recorded = () => new Queries(bmdb.db).providedMachines(STATIC_PROVIDER);
+
+describe('provisioning from the inventory', () => {
+  test('every inventory machine is recorded with address and location, in chunks, up to the limit', async () => {
+    const file = await writeInventory('fleet.json', [
+      { id: 'n1', address: '10.0.0.1', location: 'ams1' },
+      { id: 'n2', address: '10.0.0.2', location: 'ams1' },
+      { ID: 'n3', Addr: '2001:db8::3', Location: 'fra1' },
+    ]);
+    const p = provider(file);
+    const session = await bmdb.startSession();
+    try {
+      const limited = provisionerFor(p, 2);
+      expect(await limited.reconcile(session)).toMatchObject({ managed: 0, available: 3, created: ['n1', 'n2'] });
+      expect(await limited.reconcile(session)).toMatchObject({ managed: 2, created: [] });
+      const all = provisionerFor(p);
+      expect(await all.reconcile(session)).toMatchObject({ managed: 2, available: 1, created: ['n3'] });
+      expect(await all.reconcile(session)).toMatchObject({ managed: 3, available: 0, created: [] });
+    } finally {
+      await session.close();
+    }
+    expect(
+      (await recorded()).map((m) => [m.providerId, m.providerIpAddress, m.providerLocation, m.providerStatus]),
+    ).toEqual([
+      ['n1', '10.0.0.1', 'ams1', 'Unknown'],
+      ['n2', '10.0.0.2', 'ams1', 'Unknown'],
+      ['n3', '2001:db8::3', 'fra1', 'Unknown'],
+    ]);
+  });
+
+  test('a changed address or location reaches the BMDB after the next read', async () => {
+    const file = await writeInventory('fleet.json', [
+      { id: 'n1', address: '10.0.0.1', location: 'ams1' },
+      { id: 'n2', address: '10.0.9.2', location: 'ams1' },
+      { id: 'n3', address: '2001:db8::3' },
+    ]);
+    const p = provider(file);
+    await runUntil(
+      async (signal) => {
+        const syncing = p.run(bmdb, { signal });
+        await p.listMachines(signal);
+        await syncing;
+      },
+      async () => (await recorded()).find((m) => m.providerId === 'n3')?.providerLocation === null,
+      { what: 'syncing addresses' },
+    );
+    expect((await recorded()).map((m) => [m.providerId, m.providerIpAddress, m.providerLocation])).toEqual([
+      ['n1', '10.0.0.1', 'ams1'],
+      ['n2', '10.0.9.2', 'ams1'],
+      ['n3', '2001:db8::3', null],
+    ]);
+    const { rows } = await db.admin('SELECT count(*)::int AS n FROM sessions');
+    expect(rows[0].n).toBe(0); // its session closed at the stop
+  });
+
+  test('a bad inventory fails the pass and changes nothing; a machine removed is refused, naming the way out', async () => {
+    const session = await bmdb.startSession();
+    try {
+      const before = await recorded();
+      const bad = await writeInventory('bad.json', [
+        { id: 'n1', address: '10.0.0.1' },
+        { id: 'n1', address: '10.0.0.2' },
+      ]);
+      await expect(provisionerFor(provider(bad)).reconcile(session)).rejects.toThrow(InventoryError);
+      expect(await recorded()).toEqual(before);
+
+      const shrunk = await writeInventory('shrunk.json', [
+        { id: 'n1', address: '10.0.0.1', location: 'ams1' },
+        { id: 'n2', address: '10.0.9.2', location: 'ams1' },
+      ]);
+      const error = await provisionerFor(provider(shrunk))
+        .reconcile(session)
+        .catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(ProviderDiscrepancyError);
+      expect(String(error)).toContain('in the BMDB but not listed by the provider: n3');
+      expect(String(error)).toContain('shepherd decommission --provider Static --provider-id n3');
+      expect(await recorded()).toEqual(before);
+
+      // Decommissioned, the rest goes on.
+      await session.transact((q) => q.decommissionMachines(STATIC_PROVIDER, ['n3']));
+      expect(await provisionerFor(provider(shrunk)).reconcile(session)).toMatchObject({ managed: 2, created: [] });
+    } finally {
+      await session.close();
+    }
+  });
+});
+
+describe('rebooting through the BMC', () => {
+  test('credentials from the inventory, a password file or the fleet-wide defaults; the override reset type', async () => {
+    const passwordFile = path.join(dir, 'bmc-password');
+    await writeFile(passwordFile, `${bmc.password}\n`, { mode: 0o600 });
+    const file = await writeInventory('bmc.json', [
+      {
+        id: 'inline',
+        address: '10.0.1.1',
+        bmc: { url: bmc.addSystem('inline'), username: 'admin', password: bmc.password },
+      },
+      { id: 'file', address: '10.0.1.2', bmc: { url: bmc.addSystem('file'), username: 'admin', passwordFile } },
+      { id: 'defaults', address: '10.0.1.3', bmc: { url: bmc.addSystem('defaults') } },
+    ]);
+    const p = provider(file, { defaultCredentials: { username: 'admin', passwordFile } });
+    for (const id of ['inline', 'file', 'defaults']) await p.rebootMachine(id);
+    expect(bmc.resets.map((r) => [r.system, r.resetType])).toEqual([
+      ['inline', 'ForceRestart'],
+      ['file', 'ForceRestart'],
+      ['defaults', 'ForceRestart'],
+    ]);
+    const cycling = provider(file, {
+      defaultCredentials: { username: 'admin', passwordFile },
+      resetType: 'PowerCycle',
+    });
+    expect(await cycling.resetMachine('defaults')).toMatchObject({ resetType: 'PowerCycle' });
+  });
+
+  test('each way a reboot fails names the machine and the cause', async () => {
+    const openFile = path.join(dir, 'open-password');
+    await writeFile(openFile, 'secret\n', { mode: 0o644 });
+    await chmod(openFile, 0o644);
+    const file = await writeInventory('failing.json', [
+      { id: 'no-bmc', address: '10.0.2.1' },
+      { id: 'no-user', address: '10.0.2.2', bmc: { url: bmc.addSystem('no-user'), password: 'x' } },
+      { id: 'no-password', address: '10.0.2.3', bmc: { url: bmc.addSystem('no-password'), username: 'admin' } },
+      {
+        id: 'open-file',
+        address: '10.0.2.4',
+        bmc: { url: bmc.addSystem('open-file'), username: 'admin', passwordFile: openFile },
+      },
+      {
+        id: 'wrong',
+        address: '10.0.2.5',
+        bmc: { url: bmc.addSystem('wrong'), username: 'admin', password: 'wrong-pw' },
+      },
+    ]);
+    const p = provider(file);
+    const failure = (id: string): Promise<Error> =>
+      p.rebootMachine(id).then(
+        () => new Error(`rebooting ${id} succeeded`),
+        (e: unknown) => e as Error,
+      );
+    expect(await failure('no-bmc')).toBeInstanceOf(NoBmcError);
+    expect((await failure('no-bmc')).message).toBe(
+      'machine no-bmc has no bmc in the inventory: it cannot be power-cycled; add its Redfish URL',
+    );
+    expect(await failure('no-user')).toBeInstanceOf(BmcCredentialsError);
+    expect((await failure('no-user')).message).toContain('machine no-user: no BMC user name');
+    expect((await failure('no-password')).message).toContain('machine no-password: no BMC password');
+    expect((await failure('open-file')).message).toBe(
+      `machine open-file: BMC password file ${openFile} is readable by group or others (mode 0644); chmod 600 it`,
+    );
+    const refused = await failure('wrong');
+    expect(refused).toBeInstanceOf(RedfishCredentialsError);
+    expect(refused.message).toContain('machine wrong: BMC');
+    expect(refused.message).toContain('BMC refused the credentials of user "admin" (HTTP 401)');
+    expect(refused.message).not.toContain('wrong-pw');
+    expect(await failure('not-in-inventory')).toBeInstanceOf(MachineNotFoundError);
+    expect(bmc.resets.filter((r) => r.system !== 'inline' && r.system !== 'file' && r.system !== 'defaults')).toEqual(
+      [],
+    );
+  });
+
+  test('after the reset, the reboot wait holds the recovery until it passes or the stop comes', async () => {
+    const file = await writeInventory('waiting.json', [
+      {
+        id: 'waiting',
+        address: '10.0.4.1',
+        bmc: { url: bmc.addSystem('waiting'), username: 'admin', password: bmc.password },
+      },
+    ]);
+    const p = provider(file, { rebootWait: 3_600_000 });
+    const stop = new AbortController();
+    let settled = false;
+    const reboot = p.rebootMachine('waiting', stop.signal).finally(() => {
+      settled = true;
+    });
+    await eventually(async () => (bmc.resetsOf('waiting').length === 1 ? true : undefined));
+    expect(settled).toBe(false); // reset accepted, still waiting
+    stop.abort(new Error('stopping'));
+    await expect(reboot).rejects.toThrow('stopping');
+  });
+
+  test('resets go by the last good inventory while a bad edit is in place', async () => {
+    const file = await writeInventory('edited.json', [
+      {
+        id: 'kept',
+        address: '10.0.3.1',
+        bmc: { url: bmc.addSystem('kept'), username: 'admin', password: bmc.password },
+      },
+    ]);
+    const p = provider(file);
+    await p.listMachines();
+    await writeFile(file, '[{"id": "kept", "address": ');
+    await expect(p.listMachines()).rejects.toThrow(InventoryError);
+    await p.rebootMachine('kept');
+    expect(bmc.resetsOf('kept')).toHaveLength(1);
+  });
+});
