@@ -76,6 +76,8 @@ export interface SessionsTable {
   created_at: Generated<Date>;
   interval_seconds: number;
   deadline: Timestamp;
+  /** The loop holding the session (`SessionOptions.processor`); null before migration 0004. */
+  processor: ColumnType<string | null, string | null | undefined, string | null>;
 }
 
 export interface WorkTable {

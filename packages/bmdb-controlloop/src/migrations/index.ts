@@ -3,6 +3,7 @@ import { BMDBError } from '../errors.js';
 import { log } from '../internal/log.js';
 import * as initial from './0001_initial.js';
 import * as fastClaims from './0002_fast_claims.js';
+import * as fleetPage from './0004_fleet_page.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -11,6 +12,7 @@ import * as fastClaims from './0002_fast_claims.js';
 const MIGRATIONS: Record<string, Migration> = {
   '0001_initial': initial,
   '0002_fast_claims': fastClaims,
+  '0004_fleet_page': fleetPage,
 };
 
 const provider: MigrationProvider = { getMigrations: async () => MIGRATIONS };
