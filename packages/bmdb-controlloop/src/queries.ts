@@ -493,6 +493,22 @@ export class Queries {
     };
   }
 
+  /**
+   * The providers machines are provided by, sorted. One index probe per
+   * provider (a loose index scan), not a scan of every machine.
+   */
+  async providers(): Promise<string[]> {
+    const { rows } = await sql<{ provider: string }>`
+      WITH RECURSIVE p AS (
+        (SELECT provider FROM machine_provided ORDER BY provider LIMIT 1)
+        UNION ALL
+        SELECT (SELECT mp.provider FROM machine_provided mp WHERE mp.provider > p.provider
+                ORDER BY mp.provider LIMIT 1)
+        FROM p WHERE p.provider IS NOT NULL)
+      SELECT provider FROM p WHERE provider IS NOT NULL`.execute(this.db);
+    return rows.map((row) => row.provider);
+  }
+
   /** Live work items (held by unexpired sessions), per process. */
   async liveWorkByProcess(): Promise<Record<string, number>> {
     const rows = await this.db

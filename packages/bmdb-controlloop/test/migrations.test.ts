@@ -7,7 +7,7 @@ import * as initial from '../src/migrations/0001_initial.js';
 test('migrations create the schema once; running them again is a no-op', async () => {
   const db = await createTestDatabase();
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0001_initial', '0002_fast_claims']);
+  expect(await bmdb.migrate()).toEqual(['0001_initial', '0002_fast_claims', '0004_fleet_page']);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
   const [a, b] = await Promise.all([openTestBMDB(db), openTestBMDB(db)]);
@@ -32,7 +32,15 @@ test('migrations create the schema once; running them again is a no-op', async (
     ],
     machine_agent_pending: ['machine_id', 'provider'],
     machines: ['machine_id', 'machine_created_at', 'claim_version'],
-    sessions: ['session_id', 'component_name', 'runtime_info', 'created_at', 'interval_seconds', 'deadline'],
+    sessions: [
+      'session_id',
+      'component_name',
+      'runtime_info',
+      'created_at',
+      'interval_seconds',
+      'deadline',
+      'processor',
+    ],
     work: ['machine_id', 'session_id', 'process'],
     work_backoff: ['machine_id', 'process', 'until', 'cause', 'last_interval_seconds'],
     work_history: ['machine_id', 'process', 'event', 'timestamp', 'failed_cause'],
@@ -49,6 +57,9 @@ test('migrations create the schema once; running them again is a no-op', async (
       'sessions_deadline_idx',
       'machine_agent_pending_provider_idx',
       'machine_agent_started_silent_idx',
+      'work_history_failed_idx',
+      'machine_provided_provider_machine_idx',
+      'machine_provided_provider_id_pattern_idx',
     ]),
   );
 
@@ -92,7 +103,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
   await db.admin('INSERT INTO machine_agent_heartbeat VALUES ($1, now())', [await id(heartbeating)]);
 
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0002_fast_claims']);
+  expect(await bmdb.migrate()).toEqual(['0002_fast_claims', '0004_fleet_page']);
   expect(await bmdb.migrate()).toEqual([]);
   const mirrors = async () =>
     (
