@@ -2,7 +2,7 @@ import { fileURLToPath } from 'node:url';
 import { defineConfig } from 'vitest/config';
 
 /** One Vitest project per package; tests run against sources (the `source` export condition). */
-const packages = ['bmdb-controlloop', 'shepherd-manager', 'provider-dummy', 'provider-equinix', 'cli'];
+const packages = ['bmdb-controlloop', 'shepherd-manager', 'provider-dummy', 'provider-equinix', 'cli', 'web'];
 
 export default defineConfig({
   ssr: { resolve: { conditions: ['source'] } },
