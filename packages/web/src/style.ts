@@ -29,6 +29,9 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 .id { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: .86rem; word-break: break-all; }
 .cause { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: .84rem; white-space: pre-wrap;
   word-break: break-word; max-width: 48rem; }
+td.cause { min-width: 16rem; }
+time { white-space: nowrap; }
+h1 .id { font-size: 1.15rem; }
 .none, .muted { color: var(--muted); }
 .stage { display: inline-block; padding: 0 .45rem; border-radius: 1rem; font-size: .8rem; white-space: nowrap;
   border: 1px solid var(--line); }
@@ -36,7 +39,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 .stage-awaitingRecovery, .ev-Failed { color: var(--bad); border-color: var(--bad); }
 .stage-agentStarting, .stage-agentStarted, .ev-Canceled { color: var(--warn); border-color: var(--warn); }
 .ev-Finished { color: var(--ok); }
-.chart td { border: 0; padding: .15rem .6rem .15rem 0; }
+.chart td { border: 0; padding: .15rem .6rem .15rem 0; white-space: nowrap; }
 .chart td.bar { width: 100%; }
 .chart svg { display: block; width: 100%; height: 1.1rem; }
 .chart rect.track { fill: var(--panel); }
