@@ -118,6 +118,18 @@ const flags = {
         'Append one JSON line to this file as each fake agent start begins and ends (machine, address, pid, time); off when unset',
     },
   },
+  web: {
+    'web-listen': {
+      describe:
+        'host:port to serve the read-only fleet page at (HTML, JSON under /api/); beyond loopback it needs --web-token',
+      defaultDescription: '127.0.0.1:8080 for web; off for run',
+    },
+    'web-token': {
+      describe:
+        'Token the fleet page asks for, as a bearer token or once in a login form (16+ characters; secret: prefer SHEPHERD_WEB_TOKEN)',
+      secret: true,
+    },
+  },
 } as const satisfies Record<string, Record<string, Flag>>;
 
 export type FlagGroup = keyof typeof flags;
@@ -133,6 +145,7 @@ const GROUP_TITLES: Record<FlagGroup, string> = {
   recoverer: 'Recoverer',
   equinix: 'Equinix provider (run equinix)',
   dummy: 'Dummy provider (run dummy)',
+  web: 'Fleet page (web, run)',
 };
 
 /** yargs options of the given groups, strings throughout (see the module comment). */

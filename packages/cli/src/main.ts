@@ -9,6 +9,7 @@ import { migrate } from './commands/migrate.js';
 import { type ProviderKind, run } from './commands/run.js';
 import { sshKey } from './commands/ssh-key.js';
 import { status } from './commands/status.js';
+import { web } from './commands/web.js';
 import { FLAG_GROUPS, type FlagGroup, flagNames, flagOptions } from './flags.js';
 import { enableLogs } from './logging.js';
 import { UsageError } from './settings.js';
@@ -115,7 +116,20 @@ export async function main(
           .strict(),
       (argv) => sshKey(argv, io.stdout),
     )
-    .demandCommand(1, 'Say which command to run: run, migrate, status or ssh-key (see --help)')
+    .command(
+      'web',
+      'Serve the read-only fleet page (machines, work, backoffs, each machine’s story) until SIGINT/SIGTERM',
+      (y) =>
+        y
+          .options(flagOptions('database', 'web'))
+          .options(pick(flagOptions('recoverer'), ...WEB_RECOVERER_FLAGS))
+          .strict(),
+      async (argv) => {
+        enableLogs();
+        await web(argv, io.stdout);
+      },
+    )
+    .demandCommand(1, 'Say which command to run: run, migrate, status, ssh-key or web (see --help)')
     .fail((message, error) => {
       // Our handlers' errors and yargs' own validation (unknown flag, missing command) end here.
       if (error) fail(error);
@@ -139,8 +153,15 @@ const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
   migrate: ['database'],
   status: ['database'],
   'ssh-key': ['database'],
+  web: ['database', 'web'],
 };
-const COMMAND_FLAGS: Record<string, string[]> = { status: ['json'], 'ssh-key': ['ssh-key-path'] };
+/** The recoverer's thresholds decide who is awaiting recovery on the page too. */
+const WEB_RECOVERER_FLAGS = ['recoverer-first-heartbeat-timeout', 'recoverer-heartbeat-timeout'];
+const COMMAND_FLAGS: Record<string, string[]> = {
+  status: ['json'],
+  'ssh-key': ['ssh-key-path'],
+  web: WEB_RECOVERER_FLAGS,
+};
 const GLOBAL_FLAGS = ['help', 'version'];
 
 function commandOf(args: readonly string[]): string | undefined {

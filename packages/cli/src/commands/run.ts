@@ -13,6 +13,7 @@ import {
   type SshClient,
   SshKey,
 } from '@bmaas/shepherd-manager';
+import type { FleetPageServer } from '@bmaas/web';
 import { collectDefaultMetrics, Registry } from 'prom-client';
 import { openBMDB } from '../database.js';
 import { log } from '../logging.js';
@@ -34,7 +35,10 @@ import {
   share,
   sshKeyPath,
   UsageError,
+  type WebSettings,
+  webSettings,
 } from '../settings.js';
+import { serveWeb } from './web.js';
 
 export type ProviderKind = 'dummy' | 'equinix';
 
@@ -42,6 +46,8 @@ export type ProviderKind = 'dummy' | 'equinix';
 interface RunSettings {
   readonly database: DatabaseSettings;
   readonly metricsListen: { host: string; port: number } | undefined;
+  /** The fleet page, when --web-listen is given. */
+  readonly web: WebSettings | undefined;
   readonly agent: {
     readonly executable: Uint8Array;
     readonly targetPath: string;
@@ -100,6 +106,7 @@ export async function runSettings(argv: Argv, kind: ProviderKind): Promise<RunSe
   return {
     database: databaseSettings(argv),
     metricsListen: hostPort(argv, 'metrics-listen'),
+    web: webSettings(argv),
     agent: {
       executable: await fileContents(
         'agent-executable-path',
@@ -266,8 +273,10 @@ export async function run(argv: Argv, kind: ProviderKind): Promise<void> {
   process.on('SIGTERM', onSignal);
 
   let bmdb: BMDB | undefined;
+  let webServer: FleetPageServer | undefined;
   try {
     bmdb = await openBMDB(settings.database, { migrate: true, metrics: registry });
+    if (settings.web) webServer = await serveWeb(bmdb, settings.web, settings.recoverer);
     const parts = await shepherdParts(bmdb, settings, registry);
     if (stop.signal.aborted) return;
     log(
@@ -281,6 +290,7 @@ export async function run(argv: Argv, kind: ProviderKind): Promise<void> {
     await Promise.all(parts.map((part) => part(stop.signal)));
     log('stopped');
   } finally {
+    await webServer?.close();
     await bmdb?.close();
     if (metricsServer) await closeServer(metricsServer);
     process.off('SIGINT', onSignal);
