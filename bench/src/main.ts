@@ -6,7 +6,7 @@
  * Environment: BENCH_ROUNDS (default 3), BENCH_ITEMS (work items per
  * throughput round, default 10,000), BENCH_CONCURRENCY (comma-separated,
  * default 1,8,32), BENCH_ONLY (comma-separated sections: throughput,
- * ceiling, scale, pickup, idle), BENCH_SYSTEMS (`|`-separated systems for
+ * ceiling, scale, pickup, idle, web), BENCH_WEB_MACHINES (default 100,000), BENCH_SYSTEMS (`|`-separated systems for
  * throughput: bmdb-controlloop, "bmdb-controlloop, finish()",
  * "bmdb-controlloop, finish(fn)", graphile-worker, pg-boss).
  */
@@ -15,7 +15,7 @@ import path from 'node:path';
 import { writeCeiling } from './ceiling.js';
 import { idleCost } from './idle.js';
 import { pickupLatency } from './pickup.js';
-import { type BenchResult, type Rounds, renderReport } from './report.js';
+import { type BenchResult, type Rounds, renderReport, renderWebPlans } from './report.js';
 import { claimAtScale } from './scale.js';
 import { BenchServer } from './server.js';
 import { latency, summarize } from './stats.js';
@@ -28,9 +28,12 @@ import {
   pgBoss,
   UNBOUND_LIMITER,
 } from './throughput.js';
+import { webPages } from './web.js';
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
-const ONLY = new Set((process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle').split(','));
+const ONLY = new Set((process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle,web').split(','));
+/** Machines of the fleet page's benchmark (ten history rows each). */
+const WEB_MACHINES = Number(process.env.BENCH_WEB_MACHINES ?? 100_000);
 const ITEMS = Number(process.env.BENCH_ITEMS ?? 10_000);
 const CONCURRENCY = (process.env.BENCH_CONCURRENCY ?? '1,8,32').split(',').map(Number);
 const SCALES = [1_000, 10_000, 100_000];
@@ -133,15 +136,21 @@ async function main(): Promise<void> {
       progress(`idle ${summarize(rounds).median.toFixed(2)} statements/s per worker`);
     }
 
+    if (ONLY.has('web')) {
+      result.web = await webPages(server, WEB_MACHINES, 50);
+    }
+
     result.durationSeconds = (Date.now() - startedAt.getTime()) / 1000;
     const report = renderReport(result);
     console.log(report);
+    if (result.web) console.log(renderWebPlans(result.web));
     await mkdir(RESULTS, { recursive: true });
     const stamp = startedAt.toISOString().replace(/[:.]/g, '-');
     const json = `${JSON.stringify(result, null, 2)}\n`;
     await writeFile(path.join(RESULTS, `${stamp}.json`), json);
     await writeFile(path.join(RESULTS, 'latest.json'), json);
     await writeFile(path.join(RESULTS, 'latest.md'), `${report}\n`);
+    if (result.web) await writeFile(path.join(RESULTS, 'web-plans.md'), `${renderWebPlans(result.web)}\n`);
   } finally {
     await server.stop();
   }
