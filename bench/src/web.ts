@@ -73,7 +73,7 @@ export async function webPages(server: BenchServer, machines: number, samples: n
       '/machines?backoff=any',
       '/machines?backoff=ShepherdRecovery',
       '/machines?q=bench-4242',
-      '/machines?q=bench-424',
+      '/machines?q=bench-',
       `/machines?q=${facts.sampleMachine.slice(0, 4)}`,
       `/machines?after=${facts.middleMachine}`,
       `/machines/${facts.sampleMachine}`,

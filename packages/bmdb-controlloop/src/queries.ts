@@ -639,27 +639,36 @@ export class Queries {
       throw new RangeError(`machinePage: limit must be a whole number from 1 to 1000, got ${limit}`);
     if (filter.after !== undefined && !UUID.test(filter.after))
       throw new RangeError(`machinePage: after must be a machine ID (a UUID), got ${JSON.stringify(filter.after)}`);
+    const search = filter.search?.trim() || undefined;
+    // The page's IDs first, from the rows of the index serving the filter that
+    // chooses them, every other filter checked per ID by key: the planner can
+    // stop after `limit + 1` matches in ID order, and the columns are then
+    // read for those IDs only. DISTINCT: a machine may come from two rows
+    // (backoffs of two processes, a search matching both IDs).
     const conditions: RawBuilder<boolean>[] = [];
-    if (filter.after !== undefined) conditions.push(sql<boolean>`m.machine_id > ${filter.after}::uuid`);
-    if (filter.provider !== undefined) conditions.push(sql<boolean>`mp.provider = ${filter.provider}`);
-    if (filter.stage !== undefined) conditions.push(sql<boolean>`${stageOf(thresholds)} = ${filter.stage}`);
-    if (filter.liveWork !== undefined) conditions.push(hasLiveWork('m.machine_id', [filter.liveWork]));
-    if (filter.inBackoff !== undefined) {
-      conditions.push(sql<boolean>`EXISTS (SELECT 1 FROM work_backoff b WHERE b.machine_id = m.machine_id
-        AND b.until > now() ${filter.inBackoff === true ? sql`` : sql`AND b.process = ${filter.inBackoff}`})`);
+    if (filter.after !== undefined) conditions.push(sql<boolean>`ids.machine_id > ${filter.after}::uuid`);
+    if (filter.provider !== undefined) {
+      conditions.push(sql<boolean>`EXISTS (SELECT 1 FROM machine_provided fp
+        WHERE fp.machine_id = ids.machine_id AND fp.provider = ${filter.provider})`);
     }
-    const search = filter.search?.trim();
-    if (search) conditions.push(searchCondition(search));
+    if (filter.liveWork !== undefined) conditions.push(hasLiveWork('ids.machine_id', [filter.liveWork]));
+    if (filter.inBackoff !== undefined) {
+      conditions.push(sql<boolean>`EXISTS (SELECT 1 FROM work_backoff fb WHERE fb.machine_id = ids.machine_id
+        AND fb.until > now() ${filter.inBackoff === true ? sql`` : sql`AND fb.process = ${filter.inBackoff}`})`);
+    }
+    if (search !== undefined && filter.stage !== undefined) conditions.push(searchCondition(search));
     const { rows } = await sql<MachineSummaryRow>`
       SELECT ${machineColumns(thresholds)}
-      FROM ${drivingIds(filter, search, thresholds)} AS ids
-      JOIN machines m ON m.machine_id = ids.machine_id
+      FROM (
+        SELECT DISTINCT ids.machine_id FROM ${drivingIds(filter, search, thresholds)} AS ids
+        WHERE ${conditions.length === 0 ? sql`true` : sql.join(conditions, sql` AND `)}
+        ORDER BY ids.machine_id
+        LIMIT ${limit + 1}) AS page
+      JOIN machines m ON m.machine_id = page.machine_id
       LEFT JOIN machine_provided mp ON mp.machine_id = m.machine_id
       LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id
       LEFT JOIN machine_agent_heartbeat h ON h.machine_id = m.machine_id
-      WHERE ${conditions.length === 0 ? sql`true` : sql.join(conditions, sql` AND `)}
-      ORDER BY m.machine_id
-      LIMIT ${limit + 1}`.execute(this.db);
+      ORDER BY m.machine_id`.execute(this.db);
     const machines = rows.slice(0, limit).map(toMachineSummary);
     return { machines, next: rows.length > limit ? machines.at(-1)?.machineId : undefined };
   }
@@ -978,63 +987,75 @@ function asUuid(hex: string): string {
 
 function searchCondition(search: string): RawBuilder<boolean> {
   const { idRange, providerIdPattern } = searchTerms(search);
-  const byProviderId = sql<boolean>`mp.provider_id LIKE ${providerIdPattern}`;
+  const byProviderId = sql<boolean>`EXISTS (SELECT 1 FROM machine_provided sp
+    WHERE sp.machine_id = ids.machine_id AND sp.provider_id LIKE ${providerIdPattern})`;
   if (idRange === undefined) return byProviderId;
-  return sql<boolean>`(m.machine_id BETWEEN ${idRange[0]}::uuid AND ${idRange[1]}::uuid OR ${byProviderId})`;
+  return sql<boolean>`(ids.machine_id BETWEEN ${idRange[0]}::uuid AND ${idRange[1]}::uuid OR ${byProviderId})`;
 }
 
 /**
- * The machine IDs a page is read from (alias `ids`): the rows of the index
- * that serves the most selective filter given, from `after` on. The other
- * filters are checked on them (see machinePage).
+ * The machine IDs a page is read from (a subquery with column `machine_id`):
+ * exactly the machines of the filter's stage, from the rows that hold them;
+ * else the matches of the search; else the rows of the index serving the most
+ * selective other filter. machinePage checks the other filters on them.
  */
 function drivingIds(
   filter: MachineFilter,
   search: string | undefined,
   thresholds: RecoveryThresholds,
 ): RawBuilder<unknown> {
-  const after = filter.after === undefined ? sql`` : sql`AND x.machine_id > ${filter.after}::uuid`;
-  if (search) {
-    const { idRange, providerIdPattern } = searchTerms(search);
-    const byProviderId = sql`SELECT x.machine_id FROM machine_provided x WHERE x.provider_id LIKE ${providerIdPattern} ${after}`;
-    if (idRange === undefined) return sql`(${byProviderId})`;
-    return sql`(SELECT x.machine_id FROM machines x
-      WHERE x.machine_id BETWEEN ${idRange[0]}::uuid AND ${idRange[1]}::uuid ${after}
-      UNION ${byProviderId})`;
-  }
   const firstWithin = seconds(thresholds.firstHeartbeatWithin ?? DEFAULT_FIRST_HEARTBEAT_WITHIN);
   const within = seconds(thresholds.heartbeatWithin ?? DEFAULT_HEARTBEAT_WITHIN);
-  const liveWorkOf = (process: string) => sql`(SELECT x.machine_id FROM work x
-    JOIN sessions s ON s.session_id = x.session_id
-    WHERE x.process = ${process} AND s.deadline > now() ${after})`;
+  const provided = (id: string) =>
+    sql<boolean>`EXISTS (SELECT 1 FROM machine_provided dp WHERE dp.machine_id = ${sql.ref(id)})`;
+  const liveWorkOf = (process: string) => sql`(SELECT w.machine_id FROM work w
+    JOIN sessions s ON s.session_id = w.session_id
+    WHERE w.process = ${process} AND s.deadline > now())`;
+  // The stages' definitions, as stageOf() and fleetStages() have them.
   switch (filter.stage) {
     case 'unprovided':
-      return sql`(SELECT x.machine_id FROM machines x
-        WHERE NOT EXISTS (SELECT 1 FROM machine_provided mp WHERE mp.machine_id = x.machine_id) ${after})`;
+      return sql`(SELECT x.machine_id FROM machines x WHERE NOT ${provided('x.machine_id')})`;
     case 'provided':
-      return sql`(SELECT x.machine_id FROM machine_agent_pending x WHERE true ${after})`;
+      return sql`(SELECT x.machine_id FROM machine_agent_pending x
+        WHERE NOT ${hasLiveWork('x.machine_id', ['ShepherdAgentStart'])})`;
     case 'agentStarting':
-      return liveWorkOf('ShepherdAgentStart');
+      return sql`(SELECT w.machine_id FROM work w JOIN sessions s ON s.session_id = w.session_id
+        WHERE w.process = 'ShepherdAgentStart' AND s.deadline > now()
+          AND EXISTS (SELECT 1 FROM machine_agent_pending p WHERE p.machine_id = w.machine_id))`;
     case 'agentStarted':
-      return sql`(SELECT x.machine_id FROM machine_agent_started x WHERE NOT x.has_heartbeat ${after})`;
+      return sql`(SELECT x.machine_id FROM machine_agent_started x
+        WHERE NOT x.has_heartbeat AND x.agent_started_at >= now() - make_interval(secs => ${firstWithin})
+          AND ${provided('x.machine_id')})`;
     case 'heartbeating':
       return sql`(SELECT x.machine_id FROM machine_agent_heartbeat x
-        WHERE x.agent_heartbeat_at >= now() - make_interval(secs => ${within}) ${after})`;
+        WHERE x.agent_heartbeat_at >= now() - make_interval(secs => ${within})
+          AND EXISTS (SELECT 1 FROM machine_agent_started a WHERE a.machine_id = x.machine_id)
+          AND ${provided('x.machine_id')})`;
     case 'awaitingRecovery':
       return sql`(SELECT x.machine_id FROM machine_agent_heartbeat x
-          WHERE x.agent_heartbeat_at < now() - make_interval(secs => ${within}) ${after}
+          WHERE x.agent_heartbeat_at < now() - make_interval(secs => ${within})
+            AND EXISTS (SELECT 1 FROM machine_agent_started a WHERE a.machine_id = x.machine_id)
+            AND ${provided('x.machine_id')}
         UNION ALL
         SELECT x.machine_id FROM machine_agent_started x
-          WHERE NOT x.has_heartbeat AND x.agent_started_at < now() - make_interval(secs => ${firstWithin}) ${after})`;
+          WHERE NOT x.has_heartbeat AND x.agent_started_at < now() - make_interval(secs => ${firstWithin})
+            AND ${provided('x.machine_id')})`;
     case undefined:
       break;
   }
+  if (search !== undefined) {
+    const { idRange, providerIdPattern } = searchTerms(search);
+    const byProviderId = sql`SELECT x.machine_id FROM machine_provided x WHERE x.provider_id LIKE ${providerIdPattern}`;
+    if (idRange === undefined) return sql`(${byProviderId})`;
+    return sql`(SELECT x.machine_id FROM machines x
+      WHERE x.machine_id BETWEEN ${idRange[0]}::uuid AND ${idRange[1]}::uuid
+      UNION ALL ${byProviderId})`;
+  }
   if (filter.liveWork !== undefined) return liveWorkOf(filter.liveWork);
-  if (filter.inBackoff === true)
-    return sql`(SELECT DISTINCT x.machine_id FROM work_backoff x WHERE x.until > now() ${after})`;
+  if (filter.inBackoff === true) return sql`(SELECT DISTINCT x.machine_id FROM work_backoff x WHERE x.until > now())`;
   if (filter.inBackoff !== undefined)
-    return sql`(SELECT x.machine_id FROM work_backoff x WHERE x.process = ${filter.inBackoff} AND x.until > now() ${after})`;
+    return sql`(SELECT x.machine_id FROM work_backoff x WHERE x.process = ${filter.inBackoff} AND x.until > now())`;
   if (filter.provider !== undefined)
-    return sql`(SELECT x.machine_id FROM machine_provided x WHERE x.provider = ${filter.provider} ${after})`;
-  return sql`(SELECT x.machine_id FROM machines x WHERE true ${after})`;
+    return sql`(SELECT x.machine_id FROM machine_provided x WHERE x.provider = ${filter.provider})`;
+  return sql`(SELECT x.machine_id FROM machines x)`;
 }
