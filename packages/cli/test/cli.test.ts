@@ -485,7 +485,9 @@ describe('fleet page', () => {
     expect(page.status).toBe(200);
     expect(await page.text()).toContain('<h1>Machines</h1>');
     await eventually(async () => {
-      const body = await (await fetch(`http://127.0.0.1:${port}/api/overview`)).json();
+      const body = (await (await fetch(`http://127.0.0.1:${port}/api/overview`)).json()) as {
+        sessions: { processor: string }[];
+      };
       return body.sessions.some((s: { processor: string }) => s.processor === 'shepherd-provisioner')
         ? true
         : undefined;

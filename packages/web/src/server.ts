@@ -299,7 +299,9 @@ function isApi(request: IncomingMessage): boolean {
 
 /** A path on this site to send a browser back to; anything else (another host, `//x`) becomes `/`. */
 function localPath(value: string | null | undefined): string {
-  if (!value || !value.startsWith('/') || value.startsWith('//') || /[\\\u0000-\u001f]/.test(value)) return '/';
+  if (!value?.startsWith('/') || value.startsWith('//')) return '/';
+  // A backslash or control character could turn the path into another host for some browsers.
+  for (const char of value) if (char === '\\' || char.charCodeAt(0) < 0x20) return '/';
   return value;
 }
 

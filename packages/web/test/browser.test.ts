@@ -135,7 +135,7 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
         ['phone-machine', `/machines/${fleet.heartbeating}`],
       ] as const) {
         await phone.goto(new URL(route, open.url).href);
-        const overflow = await phone.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+        const overflow = (await phone.evaluate('document.documentElement.scrollWidth - window.innerWidth')) as number;
         expect(overflow, route).toBeLessThanOrEqual(0);
         await phone.screenshot({ path: path.join(SCREENSHOTS, `${name}.png`), fullPage: true });
       }
@@ -156,7 +156,7 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
       expect(new URL(guest.url()).pathname + new URL(guest.url()).search).toBe('/machines?stage=provided');
       expect(await guest.$$eval('tbody tr', (rows) => rows.length)).toBe(2);
       // The cookie is HttpOnly: scripts on the page cannot read it.
-      expect(await guest.evaluate(() => document.cookie)).not.toContain('shepherd_web_session');
+      expect(await guest.evaluate('document.cookie')).not.toContain('shepherd_web_session');
       await guest.goto(guarded.url);
       expect(new URL(guest.url()).pathname).toBe('/');
     } finally {

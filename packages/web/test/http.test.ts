@@ -208,7 +208,7 @@ describe('JSON', () => {
     expect(machine).not.toHaveProperty('agentPublicKey');
     const missing = await get('/api/machines/00000000-0000-4000-8000-000000000000');
     expect(missing.status).toBe(404);
-    expect((await missing.json()).error).toContain('no machine');
+    expect(((await missing.json()) as { error: string }).error).toContain('no machine');
   });
 });
 
