@@ -554,26 +554,33 @@ export class Queries {
 
   /**
    * Running backoffs grouped by process and cause, the most machines first:
-   * how many machines fail for the same reason.
+   * how many machines fail for the same reason. Causes often name their
+   * machine; UUIDs and IPv4 addresses (with a port) in them are replaced by
+   * `<id>` and `<address>` first, so one failure on many machines is one
+   * group.
    */
   async backoffCauses(options: { limit?: number } = {}): Promise<BackoffCause[]> {
-    const rows = await this.db
-      .selectFrom('work_backoff')
-      .select([
-        'process',
-        'cause',
-        sql<number>`count(*)::int`.as('machines'),
-        sql<Date>`min(until)`.as('soonest_until'),
-        sql<Date>`max(until)`.as('latest_until'),
-        sql<string>`(array_agg(machine_id ORDER BY until DESC))[1]`.as('example_machine_id'),
-      ])
-      .where(sql<boolean>`until > now()`)
-      .groupBy(['process', 'cause'])
-      .orderBy('machines', 'desc')
-      .orderBy('process')
-      .orderBy('cause')
-      .limit(options.limit ?? 20)
-      .execute();
+    const { rows } = await sql<{
+      process: string;
+      cause: string;
+      machines: number;
+      soonest_until: Date;
+      latest_until: Date;
+      example_machine_id: string;
+      example_cause: string;
+    }>`
+      SELECT process, cause, count(*)::int AS machines, min(until) AS soonest_until, max(until) AS latest_until,
+             (array_agg(machine_id ORDER BY until DESC))[1] AS example_machine_id,
+             (array_agg(original ORDER BY until DESC))[1] AS example_cause
+      FROM (
+        SELECT process, machine_id, until, cause AS original,
+               regexp_replace(
+                 regexp_replace(cause, ${CAUSE_UUID}, '<id>', 'g'),
+                 ${CAUSE_ADDRESS}, '<address>', 'g') AS cause
+        FROM work_backoff WHERE until > now()) AS running
+      GROUP BY process, cause
+      ORDER BY machines DESC, process, cause
+      LIMIT ${options.limit ?? 20}`.execute(this.db);
     return rows.map((row) => ({
       process: row.process,
       cause: row.cause,
@@ -581,6 +588,7 @@ export class Queries {
       soonestUntil: row.soonest_until,
       latestUntil: row.latest_until,
       exampleMachineId: row.example_machine_id,
+      exampleCause: row.example_cause,
     }));
   }
 
@@ -818,7 +826,11 @@ export interface LiveSession {
   readonly work: number;
 }
 
-/** Machines backing off for one process with the same cause. */
+/** Machine IDs and IPv4 addresses in failure causes, replaced to group causes (PostgreSQL regular expressions). */
+const CAUSE_UUID = '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}';
+const CAUSE_ADDRESS = '\\m[0-9]{1,3}(\\.[0-9]{1,3}){3}(:[0-9]{1,5})?\\M';
+
+/** Machines backing off for one process with the same cause (IDs and addresses aside). */
 export interface BackoffCause {
   readonly process: string;
   readonly cause: string;
@@ -827,6 +839,8 @@ export interface BackoffCause {
   readonly latestUntil: Date;
   /** The machine whose backoff runs longest, as an example to look at. */
   readonly exampleMachineId: string;
+  /** Its cause as recorded, with its IDs and addresses. */
+  readonly exampleCause: string;
 }
 
 /** A `Failed` history event with the machine's provider ID. */

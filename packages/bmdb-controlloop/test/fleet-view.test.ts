@@ -103,3 +103,22 @@ test('overview reads: sessions, backoff causes, recent failures, providers', asy
   expect(await q.providers()).toEqual(['Dummy', 'Equinix']);
   expect(await q.liveWorkByProcess()).toEqual({ ShepherdAgentStart: 1 });
 });
+
+test('backoff causes group one failure on many machines, whatever machine IDs and addresses they name', async () => {
+  const machines = [fleet.provided, fleet.heartbeating, fleet.agentStarted];
+  const causes = machines.map((id, i) => `agent on machine ${id}: dial 10.0.${i}.7:22: connection refused`);
+  for (const [i, id] of machines.entries()) {
+    await db.admin(
+      `INSERT INTO work_backoff (machine_id, process, until, cause) VALUES ($1, 'ShepherdRecovery', now() + make_interval(mins => $2), $3)`,
+      [id, i + 1, causes[i]],
+    );
+  }
+  const [first] = await q.backoffCauses();
+  expect(first).toMatchObject({
+    process: 'ShepherdRecovery',
+    cause: 'agent on machine <id>: dial <address>: connection refused',
+    machines: 3,
+    exampleMachineId: fleet.agentStarted,
+    exampleCause: causes[2],
+  });
+});

@@ -20,7 +20,7 @@ header .refresh { font-size: .85rem; color: var(--muted); }
 main { padding: 1rem; max-width: 1400px; margin: 0 auto; }
 h1 { font-size: 1.35rem; margin: .2rem 0 1rem; word-break: break-all; }
 h2 { font-size: 1.05rem; margin: 1.6rem 0 .6rem; }
-.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(100%, 34rem), 1fr)); gap: 0 2rem; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(100%, 28rem), 1fr)); gap: 0 2rem; }
 .scroll { overflow-x: auto; -webkit-overflow-scrolling: touch; }
 table { border-collapse: collapse; width: 100%; font-size: .92rem; }
 th, td { text-align: left; padding: .35rem .6rem .35rem 0; border-bottom: 1px solid var(--line); vertical-align: top; }

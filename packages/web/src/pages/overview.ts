@@ -31,7 +31,7 @@ export function overviewPage(o: Overview): Html {
   const causes = o.backoffCauses.map(
     (c) => html`<tr>
 <td><a href="${href('/machines', { backoff: c.process })}">${c.process}</a></td>
-<td class="cause">${c.cause}</td>
+<td class="cause" title="${c.exampleCause}">${c.cause}</td>
 <td class="num">${c.machines.toLocaleString('en-US')}</td>
 <td>${timeTag(c.soonestUntil, o.now)}${c.machines > 1 ? html` – ${timeTag(c.latestUntil, o.now)}` : ''}</td>
 <td><a class="id" href="/machines/${c.exampleMachineId}">${c.exampleMachineId.slice(0, 8)}</a></td>
