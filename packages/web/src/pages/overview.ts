@@ -1,7 +1,7 @@
 import { MACHINE_STAGES } from '@bmaas/bmdb-controlloop';
 import type { Overview } from '../data.js';
 import { type Html, href, html } from '../html.js';
-import { timeTag } from '../time.js';
+import { relativeTime, timeTag } from '../time.js';
 import { STAGE_LABELS } from './layout.js';
 
 /** `/`: stages as a bar chart, live sessions, work in flight, backoffs by cause, recent failures. */
@@ -33,7 +33,11 @@ export function overviewPage(o: Overview): Html {
 <td><a href="${href('/machines', { backoff: c.process })}">${c.process}</a></td>
 <td class="cause" title="${c.exampleCause}">${c.cause}</td>
 <td class="num">${c.machines.toLocaleString('en-US')}</td>
-<td>${timeTag(c.soonestUntil, o.now)}${c.machines > 1 ? html` – ${timeTag(c.latestUntil, o.now)}` : ''}</td>
+<td>${timeTag(c.soonestUntil, o.now)}${
+      relativeTime(c.latestUntil, o.now) === relativeTime(c.soonestUntil, o.now)
+        ? ''
+        : html` – ${timeTag(c.latestUntil, o.now)}`
+    }</td>
 <td><a class="id" href="/machines/${c.exampleMachineId}">${c.exampleMachineId.slice(0, 8)}</a></td>
 </tr>`,
   );
