@@ -448,12 +448,13 @@ export class Queries {
   async fleetStages(thresholds: RecoveryThresholds = {}): Promise<{ machines: number; stages: FleetStages }> {
     const firstWithin = seconds(thresholds.firstHeartbeatWithin ?? DEFAULT_FIRST_HEARTBEAT_WITHIN);
     const within = seconds(thresholds.heartbeatWithin ?? DEFAULT_HEARTBEAT_WITHIN);
-    // Provided machines are either pending (no AgentStarted; machine_agent_pending
-    // is kept by triggers) or started; only the small sets of silent, stale and
-    // starting machines are read row by row.
+    // Machines are unprovided or provided (machine_unprovided is kept by
+    // triggers), provided ones pending (no AgentStarted; machine_agent_pending
+    // likewise) or started: one count of every machine, the rest read from
+    // the small sets of unprovided, pending, silent, stale and starting ones.
     const { rows } = await sql<{
       machines: number;
-      provided_total: number;
+      unprovided: number;
       pending: number;
       starting: number;
       silent: number;
@@ -461,7 +462,7 @@ export class Queries {
       stale: number;
     }>`SELECT
         (SELECT count(*)::int FROM machines) AS machines,
-        (SELECT count(*)::int FROM machine_provided) AS provided_total,
+        (SELECT count(*)::int FROM machine_unprovided) AS unprovided,
         (SELECT count(*)::int FROM machine_agent_pending) AS pending,
         (SELECT count(*)::int FROM work w JOIN sessions s ON s.session_id = w.session_id
           WHERE w.process = 'ShepherdAgentStart' AND s.deadline > now()
@@ -479,11 +480,11 @@ export class Queries {
     );
     const row = rows[0];
     if (row === undefined) throw new Error('fleetStages: the count query returned no row');
-    const started = row.provided_total - row.pending;
+    const started = row.machines - row.unprovided - row.pending;
     return {
       machines: row.machines,
       stages: {
-        unprovided: row.machines - row.provided_total,
+        unprovided: row.unprovided,
         provided: row.pending - row.starting,
         agentStarting: row.starting,
         agentStarted: row.silent - row.silent_lost,
@@ -1028,7 +1029,7 @@ function drivingIds(
   // The stages' definitions, as stageOf() and fleetStages() have them.
   switch (filter.stage) {
     case 'unprovided':
-      return sql`(SELECT x.machine_id FROM machines x WHERE NOT ${provided('x.machine_id')})`;
+      return sql`(SELECT x.machine_id FROM machine_unprovided x)`;
     case 'provided':
       return sql`(SELECT x.machine_id FROM machine_agent_pending x
         WHERE NOT ${hasLiveWork('x.machine_id', ['ShepherdAgentStart'])})`;

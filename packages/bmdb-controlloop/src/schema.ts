@@ -10,6 +10,7 @@ export interface Database {
   machine_agent_started: MachineAgentStartedTable;
   machine_agent_heartbeat: MachineAgentHeartbeatTable;
   machine_agent_pending: MachineAgentPendingTable;
+  machine_unprovided: MachineUnprovidedTable;
   sessions: SessionsTable;
   work: WorkTable;
   work_history: WorkHistoryTable;
@@ -54,6 +55,11 @@ export interface MachineProvidedTable {
 export interface MachineAgentPendingTable {
   machine_id: string;
   provider: string;
+}
+
+/** Machines without a Provided tag (migration 0004). Kept by triggers; never written by hand. */
+export interface MachineUnprovidedTable {
+  machine_id: string;
 }
 
 export interface MachineAgentStartedTable {

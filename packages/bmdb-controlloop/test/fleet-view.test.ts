@@ -122,3 +122,19 @@ test('backoff causes group one failure on many machines, whatever machine IDs an
     exampleCause: causes[2],
   });
 });
+
+test('machine_unprovided follows machines and their Provided tags', async () => {
+  const unprovided = async () =>
+    (await db.admin('SELECT machine_id FROM machine_unprovided ORDER BY machine_id')).rows.map((r) => r.machine_id);
+  expect(await unprovided()).toEqual([fleet.unprovided]);
+  const fresh = await fleet.session.transact((q) => q.newMachine());
+  expect(await unprovided()).toEqual([fleet.unprovided, fresh].sort());
+  await fleet.session.transact((q) => q.addProvided(fresh, { provider: 'Later', providerId: 'later-1' }));
+  expect(await unprovided()).toEqual([fleet.unprovided]);
+  await db.admin('DELETE FROM machine_provided WHERE machine_id = $1', [fresh]);
+  expect(await unprovided()).toEqual([fleet.unprovided, fresh].sort());
+  await db.admin('DELETE FROM machines WHERE machine_id = $1', [fresh]);
+  await db.admin('DELETE FROM machines WHERE machine_id = $1', [fleet.provided]);
+  expect(await unprovided()).toEqual([fleet.unprovided]);
+  expect((await q.fleetStages()).stages.unprovided).toBe(1);
+});

@@ -31,6 +31,7 @@ test('migrations create the schema once; running them again is a no-op', async (
       'provider_status',
     ],
     machine_agent_pending: ['machine_id', 'provider'],
+    machine_unprovided: ['machine_id'],
     machines: ['machine_id', 'machine_created_at', 'claim_version'],
     sessions: [
       'session_id',
@@ -101,10 +102,13 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     await db.admin(`INSERT INTO machine_agent_started VALUES ($1, now(), '\\x00')`, [await id(name)]);
   }
   await db.admin('INSERT INTO machine_agent_heartbeat VALUES ($1, now())', [await id(heartbeating)]);
+  const unprovided = (await db.admin('INSERT INTO machines DEFAULT VALUES RETURNING machine_id')).rows[0].machine_id;
 
   const bmdb = await openTestBMDB(db, { migrate: false });
   expect(await bmdb.migrate()).toEqual(['0002_fast_claims', '0004_fleet_page']);
   expect(await bmdb.migrate()).toEqual([]);
+  // 0004 backfills the machines without a Provided tag.
+  expect((await db.admin('SELECT machine_id FROM machine_unprovided')).rows).toEqual([{ machine_id: unprovided }]);
   const mirrors = async () =>
     (
       await db.admin(`
