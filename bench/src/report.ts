@@ -120,7 +120,8 @@ export function renderReport(result: BenchResult): string {
     const { web } = result;
     lines.push(
       `**Fleet page** at ${int(web.machines)} machines, ${int(web.historyRows)} history rows, ${int(web.activeBackoffs)} running backoffs: ` +
-        `server time per page (request to last byte over loopback, one at a time, ${web.pages[0]?.samples ?? 0} samples after a warm-up), ms.`,
+        `server time per page (request to last byte over loopback, one at a time, ${web.pages[0]?.samples ?? 0} samples after a warm-up), ms; ` +
+        `load average ${web.loadAverage[0].toFixed(1)} before, ${web.loadAverage[1].toFixed(1)} after.`,
       '',
       '| page | status | KiB | p50 | p95 |',
       '|---|---:|---:|---:|---:|',

@@ -1,5 +1,6 @@
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { loadavg } from 'node:os';
 import { BMDB, type Database } from '@bmaas/bmdb-controlloop';
 import { fleetPageHandler } from '@bmaas/web';
 import { type CompiledQuery, Kysely, PostgresDialect } from 'kysely';
@@ -24,6 +25,8 @@ export interface WebResult {
   readonly historyRows: number;
   readonly activeBackoffs: number;
   readonly pages: readonly PageTiming[];
+  /** The machine's 1-minute load average before and after the timed requests (other processes share it). */
+  readonly loadAverage: readonly [number, number];
   /** EXPLAIN (ANALYZE, BUFFERS) of every query each page sends, by page. */
   readonly plans: Record<string, string[]>;
 }
@@ -82,6 +85,7 @@ export async function webPages(server: BenchServer, machines: number, samples: n
       `/api/machines/${facts.sampleMachine}`,
     ];
     const timings: PageTiming[] = [];
+    const loadBefore = loadavg()[0] ?? 0;
     for (const page of pages) {
       for (let i = 0; i < 5; i++) await timed(base + page);
       const times: number[] = [];
@@ -101,6 +105,8 @@ export async function webPages(server: BenchServer, machines: number, samples: n
       });
       process.stderr.write(`[bench] web ${page}: p50 ${percentile(times, 50).toFixed(1)} ms\n`);
     }
+
+    const loadAfter = loadavg()[0] ?? 0;
 
     // The same pages again through a Kysely that records each query, to explain them.
     const pool = new pg.Pool({ connectionString: url, max: 1, options: '-c enable_seqscan=off' });
@@ -130,7 +136,14 @@ export async function webPages(server: BenchServer, machines: number, samples: n
     } finally {
       await logged.destroy();
     }
-    return { machines, historyRows: facts.historyRows, activeBackoffs: facts.activeBackoffs, pages: timings, plans };
+    return {
+      machines,
+      historyRows: facts.historyRows,
+      activeBackoffs: facts.activeBackoffs,
+      pages: timings,
+      loadAverage: [loadBefore, loadAfter],
+      plans,
+    };
   } finally {
     for (const s of [http, explainServer]) if (s) await new Promise((resolve) => s.close(resolve));
     await bmdb.close();

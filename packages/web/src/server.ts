@@ -62,7 +62,9 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
         response.destroy();
         return;
       }
-      const message = `the BMDB could not be read: ${error instanceof Error ? error.message : String(error)}`;
+      const message = `the BMDB could not be read: ${error instanceof Error ? error.message : String(error)}${
+        isOldSchema(error) ? ' (is its schema up to date? run `shepherd migrate`)' : ''
+      }`;
       if (isApi(request)) sendJson(response, 503, { error: message });
       else
         sendPage(
@@ -287,6 +289,12 @@ function parseFilter(params: URLSearchParams, api: boolean): MachineFilter {
   if (search !== undefined) filter.search = search;
   if (after !== undefined) filter.after = after.toLowerCase();
   return filter;
+}
+
+/** A missing table or column: the BMDB predates a migration the page reads (0004). */
+function isOldSchema(error: unknown): boolean {
+  const code = (error as { code?: unknown } | undefined)?.code;
+  return code === '42P01' || code === '42703';
 }
 
 function isRead(method: string): boolean {

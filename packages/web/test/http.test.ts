@@ -315,3 +315,26 @@ test('html escapes every value it is given, and only once', () => {
   expect(html`<p>${html`<b>${'&'}</b>`}${[1, '<', null, undefined, false]}</p>`.value).toBe('<p><b>&amp;</b>1&lt;</p>');
   expect(escapeHtml(`"'`).value).toBe('&quot;&#39;');
 });
+
+test('a BMDB without the schema the page reads answers 503 saying to migrate', async () => {
+  const bare = await createTestDatabase();
+  const unmigrated = await openTestBMDB(bare, { migrate: false });
+  const errors: string[] = [];
+  const server = await serveFleetPage({
+    db: unmigrated.db,
+    host: '127.0.0.1',
+    port: 0,
+    onError: (_, path) => errors.push(path),
+  });
+  try {
+    const response = await fetch(new URL('/api/overview', server.url));
+    expect(response.status).toBe(503);
+    expect(((await response.json()) as { error: string }).error).toMatch(/does not exist.*run `shepherd migrate`/);
+    const page = await fetch(new URL('/', server.url));
+    expect(page.status).toBe(503);
+    expect(await page.text()).toContain('run `shepherd migrate`');
+    expect(errors).toEqual(['/api/overview', '/']);
+  } finally {
+    await server.close();
+  }
+});
