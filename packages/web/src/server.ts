@@ -57,11 +57,22 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
 
   return (request, response) => {
     handle(request, response).catch((error: unknown) => {
-      options.onError?.(error, request.url ?? '');
       if (response.headersSent) {
         response.destroy();
         return;
       }
+      if (error instanceof BadRequest) {
+        if (isApi(request)) sendJson(response, 400, { error: error.message });
+        else
+          sendPage(
+            response,
+            400,
+            { ...frameFor(request, 'machines'), title: 'Bad request' },
+            notice('Bad request', error.message, 'error'),
+          );
+        return;
+      }
+      options.onError?.(error, request.url ?? '');
       const message = `the BMDB could not be read: ${error instanceof Error ? error.message : String(error)}${
         isOldSchema(error) ? ' (is its schema up to date? run `shepherd migrate`)' : ''
       }`;
@@ -84,7 +95,7 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
       section,
       refreshSeconds: off ? undefined : refreshSeconds,
       now,
-      loggedIn: tokens !== undefined,
+      loggedIn: tokens !== undefined && section !== 'login',
     };
   }
 
@@ -126,19 +137,7 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
       return;
     }
 
-    try {
-      await route(request, response, url);
-    } catch (error) {
-      if (!(error instanceof BadRequest)) throw error;
-      if (isApi(request)) sendJson(response, 400, { error: error.message });
-      else
-        sendPage(
-          response,
-          400,
-          { ...frameFor(request, 'machines'), title: 'Bad request' },
-          notice('Bad request', error.message, 'error'),
-        );
-    }
+    await route(request, response, url);
   }
 
   async function route(request: IncomingMessage, response: ServerResponse, url: URL): Promise<void> {
@@ -238,18 +237,20 @@ async function login(request: IncomingMessage, response: ServerResponse, tokens:
   );
 }
 
+/** The request body as text; a longer one is read to its end and refused. */
 function readBody(request: IncomingMessage, limit: number): Promise<string> {
   return new Promise((resolve, reject) => {
     let body = '';
+    let tooLarge = false;
     request.setEncoding('utf8');
     request.on('data', (chunk: string) => {
+      if (tooLarge) return;
       body += chunk;
-      if (body.length > limit) {
-        request.destroy();
-        reject(new BadRequest(`a login form is at most ${limit} bytes`));
-      }
+      tooLarge = body.length > limit;
     });
-    request.on('end', () => resolve(body));
+    request.on('end', () =>
+      tooLarge ? reject(new BadRequest(`a login form is at most ${limit} bytes`)) : resolve(body),
+    );
     request.on('error', reject);
   });
 }

@@ -286,6 +286,9 @@ describe('the token rule', () => {
         },
         guarded,
       );
+    const oversized = await form('x'.repeat(10_000));
+    expect(oversized.status).toBe(400);
+    expect(await oversized.text()).toContain('a login form is at most 8192 bytes');
     const refused = await form('guess-guess-guess-guess');
     expect(refused.status).toBe(401);
     expect(refused.headers.get('set-cookie')).toBeNull();
