@@ -9,6 +9,7 @@ const packages = [
   'provider-equinix',
   'provider-static',
   'server',
+  'web',
   'cli',
 ];
 

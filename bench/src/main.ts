@@ -6,8 +6,9 @@
  * Environment: BENCH_ROUNDS (default 3), BENCH_ITEMS (work items per
  * throughput round, default 10,000), BENCH_CONCURRENCY (comma-separated,
  * default 1,8,32), BENCH_ONLY (comma-separated sections: throughput,
- * ceiling, scale, pickup, idle, heartbeat), BENCH_AGENTS (simulated agents
- * of the heartbeat section, default 1,000), BENCH_SYSTEMS (`|`-separated systems for
+ * ceiling, scale, pickup, idle, heartbeat, web), BENCH_AGENTS (simulated agents
+ * of the heartbeat section, default 1,000), BENCH_WEB_MACHINES (default
+ * 100,000), BENCH_SYSTEMS (`|`-separated systems for
  * throughput: bmdb-controlloop, "bmdb-controlloop, finish()",
  * "bmdb-controlloop, finish(fn)", graphile-worker, pg-boss).
  */
@@ -17,7 +18,7 @@ import { writeCeiling } from './ceiling.js';
 import { heartbeats } from './heartbeat.js';
 import { idleCost } from './idle.js';
 import { pickupLatency } from './pickup.js';
-import { type BenchResult, type Rounds, renderReport } from './report.js';
+import { type BenchResult, type Rounds, renderReport, renderWebPlans } from './report.js';
 import { claimAtScale } from './scale.js';
 import { BenchServer } from './server.js';
 import { latency, summarize } from './stats.js';
@@ -30,9 +31,12 @@ import {
   pgBoss,
   UNBOUND_LIMITER,
 } from './throughput.js';
+import { webPages } from './web.js';
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
-const ONLY = new Set((process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle,heartbeat').split(','));
+const ONLY = new Set((process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle,heartbeat,web').split(','));
+/** Machines of the fleet page's benchmark (ten history rows each). */
+const WEB_MACHINES = Number(process.env.BENCH_WEB_MACHINES ?? 100_000);
 const ITEMS = Number(process.env.BENCH_ITEMS ?? 10_000);
 const CONCURRENCY = (process.env.BENCH_CONCURRENCY ?? '1,8,32').split(',').map(Number);
 const SCALES = [1_000, 10_000, 100_000];
@@ -150,10 +154,14 @@ async function main(): Promise<void> {
         );
       }
     }
+    if (ONLY.has('web')) {
+      result.web = await webPages(server, WEB_MACHINES, 50);
+    }
 
     result.durationSeconds = (Date.now() - startedAt.getTime()) / 1000;
     const report = renderReport(result);
     console.log(report);
+    if (result.web) console.log(renderWebPlans(result.web));
     await mkdir(RESULTS, { recursive: true });
     const stamp = startedAt.toISOString().replace(/[:.]/g, '-');
     const json = `${JSON.stringify(result, null, 2)}\n`;
@@ -162,6 +170,7 @@ async function main(): Promise<void> {
     const latest = process.env.BENCH_ONLY ? `latest-${[...ONLY].join('+')}` : 'latest';
     await writeFile(path.join(RESULTS, `${latest}.json`), json);
     await writeFile(path.join(RESULTS, `${latest}.md`), `${report}\n`);
+    if (result.web) await writeFile(path.join(RESULTS, 'web-plans.md'), `${renderWebPlans(result.web)}\n`);
   } finally {
     await server.stop();
   }

@@ -4,6 +4,8 @@ import type { Latency, Summary } from './stats.js';
 
 export type Rounds = Summary & { readonly rounds: readonly number[]; readonly retried?: readonly number[] };
 
+import type { WebResult } from './web.js';
+
 export interface ScaleFigure {
   readonly machines: number;
   readonly claim: Latency;
@@ -24,6 +26,7 @@ export interface BenchResult {
   pickup?: Latency & { readonly all: readonly number[] };
   idle?: Rounds & { readonly workers: number };
   heartbeat?: readonly HeartbeatFigure[];
+  web?: WebResult;
   durationSeconds?: number;
 }
 
@@ -136,6 +139,41 @@ export function renderReport(result: BenchResult): string {
       );
     }
     lines.push('');
+  }
+  if (result.web) {
+    const { web } = result;
+    lines.push(
+      `**Fleet page** at ${int(web.machines)} machines, ${int(web.historyRows)} history rows, ${int(web.activeBackoffs)} running backoffs: ` +
+        `server time per page (request to last byte over loopback, one at a time, ${web.pages[0]?.samples ?? 0} samples after a warm-up), ms; ` +
+        `load average ${web.loadAverage[0].toFixed(1)} before, ${web.loadAverage[1].toFixed(1)} after.`,
+      '',
+      '| page | status | KiB | p50 | p95 |',
+      '|---|---:|---:|---:|---:|',
+      ...web.pages.map(
+        (p) =>
+          `| \`${p.page.replace(/[0-9a-f]{8}-[0-9a-f-]{27}/, '<id>')}\` | ${p.status} | ${(p.bytes / 1024).toFixed(1)} | ${ms(p.p50)} | ${ms(p.p95)} |`,
+      ),
+      '',
+    );
+    const sequential = Object.entries(web.plans)
+      .filter(([, plans]) => plans.some((plan) => /Seq Scan on (?!p\b)/.test(plan)))
+      .map(([page]) => page);
+    lines.push(
+      `Plans of every query of every page follow the tables (and are in the JSON): ${
+        sequential.length ? `sequential scans in ${sequential.join(', ')}.` : 'index scans only, no sequential scan.'
+      }`,
+      '',
+    );
+  }
+  return lines.join('\n');
+}
+
+/** Every query of every fleet page with its EXPLAIN (ANALYZE, BUFFERS). */
+export function renderWebPlans(web: WebResult): string {
+  const lines = [`Query plans of the fleet page at ${int(web.machines)} machines:`, ''];
+  for (const [page, plans] of Object.entries(web.plans)) {
+    lines.push(`### ${page}`, '');
+    for (const plan of plans) lines.push('```', plan, '```', '');
   }
   return lines.join('\n');
 }

@@ -249,6 +249,7 @@ export class BMDB {
         .values({
           component_name: this.options.componentName,
           runtime_info: this.options.runtimeInfo,
+          processor,
           interval_seconds: seconds,
           deadline: sql<Date>`now() + make_interval(secs => ${seconds})`,
         })

@@ -519,6 +519,328 @@ export class Queries {
       activeBackoffs: Object.fromEntries(backoffs.map((row) => [row.process, row.count])),
     };
   }
+
+  /** The database's clock: what ages and "time left" on status pages are measured from. */
+  async now(): Promise<Date> {
+    const row = await this.db.selectNoFrom(sql<Date>`now()`.as('now')).executeTakeFirstOrThrow();
+    return row.now;
+  }
+
+  /**
+   * Machines per lifecycle stage, like {@link Queries.fleetStats}' `stages`,
+   * from index-only counts instead of a scan joining every machine's tags:
+   * fast enough for a page refreshed every few seconds at 100,000 machines.
+   * A machine without a Provided tag counts as `unprovided` whatever its
+   * other tags.
+   */
+  async fleetStages(thresholds: RecoveryThresholds = {}): Promise<{ machines: number; stages: FleetStages }> {
+    const firstWithin = seconds(thresholds.firstHeartbeatWithin ?? DEFAULT_FIRST_HEARTBEAT_WITHIN);
+    const within = seconds(thresholds.heartbeatWithin ?? DEFAULT_HEARTBEAT_WITHIN);
+    // Machines are unprovided or provided (machine_unprovided is kept by
+    // triggers), provided ones pending (no AgentStarted; machine_agent_pending
+    // likewise) or started: one count of every machine, the rest read from
+    // the small sets of unprovided, pending, silent, stale and starting ones.
+    const { rows } = await sql<{
+      machines: number;
+      unprovided: number;
+      pending: number;
+      starting: number;
+      silent: number;
+      silent_lost: number;
+      stale: number;
+    }>`SELECT
+        (SELECT count(*)::int FROM machines) AS machines,
+        (SELECT count(*)::int FROM machine_unprovided) AS unprovided,
+        (SELECT count(*)::int FROM machine_agent_pending) AS pending,
+        (SELECT count(*)::int FROM work w JOIN sessions s ON s.session_id = w.session_id
+          WHERE w.process = 'ShepherdAgentStart' AND s.deadline > now()
+            AND EXISTS (SELECT 1 FROM machine_agent_pending p WHERE p.machine_id = w.machine_id)) AS starting,
+        (SELECT count(*)::int FROM machine_agent_started a WHERE NOT a.has_heartbeat
+            AND EXISTS (SELECT 1 FROM machine_provided mp WHERE mp.machine_id = a.machine_id)) AS silent,
+        (SELECT count(*)::int FROM machine_agent_started a WHERE NOT a.has_heartbeat
+            AND a.agent_started_at < now() - make_interval(secs => ${firstWithin})
+            AND EXISTS (SELECT 1 FROM machine_provided mp WHERE mp.machine_id = a.machine_id)) AS silent_lost,
+        (SELECT count(*)::int FROM machine_agent_heartbeat h
+          WHERE h.agent_heartbeat_at < now() - make_interval(secs => ${within})
+            AND EXISTS (SELECT 1 FROM machine_agent_started a WHERE a.machine_id = h.machine_id)
+            AND EXISTS (SELECT 1 FROM machine_provided mp WHERE mp.machine_id = h.machine_id)) AS stale`.execute(
+      this.db,
+    );
+    const row = rows[0];
+    if (row === undefined) throw new Error('fleetStages: the count query returned no row');
+    const started = row.machines - row.unprovided - row.pending;
+    return {
+      machines: row.machines,
+      stages: {
+        unprovided: row.unprovided,
+        provided: row.pending - row.starting,
+        agentStarting: row.starting,
+        agentStarted: row.silent - row.silent_lost,
+        heartbeating: started - row.silent - row.stale,
+        awaitingRecovery: row.silent_lost + row.stale,
+      },
+    };
+  }
+
+  /**
+   * The providers machines are provided by, sorted. One index probe per
+   * provider (a loose index scan), not a scan of every machine.
+   */
+  async providers(): Promise<string[]> {
+    const { rows } = await sql<{ provider: string }>`
+      WITH RECURSIVE p AS (
+        (SELECT provider FROM machine_provided ORDER BY provider LIMIT 1)
+        UNION ALL
+        SELECT (SELECT mp.provider FROM machine_provided mp WHERE mp.provider > p.provider
+                ORDER BY mp.provider LIMIT 1)
+        FROM p WHERE p.provider IS NOT NULL)
+      SELECT provider FROM p WHERE provider IS NOT NULL`.execute(this.db);
+    return rows.map((row) => row.provider);
+  }
+
+  /** Live work items (held by unexpired sessions), per process. */
+  async liveWorkByProcess(): Promise<Record<string, number>> {
+    const rows = await this.db
+      .selectFrom('work as w')
+      .innerJoin('sessions as s', 's.session_id', 'w.session_id')
+      .select(['w.process', sql<number>`count(*)::int`.as('count')])
+      .where(sql<boolean>`s.deadline > now()`)
+      .groupBy('w.process')
+      .orderBy('w.process')
+      .execute();
+    return Object.fromEntries(rows.map((row) => [row.process, row.count]));
+  }
+
+  /** Sessions whose deadline has not passed (which processes are alive), oldest first, with their live work. */
+  async liveSessions(): Promise<LiveSession[]> {
+    const rows = await this.db
+      .selectFrom('sessions as s')
+      .select([
+        's.session_id',
+        's.component_name',
+        's.runtime_info',
+        's.processor',
+        's.created_at',
+        's.interval_seconds',
+        's.deadline',
+        sql<number>`(SELECT count(*)::int FROM work w WHERE w.session_id = s.session_id)`.as('work'),
+      ])
+      .where(sql<boolean>`s.deadline > now()`)
+      .orderBy('s.created_at')
+      .orderBy('s.session_id')
+      .execute();
+    return rows.map((row) => ({
+      sessionId: row.session_id,
+      componentName: row.component_name,
+      runtimeInfo: row.runtime_info,
+      processor: row.processor,
+      createdAt: row.created_at,
+      intervalSeconds: row.interval_seconds,
+      deadline: row.deadline,
+      work: row.work,
+    }));
+  }
+
+  /**
+   * Running backoffs grouped by process and cause, the most machines first:
+   * how many machines fail for the same reason. Causes often name their
+   * machine; UUIDs and IPv4 addresses (with a port) in them are replaced by
+   * `<id>` and `<address>` first, so one failure on many machines is one
+   * group.
+   */
+  async backoffCauses(options: { limit?: number } = {}): Promise<BackoffCause[]> {
+    const { rows } = await sql<{
+      process: string;
+      cause: string;
+      machines: number;
+      soonest_until: Date;
+      latest_until: Date;
+      example_machine_id: string;
+      example_cause: string;
+    }>`
+      SELECT process, cause, count(*)::int AS machines, min(until) AS soonest_until, max(until) AS latest_until,
+             (array_agg(machine_id ORDER BY until DESC))[1] AS example_machine_id,
+             (array_agg(original ORDER BY until DESC))[1] AS example_cause
+      FROM (
+        SELECT process, machine_id, until, cause AS original,
+               regexp_replace(
+                 regexp_replace(cause, ${CAUSE_UUID}, '<id>', 'g'),
+                 ${CAUSE_ADDRESS}, '<address>', 'g') AS cause
+        FROM work_backoff WHERE until > now()) AS running
+      GROUP BY process, cause
+      ORDER BY machines DESC, process, cause
+      LIMIT ${options.limit ?? 20}`.execute(this.db);
+    return rows.map((row) => ({
+      process: row.process,
+      cause: row.cause,
+      machines: row.machines,
+      soonestUntil: row.soonest_until,
+      latestUntil: row.latest_until,
+      exampleMachineId: row.example_machine_id,
+      exampleCause: row.example_cause,
+    }));
+  }
+
+  /** The fleet's latest `Failed` history events, newest first (index `work_history_failed_idx`). */
+  async recentFailures(options: { limit?: number } = {}): Promise<RecentFailure[]> {
+    const rows = await this.db
+      .selectFrom('work_history as wh')
+      .leftJoin('machine_provided as mp', 'mp.machine_id', 'wh.machine_id')
+      .select(['wh.machine_id', 'wh.process', 'wh.timestamp', 'wh.failed_cause', 'mp.provider', 'mp.provider_id'])
+      .where('wh.event', '=', 'Failed')
+      .orderBy('wh.timestamp', 'desc')
+      .limit(options.limit ?? 20)
+      .execute();
+    return rows.map((row) => ({
+      machineId: row.machine_id,
+      process: row.process,
+      timestamp: row.timestamp,
+      cause: row.failed_cause,
+      provider: row.provider,
+      providerId: row.provider_id,
+    }));
+  }
+
+  /**
+   * The machine a person means by `id`: a machine ID, or a provider ID known
+   * to exactly one provider. `undefined` when none or several match.
+   */
+  async findMachine(id: string): Promise<string | undefined> {
+    const trimmed = id.trim();
+    if (UUID.test(trimmed)) {
+      const row = await this.db
+        .selectFrom('machines')
+        .select('machine_id')
+        .where('machine_id', '=', trimmed.toLowerCase())
+        .executeTakeFirst();
+      if (row) return row.machine_id;
+    }
+    const rows = await this.db
+      .selectFrom('machine_provided')
+      .select('machine_id')
+      .where('provider_id', '=', trimmed)
+      .limit(2)
+      .execute();
+    return rows.length === 1 ? rows[0]?.machine_id : undefined;
+  }
+
+  /**
+   * One page of machines matching `filter`, in machine ID order, from
+   * `filter.after` (keyset pagination: pass the page's `next` to get the
+   * next). Each filter is served by an index: the most selective one given
+   * chooses the rows read, the others are checked on them.
+   */
+  async machinePage(filter: MachineFilter = {}, thresholds: RecoveryThresholds = {}): Promise<MachinePage> {
+    const limit = filter.limit ?? 50;
+    if (!Number.isInteger(limit) || limit < 1 || limit > 1000)
+      throw new RangeError(`machinePage: limit must be a whole number from 1 to 1000, got ${limit}`);
+    if (filter.after !== undefined && !UUID.test(filter.after))
+      throw new RangeError(`machinePage: after must be a machine ID (a UUID), got ${JSON.stringify(filter.after)}`);
+    const search = filter.search?.trim() || undefined;
+    // The page's IDs first, from the rows of the index serving the filter that
+    // chooses them, every other filter checked per ID by key: the planner can
+    // stop after `limit + 1` matches in ID order, and the columns are then
+    // read for those IDs only. DISTINCT: a machine may come from two rows
+    // (backoffs of two processes, a search matching both IDs).
+    const conditions: RawBuilder<boolean>[] = [];
+    if (filter.after !== undefined) conditions.push(sql<boolean>`ids.machine_id > ${filter.after}::uuid`);
+    if (filter.provider !== undefined) {
+      conditions.push(sql<boolean>`EXISTS (SELECT 1 FROM machine_provided fp
+        WHERE fp.machine_id = ids.machine_id AND fp.provider = ${filter.provider})`);
+    }
+    if (filter.liveWork !== undefined) conditions.push(hasLiveWork('ids.machine_id', [filter.liveWork]));
+    if (filter.inBackoff !== undefined) {
+      conditions.push(sql<boolean>`EXISTS (SELECT 1 FROM work_backoff fb WHERE fb.machine_id = ids.machine_id
+        AND fb.until > now() ${filter.inBackoff === true ? sql`` : sql`AND fb.process = ${filter.inBackoff}`})`);
+    }
+    if (search !== undefined && filter.stage !== undefined) conditions.push(searchCondition(search));
+    const { rows } = await sql<MachineSummaryRow>`
+      SELECT ${machineColumns(thresholds)}
+      FROM (
+        SELECT DISTINCT ids.machine_id FROM ${drivingIds(filter, search, thresholds)} AS ids
+        WHERE ${conditions.length === 0 ? sql`true` : sql.join(conditions, sql` AND `)}
+        ORDER BY ids.machine_id
+        LIMIT ${limit + 1}) AS page
+      JOIN machines m ON m.machine_id = page.machine_id
+      LEFT JOIN machine_provided mp ON mp.machine_id = m.machine_id
+      LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id
+      LEFT JOIN machine_agent_heartbeat h ON h.machine_id = m.machine_id
+      ORDER BY m.machine_id`.execute(this.db);
+    const machines = rows.slice(0, limit).map(toMachineSummary);
+    return { machines, next: rows.length > limit ? machines.at(-1)?.machineId : undefined };
+  }
+
+  /**
+   * Everything known about one machine: its tags and stage, live work, every
+   * backoff (running or expired) and its work history, newest first, up to
+   * `historyLimit` entries (default 500; `historyTotal` says how many exist).
+   */
+  async machineDetail(
+    machineId: string,
+    options: { historyLimit?: number } & RecoveryThresholds = {},
+  ): Promise<MachineDetail | undefined> {
+    if (!UUID.test(machineId)) return undefined;
+    const { rows } = await sql<MachineSummaryRow & { agent_public_key: Uint8Array | null }>`
+      SELECT ${machineColumns(options)}, a.agent_public_key
+      FROM machines m
+      LEFT JOIN machine_provided mp ON mp.machine_id = m.machine_id
+      LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id
+      LEFT JOIN machine_agent_heartbeat h ON h.machine_id = m.machine_id
+      WHERE m.machine_id = ${machineId}::uuid`.execute(this.db);
+    const row = rows[0];
+    if (row === undefined) return undefined;
+    const work = await this.db
+      .selectFrom('work as w')
+      .innerJoin('sessions as s', 's.session_id', 'w.session_id')
+      .select([
+        'w.process',
+        'w.session_id',
+        's.processor',
+        's.component_name',
+        's.deadline',
+        sql<Date | null>`(SELECT max(wh."timestamp") FROM work_history wh
+          WHERE wh.machine_id = w.machine_id AND wh.process = w.process AND wh.event = 'Started')`.as('since'),
+      ])
+      .where('w.machine_id', '=', machineId)
+      .where(sql<boolean>`s.deadline > now()`)
+      .orderBy('w.process')
+      .execute();
+    const historyLimit = options.historyLimit ?? 500;
+    const history = await this.db
+      .selectFrom('work_history')
+      .selectAll()
+      .where('machine_id', '=', machineId)
+      .orderBy('timestamp', 'desc')
+      .orderBy(sql`array_position(ARRAY['Canceled', 'Started', 'Failed', 'Finished'], event)`, 'desc')
+      .limit(historyLimit)
+      .execute();
+    const total = await this.db
+      .selectFrom('work_history')
+      .select(sql<number>`count(*)::int`.as('count'))
+      .where('machine_id', '=', machineId)
+      .executeTakeFirstOrThrow();
+    return {
+      ...toMachineSummary(row),
+      agentPublicKey: row.agent_public_key,
+      liveWork: work.map((w) => ({
+        process: w.process,
+        sessionId: w.session_id,
+        processor: w.processor,
+        componentName: w.component_name,
+        sessionDeadline: w.deadline,
+        since: w.since,
+      })),
+      backoffs: await this.workBackoffs(machineId),
+      history: history.map((h) => ({
+        machineId: h.machine_id,
+        process: h.process,
+        event: h.event,
+        timestamp: h.timestamp,
+        failedCause: h.failed_cause,
+      })),
+      historyTotal: total.count,
+    };
+  }
 }
 
 /** The recovery predicate over aliases `a` (AgentStarted) and `h` (AgentHeartbeat). */
@@ -564,4 +886,279 @@ function toBackoffEntry(row: {
     lastIntervalSeconds: row.last_interval_seconds,
     active: row.active,
   };
+}
+
+/** Where a machine stands in its life: a key of {@link FleetStages}. Each machine is in exactly one. */
+export type MachineStage = keyof FleetStages;
+
+/** Every stage, in lifecycle order. */
+export const MACHINE_STAGES: readonly MachineStage[] = [
+  'unprovided',
+  'provided',
+  'agentStarting',
+  'agentStarted',
+  'heartbeating',
+  'awaitingRecovery',
+];
+
+/** A session whose deadline has not passed: a live process using the BMDB. */
+export interface LiveSession {
+  readonly sessionId: string;
+  readonly componentName: string;
+  readonly runtimeInfo: string;
+  /** The loop holding it (`shepherd-initializer`); null for sessions from before migration 0004. */
+  readonly processor: string | null;
+  readonly createdAt: Date;
+  readonly intervalSeconds: number;
+  readonly deadline: Date;
+  /** Work items it holds. */
+  readonly work: number;
+}
+
+/** Machine IDs and IPv4 addresses in failure causes, replaced to group causes (PostgreSQL regular expressions). */
+const CAUSE_UUID = '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}';
+const CAUSE_ADDRESS = '\\m[0-9]{1,3}(\\.[0-9]{1,3}){3}(:[0-9]{1,5})?\\M';
+
+/** Machines backing off for one process with the same cause (IDs and addresses aside). */
+export interface BackoffCause {
+  readonly process: string;
+  readonly cause: string;
+  readonly machines: number;
+  readonly soonestUntil: Date;
+  readonly latestUntil: Date;
+  /** The machine whose backoff runs longest, as an example to look at. */
+  readonly exampleMachineId: string;
+  /** Its cause as recorded, with its IDs and addresses. */
+  readonly exampleCause: string;
+}
+
+/** A `Failed` history event with the machine's provider ID. */
+export interface RecentFailure {
+  readonly machineId: string;
+  readonly process: string;
+  readonly timestamp: Date;
+  readonly cause: string | null;
+  readonly provider: string | null;
+  readonly providerId: string | null;
+}
+
+/** What {@link Queries.machinePage} lists. Every field given must hold. */
+export interface MachineFilter {
+  readonly stage?: MachineStage;
+  readonly provider?: string;
+  /** Machines with live work of this process. */
+  readonly liveWork?: string;
+  /** Machines with a running backoff: of any process (`true`) or of this one. */
+  readonly inBackoff?: true | string;
+  /** A machine ID or provider ID, or the start of one. */
+  readonly search?: string;
+  /** Machines after this machine ID (the previous page's `next`). */
+  readonly after?: string;
+  /** Machines per page, 1 to 1000. Default 50. */
+  readonly limit?: number;
+}
+
+/** A machine as a fleet table shows it. */
+export interface MachineSummary {
+  readonly machineId: string;
+  readonly createdAt: Date;
+  readonly stage: MachineStage;
+  /** The Provided tag, if any. */
+  readonly provided: ProvidedMachine | undefined;
+  readonly agentStartedAt: Date | null;
+  readonly lastHeartbeatAt: Date | null;
+  /** Processes with live work on the machine. */
+  readonly liveWork: readonly string[];
+  /** Processes with a running backoff on the machine. */
+  readonly backoffs: readonly string[];
+  /** The cause of the running backoff that lasts longest, if any. */
+  readonly backoffCause: string | null;
+}
+
+/** One page of {@link Queries.machinePage}. */
+export interface MachinePage {
+  readonly machines: readonly MachineSummary[];
+  /** Pass as `after` for the next page; `undefined` on the last. */
+  readonly next: string | undefined;
+}
+
+/** Live work on a machine and who holds it. */
+export interface LiveWorkItem {
+  readonly process: string;
+  readonly sessionId: string;
+  readonly processor: string | null;
+  readonly componentName: string;
+  readonly sessionDeadline: Date;
+  /** When the work started (its latest `Started` event), if recorded. */
+  readonly since: Date | null;
+}
+
+/** One machine's whole story (see {@link Queries.machineDetail}). */
+export interface MachineDetail extends Omit<MachineSummary, 'liveWork' | 'backoffs'> {
+  /** The agent's public key (AgentStarted tag), if started. */
+  readonly agentPublicKey: Uint8Array | null;
+  readonly liveWork: readonly LiveWorkItem[];
+  /** Every backoff of the machine, running (`active`) or expired, by process. */
+  readonly backoffs: readonly WorkBackoffEntry[];
+  /** The newest history entries, newest first. */
+  readonly history: readonly WorkHistoryEntry[];
+  /** How many history entries the machine has in all. */
+  readonly historyTotal: number;
+}
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+/** A machine's stage, over aliases `m`, `mp`, `a` and `h`; the order of {@link FleetStages}' definitions. */
+function stageOf(thresholds: RecoveryThresholds): RawBuilder<MachineStage> {
+  return sql<MachineStage>`CASE
+    WHEN mp.machine_id IS NULL THEN 'unprovided'
+    WHEN a.machine_id IS NULL THEN
+      CASE WHEN ${hasLiveWork('m.machine_id', ['ShepherdAgentStart'])} THEN 'agentStarting' ELSE 'provided' END
+    WHEN ${lostAgent(thresholds)} THEN 'awaitingRecovery'
+    WHEN h.machine_id IS NULL THEN 'agentStarted'
+    ELSE 'heartbeating' END`;
+}
+
+interface MachineSummaryRow {
+  machine_id: string;
+  machine_created_at: Date;
+  provider: string | null;
+  provider_id: string | null;
+  provider_reservation_id: string | null;
+  provider_ip_address: string | null;
+  provider_location: string | null;
+  provider_status: ProviderStatus | null;
+  agent_started_at: Date | null;
+  agent_heartbeat_at: Date | null;
+  stage: MachineStage;
+  live_work: string[];
+  backoffs: string[];
+  backoff_cause: string | null;
+}
+
+/** The columns of {@link MachineSummaryRow}, over aliases `m`, `mp`, `a` and `h`; each subquery reads one machine's rows. */
+function machineColumns(thresholds: RecoveryThresholds): RawBuilder<unknown> {
+  return sql`m.machine_id, m.machine_created_at, mp.provider, mp.provider_id, mp.provider_reservation_id,
+    mp.provider_ip_address, mp.provider_location, mp.provider_status, a.agent_started_at, h.agent_heartbeat_at,
+    ${stageOf(thresholds)} AS stage,
+    ARRAY(SELECT w.process FROM work w JOIN sessions s ON s.session_id = w.session_id
+      WHERE w.machine_id = m.machine_id AND s.deadline > now() ORDER BY w.process) AS live_work,
+    ARRAY(SELECT b.process FROM work_backoff b
+      WHERE b.machine_id = m.machine_id AND b.until > now() ORDER BY b.process) AS backoffs,
+    (SELECT b.cause FROM work_backoff b
+      WHERE b.machine_id = m.machine_id AND b.until > now() ORDER BY b.until DESC LIMIT 1) AS backoff_cause`;
+}
+
+function toMachineSummary(row: MachineSummaryRow): MachineSummary {
+  return {
+    machineId: row.machine_id,
+    createdAt: row.machine_created_at,
+    stage: row.stage,
+    provided:
+      row.provider === null || row.provider_id === null
+        ? undefined
+        : {
+            machineId: row.machine_id,
+            provider: row.provider,
+            providerId: row.provider_id,
+            providerReservationId: row.provider_reservation_id,
+            providerIpAddress: row.provider_ip_address,
+            providerLocation: row.provider_location,
+            providerStatus: row.provider_status,
+          },
+    agentStartedAt: row.agent_started_at,
+    lastHeartbeatAt: row.agent_heartbeat_at,
+    liveWork: row.live_work,
+    backoffs: row.backoffs,
+    backoffCause: row.backoff_cause,
+  };
+}
+
+/** A search term as a machine ID range (when it can start one) and a provider ID prefix. */
+function searchTerms(search: string): { idRange: [string, string] | undefined; providerIdPattern: string } {
+  const hex = search.toLowerCase().replaceAll('-', '');
+  const idRange =
+    /^[0-9a-f]{1,32}$/.test(hex) && /^[0-9a-f-]+$/i.test(search)
+      ? ([asUuid(hex.padEnd(32, '0')), asUuid(hex.padEnd(32, 'f'))] as [string, string])
+      : undefined;
+  return { idRange, providerIdPattern: `${search.replace(/[\\%_]/g, (c) => `\\${c}`)}%` };
+}
+
+function asUuid(hex: string): string {
+  return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
+}
+
+function searchCondition(search: string): RawBuilder<boolean> {
+  const { idRange, providerIdPattern } = searchTerms(search);
+  const byProviderId = sql<boolean>`EXISTS (SELECT 1 FROM machine_provided sp
+    WHERE sp.machine_id = ids.machine_id AND sp.provider_id LIKE ${providerIdPattern})`;
+  if (idRange === undefined) return byProviderId;
+  return sql<boolean>`(ids.machine_id BETWEEN ${idRange[0]}::uuid AND ${idRange[1]}::uuid OR ${byProviderId})`;
+}
+
+/**
+ * The machine IDs a page is read from (a subquery with column `machine_id`):
+ * exactly the machines of the filter's stage, from the rows that hold them;
+ * else the matches of the search; else the rows of the index serving the most
+ * selective other filter. machinePage checks the other filters on them.
+ */
+function drivingIds(
+  filter: MachineFilter,
+  search: string | undefined,
+  thresholds: RecoveryThresholds,
+): RawBuilder<unknown> {
+  const firstWithin = seconds(thresholds.firstHeartbeatWithin ?? DEFAULT_FIRST_HEARTBEAT_WITHIN);
+  const within = seconds(thresholds.heartbeatWithin ?? DEFAULT_HEARTBEAT_WITHIN);
+  const provided = (id: string) =>
+    sql<boolean>`EXISTS (SELECT 1 FROM machine_provided dp WHERE dp.machine_id = ${sql.ref(id)})`;
+  const liveWorkOf = (process: string) => sql`(SELECT w.machine_id FROM work w
+    JOIN sessions s ON s.session_id = w.session_id
+    WHERE w.process = ${process} AND s.deadline > now())`;
+  // The stages' definitions, as stageOf() and fleetStages() have them.
+  switch (filter.stage) {
+    case 'unprovided':
+      return sql`(SELECT x.machine_id FROM machine_unprovided x)`;
+    case 'provided':
+      return sql`(SELECT x.machine_id FROM machine_agent_pending x
+        WHERE NOT ${hasLiveWork('x.machine_id', ['ShepherdAgentStart'])})`;
+    case 'agentStarting':
+      return sql`(SELECT w.machine_id FROM work w JOIN sessions s ON s.session_id = w.session_id
+        WHERE w.process = 'ShepherdAgentStart' AND s.deadline > now()
+          AND EXISTS (SELECT 1 FROM machine_agent_pending p WHERE p.machine_id = w.machine_id))`;
+    case 'agentStarted':
+      return sql`(SELECT x.machine_id FROM machine_agent_started x
+        WHERE NOT x.has_heartbeat AND x.agent_started_at >= now() - make_interval(secs => ${firstWithin})
+          AND ${provided('x.machine_id')})`;
+    case 'heartbeating':
+      return sql`(SELECT x.machine_id FROM machine_agent_heartbeat x
+        WHERE x.agent_heartbeat_at >= now() - make_interval(secs => ${within})
+          AND EXISTS (SELECT 1 FROM machine_agent_started a WHERE a.machine_id = x.machine_id)
+          AND ${provided('x.machine_id')})`;
+    case 'awaitingRecovery':
+      return sql`(SELECT x.machine_id FROM machine_agent_heartbeat x
+          WHERE x.agent_heartbeat_at < now() - make_interval(secs => ${within})
+            AND EXISTS (SELECT 1 FROM machine_agent_started a WHERE a.machine_id = x.machine_id)
+            AND ${provided('x.machine_id')}
+        UNION ALL
+        SELECT x.machine_id FROM machine_agent_started x
+          WHERE NOT x.has_heartbeat AND x.agent_started_at < now() - make_interval(secs => ${firstWithin})
+            AND ${provided('x.machine_id')})`;
+    case undefined:
+      break;
+  }
+  if (search !== undefined) {
+    const { idRange, providerIdPattern } = searchTerms(search);
+    const byProviderId = sql`SELECT x.machine_id FROM machine_provided x WHERE x.provider_id LIKE ${providerIdPattern}`;
+    if (idRange === undefined) return sql`(${byProviderId})`;
+    return sql`(SELECT x.machine_id FROM machines x
+      WHERE x.machine_id BETWEEN ${idRange[0]}::uuid AND ${idRange[1]}::uuid
+      UNION ALL ${byProviderId})`;
+  }
+  if (filter.liveWork !== undefined) return liveWorkOf(filter.liveWork);
+  if (filter.inBackoff === true) return sql`(SELECT DISTINCT x.machine_id FROM work_backoff x WHERE x.until > now())`;
+  if (filter.inBackoff !== undefined)
+    return sql`(SELECT x.machine_id FROM work_backoff x WHERE x.process = ${filter.inBackoff} AND x.until > now())`;
+  if (filter.provider !== undefined)
+    return sql`(SELECT x.machine_id FROM machine_provided x WHERE x.provider = ${filter.provider})`;
+  return sql`(SELECT x.machine_id FROM machines x)`;
 }

@@ -12,6 +12,7 @@ export interface Database {
   machine_agent_pending: MachineAgentPendingTable;
   machine_hardware_report: MachineHardwareReportTable;
   machine_os_installation_report: MachineOsInstallationReportTable;
+  machine_unprovided: MachineUnprovidedTable;
   sessions: SessionsTable;
   work: WorkTable;
   work_history: WorkHistoryTable;
@@ -58,6 +59,11 @@ export interface MachineAgentPendingTable {
   provider: string;
 }
 
+/** Machines without a Provided tag (migration 0004). Kept by triggers; never written by hand. */
+export interface MachineUnprovidedTable {
+  machine_id: string;
+}
+
 export interface MachineAgentStartedTable {
   machine_id: string;
   agent_started_at: Timestamp;
@@ -99,6 +105,8 @@ export interface SessionsTable {
   created_at: Generated<Date>;
   interval_seconds: number;
   deadline: Timestamp;
+  /** The loop holding the session (`SessionOptions.processor`); null before migration 0004. */
+  processor: ColumnType<string | null, string | null | undefined, string | null>;
 }
 
 export interface WorkTable {

@@ -7,7 +7,7 @@ import * as initial from '../src/migrations/0001_initial.js';
 test('migrations create the schema once; running them again is a no-op', async () => {
   const db = await createTestDatabase();
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0001_initial', '0002_fast_claims', '0003_agent_reports']);
+  expect(await bmdb.migrate()).toEqual(['0001_initial', '0002_fast_claims', '0003_agent_reports', '0004_fleet_page']);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
   const [a, b] = await Promise.all([openTestBMDB(db), openTestBMDB(db)]);
@@ -39,8 +39,17 @@ test('migrations create the schema once; running them again is a no-op', async (
       'os_installation_report_raw',
       'os_installation_reported_at',
     ],
+    machine_unprovided: ['machine_id'],
     machines: ['machine_id', 'machine_created_at', 'claim_version'],
-    sessions: ['session_id', 'component_name', 'runtime_info', 'created_at', 'interval_seconds', 'deadline'],
+    sessions: [
+      'session_id',
+      'component_name',
+      'runtime_info',
+      'created_at',
+      'interval_seconds',
+      'deadline',
+      'processor',
+    ],
     work: ['machine_id', 'session_id', 'process'],
     work_backoff: ['machine_id', 'process', 'until', 'cause', 'last_interval_seconds'],
     work_history: ['machine_id', 'process', 'event', 'timestamp', 'failed_cause'],
@@ -57,6 +66,9 @@ test('migrations create the schema once; running them again is a no-op', async (
       'sessions_deadline_idx',
       'machine_agent_pending_provider_idx',
       'machine_agent_started_silent_idx',
+      'work_history_failed_idx',
+      'machine_provided_provider_machine_idx',
+      'machine_provided_provider_id_pattern_idx',
     ]),
   );
 
@@ -98,10 +110,13 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     await db.admin(`INSERT INTO machine_agent_started VALUES ($1, now(), '\\x00')`, [await id(name)]);
   }
   await db.admin('INSERT INTO machine_agent_heartbeat VALUES ($1, now())', [await id(heartbeating)]);
+  const unprovided = (await db.admin('INSERT INTO machines DEFAULT VALUES RETURNING machine_id')).rows[0].machine_id;
 
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0002_fast_claims', '0003_agent_reports']);
+  expect(await bmdb.migrate()).toEqual(['0002_fast_claims', '0003_agent_reports', '0004_fleet_page']);
   expect(await bmdb.migrate()).toEqual([]);
+  // 0004 backfills the machines without a Provided tag.
+  expect((await db.admin('SELECT machine_id FROM machine_unprovided')).rows).toEqual([{ machine_id: unprovided }]);
   const mirrors = async () =>
     (
       await db.admin(`

@@ -214,6 +214,18 @@ const flags = {
     provider: { describe: 'Provider of the machines, as in the BMDB (Static, Equinix, Dummy, …)' },
     'provider-id': { describe: 'Provider IDs of the machines to remove from the BMDB', array: true },
   },
+  web: {
+    'web-listen': {
+      describe:
+        'host:port to serve the read-only fleet page at (HTML, JSON under /api/); beyond loopback it needs --web-token',
+      defaultDescription: '127.0.0.1:8080 for web; off for run',
+    },
+    'web-token': {
+      describe:
+        'Token the fleet page asks for, as a bearer token or once in a login form (16+ characters; secret: prefer SHEPHERD_WEB_TOKEN)',
+      secret: true,
+    },
+  },
 } as const satisfies Record<string, Record<string, Flag>>;
 
 export type FlagGroup = keyof typeof flags;
@@ -232,6 +244,7 @@ const GROUP_TITLES: Record<FlagGroup, string> = {
   server: 'BMaaS server (server)',
   static: 'Static provider (run static)',
   decommission: 'Decommission',
+  web: 'Fleet page (web, run)',
 };
 
 /** yargs options of the given groups, strings throughout (see the module comment). */

@@ -11,6 +11,7 @@ import { type ProviderKind, run } from './commands/run.js';
 import { server } from './commands/server.js';
 import { sshKey } from './commands/ssh-key.js';
 import { status } from './commands/status.js';
+import { web } from './commands/web.js';
 import {
   allFlagNames,
   commandOption,
@@ -165,7 +166,16 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
         await decommission(argv, io.stdout);
       },
     )
-    .demandCommand(1, 'say which command to run: run, migrate, status, ssh-key, server or decommission')
+    .command(
+      'web',
+      'Serve the read-only fleet page (machines, work, backoffs, each machine’s story) until SIGINT/SIGTERM',
+      (y) => y.options(optionsOf('web')).strict(),
+      async (argv) => {
+        enableLogs();
+        await web(argv, io.stdout);
+      },
+    )
+    .demandCommand(1, 'say which command to run: run, migrate, status, ssh-key, server, decommission or web')
     .fail((message, error) => {
       // Our handlers' errors and yargs' own validation (unknown flag, missing command) end here.
       if (error) fail(error);
@@ -185,7 +195,7 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
 }
 
 /** How many words each command takes after its name (`run dummy`); yargs' strict mode would find more only after the command ran. */
-const COMMAND_ARGUMENTS: Record<string, number> = { run: 1, migrate: 0, status: 0, 'ssh-key': 0, server: 0 };
+const COMMAND_ARGUMENTS: Record<string, number> = { run: 1, migrate: 0, status: 0, 'ssh-key': 0, server: 0, web: 0 };
 
 /** The first word after a command beyond those it takes; commands not in the table are left to yargs. */
 function extraArgument(command: string, words: readonly string[]): string | undefined {
@@ -210,10 +220,14 @@ const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
   status: ['database'],
   server: SERVER_GROUPS,
   decommission: ['database', 'decommission'],
+  web: ['database', 'web'],
 };
+/** The recoverer's thresholds decide who is awaiting recovery on the page too. */
+const WEB_RECOVERER_FLAGS = ['recoverer-first-heartbeat-timeout', 'recoverer-heartbeat-timeout'];
 const COMMAND_FLAGS: Record<string, string[]> = {
   status: ['json'],
   'ssh-key': ['data-dir', 'ssh-key-path'],
+  web: WEB_RECOVERER_FLAGS,
 };
 const GLOBAL_FLAGS = ['help', 'version'];
 

@@ -252,7 +252,7 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
     [
       'no command',
       () => [],
-      /^shepherd: say which command to run: run, migrate, status, ssh-key, server or decommission; see --help\n$/,
+      /^shepherd: say which command to run: run, migrate, status, ssh-key, server, decommission or web; see --help\n$/,
     ],
     [
       'run without a provider',
@@ -675,5 +675,85 @@ describe('ssh-key and migrate', () => {
     const result = await shepherd(['status', '--data-dir', path.join(dir, 'empty')]);
     expect(result.code).toBe(2);
     expect(result.stderr).toMatch(/--data-dir: no BMDB under .*empty yet/);
+  });
+});
+
+describe('fleet page', () => {
+  const TOKEN = 'a-web-token-long-enough';
+
+  test('web --help lists its flags; a token from the environment is never shown', async () => {
+    const help = await shepherd(['web', '--help'], { SHEPHERD_WEB_TOKEN: 'do-not-print-me-ever' });
+    expect(help.code).toBe(0);
+    for (const flag of ['--web-listen', '--web-token', '--bmdb-url', '--recoverer-heartbeat-timeout']) {
+      expect(help.stdout).toContain(flag);
+    }
+    expect(help.stdout).toContain('127.0.0.1:8080 for web');
+    expect(help.stdout).not.toContain('do-not-print-me-ever');
+    expect((await shepherd(['--help'])).stdout).toContain('web');
+  });
+
+  test('beyond loopback without a token, web and run refuse with exit 2 naming --web-token, touching nothing', async () => {
+    // An unreachable BMDB: the refusal comes before any connection.
+    const nowhere = 'postgres://u:p@127.0.0.1:1/none';
+    const webRefused = await shepherd(['web', '--bmdb-url', nowhere, '--web-listen', '0.0.0.0:8080']);
+    expect(webRefused.code).toBe(2);
+    expect(webRefused.stderr).toContain(
+      'shepherd: --web-token: required to serve the fleet page on 0.0.0.0:8080, beyond loopback (or set SHEPHERD_WEB_TOKEN',
+    );
+    const runRefused = await shepherd(['run', 'dummy', '--bmdb-url', nowhere, '--web-listen', ':8080']);
+    expect(runRefused.code).toBe(2);
+    expect(runRefused.stderr).toContain('--web-token: required');
+    const short = await shepherd(['web', '--bmdb-url', nowhere, '--web-listen', '0.0.0.0:8080'], {
+      SHEPHERD_WEB_TOKEN: 'short-secret',
+    });
+    expect(short.code).toBe(2);
+    expect(short.stderr).toContain('--web-token: the web token must be at least 16 characters long');
+    expect(short.stderr).not.toContain('short-secret');
+  });
+
+  test('web serves the page from its own process until SIGTERM; beyond loopback only with the token', async () => {
+    const port = await freePort();
+    const web = start(['web', '--bmdb-url', db.url, '--web-listen', `0.0.0.0:${port}`], {
+      SHEPHERD_WEB_TOKEN: TOKEN,
+    });
+    await web.logged(/serving the fleet page at http:\/\/0\.0\.0\.0:\d+\/ \(token required\)/);
+    expect(web.stdout).toContain(`fleet page at http://0.0.0.0:${port}/`);
+    const url = `http://127.0.0.1:${port}/api/overview`;
+    expect((await fetch(url)).status).toBe(401);
+    const overview = await fetch(url, { headers: { authorization: `Bearer ${TOKEN}` } });
+    expect(overview.status).toBe(200);
+    expect(await overview.json()).toHaveProperty('stages');
+    web.child.kill('SIGTERM');
+    const result = await web.exited;
+    expect(result.code).toBe(0);
+    expect(result.stderr).not.toContain(TOKEN);
+  });
+
+  test('run serves the page on --web-listen next to its loops', async () => {
+    const port = await freePort();
+    const run = start([
+      'run',
+      'dummy',
+      '--bmdb-url',
+      db.url,
+      '--web-listen',
+      `127.0.0.1:${port}`,
+      '--dummy-capacity',
+      '2',
+    ]);
+    await run.logged(/serving the fleet page at http:\/\/127\.0\.0\.1:\d+\//);
+    const page = await fetch(`http://127.0.0.1:${port}/machines`);
+    expect(page.status).toBe(200);
+    expect(await page.text()).toContain('<h1>Machines</h1>');
+    await eventually(async () => {
+      const body = (await (await fetch(`http://127.0.0.1:${port}/api/overview`)).json()) as {
+        sessions: { processor: string }[];
+      };
+      return body.sessions.some((s: { processor: string }) => s.processor === 'shepherd-provisioner')
+        ? true
+        : undefined;
+    });
+    run.child.kill('SIGTERM');
+    expect((await run.exited).code).toBe(0);
   });
 });

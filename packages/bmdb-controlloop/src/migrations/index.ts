@@ -4,6 +4,7 @@ import { log } from '../internal/log.js';
 import * as initial from './0001_initial.js';
 import * as fastClaims from './0002_fast_claims.js';
 import * as agentReports from './0003_agent_reports.js';
+import * as fleetPage from './0004_fleet_page.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -13,6 +14,7 @@ const MIGRATIONS: Record<string, Migration> = {
   '0001_initial': initial,
   '0002_fast_claims': fastClaims,
   '0003_agent_reports': agentReports,
+  '0004_fleet_page': fleetPage,
 };
 
 const provider: MigrationProvider = { getMigrations: async () => MIGRATIONS };

@@ -21,6 +21,7 @@ import {
   type SshClient,
   SshKey,
 } from '@bmaas/shepherd-manager';
+import type { FleetPageServer } from '@bmaas/web';
 import { collectDefaultMetrics, Registry } from 'prom-client';
 import { openBMDB } from '../database.js';
 import { ensureDirectory } from '../directory.js';
@@ -47,7 +48,10 @@ import {
   sshKeyFlag,
   sshKeyPath,
   UsageError,
+  type WebSettings,
+  webSettings,
 } from '../settings.js';
+import { serveWeb } from './web.js';
 
 export type ProviderKind = 'dummy' | 'equinix' | 'static';
 
@@ -55,6 +59,8 @@ export type ProviderKind = 'dummy' | 'equinix' | 'static';
 interface RunSettings {
   readonly database: DatabaseSettings;
   readonly metricsListen: { host: string; port: number } | undefined;
+  /** The fleet page, when --web-listen is given. */
+  readonly web: WebSettings | undefined;
   readonly agent: {
     readonly executable: Uint8Array;
     readonly targetPath: string;
@@ -128,6 +134,7 @@ export async function runSettings(argv: Argv, kind: ProviderKind): Promise<RunSe
   return {
     database: databaseSettings(argv),
     metricsListen: hostPort(argv, 'metrics-listen'),
+    web: webSettings(argv),
     agent: {
       executable: await fileContents(
         'agent-executable-path',
@@ -346,6 +353,7 @@ export async function run(argv: Argv, kind: ProviderKind): Promise<void> {
   let bmdb: BMDB | undefined;
   let metricsServer: Server | undefined;
   log('starting with the %s provider', kind);
+  let webServer: FleetPageServer | undefined;
   try {
     const settings = await untilStopped(runSettings(argv, kind));
     if (settings.database.url === undefined) {
@@ -357,6 +365,7 @@ export async function run(argv: Argv, kind: ProviderKind): Promise<void> {
     // Not abandoned on a signal: it may be starting a server, which the `finally` must stop.
     bmdb = await openBMDB(settings.database, { migrate: true, metrics: registry });
     if (stop.signal.aborted) throw new StartupStopped();
+    if (settings.web) webServer = await serveWeb(bmdb, settings.web, settings.recoverer);
     const parts = await untilStopped(shepherdParts(bmdb, settings, registry, argv));
     running = true;
     log(
@@ -373,6 +382,7 @@ export async function run(argv: Argv, kind: ProviderKind): Promise<void> {
     if (!(error instanceof StartupStopped)) throw error;
     log('stopped during start-up');
   } finally {
+    await webServer?.close();
     await bmdb?.close();
     if (metricsServer) await closeServer(metricsServer);
     process.off('SIGINT', onSignal);

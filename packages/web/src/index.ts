@@ -1,0 +1,19 @@
+/**
+ * The read-only fleet page over the BMDB: the fleet at a glance, a
+ * filterable table of machines and each machine's story, as server-rendered
+ * HTML (no JavaScript needed) and the same data as JSON under `/api/`.
+ *
+ * @packageDocumentation
+ */
+
+export { checkTokenRule, isLoopback, MIN_TOKEN_LENGTH, WebTokenError } from './access.js';
+export type { MachineList, MachineView, Overview } from './data.js';
+export { escapeHtml, Html, html } from './html.js';
+export {
+  attachFleetPage,
+  type FleetPageOptions,
+  type FleetPageServer,
+  fleetPageHandler,
+  serveFleetPage,
+  WebListenError,
+} from './server.js';

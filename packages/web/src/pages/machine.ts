@@ -1,0 +1,72 @@
+import type { MachineView } from '../data.js';
+import { type Html, href, html } from '../html.js';
+import { relativeTime, timeTag } from '../time.js';
+import { stageBadge } from './layout.js';
+
+/** `/machines/<id>`: tags, live work, backoffs, the work history as a timeline. */
+export function machinePage(m: MachineView): Html {
+  const p = m.provided;
+  const none = html`<span class="none">–</span>`;
+  const tags = html`<dl class="tags">
+<dt>stage</dt><dd>${stageBadge(m.stage)}</dd>
+<dt>created</dt><dd>${timeTag(m.createdAt, m.now)}</dd>
+${
+  p
+    ? html`<dt>provider</dt><dd><a href="${href('/machines', { provider: p.provider })}">${p.provider}</a></dd>
+<dt>provider ID</dt><dd class="id">${p.providerId}${m.consoleUrl ? html` · <a href="${m.consoleUrl}" rel="noreferrer noopener" target="_blank">console</a>` : ''}</dd>
+<dt>address</dt><dd>${p.providerIpAddress ?? none}</dd>
+<dt>location</dt><dd>${p.providerLocation ?? none}</dd>
+<dt>status</dt><dd>${p.providerStatus ?? none}</dd>
+<dt>reservation</dt><dd class="id">${p.providerReservationId ?? none}</dd>`
+    : html`<dt>provided</dt><dd>${none} no Provided tag</dd>`
+}
+<dt>agent started</dt><dd>${m.agentStartedAt ? timeTag(m.agentStartedAt, m.now) : html`${none} not started`}</dd>
+<dt>agent key</dt><dd class="id">${m.agentKeyFingerprint ?? none}</dd>
+<dt>last heartbeat</dt><dd>${
+    m.lastHeartbeatAt
+      ? html`${timeTag(m.lastHeartbeatAt, m.now)} (age ${relativeTime(m.lastHeartbeatAt, m.now).replace(' ago', '')})`
+      : html`${none} never`
+  }</dd>
+</dl>`;
+
+  const work =
+    m.liveWork.length === 0
+      ? html`<p class="muted">No live work.</p>`
+      : html`<div class="scroll"><table><thead><tr><th>process</th><th>held by</th><th>session</th><th>since</th></tr></thead><tbody>${m.liveWork.map(
+          (w) => html`<tr><td>${w.process}</td><td>${w.componentName}${w.processor ? html` / ${w.processor}` : ''}</td>
+<td class="id">${w.sessionId}</td><td>${timeTag(w.since, m.now)}</td></tr>`,
+        )}</tbody></table></div>`;
+
+  const backoffs =
+    m.backoffs.length === 0
+      ? html`<p class="muted">No backoffs.</p>`
+      : html`<div class="scroll"><table><thead><tr><th>process</th><th>state</th><th>until</th><th>interval</th><th>cause</th></tr></thead><tbody>${m.backoffs.map(
+          (
+            b,
+          ) => html`<tr><td>${b.process}</td><td>${b.active ? html`<span class="stage stage-awaitingRecovery">active</span>` : html`<span class="stage">expired</span>`}</td>
+<td>${timeTag(b.until, m.now)}</td><td class="num">${b.lastIntervalSeconds === null ? '' : `${b.lastIntervalSeconds} s`}</td>
+<td class="cause">${b.cause}</td></tr>`,
+        )}</tbody></table></div>`;
+
+  const timeline =
+    m.history.length === 0
+      ? html`<p class="muted">No work recorded.</p>`
+      : html`<ol class="timeline">${m.history.map(
+          (h) =>
+            html`<li class="ev-${h.event}"><span class="event ev-${h.event}">${h.event}</span> ${h.process} · ${timeTag(h.timestamp, m.now)}${
+              h.failedCause === null ? '' : html`<div class="cause">${h.failedCause}</div>`
+            }</li>`,
+        )}</ol>${
+          m.historyTotal > m.history.length
+            ? html`<p class="muted">${m.historyTotal - m.history.length} older entries not shown (the machine has ${m.historyTotal}).</p>`
+            : ''
+        }`;
+
+  return html`<h1><span class="id">${m.machineId}</span></h1>
+<div class="grid">
+<section><h2>Tags</h2>${tags}</section>
+<section><h2>Live work</h2>${work}<h2>Backoffs</h2>${backoffs}</section>
+</div>
+<h2>Work history <span class="muted">(newest first)</span></h2>
+${timeline}`;
+}

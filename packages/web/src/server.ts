@@ -1,0 +1,388 @@
+import { createServer, type IncomingMessage, type RequestListener, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import {
+  type BMDB,
+  MACHINE_STAGES,
+  type MachineFilter,
+  type MachineStage,
+  type RecoveryThresholds,
+} from '@bmaas/bmdb-controlloop';
+import { checkTokenRule, expiredSessionCookie, parseCookies, TokenCheck } from './access.js';
+import { type BMDBReader, findMachine, readMachine, readMachineList, readOverview } from './data.js';
+import { type Html, href } from './html.js';
+import { type Frame, layout, notice } from './pages/layout.js';
+import { loginPage } from './pages/login.js';
+import { machinePage } from './pages/machine.js';
+import { filterQuery, machinesPage } from './pages/machines.js';
+import { overviewPage } from './pages/overview.js';
+import { STYLESHEET } from './style.js';
+
+/** How the fleet page reads the BMDB and whom it lets in. */
+export interface FleetPageOptions {
+  /** The BMDB to read (`BMDB.db`); only read-only transactions are run on it. */
+  readonly db: BMDBReader;
+  /** Requests must carry this token (bearer or login cookie); without it, anyone reaching the port may read. */
+  readonly token?: string | undefined;
+  /** When an agent counts as lost, as the recoverer is configured. Library defaults otherwise. */
+  readonly thresholds?: RecoveryThresholds | undefined;
+  /** Seconds between a page's automatic refreshes, unless the viewer turned them off. Default 10. */
+  readonly refreshSeconds?: number | undefined;
+  /** Told about requests that failed on the database side (answered 503). */
+  readonly onError?: ((error: unknown, path: string) => void) | undefined;
+}
+
+/** A request the page cannot answer as asked: 400 with a message naming the parameter. */
+class BadRequest extends Error {}
+
+const REFRESH_COOKIE = 'shepherd_web_refresh';
+const MACHINE_PATH = /^\/(api\/)?machines\/([^/]+)$/;
+const SECURITY_HEADERS = {
+  'content-security-policy':
+    "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+  'x-content-type-options': 'nosniff',
+  'referrer-policy': 'no-referrer',
+  'x-frame-options': 'DENY',
+  'cache-control': 'no-store',
+};
+
+/**
+ * The fleet page as a Node request listener: HTML at `/`, `/machines` and
+ * `/machines/<id>`, the same data as JSON under `/api/`. Read-only; every
+ * string shown is escaped.
+ */
+export function fleetPageHandler(options: FleetPageOptions): RequestListener {
+  const tokens = options.token === undefined ? undefined : new TokenCheck(options.token);
+  const thresholds = options.thresholds ?? {};
+  const refreshSeconds = options.refreshSeconds ?? 10;
+
+  return (request, response) => {
+    handle(request, response).catch((error: unknown) => {
+      if (response.headersSent) {
+        response.destroy();
+        return;
+      }
+      if (error instanceof BadRequest) {
+        if (isApi(request)) sendJson(response, 400, { error: error.message });
+        else
+          sendPage(
+            response,
+            400,
+            { ...frameFor(request, 'machines'), title: 'Bad request' },
+            notice('Bad request', error.message, 'error'),
+          );
+        return;
+      }
+      options.onError?.(error, request.url ?? '');
+      const message = `the BMDB could not be read: ${error instanceof Error ? error.message : String(error)}${
+        isOldSchema(error) ? ' (is its schema up to date? run `shepherd migrate`)' : ''
+      }`;
+      if (isApi(request)) sendJson(response, 503, { error: message });
+      else
+        sendPage(
+          response,
+          503,
+          { ...frameFor(request, 'overview'), title: 'Unavailable' },
+          notice('Unavailable', message, 'error'),
+        );
+    });
+  };
+
+  function frameFor(request: IncomingMessage, section: Frame['section'], now?: Date): Frame {
+    const off = parseCookies(request.headers.cookie)[REFRESH_COOKIE] === 'off';
+    return {
+      title: '',
+      path: request.url ?? '/',
+      section,
+      refreshSeconds: off ? undefined : refreshSeconds,
+      now,
+      loggedIn: tokens !== undefined && section !== 'login',
+    };
+  }
+
+  async function handle(request: IncomingMessage, response: ServerResponse): Promise<void> {
+    const url = new URL(request.url ?? '/', 'http://fleet.invalid');
+    const path = url.pathname;
+    const method = request.method ?? 'GET';
+
+    if (path === '/style.css' && isRead(method)) {
+      response.writeHead(200, { 'content-type': 'text/css; charset=utf-8', 'cache-control': 'max-age=300' });
+      response.end(STYLESHEET);
+      return;
+    }
+    if (path === '/login' && tokens) {
+      if (method === 'POST') return login(request, response, tokens);
+      if (isRead(method)) {
+        const next = localPath(url.searchParams.get('next'));
+        sendPage(response, 200, { ...frameFor(request, 'login'), title: 'Log in' }, loginPage(next, false));
+        return;
+      }
+    }
+    if (path === '/logout' && tokens && isRead(method)) {
+      response.writeHead(303, { location: '/login', 'set-cookie': expiredSessionCookie() }).end();
+      return;
+    }
+    if (tokens && !tokens.admits(request.headers)) {
+      if (isApi(request)) {
+        response.setHeader('www-authenticate', 'Bearer realm="shepherd fleet"');
+        sendJson(response, 401, { error: 'this page needs the web token: send Authorization: Bearer <token>' });
+      } else {
+        response.writeHead(303, { location: href('/login', { next: localPath(request.url) }) }).end();
+      }
+      return;
+    }
+    if (!isRead(method)) {
+      response
+        .writeHead(405, { allow: 'GET, HEAD', 'content-type': 'text/plain' })
+        .end('the fleet page is read-only\n');
+      return;
+    }
+
+    await route(request, response, url);
+  }
+
+  async function route(request: IncomingMessage, response: ServerResponse, url: URL): Promise<void> {
+    const path = url.pathname;
+    if (path === '/refresh') {
+      const on = url.searchParams.get('set') !== 'off';
+      response.writeHead(303, {
+        location: localPath(url.searchParams.get('back')),
+        'set-cookie': `${REFRESH_COOKIE}=${on ? 'on' : 'off'}; SameSite=Strict; Path=/; Max-Age=31536000`,
+      });
+      response.end();
+      return;
+    }
+    if (path === '/' || path === '/api/overview') {
+      const overview = await readOverview(options.db, thresholds);
+      if (path === '/')
+        sendPage(
+          response,
+          200,
+          { ...frameFor(request, 'overview', overview.now), title: 'Overview' },
+          overviewPage(overview),
+        );
+      else sendJson(response, 200, overview);
+      return;
+    }
+    if (path === '/machines' || path === '/api/machines') {
+      const api = path === '/api/machines';
+      const filter = parseFilter(url.searchParams, api);
+      if (!api && filter.search && filter.after === undefined) {
+        const exact = await findMachine(options.db, filter.search);
+        if (exact !== undefined) {
+          response.writeHead(303, { location: `/machines/${exact}` }).end();
+          return;
+        }
+      }
+      const list = await readMachineList(options.db, filter, thresholds);
+      if (!api) {
+        sendPage(response, 200, { ...frameFor(request, 'machines', list.now), title: 'Machines' }, machinesPage(list));
+        return;
+      }
+      sendJson(response, 200, {
+        now: list.now,
+        filter: list.filter,
+        machines: list.machines,
+        next: list.next ?? null,
+        nextUrl: list.next === undefined ? null : href('/api/machines', filterQuery(filter, list.next)),
+      });
+      return;
+    }
+    const match = MACHINE_PATH.exec(path);
+    if (match) {
+      const api = match[1] !== undefined;
+      const id = decodeURIComponent(match[2] ?? '');
+      const machine = await readMachine(options.db, id, thresholds);
+      if (machine === undefined) {
+        const message = `no machine ${JSON.stringify(id)} in the BMDB`;
+        if (api) sendJson(response, 404, { error: message });
+        else
+          sendPage(
+            response,
+            404,
+            { ...frameFor(request, 'machine'), title: 'Not found' },
+            notice('Not found', message),
+          );
+        return;
+      }
+      if (api) sendJson(response, 200, machine);
+      else
+        sendPage(
+          response,
+          200,
+          { ...frameFor(request, 'machine', machine.now), title: machine.provided?.providerId ?? machine.machineId },
+          machinePage(machine),
+        );
+      return;
+    }
+    const message = `nothing at ${JSON.stringify(path)}: the pages are /, /machines and /machines/<machine-id>, JSON under /api/`;
+    if (isApi(request)) sendJson(response, 404, { error: message });
+    else
+      sendPage(response, 404, { ...frameFor(request, 'overview'), title: 'Not found' }, notice('Not found', message));
+  }
+}
+
+/** `POST /login`: the token from the form, once; a session cookie from then on. */
+async function login(request: IncomingMessage, response: ServerResponse, tokens: TokenCheck): Promise<void> {
+  const form = new URLSearchParams(await readBody(request, 8192));
+  const next = localPath(form.get('next'));
+  if (tokens.matches(form.get('token') ?? '')) {
+    response.writeHead(303, { location: next, 'set-cookie': tokens.sessionCookie() }).end();
+    return;
+  }
+  sendPage(
+    response,
+    401,
+    { title: 'Log in', path: '/login', section: 'login', refreshSeconds: undefined },
+    loginPage(next, true),
+  );
+}
+
+/** The request body as text; a longer one is read to its end and refused. */
+function readBody(request: IncomingMessage, limit: number): Promise<string> {
+  return new Promise((resolve, reject) => {
+    let body = '';
+    let tooLarge = false;
+    request.setEncoding('utf8');
+    request.on('data', (chunk: string) => {
+      if (tooLarge) return;
+      body += chunk;
+      tooLarge = body.length > limit;
+    });
+    request.on('end', () =>
+      tooLarge ? reject(new BadRequest(`a login form is at most ${limit} bytes`)) : resolve(body),
+    );
+    request.on('error', reject);
+  });
+}
+
+/** The filter of a `/machines` or `/api/machines` query; a bad value is a {@link BadRequest} naming it. */
+function parseFilter(params: URLSearchParams, api: boolean): MachineFilter {
+  const value = (name: string) => {
+    const v = params.get(name)?.trim();
+    return v === undefined || v === '' ? undefined : v;
+  };
+  const stage = value('stage');
+  if (stage !== undefined && !MACHINE_STAGES.includes(stage as MachineStage)) {
+    throw new BadRequest(`stage ${JSON.stringify(stage)} is not a stage: want one of ${MACHINE_STAGES.join(', ')}`);
+  }
+  const after = value('after');
+  if (after !== undefined && !/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(after)) {
+    throw new BadRequest(`after ${JSON.stringify(after)} is not a machine ID (a UUID)`);
+  }
+  const limitText = value('limit');
+  let limit = 50;
+  if (limitText !== undefined) {
+    if (!api) throw new BadRequest('limit is for /api/machines; pages show 50 machines');
+    limit = Number(limitText);
+    if (!/^\d+$/.test(limitText) || limit < 1 || limit > 500)
+      throw new BadRequest(`limit ${JSON.stringify(limitText)}: want a whole number from 1 to 500`);
+  }
+  const backoff = value('backoff');
+  const search = value('q');
+  if (search !== undefined && search.length > 200) throw new BadRequest('q is at most 200 characters');
+  const filter: { -readonly [K in keyof MachineFilter]: MachineFilter[K] } = { limit };
+  if (stage !== undefined) filter.stage = stage as MachineStage;
+  const provider = value('provider');
+  if (provider !== undefined) filter.provider = provider;
+  const work = value('work');
+  if (work !== undefined) filter.liveWork = work;
+  if (backoff !== undefined) filter.inBackoff = backoff === 'any' ? true : backoff;
+  if (search !== undefined) filter.search = search;
+  if (after !== undefined) filter.after = after.toLowerCase();
+  return filter;
+}
+
+/** A missing table or column: the BMDB predates a migration the page reads (0004). */
+function isOldSchema(error: unknown): boolean {
+  const code = (error as { code?: unknown } | undefined)?.code;
+  return code === '42P01' || code === '42703';
+}
+
+function isRead(method: string): boolean {
+  return method === 'GET' || method === 'HEAD';
+}
+
+function isApi(request: IncomingMessage): boolean {
+  return (request.url ?? '').startsWith('/api/');
+}
+
+/** A path on this site to send a browser back to; anything else (another host, `//x`) becomes `/`. */
+function localPath(value: string | null | undefined): string {
+  if (!value?.startsWith('/') || value.startsWith('//')) return '/';
+  // A backslash or control character could turn the path into another host for some browsers.
+  for (const char of value) if (char === '\\' || char.charCodeAt(0) < 0x20) return '/';
+  return value;
+}
+
+function sendPage(response: ServerResponse, status: number, frame: Frame, content: Html): void {
+  response.writeHead(status, { ...SECURITY_HEADERS, 'content-type': 'text/html; charset=utf-8' });
+  response.end(layout(frame, content).value);
+}
+
+function sendJson(response: ServerResponse, status: number, body: unknown): void {
+  response.writeHead(status, { ...SECURITY_HEADERS, 'content-type': 'application/json; charset=utf-8' });
+  response.end(`${JSON.stringify(body, null, 2)}\n`);
+}
+
+/** A fleet page listening on a port. */
+export interface FleetPageServer {
+  /** `http://host:port/`, where it serves. */
+  readonly url: string;
+  readonly host: string;
+  readonly port: number;
+  /** Stops listening and ends open connections. */
+  close(): Promise<void>;
+}
+
+/** The page could not listen on the address asked for. */
+export class WebListenError extends Error {
+  override name = 'WebListenError';
+  constructor(
+    readonly host: string,
+    readonly port: number,
+    reason: string,
+    options?: ErrorOptions,
+  ) {
+    super(`cannot serve the fleet page on ${host}:${port} (${reason})`, options);
+  }
+}
+
+/**
+ * Serves the fleet page on `host:port` (port 0: any free one). Refuses, with a
+ * {@link WebTokenError}, to listen beyond loopback without a token.
+ */
+export async function serveFleetPage(
+  options: FleetPageOptions & { host: string; port: number },
+): Promise<FleetPageServer> {
+  checkTokenRule(options.host, options.token);
+  const server: Server = createServer(fleetPageHandler(options));
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', (error: NodeJS.ErrnoException) =>
+      reject(new WebListenError(options.host, options.port, error.code ?? error.message, { cause: error })),
+    );
+    server.listen(options.port, options.host, resolve);
+  });
+  const port = (server.address() as AddressInfo).port;
+  const shownHost = options.host.includes(':') ? `[${options.host}]` : options.host;
+  return {
+    url: `http://${shownHost}:${port}/`,
+    host: options.host,
+    port,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
+  };
+}
+
+/**
+ * Attaches the fleet page to a process that has the BMDB open (`shepherd run`,
+ * a server): serves it on `listen` until the returned server is closed.
+ */
+export function attachFleetPage(
+  bmdb: BMDB,
+  options: Omit<FleetPageOptions, 'db'> & { listen: { host: string; port: number } },
+): Promise<FleetPageServer> {
+  return serveFleetPage({ ...options, db: bmdb.db, host: options.listen.host, port: options.listen.port });
+}

@@ -1,0 +1,166 @@
+import { existsSync } from 'node:fs';
+import { mkdir, mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { BMDB } from '@bmaas/bmdb-controlloop';
+import puppeteer, { type Browser, type Page } from 'puppeteer-core';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
+import { HOSTILE_CAUSE, type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
+import { type FleetPageServer, serveFleetPage } from '../src/index.js';
+
+/** Debian's chromium package; the tests drive it, they never download a browser. */
+const CHROMIUM = '/usr/bin/chromium';
+const hasChromium = existsSync(CHROMIUM);
+if (!hasChromium) {
+  console.warn(`browser tests skipped: ${CHROMIUM} is missing (install it with: apt-get install -y chromium)`);
+}
+
+/** Screenshots of each page, kept as test artifacts (gitignored). */
+const SCREENSHOTS = fileURLToPath(new URL('../../../.tmp/screenshots/', import.meta.url));
+const TOKEN = 'browser-test-token-0123456789';
+
+describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () => {
+  let bmdb: BMDB;
+  let fleet: SeededFleet;
+  let open: FleetPageServer;
+  let guarded: FleetPageServer;
+  let browser: Browser;
+  let profile: string;
+  let page: Page;
+  /** Dialogs the page opened: a script from a failure cause would open one. */
+  const dialogs: string[] = [];
+
+  beforeAll(async () => {
+    const db = await createTestDatabase();
+    bmdb = await openTestBMDB(db);
+    fleet = await seedFleet(db, bmdb);
+    open = await serveFleetPage({ db: bmdb.db, host: '127.0.0.1', port: 0 });
+    guarded = await serveFleetPage({ db: bmdb.db, host: '127.0.0.1', port: 0, token: TOKEN });
+    await mkdir(SCREENSHOTS, { recursive: true });
+    profile = await mkdtemp(path.join(tmpdir(), 'shepherd-web-chromium-'));
+    browser = await puppeteer.launch({
+      executablePath: CHROMIUM,
+      headless: true,
+      userDataDir: profile,
+      args: [
+        '--no-sandbox',
+        '--disable-gpu',
+        '--disable-quic',
+        '--no-first-run',
+        '--disable-background-networking',
+        '--disable-component-update',
+        '--disable-sync',
+      ],
+    });
+    page = await browser.newPage();
+    page.on('dialog', (dialog) => {
+      dialogs.push(dialog.message());
+      void dialog.dismiss();
+    });
+    await page.setViewport({ width: 1280, height: 900 });
+  });
+
+  afterAll(async () => {
+    await browser?.close();
+    await open?.close();
+    await guarded?.close();
+    if (profile) await rm(profile, { recursive: true, force: true });
+  });
+
+  const shot = (name: string) => page.screenshot({ path: path.join(SCREENSHOTS, `${name}.png`), fullPage: true });
+  const text = (selector: string) => page.$eval(selector, (el) => el.textContent ?? '');
+
+  test('loads the overview, the hostile cause shown as text and never run', async () => {
+    await page.goto(open.url);
+    expect(await text('h1')).toBe('Fleet: 7 machines');
+    const bars = await page.$$eval('table.chart rect.fill', (rects) => rects.map((r) => r.getAttribute('width')));
+    expect(bars).toContain('100.0%');
+    const causes = await page.$$eval('td.cause', (cells) => cells.map((c) => c.textContent));
+    expect(causes).toContain(HOSTILE_CAUSE);
+    expect(dialogs).toEqual([]);
+    expect(await page.$('head meta[http-equiv="refresh"]')).not.toBeNull();
+    await shot('overview');
+  });
+
+  test('follows a machine link to the machine page', async () => {
+    await page.goto(open.url);
+    await Promise.all([page.waitForNavigation(), page.click(`a[href="/machines/${fleet.backedOff}"]`)]);
+    expect(new URL(page.url()).pathname).toBe(`/machines/${fleet.backedOff}`);
+    expect(await text('h1')).toBe(fleet.backedOff);
+    expect(await text('.timeline .cause')).toBe(HOSTILE_CAUSE);
+    const title = await page.$eval('time', (el) => el.getAttribute('title'));
+    expect(title).toMatch(/^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$/);
+    expect(dialogs).toEqual([]);
+    await shot('machine');
+  });
+
+  test('filters the machine table by stage', async () => {
+    await page.goto(new URL('/machines', open.url).href);
+    await shot('machines');
+    await page.select('select[name="stage"]', 'heartbeating');
+    await Promise.all([page.waitForNavigation(), page.click('form.filters button[type="submit"]')]);
+    expect(new URL(page.url()).searchParams.get('stage')).toBe('heartbeating');
+    const ids = await page.$$eval('tbody a.id', (links) => links.map((a) => a.textContent));
+    expect(ids).toEqual([fleet.heartbeating]);
+    await shot('machines-heartbeating');
+  });
+
+  test('searches by provider ID: an exact one opens its machine', async () => {
+    await page.goto(open.url);
+    await page.type('header input[name="q"]', 'dummy-silent');
+    await Promise.all([page.waitForNavigation(), page.keyboard.press('Enter')]);
+    expect(new URL(page.url()).pathname).toBe(`/machines/${fleet.awaitingRecovery}`);
+    expect(await page.$('.stage-awaitingRecovery')).not.toBeNull();
+    await page.goto(new URL('/machines?q=dummy-s', open.url).href);
+    expect((await page.$$('tbody tr')).length).toBe(3);
+  });
+
+  test('turns auto refresh off and on', async () => {
+    await page.goto(new URL('/machines', open.url).href);
+    await Promise.all([page.waitForNavigation(), page.click('a.refresh')]);
+    expect(new URL(page.url()).pathname).toBe('/machines');
+    expect(await page.$('head meta[http-equiv="refresh"]')).toBeNull();
+    await Promise.all([page.waitForNavigation(), page.click('a.refresh')]);
+    expect(await page.$('head meta[http-equiv="refresh"]')).not.toBeNull();
+  });
+
+  test('reads on a phone without sideways scrolling of the page', async () => {
+    const phone = await browser.newPage();
+    try {
+      await phone.setViewport({ width: 390, height: 844, isMobile: true, deviceScaleFactor: 1 });
+      for (const [name, route] of [
+        ['phone-overview', '/'],
+        ['phone-machine', `/machines/${fleet.heartbeating}`],
+      ] as const) {
+        await phone.goto(new URL(route, open.url).href);
+        const overflow = (await phone.evaluate('document.documentElement.scrollWidth - window.innerWidth')) as number;
+        expect(overflow, route).toBeLessThanOrEqual(0);
+        await phone.screenshot({ path: path.join(SCREENSHOTS, `${name}.png`), fullPage: true });
+      }
+    } finally {
+      await phone.close();
+    }
+  });
+
+  test('behind a token: the login form, once, then the pages', async () => {
+    const context = await browser.createBrowserContext();
+    const guest = await context.newPage();
+    try {
+      await guest.goto(new URL('/machines?stage=provided', guarded.url).href);
+      expect(new URL(guest.url()).pathname).toBe('/login');
+      await guest.screenshot({ path: path.join(SCREENSHOTS, 'login.png') });
+      await guest.type('input[name="token"]', TOKEN);
+      await Promise.all([guest.waitForNavigation(), guest.click('form button[type="submit"]')]);
+      expect(new URL(guest.url()).pathname + new URL(guest.url()).search).toBe('/machines?stage=provided');
+      expect(await guest.$$eval('tbody tr', (rows) => rows.length)).toBe(2);
+      // The cookie is HttpOnly: scripts on the page cannot read it.
+      expect(await guest.evaluate('document.cookie')).not.toContain('shepherd_web_session');
+      await guest.goto(guarded.url);
+      expect(new URL(guest.url()).pathname).toBe('/');
+    } finally {
+      await context.close();
+    }
+  });
+});

@@ -1,0 +1,343 @@
+import type { BMDB } from '@bmaas/bmdb-controlloop';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { HOSTILE_CAUSE, type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
+import {
+  checkTokenRule,
+  escapeHtml,
+  type FleetPageServer,
+  html,
+  isLoopback,
+  serveFleetPage,
+  WebTokenError,
+} from '../src/index.js';
+
+let db: TestDatabase;
+let bmdb: BMDB;
+let fleet: SeededFleet;
+let open: FleetPageServer;
+let guarded: FleetPageServer;
+const TOKEN = 'correct-horse-battery-staple';
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  bmdb = await openTestBMDB(db);
+  fleet = await seedFleet(db, bmdb);
+  open = await serveFleetPage({ db: bmdb.db, host: '127.0.0.1', port: 0 });
+  guarded = await serveFleetPage({ db: bmdb.db, host: '127.0.0.1', port: 0, token: TOKEN });
+});
+afterAll(async () => {
+  await open?.close();
+  await guarded?.close();
+});
+
+const get = (path: string, init: RequestInit = {}, server = open) =>
+  fetch(new URL(path, server.url), { redirect: 'manual', ...init });
+const page = async (path: string) => {
+  const response = await get(path);
+  expect(response.status, path).toBe(200);
+  expect(response.headers.get('content-type')).toBe('text/html; charset=utf-8');
+  return response.text();
+};
+// biome-ignore lint/suspicious/noExplicitAny: JSON of the API, checked field by field.
+const json = async (path: string): Promise<any> => {
+  const response = await get(path);
+  expect(response.status, path).toBe(200);
+  expect(response.headers.get('content-type')).toBe('application/json; charset=utf-8');
+  return response.json();
+};
+
+/** A digest of every table the page reads: equal before and after means nothing was written. */
+async function bmdbDigest(): Promise<string> {
+  const tables = [
+    'machines',
+    'machine_provided',
+    'machine_agent_started',
+    'machine_agent_heartbeat',
+    'work',
+    'work_history',
+    'work_backoff',
+  ];
+  const parts: string[] = [];
+  for (const table of tables) {
+    const { rows } = await db.admin(
+      `SELECT md5(coalesce(string_agg(t::text, ',' ORDER BY t::text), '')) AS d FROM ${table} t`,
+    );
+    parts.push(`${table}:${rows[0].d}`);
+  }
+  return parts.join(' ');
+}
+
+describe('pages', () => {
+  test('the overview shows stages with a chart, sessions, work, backoffs by cause and failures, the cause as text', async () => {
+    const before = await bmdbDigest();
+    const body = await page('/');
+    expect(body).toContain('Fleet: 7 machines');
+    expect(body).toMatch(/<svg role="img" aria-label="heartbeating: 1"/);
+    expect(body).toContain('shepherd-initializer');
+    expect(body).toContain('href="/machines?work=ShepherdAgentStart"');
+    expect(body).toContain(`href="/machines/${fleet.backedOff}"`);
+    expect(body).not.toContain('<script>');
+    expect(body).toContain(
+      '&lt;script&gt;alert(&quot;pwned&quot;)&lt;/script&gt; &amp; &quot;quotes&quot; &#39;too&#39;',
+    );
+    expect(body).toMatch(/<time datetime="[^"]+" title="\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC">\d+ min ago<\/time>/);
+    expect(body).toContain('<meta http-equiv="refresh" content="10">');
+    const headers = (await get('/')).headers;
+    expect(headers.get('content-security-policy')).toContain("default-src 'none'");
+    expect(headers.get('cache-control')).toBe('no-store');
+    expect(await bmdbDigest()).toBe(before);
+  });
+
+  test('the machine table filters by stage, provider, live work and backoff', async () => {
+    const rows = (body: string) =>
+      [...body.matchAll(/<a class="id" href="\/machines\/([0-9a-f-]{36})">/g)].map((m) => m[1]);
+    expect(rows(await page('/machines')).sort()).toEqual(Object.values(fleet.all).sort());
+    expect(rows(await page('/machines?stage=heartbeating'))).toEqual([fleet.heartbeating]);
+    expect(rows(await page('/machines?stage=awaitingRecovery'))).toEqual([fleet.awaitingRecovery]);
+    expect(rows(await page('/machines?provider=Equinix'))).toEqual([fleet.heartbeating]);
+    expect(rows(await page('/machines?work=ShepherdAgentStart'))).toEqual([fleet.agentStarting]);
+    const backoff = await page('/machines?backoff=any');
+    expect(rows(backoff)).toEqual([fleet.backedOff]);
+    expect(backoff).toContain('&lt;script&gt;');
+    expect(backoff).not.toContain('<script>');
+    expect(await page('/machines?provider=%3Cb%3Enobody')).toContain('No machine matches.');
+  });
+
+  test('search finds by ID prefix; an exact machine or provider ID goes straight to its page', async () => {
+    const exact = await get(`/machines?q=${fleet.unprovided}`);
+    expect(exact.status).toBe(303);
+    expect(exact.headers.get('location')).toBe(`/machines/${fleet.unprovided}`);
+    const byProviderId = await get('/machines?q=dummy-silent');
+    expect(byProviderId.headers.get('location')).toBe(`/machines/${fleet.awaitingRecovery}`);
+    const prefix = await page('/machines?q=dummy-s');
+    expect(prefix).toContain(fleet.agentStarting);
+    expect(prefix).toContain(fleet.agentStarted);
+    expect(prefix).not.toContain(fleet.heartbeating);
+    expect(prefix).toContain('value="dummy-s"');
+  });
+
+  test('the table pages by keyset', async () => {
+    const seen: string[] = [];
+    let next: string | null = '/api/machines?limit=3';
+    while (next !== null) {
+      const body: { machines: { machineId: string }[]; nextUrl: string | null } = await json(next);
+      seen.push(...body.machines.map((m) => m.machineId));
+      next = body.nextUrl;
+    }
+    expect(seen).toEqual(Object.values(fleet.all).sort());
+    const first = await page('/machines?provider=Dummy');
+    expect(first).not.toContain('next page');
+  });
+
+  test('bad filters are refused naming the parameter', async () => {
+    const stage = await get('/machines?stage=%3Cscript%3E');
+    expect(stage.status).toBe(400);
+    const body = await stage.text();
+    expect(body).toContain('stage &quot;&lt;script&gt;&quot; is not a stage');
+    const after = await get('/api/machines?after=zzz');
+    expect(after.status).toBe(400);
+    expect(await after.json()).toEqual({ error: 'after "zzz" is not a machine ID (a UUID)' });
+    expect((await get('/api/machines?limit=0')).status).toBe(400);
+  });
+
+  test('the machine page tells the machine’s story', async () => {
+    const equinix = await page(`/machines/${fleet.heartbeating}`);
+    expect(equinix).toContain('147.75.1.2');
+    expect(equinix).toContain('da11');
+    expect(equinix).toContain(
+      'href="https://console.equinix.com/devices/e1a2b3c4-0000-4000-8000-000000000001/overview"',
+    );
+    expect(equinix).toMatch(/SHA256:[A-Za-z0-9+/]{43}/);
+    expect(equinix).toContain('stage-heartbeating');
+    expect(equinix).toContain('ssh: connection refused');
+    expect(equinix.indexOf('Finished')).toBeLessThan(equinix.indexOf('connection refused'));
+
+    const backedOff = await page(`/machines/${fleet.backedOff}`);
+    expect(backedOff).toContain('>active</span>');
+    expect(backedOff).toContain('>expired</span>');
+    expect(backedOff).toContain('reboot failed: 503');
+    expect(backedOff).not.toContain('<script>');
+    expect(backedOff).toContain('&lt;script&gt;alert');
+    expect(backedOff).not.toContain('console</a>');
+
+    const starting = await page(`/machines/${fleet.agentStarting}`);
+    expect(starting).toContain(fleet.session.id);
+    expect(starting).toContain('test / shepherd-initializer');
+
+    expect((await get('/machines/00000000-0000-4000-8000-000000000000')).status).toBe(404);
+    const bad = await get('/machines/%3Cimg%20src%3Dx%3E');
+    expect(bad.status).toBe(404);
+    expect(await bad.text()).toContain('no machine &quot;&lt;img src=x&gt;&quot;');
+  });
+});
+
+describe('JSON', () => {
+  test('/api/overview', async () => {
+    const body = await json('/api/overview');
+    expect(body.machines).toBe(7);
+    expect(body.stages).toEqual({
+      unprovided: 1,
+      provided: 2,
+      agentStarting: 1,
+      agentStarted: 1,
+      heartbeating: 1,
+      awaitingRecovery: 1,
+    });
+    expect(body.liveWork).toEqual({ ShepherdAgentStart: 1 });
+    expect(body.sessions[0]).toMatchObject({ sessionId: fleet.session.id, processor: 'shepherd-initializer' });
+    expect(body.backoffCauses[0]).toMatchObject({ cause: HOSTILE_CAUSE, machines: 1 });
+    expect(body.recentFailures[0]).toMatchObject({ machineId: fleet.backedOff, cause: HOSTILE_CAUSE });
+  });
+
+  test('/api/machines and /api/machines/<id>', async () => {
+    const list = await json('/api/machines?stage=provided');
+    expect(list.machines.map((m: { machineId: string }) => m.machineId).sort()).toEqual(
+      [fleet.provided, fleet.backedOff].sort(),
+    );
+    expect(list.next).toBeNull();
+    const machine = await json(`/api/machines/${fleet.heartbeating}`);
+    expect(machine).toMatchObject({
+      machineId: fleet.heartbeating,
+      stage: 'heartbeating',
+      provided: { provider: 'Equinix', providerIpAddress: '147.75.1.2' },
+      consoleUrl: 'https://console.equinix.com/devices/e1a2b3c4-0000-4000-8000-000000000001/overview',
+      historyTotal: 4,
+    });
+    expect(machine.agentKeyFingerprint).toMatch(/^SHA256:/);
+    expect(machine).not.toHaveProperty('agentPublicKey');
+    const missing = await get('/api/machines/00000000-0000-4000-8000-000000000000');
+    expect(missing.status).toBe(404);
+    expect(((await missing.json()) as { error: string }).error).toContain('no machine');
+  });
+});
+
+describe('read-only', () => {
+  test('anything but GET and HEAD is refused', async () => {
+    expect((await get('/', { method: 'POST' })).status).toBe(405);
+    expect((await get('/api/machines', { method: 'DELETE' })).status).toBe(405);
+    const head = await get('/', { method: 'HEAD' });
+    expect(head.status).toBe(200);
+  });
+
+  test('auto refresh is a toggle kept in a cookie, coming back only to this site', async () => {
+    const off = await get('/refresh?set=off&back=%2Fmachines%3Fstage%3Dprovided');
+    expect(off.status).toBe(303);
+    expect(off.headers.get('location')).toBe('/machines?stage=provided');
+    const cookie = off.headers.get('set-cookie') ?? '';
+    expect(cookie).toMatch(/^shepherd_web_refresh=off;/);
+    const quiet = await (await get('/', { headers: { cookie: 'shepherd_web_refresh=off' } })).text();
+    expect(quiet).not.toContain('http-equiv="refresh"');
+    expect(quiet).toContain('auto refresh off · turn on');
+    expect((await get('/refresh?set=on&back=%2F%2Fevil.example')).headers.get('location')).toBe('/');
+  });
+
+  test('unknown paths are 404', async () => {
+    expect((await get('/nothing')).status).toBe(404);
+    expect((await get('/api/nothing')).status).toBe(404);
+  });
+});
+
+describe('the token rule', () => {
+  test('loopback may be open; anywhere else needs a token of 16 characters or more', async () => {
+    expect(isLoopback('127.0.0.1')).toBe(true);
+    expect(isLoopback('127.1.2.3')).toBe(true);
+    expect(isLoopback('::1')).toBe(true);
+    expect(isLoopback('[::1]')).toBe(true);
+    expect(isLoopback('localhost')).toBe(true);
+    expect(isLoopback('0.0.0.0')).toBe(false);
+    expect(isLoopback('::')).toBe(false);
+    expect(isLoopback('10.0.0.1')).toBe(false);
+    expect(() => checkTokenRule('0.0.0.0', undefined)).toThrow(WebTokenError);
+    expect(() => checkTokenRule('0.0.0.0', 'short')).toThrow(/at least 16 characters/);
+    expect(() => checkTokenRule('0.0.0.0', TOKEN)).not.toThrow();
+    await expect(serveFleetPage({ db: bmdb.db, host: '0.0.0.0', port: 0 })).rejects.toThrow(
+      /beyond loopback, needs a token/,
+    );
+  });
+
+  test('without the token: pages send to the login form, the API answers 401', async () => {
+    const redirect = await get('/machines?stage=provided', {}, guarded);
+    expect(redirect.status).toBe(303);
+    expect(redirect.headers.get('location')).toBe('/login?next=%2Fmachines%3Fstage%3Dprovided');
+    const api = await get('/api/overview', {}, guarded);
+    expect(api.status).toBe(401);
+    expect(api.headers.get('www-authenticate')).toMatch(/^Bearer/);
+    const wrong = await get('/api/overview', { headers: { authorization: 'Bearer not-the-token-at-all' } }, guarded);
+    expect(wrong.status).toBe(401);
+    const login = await get('/login?next=%2Fmachines', {}, guarded);
+    expect(login.status).toBe(200);
+    expect(await login.text()).toContain('type="password" name="token"');
+  });
+
+  test('a bearer token admits API calls', async () => {
+    const response = await get('/api/overview', { headers: { authorization: `Bearer ${TOKEN}` } }, guarded);
+    expect(response.status).toBe(200);
+  });
+
+  test('the login form sets an HttpOnly, SameSite=Strict cookie that is not the token', async () => {
+    const form = (token: string) =>
+      get(
+        '/login',
+        {
+          method: 'POST',
+          headers: { 'content-type': 'application/x-www-form-urlencoded' },
+          body: new URLSearchParams({ token, next: '/machines' }).toString(),
+        },
+        guarded,
+      );
+    const oversized = await form('x'.repeat(10_000));
+    expect(oversized.status).toBe(400);
+    expect(await oversized.text()).toContain('a login form is at most 8192 bytes');
+    const refused = await form('guess-guess-guess-guess');
+    expect(refused.status).toBe(401);
+    expect(refused.headers.get('set-cookie')).toBeNull();
+    expect(await refused.text()).toContain('That is not the token.');
+
+    const accepted = await form(TOKEN);
+    expect(accepted.status).toBe(303);
+    expect(accepted.headers.get('location')).toBe('/machines');
+    const cookie = accepted.headers.get('set-cookie') ?? '';
+    expect(cookie).toMatch(/^shepherd_web_session=[A-Za-z0-9_-]+; HttpOnly; SameSite=Strict; Path=\//);
+    expect(cookie).not.toContain(TOKEN);
+    const session = cookie.split(';')[0] as string;
+    const machines = await get('/machines', { headers: { cookie: session } }, guarded);
+    expect(machines.status).toBe(200);
+    expect(await machines.text()).toContain('log out');
+    expect((await get('/', { headers: { cookie: 'shepherd_web_session=forged' } }, guarded)).status).toBe(303);
+    const logout = await get('/logout', { headers: { cookie: session } }, guarded);
+    expect(logout.headers.get('set-cookie')).toContain('Max-Age=0');
+  });
+});
+
+test('html escapes every value it is given, and only once', () => {
+  const cause = '<script>x</script>';
+  expect(html`<td title="${cause}">${cause}</td>`.value).toBe(
+    '<td title="&lt;script&gt;x&lt;/script&gt;">&lt;script&gt;x&lt;/script&gt;</td>',
+  );
+  expect(html`<p>${html`<b>${'&'}</b>`}${[1, '<', null, undefined, false]}</p>`.value).toBe('<p><b>&amp;</b>1&lt;</p>');
+  expect(escapeHtml(`"'`).value).toBe('&quot;&#39;');
+});
+
+test('a BMDB without the schema the page reads answers 503 saying to migrate', async () => {
+  const bare = await createTestDatabase();
+  const unmigrated = await openTestBMDB(bare, { migrate: false });
+  const errors: string[] = [];
+  const server = await serveFleetPage({
+    db: unmigrated.db,
+    host: '127.0.0.1',
+    port: 0,
+    onError: (_, path) => errors.push(path),
+  });
+  try {
+    const response = await fetch(new URL('/api/overview', server.url));
+    expect(response.status).toBe(503);
+    expect(((await response.json()) as { error: string }).error).toMatch(/does not exist.*run `shepherd migrate`/);
+    const page = await fetch(new URL('/', server.url));
+    expect(page.status).toBe(503);
+    expect(await page.text()).toContain('run `shepherd migrate`');
+    expect(errors).toEqual(['/api/overview', '/']);
+  } finally {
+    await server.close();
+  }
+});
