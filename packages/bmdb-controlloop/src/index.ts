@@ -10,7 +10,7 @@ export { type Backoff, nextBackoffSeconds, normalizeBackoff } from './backoff.js
 export { BMDB, type BMDBOptions, type IsolationLevel } from './connection.js';
 export { type ControlLoop, type ControlLoopOptions, runControlLoop, type Task } from './control-loop.js';
 export { formatDuration, parseDuration } from './duration.js';
-export { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
+export type { EmbeddedDatabaseOptions } from './embedded.js';
 export {
   BMDBError,
   ConnectionClosedError,
@@ -44,12 +44,13 @@ export {
 } from './queries.js';
 export {
   type Database,
+  type MachineProvidedRow,
   Process,
   ProviderStatus,
   SHEPHERD_PROCESSES,
   WorkEvent,
 } from './schema.js';
 export type { Selection, SelectionRow } from './selection.js';
-export { Session, type SessionOptions } from './session.js';
+export { Session, type SessionOptions, type SessionState } from './session.js';
 export type { FinishTags, TagName } from './tags.js';
-export { Work, type WorkCandidate } from './work.js';
+export { Work, type WorkCandidate, type WorkState } from './work.js';

@@ -34,7 +34,8 @@ export interface SessionOptions {
   readonly interval?: number;
 }
 
-type SessionState = 'live' | 'expired' | 'closed';
+/** Where a session stands: `live` until it expires or is closed, for good. */
+export type SessionState = 'live' | 'expired' | 'closed';
 
 /** How often a failed heartbeat is retried, as a fraction of the interval. */
 const HEARTBEAT_RETRY_FRACTION = 10;

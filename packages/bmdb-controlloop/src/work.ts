@@ -12,7 +12,8 @@ import { type FinishTags, tagWrites } from './tags.js';
 /** What a work retriever may return: machine IDs, or rows that carry one. */
 export type WorkCandidate = string | { readonly machineId: string };
 
-type WorkState = 'active' | WorkEndState;
+/** Where a work item stands: `active` until it ends, then how it ended. */
+export type WorkState = 'active' | WorkEndState;
 
 const noResult = (): void => undefined;
 
