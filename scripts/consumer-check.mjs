@@ -128,7 +128,7 @@ function apiFile(packages) {
   return [
     ...specifiers.map((s, i) => `import * as api${i} from '${s}';`),
     `const modules: Record<string, object> = { ${specifiers.map((s, i) => `'${s}': api${i}`).join(', ')} };`,
-    'for (const [name, exports] of Object.entries(modules)) console.log(`${name}: ${Object.keys(exports).length} exports`);',
+    "for (const [name, exports] of Object.entries(modules)) console.log(name + ': ' + Object.keys(exports).length + ' exports');",
     '',
   ].join('\n');
 }
