@@ -13,7 +13,7 @@ import { Releases } from './internal/releases.js';
 import { type RunStatement, withRetry } from './internal/retry.js';
 import { SelectionClaims } from './internal/selection-claims.js';
 import { BMDBMetrics } from './metrics.js';
-import { migrateToLatest } from './migrations/index.js';
+import { type ComponentSchema, checkComponents, migrateToLatest } from './migrations/index.js';
 import type { Database } from './schema.js';
 import { Session, type SessionOptions } from './session.js';
 
@@ -78,8 +78,13 @@ export interface BMDBOptions {
    * `open` throws an {@link EmbeddedDatabaseError} saying so.
    */
   readonly embedded?: EmbeddedDatabaseOptions;
-  /** Bring the schema up to date before returning. */
+  /** Bring the schema up to date before returning: the library's, then `components`'. */
   readonly migrate: boolean;
+  /**
+   * Schemas of the components using this BMDB (their own tags), migrated
+   * after the library's, in this order, by `migrate` (see {@link ComponentSchema}).
+   */
+  readonly components?: readonly ComponentSchema[];
   /** Name of the component using the BMDB, recorded with each session. */
   readonly componentName: string;
   /** Free-form runtime description (host, version), recorded with each session. */
@@ -234,6 +239,7 @@ export class BMDB {
     if (!options.componentName) throw new BMDBError('BMDB.open: componentName must be set');
     const interval = options.sessionInterval ?? DEFAULT_SESSION_INTERVAL;
     checkInterval(interval, 'sessionInterval');
+    checkComponents(options.components ?? []);
     let embedded: EmbeddedDatabase | undefined;
     let url = options.url;
     if (url === undefined) {
@@ -276,10 +282,13 @@ export class BMDB {
     return this.#changes;
   }
 
-  /** Applies pending migrations; returns the names of those applied. */
+  /**
+   * Applies pending migrations, the library's and then each component's;
+   * returns the names of those applied (a component's as `<component>/<name>`).
+   */
   async migrate(): Promise<string[]> {
     this.#assertOpen();
-    return migrateToLatest(this.#db as Kysely<unknown>);
+    return migrateToLatest(this.#db as Kysely<unknown>, this.options.components);
   }
 
   /**

@@ -7,8 +7,14 @@
  */
 
 export { type Backoff, nextBackoffSeconds, normalizeBackoff } from './backoff.js';
-export { BMDB, type BMDBOptions, type IsolationLevel } from './connection.js';
-export { type ControlLoop, type ControlLoopOptions, runControlLoop, type Task } from './control-loop.js';
+export { BMDB, type BMDBOptions, type ConnectionOptions, type IsolationLevel } from './connection.js';
+export {
+  type ControlLoop,
+  type ControlLoopOptions,
+  DEFAULT_BACKOFF,
+  runControlLoop,
+  type Task,
+} from './control-loop.js';
 export { formatDuration, parseDuration } from './duration.js';
 export type { EmbeddedDatabaseOptions } from './embedded.js';
 export {
@@ -18,6 +24,7 @@ export {
   EmbeddedDatabaseError,
   InvalidSettingError,
   NothingToDoError,
+  ProcessMismatchError,
   SessionClosedError,
   SessionExpiredError,
   WorkConflictError,
@@ -29,6 +36,7 @@ export {
 export { sleep } from './internal/sleep.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
 export { BMDBMetrics } from './metrics.js';
+export type { ComponentSchema } from './migrations/index.js';
 export {
   type FleetStages,
   type FleetStats,
@@ -50,7 +58,7 @@ export {
   SHEPHERD_PROCESSES,
   WorkEvent,
 } from './schema.js';
-export type { Selection, SelectionRow } from './selection.js';
+export { readyFor, type Selection, type SelectionRow, type SelectionSource, selectionFor } from './selection.js';
 export { Session, type SessionOptions, type SessionState } from './session.js';
 export type { FinishTags, TagName } from './tags.js';
 export { Work, type WorkCandidate, type WorkState } from './work.js';

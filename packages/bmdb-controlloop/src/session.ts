@@ -4,6 +4,7 @@ import { type ClaimStatus, claimMachineStatement } from './claim.js';
 import {
   BMDBError,
   NothingToDoError,
+  ProcessMismatchError,
   SessionClosedError,
   SessionExpiredError,
   WorkConflictError,
@@ -190,6 +191,7 @@ export class Session {
    * @throws {@link NothingToDoError} when there is no candidate
    * @throws {@link WorkConflictError} when live sessions hold the candidates
    * @throws {@link SessionExpiredError} if the session expired
+   * @throws {@link ProcessMismatchError} for a selection of another process
    */
   async work<T extends WorkCandidate>(
     process: string,
@@ -203,6 +205,7 @@ export class Session {
     process: string,
     source: ((q: Queries) => Promise<readonly T[]>) | Selection<T>,
   ): Promise<Work<T>> {
+    if (isSelection<T>(source) && source.process !== process) throw new ProcessMismatchError(process, source.process);
     this.#assertLive();
     let claim: Claim<T>;
     try {
