@@ -147,11 +147,14 @@ try {
   writeFileSync(path.join(all, 'api.ts'), apiFile(packages));
   const examples = [];
   for (const p of packages) {
-    const code = /```ts\n([\s\S]*?)```/.exec(readFileSync(path.join(p.dir, 'README.md'), 'utf8'))?.[1];
-    if (!code) continue;
-    const file = `readme-${path.basename(p.dir)}.ts`;
-    writeFileSync(path.join(all, file), code.includes('import ') ? code : `${code}\nexport {};\n`);
-    examples.push(file);
+    // The opening example, and every further one fenced ```ts runnable.
+    const readme = readFileSync(path.join(p.dir, 'README.md'), 'utf8');
+    const blocks = [...readme.matchAll(/```ts( runnable)?\n([\s\S]*?)```/g)].filter((m, i) => i === 0 || m[1]);
+    blocks.forEach(([, , code], i) => {
+      const file = `readme-${path.basename(p.dir)}${i ? `-${i}` : ''}.ts`;
+      writeFileSync(path.join(all, file), code.includes('import ') ? code : `${code}\nexport {};\n`);
+      examples.push(file);
+    });
   }
   typecheck(all, ['api.ts', ...examples]);
   run(process.execPath, ['out/api.js'], all);
