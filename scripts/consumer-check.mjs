@@ -177,7 +177,23 @@ try {
 }
 `,
   );
-  typecheck(alone, ['api.ts', 'embedded.ts']);
+  // Type-checked only: internals stay out of the declarations.
+  writeFileSync(
+    path.join(alone, 'internals.ts'),
+    `import { type BMDB, type Session, Work } from '${LIBRARY}';
+export function internals(bmdb: BMDB, session: Session, work: Work): void {
+  // @ts-expect-error internal: the runner's notifications
+  void bmdb.machineChanges;
+  // @ts-expect-error internal: the session's bookkeeping
+  work.abandon('lost');
+  // @ts-expect-error only a claim makes work
+  void new Work();
+  // @ts-expect-error only BMDB.startSession makes sessions
+  void new (session.constructor as typeof Session)();
+}
+`,
+  );
+  typecheck(alone, ['api.ts', 'embedded.ts', 'internals.ts']);
   run(process.execPath, ['out/api.js'], alone);
   run(process.execPath, ['out/embedded.js'], alone);
   console.log('consumer check passed');

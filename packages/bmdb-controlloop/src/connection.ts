@@ -314,7 +314,7 @@ export class BMDB {
         .returning('session_id')
         .executeTakeFirstOrThrow(),
     );
-    const session = new Session(this.#host, row.session_id, processor, interval, sentAt);
+    const session = Session.started(this.#host, row.session_id, processor, interval, sentAt);
     this.#sessions.add(session);
     this.#metrics?.sessionsStarted.inc({ processor });
     this.#startCollector(interval);

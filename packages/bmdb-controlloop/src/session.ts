@@ -106,8 +106,13 @@ export class Session {
   readonly #runtime: SessionRuntime;
   readonly #labels: { processor: string };
 
-  /** @internal Created by `BMDB.startSession`. */
-  constructor(
+  /** @internal A session `BMDB.startSession` inserted. */
+  static started(host: SessionHost, id: string, processor: string, interval: number, startedAt: number): Session {
+    return new Session(host, id, processor, interval, startedAt);
+  }
+
+  // Private: only `BMDB.startSession` makes sessions (through `started`).
+  private constructor(
     private readonly host: SessionHost,
     /** The session's ID (its row in `sessions`). */
     readonly id: string,
@@ -220,7 +225,7 @@ export class Session {
       this.#abandon(`the connection was lost during a claim for ${process} (${describeError(error)})`);
       throw this.#abort.signal.reason as SessionExpiredError;
     }
-    const work = new Work<T>(this.#runtime, claim.machineId, process, claim.candidate, claim.previousInterval);
+    const work = Work.claimed(this.#runtime, claim.machineId, process, claim.candidate, claim.previousInterval);
     this.#works.add(work as Work);
     this.host.metrics?.workStarted.inc({ ...this.#labels, process });
     log.work(

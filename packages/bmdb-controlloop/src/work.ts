@@ -27,8 +27,19 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
   #state: WorkState = 'active';
   #ending: Promise<unknown> | undefined;
 
-  /** @internal Created by `Session.work`. */
-  constructor(
+  /** @internal A claim `Session.work` made. */
+  static claimed<T extends WorkCandidate>(
+    runtime: SessionRuntime,
+    machineId: string,
+    process: string,
+    candidate: T,
+    previousBackoffSeconds: number | undefined,
+  ): Work<T> {
+    return new Work(runtime, machineId, process, candidate, previousBackoffSeconds);
+  }
+
+  // Private: only a claim makes work (`Session.work`, through `claimed`).
+  private constructor(
     private readonly runtime: SessionRuntime,
     /** The machine claimed. */
     readonly machineId: string,
