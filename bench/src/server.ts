@@ -1,7 +1,7 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import path from 'node:path';
-import { EmbeddedDatabase } from '@bmaas/bmdb-controlloop';
+import { EmbeddedDatabase } from '@bmaas/bmdb-controlloop/embedded';
 import pg from 'pg';
 
 /**

@@ -3,16 +3,20 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 
 /**
- * Runs the first ```ts block of a package README as a module, from inside
- * the package (so its imports resolve as a user's would), and returns what it
- * logged. Keeps the README's opening example honest, and tidy: it runs with
- * its own temporary directory (TMPDIR), which must be empty afterwards.
+ * Runs the first ```ts block of a package README (or the first whose fence
+ * reads ```ts <tag>, e.g. `runnable`) as a module, from inside the package
+ * (so its imports resolve as a user's would), and returns what it logged.
+ * Keeps the README's examples honest, and tidy: each runs with its own
+ * temporary directory (TMPDIR), which must be empty afterwards.
  */
-export async function runReadmeExample(packageDir: string): Promise<string[]> {
+export async function runReadmeExample(packageDir: string, tag?: string): Promise<string[]> {
   const readme = await readFile(path.join(packageDir, 'README.md'), 'utf8');
-  const code = /```ts\n([\s\S]*?)```/.exec(readme)?.[1];
-  if (!code) throw new Error(`${packageDir}/README.md has no \`\`\`ts example`);
-  const file = path.join(packageDir, `.readme-example-${process.pid}.ts`);
+  const fence = tag === undefined ? '```ts\n' : `\`\`\`ts ${tag}\n`;
+  const start = readme.indexOf(fence);
+  const code = start < 0 ? undefined : readme.slice(start + fence.length, readme.indexOf('```', start + fence.length));
+  if (!code) throw new Error(`${packageDir}/README.md has no ${fence.trim()} example`);
+  // A file of its own per example: modules are cached by path.
+  const file = path.join(packageDir, `.readme-example-${process.pid}-${tag ?? 'first'}.ts`);
   await writeFile(file, code);
   const logged: string[] = [];
   const original = console.log;

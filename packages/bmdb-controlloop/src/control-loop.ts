@@ -5,6 +5,7 @@ import {
   BMDBError,
   ConnectionClosedError,
   NothingToDoError,
+  ProcessMismatchError,
   SessionClosedError,
   SessionExpiredError,
   WorkConflictError,
@@ -13,7 +14,7 @@ import {
 } from './errors.js';
 import { describeError, detail, log } from './internal/log.js';
 import { isAbort, sleep } from './internal/sleep.js';
-import type { RateLimiter } from './limiter.js';
+import { parseLimiter, type RateLimiter } from './limiter.js';
 import { Queries } from './queries.js';
 import type { Selection } from './selection.js';
 import type { Session } from './session.js';
@@ -26,15 +27,20 @@ import type { Work, WorkCandidate } from './work.js';
 export interface ControlLoop<T extends WorkCandidate> {
   /** Process name work is claimed under (e.g. `ShepherdAgentStart`). */
   readonly process: string;
-  /** Metrics label for the loop's sessions (e.g. `shepherd-initializer`). */
-  readonly processor: string;
-  /** Backoff applied when `processMachine` throws; a task may override it. */
-  readonly defaultBackoff: Backoff;
+  /** Metrics label for the loop's sessions (e.g. `shepherd-initializer`). Default the process. */
+  readonly processor?: string;
+  /**
+   * Backoff applied when `processMachine` throws; a task may override it.
+   * Default {@link DEFAULT_BACKOFF}: 1 minute, growing 1.2 times, up to 1 hour.
+   */
+  readonly defaultBackoff?: Backoff;
   /**
    * Machines ready for this loop, as a query: the runner claims from it in one
    * statement, and parallel workers skip machines another one is claiming
    * instead of conflicting on them. Give this or `getMachines`; this one is
-   * faster.
+   * faster. The selection must be for this loop's process (see
+   * `selectionFor`); `runControlLoop` throws {@link ProcessMismatchError}
+   * before starting otherwise.
    */
   selectMachines?(q: Queries): Selection<T>;
   /**
@@ -67,10 +73,10 @@ export interface Task<T extends WorkCandidate> {
 export interface ControlLoopOptions {
   /** Workers claiming and processing in parallel, each with its own session. Default 1. */
   readonly parallelism?: number;
-  /** Limits claim attempts (shared by all workers), e.g. `parseLimiter('250ms,8')`. */
-  readonly dbQueryLimiter: RateLimiter;
-  /** Stops the loop: no new claims, then in-flight work ends or is cancelled. */
-  readonly signal: AbortSignal;
+  /** Limits claim attempts (shared by all workers). Default `parseLimiter('250ms,8')`. */
+  readonly dbQueryLimiter?: RateLimiter;
+  /** Stops the loop: no new claims, then in-flight work ends or is cancelled. Default: never. */
+  readonly signal?: AbortSignal;
   /** How long in-flight work may run on after the stop signal. Default 30 s. */
   readonly stopGracePeriod?: number;
   /**
@@ -86,6 +92,12 @@ export interface ControlLoopOptions {
   readonly sessionInterval?: number;
 }
 
+/** The backoff of a loop that names none: 1 minute, growing 1.2 times, up to 1 hour. */
+export const DEFAULT_BACKOFF: Backoff = { initial: 60_000, maximum: 3_600_000, exponent: 1.2 };
+
+/** The claim rate of a loop that names no limiter: 8 at once, then one every 250 ms. */
+const DEFAULT_LIMITER = '250ms,8';
+
 const FIRST_IDLE_DELAY = 100;
 const ERROR_PAUSE = 1_000;
 
@@ -100,9 +112,10 @@ const ERROR_PAUSE = 1_000;
  */
 export async function runControlLoop<T extends WorkCandidate>(
   bmdb: BMDB,
-  loop: ControlLoop<T>,
-  options: ControlLoopOptions,
+  loopOptions: ControlLoop<T>,
+  options: ControlLoopOptions = {},
 ): Promise<void> {
+  const loop = withDefaults(loopOptions);
   const parallelism = options.parallelism ?? 1;
   if (!Number.isInteger(parallelism) || parallelism < 1) {
     throw new RangeError(`control loop ${loop.processor}: parallelism must be a positive integer, got ${parallelism}`);
@@ -110,23 +123,49 @@ export async function runControlLoop<T extends WorkCandidate>(
   if (!loop.selectMachines && !loop.getMachines) {
     throw new BMDBError(`control loop ${loop.processor} has neither selectMachines nor getMachines`);
   }
+  // Built once, for every worker: the query is immutable and its times are the database's now().
+  const selection = loop.selectMachines?.(new Queries(bmdb.db));
+  if (selection && selection.process !== loop.process) throw new ProcessMismatchError(loop.process, selection.process);
+  const signal = options.signal ?? new AbortController().signal;
+  const limiter = options.dbQueryLimiter ?? parseLimiter(DEFAULT_LIMITER);
   // Each worker listens for the stop at a few places at once (limiter, idle
   // wait, grace period): a signal of the runner's own, on which many
   // listeners are expected, rather than raising the caller's limit.
   const stop = new AbortController();
   setMaxListeners(0, stop.signal);
-  const forward = () => stop.abort(options.signal.reason);
-  if (options.signal.aborted) forward();
-  else options.signal.addEventListener('abort', forward, { once: true });
-  const runner = new Runner(bmdb, loop, { ...options, signal: stop.signal });
+  const forward = () => stop.abort(signal.reason);
+  if (signal.aborted) forward();
+  else signal.addEventListener('abort', forward, { once: true });
+  const runner = new Runner(bmdb, loop, selection, { ...options, signal: stop.signal, dbQueryLimiter: limiter });
   detail.loop('%s: starting %d worker(s) for %s', loop.processor, parallelism, loop.process);
   try {
     await Promise.all(Array.from({ length: parallelism }, (_, index) => runner.worker(index)));
   } finally {
-    options.signal.removeEventListener('abort', forward);
+    signal.removeEventListener('abort', forward);
   }
   detail.loop('%s: stopped', loop.processor);
 }
+
+/** A loop with its defaults filled in. */
+type CompleteLoop<T extends WorkCandidate> = ControlLoop<T> & {
+  readonly processor: string;
+  readonly defaultBackoff: Backoff;
+};
+
+function withDefaults<T extends WorkCandidate>(loop: ControlLoop<T>): CompleteLoop<T> {
+  const { selectMachines, getMachines } = loop;
+  return {
+    process: loop.process,
+    processor: loop.processor ?? loop.process,
+    defaultBackoff: loop.defaultBackoff ?? DEFAULT_BACKOFF,
+    ...(selectMachines && { selectMachines: (q: Queries) => selectMachines.call(loop, q) }),
+    ...(getMachines && { getMachines: (q: Queries, limit: number) => getMachines.call(loop, q, limit) }),
+    processMachine: (task) => loop.processMachine(task),
+  };
+}
+
+/** The options a runner works with: the caller's, with the signal and limiter settled. */
+type RunnerOptions = ControlLoopOptions & { readonly signal: AbortSignal; readonly dbQueryLimiter: RateLimiter };
 
 class Runner<T extends WorkCandidate> {
   readonly #stopGracePeriod: number;
@@ -134,8 +173,9 @@ class Runner<T extends WorkCandidate> {
 
   constructor(
     private readonly bmdb: BMDB,
-    private readonly loop: ControlLoop<T>,
-    private readonly options: ControlLoopOptions,
+    private readonly loop: CompleteLoop<T>,
+    private readonly selection: Selection<T> | undefined,
+    private readonly options: RunnerOptions,
   ) {
     this.#stopGracePeriod = options.stopGracePeriod ?? 30_000;
     this.#maxIdleDelay = options.maxIdleDelay ?? 2_000;
@@ -155,8 +195,7 @@ class Runner<T extends WorkCandidate> {
     let session: Session | undefined;
     let idleDelay = FIRST_IDLE_DELAY;
     const changes = this.bmdb.machineChanges;
-    // Built once: the query is immutable and its times are the database's now().
-    const selection = this.loop.selectMachines?.(new Queries(this.bmdb.db));
+    const selection = this.selection;
     try {
       while (!signal.aborted) {
         if (session?.state !== 'live') {

@@ -145,3 +145,21 @@ export class EmbeddedDatabaseError extends BMDBError {
     super(`embedded PostgreSQL at ${dataDir}: ${message}`, options);
   }
 }
+
+/**
+ * A selection was claimed for a process other than the one whose live work
+ * and backoff it excludes: its claims would ignore that process's backoffs.
+ */
+export class ProcessMismatchError extends BMDBError {
+  override name = 'ProcessMismatchError';
+  constructor(
+    /** The process the claim was for. */
+    readonly process: string,
+    /** The process the selection belongs to. */
+    readonly selectionProcess: string,
+  ) {
+    super(
+      `a selection for process ${selectionProcess} cannot claim work for process ${process}; build one for ${process} (selectionFor)`,
+    );
+  }
+}

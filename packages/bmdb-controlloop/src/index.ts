@@ -15,10 +15,16 @@ export {
   type OSInstallationReportEntry,
 } from './agent-heartbeat.js';
 export { type Backoff, nextBackoffSeconds, normalizeBackoff } from './backoff.js';
-export { BMDB, type BMDBOptions, type IsolationLevel } from './connection.js';
-export { type ControlLoop, type ControlLoopOptions, runControlLoop, type Task } from './control-loop.js';
+export { BMDB, type BMDBOptions, type ConnectionOptions, type IsolationLevel } from './connection.js';
+export {
+  type ControlLoop,
+  type ControlLoopOptions,
+  DEFAULT_BACKOFF,
+  runControlLoop,
+  type Task,
+} from './control-loop.js';
 export { formatDuration, parseDuration } from './duration.js';
-export { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
+export type { EmbeddedDatabaseOptions } from './embedded.js';
 export {
   BMDBError,
   ConnectionClosedError,
@@ -26,6 +32,7 @@ export {
   EmbeddedDatabaseError,
   InvalidSettingError,
   NothingToDoError,
+  ProcessMismatchError,
   SessionClosedError,
   SessionExpiredError,
   WorkConflictError,
@@ -37,6 +44,7 @@ export {
 export { sleep } from './internal/sleep.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
 export { BMDBMetrics } from './metrics.js';
+export type { ComponentSchema } from './migrations/index.js';
 export {
   type BackoffCause,
   type DecommissionReport,
@@ -63,13 +71,14 @@ export {
 } from './queries.js';
 export {
   type Database,
+  type MachineProvidedRow,
   OSInstallationResult,
   Process,
   ProviderStatus,
   SHEPHERD_PROCESSES,
   WorkEvent,
 } from './schema.js';
-export type { Selection, SelectionRow } from './selection.js';
-export { Session, type SessionOptions } from './session.js';
+export { readyFor, type Selection, type SelectionRow, type SelectionSource, selectionFor } from './selection.js';
+export { Session, type SessionOptions, type SessionState } from './session.js';
 export type { FinishTags, TagName } from './tags.js';
-export { Work, type WorkCandidate } from './work.js';
+export { Work, type WorkCandidate, type WorkState } from './work.js';

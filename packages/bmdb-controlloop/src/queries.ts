@@ -1,7 +1,7 @@
 import { type Kysely, type RawBuilder, sql } from 'kysely';
 import type { HardwareReportEntry, OSInstallationReportEntry } from './agent-heartbeat.js';
 import type { Database, MachineProvidedRow, ProviderStatus, WorkEvent } from './schema.js';
-import { SHEPHERD_PROCESSES } from './schema.js';
+import { Process, SHEPHERD_PROCESSES } from './schema.js';
 import type { Selection } from './selection.js';
 
 /** A machine as its provider knows it: the Provided tag. */
@@ -291,7 +291,11 @@ export class Queries {
    * one-statement claims (`Session.work`, `ControlLoop.selectMachines`).
    */
   agentStartSelection(options: { provider: string }): Selection<ProvidedMachine, MachineProvidedRow> {
-    return { query: this.#agentStartQuery(options.provider), toCandidate: toProvidedMachine };
+    return {
+      process: Process.ShepherdAgentStart,
+      query: this.#agentStartQuery(options.provider),
+      toCandidate: toProvidedMachine,
+    };
   }
 
   /**
@@ -311,7 +315,11 @@ export class Queries {
   agentRecoverySelection(
     options: { provider: string } & RecoveryThresholds,
   ): Selection<ProvidedMachine, MachineProvidedRow> {
-    return { query: this.#agentRecoveryQuery(options), toCandidate: toProvidedMachine };
+    return {
+      process: Process.ShepherdRecovery,
+      query: this.#agentRecoveryQuery(options),
+      toCandidate: toProvidedMachine,
+    };
   }
 
   /**

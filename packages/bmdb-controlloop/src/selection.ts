@@ -1,4 +1,5 @@
-import type { Expression } from 'kysely';
+import { type Expression, type RawBuilder, sql } from 'kysely';
+import { hasLiveWork, inBackoff } from './queries.js';
 import type { WorkCandidate } from './work.js';
 
 /** A row of a selection query: it names a machine, and may carry more. */
@@ -11,9 +12,12 @@ export interface SelectionRow {
  * work, as a query rather than as rows, so that choosing one, locking it and
  * claiming it is one statement and one round trip.
  *
- * `query` must select a `machine_id` column and have no `LIMIT` (the claim
- * adds its own). It must exclude machines under live work or running backoff
- * (see `hasLiveWork` and `inBackoff`), just like a work retriever.
+ * A selection belongs to one process: `query` excludes machines under live
+ * work or running backoff of `process`, and claiming it for another process
+ * throws {@link ProcessMismatchError}. Build one with {@link selectionFor},
+ * which adds those exclusions itself; by hand, `query` must select a
+ * `machine_id` column, have no `LIMIT` (the claim adds its own) and exclude
+ * them itself (see {@link readyFor}).
  *
  * @example
  * ```ts
@@ -22,6 +26,8 @@ export interface SelectionRow {
  * ```
  */
 export interface Selection<T extends WorkCandidate, R extends SelectionRow = SelectionRow> {
+  /** The process whose live work and backoff `query` excludes; the only one it claims for. */
+  readonly process: string;
   /** The candidates, one row per machine, e.g. a Kysely `SelectQueryBuilder`. */
   readonly query: Expression<R>;
   /**
@@ -35,4 +41,59 @@ export interface Selection<T extends WorkCandidate, R extends SelectionRow = Sel
 /** Whether a `Session.work` argument is a {@link Selection} rather than a retriever function. */
 export function isSelection<T extends WorkCandidate>(value: unknown): value is Selection<T> {
   return typeof value === 'object' && value !== null && 'query' in value && 'toCandidate' in value;
+}
+
+/**
+ * Whether the machine at `machineId` (a column reference such as
+ * `'mp.machine_id'`) is free for work of `process`: no live work of it (nor
+ * of any process in `exclusiveWith`) and no running backoff of it.
+ */
+export function readyFor(
+  machineId: string,
+  process: string,
+  exclusiveWith: readonly string[] = [],
+): RawBuilder<boolean> {
+  const processes = [...new Set([process, ...exclusiveWith])];
+  return sql<boolean>`(NOT ${hasLiveWork(machineId, processes)} AND NOT ${inBackoff(machineId, process)})`;
+}
+
+/** What {@link selectionFor} builds a selection from. */
+export interface SelectionSource<T extends WorkCandidate, R extends SelectionRow> {
+  /**
+   * The machines that need the work, whatever their claims and backoffs: a
+   * query selecting a `machine_id` column (and what `toCandidate` needs),
+   * without `LIMIT`, in the order they should be claimed.
+   */
+  readonly query: Expression<R>;
+  /** The candidate handed to the work (`Work.candidate`) for a claimed row. */
+  toCandidate(row: R): T;
+  /**
+   * Other processes whose live work also keeps a machine out, for work that
+   * must not run alongside them (the shepherd's: `SHEPHERD_PROCESSES`).
+   */
+  readonly exclusiveWith?: readonly string[];
+}
+
+/**
+ * A {@link Selection} for `process`: the source's machines that have no live
+ * work of `process` (or of `exclusiveWith`) and no running backoff of
+ * `process`. The process is part of the selection, so it cannot be claimed
+ * for another one by mistake.
+ *
+ * @example
+ * ```ts
+ * const selection = selectionFor('OsInstall', {
+ *   query: db.selectFrom('os_install_request').select(['machine_id', 'image']),
+ *   toCandidate: (row) => ({ machineId: row.machine_id, image: row.image }),
+ * });
+ * ```
+ */
+export function selectionFor<T extends WorkCandidate, R extends SelectionRow>(
+  process: string,
+  source: SelectionSource<T, R>,
+): Selection<T, R> {
+  // Aliased apart from the aliases the readiness subqueries use (w, s, b).
+  const query = sql<R>`SELECT bmdb_selected.* FROM (${source.query}) AS bmdb_selected
+    WHERE ${readyFor('bmdb_selected.machine_id', process, source.exclusiveWith)}`;
+  return { process, query, toCandidate: (row) => source.toCandidate(row) };
 }

@@ -4,6 +4,7 @@ import { type ClaimStatus, claimMachineStatement } from './claim.js';
 import {
   BMDBError,
   NothingToDoError,
+  ProcessMismatchError,
   SessionClosedError,
   SessionExpiredError,
   WorkConflictError,
@@ -34,7 +35,8 @@ export interface SessionOptions {
   readonly interval?: number;
 }
 
-type SessionState = 'live' | 'expired' | 'closed';
+/** Where a session stands: `live` until it expires or is closed, for good. */
+export type SessionState = 'live' | 'expired' | 'closed';
 
 /** How often a failed heartbeat is retried, as a fraction of the interval. */
 const HEARTBEAT_RETRY_FRACTION = 10;
@@ -104,8 +106,13 @@ export class Session {
   readonly #runtime: SessionRuntime;
   readonly #labels: { processor: string };
 
-  /** @internal Created by `BMDB.startSession`. */
-  constructor(
+  /** @internal A session `BMDB.startSession` inserted. */
+  static started(host: SessionHost, id: string, processor: string, interval: number, startedAt: number): Session {
+    return new Session(host, id, processor, interval, startedAt);
+  }
+
+  // Private: only `BMDB.startSession` makes sessions (through `started`).
+  private constructor(
     private readonly host: SessionHost,
     /** The session's ID (its row in `sessions`). */
     readonly id: string,
@@ -189,6 +196,7 @@ export class Session {
    * @throws {@link NothingToDoError} when there is no candidate
    * @throws {@link WorkConflictError} when live sessions hold the candidates
    * @throws {@link SessionExpiredError} if the session expired
+   * @throws {@link ProcessMismatchError} for a selection of another process
    */
   async work<T extends WorkCandidate>(
     process: string,
@@ -202,6 +210,7 @@ export class Session {
     process: string,
     source: ((q: Queries) => Promise<readonly T[]>) | Selection<T>,
   ): Promise<Work<T>> {
+    if (isSelection<T>(source) && source.process !== process) throw new ProcessMismatchError(process, source.process);
     this.#assertLive();
     let claim: Claim<T>;
     try {
@@ -216,7 +225,7 @@ export class Session {
       this.#abandon(`the connection was lost during a claim for ${process} (${describeError(error)})`);
       throw this.#abort.signal.reason as SessionExpiredError;
     }
-    const work = new Work<T>(this.#runtime, claim.machineId, process, claim.candidate, claim.previousInterval);
+    const work = Work.claimed(this.#runtime, claim.machineId, process, claim.candidate, claim.previousInterval);
     this.#works.add(work as Work);
     this.host.metrics?.workStarted.inc({ ...this.#labels, process });
     detail.work(

@@ -12,7 +12,8 @@ import { type FinishTags, tagWrites } from './tags.js';
 /** What a work retriever may return: machine IDs, or rows that carry one. */
 export type WorkCandidate = string | { readonly machineId: string };
 
-type WorkState = 'active' | WorkEndState;
+/** Where a work item stands: `active` until it ends, then how it ended. */
+export type WorkState = 'active' | WorkEndState;
 
 const noResult = (): void => undefined;
 
@@ -26,8 +27,19 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
   #state: WorkState = 'active';
   #ending: Promise<unknown> | undefined;
 
-  /** @internal Created by `Session.work`. */
-  constructor(
+  /** @internal A claim `Session.work` made. */
+  static claimed<T extends WorkCandidate>(
+    runtime: SessionRuntime,
+    machineId: string,
+    process: string,
+    candidate: T,
+    previousBackoffSeconds: number | undefined,
+  ): Work<T> {
+    return new Work(runtime, machineId, process, candidate, previousBackoffSeconds);
+  }
+
+  // Private: only a claim makes work (`Session.work`, through `claimed`).
+  private constructor(
     private readonly runtime: SessionRuntime,
     /** The machine claimed. */
     readonly machineId: string,

@@ -135,6 +135,7 @@ describe('claims made together', () => {
     // The selection waits on an advisory lock after the statement's snapshot is taken; meanwhile
     // another process claims one machine and commits.
     const gated: Selection<string> = {
+      process: Process.ShepherdAgentStart,
       query: new Queries(bmdb.db).db
         .selectFrom('machine_provided as mp')
         .select('mp.machine_id')

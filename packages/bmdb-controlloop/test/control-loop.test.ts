@@ -398,6 +398,7 @@ describe('runControlLoop', () => {
       defaultBackoff: { initial: 60_000, maximum: 60_000, exponent: 1 },
       // Every machine of the provider without live shepherd work: both loops want the same machines.
       selectMachines: (q) => ({
+        process,
         query: q.db
           .selectFrom('machine_provided as mp')
           .selectAll('mp')

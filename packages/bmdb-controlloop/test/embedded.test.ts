@@ -4,7 +4,8 @@ import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { BMDB, DatabaseUnreachableError, EmbeddedDatabase, EmbeddedDatabaseError } from '../src/index.js';
+import { EmbeddedDatabase } from '../src/embedded.js';
+import { BMDB, DatabaseUnreachableError, EmbeddedDatabaseError } from '../src/index.js';
 
 let dataDir: string;
 

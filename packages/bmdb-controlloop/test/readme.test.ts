@@ -11,3 +11,8 @@ test('the README example runs and does what it says', async () => {
   ]);
   expect(JSON.parse(logged.at(-1) ?? '{}')).toMatchObject({ provided: 0, agentStarted: 3 });
 });
+
+test("the README's component example (its own tags, migration and loop) runs", async () => {
+  const logged = await runReadmeExample(fileURLToPath(new URL('..', import.meta.url)), 'runnable');
+  expect(logged).toEqual(['installed: debian-12, ubuntu-24.04']);
+});

@@ -103,6 +103,7 @@ describe('claims from a selection', () => {
     // The selection waits on an advisory lock after the statement's snapshot is taken; meanwhile
     // another process claims the machine and commits, as a concurrent claim would.
     const gated: Selection<string> = {
+      process: Process.ShepherdAgentStart,
       query: new Queries(bmdb.db).db
         .selectFrom('machine_provided as mp')
         .select('mp.machine_id')

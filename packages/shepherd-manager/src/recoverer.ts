@@ -62,7 +62,10 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
 
   /** Runs the recoverer until `options.signal` aborts (see `runControlLoop`), auditing heartbeats meanwhile. */
   async run(bmdb: BMDB, options: ControlLoopOptions): Promise<void> {
-    await Promise.all([runControlLoop(bmdb, this, options), this.#auditLoop(bmdb, options.signal)]);
+    await Promise.all([
+      runControlLoop(bmdb, this, options),
+      this.#auditLoop(bmdb, options.signal ?? new AbortController().signal),
+    ]);
   }
 
   /** Claimed from in one statement; parallel workers skip each other's machines. */

@@ -1,7 +1,7 @@
 import { type Kysely, sql } from 'kysely';
 
 /**
- * The BMDB schema of DESIGN.md §2. Released: never edit, add a migration.
+ * The BMDB schema: machines, their tags, sessions and work. Released: never edit, add a migration.
  *
  * Tag tables cascade from `machines`. `work.machine_id` deliberately does not:
  * a machine under a live claim cannot be deleted from under its worker.

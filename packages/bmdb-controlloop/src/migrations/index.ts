@@ -17,34 +17,91 @@ const MIGRATIONS: Record<string, Migration> = {
   '0004_fleet_page': fleetPage,
 };
 
-const provider: MigrationProvider = { getMigrations: async () => MIGRATIONS };
-
 /** Migration bookkeeping tables; prefixed so they sit apart from other tools'. */
 const MIGRATION_TABLE = 'bmdb_migration';
 const MIGRATION_LOCK_TABLE = 'bmdb_migration_lock';
 
 /**
- * Brings the schema to the latest version. Safe to run from several processes
+ * A component's own part of the BMDB: tables of its own (its tags, keyed by
+ * `machine_id`), created and changed by its own migrations. `BMDB.open` with
+ * `migrate: true` applies them after the library's, recording them apart
+ * from the library's and other components' (table `bmdb_migration_<name>`),
+ * so library migrations added later never collide with a component's.
+ */
+export interface ComponentSchema {
+  /**
+   * The component, as named in its migration records: lower-case letters,
+   * digits and underscores, starting with a letter, at most 40 characters.
+   */
+  readonly name: string;
+  /**
+   * The component's migrations by name (Kysely's `{ up(db), down?(db) }`).
+   * Applied once each, in the names' lexical order (`0001_…`, `0002_…`); a
+   * name sorting before one already applied is refused. Never edit or rename
+   * a released one.
+   */
+  readonly migrations: Readonly<Record<string, Migration>>;
+}
+
+const COMPONENT_NAME = /^[a-z][a-z0-9_]{0,39}$/;
+
+/**
+ * Checks component schemas before anything is touched.
+ *
+ * @throws {@link BMDBError} naming a bad or repeated component name, or a component without migrations
+ */
+export function checkComponents(components: readonly ComponentSchema[]): void {
+  const seen = new Set<string>();
+  for (const { name, migrations } of components) {
+    if (!COMPONENT_NAME.test(name)) {
+      throw new BMDBError(
+        `component schema name ${JSON.stringify(name)} is invalid: want lower-case letters, digits and underscores, starting with a letter, at most 40 characters`,
+      );
+    }
+    if (seen.has(name)) throw new BMDBError(`component schema ${name} is given twice`);
+    seen.add(name);
+    if (Object.keys(migrations).length === 0) throw new BMDBError(`component schema ${name} has no migrations`);
+  }
+}
+
+/**
+ * Brings the schema to the latest version: the library's migrations, then
+ * each component's, in the order given. Safe to run from several processes
  * at once (Kysely holds an advisory lock) and a no-op when up to date.
  *
- * @returns the names of the migrations applied by this call
+ * @returns the names of the migrations applied by this call; a component's
+ *   as `<component>/<migration>`
  */
-export async function migrateToLatest(db: Kysely<unknown>): Promise<string[]> {
-  const migrator = new Migrator({
-    db,
-    provider,
-    migrationTableName: MIGRATION_TABLE,
-    migrationLockTableName: MIGRATION_LOCK_TABLE,
-  });
+export async function migrateToLatest(
+  db: Kysely<unknown>,
+  components: readonly ComponentSchema[] = [],
+): Promise<string[]> {
+  const applied = await migrate(db, MIGRATIONS, MIGRATION_TABLE, MIGRATION_LOCK_TABLE, 'BMDB');
+  for (const { name, migrations } of components) {
+    const table = `${MIGRATION_TABLE}_${name}`;
+    const names = await migrate(db, migrations, table, `${table}_lock`, `component ${name}`);
+    applied.push(...names.map((migration) => `${name}/${migration}`));
+  }
+  log.migrate(applied.length ? 'applied %o' : 'schema up to date', applied);
+  return applied;
+}
+
+async function migrate(
+  db: Kysely<unknown>,
+  migrations: Readonly<Record<string, Migration>>,
+  migrationTableName: string,
+  migrationLockTableName: string,
+  what: string,
+): Promise<string[]> {
+  const provider: MigrationProvider = { getMigrations: async () => ({ ...migrations }) };
+  const migrator = new Migrator({ db, provider, migrationTableName, migrationLockTableName });
   const { error, results = [] } = await migrator.migrateToLatest();
   const failed = results.find((r) => r.status === 'Error');
   if (error !== undefined || failed) {
     throw new BMDBError(
-      `BMDB migration ${failed?.migrationName ?? '(none)'} failed: ${error instanceof Error ? error.message : String(error)}`,
+      `${what} migration ${failed?.migrationName ?? '(none)'} failed: ${error instanceof Error ? error.message : String(error)}`,
       { cause: error },
     );
   }
-  const applied = results.filter((r) => r.status === 'Success').map((r) => r.migrationName);
-  log.migrate(applied.length ? 'applied %o' : 'schema up to date', applied);
-  return applied;
+  return results.filter((r) => r.status === 'Success').map((r) => r.migrationName);
 }

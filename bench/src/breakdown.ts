@@ -1,0 +1,132 @@
+/**
+ * Where a lone worker's time goes, per work item: the throughput benchmark's
+ * `bmdb-controlloop` loop at parallelism 1, with every query the pg clients
+ * send timed from the client (round trips) and pg_stat_statements on the
+ * server (statements, execution and planning time). Node time is what is
+ * left of an item's wall time once its round trips are taken out.
+ *
+ *   npm run breakdown -w bench     (BENCH_ITEMS, default 3,000; BENCH_CONCURRENCY, default 1)
+ */
+import { performance } from 'node:perf_hooks';
+import {
+  BMDB,
+  type ControlLoop,
+  Process,
+  type ProvidedMachine,
+  parseLimiter,
+  runControlLoop,
+} from '@bmaas/bmdb-controlloop';
+import pg from 'pg';
+import { fillFleet, PROVIDER } from './fleet.js';
+import { BenchServer } from './server.js';
+import { UNBOUND_LIMITER } from './throughput.js';
+
+const ITEMS = Number(process.env.BENCH_ITEMS ?? 3_000);
+const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 1);
+const PUBLIC_KEY = new Uint8Array(32);
+
+/** Client-side round trips: every `Client.query` from its call to its answer. */
+const roundTrips = { count: 0, ms: 0, enabled: false };
+type QueryFn = (...args: unknown[]) => unknown;
+const original = pg.Client.prototype.query as unknown as QueryFn;
+(pg.Client.prototype as unknown as { query: QueryFn }).query = function timedQuery(
+  this: pg.Client,
+  ...args: unknown[]
+) {
+  if (!roundTrips.enabled) return original.apply(this, args);
+  const start = performance.now();
+  const done = () => {
+    roundTrips.count++;
+    roundTrips.ms += performance.now() - start;
+  };
+  const last = args.length - 1;
+  const callback = args[last];
+  if (typeof callback === 'function') {
+    args[last] = (...results: unknown[]) => {
+      done();
+      return (callback as QueryFn)(...results);
+    };
+    return original.apply(this, args);
+  }
+  const result = original.apply(this, args);
+  if (result instanceof Promise) return result.finally(done);
+  return result;
+};
+
+interface StatementRow {
+  query: string;
+  calls: string;
+  exec_ms: number;
+  plan_ms: number;
+}
+
+async function main(): Promise<void> {
+  const server = await BenchServer.start();
+  const name = 'bench_breakdown';
+  try {
+    const url = await server.createDatabase(name);
+    const bmdb = await BMDB.open({ url, migrate: true, componentName: 'bench', runtimeInfo: 'breakdown' });
+    await server.withClient(name, (client) => fillFleet(client, { total: ITEMS, ready: ITEMS }));
+    await server.withClient('postgres', (client) => client.query('SELECT pg_stat_statements_reset()'));
+    const stop = new AbortController();
+    let done = 0;
+    let elapsed = 0;
+    const loop: ControlLoop<ProvidedMachine> = {
+      process: Process.ShepherdAgentStart,
+      processor: 'bench',
+      selectMachines: (q) => q.agentStartSelection({ provider: PROVIDER }),
+      async processMachine({ work }) {
+        await work.finish({ set: { agentStarted: { publicKey: PUBLIC_KEY } } });
+        if (++done === ITEMS) {
+          elapsed = performance.now() - start;
+          roundTrips.enabled = false;
+          stop.abort();
+        }
+      },
+    };
+    roundTrips.enabled = true;
+    const start = performance.now();
+    await runControlLoop(bmdb, loop, {
+      parallelism: CONCURRENCY,
+      dbQueryLimiter: parseLimiter(UNBOUND_LIMITER),
+      signal: stop.signal,
+    });
+    await bmdb.close();
+    const statements = await server.withClient('postgres', async (client) => {
+      const { rows } = await client.query<StatementRow>(
+        `SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 70) AS query, calls::text,
+                total_exec_time AS exec_ms, total_plan_time AS plan_ms
+         FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+         WHERE d.datname = $1 AND query NOT LIKE '%pg_stat_statements%' AND toplevel
+         ORDER BY calls DESC, total_exec_time DESC LIMIT 12`,
+        [name],
+      );
+      return rows;
+    });
+    const perItem = elapsed / ITEMS;
+    const rtPerItem = roundTrips.ms / ITEMS;
+    const serverMs = statements.reduce((sum, s) => sum + s.exec_ms + s.plan_ms, 0);
+    const fmt = (ms: number) => `${(ms * 1000).toFixed(0)} µs`;
+    console.log(`\n**A worker's item** at parallelism ${CONCURRENCY}, ${ITEMS.toLocaleString('en')} items\n`);
+    console.log('| per item | value |\n|---|---:|');
+    console.log(
+      `| wall time | ${fmt(perItem)} (${Math.round(ITEMS / (elapsed / 1000)).toLocaleString('en')} items/s) |`,
+    );
+    console.log(`| round trips | ${(roundTrips.count / ITEMS).toFixed(2)} |`);
+    console.log(`| time in round trips (client side) | ${fmt(rtPerItem)} |`);
+    console.log(`| of which server execution + planning | ${fmt(serverMs / ITEMS)} |`);
+    console.log(`| time in Node between round trips | ${fmt(perItem - rtPerItem)} |`);
+    console.log('\n| statement | calls per item | server µs per call |\n|---|---:|---:|');
+    for (const s of statements) {
+      const calls = Number(s.calls);
+      console.log(
+        `| \`${s.query.replaceAll('|', '\\|')}…\` | ${(calls / ITEMS).toFixed(3)} | ${(((s.exec_ms + s.plan_ms) / calls) * 1000).toFixed(0)} |`,
+      );
+    }
+  } finally {
+    await server.dropDatabase(name).catch(() => {});
+    await server.stop();
+  }
+}
+
+await main();
