@@ -220,6 +220,9 @@ export class Ssh2Client implements SshClient {
       );
     });
 
+    // SSH here is request and answer (every SFTP write waits for its status): Nagle's
+    // algorithm would hold each request back for the peer's delayed ACK, ~40 ms a round trip.
+    connector.once('connect', () => connector.setNoDelay(true));
     log('%s: dialing (timeout %d ms)', describeTarget(target), connectTimeout);
     connector.connect({
       host: target.host,
@@ -301,19 +304,21 @@ class Ssh2Connection implements SshConnection {
     let channel: ClientChannel | undefined;
     let aborted = false;
 
-    const finished = (async () => {
-      const opened = await new Promise<ClientChannel>((resolve, reject) => {
-        const startFailed = (error: unknown) =>
-          reject(new SshExecError(target, command, `cannot start: ${messageOf(error)}`, { cause: error }));
-        // Throws when the connection is gone; the callback reports other failures.
-        tryOrElse(startFailed, () =>
-          this.connector.exec(command, (error, opened) => (error ? startFailed(error) : resolve(opened))),
-        );
-      });
-      channel = opened;
-      if (aborted) killChannel(opened);
-      return runCommand(opened, stdin, target, command, this.maxOutputBytes, () => this.#closed);
-    })();
+    const finished = new Promise<SshExecResult>((resolve, reject) => {
+      const startFailed = (error: unknown) =>
+        reject(new SshExecError(target, command, `cannot start: ${messageOf(error)}`, { cause: error }));
+      // Throws when the connection is gone; the callback reports other failures.
+      tryOrElse(startFailed, () =>
+        this.connector.exec(command, (error, opened) => {
+          if (error) return startFailed(error);
+          channel = opened;
+          // Listen in this very callback: a quick command's exit status can arrive in
+          // the same packet as the channel's opening and is emitted before any await resumes.
+          resolve(runCommand(opened, stdin, target, command, this.maxOutputBytes, () => this.#closed));
+          if (aborted) killChannel(opened);
+        }),
+      );
+    });
 
     return abortable(
       finished,
