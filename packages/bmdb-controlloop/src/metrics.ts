@@ -15,6 +15,8 @@ export class BMDBMetrics {
   readonly transactionsFailed: Counter<'processor'>;
   readonly workStarted: Counter<'processor' | 'process'>;
   readonly workFinished: Counter<'processor' | 'process' | 'result'>;
+  readonly heartbeats: Counter<'processor'>;
+  readonly heartbeatsFailed: Counter<'processor' | 'code'>;
 
   constructor(registry: Registry) {
     const counter = <K extends string>(name: string, help: string, labelNames: readonly K[]): Counter<K> => {
@@ -43,6 +45,16 @@ export class BMDBMetrics {
       'process',
       'result',
     ]);
+    this.heartbeats = counter(
+      'bmdb_session_heartbeat_total',
+      'Session heartbeats sent (each retry counts once more).',
+      ['processor'],
+    );
+    this.heartbeatsFailed = counter(
+      'bmdb_session_heartbeat_failed_total',
+      'Session heartbeats that failed (and were retried), by SQLSTATE (`none` for a lost connection or timeout).',
+      ['processor', 'code'],
+    );
   }
 
   /** @internal */
