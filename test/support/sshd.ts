@@ -43,11 +43,27 @@ export interface TestSshServerOptions {
 }
 
 /**
- * Which server {@link startTestSshServer} starts: OpenSSH when it is
- * installed, unless `SHEPHERD_TEST_SSHD=ssh2` asks for the fallback.
+ * Which server {@link startTestSshServer} starts, by `SHEPHERD_TEST_SSHD`:
+ * unset, OpenSSH when it is installed, else the fallback; `fallback`, ssh2's
+ * in-process server even where OpenSSH is installed (CI runs the SSH tests
+ * this way too); `openssh`, OpenSSH or an error (CI, so that a missing sshd
+ * cannot pass unnoticed).
  */
 export function testSshServerKind(): 'openssh' | 'ssh2' {
-  return process.env.SHEPHERD_TEST_SSHD !== 'ssh2' && existsSync(SSHD_PATH) ? 'openssh' : 'ssh2';
+  const wanted = process.env.SHEPHERD_TEST_SSHD ?? '';
+  switch (wanted) {
+    case 'fallback':
+      return 'ssh2';
+    case 'openssh':
+      if (!existsSync(SSHD_PATH)) {
+        throw new Error(`SHEPHERD_TEST_SSHD=openssh, but ${SSHD_PATH} does not exist (Debian: openssh-server)`);
+      }
+      return 'openssh';
+    case '':
+      return existsSync(SSHD_PATH) ? 'openssh' : 'ssh2';
+    default:
+      throw new Error(`SHEPHERD_TEST_SSHD=${JSON.stringify(wanted)}: expected fallback, openssh, or unset`);
+  }
 }
 
 /** Starts a throwaway SSH server; see {@link TestSshServer}. Stop it in the suite's teardown. */
@@ -227,6 +243,8 @@ async function startInProcess({ authorizedKeys, listenAddresses }: TestSshServer
 
   const server = new Server({ hostKeys: [hostKey.private] }, (client) => {
     connections.add(client);
+    // Answers go out at once, not after the client's delayed ACK (Nagle's algorithm).
+    (client as Connection & { setNoDelay(noDelay: boolean): void }).setNoDelay(true);
     client.on('close', () => connections.delete(client));
     client.on('error', (error) => logLines.push(`client error: ${error.message}`));
     client.on('authentication', (context) => {
@@ -254,7 +272,11 @@ async function startInProcess({ authorizedKeys, listenAddresses }: TestSshServer
           accept?.();
           command?.kill(`SIG${info.name}` as NodeJS.Signals);
         });
-        session.on('sftp', (accept) => serveSftp(accept()));
+        session.on('sftp', (accept) => {
+          const sftp = accept();
+          announcePosixRename(sftp);
+          serveSftp(sftp);
+        });
       });
     });
   });
@@ -274,7 +296,7 @@ async function startInProcess({ authorizedKeys, listenAddresses }: TestSshServer
   );
   return {
     kind: 'ssh2',
-    description: `${existsSync(SSHD_PATH) ? "SHEPHERD_TEST_SSHD=ssh2: using ssh2's in-process server" : FALLBACK_NOTICE} (${[host, ...moreAddresses].join(', ')} port ${address.port})`,
+    description: `${existsSync(SSHD_PATH) ? "SHEPHERD_TEST_SSHD=fallback: using ssh2's in-process server" : FALLBACK_NOTICE} (${[host, ...moreAddresses].join(', ')} port ${address.port})`,
     host,
     port: address.port,
     hostKeyFingerprint: `SHA256:${createHash('sha256').update(parsedHostKey.getPublicSSH()).digest('base64').replace(/=+$/, '')}`,
@@ -317,7 +339,68 @@ function runCommand(command: string, channel: ServerChannel, children: Set<Child
   return child;
 }
 
-/** Just enough of an SFTP server for an upload: open, write, close, chmod, remove, rename; other requests fail. */
+const POSIX_RENAME = 'posix-rename@openssh.com';
+const SSH_FXP_VERSION = 2;
+/** SFTP channels (per connection's protocol) whose VERSION answer is still to be sent. */
+const awaitingVersion = new WeakMap<object, Set<number>>();
+
+/**
+ * OpenSSH's SFTP server offers posix-rename@openssh.com, a rename that
+ * atomically replaces the target, and the shepherd's upload relies on it when
+ * several uploads replace one file at once. ssh2's server cannot announce an
+ * extension, so the announcement is appended to its VERSION answer on the way
+ * out (through ssh2 internals; this fails loudly should they change).
+ */
+function announcePosixRename(sftp: SFTPWrapper): void {
+  type Send = (channel: number, data: Buffer) => void;
+  const internals = sftp as unknown as { _protocol?: { channelData?: Send }; outgoing?: { id?: unknown } };
+  const protocol = internals._protocol;
+  const channel = internals.outgoing?.id;
+  const send = protocol?.channelData;
+  if (!protocol || typeof send !== 'function' || typeof channel !== 'number') {
+    throw new Error(`ssh2 internals changed: the in-process SSH server cannot announce ${POSIX_RENAME}`);
+  }
+  let channels = awaitingVersion.get(protocol);
+  if (!channels) {
+    const pending = new Set<number>();
+    channels = pending;
+    awaitingVersion.set(protocol, pending);
+    protocol.channelData = function (this: unknown, id: number, data: Buffer) {
+      // The server's VERSION packet: uint32 length 5, byte 2, uint32 version 3.
+      if (pending.has(id) && data.length === 9 && data[4] === SSH_FXP_VERSION) {
+        pending.delete(id);
+        const extension = Buffer.concat([sftpString(POSIX_RENAME), sftpString('1')]);
+        const packet = Buffer.concat([Buffer.alloc(4), data.subarray(4), extension]);
+        packet.writeUInt32BE(packet.length - 4);
+        return send.call(this, id, packet);
+      }
+      return send.call(this, id, data);
+    };
+  }
+  channels.add(channel);
+}
+
+function sftpString(text: string): Buffer {
+  const bytes = Buffer.from(text, 'utf8');
+  const length = Buffer.alloc(4);
+  length.writeUInt32BE(bytes.length);
+  return Buffer.concat([length, bytes]);
+}
+
+/** The two strings of a posix-rename request: from, to. */
+function renamePaths(data: Buffer): [string, string] | undefined {
+  const fromLength = data.length >= 4 ? data.readUInt32BE(0) : -1;
+  const toAt = 4 + fromLength;
+  if (fromLength < 0 || data.length < toAt + 4) return undefined;
+  const toLength = data.readUInt32BE(toAt);
+  if (data.length < toAt + 4 + toLength) return undefined;
+  return [data.toString('utf8', 4, toAt), data.toString('utf8', toAt + 4, toAt + 4 + toLength)];
+}
+
+/**
+ * Just enough of an SFTP server for an upload: open, write, close, chmod,
+ * remove, rename, posix-rename; other requests fail.
+ */
 function serveSftp(sftp: SFTPWrapper): void {
   const { OK, FAILURE, NO_SUCH_FILE, PERMISSION_DENIED, OP_UNSUPPORTED } = utils.sftp.STATUS_CODE;
   const files = new Map<number, number>();
@@ -382,6 +465,11 @@ function serveSftp(sftp: SFTPWrapper): void {
       renameSync(from, to);
     }),
   );
+  sftp.on('EXTENDED', (reqId, name, data) => {
+    const paths = name === POSIX_RENAME && data ? renamePaths(data) : undefined;
+    if (!paths) return sftp.status(reqId, OP_UNSUPPORTED);
+    run(reqId, () => renameSync(...paths));
+  });
   for (const request of [
     'READ',
     'OPENDIR',

@@ -1,11 +1,24 @@
-/** Polls `check` every `every` ms until it returns something other than undefined; fails after `timeout`. */
-export async function eventually<T>(check: () => Promise<T | undefined>, timeout = 20_000, every = 50): Promise<T> {
+/**
+ * Polls `check` every 50 ms until it returns something other than undefined,
+ * and returns that; fails after `timeout` ms (default 20 s), naming `what`
+ * the test waited for when given. The suite's one way to wait: for a
+ * condition, never for a fixed time.
+ */
+export function eventually<T>(check: () => Promise<T | undefined>, timeout?: number): Promise<T>;
+export function eventually<T>(what: string, check: () => Promise<T | undefined>, timeout?: number): Promise<T>;
+export async function eventually<T>(
+  ...args: [() => Promise<T | undefined>, number?] | [string, () => Promise<T | undefined>, number?]
+): Promise<T> {
+  const [what, check, timeout = 20_000]: [string, () => Promise<T | undefined>, number?] =
+    typeof args[0] === 'string'
+      ? (args as [string, () => Promise<T | undefined>, number?])
+      : ['condition', ...(args as [() => Promise<T | undefined>, number?])];
   const deadline = Date.now() + timeout;
   for (;;) {
     const value = await check();
     if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`condition not met within ${timeout} ms`);
-    await new Promise((resolve) => setTimeout(resolve, every));
+    if (Date.now() > deadline) throw new Error(`${what}: not met within ${timeout} ms`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
   }
 }
 

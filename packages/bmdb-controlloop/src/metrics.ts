@@ -15,6 +15,8 @@ export class BMDBMetrics {
   readonly transactionsFailed: Counter<'processor'>;
   readonly workStarted: Counter<'processor' | 'process'>;
   readonly workFinished: Counter<'processor' | 'process' | 'result'>;
+  readonly heartbeats: Counter<'processor'>;
+  readonly heartbeatsFailed: Counter<'processor' | 'code'>;
   /** Heartbeats per heartbeat statement (`BMDB.recordAgentHeartbeat`); its count is the statements sent. */
   readonly agentHeartbeatBatchSize: Histogram;
 
@@ -45,6 +47,16 @@ export class BMDBMetrics {
       'process',
       'result',
     ]);
+    this.heartbeats = counter(
+      'bmdb_session_heartbeat_total',
+      'Session heartbeats sent (each retry counts once more).',
+      ['processor'],
+    );
+    this.heartbeatsFailed = counter(
+      'bmdb_session_heartbeat_failed_total',
+      'Session heartbeats that failed (and were retried), by SQLSTATE (`none` for a lost connection or timeout).',
+      ['processor', 'code'],
+    );
     const existing = registry.getSingleMetric('bmdb_agent_heartbeat_batch_size');
     this.agentHeartbeatBatchSize =
       (existing as Histogram | undefined) ??

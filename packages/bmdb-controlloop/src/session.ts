@@ -40,6 +40,8 @@ export type SessionState = 'live' | 'expired' | 'closed';
 
 /** How often a failed heartbeat is retried, as a fraction of the interval. */
 const HEARTBEAT_RETRY_FRACTION = 10;
+/** A heartbeat failing with less than this fraction of the interval left puts the deadline at risk. */
+const HEARTBEAT_AT_RISK_FRACTION = 4;
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
@@ -375,6 +377,7 @@ export class Session {
   async #poke(): Promise<void> {
     if (this.#state !== 'live') return;
     const sentAt = performance.now();
+    this.host.metrics?.heartbeats.inc(this.#labels);
     let renewed: boolean;
     try {
       const client = await this.host.heartbeatPool.connect();
@@ -394,8 +397,13 @@ export class Session {
     } catch (error) {
       if (this.#state !== 'live') return;
       const left = this.#localDeadline - performance.now();
-      log.session(
-        'session %s heartbeat failed (%dms to deadline): %s',
+      const code = (error as { code?: unknown }).code;
+      this.host.metrics?.heartbeatsFailed.inc({ ...this.#labels, code: typeof code === 'string' ? code : 'none' });
+      // Retries come every tenth of the interval; only a deadline close enough to miss is worth a person's notice.
+      const atRisk = left < this.interval / HEARTBEAT_AT_RISK_FRACTION;
+      (atRisk ? log.session : log.heartbeat)(
+        '%ssession %s heartbeat failed, retrying (%dms to deadline): %s',
+        atRisk ? 'warning: deadline at risk: ' : '',
         this.id,
         Math.round(left),
         describeError(error),

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
+import { eventually } from '../../../test/support/wait.js';
 import {
   type BMDB,
   type ControlLoop,
@@ -11,7 +12,7 @@ import {
   runControlLoop,
   SessionExpiredError,
 } from '../src/index.js';
-import { eventually, provideMachines } from './helpers.js';
+import { provideMachines } from './helpers.js';
 
 let db: TestDatabase;
 let bmdb: BMDB;

@@ -3,6 +3,7 @@ import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
+import { eventually } from '../../../test/support/wait.js';
 import {
   type BMDB,
   type ControlLoop,
@@ -16,7 +17,7 @@ import {
   SHEPHERD_PROCESSES,
   type Task,
 } from '../src/index.js';
-import { deferred, eventually, provideMachines } from './helpers.js';
+import { deferred, provideMachines } from './helpers.js';
 
 let db: TestDatabase;
 let bmdb: BMDB;
@@ -194,7 +195,6 @@ describe('runControlLoop', () => {
     );
     await eventually(async () => (inFlight.size === 3 ? true : undefined));
     stop.abort();
-    await new Promise((resolve) => setTimeout(resolve, 100));
     gate.resolve(); // in-flight work ends after the stop signal, within the grace period
     await running;
 
@@ -261,7 +261,14 @@ describe('runControlLoop', () => {
     proxy.cut();
     await eventually(async () => (firstSignal.aborted ? true : undefined), 3000);
     expect(firstSignal.reason).toBeInstanceOf(SessionExpiredError);
-    await new Promise((resolve) => setTimeout(resolve, 1000));
+    // The outage lasts until the database, too, considers the session dead.
+    const expired = (firstSignal.reason as SessionExpiredError).sessionId;
+    await eventually(async () =>
+      (await count('SELECT count(*)::int AS n FROM sessions WHERE session_id = $1 AND deadline > now()', [expired])) ===
+      0
+        ? true
+        : undefined,
+    );
     proxy.restore();
 
     await eventually(async () =>
@@ -368,9 +375,10 @@ describe('runControlLoop', () => {
       }),
       { parallelism: 6, dbQueryLimiter: counting, signal: stop.signal, maxIdleDelay: 600_000 },
     );
-    // Every worker idle, listening: each has looked at least once since the connection listens.
-    await eventually(async () => (herd.machineChanges.listening && attempts >= 12 ? true : undefined));
-    await new Promise((resolve) => setTimeout(resolve, 200));
+    // Every worker idle, waiting for a notification (and nothing else, for 10 minutes).
+    await eventually(async () =>
+      herd.machineChanges.listening && herd.machineChanges.waiting === 6 ? true : undefined,
+    );
     const before = attempts;
     const session = await bmdb.startSession();
     const ids = await provideMachines(session, 3, 'Herd');

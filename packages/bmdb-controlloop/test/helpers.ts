@@ -25,14 +25,3 @@ export function deferred<T = void>(): { promise: Promise<T>; resolve(value: T): 
   });
   return { promise, resolve };
 }
-
-/** Polls `check` every 50 ms until it returns a value other than undefined, or fails after `timeout`. */
-export async function eventually<T>(check: () => Promise<T | undefined>, timeout = 10_000): Promise<T> {
-  const deadline = Date.now() + timeout;
-  for (;;) {
-    const value = await check();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`condition not met within ${timeout}ms`);
-    await new Promise((resolve) => setTimeout(resolve, 50));
-  }
-}

@@ -1,6 +1,7 @@
 import { type BMDB, ProviderStatus, parseLimiter, Queries, SessionExpiredError } from '@bmaas/bmdb-controlloop';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { eventually } from '../../../test/support/wait.js';
 import {
   Availability,
   type Machine,
@@ -38,9 +39,10 @@ describe('Provisioner', () => {
     const stop = new AbortController();
     const running = provisioner.run(bmdb, { signal: stop.signal });
     const provided = async () => new Queries(bmdb.db).providedMachines(provider.type);
-    for (let i = 0; i < 200 && (await provided()).length < 10; i++) await new Promise((r) => setTimeout(r, 20));
-    // Let it run a few more passes: it must stop at the limit.
-    await new Promise((r) => setTimeout(r, 200));
+    await eventually(async () => ((await provided()).length >= 10 ? true : undefined));
+    // A few more passes: it must stop at the limit.
+    const passes = provider.listings;
+    await eventually(async () => (provider.listings >= passes + 3 ? true : undefined));
     stop.abort();
     await running;
 
@@ -181,10 +183,11 @@ describe('Provisioner', () => {
     const provisioner = new Provisioner(provider, { maxCount: 3, chunkSize: 3, ...fastLimiters() });
     const stop = new AbortController();
     const running = provisioner.run(bmdb, { signal: stop.signal });
-    await new Promise((r) => setTimeout(r, 1200));
+    // Two passes saw the stray: neither created anything.
+    await eventually(async () => (provider.listings >= 2 ? true : undefined));
     expect(provider.createAttempts).toEqual([]);
     provider.machines.delete('stray');
-    for (let i = 0; i < 100 && provider.createAttempts.length < 3; i++) await new Promise((r) => setTimeout(r, 50));
+    await eventually(async () => (provider.createAttempts.length >= 3 ? true : undefined));
     stop.abort();
     await running;
     expect(provider.createAttempts).toHaveLength(3);

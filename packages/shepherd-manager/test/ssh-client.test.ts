@@ -106,6 +106,23 @@ describe('agent start against a real SSH server', () => {
     expect((await readdir(dir)).filter((name) => name.includes('.upload-'))).toEqual([]);
   });
 
+  test('uploads replacing one file at once never leave it missing: each upload runs what it uploaded', async () => {
+    // Machines sharing one host (tests) upload to the same path; a rename that is not atomic would let one run nothing.
+    const targetPath = path.join(dir, 'shared');
+    await Promise.all(
+      [1, 2, 3, 4].map((n) =>
+        withConnection(async (connection) => {
+          for (let round = 0; round < 5; round++) {
+            await connection.upload(targetPath, new TextEncoder().encode(`#!/bin/sh\necho ${n}\n`));
+            const result = await connection.execute(targetPath, new Uint8Array());
+            expect(new TextDecoder().decode(result.stderr)).toBe('');
+            expect(new TextDecoder().decode(result.stdout)).toMatch(/^[1-4]\n$/);
+          }
+        }),
+      ),
+    );
+  });
+
   test('upload replaces an agent executable that is still running from an earlier attempt', async () => {
     // A hung native "agent": Linux refuses to open a running executable for writing (ETXTBSY).
     const targetPath = path.join(dir, 'running-agent');
@@ -179,6 +196,15 @@ describe('agent start against a real SSH server', () => {
     } finally {
       await proxy.close();
     }
+  });
+
+  test('a command that exits at once reports its status, though it may arrive with the channel opening', async () => {
+    await withConnection(async (connection) => {
+      for (let i = 0; i < 10; i++) {
+        expect((await connection.execute('true', new Uint8Array())).exitCode).toBe(0);
+        expect((await connection.execute('exit 7', new Uint8Array([1]))).exitCode).toBe(7);
+      }
+    });
   });
 
   test('execute passes stdin through unchanged', async () => {

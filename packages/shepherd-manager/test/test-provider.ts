@@ -25,6 +25,8 @@ export class TestProvider implements RebootingProvider {
   readonly machines = new Map<string, TestMachine>();
   readonly reboots: string[] = [];
   readonly createAttempts: string[] = [];
+  /** How often the machines were listed: a provisioner's passes. */
+  listings = 0;
   /** Provider IDs whose creation fails. */
   readonly failCreation = new Set<string>();
   /** Address of every machine; by default 127.0.0.1 so a local sshd can stand in. */
@@ -33,6 +35,7 @@ export class TestProvider implements RebootingProvider {
   constructor(readonly capacity: number) {}
 
   async listMachines(): Promise<Machine[]> {
+    this.listings++;
     const unused = Math.max(0, this.capacity - this.machines.size);
     return [
       ...this.machines.values(),

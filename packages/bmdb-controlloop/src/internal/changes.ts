@@ -45,6 +45,11 @@ export class MachineChanges {
     return this.#generation;
   }
 
+  /** How many workers wait for a notification now (idle, with nothing to do). */
+  get waiting(): number {
+    return this.#waiters.size;
+  }
+
   /** Whether the listening connection is up. */
   get listening(): boolean {
     return this.#client !== undefined;

@@ -6,6 +6,8 @@ export const log = {
   embedded: createDebug('bmdb:embedded'),
   migrate: createDebug('bmdb:migrate'),
   session: createDebug('bmdb:session'),
+  /** Heartbeats retried while the deadline is not yet at risk: detail. */
+  heartbeat: createDebug('bmdb:session:heartbeat'),
   work: createDebug('bmdb:work'),
   loop: createDebug('bmdb:loop'),
 };
