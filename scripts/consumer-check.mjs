@@ -103,18 +103,18 @@ const STRICT = {
 };
 
 /** Type-checks `files` under NodeNext (emitting to out/) and bundler resolution. */
-function typecheck(dir, files) {
+function typecheck(dir, files, lib = STRICT.lib) {
   writeFileSync(
     path.join(dir, 'tsconfig.json'),
     JSON.stringify({
-      compilerOptions: { ...STRICT, module: 'NodeNext', moduleResolution: 'NodeNext', outDir: 'out' },
+      compilerOptions: { ...STRICT, lib, module: 'NodeNext', moduleResolution: 'NodeNext', outDir: 'out' },
       files,
     }),
   );
   writeFileSync(
     path.join(dir, 'tsconfig.bundler.json'),
     JSON.stringify({
-      compilerOptions: { ...STRICT, module: 'preserve', moduleResolution: 'bundler', noEmit: true },
+      compilerOptions: { ...STRICT, lib, module: 'preserve', moduleResolution: 'bundler', noEmit: true },
       files,
     }),
   );
@@ -156,7 +156,10 @@ try {
       examples.push(file);
     });
   }
-  typecheck(all, ['api.ts', ...examples]);
+  // The server README's gRPC client is @connectrpc/connect, whose types use the Fetch API's
+  // HeadersInit: @types/node 20 declares no such global, so its users compile with the DOM lib.
+  // The library-only project below keeps plain ES2023: the library itself needs no DOM.
+  typecheck(all, ['api.ts', ...examples], [...STRICT.lib, 'DOM']);
   run(process.execPath, ['out/api.js'], all);
   for (const file of examples) run(process.execPath, [`out/${file.replace(/\.ts$/, '.js')}`], all);
   const cli = packages.find((p) => p.manifest.bin?.shepherd);
