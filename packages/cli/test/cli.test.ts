@@ -640,8 +640,9 @@ describe('run equinix', () => {
     await run.logged(/starting agent on machine/);
     run.child.kill('SIGTERM');
     await run.logged(/SIGTERM: stopping cleanly/);
-    await new Promise((r) => setTimeout(r, 300));
-    expect(run.child.exitCode).toBeNull(); // still waiting for the SSH dial (grace period)
+    // Still waiting for the SSH dial (grace period): had the clean stop not waited, the process
+    // would have exited 0 before this second signal, not 143 by it.
+    expect(run.child.exitCode).toBeNull();
     run.child.kill('SIGTERM');
     const result = await run.exited;
     expect(result.code).toBe(143);

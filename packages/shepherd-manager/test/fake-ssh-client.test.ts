@@ -60,11 +60,10 @@ describe('FakeSshClient', () => {
     expect(() => parseTakeoverResponse(garbage.stdout, init)).toThrow(AgentResponseError);
     const normal = await connection.execute('/root/agent', encodeTakeoverInit(init));
     expect(parseTakeoverResponse(normal.stdout, init).key).toHaveLength(32);
-    const started = performance.now();
+    // A hung call ends only by its signal: rejected as aborted, not left pending.
     await expect(
       connection.execute('/root/agent', encodeTakeoverInit(init), AbortSignal.timeout(200)),
     ).rejects.toBeInstanceOf(SshAbortedError);
-    expect(performance.now() - started).toBeLessThan(1_000);
     await expect(connection.upload('/readonly/agent', new Uint8Array())).rejects.toThrow('permission denied');
   });
 
