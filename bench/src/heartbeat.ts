@@ -177,6 +177,8 @@ export async function heartbeats(
     [
       // BENCH_PROF=<dir>: a CPU profile of the server process.
       ...(process.env.BENCH_PROF ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_PROF] : []),
+      // BENCH_SERVER_NODE_FLAGS: Node flags of the server process, to try tunings (space-separated).
+      ...(process.env.BENCH_SERVER_NODE_FLAGS?.split(' ').filter(Boolean) ?? []),
       path.join(ROOT, 'packages/cli/bin/shepherd.js'),
       'server',
       '--bmdb-url',

@@ -178,4 +178,30 @@ describe('shepherd server', () => {
     expect(pids).toHaveLength(2);
     for (const pid of pids) expect(() => process.kill(pid, 0)).toThrow(/ESRCH/);
   });
+
+  test('--workers 2: a worker that dies stops the other, and the command fails naming it', async () => {
+    const server = start([
+      'server',
+      '--data-dir',
+      path.join(dir, 'workers'),
+      '--bmdb-url',
+      db.url,
+      '--listen',
+      `127.0.0.1:${await freePort()}`,
+      '--workers',
+      '2',
+    ]);
+    await server.logged(/BMaaS server listening on .* \(2 workers\)/);
+    const pids = [...server.stderr.matchAll(/server worker (\d+) \(pid (\d+)\) started/g)].map(([, id, pid]) => ({
+      id: Number(id),
+      pid: Number(pid),
+    }));
+    expect(pids).toHaveLength(2);
+    const [dead, other] = pids as [{ id: number; pid: number }, { id: number; pid: number }];
+    process.kill(dead.pid, 'SIGKILL');
+    const ended = await server.exited;
+    expect(ended.code, ended.stderr).toBe(1);
+    expect(ended.stderr).toContain(`server worker ${dead.id} (pid ${dead.pid}) exited on SIGKILL; stopped the others`);
+    expect(() => process.kill(other.pid, 0)).toThrow(/ESRCH/);
+  });
 });
