@@ -104,6 +104,8 @@ function postgresDelta(before: Map<number, number>, after: Map<number, number>):
 }
 
 const DATABASE = 'bench_heartbeat';
+/** Unmeasured load at the lowest rate before the first measurement. */
+const WARM_UP_SECONDS = 3;
 const ROOT = path.join(import.meta.dirname, '..', '..');
 const PATH = '/cloud.bmaas.server.api.AgentCallback/Heartbeat';
 
@@ -216,6 +218,8 @@ export async function heartbeats(
     }
     // Every connection up and authenticated once before measuring.
     await Promise.all(fleet.map((agent) => heartbeat(agent)));
+    // And the server's code warm (compiled, its heap grown): the first rate measured must not pay for it.
+    await offer(fleet, Math.min(...offeredRates), WARM_UP_SECONDS);
 
     const figures: HeartbeatFigure[] = [];
     for (const offered of offeredRates) {
