@@ -1,9 +1,15 @@
 /**
  * Heartbeats through the BMaaS server: simulated agents, each on its own
  * TLS connection with its own ed25519 key and client certificate, against
- * one `shepherd server` process (compiled, as operators run it) recording
- * into the BMDB. Each agent sends on a schedule (open loop, staggered), so
- * the offered rate is `agents / interval`; latency is from a heartbeat's send to its answer.
+ * `shepherd server` (compiled, as operators run it; `--workers` processes)
+ * recording into the BMDB. The offered load is an open-loop schedule: send
+ * k is due at `k / offered` s and goes to agent `k mod agents`, so every
+ * agent heartbeats every `agents / offered` s. A send is never skipped or
+ * re-timed because the server is slow: an agent whose previous heartbeat is
+ * still unanswered sends the next one as soon as it is, and every latency is
+ * from the scheduled send time to the answer (no coordinated omission).
+ * Sends still waiting when the measurement ends count as missed, with the
+ * time they had waited as their latency (a lower bound).
  * Statements per heartbeat come from pg_stat_statements: calls of the
  * heartbeat statement over heartbeats answered.
  */
@@ -18,10 +24,12 @@ import { BMDB } from '@bmaas/bmdb-controlloop';
 import { certificatePem, selfSignedCertificate } from '@bmaas/server';
 import { sql } from 'kysely';
 import type { BenchServer } from './server.js';
-import { type Latency, latency } from './stats.js';
+import { type Latency, latency, percentile } from './stats.js';
 
 export interface HeartbeatFigure {
   readonly agents: number;
+  /** Server processes (`shepherd server --workers`). */
+  readonly workers: number;
   /** Heartbeats offered per second (every agent once per interval). */
   readonly offered: number;
   /** Heartbeats answered OK per second. */
@@ -29,7 +37,11 @@ export interface HeartbeatFigure {
   readonly latency: Latency;
   readonly statementsPerHeartbeat: number;
   readonly failed: number;
-  /** CPU seconds per second of the measurement: server process, load generator, PostgreSQL (all its processes). */
+  /** Sends due in the measurement but still waiting for their agent's previous answer at its end. */
+  readonly missed: number;
+  /** How late the generator's own schedule ran (99th percentile, ms): its share of the latency. */
+  readonly scheduleLagP99: number;
+  /** CPU seconds per second of the measurement: server processes, load generator, PostgreSQL (the benchmark's backends). */
   readonly cpu: { readonly server: number; readonly generator: number; readonly postgres: number };
   /** The machine's 1-minute load average at the end: other work on a shared machine shows here. */
   readonly loadAverage: number;
@@ -51,6 +63,19 @@ async function cpuSeconds(pid: number): Promise<number> {
   } catch {
     return 0;
   }
+}
+
+/** CPU seconds used so far by `pid` and its children (the server's workers). */
+async function processTreeSeconds(pid: number): Promise<number> {
+  let total = await cpuSeconds(pid);
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const fields = (await readFile(`/proc/${entry}/stat`, 'utf8')).split(') ')[1]?.split(' ') ?? [];
+      if (Number(fields[1]) === pid) total += await cpuSeconds(Number(entry));
+    } catch {}
+  }
+  return total;
 }
 
 /**
@@ -79,18 +104,44 @@ function postgresDelta(before: Map<number, number>, after: Map<number, number>):
 }
 
 const DATABASE = 'bench_heartbeat';
+/** Unmeasured load at the lowest rate before the first measurement. */
+const WARM_UP_SECONDS = 3;
 const ROOT = path.join(import.meta.dirname, '..', '..');
 const PATH = '/cloud.bmaas.server.api.AgentCallback/Heartbeat';
 
+/** The same headers for every call: nothing to build per heartbeat. */
+const HEADERS = {
+  ':method': 'POST',
+  ':path': PATH,
+  'content-type': 'application/grpc+proto',
+  te: 'trailers',
+} as const;
+
 interface Agent {
-  readonly machineId: string;
   readonly session: ClientHttp2Session;
+  /** Its HeartbeatRequest as a gRPC message (length prefix and protobuf), encoded once. */
+  readonly body: Buffer;
+  /** Scheduled times (performance.now()) of sends waiting for the previous answer. */
+  readonly waiting: number[];
+  busy: boolean;
+}
+
+/** `HeartbeatRequest { machine_id }` framed as one gRPC message. */
+function heartbeatBody(machineId: string): Buffer {
+  const id = Buffer.from(machineId);
+  const body = Buffer.alloc(5 + 2 + id.length);
+  body.writeUInt32BE(2 + id.length, 1);
+  body[5] = 0x0a; // field 1, length-delimited
+  body[6] = id.length;
+  id.copy(body, 7);
+  return body;
 }
 
 /** Starts `agents` agents and the server, offers each rate for `seconds`, and measures. */
 export async function heartbeats(
   bench: BenchServer,
   agents: number,
+  workers: number,
   offeredRates: readonly number[],
   seconds: number,
 ): Promise<HeartbeatFigure[]> {
@@ -128,6 +179,8 @@ export async function heartbeats(
     [
       // BENCH_PROF=<dir>: a CPU profile of the server process.
       ...(process.env.BENCH_PROF ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_PROF] : []),
+      // BENCH_SERVER_NODE_FLAGS: Node flags of the server process, to try tunings (space-separated).
+      ...(process.env.BENCH_SERVER_NODE_FLAGS?.split(' ').filter(Boolean) ?? []),
       path.join(ROOT, 'packages/cli/bin/shepherd.js'),
       'server',
       '--bmdb-url',
@@ -136,6 +189,8 @@ export async function heartbeats(
       dir,
       '--listen',
       `127.0.0.1:${port}`,
+      '--workers',
+      String(workers),
     ],
     { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, DEBUG: 'shepherd:cli', DEBUG_COLORS: '0' } },
   );
@@ -159,23 +214,25 @@ export async function heartbeats(
       });
       session.on('error', () => {});
       sessions.push(session);
-      fleet.push({ machineId: rows[i]?.machine_id ?? '', session });
+      fleet.push({ session, body: heartbeatBody(rows[i]?.machine_id ?? ''), waiting: [], busy: false });
     }
     // Every connection up and authenticated once before measuring.
     await Promise.all(fleet.map((agent) => heartbeat(agent)));
+    // And the server's code warm (compiled, its heap grown): the first rate measured must not pay for it.
+    await offer(fleet, Math.min(...offeredRates), WARM_UP_SECONDS);
 
     const figures: HeartbeatFigure[] = [];
     for (const offered of offeredRates) {
       await bench.withClient(DATABASE, (client) => client.query('SELECT pg_stat_statements_reset()'));
       const before = {
-        server: await cpuSeconds(server.pid ?? 0),
+        server: await processTreeSeconds(server.pid ?? 0),
         generator: process.cpuUsage(),
         postgres: await postgresSeconds(),
       };
       const measured = await offer(fleet, offered, seconds);
       const generator = process.cpuUsage(before.generator);
       const cpu = {
-        server: ((await cpuSeconds(server.pid ?? 0)) - before.server) / seconds,
+        server: ((await processTreeSeconds(server.pid ?? 0)) - before.server) / seconds,
         generator: (generator.user + generator.system) / 1e6 / seconds,
         postgres: postgresDelta(before.postgres, await postgresSeconds()) / seconds,
       };
@@ -187,11 +244,14 @@ export async function heartbeats(
       });
       figures.push({
         agents,
+        workers,
         offered,
         perSecond: measured.ok / seconds,
         latency: latency(measured.latencies),
         statementsPerHeartbeat: calls / Math.max(1, measured.ok),
         failed: measured.failed,
+        missed: measured.missed,
+        scheduleLagP99: measured.scheduleLagP99,
         cpu,
         loadAverage: loadavg()[0] ?? 0,
       });
@@ -206,61 +266,101 @@ export async function heartbeats(
   }
 }
 
-/** Each agent heartbeats every `agents / offered` seconds, staggered, for `seconds`. */
-async function offer(
-  fleet: readonly Agent[],
-  offered: number,
-  seconds: number,
-): Promise<{ ok: number; failed: number; latencies: number[] }> {
-  const interval = (fleet.length / offered) * 1000;
-  const end = performance.now() + seconds * 1000;
-  const latencies: number[] = [];
-  let ok = 0;
-  let failed = 0;
-  await Promise.all(
-    fleet.map(async (agent, i) => {
-      let next = performance.now() + (interval * i) / fleet.length;
-      for (;;) {
-        const wait = next - performance.now();
-        if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait));
-        if (performance.now() >= end) return;
-        const sent = performance.now();
-        try {
-          await heartbeat(agent);
-          ok++;
-          latencies.push(performance.now() - sent);
-        } catch {
-          failed++;
-        }
-        next += interval;
+interface Measured {
+  ok: number;
+  failed: number;
+  missed: number;
+  scheduleLagP99: number;
+  latencies: number[];
+}
+
+/**
+ * Offers `offered` heartbeats a second for `seconds` (see the module's
+ * comment), from one timer that sends whatever is due, then waits for the
+ * heartbeats in flight (at most 10 s). Heartbeats answered after the
+ * measurement count in the latencies, not in the rate.
+ */
+async function offer(fleet: readonly Agent[], offered: number, seconds: number): Promise<Measured> {
+  const measured: Measured = { ok: 0, failed: 0, missed: 0, scheduleLagP99: 0, latencies: [] };
+  const lags: number[] = [];
+  const start = performance.now();
+  const end = start + seconds * 1000;
+  const total = Math.floor(offered * seconds);
+  let inFlight = 0;
+  let drained: () => void = () => {};
+
+  const send = (agent: Agent, scheduled: number) => {
+    agent.busy = true;
+    inFlight++;
+    const answered = (ok: boolean) => {
+      const now = performance.now();
+      inFlight--;
+      agent.busy = false;
+      if (ok) {
+        if (now <= end) measured.ok++;
+        measured.latencies.push(now - scheduled);
+      } else {
+        measured.failed++;
       }
-    }),
-  );
-  return { ok, failed, latencies };
+      const next = agent.waiting.shift();
+      if (next !== undefined && now < end) send(agent, next);
+      else if (inFlight === 0 && now >= end) drained();
+    };
+    heartbeat(agent).then(
+      () => answered(true),
+      () => answered(false),
+    );
+  };
+
+  let k = 0;
+  await new Promise<void>((resolve) => {
+    const tick = () => {
+      const now = performance.now();
+      for (; k < total; k++) {
+        const scheduled = start + (k * 1000) / offered;
+        if (scheduled > now) break;
+        lags.push(now - scheduled);
+        const agent = fleet[k % fleet.length] as Agent;
+        if (agent.busy) agent.waiting.push(scheduled);
+        else send(agent, scheduled);
+      }
+      if (k < total) setTimeout(tick, Math.max(0, start + (k * 1000) / offered - performance.now()));
+      else setTimeout(resolve, Math.max(0, end - performance.now()));
+    };
+    tick();
+  });
+  // Sends still waiting were due but never went: count them, with what they waited so far.
+  const now = performance.now();
+  for (const agent of fleet) {
+    for (const scheduled of agent.waiting.splice(0)) {
+      measured.missed++;
+      measured.latencies.push(now - scheduled);
+    }
+  }
+  if (inFlight > 0) {
+    await new Promise<void>((resolve) => {
+      drained = resolve;
+      setTimeout(resolve, 10_000);
+    });
+  }
+  measured.scheduleLagP99 = lags.length ? percentile(lags, 99) : 0;
+  return measured;
 }
 
 /** One Heartbeat call; rejects unless the gRPC status is OK. */
 function heartbeat(agent: Agent): Promise<void> {
   return new Promise((resolve, reject) => {
-    const stream = agent.session.request({
-      ':method': 'POST',
-      ':path': PATH,
-      'content-type': 'application/grpc+proto',
-      te: 'trailers',
-    });
-    let status: string | undefined;
+    const stream = agent.session.request(HEADERS);
+    let status: unknown;
+    // The status comes in the trailers, or in the headers of a trailers-only answer.
     const take = (headers: Record<string, unknown>) => {
-      if (headers['grpc-status'] !== undefined) status = String(headers['grpc-status']);
+      status = headers['grpc-status'] ?? status;
     };
     stream.on('response', take);
     stream.on('trailers', take);
-    stream.on('data', () => {});
     stream.on('error', reject);
-    stream.on('close', () => (status === '0' ? resolve() : reject(new Error(`gRPC status ${status}`))));
-    const id = Buffer.from(agent.machineId);
-    const message = Buffer.concat([Buffer.from([0x0a, id.length]), id]);
-    const prefix = Buffer.alloc(5);
-    prefix.writeUInt32BE(message.length, 1);
-    stream.end(Buffer.concat([prefix, message]));
+    stream.on('close', () => (status === '0' ? resolve() : reject(new Error(`gRPC status ${String(status)}`))));
+    stream.resume();
+    stream.end(agent.body);
   });
 }

@@ -124,17 +124,18 @@ export function renderReport(result: BenchResult): string {
   if (result.heartbeat?.length) {
     const [first] = result.heartbeat;
     lines.push(
-      `**Heartbeats** through the BMaaS server (\`@bmaas/server\`, one process): ${int(first?.agents ?? 0)} simulated agents, ` +
-        'each on its own TLS connection with its own ed25519 client certificate, sending on a schedule (offered rate), 10 s per rate, one run; ' +
-        'the load generator runs on the same machine. Statements: calls of the heartbeat statement (pg_stat_statements) per heartbeat. ' +
-        'CPU: milliseconds of CPU per heartbeat answered, of the server process, the load generator and PostgreSQL (the backends serving the benchmark’s database), and the load average at the end (the machine is shared).',
+      `**Heartbeats** through the BMaaS server (\`@bmaas/server\`, \`shepherd server --workers N\`): ${int(first?.agents ?? 0)} simulated agents, ` +
+        'each on its own TLS connection with its own ed25519 client certificate, sent on an open-loop schedule (offered rate), one run per rate; ' +
+        'latency from each heartbeat’s scheduled send time to its answer (a send due while its agent waits for an answer goes when the answer comes; still waiting at the end: missed, counted in the latencies with the time waited). ' +
+        'The load generator (one process) runs on the same machine; schedule lag: how late it sent, its own share of the latency. Statements: calls of the heartbeat statement (pg_stat_statements) per heartbeat. ' +
+        'CPU: milliseconds of CPU per heartbeat answered, of the server processes, the load generator and PostgreSQL (the backends serving the benchmark’s database), and the load average at the end (the machine is shared).',
       '',
-      '| offered/s | answered/s | p50 | p99 | statements per heartbeat | failed | CPU ms per heartbeat: server / generator / PostgreSQL | load average |',
-      '|---:|---:|---:|---:|---:|---:|---:|---:|',
+      '| workers | offered/s | answered/s | p50 | p99 | statements per heartbeat | failed / missed | schedule lag p99 | CPU ms per heartbeat: server / generator / PostgreSQL | load average |',
+      '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
     );
     for (const figure of result.heartbeat) {
       lines.push(
-        `| ${int(figure.offered)} | ${int(figure.perSecond)} | ${ms(figure.latency.p50)} ms | ${ms(figure.latency.p99)} ms | ${figure.statementsPerHeartbeat.toFixed(3)} | ${figure.failed} | ` +
+        `| ${figure.workers} | ${int(figure.offered)} | ${int(figure.perSecond)} | ${ms(figure.latency.p50)} ms | ${ms(figure.latency.p99)} ms | ${figure.statementsPerHeartbeat.toFixed(3)} | ${figure.failed} / ${figure.missed} | ${ms(figure.scheduleLagP99)} ms | ` +
           `${perHeartbeat(figure, figure.cpu.server)} / ${perHeartbeat(figure, figure.cpu.generator)} / ${perHeartbeat(figure, figure.cpu.postgres)} | ${figure.loadAverage.toFixed(1)} |`,
       );
     }

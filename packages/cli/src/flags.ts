@@ -184,6 +184,12 @@ const flags = {
         'PEM certificate of the BMaaS server (with --tls-key); unset: a self-signed one made once as <data-dir>/server.crt, for agents to trust',
     },
     'tls-key': { describe: 'PEM private key of --tls-cert' },
+    workers: {
+      kind: 'number',
+      describe:
+        'Processes taking heartbeats, sharing the listen socket, each batching its own (1: one process; set it to the cores the server may use)',
+      default: '1',
+    },
   },
   static: {
     inventory: {

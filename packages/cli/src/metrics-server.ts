@@ -1,10 +1,12 @@
 import { createServer, type Server } from 'node:http';
-import type { Registry } from 'prom-client';
 import { log } from './logging.js';
 import { UsageError } from './settings.js';
 
 /** An HTTP server answering `GET /metrics` with the registry in Prometheus text format. */
-export async function serveMetrics(registry: Registry, listen: { host: string; port: number }): Promise<Server> {
+export async function serveMetrics(
+  registry: { readonly contentType: string; metrics(): Promise<string> },
+  listen: { host: string; port: number },
+): Promise<Server> {
   const server = createServer((request, response) => {
     if (request.method !== 'GET' || request.url?.split('?')[0] !== '/metrics') {
       response.writeHead(404, { 'content-type': 'text/plain' }).end('not found: metrics are at /metrics\n');

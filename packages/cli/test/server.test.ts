@@ -13,6 +13,7 @@ import { createClient } from '@connectrpc/connect';
 import { createGrpcTransport } from '@connectrpc/connect-node';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { eventually } from '../../../test/support/wait.js';
 import { flagNames } from '../src/flags.js';
 import { buildOnce, shepherd, start } from './helpers.js';
 
@@ -51,6 +52,8 @@ describe('shepherd server', () => {
         /^shepherd: --tls-cert: server TLS: .*missing\.crt: cannot read it \(ENOENT\)/,
       ],
       [['--agent-ssh-user', 'root'], /^shepherd: --agent-ssh-user: unknown flag for server/],
+      [['--workers', '0'], /^shepherd: --workers: invalid value "0": want a whole number from 1 to 64/],
+      [['--workers', 'two'], /^shepherd: --workers: invalid value "two"/],
     ];
     for (const [args, message] of cases) {
       const result = await shepherd(['server', '--bmdb-url', db.url, '--data-dir', path.join(dir, 'bad'), ...args]);
@@ -110,5 +113,95 @@ describe('shepherd server', () => {
     expect(await readFile(certPath, 'utf8')).toBe(ca);
     second.child.kill('SIGINT');
     expect((await second.exited).code).toBe(0);
+  });
+
+  test('--workers 2: both workers take heartbeats on the one port, metrics say which, SIGTERM stops them all', async () => {
+    const port = await freePort();
+    const metricsPort = await freePort();
+    const dataDir = path.join(dir, 'workers');
+    const server = start([
+      'server',
+      '--data-dir',
+      dataDir,
+      '--bmdb-url',
+      db.url,
+      '--listen',
+      `127.0.0.1:${port}`,
+      '--metrics-listen',
+      `127.0.0.1:${metricsPort}`,
+      '--workers',
+      '2',
+    ]);
+    await server.logged(/BMaaS server listening on 127\.0\.0\.1:\d+ \(2 workers\)/);
+    const ca = await readFile(path.join(dataDir, 'server.crt'), 'utf8');
+
+    const bmdb = await openTestBMDB(db);
+    const { privateKey, publicKey } = generateKeyPairSync('ed25519');
+    const machineId = await new Queries(bmdb.db).newMachine();
+    await new Queries(bmdb.db).setAgentStarted(machineId, {
+      publicKey: Buffer.from(publicKey.export({ format: 'jwk' }).x ?? '', 'base64url'),
+    });
+    await bmdb.close();
+    const cert = certificatePem(selfSignedCertificate(privateKey, { commonName: 'agent' }));
+    const key = privateKey.export({ type: 'pkcs8', format: 'pem' });
+    // Each client is a connection of its own; the primary hands connections to the workers in turn.
+    const okByWorker = async () => {
+      const text = await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text();
+      const counts = new Map<string, number>();
+      for (const [, worker, count] of text.matchAll(
+        /bmaas_server_requests_total\{method="Heartbeat",code="ok",worker="(\d+)"\} (\d+)/g,
+      )) {
+        counts.set(worker ?? '', Number(count));
+      }
+      return counts;
+    };
+    await eventually(async () => {
+      const client = createClient(
+        AgentCallback,
+        createGrpcTransport({ baseUrl: `https://localhost:${port}`, nodeOptions: { ca, cert, key } }),
+      );
+      await client.heartbeat({ machineId });
+      return (await okByWorker()).size === 2 ? true : undefined;
+    });
+    expect([...(await okByWorker()).keys()].sort()).toEqual(['1', '2']);
+    expect((await db.admin('SELECT 1 FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId])).rowCount).toBe(
+      1,
+    );
+    const pids = [...server.stderr.matchAll(/server worker \d+ \(pid (\d+)\) started/g)].map(([, pid]) => Number(pid));
+
+    server.child.kill('SIGTERM');
+    const ended = await server.exited;
+    expect(ended.code, ended.stderr).toBe(0);
+    expect(ended.stderr).toMatch(/SIGTERM: stopping the server workers cleanly/);
+    expect(ended.stderr.match(/the primary asks to stop: stopping cleanly/g)).toHaveLength(2);
+    // No worker outlives the primary.
+    expect(pids).toHaveLength(2);
+    for (const pid of pids) expect(() => process.kill(pid, 0)).toThrow(/ESRCH/);
+  });
+
+  test('--workers 2: a worker that dies stops the other, and the command fails naming it', async () => {
+    const server = start([
+      'server',
+      '--data-dir',
+      path.join(dir, 'workers'),
+      '--bmdb-url',
+      db.url,
+      '--listen',
+      `127.0.0.1:${await freePort()}`,
+      '--workers',
+      '2',
+    ]);
+    await server.logged(/BMaaS server listening on .* \(2 workers\)/);
+    const pids = [...server.stderr.matchAll(/server worker (\d+) \(pid (\d+)\) started/g)].map(([, id, pid]) => ({
+      id: Number(id),
+      pid: Number(pid),
+    }));
+    expect(pids).toHaveLength(2);
+    const [dead, other] = pids as [{ id: number; pid: number }, { id: number; pid: number }];
+    process.kill(dead.pid, 'SIGKILL');
+    const ended = await server.exited;
+    expect(ended.code, ended.stderr).toBe(1);
+    expect(ended.stderr).toContain(`server worker ${dead.id} (pid ${dead.pid}) exited on SIGKILL; stopped the others`);
+    expect(() => process.kill(other.pid, 0)).toThrow(/ESRCH/);
   });
 });

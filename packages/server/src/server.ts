@@ -57,6 +57,10 @@ export class BmaasServer {
     const handler = connectNodeAdapter({
       routes: (router) => router.service(AgentCallback, agentCallback(options.bmdb, metrics)),
       contextValues: (request) => createContextValues().set(peerKey, peerKeyOf(request)),
+      // Heartbeats are small and answered empty: compressing them costs more than it saves.
+      acceptCompression: [],
+      // Upstream gRPC's default ceiling; a hardware report is a few kilobytes.
+      readMaxBytes: 4 * 1024 * 1024,
     });
     const server = createSecureServer(
       {

@@ -1,3 +1,4 @@
+import cluster from 'node:cluster';
 import type { Server } from 'node:http';
 import path from 'node:path';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
@@ -9,11 +10,12 @@ import {
   ServerTlsError,
   selfSignedServerTls,
 } from '@bmaas/server';
-import { collectDefaultMetrics, Registry } from 'prom-client';
+import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client';
 import { openBMDB } from '../database.js';
 import { log } from '../logging.js';
 import { closeServer, serveMetrics } from '../metrics-server.js';
-import { type Argv, databaseSettings, hostPort, optional, UsageError } from '../settings.js';
+import { type Argv, databaseSettings, hostPort, integer, optional, UsageError } from '../settings.js';
+import { onStopRequest, reportListening, superviseWorkers } from './server-workers.js';
 
 /** Where the server's certificate comes from: files given, or one made under the data directory. */
 type TlsSource = { readonly certPath: string; readonly keyPath: string } | { readonly selfSignedDir: string };
@@ -22,6 +24,11 @@ type TlsSource = { readonly certPath: string; readonly keyPath: string } | { rea
  * `shepherd server`: the BMaaS server agents heartbeat to, until
  * SIGINT/SIGTERM, then a clean stop (requests under way answered, the BMDB
  * closed). A second signal exits at once.
+ *
+ * With `--workers N` (N > 1) this process checks the flags, makes the
+ * certificate, migrates the BMDB and serves the metrics, then forks N worker
+ * processes (node:cluster) that share the listen socket, each taking whole
+ * connections and batching its own heartbeats; it stops them all on a signal.
  */
 export async function server(argv: Argv, write: (text: string) => void): Promise<void> {
   const database = databaseSettings(argv);
@@ -38,14 +45,26 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
     certPath !== undefined && keyPath !== undefined
       ? { certPath: path.resolve(certPath), keyPath: path.resolve(keyPath) }
       : { selfSignedDir: database.dataDir };
+  const workers = integer(argv, 'workers', 1, 64);
+  const worker = cluster.isWorker ? cluster.worker : undefined;
   const tls = await serverTls(source);
-  if ('selfSignedDir' in source) {
+  if ('selfSignedDir' in source && worker === undefined) {
     write(
       `${tls.created ? 'generated a' : 'using the'} self-signed server certificate ${tls.certPath}: hand it to agents with \`shepherd run … --agent-endpoint-ca-certificate-path ${tls.certPath}\`\n`,
     );
   }
 
+  if (workers > 1 && worker === undefined) {
+    return superviseWorkers({ workers, database, listen, ...(metricsListen && { metricsListen }) });
+  }
+
   const registry = new Registry();
+  if (worker !== undefined) {
+    // The primary serves the metrics of all workers, each series labelled with its worker.
+    registry.setDefaultLabels({ worker: String(worker.id) });
+    AggregatorRegistry.setRegistries([registry]);
+    new AggregatorRegistry();
+  }
   collectDefaultMetrics({ register: registry });
   let metricsServer: Server | undefined;
   let bmaas: BmaasServer | undefined;
@@ -61,16 +80,23 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
   };
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
+  const offStopRequest = onStopRequest(() => {
+    if (stopped.signal.aborted) return;
+    log('the primary asks to stop: stopping cleanly (requests under way are answered)');
+    stopped.abort();
+  });
   try {
-    if (metricsListen) metricsServer = await serveMetrics(registry, metricsListen);
-    bmdb = await openBMDB(database, { migrate: true, metrics: registry, attach: true });
+    if (metricsListen && worker === undefined) metricsServer = await serveMetrics(registry, metricsListen);
+    // Workers find the BMDB migrated, and the embedded server (if any) run, by the primary.
+    bmdb = await openBMDB(database, { migrate: worker === undefined, metrics: registry, attach: true });
     try {
       bmaas = await BmaasServer.start({ bmdb, listen, tls, metrics: registry });
     } catch (error) {
       if (error instanceof ListenError) throw new UsageError('listen', error.message);
       throw error;
     }
-    log('BMaaS server listening on %s:%d', listen.host, bmaas.port);
+    if (worker === undefined) log('BMaaS server listening on %s:%d', listen.host, bmaas.port);
+    else reportListening(bmaas.port);
     if (!stopped.signal.aborted) {
       await new Promise((resolve) => stopped.signal.addEventListener('abort', resolve, { once: true }));
     }
@@ -81,6 +107,7 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
     if (metricsServer) await closeServer(metricsServer);
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
+    offStopRequest();
   }
 }
 
