@@ -224,7 +224,7 @@ const flags = {
     'web-listen': {
       describe:
         'host:port to serve the read-only fleet page at (HTML, JSON under /api/); beyond loopback it needs --web-token',
-      defaultDescription: '127.0.0.1:8080 for web; off for run',
+      defaultDescription: '127.0.0.1:8080 for web; off for run and server',
     },
     'web-token': {
       describe:
@@ -250,7 +250,7 @@ const GROUP_TITLES: Record<FlagGroup, string> = {
   server: 'BMaaS server (server)',
   static: 'Static provider (run static)',
   decommission: 'Decommission',
-  web: 'Fleet page (web, run)',
+  web: 'Fleet page (web, run, server)',
 };
 
 /** yargs options of the given groups, strings throughout (see the module comment). */
@@ -335,7 +335,7 @@ function booleanFrom(flag: string, variable: string, value: string): boolean {
 const ALL_GROUPS = Object.keys(flags) as FlagGroup[];
 
 /** The groups of `server` alone; every other command's are a subset of `run`'s. */
-export const SERVER_GROUPS: FlagGroup[] = ['database', 'observability', 'server'];
+export const SERVER_GROUPS: FlagGroup[] = ['database', 'observability', 'server', 'web'];
 
 /** Every group `run` takes, in --help order. */
 /** Groups of one command other than `run`. */

@@ -227,6 +227,7 @@ const WEB_RECOVERER_FLAGS = ['recoverer-first-heartbeat-timeout', 'recoverer-hea
 const COMMAND_FLAGS: Record<string, string[]> = {
   status: ['json'],
   'ssh-key': ['data-dir', 'ssh-key-path'],
+  server: WEB_RECOVERER_FLAGS,
   web: WEB_RECOVERER_FLAGS,
 };
 const GLOBAL_FLAGS = ['help', 'version'];

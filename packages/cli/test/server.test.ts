@@ -115,6 +115,34 @@ describe('shepherd server', () => {
     expect((await second.exited).code).toBe(0);
   });
 
+  test('--web-listen serves the fleet page beside the heartbeats; beyond loopback it wants --web-token', async () => {
+    const refused = await shepherd(['server', '--bmdb-url', db.url, '--web-listen', '0.0.0.0:18080']);
+    expect(refused.code).toBe(2);
+    expect(refused.stderr).toMatch(/^shepherd: --web-token: required to serve the fleet page/);
+
+    const port = await freePort();
+    const webPort = await freePort();
+    const server = start([
+      'server',
+      '--data-dir',
+      path.join(dir, 'web'),
+      '--bmdb-url',
+      db.url,
+      '--listen',
+      `127.0.0.1:${port}`,
+      '--web-listen',
+      `127.0.0.1:${webPort}`,
+    ]);
+    await server.logged(/BMaaS server listening/);
+    await server.logged(/serving the fleet page at http:\/\/127\.0\.0\.1:\d+\//);
+    const overview = await fetch(`http://127.0.0.1:${webPort}/api/overview`);
+    expect(overview.status).toBe(200);
+    expect(await overview.json()).toHaveProperty('machines');
+    server.child.kill('SIGTERM');
+    const ended = await server.exited;
+    expect(ended.code, ended.stderr).toBe(0);
+  });
+
   test('--workers 2: both workers take heartbeats on the one port, metrics say which, SIGTERM stops them all', async () => {
     const port = await freePort();
     const metricsPort = await freePort();

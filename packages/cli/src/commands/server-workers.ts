@@ -1,11 +1,13 @@
 import cluster, { type Worker } from 'node:cluster';
 import type { Server } from 'node:http';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
+import type { FleetPageServer } from '@bmaas/web';
 import { AggregatorRegistry } from 'prom-client';
 import { openBMDB } from '../database.js';
 import { log } from '../logging.js';
 import { closeServer, serveMetrics } from '../metrics-server.js';
-import type { DatabaseSettings } from '../settings.js';
+import type { DatabaseSettings, WebSettings } from '../settings.js';
+import { serveWeb } from './web.js';
 
 /** What a worker tells the primary once it listens. */
 interface ListeningMessage {
@@ -64,6 +66,14 @@ export interface WorkerOptions {
   readonly database: DatabaseSettings;
   readonly listen: { readonly host: string; readonly port: number };
   readonly metricsListen?: { readonly host: string; readonly port: number };
+  /** The fleet page, served by the primary alone (it has its own port). */
+  readonly web?: { readonly settings: WebSettings; readonly thresholds: FleetThresholds };
+}
+
+/** The recoverer's heartbeat timeouts, which decide who is awaiting recovery on the fleet page. */
+export interface FleetThresholds {
+  readonly firstHeartbeatWithin: number;
+  readonly heartbeatWithin: number;
 }
 
 /**
@@ -78,6 +88,7 @@ export interface WorkerOptions {
 export async function superviseWorkers(options: WorkerOptions): Promise<void> {
   let bmdb: BMDB | undefined;
   let metricsServer: Server | undefined;
+  let webServer: FleetPageServer | undefined;
   const live = new Set<Worker>();
   let stopping = false;
   let failure: ServerWorkerExitedError | undefined;
@@ -117,6 +128,7 @@ export async function superviseWorkers(options: WorkerOptions): Promise<void> {
       );
     }
     bmdb = await openBMDB(options.database, { migrate: true, attach: true });
+    if (options.web) webServer = await serveWeb(bmdb, options.web.settings, options.web.thresholds);
 
     const exited = resolvers<void>();
     const listening = new Map<Worker, number>();
@@ -149,6 +161,7 @@ export async function superviseWorkers(options: WorkerOptions): Promise<void> {
     log('stopped');
   } finally {
     for (const worker of live) worker.process.kill('SIGKILL');
+    await webServer?.close();
     await bmdb?.close();
     if (metricsServer) await closeServer(metricsServer);
     process.off('SIGINT', onSignal);

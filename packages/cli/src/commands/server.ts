@@ -10,12 +10,23 @@ import {
   ServerTlsError,
   selfSignedServerTls,
 } from '@bmaas/server';
+import type { FleetPageServer } from '@bmaas/web';
 import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client';
 import { openBMDB } from '../database.js';
 import { log } from '../logging.js';
 import { closeServer, serveMetrics } from '../metrics-server.js';
-import { type Argv, databaseSettings, hostPort, integer, optional, UsageError } from '../settings.js';
-import { onStopRequest, reportListening, superviseWorkers } from './server-workers.js';
+import {
+  type Argv,
+  databaseSettings,
+  duration,
+  hostPort,
+  integer,
+  optional,
+  UsageError,
+  webSettings,
+} from '../settings.js';
+import { type FleetThresholds, onStopRequest, reportListening, superviseWorkers } from './server-workers.js';
+import { serveWeb } from './web.js';
 
 /** Where the server's certificate comes from: files given, or one made under the data directory. */
 type TlsSource = { readonly certPath: string; readonly keyPath: string } | { readonly selfSignedDir: string };
@@ -47,6 +58,13 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
       : { selfSignedDir: database.dataDir };
   const workers = integer(argv, 'workers', 1, 64);
   const worker = cluster.isWorker ? cluster.worker : undefined;
+  // The fleet page, when asked for, is served by the primary alone.
+  const webPage = webSettings(argv);
+  const thresholds: FleetThresholds = {
+    firstHeartbeatWithin: duration(argv, 'recoverer-first-heartbeat-timeout'),
+    heartbeatWithin: duration(argv, 'recoverer-heartbeat-timeout'),
+  };
+  const web = webPage && worker === undefined ? { settings: webPage, thresholds } : undefined;
   const tls = await serverTls(source);
   if ('selfSignedDir' in source && worker === undefined) {
     write(
@@ -55,7 +73,13 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
   }
 
   if (workers > 1 && worker === undefined) {
-    return superviseWorkers({ workers, database, listen, ...(metricsListen && { metricsListen }) });
+    return superviseWorkers({
+      workers,
+      database,
+      listen,
+      ...(metricsListen && { metricsListen }),
+      ...(web && { web }),
+    });
   }
 
   const registry = new Registry();
@@ -69,6 +93,7 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
   let metricsServer: Server | undefined;
   let bmaas: BmaasServer | undefined;
   let bmdb: BMDB | undefined;
+  let webServer: FleetPageServer | undefined;
   const stopped = new AbortController();
   const onSignal = (signal: NodeJS.Signals) => {
     if (stopped.signal.aborted) {
@@ -95,6 +120,7 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
       if (error instanceof ListenError) throw new UsageError('listen', error.message);
       throw error;
     }
+    if (web) webServer = await serveWeb(bmdb, web.settings, web.thresholds);
     if (worker === undefined) log('BMaaS server listening on %s:%d', listen.host, bmaas.port);
     else reportListening(bmaas.port);
     if (!stopped.signal.aborted) {
@@ -103,6 +129,7 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
     log('stopped');
   } finally {
     await bmaas?.close();
+    await webServer?.close();
     await bmdb?.close();
     if (metricsServer) await closeServer(metricsServer);
     process.off('SIGINT', onSignal);
