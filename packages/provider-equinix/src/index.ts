@@ -7,6 +7,7 @@
  * @packageDocumentation
  */
 
+export { Secret } from '@bmaas/shepherd-manager';
 export {
   CREATE_TAG_PREFIX,
   DEFAULT_EQUINIX_API_URL,
@@ -49,7 +50,6 @@ export {
   type EquinixProviderOptions,
   type EquinixProviderSettings,
 } from './provider/provider.js';
-export { Secret } from './secret.js';
 export {
   EquinixStatusUpdater,
   type EquinixStatusUpdaterOptions,

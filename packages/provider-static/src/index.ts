@@ -7,6 +7,7 @@
  * @packageDocumentation
  */
 
+export { Secret } from '@bmaas/shepherd-manager';
 export {
   BmcCredentialsError,
   InventoryError,
@@ -48,4 +49,3 @@ export {
   type RedfishTarget,
   type ResetType,
 } from './redfish/client.js';
-export { Password } from './secret.js';

@@ -1,13 +1,13 @@
 import { readFile, stat } from 'node:fs/promises';
 import { isIP } from 'node:net';
 import path from 'node:path';
+import { Secret } from '@bmaas/shepherd-manager';
 import { InventoryError } from './errors.js';
 import { describeError, redactUrl } from './internal/log.js';
-import { Password } from './secret.js';
 
 /** How a machine's BMC password is had: in the inventory itself, or in a file read at each reset. */
 export type BmcPassword =
-  | { readonly kind: 'inline'; readonly password: Password }
+  | { readonly kind: 'inline'; readonly password: Secret }
   | { readonly kind: 'file'; readonly path: string };
 
 /** A machine's BMC, as the inventory gives it. */
@@ -16,7 +16,7 @@ export interface InventoryBmc {
   readonly url: string;
   /** User name; `undefined`: the fleet-wide default (`--redfish-username`). */
   readonly username: string | undefined;
-  /** Password; `undefined`: the fleet-wide default (`--redfish-password-file`). */
+  /** Secret; `undefined`: the fleet-wide default (`--redfish-password-file`). */
   readonly password: BmcPassword | undefined;
   /** Skip TLS verification for this BMC (logged once per machine). */
   readonly insecure: boolean;
@@ -176,7 +176,7 @@ function parseBmc(value: unknown, fail: (field: string, problem: string) => Inve
     username,
     password:
       typeof password === 'string'
-        ? { kind: 'inline', password: new Password(password) }
+        ? { kind: 'inline', password: new Secret(password) }
         : typeof passwordFile === 'string'
           ? { kind: 'file', path: passwordFile }
           : undefined,

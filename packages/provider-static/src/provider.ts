@@ -6,12 +6,12 @@ import {
   type Machine,
   MachineNotFoundError,
   type RebootingProvider,
+  Secret,
 } from '@bmaas/shepherd-manager';
 import { BmcCredentialsError, NoBmcError, StaticProviderError } from './errors.js';
 import { describeError, log } from './internal/log.js';
 import { type InventoryMachine, InventorySource } from './inventory.js';
 import type { RedfishClient, RedfishReset, ResetType } from './redfish/client.js';
-import { Password } from './secret.js';
 
 /** The provider name in the BMDB. */
 export const STATIC_PROVIDER = 'Static';
@@ -160,7 +160,7 @@ export class StaticProvider implements RebootingProvider {
     if (username === undefined) {
       throw new BmcCredentialsError(id, 'no BMC user name: set bmc.username in the inventory or --redfish-username');
     }
-    let password: Password;
+    let password: Secret;
     if (bmc.password?.kind === 'inline') password = bmc.password.password;
     else {
       const file = bmc.password?.path ?? this.#defaults.passwordFile;
@@ -263,7 +263,7 @@ export class StaticProvider implements RebootingProvider {
  * A password file's first line. Refused when group or others may read it,
  * as OpenSSH refuses such private keys.
  */
-export async function readPasswordFile(file: string, fail: (problem: string) => Error): Promise<Password> {
+export async function readPasswordFile(file: string, fail: (problem: string) => Error): Promise<Secret> {
   let text: string;
   let mode: number;
   try {
@@ -280,7 +280,7 @@ export async function readPasswordFile(file: string, fail: (problem: string) => 
   }
   const password = text.split(/\r?\n/)[0] ?? '';
   if (password === '') throw fail(`BMC password file ${file} is empty`);
-  return new Password(password);
+  return new Secret(password);
 }
 
 function toMachine(entry: InventoryMachine, availability: Availability): StaticMachine {

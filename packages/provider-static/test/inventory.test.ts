@@ -262,7 +262,7 @@ describe('InventorySource', () => {
     }
     const inventory = await file('secret.json', entries, 0o600);
     expect(await new InventorySource(inventory).read()).toHaveLength(1);
-    // Password files instead of passwords: any mode will do for the inventory.
+    // Secret files instead of passwords: any mode will do for the inventory.
     const open = await file('open.json', [
       { id: 'n1', address: '10.0.0.1', bmc: { url: 'https://10.1.0.1/', passwordFile: '/p' } },
     ]);

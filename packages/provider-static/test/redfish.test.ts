@@ -7,7 +7,6 @@ import { format } from 'node:util';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import {
   chooseResetType,
-  Password,
   RedfishClient,
   type RedfishClientOptions,
   RedfishCredentialsError,
@@ -16,6 +15,7 @@ import {
   RedfishResetUnsupportedError,
   type RedfishTarget,
   RedfishTimeoutError,
+  Secret,
 } from '../src/index.js';
 import { log } from '../src/internal/log.js';
 import { FakeRedfishServer, selfSignedCertificate, type TestCertificate } from '../src/testing/index.js';
@@ -48,7 +48,7 @@ function target(bmc: FakeRedfishServer, system: string, overrides: Partial<Redfi
     machine: `machine-${system}`,
     url: bmc.systemUrl(system),
     username: bmc.username,
-    password: new Password(bmc.password),
+    password: new Secret(bmc.password),
     ...overrides,
   };
 }
@@ -152,7 +152,7 @@ describe.each([
     bmc.addSystem('auth');
     const before = bmc.requests.length;
     const error = await failure(
-      client({ maxAttempts: 5 }).resetSystem(target(bmc, 'auth', { password: new Password('wrong-password') })),
+      client({ maxAttempts: 5 }).resetSystem(target(bmc, 'auth', { password: new Secret('wrong-password') })),
     );
     expect(error).toBeInstanceOf(RedfishCredentialsError);
     expect(error.message).toBe(
@@ -264,7 +264,7 @@ describe('TLS', () => {
 test('the password never appears in errors', async () => {
   const bmc = await fake(false);
   bmc.addSystem('1');
-  const password = new Password('Sup3r-s3cret');
+  const password = new Secret('Sup3r-s3cret');
   const errors = [
     await failure(client().resetSystem(target(bmc, '1', { password }))),
     await failure(

@@ -55,6 +55,8 @@ export {
   resolvePossiblyUsed,
 } from './provisioner.js';
 export { Recoverer, type RecovererOptions } from './recoverer.js';
+export { Secret } from './secret.js';
+export { Semaphore } from './semaphore.js';
 export {
   DEFAULT_MAX_OUTPUT_BYTES,
   HostKeyMismatchError,

@@ -1,13 +1,12 @@
 import { randomUUID } from 'node:crypto';
 import { parseLimiter, type RateLimiter } from '@bmaas/bmdb-controlloop';
+import { Secret, Semaphore } from '@bmaas/shepherd-manager';
 import type { Registry } from 'prom-client';
 import { EquinixApiError, EquinixResponseError, ReservationTakenError } from '../errors.js';
 import { sameKey } from '../internal/authorized-key.js';
 import { detail } from '../internal/log.js';
-import { Secret } from '../secret.js';
 import { EquinixApiMetrics } from './metrics.js';
 import { type RetryPolicy, retryPolicy } from './retry.js';
-import { Semaphore } from './semaphore.js';
 import { type ApiRequest, type HttpMethod, Transport } from './transport.js';
 import type {
   DeviceCreateRequest,

@@ -1,4 +1,5 @@
 import { sleep } from '@bmaas/bmdb-controlloop';
+import { type Secret, Semaphore } from '@bmaas/shepherd-manager';
 import { Agent, type Dispatcher, request } from 'undici';
 import {
   RedfishCredentialsError,
@@ -10,8 +11,6 @@ import {
   RedfishTimeoutError,
 } from '../errors.js';
 import { describeError, log } from '../internal/log.js';
-import type { Password } from '../secret.js';
-import { Semaphore } from './semaphore.js';
 
 /** Reset types of Redfish's `ComputerSystem.Reset` action (DSP0268 `ResetType`). */
 export const RESET_TYPES = [
@@ -44,7 +43,7 @@ export interface RedfishTarget {
   /** The ComputerSystem resource, `https://bmc/redfish/v1/Systems/1`. */
   readonly url: string;
   readonly username: string;
-  readonly password: Password;
+  readonly password: Secret;
   /** Skip TLS certificate verification (logged once per machine). */
   readonly insecure?: boolean | undefined;
 }
@@ -104,7 +103,7 @@ const MAX_BODY_BYTES = 1024 * 1024;
  * ```ts
  * const client = new RedfishClient({ timeout: 10_000 });
  * const reset = await client.resetSystem({ machine: 'node07', url: 'https://10.1.7.7/redfish/v1/Systems/1',
- *   username: 'admin', password: new Password(secret) });
+ *   username: 'admin', password: new Secret(secret) });
  * console.log(reset.resetType); // ForceRestart
  * await client.close();
  * ```

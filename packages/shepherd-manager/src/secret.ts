@@ -6,10 +6,11 @@ const REDACTED = '[redacted]';
  * A credential that does not leak: `String()`, `JSON.stringify` and
  * `util.inspect` all render it as `[redacted]`. Only {@link Secret.reveal}
  * gives the value back, at the one place that needs it (a request header).
+ * Providers keep their API keys and BMC passwords in it.
  *
  * @example
  * ```ts
- * const apiKey = new Secret(process.env.EQUINIX_API_KEY ?? '');
+ * const apiKey = new Secret(process.env.SHEPHERD_EQUINIX_API_KEY ?? '');
  * console.log({ apiKey }); // { apiKey: Secret([redacted]) }
  * ```
  */
