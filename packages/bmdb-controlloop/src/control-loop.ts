@@ -202,13 +202,6 @@ class Runner<T extends WorkCandidate> {
           session = await this.#startSession(name, signal);
           if (!session) break;
         }
-        // The last task's end may have claimed the next machine already.
-        const claimedAhead = selection && session.takeClaimed(selection);
-        if (claimedAhead) {
-          changes.wakeOne();
-          await this.#process(name, session, claimedAhead);
-          continue;
-        }
         await this.options.dbQueryLimiter.wait(signal);
         const generation = changes.generation;
         let work: Work<T>;
@@ -273,13 +266,9 @@ class Runner<T extends WorkCandidate> {
   async #process(name: string, session: Session, work: Work<T>): Promise<void> {
     const grace = new GracePeriod(this.#stopGracePeriod);
     const task = newTask(work, this.loop.defaultBackoff, session.signal, grace);
+    const processing = this.#runTask(name, task);
 
     const { signal } = this.options;
-    // The task's end may claim the next machine in its own statement, on a
-    // token of the limiter, as the next claim would have.
-    const offered = this.selection !== undefined && !signal.aborted && this.options.dbQueryLimiter.tryTake();
-    if (offered && this.selection) session.offerNextClaim(this.loop.process, this.selection, signal);
-    const processing = this.#runTask(name, task);
     const startGrace = () => grace.start();
     signal.addEventListener('abort', startGrace, { once: true });
     if (signal.aborted) startGrace();
@@ -288,7 +277,6 @@ class Runner<T extends WorkCandidate> {
     } finally {
       signal.removeEventListener('abort', startGrace);
       grace.dispose();
-      session.withdrawClaim();
     }
     if (grace.over) {
       log.loop('%s: machine %s still processing after the grace period; releasing it', name, work.machineId);

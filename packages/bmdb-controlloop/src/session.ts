@@ -14,8 +14,6 @@ import { notifyReleased } from './internal/changes.js';
 import { isConnectionLost } from './internal/connection-lost.js';
 import type { SessionHost } from './internal/host.js';
 import { describeError, detail, log } from './internal/log.js';
-import type { ReleasedAndClaimed } from './internal/selection-claims.js';
-import type { ReleaseRequest } from './internal/releases.js';
 import type { SessionRuntime } from './internal/runtime.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
@@ -47,14 +45,6 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 /** Fresh tries when concurrent claims took every candidate, before giving up with a conflict. */
 const CONTENDED_ATTEMPTS = 5;
-
-/** A claim offered to ride with the session's next end. */
-interface NextClaim {
-  readonly process: string;
-  readonly selection: Selection<WorkCandidate>;
-  /** Once aborted, the end goes alone. */
-  readonly signal: AbortSignal;
-}
 
 interface Claim<T> {
   readonly machineId: string;
@@ -113,10 +103,6 @@ export class Session {
   #watchdog: NodeJS.Timeout | undefined;
   readonly #abort = new AbortController();
   readonly #works = new Set<Work>();
-  /** Where this session's next end may also claim its next machine (see `offerNextClaim`). */
-  #nextClaim: NextClaim | undefined;
-  /** A machine claimed with an end, for the next `takeClaimed`. */
-  #claimedAhead: { readonly selection: Selection<WorkCandidate>; readonly work: Work } | undefined;
   readonly #runtime: SessionRuntime;
   readonly #labels: { processor: string };
 
@@ -144,7 +130,7 @@ export class Session {
       transaction: (fn) => this.host.retry(processor, () => this.host.db.transaction().execute(fn)),
       transactionOpenedBy: (opening, fn) =>
         this.host.retry(processor, () => this.host.db.connection().execute((db) => openedBy(db, opening, fn))),
-      release: (request) => this.#release({ ...request, sessionId: id, processor }),
+      release: (request) => this.host.releases.release({ ...request, sessionId: id, processor }),
       signal: this.#abort.signal,
       aliveInDatabase: async () => {
         try {
@@ -239,73 +225,6 @@ export class Session {
       this.#abandon(`the connection was lost during a claim for ${process} (${describeError(error)})`);
       throw this.#abort.signal.reason as SessionExpiredError;
     }
-    return this.#adopt(process, claim);
-  }
-
-  /**
-   * @internal Lets the session's next end of work (a finish or failure) also
-   * claim its next machine from `selection`, in the same statement, when no
-   * other end is on its way to the database: one round trip instead of two
-   * for a busy lone worker. The claim, if it got a machine, waits for
-   * {@link Session.takeClaimed}. One end uses the offer; `withdrawClaim`
-   * takes it back.
-   */
-  offerNextClaim<T extends WorkCandidate>(process: string, selection: Selection<T>, signal: AbortSignal): void {
-    if (selection.process !== process) throw new ProcessMismatchError(process, selection.process);
-    this.#nextClaim = { process, selection: selection as Selection<WorkCandidate>, signal };
-  }
-
-  /** @internal Takes back an offer no end used. */
-  withdrawClaim(): void {
-    this.#nextClaim = undefined;
-  }
-
-  /** @internal The machine an end claimed from `selection`, if any; each is handed out once. */
-  takeClaimed<T extends WorkCandidate>(selection: Selection<T>): Work<T> | undefined {
-    const ahead = this.#claimedAhead;
-    if (ahead?.selection !== (selection as Selection<WorkCandidate>)) return undefined;
-    this.#claimedAhead = undefined;
-    return ahead.work.state === 'active' ? (ahead.work as Work<T>) : undefined;
-  }
-
-  /** Ends work alone, or with the offered claim (see `offerNextClaim`). */
-  async #release(request: ReleaseRequest): Promise<boolean> {
-    const next = this.#nextClaim;
-    this.#nextClaim = undefined;
-    if (
-      !next ||
-      next.signal.aborted ||
-      request.event === 'Canceled' ||
-      this.#claimedAhead !== undefined ||
-      this.#state !== 'live' ||
-      !this.host.releases.idle
-    ) {
-      return this.host.releases.release(request);
-    }
-    let result: ReleasedAndClaimed;
-    try {
-      result = await this.host.claims.releaseThenClaim(request, next.process, next.selection.query);
-    } catch (error) {
-      if (isConnectionLost(error)) {
-        // The claim may have committed with nobody to know of it (see work()).
-        this.#abandon(`the connection was lost during a claim for ${next.process} (${describeError(error)})`);
-        throw error;
-      }
-      // Nothing of the statement committed: end the work alone.
-      detail.work('session %s: ending work with a claim failed (%s); ending it alone', this.id, describeError(error));
-      return this.host.releases.release(request);
-    }
-    const status = result.claim;
-    if (!status.bmdb_live) {
-      this.#expire('its deadline passed in the database');
-    } else if (status.bmdb_claimed && status.machine_id !== null) {
-      const claim = toClaim(status, status.machine_id, next.selection.toCandidate(status as unknown as SelectionRow));
-      this.#claimedAhead = { selection: next.selection, work: this.#adopt(next.process, claim) };
-    }
-    return result.released;
-  }
-
-  #adopt<T extends WorkCandidate>(process: string, claim: Claim<T>): Work<T> {
     const work = Work.claimed(this.#runtime, claim.machineId, process, claim.candidate, claim.previousInterval);
     this.#works.add(work as Work);
     this.host.metrics?.workStarted.inc({ ...this.#labels, process });

@@ -39,66 +39,52 @@ export interface ReleaseRequest {
  * row either committed first (the row is re-checked, no longer ours, and the
  * request is not released) or waits for this statement.
  */
-/**
- * The release statement's CTEs, its placeholders numbered by `p` and its CTE
- * names given by `c`: the same text serves alone and at the head of a claim
- * (see release-then-claim.ts). The CTE `released` returns the requests
- * released, each with its `ord`.
- */
-export function releaseCtes(p: (k: number) => string, c: (cte: string) => string): string {
-  return `
-  ${c('requests')} AS (
-    SELECT * FROM unnest(${p(1)}::uuid[], ${p(2)}::text[], ${p(3)}::uuid[], ${p(4)}::text[], ${p(5)}::text[], ${p(6)}::int[],
-                         ${p(7)}::text[], ${p(8)}::text[], ${p(9)}::timestamptz[], ${p(10)}::text[], ${p(11)}::timestamptz[])
+const RELEASE_SQL = `
+  WITH requests AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::int[],
+                         $7::text[], $8::text[], $9::timestamptz[], $10::text[], $11::timestamptz[])
       WITH ORDINALITY AS r (machine_id, process, session_id, event, cause, backoff_seconds,
                             started, started_key, started_at, heartbeat, heartbeat_at, ord)),
-  ${c('released')} AS (
-    DELETE FROM work w USING ${c('requests')} r, sessions s
-    WHERE w.machine_id = ANY (${p(1)}::uuid[]) AND s.session_id = ANY (${p(3)}::uuid[])
+  released AS (
+    DELETE FROM work w USING requests r, sessions s
+    WHERE w.machine_id = ANY ($1::uuid[]) AND s.session_id = ANY ($3::uuid[])
       AND w.machine_id = r.machine_id AND w.process = r.process AND w.session_id = r.session_id
       AND s.session_id = w.session_id AND (r.event = 'Canceled' OR s.deadline > now())
     RETURNING r.*),
-  ${c('history')} AS (
+  history AS (
     INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
-    SELECT machine_id, process, event, now(), cause FROM ${c('released')}),
-  ${c('backoff_cleared')} AS (
-    DELETE FROM work_backoff b USING ${c('released')} r
-    WHERE b.machine_id = ANY (ARRAY(SELECT machine_id FROM ${c('released')} WHERE event = 'Finished'))
+    SELECT machine_id, process, event, now(), cause FROM released),
+  backoff_cleared AS (
+    DELETE FROM work_backoff b USING released r
+    WHERE b.machine_id = ANY (ARRAY(SELECT machine_id FROM released WHERE event = 'Finished'))
       AND r.event = 'Finished' AND b.machine_id = r.machine_id AND b.process = r.process),
-  ${c('backoff_started')} AS (
+  backoff_started AS (
     INSERT INTO work_backoff (machine_id, process, until, cause, last_interval_seconds)
     SELECT machine_id, process, now() + make_interval(secs => backoff_seconds), cause, backoff_seconds
-    FROM ${c('released')} WHERE event = 'Failed'
+    FROM released WHERE event = 'Failed'
     ON CONFLICT (machine_id, process) DO UPDATE
     SET until = excluded.until, cause = excluded.cause, last_interval_seconds = excluded.last_interval_seconds),
-  ${c('started_set')} AS (
+  started_set AS (
     INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)
     SELECT machine_id, coalesce(started_at, now()), decode(started_key, 'hex')
-    FROM ${c('released')} WHERE event = 'Finished' AND started = 'set'
+    FROM released WHERE event = 'Finished' AND started = 'set'
     ON CONFLICT (machine_id) DO UPDATE
     SET agent_started_at = excluded.agent_started_at, agent_public_key = excluded.agent_public_key),
-  ${c('started_deleted')} AS (
+  started_deleted AS (
     DELETE FROM machine_agent_started a
-    WHERE a.machine_id = ANY (ARRAY(SELECT machine_id FROM ${c('released')} WHERE event = 'Finished' AND started = 'delete'))),
-  ${c('heartbeat_set')} AS (
+    WHERE a.machine_id = ANY (ARRAY(SELECT machine_id FROM released WHERE event = 'Finished' AND started = 'delete'))),
+  heartbeat_set AS (
     INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at)
     -- Never later than the database's now (see Queries.setAgentHeartbeat).
     SELECT machine_id, least(coalesce(heartbeat_at, now()), now())
-    FROM ${c('released')} WHERE event = 'Finished' AND heartbeat = 'set'
+    FROM released WHERE event = 'Finished' AND heartbeat = 'set'
     ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heartbeat_at),
-  ${c('heartbeat_deleted')} AS (
+  heartbeat_deleted AS (
     DELETE FROM machine_agent_heartbeat h
-    WHERE h.machine_id = ANY (ARRAY(SELECT machine_id FROM ${c('released')} WHERE event = 'Finished' AND heartbeat = 'delete'))),
-  ${c('notified')} AS (
+    WHERE h.machine_id = ANY (ARRAY(SELECT machine_id FROM released WHERE event = 'Finished' AND heartbeat = 'delete'))),
+  notified AS (
     SELECT pg_notify('${CHANGES_CHANNEL}', 'work')
-    FROM (SELECT 1 FROM ${c('released')} WHERE event = 'Canceled' LIMIT 1) c)`;
-}
-
-const RELEASE_SQL = `
-  WITH ${releaseCtes(
-    (k) => `$${k}`,
-    (cte) => cte,
-  )}
+    FROM (SELECT 1 FROM released WHERE event = 'Canceled' LIMIT 1) c)
   SELECT coalesce(array_agg(ord::int), '{}') AS released, (SELECT count(*)::int FROM notified) AS notified
   FROM released`;
 
@@ -126,18 +112,28 @@ export class Releases {
     });
   }
 
-  /** Whether no release is queued or in flight: a release sent now would go alone. */
-  get idle(): boolean {
-    return this.#batcher.idle;
-  }
-
   /** Resolves true once released, false if the session no longer held the claim. */
   release(request: ReleaseRequest): Promise<boolean> {
     return this.#batcher.submit(request);
   }
 
   async #send(requests: readonly ReleaseRequest[]): Promise<boolean[]> {
-    const parameters = releaseParameters(requests);
+    const started = requests.map((r) => r.tags?.agentStarted);
+    const heartbeat = requests.map((r) => r.tags?.agentHeartbeat);
+    const parameters = [
+      requests.map((r) => r.machineId),
+      requests.map((r) => r.process),
+      requests.map((r) => r.sessionId),
+      requests.map((r) => r.event),
+      // PostgreSQL's text cannot hold NUL; an error message might.
+      requests.map((r) => r.failure?.cause.replaceAll('\u0000', '\uFFFD') ?? null),
+      requests.map((r) => r.failure?.backoffSeconds ?? null),
+      started.map(op),
+      started.map((w) => (w?.publicKey ? Buffer.from(w.publicKey).toString('hex') : null)),
+      started.map(at),
+      heartbeat.map(op),
+      heartbeat.map(at),
+    ];
     const processors = [...new Set(requests.map((r) => r.processor))];
     const [row] = await this.run(processors, () =>
       this.prepared.query<{ released: number[] }>({ sql: RELEASE_SQL, parameters }),
@@ -145,26 +141,6 @@ export class Releases {
     const released = new Set(row?.released ?? []);
     return requests.map((_, i) => released.has(i + 1));
   }
-}
-
-/** The release statement's 11 parameters for `requests`, in placeholder order. */
-export function releaseParameters(requests: readonly ReleaseRequest[]): unknown[] {
-    const started = requests.map((r) => r.tags?.agentStarted);
-  const heartbeat = requests.map((r) => r.tags?.agentHeartbeat);
-  return [
-    requests.map((r) => r.machineId),
-    requests.map((r) => r.process),
-    requests.map((r) => r.sessionId),
-    requests.map((r) => r.event),
-    // PostgreSQL's text cannot hold NUL; an error message might.
-    requests.map((r) => r.failure?.cause.replaceAll('\u0000', '\uFFFD') ?? null),
-    requests.map((r) => r.failure?.backoffSeconds ?? null),
-    started.map(op),
-    started.map((w) => (w?.publicKey ? Buffer.from(w.publicKey).toString('hex') : null)),
-    started.map(at),
-    heartbeat.map(op),
-    heartbeat.map(at),
-  ];
 }
 
 const op = (write: TagWrite | undefined) => write?.op ?? null;

@@ -5,7 +5,6 @@ import type { Database } from '../schema.js';
 import type { SelectionRow } from '../selection.js';
 import { Batcher } from './batcher.js';
 import type { PreparedStatements } from './prepared.js';
-import { type ReleaseRequest, releaseCtes, releaseParameters } from './releases.js';
 import type { RunStatement } from './retry.js';
 
 /** Most claims in one statement. */
@@ -19,20 +18,7 @@ interface ClaimTemplate {
   readonly sessionsAt: readonly number[];
   /** Equal for statements that differ only in their sessions: they can share a batch. */
   readonly key: string;
-  /** The release statement's CTEs at the head of this claim; made on first use. */
-  releaseThenClaim?: string;
 }
-
-/** The answer of {@link SelectionClaims.releaseThenClaim}. */
-export interface ReleasedAndClaimed {
-  /** Whether the release found the claim it ended. */
-  readonly released: boolean;
-  /** The claim's answer, as a claim of its own would have given it. */
-  readonly claim: ClaimStatus;
-}
-
-/** Where the claim statement's final SELECT starts: the release's result joins its columns there. */
-const FINAL_SELECT = 'SELECT r.ord::text AS bmdb_ord,';
 
 /** A claim request: who claims, and the metrics label to count the statement under. */
 interface ClaimRequest {
@@ -81,37 +67,6 @@ export class SelectionClaims {
     return batcher.submit({ sessionId, processor });
   }
 
-  /**
-   * Ends one work item and claims the session's next machine of `selection`
-   * in one statement, one round trip: a lone worker's end and next claim.
-   * The statement is the release's CTEs followed by the claim's; both run on
-   * the statement's one snapshot, so the claim still sees the released
-   * machine under this session's work and does not pick it (a selection
-   * excludes machines under live work), exactly as if the claim had come
-   * first. The claim cannot see a machine that the release itself made
-   * eligible: a caller that got no machine claims again on its own.
-   * Everything commits together or not at all.
-   */
-  async releaseThenClaim(
-    release: ReleaseRequest,
-    process: string,
-    selection: Expression<SelectionRow>,
-  ): Promise<ReleasedAndClaimed> {
-    const template = this.#template(process, selection);
-    template.releaseThenClaim ??= releaseThenClaimSql(template);
-    const parameters = [...template.parameters];
-    for (const at of template.sessionsAt) parameters[at] = [release.sessionId];
-    parameters.push(...releaseParameters([release]));
-    const [row] = await this.run([release.processor], () =>
-      this.prepared.query<BatchClaimStatus & { bmdb_released: number[] }>({
-        sql: template.releaseThenClaim as string,
-        parameters,
-      }),
-    );
-    if (!row) throw new BMDBError(`release-then-claim statement for process ${process} returned no row`);
-    return { released: row.bmdb_released.includes(1), claim: row };
-  }
-
   async #send(template: ClaimTemplate, requests: readonly ClaimRequest[]): Promise<ClaimStatus[]> {
     const parameters = [...template.parameters];
     const sessions = requests.map((r) => r.sessionId);
@@ -155,25 +110,4 @@ export class SelectionClaims {
     }
     return template;
   }
-}
-
-/**
- * The claim statement of `template` with the release statement's CTEs before
- * its own (named `bmdb_release_*`, so they shadow no table a selection reads)
- * and the release's result as a column `bmdb_released`. The release's
- * placeholders follow the claim's.
- */
-function releaseThenClaimSql(template: ClaimTemplate): string {
-  const { sql } = template;
-  const head = sql.indexOf('WITH ');
-  const final = sql.lastIndexOf(FINAL_SELECT);
-  if (head < 0 || final < 0) throw new BMDBError('claim statement lost its WITH or its final SELECT');
-  const offset = template.parameters.length;
-  const release = releaseCtes(
-    (k) => `$${k + offset}`,
-    (cte) => `bmdb_release_${cte}`,
-  );
-  return `${sql.slice(0, head)}WITH ${release},
-    ${sql.slice(head + 'WITH '.length, final)}${FINAL_SELECT}
-           (SELECT coalesce(array_agg(ord::int), '{}') FROM bmdb_release_released) AS bmdb_released,${sql.slice(final + FINAL_SELECT.length)}`;
 }
