@@ -95,7 +95,13 @@ export class BenchServer {
     } catch {
       return cpu;
     }
-    for (const entry of readdirSync('/proc')) {
+    let entries: string[];
+    try {
+      entries = readdirSync('/proc');
+    } catch {
+      return cpu;
+    }
+    for (const entry of entries) {
       if (!/^\d+$/.test(entry)) continue;
       try {
         // The title a backend sets: "postgres: <user> <database> <client> <state>".
