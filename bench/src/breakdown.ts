@@ -3,7 +3,11 @@
  * `bmdb-controlloop` loop at parallelism 1, with every query the pg clients
  * send timed from the client (round trips) and pg_stat_statements on the
  * server (statements, execution and planning time). Node time is what is
- * left of an item's wall time once its round trips are taken out.
+ * left of an item's wall time once its round trips are taken out. CPU time
+ * per item, of the PostgreSQL backends (from /proc) and of this process, is
+ * measured after a warm-up: the backends' CPU beyond pg_stat_statements'
+ * figure is their work outside the executor (bind, executor start and end,
+ * commit, the protocol).
  *
  *   npm run breakdown -w bench     (BENCH_ITEMS, default 3,000; BENCH_CONCURRENCY, default 1)
  */
@@ -24,6 +28,15 @@ import { UNBOUND_LIMITER } from './throughput.js';
 const ITEMS = Number(process.env.BENCH_ITEMS ?? 3_000);
 const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 1);
 const PUBLIC_KEY = new Uint8Array(32);
+/** Items before CPU time is counted: sessions and prepared statements exist by then. */
+const WARMUP = Math.min(200, Math.floor(ITEMS / 10));
+
+/** CPU time so far (ms): this process, and the backends of the database by PID. */
+interface CpuSnapshot {
+  readonly at: number;
+  readonly node: number;
+  readonly backends: Map<number, number>;
+}
 
 /** Client-side round trips: every `Client.query` from its call to its answer. */
 const roundTrips = { count: 0, ms: 0, enabled: false };
@@ -71,13 +84,21 @@ async function main(): Promise<void> {
     const stop = new AbortController();
     let done = 0;
     let elapsed = 0;
+    const snapshot = (): CpuSnapshot => {
+      const usage = process.cpuUsage();
+      return { at: performance.now(), node: (usage.user + usage.system) / 1000, backends: server.backendCpu(name) };
+    };
+    let warm: CpuSnapshot | undefined;
+    let end: CpuSnapshot | undefined;
     const loop: ControlLoop<ProvidedMachine> = {
       process: Process.ShepherdAgentStart,
       processor: 'bench',
       selectMachines: (q) => q.agentStartSelection({ provider: PROVIDER }),
       async processMachine({ work }) {
         await work.finish({ set: { agentStarted: { publicKey: PUBLIC_KEY } } });
-        if (++done === ITEMS) {
+        if (++done === WARMUP) warm = snapshot();
+        if (done === ITEMS) {
+          end = snapshot();
           elapsed = performance.now() - start;
           roundTrips.enabled = false;
           stop.abort();
@@ -116,6 +137,15 @@ async function main(): Promise<void> {
     console.log(`| time in round trips (client side) | ${fmt(rtPerItem)} |`);
     console.log(`| of which server execution + planning | ${fmt(serverMs / ITEMS)} |`);
     console.log(`| time in Node between round trips | ${fmt(perItem - rtPerItem)} |`);
+    if (warm && end) {
+      const items = ITEMS - WARMUP;
+      let backendMs = 0;
+      for (const [pid, ms] of end.backends) backendMs += ms - (warm.backends.get(pid) ?? 0);
+      const wallMs = end.at - warm.at;
+      console.log(`| CPU of the PostgreSQL backends (after ${WARMUP} items) | ${fmt(backendMs / items)} |`);
+      console.log(`| CPU of Node (after ${WARMUP} items) | ${fmt((end.node - warm.node) / items)} |`);
+      console.log(`| wall time (after ${WARMUP} items) | ${fmt(wallMs / items)} |`);
+    }
     console.log('\n| statement | calls per item | server µs per call |\n|---|---:|---:|');
     for (const s of statements) {
       const calls = Number(s.calls);

@@ -1,3 +1,4 @@
+import { readdirSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import path from 'node:path';
@@ -23,6 +24,9 @@ export const SERVER_FLAGS = [
   '-c',
   'pg_stat_statements.track=all',
 ] as const;
+
+/** Linux's USER_HZ: the unit of utime and stime in /proc/<pid>/stat. */
+const CLOCK_TICKS = 100;
 
 /** The one PostgreSQL server every figure is measured on; one database per measurement. */
 export class BenchServer {
@@ -75,6 +79,44 @@ export class BenchServer {
       postgres: version,
       settings: SERVER_FLAGS.filter((_, i) => i % 2 === 1).join(' '),
     };
+  }
+
+  /**
+   * CPU time (user + system, ms) each server process serving database `name`
+   * has used so far, by PID, from Linux's /proc: the backends' whole work on
+   * statements, of which pg_stat_statements sees only the executor's part.
+   * Empty where there is no /proc.
+   */
+  backendCpu(name: string): Map<number, number> {
+    const cpu = new Map<number, number>();
+    let postmaster: string;
+    try {
+      postmaster = readFileSync(path.join(this.dataDir, 'pgdata', 'postmaster.pid'), 'utf8').split('\n')[0] ?? '';
+    } catch {
+      return cpu;
+    }
+    let entries: string[];
+    try {
+      entries = readdirSync('/proc');
+    } catch {
+      return cpu;
+    }
+    for (const entry of entries) {
+      if (!/^\d+$/.test(entry)) continue;
+      try {
+        // The title a backend sets: "postgres: <user> <database> <client> <state>".
+        const title = readFileSync(`/proc/${entry}/cmdline`, 'utf8');
+        if (!title.includes(` ${name} `)) continue;
+        const stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
+        // Fields after the command name in parentheses: state is field 3, ppid 4, utime 14, stime 15.
+        const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+        if (fields[1] !== postmaster) continue;
+        cpu.set(Number(entry), ((Number(fields[11]) + Number(fields[12])) * 1000) / CLOCK_TICKS);
+      } catch {
+        // The process ended while we looked.
+      }
+    }
+    return cpu;
   }
 
   async stop(): Promise<void> {
