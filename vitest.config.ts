@@ -27,6 +27,8 @@ export default defineConfig({
       })),
       // Whole shepherd processes under faults (test/chaos/README.md).
       { extends: true as const, test: { name: 'chaos', root: 'test/chaos', include: ['*.test.ts'] } },
+      // The repository itself (ARCHITECTURE.md's references); needs no database.
+      { test: { name: 'repo', root: '.', include: ['test/*.test.ts'] } },
     ],
   },
 });
