@@ -497,14 +497,7 @@ export class Queries {
       ])
       .executeTakeFirstOrThrow();
 
-    const work = await this.db
-      .selectFrom('work as w')
-      .innerJoin('sessions as s', 's.session_id', 'w.session_id')
-      .select(['w.process', sql<number>`count(*)::int`.as('count')])
-      .where(sql<boolean>`s.deadline > now()`)
-      .groupBy('w.process')
-      .orderBy('w.process')
-      .execute();
+    const activeWork = await this.liveWorkByProcess();
     const backoffs = await this.db
       .selectFrom('work_backoff')
       .select(['process', sql<number>`count(*)::int`.as('count')])
@@ -523,7 +516,7 @@ export class Queries {
         heartbeating: stageRow.heartbeating,
         awaitingRecovery: stageRow.awaiting_recovery,
       },
-      activeWork: Object.fromEntries(work.map((row) => [row.process, row.count])),
+      activeWork,
       activeBackoffs: Object.fromEntries(backoffs.map((row) => [row.process, row.count])),
     };
   }
