@@ -41,6 +41,7 @@ export {
   WorkLostError,
   type WorkOutcome,
 } from './errors.js';
+export { describeError } from './internal/log.js';
 export { sleep } from './internal/sleep.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
 export { BMDBMetrics } from './metrics.js';

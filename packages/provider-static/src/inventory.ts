@@ -1,9 +1,10 @@
 import { readFile, stat } from 'node:fs/promises';
 import { isIP } from 'node:net';
 import path from 'node:path';
+import { describeError } from '@bmaas/bmdb-controlloop';
 import { Secret } from '@bmaas/shepherd-manager';
 import { InventoryError } from './errors.js';
-import { describeError, redactUrl } from './internal/log.js';
+import { redactUrl } from './internal/log.js';
 
 /** How a machine's BMC password is had: in the inventory itself, or in a file read at each reset. */
 export type BmcPassword =

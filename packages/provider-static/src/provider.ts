@@ -1,5 +1,5 @@
 import { readFile, stat } from 'node:fs/promises';
-import { type BMDB, ProviderStatus, type Session, sleep } from '@bmaas/bmdb-controlloop';
+import { type BMDB, describeError, ProviderStatus, type Session, sleep } from '@bmaas/bmdb-controlloop';
 import {
   Availability,
   type CreateMachineRequest,
@@ -9,7 +9,7 @@ import {
   Secret,
 } from '@bmaas/shepherd-manager';
 import { BmcCredentialsError, NoBmcError, StaticProviderError } from './errors.js';
-import { describeError, log } from './internal/log.js';
+import { log } from './internal/log.js';
 import { type InventoryMachine, InventorySource } from './inventory.js';
 import type { RedfishClient, RedfishReset, ResetType } from './redfish/client.js';
 

@@ -6,7 +6,7 @@ import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { log } from './log.js';
+import { describeError, log } from './log.js';
 
 const run = promisify(execFile);
 
@@ -82,7 +82,7 @@ async function postgresUser(): Promise<{ uid: number; gid: number }> {
       await run('useradd', ['--system', '--gid', 'postgres', '--no-create-home', 'postgres']);
     } catch (error) {
       throw new Error(
-        `running as root and no postgres user to run PostgreSQL as; creating one failed: ${messageOf(error)}`,
+        `running as root and no postgres user to run PostgreSQL as; creating one failed: ${describeError(error)}`,
         {
           cause: error,
         },
@@ -141,10 +141,6 @@ async function copyAtomically(native: string, target: string): Promise<void> {
     const code = (error as NodeJS.ErrnoException).code;
     // Another process renamed its copy into place first: use that one.
     if ((code === 'ENOTEMPTY' || code === 'EEXIST') && (await trustedCopy(target))) return;
-    throw new Error(`cannot copy the PostgreSQL binaries to ${target}: ${messageOf(error)}`, { cause: error });
+    throw new Error(`cannot copy the PostgreSQL binaries to ${target}: ${describeError(error)}`, { cause: error });
   }
-}
-
-function messageOf(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
 }

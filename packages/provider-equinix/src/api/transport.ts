@@ -1,8 +1,8 @@
 import { performance } from 'node:perf_hooks';
-import { type RateLimiter, sleep } from '@bmaas/bmdb-controlloop';
+import { describeError, type RateLimiter, sleep } from '@bmaas/bmdb-controlloop';
 import type { Secret, Semaphore } from '@bmaas/shepherd-manager';
 import { EquinixApiError, type EquinixError, EquinixRequestError, EquinixResponseError } from '../errors.js';
-import { describeError, log } from '../internal/log.js';
+import { log } from '../internal/log.js';
 import type { EquinixApiMetrics } from './metrics.js';
 import { backoffDelay, parseRetryAfter, type RetryPolicy } from './retry.js';
 

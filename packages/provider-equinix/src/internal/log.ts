@@ -17,14 +17,3 @@ export const detail = {
   api: createDebug('shepherd:equinix:api:detail'),
   provider: createDebug('shepherd:equinix:provider:detail'),
 };
-
-/** The message of an unknown thrown value, with the cause a fetch failure hides behind. */
-export function describeError(error: unknown): string {
-  if (!(error instanceof Error)) return String(error);
-  const code = (error as { code?: unknown }).code;
-  let message =
-    typeof code === 'string' && !error.message.includes(code) ? `${error.message} (${code})` : error.message;
-  // undici reports every network failure as "fetch failed"; the reason is in the cause.
-  if (error.cause !== undefined && error.message === 'fetch failed') message += `: ${describeError(error.cause)}`;
-  return message;
-}

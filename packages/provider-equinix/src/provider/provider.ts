@@ -1,4 +1,4 @@
-import { type Session, sleep } from '@bmaas/bmdb-controlloop';
+import { describeError, type Session, sleep } from '@bmaas/bmdb-controlloop';
 import {
   Availability,
   type CreateMachineRequest,
@@ -16,7 +16,7 @@ import {
   ReservationUnavailableError,
 } from '../errors.js';
 import { isAbortOf } from '../internal/abort.js';
-import { describeError, detail, log } from '../internal/log.js';
+import { detail, log } from '../internal/log.js';
 import { adoptionRefusal, deviceFacts, deviceReservationId, EQUINIX_PROVIDER, hostnameFor } from './device-facts.js';
 import { deviceMachine, type EquinixMachine, reservationMachine } from './machine.js';
 import { PenaltyBox } from './penalty-box.js';

@@ -8,16 +8,6 @@ export const log = {
   fake: createDebug('shepherd:static:fake-redfish'),
 };
 
-/** The message of an unknown thrown value, with the cause a fetch failure hides behind. */
-export function describeError(error: unknown): string {
-  if (!(error instanceof Error)) return String(error);
-  const code = (error as { code?: unknown }).code;
-  let message =
-    typeof code === 'string' && !error.message.includes(code) ? `${error.message} (${code})` : error.message;
-  if (error.cause !== undefined && error.message === 'fetch failed') message += `: ${describeError(error.cause)}`;
-  return message;
-}
-
 /** A URL with any user info masked, for messages. */
 export function redactUrl(url: string): string {
   return url.replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/@]*@/i, '$1***@');

@@ -1,4 +1,4 @@
-import { sleep } from '@bmaas/bmdb-controlloop';
+import { describeError, sleep } from '@bmaas/bmdb-controlloop';
 import { type Secret, Semaphore } from '@bmaas/shepherd-manager';
 import { Agent, type Dispatcher, request } from 'undici';
 import {
@@ -10,7 +10,7 @@ import {
   RedfishResponseError,
   RedfishTimeoutError,
 } from '../errors.js';
-import { describeError, log } from '../internal/log.js';
+import { log } from '../internal/log.js';
 
 /** Reset types of Redfish's `ComputerSystem.Reset` action (DSP0268 `ResetType`). */
 export const RESET_TYPES = [
