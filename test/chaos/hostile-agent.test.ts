@@ -9,7 +9,6 @@
  */
 import { readdirSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
@@ -18,6 +17,7 @@ import { afterAll, beforeAll, expect, test } from 'vitest';
 import { shepherd } from '../../packages/cli/test/helpers.js';
 import { createTestDatabase, type TestDatabase } from '../support/database.js';
 import { HostileProxy } from '../support/hostile-proxy.js';
+import { freePort } from '../support/ports.js';
 import { startTestSshServer, type TestSshServer } from '../support/sshd.js';
 import { buildShepherd, ChaosShepherd, eventually, killShepherdsAfterEach, TEST_AGENT, table } from './helpers.js';
 
@@ -92,14 +92,6 @@ function killAgents(): void {
 
 async function setMode(mode: AgentMode): Promise<void> {
   await writeFile(path.join(dir, 'mode'), `${mode}\n`);
-}
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as { port: number };
-  await new Promise((resolve) => server.close(resolve));
-  return port;
 }
 
 const failures = async () =>

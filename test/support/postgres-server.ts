@@ -1,13 +1,13 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { chmod, chown, mkdtemp, rm } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
 // By path: the library's internals are not exported.
 import { postgresInstallation } from '../../packages/bmdb-controlloop/src/internal/postgres-installation.js';
+import { freePort } from './ports.js';
 
 const run = promisify(execFile);
 
@@ -156,13 +156,4 @@ export class PostgresServer {
 async function postgresUser(): Promise<{ uid: number; gid: number }> {
   const [uid, gid] = await Promise.all([run('id', ['-u', 'postgres']), run('id', ['-g', 'postgres'])]);
   return { uid: Number.parseInt(uid.stdout, 10), gid: Number.parseInt(gid.stdout, 10) };
-}
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const address = server.address();
-  await new Promise((resolve) => server.close(resolve));
-  if (!address || typeof address !== 'object') throw new Error('no free port');
-  return address.port;
 }

@@ -7,6 +7,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import ssh2, { type Connection, type ParsedKey, type ServerChannel, type SFTPWrapper } from 'ssh2';
+import { freePort } from './ports.js';
 
 // ssh2 is CommonJS; Node's ESM loader sees neither `Server` nor `utils` as named exports.
 const { Server, utils } = ssh2;
@@ -163,15 +164,6 @@ function captureLog(child: ChildProcess): { text: () => string } {
     text = (text + chunk).slice(-64 * 1024);
   });
   return { text: () => text };
-}
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const address = server.address();
-  await new Promise((resolve) => server.close(resolve));
-  if (!address || typeof address !== 'object') throw new Error('no free port');
-  return address.port;
 }
 
 /** Resolves once the port accepts connections and sends an SSH banner. */

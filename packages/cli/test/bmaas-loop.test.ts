@@ -8,13 +8,13 @@
  * machine is rebooted, its agent started again, and it heartbeats again.
  */
 import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
 import { SshKey } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
+import { freePort } from '../../../test/support/ports.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
 import { buildOnce, eventually, type Shepherd, shepherd, start } from './helpers.js';
 
@@ -60,14 +60,6 @@ afterAll(async () => {
   await sshd?.stop();
   await rm(dir, { recursive: true, force: true });
 });
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as { port: number };
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
 
 /** Detached test agents heartbeating for this test's machines, by machine ID. */
 async function heartbeaters(): Promise<Map<string, number>> {

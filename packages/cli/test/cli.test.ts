@@ -6,6 +6,7 @@ import path from 'node:path';
 import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
+import { freePort } from '../../../test/support/ports.js';
 import { allFlagNames, FLAG_GROUPS, flagNames } from '../src/flags.js';
 import { DEFAULT_LOG_NAMESPACES } from '../src/logging.js';
 import { buildOnce, eventually, shepherd, start } from './helpers.js';
@@ -24,14 +25,6 @@ afterAll(() => rm(dir, { recursive: true, force: true }));
 
 const count = async (sql: string, values: unknown[] = []) => (await db.admin(sql, values)).rows[0].n as number;
 const testAgent = path.resolve('packages/shepherd-manager/bin/test-agent.js');
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as { port: number };
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
 
 async function metrics(port: number): Promise<string> {
   const response = await fetch(`http://127.0.0.1:${port}/metrics`);

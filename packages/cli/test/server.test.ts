@@ -4,7 +4,6 @@
  */
 import { generateKeyPairSync } from 'node:crypto';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { Queries } from '@bmaas/bmdb-controlloop';
@@ -13,6 +12,7 @@ import { createClient } from '@connectrpc/connect';
 import { createGrpcTransport } from '@connectrpc/connect-node';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { freePort } from '../../../test/support/ports.js';
 import { eventually } from '../../../test/support/wait.js';
 import { flagNames } from '../src/flags.js';
 import { buildOnce, shepherd, start } from './helpers.js';
@@ -27,14 +27,6 @@ beforeAll(async () => {
   expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
 });
 afterAll(() => rm(dir, { recursive: true, force: true }));
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as { port: number };
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
 
 describe('shepherd server', () => {
   test('--help lists its flags; bad flags exit 2 naming the flag, before anything is touched', async () => {
