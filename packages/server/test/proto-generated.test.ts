@@ -1,11 +1,6 @@
-import { execFile } from 'node:child_process';
-import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { promisify } from 'node:util';
 import type { DescMessage } from '@bufbuild/protobuf';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { describe, expect, test } from 'vitest';
+import { generatedAndCommitted } from '../../../test/support/proto.js';
 import {
   AgentCallback,
   AgentHardwareReportSchema,
@@ -16,30 +11,6 @@ import {
   OSInstallationReportSchema,
   OSInstallationRequestSchema,
 } from '../src/index.js';
-
-const execFileAsync = promisify(execFile);
-const root = fileURLToPath(new URL('../../../', import.meta.url));
-const protoDir = path.join(root, 'proto');
-const committed = path.join(root, 'packages/server/src/gen');
-const env = { ...process.env, PATH: `${path.join(root, 'node_modules/.bin')}${path.delimiter}${process.env.PATH}` };
-
-let scratch: string;
-beforeAll(async () => {
-  scratch = await mkdtemp(path.join(tmpdir(), 'server-proto-generated-test-'));
-});
-afterAll(async () => {
-  await rm(scratch, { recursive: true, force: true });
-});
-
-async function filesUnder(dir: string): Promise<Map<string, string>> {
-  const files = new Map<string, string>();
-  for (const entry of await readdir(dir, { recursive: true, withFileTypes: true })) {
-    if (!entry.isFile()) continue;
-    const file = path.join(entry.parentPath, entry.name);
-    files.set(path.relative(dir, file), await readFile(file, 'utf8'));
-  }
-  return files;
-}
 
 /** Field number, name, type and oneof/repeated of each field, as the wire sees them. */
 const shape = (schema: DescMessage) =>
@@ -58,12 +29,7 @@ const shape = (schema: DescMessage) =>
 
 describe('generated BMaaS server API code', () => {
   test('matches what buf generates from proto/ now (run `npm run generate -w proto` if not)', async () => {
-    await execFileAsync('buf', ['generate', '--template', 'buf.gen.server.yaml', '-o', path.join(scratch, 'proto')], {
-      cwd: protoDir,
-      env,
-    });
-    const fresh = await filesUnder(path.join(scratch, 'packages/server/src/gen'));
-    const current = await filesUnder(committed);
+    const { fresh, committed: current } = await generatedAndCommitted('buf.gen.server.yaml', 'packages/server/src/gen');
     expect(fresh.size).toBeGreaterThan(0);
     expect([...current.keys()].sort()).toEqual([...fresh.keys()].sort());
     for (const [file, contents] of fresh) expect(current.get(file), file).toBe(contents);

@@ -1,10 +1,5 @@
-import { execFile } from 'node:child_process';
-import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { promisify } from 'node:util';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { describe, expect, test } from 'vitest';
+import { buf, generatedAndCommitted } from '../../../test/support/proto.js';
 import {
   TakeoverErrorSchema,
   TakeoverInitSchema,
@@ -12,50 +7,19 @@ import {
   TakeoverSuccessSchema,
 } from '../src/index.js';
 
-const execFileAsync = promisify(execFile);
-const root = fileURLToPath(new URL('../../../', import.meta.url));
-const protoDir = path.join(root, 'proto');
-const committed = path.join(root, 'packages/shepherd-manager/src/gen');
-// As under `npm run generate -w proto`: buf and protoc-gen-es from the workspace.
-const env = { ...process.env, PATH: `${path.join(root, 'node_modules/.bin')}${path.delimiter}${process.env.PATH}` };
-
-let scratch: string;
-
-beforeAll(async () => {
-  scratch = await mkdtemp(path.join(tmpdir(), 'proto-generated-test-'));
-});
-
-afterAll(async () => {
-  await rm(scratch, { recursive: true, force: true });
-});
-
-async function filesUnder(dir: string): Promise<Map<string, string>> {
-  const entries = await readdir(dir, { recursive: true, withFileTypes: true });
-  const files = new Map<string, string>();
-  for (const entry of entries) {
-    if (!entry.isFile()) continue;
-    const file = path.join(entry.parentPath, entry.name);
-    files.set(path.relative(dir, file), await readFile(file, 'utf8'));
-  }
-  return files;
-}
-
 describe('generated agent API code', () => {
   test('matches what buf generates from proto/ now (run `npm run generate -w proto` if not)', async () => {
-    // -o re-roots the template's `out` (../packages/shepherd-manager/src/gen) under scratch/, leaving the tree alone.
-    await execFileAsync('buf', ['generate', '--template', 'buf.gen.yaml', '-o', path.join(scratch, 'proto')], {
-      cwd: protoDir,
-      env,
-    });
-    const fresh = await filesUnder(path.join(scratch, 'packages/shepherd-manager/src/gen'));
-    const current = await filesUnder(committed);
+    const { fresh, committed: current } = await generatedAndCommitted(
+      'buf.gen.yaml',
+      'packages/shepherd-manager/src/gen',
+    );
     expect(fresh.size).toBeGreaterThan(0);
     expect([...current.keys()].sort()).toEqual([...fresh.keys()].sort());
     for (const [file, contents] of fresh) expect(current.get(file), file).toBe(contents);
   });
 
   test('the .proto passes buf lint', async () => {
-    await execFileAsync('buf', ['lint'], { cwd: protoDir, env });
+    await buf(['lint']);
   });
 
   test('keeps the original wire format: package, field numbers and types', () => {
