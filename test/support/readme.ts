@@ -7,9 +7,14 @@ import path from 'node:path';
  * reads ```ts <tag>, e.g. `runnable`) as a module, from inside the package
  * (so its imports resolve as a user's would), and returns what it logged.
  * Keeps the README's examples honest, and tidy: each runs with its own
- * temporary directory (TMPDIR), which must be empty afterwards.
+ * temporary directory (TMPDIR), which must be empty afterwards. `env` holds
+ * further variables for the example's run (e.g. `BMDB_URL`), restored after.
  */
-export async function runReadmeExample(packageDir: string, tag?: string): Promise<string[]> {
+export async function runReadmeExample(
+  packageDir: string,
+  options: { tag?: string; env?: Readonly<Record<string, string>> } = {},
+): Promise<string[]> {
+  const { tag } = options;
   const readme = await readFile(path.join(packageDir, 'README.md'), 'utf8');
   const fence = tag === undefined ? '```ts\n' : `\`\`\`ts ${tag}\n`;
   const start = readme.indexOf(fence);
@@ -23,18 +28,22 @@ export async function runReadmeExample(packageDir: string, tag?: string): Promis
   console.log = (...args: unknown[]) => {
     logged.push(args.map((a) => (typeof a === 'string' ? a : JSON.stringify(a))).join(' '));
   };
-  const previousTmp = process.env.TMPDIR;
   const tmp = await mkdtemp(path.join(tmpdir(), 'readme-tmp-'));
   // As root the embedded server runs as `postgres`, which must reach its data directory in here.
   await chmod(tmp, 0o755);
-  process.env.TMPDIR = tmp; // os.tmpdir() reads it on every call
+  // os.tmpdir() reads TMPDIR on every call.
+  const env = { ...options.env, TMPDIR: tmp };
+  const previous = Object.fromEntries(Object.keys(env).map((name) => [name, process.env[name]]));
+  Object.assign(process.env, env);
   let left: string[];
   try {
     await import(file);
   } finally {
     console.log = original;
-    if (previousTmp === undefined) delete process.env.TMPDIR;
-    else process.env.TMPDIR = previousTmp;
+    for (const [name, value] of Object.entries(previous)) {
+      if (value === undefined) delete process.env[name];
+      else process.env[name] = value;
+    }
     await rm(file, { force: true });
     left = await readdir(tmp);
     await rm(tmp, { recursive: true, force: true });

@@ -13,6 +13,6 @@ test('the README example runs and does what it says', async () => {
 });
 
 test("the README's component example (its own tags, migration and loop) runs", async () => {
-  const logged = await runReadmeExample(fileURLToPath(new URL('..', import.meta.url)), 'runnable');
+  const logged = await runReadmeExample(fileURLToPath(new URL('..', import.meta.url)), { tag: 'runnable' });
   expect(logged).toEqual(['installed: debian-12, ubuntu-24.04']);
 });

@@ -12,15 +12,7 @@ const packageDir = fileURLToPath(new URL('..', import.meta.url));
 
 test('the README example runs and does what it says', async () => {
   const db = await createTestDatabase();
-  const previous = process.env.BMDB_URL;
-  process.env.BMDB_URL = db.url;
-  let logged: string[];
-  try {
-    logged = await runReadmeExample(packageDir);
-  } finally {
-    if (previous === undefined) delete process.env.BMDB_URL;
-    else process.env.BMDB_URL = previous;
-  }
+  const logged = await runReadmeExample(packageDir, { env: { BMDB_URL: db.url } });
   expect(logged.filter((line) => /^created demo-[0-9a-f-]{18} on reservation [0-9a-f-]{36}$/.test(line))).toHaveLength(
     3,
   );

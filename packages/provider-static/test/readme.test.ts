@@ -7,15 +7,7 @@ const packageDir = fileURLToPath(new URL('..', import.meta.url));
 
 test('the README example runs and does what it says', async () => {
   const db = await createTestDatabase();
-  const previous = process.env.BMDB_URL;
-  process.env.BMDB_URL = db.url;
-  let logged: string[];
-  try {
-    logged = await runReadmeExample(packageDir);
-  } finally {
-    if (previous === undefined) delete process.env.BMDB_URL;
-    else process.env.BMDB_URL = previous;
-  }
+  const logged = await runReadmeExample(packageDir, { env: { BMDB_URL: db.url } });
   expect(logged).toEqual([
     'provided rack1-node07, rack1-node08',
     'rack1-node07: BMC accepted ForceRestart',
