@@ -1,6 +1,6 @@
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { chmod, cp, lstat, rename, rm, writeFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
@@ -43,9 +43,19 @@ async function locate(): Promise<PostgresInstallation> {
   if (process.getuid?.() !== 0) return { bin: path.join(native, 'bin'), user: undefined };
   const user = await postgresUser();
   if (await reachableBy(user, path.join(native, 'bin', 'postgres'))) return { bin: path.join(native, 'bin'), user };
-  const copy = path.join(tmpdir(), `bmdb-postgres-${version}-${process.platform}-${process.arch}`);
+  const copy = path.join(sharedTemporaryDirectory(), `bmdb-postgres-${version}-${process.platform}-${process.arch}`);
   if (!(await trustedCopy(copy))) await copyAtomically(native, copy);
   return { bin: path.join(copy, 'bin'), user };
+}
+
+/**
+ * Where root's copy of the binaries lives: a system directory every user can
+ * enter and that outlives the process, not `TMPDIR`, which may be private to
+ * root (so the postgres user could not reach the copy) or a short-lived
+ * directory of one run (a test's), deleted under the next one.
+ */
+function sharedTemporaryDirectory(): string {
+  return ['/var/tmp', '/tmp'].find((dir) => existsSync(dir)) ?? tmpdir();
 }
 
 /** The platform package's `native/` directory and version. */
