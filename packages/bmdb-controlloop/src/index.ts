@@ -23,6 +23,7 @@ export {
   runControlLoop,
   type Task,
 } from './control-loop.js';
+export { describeError } from './describe-error.js';
 export { formatDuration, parseDuration } from './duration.js';
 export type { EmbeddedDatabaseOptions } from './embedded.js';
 export {
@@ -41,7 +42,6 @@ export {
   WorkLostError,
   type WorkOutcome,
 } from './errors.js';
-export { describeError } from './internal/log.js';
 export { sleep } from './internal/sleep.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
 export { BMDBMetrics } from './metrics.js';
