@@ -13,9 +13,9 @@
  * Statements per heartbeat come from pg_stat_statements: calls of the
  * heartbeat statement over heartbeats answered.
  */
-import { execFileSync, spawn } from 'node:child_process';
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { generateKeyPairSync } from 'node:crypto';
-import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { type ClientHttp2Session, connect } from 'node:http2';
 import { createServer } from 'node:net';
 import { loadavg, tmpdir } from 'node:os';
@@ -26,7 +26,15 @@ import { sql } from 'kysely';
 import type { BenchServer } from './server.js';
 import { type Latency, latency, percentile } from './stats.js';
 
+/**
+ * What answers the heartbeats: `shepherd server` as operators run it, or the
+ * floor (heartbeat-floor-server.ts: HTTP/2 and TLS in Node, no gRPC library,
+ * no database), which bounds what any Node server reaches on these cores.
+ */
+export type HeartbeatServer = 'shepherd' | 'floor';
+
 export interface HeartbeatFigure {
+  readonly server: HeartbeatServer;
   readonly agents: number;
   /** Server processes (`shepherd server --workers`). */
   readonly workers: number;
@@ -144,6 +152,7 @@ export async function heartbeats(
   workers: number,
   offeredRates: readonly number[],
   seconds: number,
+  answeredBy: HeartbeatServer = 'shepherd',
 ): Promise<HeartbeatFigure[]> {
   const url = await bench.createDatabase(DATABASE);
   await bench.withClient(DATABASE, (client) => client.query('CREATE EXTENSION IF NOT EXISTS pg_stat_statements'));
@@ -171,37 +180,17 @@ export async function heartbeats(
     .execute();
   await bmdb.close();
 
-  // The server as operators run it: `shepherd server`, compiled, in a process of its own.
-  execFileSync(path.join(ROOT, 'node_modules/.bin/tsc'), ['--build'], { cwd: ROOT, stdio: 'inherit' });
   const port = await freePort();
-  const server = spawn(
-    process.execPath,
-    [
-      // BENCH_PROF=<dir>: a CPU profile of the server process.
-      ...(process.env.BENCH_PROF ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_PROF] : []),
-      // BENCH_SERVER_NODE_FLAGS: Node flags of the server process, to try tunings (space-separated).
-      ...(process.env.BENCH_SERVER_NODE_FLAGS?.split(' ').filter(Boolean) ?? []),
-      path.join(ROOT, 'packages/cli/bin/shepherd.js'),
-      'server',
-      '--bmdb-url',
-      url,
-      '--data-dir',
-      dir,
-      '--listen',
-      `127.0.0.1:${port}`,
-      '--workers',
-      String(workers),
-    ],
-    { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, DEBUG: 'shepherd:cli', DEBUG_COLORS: '0' } },
-  );
+  const server =
+    answeredBy === 'shepherd' ? await startShepherd(url, dir, port, workers) : await startFloor(dir, port, workers);
   const sessions: ClientHttp2Session[] = [];
   try {
     await new Promise<void>((resolve, reject) => {
       let log = '';
-      server.once('exit', (code) => reject(new Error(`shepherd server exited with ${code}: ${log}`)));
+      server.once('exit', (code) => reject(new Error(`${answeredBy} server exited with ${code}: ${log}`)));
       server.stderr?.setEncoding('utf8').on('data', (chunk: string) => {
         log += chunk;
-        if (log.includes('BMaaS server listening')) resolve();
+        if (log.includes('listening')) resolve();
       });
     });
     const ca = await readFile(path.join(dir, 'server.crt'), 'utf8');
@@ -243,6 +232,7 @@ export async function heartbeats(
         return Number(result.rows[0]?.calls ?? 0);
       });
       figures.push({
+        server: answeredBy,
         agents,
         workers,
         offered,
@@ -264,6 +254,64 @@ export async function heartbeats(
     await bench.dropDatabase(DATABASE);
     await rm(dir, { recursive: true, force: true });
   }
+}
+
+/** `shepherd server`, compiled, in a process of its own; it makes its certificate under `dir`. */
+function startShepherd(url: string, dir: string, port: number, workers: number): ChildProcess {
+  execFileSync(path.join(ROOT, 'node_modules/.bin/tsc'), ['--build'], { cwd: ROOT, stdio: 'inherit' });
+  return spawn(
+    process.execPath,
+    [
+      ...profileFlags(),
+      path.join(ROOT, 'packages/cli/bin/shepherd.js'),
+      'server',
+      '--bmdb-url',
+      url,
+      '--data-dir',
+      dir,
+      '--listen',
+      `127.0.0.1:${port}`,
+      '--workers',
+      String(workers),
+    ],
+    { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, DEBUG: 'shepherd:cli', DEBUG_COLORS: '0' } },
+  );
+}
+
+/** The floor server (heartbeat-floor-server.ts) with a certificate made here, where the generator looks for it. */
+async function startFloor(dir: string, port: number, workers: number): Promise<ChildProcess> {
+  const { privateKey } = generateKeyPairSync('ed25519');
+  const cert = path.join(dir, 'server.crt');
+  const key = path.join(dir, 'server.key');
+  await writeFile(
+    cert,
+    certificatePem(selfSignedCertificate(privateKey, { commonName: 'floor', altNames: ['localhost'] })),
+  );
+  await writeFile(key, privateKey.export({ type: 'pkcs8', format: 'pem' }));
+  return spawn(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      ...profileFlags(),
+      path.join(import.meta.dirname, 'heartbeat-floor-server.ts'),
+      cert,
+      key,
+      '127.0.0.1',
+      String(port),
+      String(workers),
+    ],
+    { stdio: ['ignore', 'ignore', 'pipe'], cwd: path.join(import.meta.dirname, '..') },
+  );
+}
+
+function profileFlags(): string[] {
+  return [
+    // BENCH_PROF=<dir>: a CPU profile of the server process.
+    ...(process.env.BENCH_PROF ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_PROF] : []),
+    // BENCH_SERVER_NODE_FLAGS: Node flags of the server process, to try tunings (space-separated).
+    ...(process.env.BENCH_SERVER_NODE_FLAGS?.split(' ').filter(Boolean) ?? []),
+  ];
 }
 
 interface Measured {

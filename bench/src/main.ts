@@ -9,7 +9,8 @@
  * ceiling, scale, pickup, idle, heartbeat, web), BENCH_AGENTS (simulated agents
  * of the heartbeat section, default 1,000), BENCH_HEARTBEAT_RATES (offered
  * heartbeats/s, default 500,1000,2000,3300,5000), BENCH_HEARTBEAT_WORKERS (server
- * processes, default 1,2), BENCH_HEARTBEAT_SECONDS (per rate, default 10), BENCH_WEB_MACHINES (default
+ * processes, default 1,2), BENCH_HEARTBEAT_SECONDS (per rate, default 10),
+ * BENCH_HEARTBEAT_SERVERS (what answers: shepherd, floor; default both), BENCH_WEB_MACHINES (default
  * 100,000), BENCH_SYSTEMS (`|`-separated systems for
  * throughput: bmdb-controlloop, "bmdb-controlloop, finish()",
  * "bmdb-controlloop, finish(fn)", graphile-worker, pg-boss).
@@ -48,6 +49,13 @@ const HEARTBEAT_RATES = (process.env.BENCH_HEARTBEAT_RATES ?? '500,1000,2000,330
 /** `shepherd server --workers` values measured, each at every rate. */
 const HEARTBEAT_WORKERS = (process.env.BENCH_HEARTBEAT_WORKERS ?? '1,2').split(',').map(Number);
 const HEARTBEAT_SECONDS = Number(process.env.BENCH_HEARTBEAT_SECONDS ?? 10);
+/** What answers: `shepherd server`, and the floor any Node server stands on (see heartbeat-floor-server.ts). */
+const HEARTBEAT_SERVERS = (process.env.BENCH_HEARTBEAT_SERVERS ?? 'shepherd,floor').split(',').map((name) => {
+  if (name !== 'shepherd' && name !== 'floor') {
+    throw new Error(`BENCH_HEARTBEAT_SERVERS: ${JSON.stringify(name)} is neither shepherd nor floor`);
+  }
+  return name;
+});
 const RESULTS = path.join(import.meta.dirname, '..', 'results');
 
 const BARE = 'bmdb-controlloop, finish()';
@@ -149,13 +157,15 @@ async function main(): Promise<void> {
 
     if (ONLY.has('heartbeat')) {
       const figures = [];
-      for (const workers of HEARTBEAT_WORKERS) {
-        figures.push(...(await heartbeats(server, AGENTS, workers, HEARTBEAT_RATES, HEARTBEAT_SECONDS)));
+      for (const answeredBy of HEARTBEAT_SERVERS) {
+        for (const workers of HEARTBEAT_WORKERS) {
+          figures.push(...(await heartbeats(server, AGENTS, workers, HEARTBEAT_RATES, HEARTBEAT_SECONDS, answeredBy)));
+        }
       }
       result.heartbeat = figures;
       for (const figure of result.heartbeat) {
         progress(
-          `heartbeat ${figure.agents} agents, ${figure.workers} workers, offered ${figure.offered}/s: ${figure.perSecond.toFixed(0)}/s, ` +
+          `heartbeat (${figure.server}) ${figure.agents} agents, ${figure.workers} workers, offered ${figure.offered}/s: ${figure.perSecond.toFixed(0)}/s, ` +
             `p50 ${figure.latency.p50.toFixed(1)} ms, p99 ${figure.latency.p99.toFixed(1)} ms, ` +
             `${figure.statementsPerHeartbeat.toFixed(3)} statements per heartbeat, ${figure.failed} failed, ${figure.missed} missed, ` +
             `schedule lag p99 ${figure.scheduleLagP99.toFixed(1)} ms; CPU s/s ` +

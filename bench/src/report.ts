@@ -128,14 +128,15 @@ export function renderReport(result: BenchResult): string {
         'each on its own TLS connection with its own ed25519 client certificate, sent on an open-loop schedule (offered rate), one run per rate; ' +
         'latency from each heartbeat’s scheduled send time to its answer (a send due while its agent waits for an answer goes when the answer comes; still waiting at the end: missed, counted in the latencies with the time waited). ' +
         'The load generator (one process) runs on the same machine; schedule lag: how late it sent, its own share of the latency. Statements: calls of the heartbeat statement (pg_stat_statements) per heartbeat. ' +
-        'CPU: milliseconds of CPU per heartbeat answered, of the server processes, the load generator and PostgreSQL (the backends serving the benchmark’s database), and the load average at the end (the machine is shared).',
+        'CPU: milliseconds of CPU per heartbeat answered, of the server processes, the load generator and PostgreSQL (the backends serving the benchmark’s database), and the load average at the end (the machine is shared). ' +
+        'Server *floor*: the same generator against the least a Node server does per heartbeat (HTTP/2 and TLS with the client key read, an empty answer; no gRPC library, no database: `bench/src/heartbeat-floor-server.ts`), what bounds any Node server with the generator on the same cores.',
       '',
-      '| workers | offered/s | answered/s | p50 | p99 | statements per heartbeat | failed / missed | schedule lag p99 | CPU ms per heartbeat: server / generator / PostgreSQL | load average |',
-      '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+      '| server | workers | offered/s | answered/s | p50 | p99 | statements per heartbeat | failed / missed | schedule lag p99 | CPU ms per heartbeat: server / generator / PostgreSQL | load average |',
+      '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
     );
     for (const figure of result.heartbeat) {
       lines.push(
-        `| ${figure.workers} | ${int(figure.offered)} | ${int(figure.perSecond)} | ${ms(figure.latency.p50)} ms | ${ms(figure.latency.p99)} ms | ${figure.statementsPerHeartbeat.toFixed(3)} | ${figure.failed} / ${figure.missed} | ${ms(figure.scheduleLagP99)} ms | ` +
+        `| ${figure.server ?? 'shepherd'} | ${figure.workers} | ${int(figure.offered)} | ${int(figure.perSecond)} | ${ms(figure.latency.p50)} ms | ${ms(figure.latency.p99)} ms | ${figure.statementsPerHeartbeat.toFixed(3)} | ${figure.failed} / ${figure.missed} | ${ms(figure.scheduleLagP99)} ms | ` +
           `${perHeartbeat(figure, figure.cpu.server)} / ${perHeartbeat(figure, figure.cpu.generator)} / ${perHeartbeat(figure, figure.cpu.postgres)} | ${figure.loadAverage.toFixed(1)} |`,
       );
     }
