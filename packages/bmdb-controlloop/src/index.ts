@@ -47,10 +47,12 @@ export { parseLimiter, RateLimiter } from './limiter.js';
 export { BMDBMetrics } from './metrics.js';
 export type { ComponentSchema } from './migrations/index.js';
 export {
+  type ActiveBackoff,
   type BackoffCause,
   type DecommissionReport,
   type FleetStages,
   type FleetStats,
+  type HeartbeatAhead,
   hasLiveWork,
   inBackoff,
   type LiveSession,
@@ -67,6 +69,7 @@ export {
   Queries,
   type RecentFailure,
   type RecoveryThresholds,
+  type StartedAgent,
   type WorkBackoffEntry,
   type WorkHistoryEntry,
 } from './queries.js';

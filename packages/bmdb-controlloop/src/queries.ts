@@ -56,6 +56,28 @@ export interface WorkBackoffEntry {
   readonly active: boolean;
 }
 
+/** A running backoff with the machine's provider, as a status report lists it. */
+export interface ActiveBackoff extends WorkBackoffEntry {
+  /** The machine's provider and provider ID; null when it has no Provided tag. */
+  readonly provider: string | null;
+  readonly providerId: string | null;
+  /** Whole seconds until `until`, rounded up, by the database's clock. */
+  readonly secondsLeft: number;
+}
+
+/** An agent heartbeat dated ahead of the database's clock (see {@link Queries.agentHeartbeatsAhead}). */
+export interface HeartbeatAhead {
+  readonly machineId: string;
+  readonly providerId: string;
+  readonly heartbeatAt: Date;
+}
+
+/** A machine with a started agent (the AgentStarted tag). */
+export interface StartedAgent {
+  readonly machineId: string;
+  readonly startedAt: Date;
+}
+
 /** What {@link Queries.decommissionMachines} did with each provider ID it was given. */
 export interface DecommissionReport {
   /** Removed from the BMDB, with their tags and backoffs; their work history stays. */
@@ -105,6 +127,8 @@ export interface FleetStats {
 }
 
 const MINUTE = 60_000;
+/** Heartbeats written per statement by {@link Queries.setAgentHeartbeats}. */
+const HEARTBEATS_PER_STATEMENT = 10_000;
 const DEFAULT_FIRST_HEARTBEAT_WITHIN = 30 * MINUTE;
 const DEFAULT_HEARTBEAT_WITHIN = 10 * MINUTE;
 
@@ -225,6 +249,64 @@ export class Queries {
   /** Removes the AgentHeartbeat tag, if any. */
   async deleteAgentHeartbeat(machineId: string): Promise<void> {
     await this.db.deleteFrom('machine_agent_heartbeat').where('machine_id', '=', machineId).execute();
+  }
+
+  /**
+   * Records a heartbeat at the database's now for each of `machineIds`, a
+   * few statements for any number (two parameters a machine, well under
+   * PostgreSQL's 65535 per statement).
+   */
+  async setAgentHeartbeats(machineIds: readonly string[]): Promise<void> {
+    for (let i = 0; i < machineIds.length; i += HEARTBEATS_PER_STATEMENT) {
+      await this.db
+        .insertInto('machine_agent_heartbeat')
+        .values(
+          machineIds
+            .slice(i, i + HEARTBEATS_PER_STATEMENT)
+            .map((machineId) => ({ machine_id: machineId, agent_heartbeat_at: sql<Date>`now()` })),
+        )
+        .onConflict((oc) => oc.column('machine_id').doUpdateSet({ agent_heartbeat_at: sql<Date>`now()` }))
+        .execute();
+    }
+  }
+
+  /** The machines of `provider` whose agent was started (AgentStarted), and when. */
+  async startedAgents(provider: string): Promise<StartedAgent[]> {
+    const rows = await this.db
+      .selectFrom('machine_agent_started as a')
+      .innerJoin('machine_provided as p', 'p.machine_id', 'a.machine_id')
+      .where('p.provider', '=', provider)
+      .select(['a.machine_id', 'a.agent_started_at'])
+      .execute();
+    return rows.map((row) => ({ machineId: row.machine_id, startedAt: row.agent_started_at }));
+  }
+
+  /**
+   * The heartbeats of `provider`'s machines dated more than `toleranceSeconds`
+   * after the database's now, and that now: an index range scan
+   * (`machine_agent_heartbeat_at_idx`).
+   */
+  async agentHeartbeatsAhead(options: {
+    provider: string;
+    toleranceSeconds: number;
+  }): Promise<{ now: Date; heartbeats: HeartbeatAhead[] }> {
+    // The database's clock, not ours: it is the one the recovery selection compares with.
+    const now = await this.now();
+    const rows = await this.db
+      .selectFrom('machine_agent_heartbeat as h')
+      .innerJoin('machine_provided as p', 'p.machine_id', 'h.machine_id')
+      .select(['h.machine_id', 'p.provider_id', 'h.agent_heartbeat_at'])
+      .where('p.provider', '=', options.provider)
+      .where('h.agent_heartbeat_at', '>', new Date(now.getTime() + options.toleranceSeconds * 1000))
+      .execute();
+    return {
+      now,
+      heartbeats: rows.map((row) => ({
+        machineId: row.machine_id,
+        providerId: row.provider_id,
+        heartbeatAt: row.agent_heartbeat_at,
+      })),
+    };
   }
 
   /** The machine's last hardware report from its agent, if any. */
@@ -453,19 +535,33 @@ export class Queries {
     return rows.map(toBackoffEntry);
   }
 
-  /** Running backoffs across the fleet, soonest to end first. */
-  async activeBackoffs(options: { process?: string; limit?: number } = {}): Promise<WorkBackoffEntry[]> {
+  /**
+   * Running backoffs across the fleet, soonest to end first, with each
+   * machine's provider ID and the seconds left.
+   */
+  async activeBackoffs(options: { process?: string; limit?: number } = {}): Promise<ActiveBackoff[]> {
     let query = this.db
-      .selectFrom('work_backoff')
-      .selectAll()
-      .select(sql<boolean>`true`.as('active'))
-      .where(sql<boolean>`until > now()`);
-    if (options.process !== undefined) query = query.where('process', '=', options.process);
+      .selectFrom('work_backoff as b')
+      .leftJoin('machine_provided as p', 'p.machine_id', 'b.machine_id')
+      .selectAll('b')
+      .select([
+        'p.provider',
+        'p.provider_id',
+        sql<boolean>`true`.as('active'),
+        sql<number>`ceil(extract(epoch FROM b.until - now()))::int`.as('seconds_left'),
+      ])
+      .where(sql<boolean>`b.until > now()`);
+    if (options.process !== undefined) query = query.where('b.process', '=', options.process);
     const rows = await query
-      .orderBy('until')
+      .orderBy('b.until')
       .limit(options.limit ?? 100)
       .execute();
-    return rows.map(toBackoffEntry);
+    return rows.map((row) => ({
+      ...toBackoffEntry(row),
+      provider: row.provider,
+      providerId: row.provider_id,
+      secondsLeft: row.seconds_left,
+    }));
   }
 
   /**
@@ -597,6 +693,17 @@ export class Queries {
         FROM p WHERE p.provider IS NOT NULL)
       SELECT provider FROM p WHERE provider IS NOT NULL`.execute(this.db);
     return rows.map((row) => row.provider);
+  }
+
+  /** How many machines each provider has in the BMDB, by provider name. */
+  async machinesPerProvider(): Promise<Record<string, number>> {
+    const rows = await this.db
+      .selectFrom('machine_provided')
+      .select(['provider', sql<number>`count(*)::int`.as('machines')])
+      .groupBy('provider')
+      .orderBy('provider')
+      .execute();
+    return Object.fromEntries(rows.map((row) => [row.provider, row.machines]));
   }
 
   /** Live work items (held by unexpired sessions), per process. */
