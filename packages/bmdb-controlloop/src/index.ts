@@ -6,6 +6,7 @@
  * @packageDocumentation
  */
 
+export { isAbortError, isAbortOf } from './abort.js';
 export {
   type AgentHeartbeat,
   type AgentHeartbeatResult,

@@ -1,5 +1,6 @@
 import { setTimeout as delay } from 'node:timers/promises';
 import type { BMDB, Session } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/bmdb-controlloop';
 import createDebug from 'debug';
 import type { DummyProvider } from './dummy-provider.js';
 
@@ -46,7 +47,7 @@ export class HeartbeatSimulator {
           await this.beat(session);
         } catch (error) {
           if (signal.aborted) break;
-          log('heartbeat round failed: %s', error instanceof Error ? error.message : String(error));
+          log('heartbeat round failed: %s', describeError(error));
         }
         await delay(this.#interval, undefined, { signal }).catch(() => undefined);
       }

@@ -4,6 +4,7 @@ import {
   ConnectionClosedError,
   type ControlLoop,
   type ControlLoopOptions,
+  describeError,
   Process,
   type ProvidedMachine,
   Queries,
@@ -14,7 +15,16 @@ import {
   type Task,
 } from '@bmaas/bmdb-controlloop';
 import { detail, log } from './internal.js';
-import type { RebootingProvider } from './provider.js';
+import type { Provider } from './provider.js';
+
+/**
+ * A provider that can also power-cycle its machines, as the {@link Recoverer}
+ * loop needs: the port is the recoverer's, so it is declared here.
+ */
+export interface RebootingProvider extends Provider {
+  /** Reboots the machine `id`; resolves once the provider accepted the request. */
+  rebootMachine(id: string, signal?: AbortSignal): Promise<void>;
+}
 
 /** Options of the {@link Recoverer}: when an agent counts as silent, and how often heartbeats are audited. */
 export interface RecovererOptions extends RecoveryThresholds {
@@ -108,7 +118,7 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
         await this.auditHeartbeats(bmdb);
       } catch (error) {
         if (error instanceof ConnectionClosedError) return;
-        log.recoverer('auditing heartbeats failed: %s', error instanceof Error ? error.message : String(error));
+        log.recoverer('auditing heartbeats failed: %s', describeError(error));
       }
       await sleep(this.#auditInterval, signal).catch(() => undefined);
     }

@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { describeError } from '@bmaas/bmdb-controlloop';
 import type { EquinixDevice, EquinixHardwareReservation, EquinixSshKey } from '../api/types.js';
 import { log } from '../internal/log.js';
 import { type FakeDeviceSeed, type FakeReservationSeed, FakeStore } from './fake-store.js';
@@ -322,7 +323,7 @@ export class FakeEquinixApi {
       if (fault?.status !== undefined) return sendFault(res, fault);
       send(res, answer);
     } catch (error) {
-      log.fake('handler failed: %s', error instanceof Error ? error.message : String(error));
+      log.fake('handler failed: %s', describeError(error));
       if (!res.headersSent && !res.destroyed) send(res, { status: 500, body: { errors: ['fake API bug'] } });
     } finally {
       this.#inFlight--;
