@@ -6,7 +6,7 @@ import { hasLiveWork } from './conditions.js';
 import type { MachineStage } from './fleet-stats.js';
 import { LIFECYCLE_ORDER, toHistoryEntry, type WorkHistoryEntry } from './history.js';
 import { drivingIds, type MachineFilter, searchCondition } from './machine-filter.js';
-import type { ProvidedMachine } from './provided-tags.js';
+import { type ProvidedMachine, toProvidedMachine } from './provided-tags.js';
 import { lostAgent, type RecoveryThresholds } from './recovery-thresholds.js';
 
 /** A machine as a fleet table shows it. */
@@ -233,15 +233,7 @@ function toMachineSummary(row: MachineSummaryRow): MachineSummary {
     provided:
       row.provider === null || row.provider_id === null
         ? undefined
-        : {
-            machineId: row.machine_id,
-            provider: row.provider,
-            providerId: row.provider_id,
-            providerReservationId: row.provider_reservation_id,
-            providerIpAddress: row.provider_ip_address,
-            providerLocation: row.provider_location,
-            providerStatus: row.provider_status,
-          },
+        : toProvidedMachine({ ...row, provider: row.provider, provider_id: row.provider_id }),
     agentStartedAt: row.agent_started_at,
     lastHeartbeatAt: row.agent_heartbeat_at,
     liveWork: row.live_work,
