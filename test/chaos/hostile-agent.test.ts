@@ -14,7 +14,7 @@ import path from 'node:path';
 import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
 import { SshKey } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, expect, test } from 'vitest';
-import { shepherd } from '../../packages/cli/test/helpers.js';
+import { runEquinixArgs, shepherd } from '../../packages/cli/test/helpers.js';
 import { createTestDatabase, type TestDatabase } from '../support/database.js';
 import { HostileProxy } from '../support/hostile-proxy.js';
 import { freePort } from '../support/ports.js';
@@ -127,42 +127,24 @@ test('hanging, garbage-printing, flooding, failing agents, cut uploads and silen
   const metricsPort = await freePort();
   const run = new ChaosShepherd(
     'equinix',
-    [
-      'run',
-      'equinix',
-      '--bmdb-url',
-      db.url,
-      '--ssh-key-path',
-      keyPath,
-      '--agent-executable-path',
-      path.join(dir, 'agent'),
-      '--agent-target-path',
-      path.join(dir, 'agent-on-machine'),
-      '--agent-endpoint',
-      'bmaas.example.com:443',
-      '--agent-ssh-port',
-      String(proxy.port),
-      '--agent-ssh-connect-timeout',
-      `${CONNECT_TIMEOUT}ms`,
-      '--agent-ssh-exec-timeout',
-      `${EXEC_TIMEOUT}ms`,
-      '--equinix-api-url',
-      api.url,
-      '--equinix-project-id',
-      api.projectId,
-      '--equinix-ssh-key-label',
-      'chaos',
-      '--equinix-device-prefix',
-      'chaos-',
-      '--provisioner-device-creation-rate',
-      '1ms,100',
-      '--initializer-loop-parallelism',
-      String(MACHINES),
-      '--initializer-db-query-rate',
-      '1ms,1000',
-      '--metrics-listen',
-      `127.0.0.1:${metricsPort}`,
-    ],
+    runEquinixArgs(
+      api,
+      { label: 'chaos', devicePrefix: 'chaos-' },
+      {
+        'bmdb-url': db.url,
+        'ssh-key-path': keyPath,
+        'agent-executable-path': path.join(dir, 'agent'),
+        'agent-target-path': path.join(dir, 'agent-on-machine'),
+        'agent-endpoint': 'bmaas.example.com:443',
+        'agent-ssh-port': String(proxy.port),
+        'agent-ssh-connect-timeout': `${CONNECT_TIMEOUT}ms`,
+        'agent-ssh-exec-timeout': `${EXEC_TIMEOUT}ms`,
+        'provisioner-device-creation-rate': '1ms,100',
+        'initializer-loop-parallelism': String(MACHINES),
+        'initializer-db-query-rate': '1ms,1000',
+        'metrics-listen': `127.0.0.1:${metricsPort}`,
+      },
+    ),
     { SHEPHERD_EQUINIX_API_KEY: api.apiKey },
   );
   const observed: Array<Record<string, string | number>> = [];

@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { BMDB, type BMDBOptions } from '@bmaas/bmdb-controlloop';
 import pg from 'pg';
 import { afterAll, inject } from 'vitest';
+import { eventually } from './wait.js';
 
 /** A database of one test file's own, dropped after the file's tests. */
 export interface TestDatabase {
@@ -40,6 +41,17 @@ export async function openTestBMDB(db: TestDatabase, options: Partial<BMDBOption
   });
   afterAll(() => bmdb.close());
   return bmdb;
+}
+
+/**
+ * Waits until some session of `db`'s server waits for an advisory lock: a
+ * statement under test has reached its lock and blocks there.
+ */
+export async function waitForAdvisoryLockWaiter(db: TestDatabase): Promise<void> {
+  await eventually('a session waiting for an advisory lock', async () => {
+    const { rowCount } = await db.admin(`SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`);
+    return rowCount ? true : undefined;
+  });
 }
 
 /** `url` pointing at another database on the same server. */

@@ -7,6 +7,7 @@ import { promisify } from 'node:util';
 import pg from 'pg';
 // By path: the library's internals are not exported.
 import { postgresInstallation } from '../../packages/bmdb-controlloop/src/internal/postgres-installation.js';
+import { waitUntilAccepting } from '../../packages/bmdb-controlloop/src/internal/postgres-ready.js';
 import { freePort } from './ports.js';
 
 const run = promisify(execFile);
@@ -102,20 +103,13 @@ export class PostgresServer {
       });
     }
     this.#child = child;
-    const deadline = Date.now() + 30_000;
-    for (;;) {
-      if (!this.running) throw new Error(`postgres exited during start-up:\n${this.#log}`);
-      const client = new pg.Client({ connectionString: this.url(), connectionTimeoutMillis: 1_000 });
-      client.on('error', () => {});
-      try {
-        await client.connect();
-        await client.end();
-        return;
-      } catch (error) {
-        await client.end().catch(() => {});
-        if (Date.now() > deadline) throw new Error(`postgres did not start: ${(error as Error).message}\n${this.#log}`);
-      }
-      await new Promise((resolve) => setTimeout(resolve, 50));
+    try {
+      await waitUntilAccepting(this.url(), {
+        timeout: 30_000,
+        exited: () => (this.running ? undefined : new Error('postgres exited during start-up')),
+      });
+    } catch (error) {
+      throw new Error(`${(error as Error).message}\n${this.#log}`, { cause: error });
     }
   }
 

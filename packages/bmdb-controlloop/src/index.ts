@@ -6,6 +6,7 @@
  * @packageDocumentation
  */
 
+export { isAbortError, isAbortOf } from './abort.js';
 export {
   type AgentHeartbeat,
   type AgentHeartbeatResult,
@@ -46,30 +47,27 @@ export { sleep } from './internal/sleep.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
 export { BMDBMetrics } from './metrics.js';
 export type { ComponentSchema } from './migrations/index.js';
+export type { HeartbeatAhead, StartedAgent } from './queries/agent-tags.js';
+export type {
+  ActiveBackoff,
+  BackoffCause,
+  WorkBackoffEntry,
+} from './queries/backoffs.js';
+export { hasLiveWork, inBackoff } from './queries/conditions.js';
+export type { DecommissionReport } from './queries/decommission.js';
+export type { LiveWorkItem, MachineDetail, MachinePage, MachineSummary } from './queries/fleet-page.js';
 export {
-  type BackoffCause,
-  type DecommissionReport,
   type FleetStages,
   type FleetStats,
-  hasLiveWork,
-  inBackoff,
   type LiveSession,
-  type LiveWorkItem,
   MACHINE_STAGES,
-  type MachineDetail,
-  type MachineFilter,
-  type MachinePage,
   type MachineStage,
-  type MachineSummary,
-  type NewProvided,
-  type ProvidedMachine,
-  type ProviderStatusUpdate,
-  Queries,
-  type RecentFailure,
-  type RecoveryThresholds,
-  type WorkBackoffEntry,
-  type WorkHistoryEntry,
-} from './queries.js';
+} from './queries/fleet-stats.js';
+export type { RecentFailure, WorkHistoryEntry } from './queries/history.js';
+export type { MachineFilter } from './queries/machine-filter.js';
+export type { NewProvided, ProvidedMachine, ProviderStatusUpdate } from './queries/provided-tags.js';
+export type { RecoveryThresholds } from './queries/recovery-thresholds.js';
+export { Queries } from './queries.js';
 export {
   type Database,
   type MachineProvidedRow,

@@ -1,5 +1,5 @@
 import { type Expression, type RawBuilder, sql } from 'kysely';
-import { hasLiveWork, inBackoff } from './queries.js';
+import { hasLiveWork, inBackoff } from './queries/conditions.js';
 import type { WorkCandidate } from './work.js';
 
 /** A row of a selection query: it names a machine, and may carry more. */

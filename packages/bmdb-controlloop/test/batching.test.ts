@@ -1,7 +1,12 @@
 import { sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import {
+  createTestDatabase,
+  openTestBMDB,
+  type TestDatabase,
+  waitForAdvisoryLockWaiter,
+} from '../../../test/support/database.js';
 import {
   type BMDB,
   hasLiveWork,
@@ -147,7 +152,7 @@ describe('claims made together', () => {
     await holder.query('BEGIN');
     await holder.query('SELECT pg_advisory_xact_lock(4343)');
     const claiming = Promise.allSettled([a, b].map((s) => s.work(Process.ShepherdAgentStart, gated)));
-    await waitForAdvisoryWaiter();
+    await waitForAdvisoryLockWaiter(db);
     await holder.query('UPDATE machines SET claim_version = claim_version + 1 WHERE machine_id = $1', [raced]);
     await holder.query(`INSERT INTO work VALUES ($1, $2, 'ShepherdRecovery')`, [raced, other.id]);
     await holder.query('COMMIT');
@@ -293,11 +298,3 @@ describe('ends made together', () => {
     await session.close();
   });
 });
-
-async function waitForAdvisoryWaiter(): Promise<void> {
-  for (;;) {
-    const { rowCount } = await db.admin(`SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`);
-    if (rowCount) return;
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-}

@@ -4,6 +4,7 @@ import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { eventually } from '../../../test/support/wait.js';
 import { EmbeddedDatabase } from '../src/embedded.js';
 import { BMDB, DatabaseUnreachableError, EmbeddedDatabaseError } from '../src/index.js';
 import { postgresInstallation } from '../src/internal/postgres-installation.js';
@@ -192,6 +193,10 @@ async function startOrphan(pgdata: string, port: number) {
   const [command, args] =
     process.getuid?.() === 0 ? ['runuser', ['-u', 'postgres', '--', postgres, ...serverArgs]] : [postgres, serverArgs];
   const child = spawn(command, args, { stdio: 'ignore' });
-  for (let i = 0; i < 100 && !(await portAccepts(port)); i++) await new Promise((r) => setTimeout(r, 100));
+  await eventually(
+    `postgres accepting on port ${port}`,
+    async () => ((await portAccepts(port)) ? true : undefined),
+    10_000,
+  );
   return child;
 }

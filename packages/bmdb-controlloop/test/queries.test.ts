@@ -289,3 +289,68 @@ describe('decommissioning', () => {
     });
   });
 });
+
+describe('reports for other packages', () => {
+  test('machinesPerProvider counts each provider’s machines', async () => {
+    await provideMachines(session, 3, 'CountedA');
+    await provideMachines(session, 1, 'CountedB');
+    const counts = await session.transact((q) => q.machinesPerProvider());
+    expect(counts).toMatchObject({ CountedA: 3, CountedB: 1 });
+    expect(counts.Nobody).toBeUndefined();
+  });
+
+  test('startedAgents and setAgentHeartbeats: started agents of one provider, heartbeats for many at once', async () => {
+    const [started, notStarted] = (await provideMachines(session, 2, 'Beating')) as [string, string];
+    const [elsewhere] = (await provideMachines(session, 1, 'BeatingElsewhere')) as [string];
+    await session.transact(async (q) => {
+      await q.setAgentStarted(started, { publicKey: key() });
+      await q.setAgentStarted(elsewhere, { publicKey: key() });
+    });
+    const agents = await session.transact((q) => q.startedAgents('Beating'));
+    expect(agents.map((a) => a.machineId)).toEqual([started]);
+    expect(agents[0]?.startedAt).toBeInstanceOf(Date);
+
+    await session.transact((q) => q.setAgentHeartbeats([started, notStarted]));
+    await session.transact((q) => q.setAgentHeartbeats([started])); // an existing heartbeat is moved, not duplicated
+    const { rows } = await db.admin(
+      'SELECT machine_id FROM machine_agent_heartbeat WHERE machine_id = ANY($1) ORDER BY machine_id',
+      [[started, notStarted, elsewhere]],
+    );
+    expect(rows.map((r: { machine_id: string }) => r.machine_id)).toEqual([started, notStarted].sort());
+  });
+
+  test('agentHeartbeatsAhead finds only the provider’s heartbeats beyond the tolerance, by the database clock', async () => {
+    const [ahead, jitter] = (await provideMachines(session, 2, 'Ahead')) as [string, string];
+    const [otherAhead] = (await provideMachines(session, 1, 'AheadElsewhere')) as [string];
+    for (const [machineId, minutes] of [
+      [ahead, 10],
+      [jitter, 0.5],
+      [otherAhead, 10],
+    ] as const) {
+      await db.admin(
+        `INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at) VALUES ($1, now() + make_interval(secs => $2))`,
+        [machineId, minutes * 60],
+      );
+    }
+    const { now, heartbeats } = await new Queries(bmdb.db).agentHeartbeatsAhead({
+      provider: 'Ahead',
+      toleranceSeconds: 60,
+    });
+    expect(heartbeats.map((h) => h.machineId)).toEqual([ahead]);
+    expect(heartbeats[0]?.providerId).toMatch(/^ahead-/);
+    expect((heartbeats[0]?.heartbeatAt.getTime() ?? 0) - now.getTime()).toBeGreaterThan(9 * 60_000);
+  });
+
+  test('activeBackoffs gives each backoff its provider ID and whole seconds left', async () => {
+    const [machineId] = (await provideMachines(session, 1, 'BackoffReport')) as [string];
+    await db.admin(
+      `INSERT INTO work_backoff VALUES ($1, 'ReportProcess', now() + interval '90.5 seconds', 'no route', 90)`,
+      [machineId],
+    );
+    const [backoff] = await new Queries(bmdb.db).activeBackoffs({ process: 'ReportProcess' });
+    expect(backoff).toMatchObject({ machineId, provider: 'BackoffReport', cause: 'no route', active: true });
+    expect(backoff?.providerId).toMatch(/^backoffreport-/);
+    expect(backoff?.secondsLeft).toBeGreaterThanOrEqual(89);
+    expect(backoff?.secondsLeft).toBeLessThanOrEqual(91);
+  });
+});

@@ -1,7 +1,12 @@
 import { sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import {
+  createTestDatabase,
+  openTestBMDB,
+  type TestDatabase,
+  waitForAdvisoryLockWaiter,
+} from '../../../test/support/database.js';
 import {
   type BMDB,
   hasLiveWork,
@@ -115,7 +120,7 @@ describe('claims from a selection', () => {
     await holder.query('BEGIN');
     await holder.query('SELECT pg_advisory_xact_lock(4242)');
     const claiming = session.work(Process.ShepherdAgentStart, gated);
-    await waitForAdvisoryWaiter();
+    await waitForAdvisoryLockWaiter(db);
     await holder.query('UPDATE machines SET claim_version = claim_version + 1 WHERE machine_id = $1', [machineId]);
     await holder.query(`INSERT INTO work VALUES ($1, $2, 'ShepherdRecovery')`, [machineId, other.id]);
     await holder.query('COMMIT');
@@ -176,11 +181,3 @@ describe('claims from a selection', () => {
     await session.close();
   });
 });
-
-async function waitForAdvisoryWaiter(): Promise<void> {
-  for (;;) {
-    const { rowCount } = await db.admin(`SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`);
-    if (rowCount) return;
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-}

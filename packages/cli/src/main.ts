@@ -4,6 +4,7 @@
  * @packageDocumentation
  */
 
+import { describeError } from '@bmaas/bmdb-controlloop';
 import yargs, { type Options, type Argv as Yargs } from 'yargs';
 import { decommission } from './commands/decommission.js';
 import { migrate } from './commands/migrate.js';
@@ -64,7 +65,7 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
       io.stderr(`shepherd: ${error.message}\n`);
       exitCode = EXIT.usage;
     } else {
-      io.stderr(`shepherd: ${error instanceof Error ? error.message : String(error)}\n`);
+      io.stderr(`shepherd: ${describeError(error)}\n`);
       exitCode = EXIT.failed;
     }
   };

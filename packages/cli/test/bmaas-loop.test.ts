@@ -16,7 +16,7 @@ import { afterAll, beforeAll, expect, test } from 'vitest';
 import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
 import { freePort } from '../../../test/support/ports.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
-import { buildOnce, eventually, type Shepherd, shepherd, start } from './helpers.js';
+import { buildOnce, eventually, runEquinixArgs, type Shepherd, shepherd, start } from './helpers.js';
 
 const MACHINES = 3;
 const TEST_AGENT = path.resolve('packages/shepherd-manager/bin/test-agent.js');
@@ -120,49 +120,28 @@ test('agents heartbeat through `shepherd server`; a killed one is rebooted, star
   running.push(server);
   await server.logged(/BMaaS server listening/);
   const run = start(
-    [
-      'run',
-      'equinix',
-      '--bmdb-url',
-      db.url,
-      '--ssh-key-path',
-      keyPath,
-      '--agent-executable-path',
-      path.join(dir, 'agent'),
-      '--agent-target-path',
-      path.join(dir, 'agent-on-machine'),
-      '--agent-endpoint',
-      `127.0.0.1:${port}`,
-      '--agent-endpoint-ca-certificate-path',
-      path.join(serverDir, 'server.crt'),
-      '--agent-ssh-port',
-      String(sshd.port),
-      '--agent-ssh-exec-timeout',
-      '20s',
-      '--equinix-api-url',
-      api.url,
-      '--equinix-project-id',
-      api.projectId,
-      '--equinix-ssh-key-label',
-      'loop',
-      '--equinix-device-prefix',
-      'loop-',
-      '--equinix-reboot-wait',
-      '100ms',
-      '--provisioner-device-creation-rate',
-      '1ms,100',
-      // One start at a time: every "machine" is this host, and its agent one file.
-      '--initializer-loop-parallelism',
-      '1',
-      '--initializer-db-query-rate',
-      '1ms,1000',
-      '--recoverer-db-query-rate',
-      '50ms,10',
-      '--recoverer-first-heartbeat-timeout',
-      '2s',
-      '--recoverer-heartbeat-timeout',
-      HEARTBEAT_TIMEOUT,
-    ],
+    runEquinixArgs(
+      api,
+      { label: 'loop', devicePrefix: 'loop-' },
+      {
+        'bmdb-url': db.url,
+        'ssh-key-path': keyPath,
+        'agent-executable-path': path.join(dir, 'agent'),
+        'agent-target-path': path.join(dir, 'agent-on-machine'),
+        'agent-endpoint': `127.0.0.1:${port}`,
+        'agent-endpoint-ca-certificate-path': path.join(serverDir, 'server.crt'),
+        'agent-ssh-port': String(sshd.port),
+        'agent-ssh-exec-timeout': '20s',
+        'equinix-reboot-wait': '100ms',
+        'provisioner-device-creation-rate': '1ms,100',
+        // One start at a time: every "machine" is this host, and its agent one file.
+        'initializer-loop-parallelism': '1',
+        'initializer-db-query-rate': '1ms,1000',
+        'recoverer-db-query-rate': '50ms,10',
+        'recoverer-first-heartbeat-timeout': '2s',
+        'recoverer-heartbeat-timeout': HEARTBEAT_TIMEOUT,
+      },
+    ),
     { SHEPHERD_EQUINIX_API_KEY: api.apiKey },
   );
   running.push(run);

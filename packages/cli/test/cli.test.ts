@@ -9,7 +9,7 @@ import { createTestDatabase, type TestDatabase } from '../../../test/support/dat
 import { freePort } from '../../../test/support/ports.js';
 import { allFlagNames, FLAG_GROUPS, flagNames } from '../src/flags.js';
 import { DEFAULT_LOG_NAMESPACES } from '../src/logging.js';
-import { buildOnce, eventually, shepherd, start } from './helpers.js';
+import { buildOnce, eventually, runEquinixArgs, shepherd, start } from './helpers.js';
 
 let db: TestDatabase;
 let dir: string;
@@ -141,17 +141,12 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
     await writeFile(notCert, 'hello\n');
   });
 
-  const equinix = (overrides: Record<string, string>) => {
-    const flags: Record<string, string> = {
-      'agent-executable-path': testAgent,
-      'agent-endpoint': 'bmaas.example.com:443',
-      'equinix-project-id': 'p',
-      'equinix-ssh-key-label': 'shepherd-test',
-      'equinix-device-prefix': 'shepherd-test-',
-      ...overrides,
-    };
-    return ['run', 'equinix', ...Object.entries(flags).flatMap(([flag, value]) => [`--${flag}`, value])];
-  };
+  const equinix = (overrides: Record<string, string>) =>
+    runEquinixArgs(
+      { url: 'https://api.equinix.com/metal/v1', projectId: 'p' },
+      { label: 'shepherd-test', devicePrefix: 'shepherd-test-' },
+      { 'agent-executable-path': testAgent, 'agent-endpoint': 'bmaas.example.com:443', ...overrides },
+    );
   const cases: [string, () => string[], RegExp][] = [
     [
       'a malformed rate',
@@ -577,28 +572,18 @@ describe('run equinix', () => {
   });
 
   const equinixArgs = (extra: string[]) => [
-    'run',
-    'equinix',
-    '--bmdb-url',
-    db.url,
-    '--ssh-key-path',
-    path.join(dir, 'equinix_key'),
-    '--agent-executable-path',
-    testAgent,
-    '--agent-endpoint',
-    'bmaas.example.com:443',
-    '--agent-ssh-port',
-    String(silentPort),
-    '--equinix-api-url',
-    api.url,
-    '--equinix-project-id',
-    api.projectId,
-    '--equinix-ssh-key-label',
-    'shepherd-cli-test',
-    '--equinix-device-prefix',
-    'cli-test-',
-    '--provisioner-device-creation-rate',
-    '1ms,100',
+    ...runEquinixArgs(
+      api,
+      { label: 'shepherd-cli-test', devicePrefix: 'cli-test-' },
+      {
+        'bmdb-url': db.url,
+        'ssh-key-path': path.join(dir, 'equinix_key'),
+        'agent-executable-path': testAgent,
+        'agent-endpoint': 'bmaas.example.com:443',
+        'agent-ssh-port': String(silentPort),
+        'provisioner-device-creation-rate': '1ms,100',
+      },
+    ),
     ...extra,
   ];
 

@@ -70,3 +70,38 @@ export function start(args: readonly string[], env: Record<string, string | unde
 export function shepherd(args: readonly string[], env: Record<string, string | undefined> = {}): Promise<Result> {
   return start(args, env).exited;
 }
+
+/** A fake Equinix API as `run equinix` is pointed at it. */
+interface EquinixEndpoint {
+  readonly url: string;
+  readonly projectId: string;
+}
+
+/**
+ * `shepherd run equinix` against `api`, its SSH key label `name` and device
+ * prefix `name-` (so tests sharing an API keep apart), then `flags` (name
+ * without `--` → value) in order. The API key goes in the environment
+ * (`SHEPHERD_EQUINIX_API_KEY`), never in the arguments.
+ */
+export function runEquinixArgs(
+  api: EquinixEndpoint,
+  name: { label: string; devicePrefix: string },
+  flags: Readonly<Record<string, string | number>> = {},
+): string[] {
+  return [
+    'run',
+    'equinix',
+    ...flagArgs({
+      'equinix-api-url': api.url,
+      'equinix-project-id': api.projectId,
+      'equinix-ssh-key-label': name.label,
+      'equinix-device-prefix': name.devicePrefix,
+      ...flags,
+    }),
+  ];
+}
+
+/** `{ 'bmdb-url': url }` as `['--bmdb-url', url]`, in the object's order. */
+export function flagArgs(flags: Readonly<Record<string, string | number>>): string[] {
+  return Object.entries(flags).flatMap(([flag, value]) => [`--${flag}`, String(value)]);
+}

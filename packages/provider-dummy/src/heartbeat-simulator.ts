@@ -1,7 +1,7 @@
 import { setTimeout as delay } from 'node:timers/promises';
 import type { BMDB, Session } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/bmdb-controlloop';
 import createDebug from 'debug';
-import { sql } from 'kysely';
 import type { DummyProvider } from './dummy-provider.js';
 
 const log = createDebug('shepherd:dummy');
@@ -15,9 +15,6 @@ export interface HeartbeatSimulatorOptions {
   /** Milliseconds between heartbeat rounds. Default 10 s. */
   readonly interval?: number;
 }
-
-/** Heartbeats written per statement: two parameters each, well under PostgreSQL's 65535. */
-const BATCH = 10_000;
 
 /**
  * Plays the dummy provider's agents: every interval, writes AgentHeartbeat
@@ -50,7 +47,7 @@ export class HeartbeatSimulator {
           await this.beat(session);
         } catch (error) {
           if (signal.aborted) break;
-          log('heartbeat round failed: %s', error instanceof Error ? error.message : String(error));
+          log('heartbeat round failed: %s', describeError(error));
         }
         await delay(this.#interval, undefined, { signal }).catch(() => undefined);
       }
@@ -62,22 +59,9 @@ export class HeartbeatSimulator {
   /** One round; returns how many agents heartbeated. */
   async beat(session: Session): Promise<number> {
     return session.transact(async (q) => {
-      const started = await q.db
-        .selectFrom('machine_agent_started as a')
-        .innerJoin('machine_provided as p', 'p.machine_id', 'a.machine_id')
-        .where('p.provider', '=', this.provider.type)
-        .select(['a.machine_id', 'a.agent_started_at'])
-        .execute();
-      const alive = started.filter((a) => this.provider.agentHeartbeats(a.machine_id, a.agent_started_at));
-      for (let i = 0; i < alive.length; i += BATCH) {
-        await q.db
-          .insertInto('machine_agent_heartbeat')
-          .values(
-            alive.slice(i, i + BATCH).map((a) => ({ machine_id: a.machine_id, agent_heartbeat_at: sql<Date>`now()` })),
-          )
-          .onConflict((oc) => oc.column('machine_id').doUpdateSet({ agent_heartbeat_at: sql<Date>`now()` }))
-          .execute();
-      }
+      const started = await q.startedAgents(this.provider.type);
+      const alive = started.filter((a) => this.provider.agentHeartbeats(a.machineId, a.startedAt));
+      await q.setAgentHeartbeats(alive.map((a) => a.machineId));
       this.#summarize(alive.length, started.length);
       return alive.length;
     });

@@ -9,7 +9,7 @@ import {
 } from '@bmaas/shepherd-manager';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
-import { runUntil } from '../../../test/support/wait.js';
+import { eventually, runUntil } from '../../../test/support/wait.js';
 import { type AgentStartEvent, DUMMY_PROVIDER, DummyProvider, HeartbeatSimulator } from '../src/index.js';
 
 let db: TestDatabase;
@@ -199,16 +199,19 @@ test('the whole shepherd over the dummy: silent agents are rebooted and started 
     new HeartbeatSimulator(provider, { interval: 200 }).run(bmdb, { signal }),
   ]);
   try {
-    for (let i = 0; i < 300 && provider.reboots.size === 0; i++) await new Promise((r) => setTimeout(r, 50));
+    await eventually('a reboot', async () => (provider.reboots.size > 0 ? true : undefined), 15_000);
     // A silent agent got rebooted and its agent started again (with a new start, a new chance).
-    for (let i = 0; i < 300; i++) {
-      const restarted = await count(`
-        SELECT count(*)::int AS n FROM (
-          SELECT machine_id FROM work_history WHERE process = 'ShepherdAgentStart' AND event = 'Finished'
-          GROUP BY machine_id HAVING count(*) >= 2) r`);
-      if (restarted > 0) break;
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    await eventually(
+      'an agent started again',
+      async () => {
+        const restarted = await count(`
+          SELECT count(*)::int AS n FROM (
+            SELECT machine_id FROM work_history WHERE process = 'ShepherdAgentStart' AND event = 'Finished'
+            GROUP BY machine_id HAVING count(*) >= 2) r`);
+        return restarted > 0 ? true : undefined;
+      },
+      15_000,
+    );
   } finally {
     stop.abort();
     await running;

@@ -6,6 +6,7 @@ import { SshKey } from '@bmaas/shepherd-manager';
 import { expect, test } from 'vitest';
 import { createTestDatabase } from '../../../test/support/database.js';
 import { runReadmeExample } from '../../../test/support/readme.js';
+import { eventually } from '../../../test/support/wait.js';
 import { FakeEquinixApi } from '../src/testing/index.js';
 
 const packageDir = fileURLToPath(new URL('..', import.meta.url));
@@ -65,12 +66,15 @@ test('the README program runs the shepherd from SHEPHERD_* settings until SIGTER
         (row: { provider_id: string }) => row.provider_id,
       );
     const sessions = async (): Promise<number> => (await db.admin('SELECT count(*)::int AS n FROM sessions')).rows[0].n;
-    const deadline = Date.now() + 30_000;
-    while (api.devices.length < 1 || (await recorded()).length < 1 || (await sessions()) < 4) {
-      if (ended) await running; // it stopped on its own: show why
-      if (Date.now() > deadline) throw new Error('the program did not get going within 30 s');
-      await new Promise((resolve) => setTimeout(resolve, 50));
-    }
+    await eventually(
+      'the program getting going',
+      async () => {
+        if (api.devices.length >= 1 && (await recorded()).length >= 1 && (await sessions()) >= 4) return true;
+        if (ended) await running; // it stopped on its own: show why
+        return undefined;
+      },
+      30_000,
+    );
 
     process.emit('SIGTERM', 'SIGTERM');
     await running;

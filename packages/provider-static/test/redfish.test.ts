@@ -1,6 +1,6 @@
 /**
  * The Redfish client against the fake BMC over real HTTP and HTTPS (a
- * self-signed certificate made with openssl): reset type choice, every
+ * self-signed certificate made in-process): reset type choice, every
  * fault, TLS verification, retries and the fleet-wide concurrency bound.
  */
 import { format } from 'node:util';

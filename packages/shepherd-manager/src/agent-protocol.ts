@@ -1,3 +1,4 @@
+import { describeError } from '@bmaas/bmdb-controlloop';
 import { create, equals, fromBinary, toBinary } from '@bufbuild/protobuf';
 import {
   type TakeoverInit,
@@ -69,7 +70,7 @@ export function parseTakeoverResponse(stdout: Uint8Array, sent: TakeoverInitPara
     throw new AgentResponseError(
       machineId,
       'unparseable',
-      `standard output (${stdout.length} bytes) is not a TakeoverResponse: ${errorMessage(error)}`,
+      `standard output (${stdout.length} bytes) is not a TakeoverResponse: ${describeError(error)}`,
       { cause: error },
     );
   }
@@ -135,8 +136,4 @@ function describeMismatch(expected: TakeoverInit, echoed: TakeoverInit): string 
 
 function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
   return a.length === b.length && a.every((byte, i) => byte === b[i]);
-}
-
-function errorMessage(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
 }

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { dirname } from 'node:path';
+import { describeError } from '@bmaas/bmdb-controlloop';
 import { ShepherdError } from './provider.js';
 
 /**
@@ -109,7 +110,7 @@ export class JsonFileHostKeyPinStore implements HostKeyPinStore {
       await rename(temporary, this.path);
     } catch (error) {
       await rm(temporary, { force: true });
-      throw new HostKeyStoreError(this.path, `cannot write: ${messageOf(error)}`, { cause: error });
+      throw new HostKeyStoreError(this.path, `cannot write: ${describeError(error)}`, { cause: error });
     }
   }
 }
@@ -120,13 +121,13 @@ async function readPins(path: string): Promise<Map<string, string>> {
     text = await readFile(path, 'utf8');
   } catch (error) {
     if (error instanceof Error && 'code' in error && error.code === 'ENOENT') return new Map();
-    throw new HostKeyStoreError(path, `cannot read: ${messageOf(error)}`, { cause: error });
+    throw new HostKeyStoreError(path, `cannot read: ${describeError(error)}`, { cause: error });
   }
   let parsed: unknown;
   try {
     parsed = JSON.parse(text);
   } catch (error) {
-    throw new HostKeyStoreError(path, `is not JSON: ${messageOf(error)}`, { cause: error });
+    throw new HostKeyStoreError(path, `is not JSON: ${describeError(error)}`, { cause: error });
   }
   if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) {
     throw new HostKeyStoreError(path, 'is not a JSON object of ID → fingerprint');
@@ -139,8 +140,4 @@ async function readPins(path: string): Promise<Map<string, string>> {
     pins.set(id, fingerprint);
   }
   return pins;
-}
-
-function messageOf(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
 }

@@ -44,7 +44,6 @@ export {
   MachineNotFoundError,
   NotImplementedError,
   type Provider,
-  type RebootingProvider,
   ShepherdError,
 } from './provider.js';
 export {
@@ -54,24 +53,18 @@ export {
   type ReconcileReport,
   resolvePossiblyUsed,
 } from './provisioner.js';
-export { Recoverer, type RecovererOptions } from './recoverer.js';
+export { type RebootingProvider, Recoverer, type RecovererOptions } from './recoverer.js';
 export { Secret } from './secret.js';
 export { Semaphore } from './semaphore.js';
 export {
-  DEFAULT_MAX_OUTPUT_BYTES,
   HostKeyMismatchError,
-  Ssh2Client,
-  type Ssh2ClientOptions,
   SshAbortedError,
-  type SshClient,
-  type SshConnection,
   SshDialError,
-  type SshDialOptions,
   SshError,
   SshExecError,
-  type SshExecResult,
   SshOutputLimitError,
-  type SshTarget,
   SshUploadError,
-} from './ssh-client.js';
+} from './ssh/errors.js';
+export { DEFAULT_MAX_OUTPUT_BYTES, Ssh2Client, type Ssh2ClientOptions } from './ssh/ssh2-client.js';
+export type { SshClient, SshConnection, SshDialOptions, SshExecResult, SshTarget } from './ssh-client.js';
 export { SshKey, SshKeyError, type SshKeyOptions, type SshKeySource, sshFingerprint } from './ssh-key.js';

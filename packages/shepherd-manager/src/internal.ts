@@ -13,10 +13,3 @@ export const detail = {
   initializer: createDebug('shepherd:initializer:detail'),
   recoverer: createDebug('shepherd:recoverer:detail'),
 };
-
-/** Whether `error` is `signal`'s abort rather than a failure. */
-export function isAbort(error: unknown, signal?: AbortSignal): boolean {
-  return (
-    (signal?.aborted === true && error === signal.reason) || (error instanceof Error && error.name === 'AbortError')
-  );
-}

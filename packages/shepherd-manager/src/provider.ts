@@ -1,6 +1,4 @@
 import type { Session } from '@bmaas/bmdb-controlloop';
-// For the TSDoc link only.
-import type { Recoverer } from './recoverer.js';
 
 /**
  * Whether a provider machine is in use by us. `PossiblyUsed` means the
@@ -62,12 +60,6 @@ export interface Provider {
    * `session` (new machine + Provided tag). Returns the machine now in use.
    */
   createMachine(session: Session, request: CreateMachineRequest, signal?: AbortSignal): Promise<Machine>;
-}
-
-/** A provider that can also power-cycle its machines, as the {@link Recoverer} loop needs. */
-export interface RebootingProvider extends Provider {
-  /** Reboots the machine `id`; resolves once the provider accepted the request. */
-  rebootMachine(id: string, signal?: AbortSignal): Promise<void>;
 }
 
 /** Base class of the shepherd's errors. */

@@ -1,6 +1,9 @@
 import {
   type BMDB,
   ConnectionClosedError,
+  describeError,
+  isAbortError,
+  isAbortOf,
   type ProvidedMachine,
   ProviderStatus,
   parseLimiter,
@@ -10,7 +13,7 @@ import {
   SessionExpiredError,
   sleep,
 } from '@bmaas/bmdb-controlloop';
-import { detail, isAbort, log } from './internal.js';
+import { detail, log } from './internal.js';
 import { Availability, type Machine, type Provider, ShepherdError } from './provider.js';
 
 /** Options of the {@link Provisioner}. */
@@ -118,20 +121,20 @@ export class Provisioner {
           if (session?.state !== 'live') session = await bmdb.startSession({ processor: PROCESSOR });
           await this.reconcile(session, signal);
         } catch (error) {
-          if (isAbort(error, signal) || error instanceof ConnectionClosedError) break;
+          if (isStop(error, signal) || error instanceof ConnectionClosedError) break;
           if (error instanceof SessionExpiredError || error instanceof SessionClosedError) {
             log.provisioner('%s; starting a new session', error.message);
             session = undefined;
           } else {
-            log.provisioner('reconciliation failed: %s', describe(error));
+            log.provisioner('reconciliation failed: %s', describeError(error));
           }
           await sleep(ERROR_PAUSE, signal);
         }
       }
     } catch (error) {
-      if (!isAbort(error, signal)) throw error;
+      if (!isStop(error, signal)) throw error;
     } finally {
-      await session?.close().catch((error) => log.provisioner('closing session failed: %s', describe(error)));
+      await session?.close().catch((error) => log.provisioner('closing session failed: %s', describeError(error)));
     }
   }
 
@@ -209,9 +212,9 @@ export class Provisioner {
         log.provisioner('provided machine %s at %s (%s)', result.id, type, result.address ?? 'no address yet');
         created.push(result.id ?? '');
       } catch (error) {
-        if (isAbort(error, signal) || error instanceof SessionExpiredError) throw error;
+        if (isStop(error, signal) || error instanceof SessionExpiredError) throw error;
         // One failed creation must not stop the others.
-        log.provisioner('creating machine %s at %s failed: %s', machine.id ?? '(new)', type, describe(error));
+        log.provisioner('creating machine %s at %s failed: %s', machine.id ?? '(new)', type, describeError(error));
         failed.push({ machine, error });
       }
     }
@@ -232,6 +235,7 @@ export function resolvePossiblyUsed(machine: Machine, inBMDB: ReadonlySet<string
   return inBMDB.has(machine.id) ? Availability.KnownUsed : Availability.KnownUnused;
 }
 
-function describe(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
+/** A stop, not a failure: our signal's reason, or an abort of anything the round was waiting on. */
+function isStop(error: unknown, signal: AbortSignal | undefined): boolean {
+  return isAbortOf(error, signal) || isAbortError(error);
 }

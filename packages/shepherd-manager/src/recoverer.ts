@@ -4,9 +4,10 @@ import {
   ConnectionClosedError,
   type ControlLoop,
   type ControlLoopOptions,
+  describeError,
   Process,
   type ProvidedMachine,
-  type Queries,
+  Queries,
   type RecoveryThresholds,
   runControlLoop,
   type Selection,
@@ -14,7 +15,16 @@ import {
   type Task,
 } from '@bmaas/bmdb-controlloop';
 import { detail, log } from './internal.js';
-import type { RebootingProvider } from './provider.js';
+import type { Provider } from './provider.js';
+
+/**
+ * A provider that can also power-cycle its machines, as the {@link Recoverer}
+ * loop needs: the port is the recoverer's, so it is declared here.
+ */
+export interface RebootingProvider extends Provider {
+  /** Reboots the machine `id`; resolves once the provider accepted the request. */
+  rebootMachine(id: string, signal?: AbortSignal): Promise<void>;
+}
 
 /** Options of the {@link Recoverer}: when an agent counts as silent, and how often heartbeats are audited. */
 export interface RecovererOptions extends RecoveryThresholds {
@@ -80,31 +90,26 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
    * (`machine_agent_heartbeat_at_idx`).
    */
   async auditHeartbeats(bmdb: BMDB): Promise<number> {
-    // The database's clock, not ours: it is the one the recovery selection compares with.
-    const { now } = await bmdb.db.selectNoFrom((eb) => eb.fn<Date>('now').as('now')).executeTakeFirstOrThrow();
-    const rows = await bmdb.db
-      .selectFrom('machine_agent_heartbeat as h')
-      .innerJoin('machine_provided as p', 'p.machine_id', 'h.machine_id')
-      .select(['h.machine_id', 'p.provider_id', 'h.agent_heartbeat_at'])
-      .where('p.provider', '=', this.provider.type)
-      .where('h.agent_heartbeat_at', '>', new Date(now.getTime() + FUTURE_TOLERANCE_SECONDS * 1000))
-      .execute();
+    const { now, heartbeats } = await new Queries(bmdb.db).agentHeartbeatsAhead({
+      provider: this.provider.type,
+      toleranceSeconds: FUTURE_TOLERANCE_SECONDS,
+    });
     const seen = new Set<string>();
-    for (const row of rows) {
-      const key = `${row.machine_id}/${row.agent_heartbeat_at.toISOString()}`;
+    for (const heartbeat of heartbeats) {
+      const key = `${heartbeat.machineId}/${heartbeat.heartbeatAt.toISOString()}`;
       seen.add(key);
       if (this.#reported.has(key)) continue;
       log.recoverer(
         'machine %s (provider ID %s): agent heartbeat at %s is %s in the future by the BMDB clock; until then its ' +
           'agent counts as alive, however silent (check the clock of what records heartbeats)',
-        row.machine_id,
-        row.provider_id,
-        row.agent_heartbeat_at.toISOString(),
-        aheadBy((row.agent_heartbeat_at.getTime() - now.getTime()) / 1000),
+        heartbeat.machineId,
+        heartbeat.providerId,
+        heartbeat.heartbeatAt.toISOString(),
+        aheadBy((heartbeat.heartbeatAt.getTime() - now.getTime()) / 1000),
       );
     }
     this.#reported = seen;
-    return rows.length;
+    return heartbeats.length;
   }
 
   async #auditLoop(bmdb: BMDB, signal: AbortSignal): Promise<void> {
@@ -113,7 +118,7 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
         await this.auditHeartbeats(bmdb);
       } catch (error) {
         if (error instanceof ConnectionClosedError) return;
-        log.recoverer('auditing heartbeats failed: %s', error instanceof Error ? error.message : String(error));
+        log.recoverer('auditing heartbeats failed: %s', describeError(error));
       }
       await sleep(this.#auditInterval, signal).catch(() => undefined);
     }

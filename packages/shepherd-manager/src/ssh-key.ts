@@ -8,6 +8,7 @@ import {
 } from 'node:crypto';
 import { chmod, link, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { dirname } from 'node:path';
+import { describeError } from '@bmaas/bmdb-controlloop';
 import createDebug from 'debug';
 import ssh2 from 'ssh2';
 import { ShepherdError } from './provider.js';
@@ -89,7 +90,7 @@ export class SshKey {
       await mkdir(dirname(path), { recursive: true, mode: 0o700 });
       saved = await saveNewFile(path, generated);
     } catch (error) {
-      throw new SshKeyError(path, `cannot save a generated key: ${messageOf(error)}`, { cause: error });
+      throw new SshKeyError(path, `cannot save a generated key: ${describeError(error)}`, { cause: error });
     }
     // Another process saved one first: use that.
     if (!saved) return SshKey.loadOrGenerate(path, options);
@@ -171,7 +172,7 @@ async function readKeyFile(path: string): Promise<Buffer | undefined> {
     return await readFile(path);
   } catch (error) {
     if (errorCode(error) === 'ENOENT') return undefined;
-    throw new SshKeyError(path, `cannot read: ${messageOf(error)}`, { cause: error });
+    throw new SshKeyError(path, `cannot read: ${describeError(error)}`, { cause: error });
   }
 }
 
@@ -234,8 +235,4 @@ function uint32(value: number): Buffer {
 
 function errorCode(error: unknown): unknown {
   return error instanceof Error && 'code' in error ? error.code : undefined;
-}
-
-function messageOf(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
 }

@@ -12,7 +12,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
-import { runUntil } from '../../../test/support/wait.js';
+import { eventually, runUntil } from '../../../test/support/wait.js';
 import {
   FakeSshClient,
   type FakeSshHooks,
@@ -240,8 +240,11 @@ describe('Initializer', () => {
       signal: stop.signal,
     });
     try {
-      for (let i = 0; i < 200 && (await agentKeys(provider)).size === 0; i++)
-        await new Promise((r) => setTimeout(r, 50));
+      await eventually(
+        'an agent started',
+        async () => ((await agentKeys(provider)).size > 0 ? true : undefined),
+        10_000,
+      );
     } finally {
       stop.abort();
       await running;

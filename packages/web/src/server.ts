@@ -2,6 +2,7 @@ import { createServer, type IncomingMessage, type RequestListener, type Server, 
 import type { AddressInfo } from 'node:net';
 import {
   type BMDB,
+  describeError,
   MACHINE_STAGES,
   type MachineFilter,
   type MachineStage,
@@ -73,7 +74,7 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
         return;
       }
       options.onError?.(error, request.url ?? '');
-      const message = `the BMDB could not be read: ${error instanceof Error ? error.message : String(error)}${
+      const message = `the BMDB could not be read: ${describeError(error)}${
         isOldSchema(error) ? ' (is its schema up to date? run `shepherd migrate`)' : ''
       }`;
       if (isApi(request)) sendJson(response, 503, { error: message });

@@ -2,9 +2,8 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { chown, mkdir, open, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import pg from 'pg';
 import { type PostgresInstallation, postgresInstallation } from './postgres-installation.js';
-import { sleep } from './sleep.js';
+import { waitUntilAccepting } from './postgres-ready.js';
 
 /**
  * How a postgres child process reaches the data directory: by its path, or,
@@ -183,27 +182,13 @@ export class PostgresProcess {
     clearTimeout(timer);
   }
 
-  async #ready(probeUrl: string): Promise<void> {
-    const deadline = Date.now() + START_TIMEOUT;
-    for (;;) {
-      if (!this.running) {
-        throw new Error(`postgres exited during start-up (${this.child.exitCode ?? this.child.signalCode})`);
-      }
-      const client = new pg.Client({ connectionString: probeUrl, connectionTimeoutMillis: 1_000 });
-      client.on('error', () => {});
-      try {
-        await client.connect();
-        await client.end();
-        return;
-      } catch (error) {
-        await client.end().catch(() => {});
-        // "the database system is starting up" (57P03) or no listener yet: wait.
-        if (Date.now() > deadline)
-          throw new Error(
-            `postgres did not accept connections within ${START_TIMEOUT / 1000}s: ${(error as Error).message}`,
-          );
-      }
-      await sleep(50);
-    }
+  #ready(probeUrl: string): Promise<void> {
+    return waitUntilAccepting(probeUrl, {
+      timeout: START_TIMEOUT,
+      exited: () =>
+        this.running
+          ? undefined
+          : new Error(`postgres exited during start-up (${this.child.exitCode ?? this.child.signalCode})`),
+    });
   }
 }

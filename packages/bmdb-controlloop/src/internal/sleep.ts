@@ -1,4 +1,5 @@
 import { setTimeout as delay } from 'node:timers/promises';
+import { isAbortError, isAbortOf } from '../abort.js';
 
 /**
  * Waits `ms` milliseconds. Rejects with the signal's reason as soon as the
@@ -19,8 +20,10 @@ export async function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   }
 }
 
-/** Whether `error` is the result of an aborted signal rather than a failure. */
+/**
+ * Whether `error` is a stop rather than a failure: `signal`'s reason, any
+ * `AbortError`, or a `TimeoutError` of an `AbortSignal.timeout`.
+ */
 export function isAbort(error: unknown, signal?: AbortSignal): boolean {
-  if (signal?.aborted && error === signal.reason) return true;
-  return error instanceof Error && (error.name === 'AbortError' || error.name === 'TimeoutError');
+  return isAbortOf(error, signal) || isAbortError(error) || (error instanceof Error && error.name === 'TimeoutError');
 }

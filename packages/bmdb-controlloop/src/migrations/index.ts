@@ -1,4 +1,5 @@
 import { type Kysely, type Migration, type MigrationProvider, Migrator } from 'kysely';
+import { describeError } from '../describe-error.js';
 import { BMDBError } from '../errors.js';
 import { log } from '../internal/log.js';
 import * as initial from './0001_initial.js';
@@ -98,10 +99,9 @@ async function migrate(
   const { error, results = [] } = await migrator.migrateToLatest();
   const failed = results.find((r) => r.status === 'Error');
   if (error !== undefined || failed) {
-    throw new BMDBError(
-      `${what} migration ${failed?.migrationName ?? '(none)'} failed: ${error instanceof Error ? error.message : String(error)}`,
-      { cause: error },
-    );
+    throw new BMDBError(`${what} migration ${failed?.migrationName ?? '(none)'} failed: ${describeError(error)}`, {
+      cause: error,
+    });
   }
   return results.filter((r) => r.status === 'Success').map((r) => r.migrationName);
 }

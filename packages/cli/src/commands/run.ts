@@ -1,7 +1,7 @@
 import { existsSync, openSync, writeSync } from 'node:fs';
 import type { Server } from 'node:http';
 import path from 'node:path';
-import type { BMDB, RateLimiter } from '@bmaas/bmdb-controlloop';
+import { type BMDB, Queries, type RateLimiter } from '@bmaas/bmdb-controlloop';
 import { type AgentStartEvent, DummyProvider, HeartbeatSimulator } from '@bmaas/provider-dummy';
 import { EquinixClient, EquinixProvider, EquinixStatusUpdater, Secret } from '@bmaas/provider-equinix';
 import {
@@ -294,14 +294,11 @@ function agentStartRecorder(file: string): (event: AgentStartEvent) => void {
  * operator sees it.
  */
 async function logProviders(bmdb: BMDB, type: string): Promise<void> {
-  const rows = await bmdb.db
-    .selectFrom('machine_provided')
-    .select((eb) => ['provider', eb.fn.countAll<string>().as('machines')])
-    .groupBy('provider')
-    .orderBy('provider')
-    .execute();
-  const ours = rows.find((row) => row.provider === type)?.machines ?? 0;
-  const others = rows.filter((row) => row.provider !== type).map((row) => `${row.provider} ${row.machines}`);
+  const counts = await new Queries(bmdb.db).machinesPerProvider();
+  const ours = counts[type] ?? 0;
+  const others = Object.entries(counts)
+    .filter(([provider]) => provider !== type)
+    .map(([provider, machines]) => `${provider} ${machines}`);
   log(
     'the BMDB holds %s machine(s) of provider %s%s',
     ours,

@@ -1,5 +1,4 @@
 import { type FleetStats, Queries } from '@bmaas/bmdb-controlloop';
-import { sql } from 'kysely';
 import { openBMDB } from '../database.js';
 import { type Argv, databaseSettings } from '../settings.js';
 
@@ -30,32 +29,17 @@ export async function status(argv: Argv, write: (text: string) => void): Promise
   try {
     const q = new Queries(bmdb.db);
     const stats = await q.fleetStats();
-    const rows = await bmdb.db
-      .selectFrom('work_backoff as b')
-      .leftJoin('machine_provided as p', 'p.machine_id', 'b.machine_id')
-      .select([
-        'b.machine_id',
-        'p.provider',
-        'p.provider_id',
-        'b.process',
-        'b.until',
-        'b.cause',
-        sql<number>`ceil(extract(epoch FROM b.until - now()))::int`.as('seconds_left'),
-      ])
-      .where(sql<boolean>`b.until > now()`)
-      .orderBy('b.until')
-      .limit(BACKOFFS_SHOWN)
-      .execute();
+    const backoffs = await q.activeBackoffs({ limit: BACKOFFS_SHOWN });
     const result: Status = {
       ...stats,
-      backoffs: rows.map((r) => ({
-        machineId: r.machine_id,
-        provider: r.provider,
-        providerId: r.provider_id,
-        process: r.process,
-        until: r.until.toISOString(),
-        secondsLeft: r.seconds_left,
-        cause: r.cause,
+      backoffs: backoffs.map((b) => ({
+        machineId: b.machineId,
+        provider: b.provider,
+        providerId: b.providerId,
+        process: b.process,
+        until: b.until.toISOString(),
+        secondsLeft: b.secondsLeft,
+        cause: b.cause,
       })),
     };
     write(argv.json === true ? `${JSON.stringify(result, null, 2)}\n` : render(result));

@@ -1,4 +1,4 @@
-import { describeError, type Session, sleep } from '@bmaas/bmdb-controlloop';
+import { describeError, isAbortOf, type Session, sleep } from '@bmaas/bmdb-controlloop';
 import {
   Availability,
   type CreateMachineRequest,
@@ -15,7 +15,6 @@ import {
   ReservationTakenError,
   ReservationUnavailableError,
 } from '../errors.js';
-import { isAbortOf } from '../internal/abort.js';
 import { detail, log } from '../internal/log.js';
 import { adoptionRefusal, deviceFacts, deviceReservationId, EQUINIX_PROVIDER, hostnameFor } from './device-facts.js';
 import { deviceMachine, type EquinixMachine, reservationMachine } from './machine.js';

@@ -1,10 +1,9 @@
 import { performance } from 'node:perf_hooks';
 import type { BMDB, ProvidedMachine, ProviderStatusUpdate, Session } from '@bmaas/bmdb-controlloop';
-import { describeError, ProviderStatus, sleep } from '@bmaas/bmdb-controlloop';
+import { describeError, isAbortOf, ProviderStatus, sleep } from '@bmaas/bmdb-controlloop';
 import type { EquinixClient } from '../api/client.js';
 import type { EquinixDevice } from '../api/types.js';
 import { EquinixApiError } from '../errors.js';
-import { isAbortOf } from '../internal/abort.js';
 import { log } from '../internal/log.js';
 import { deviceAddress, deviceFacts, EQUINIX_PROVIDER } from '../provider/device-facts.js';
 

@@ -5,11 +5,7 @@
  * @packageDocumentation
  */
 
-export {
-  FakeEquinixApi,
-  type FakeEquinixApiOptions,
-  type FakeFault,
-  type FakeRequest,
-  type FakeRoute,
-} from './fake-api.js';
+export { FakeEquinixApi, type FakeEquinixApiOptions } from './fake-api.js';
 export type { FakeDeviceSeed, FakeReservationSeed } from './fake-store.js';
+export type { FakeFault } from './faults.js';
+export type { FakeRequest, FakeRoute } from './routes.js';

@@ -2,6 +2,7 @@ import { timingSafeEqual } from 'node:crypto';
 import { createServer as createHttpServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
 import type { AddressInfo, Socket } from 'node:net';
+import { describeError } from '@bmaas/bmdb-controlloop';
 import { log } from '../internal/log.js';
 
 /** A ComputerSystem of the fake BMC. */
@@ -116,7 +117,7 @@ export class FakeRedfishServer {
     let fake: FakeRedfishServer | undefined;
     const handler = (req: IncomingMessage, res: ServerResponse) => {
       fake?.handle(req, res).catch((error: unknown) => {
-        log.fake('handler failed: %s', error instanceof Error ? error.message : String(error));
+        log.fake('handler failed: %s', describeError(error));
         if (!res.headersSent) res.writeHead(500).end();
       });
     };

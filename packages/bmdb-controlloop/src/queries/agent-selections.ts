@@ -1,0 +1,100 @@
+/** The shepherd's selections: machines whose agent must be started, and those whose agent went silent. */
+import { type Kysely, sql } from 'kysely';
+import { type Database, type MachineProvidedRow, Process, SHEPHERD_PROCESSES } from '../schema.js';
+import type { Selection } from '../selection.js';
+import { hasLiveWork, inBackoff } from './conditions.js';
+import { type ProvidedMachine, toProvidedMachine } from './provided-tags.js';
+import { type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
+
+export async function machinesForAgentStart(
+  db: Kysely<Database>,
+  options: { provider: string; limit: number },
+): Promise<ProvidedMachine[]> {
+  const rows = await agentStartQuery(db, options.provider).limit(options.limit).execute();
+  return rows.map(toProvidedMachine);
+}
+
+export function agentStartSelection(
+  db: Kysely<Database>,
+  options: { provider: string },
+): Selection<ProvidedMachine, MachineProvidedRow> {
+  return {
+    process: Process.ShepherdAgentStart,
+    query: agentStartQuery(db, options.provider),
+    toCandidate: toProvidedMachine,
+  };
+}
+
+export async function machinesForAgentRecovery(
+  db: Kysely<Database>,
+  options: { provider: string; limit: number } & RecoveryThresholds,
+): Promise<ProvidedMachine[]> {
+  const rows = await agentRecoveryQuery(db, options).limit(options.limit).execute();
+  return rows.map(toProvidedMachine);
+}
+
+export function agentRecoverySelection(
+  db: Kysely<Database>,
+  options: { provider: string } & RecoveryThresholds,
+): Selection<ProvidedMachine, MachineProvidedRow> {
+  return {
+    process: Process.ShepherdRecovery,
+    query: agentRecoveryQuery(db, options),
+    toCandidate: toProvidedMachine,
+  };
+}
+
+/**
+ * The candidates come from `machine_agent_pending` (provided machines
+ * without AgentStarted, kept by triggers of migration 0002 in the same
+ * transaction as the tags): index range scans, however many machines are
+ * started. They are read from a random machine ID onwards, then from the
+ * start of the range up to it, so parallel claims start at different
+ * machines instead of all walking past the same few being claimed.
+ */
+function agentStartQuery(db: Kysely<Database>, provider: string) {
+  const pending = sql<{ machine_id: string }>`(
+    WITH start AS (SELECT gen_random_uuid() AS at)
+    (SELECT machine_id FROM machine_agent_pending
+     WHERE provider = ${provider} AND machine_id >= (SELECT at FROM start) ORDER BY machine_id)
+    UNION ALL
+    (SELECT machine_id FROM machine_agent_pending
+     WHERE provider = ${provider} AND machine_id < (SELECT at FROM start) ORDER BY machine_id))`;
+  return db
+    .selectFrom(pending.as('pending'))
+    .innerJoin('machine_provided as mp', 'mp.machine_id', 'pending.machine_id')
+    .selectAll('mp')
+    .where('mp.provider', '=', provider)
+    .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', SHEPHERD_PROCESSES)}`)
+    .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', 'ShepherdAgentStart')}`);
+}
+
+/**
+ * Lost agents come from two index range scans, one per way of going
+ * silent: heartbeats older than the threshold (`machine_agent_heartbeat_at_idx`),
+ * and agents without any heartbeat started before it (the partial
+ * `machine_agent_started_silent_idx`). Healthy machines are in neither.
+ */
+function agentRecoveryQuery(db: Kysely<Database>, options: { provider: string } & RecoveryThresholds) {
+  const { firstWithin, within } = thresholdSeconds(options);
+  const silent = db
+    .selectFrom('machine_agent_heartbeat as h')
+    .innerJoin('machine_agent_started as a', 'a.machine_id', 'h.machine_id')
+    .select('h.machine_id')
+    .where(sql<boolean>`h.agent_heartbeat_at < now() - make_interval(secs => ${within})`)
+    .unionAll(
+      db
+        .selectFrom('machine_agent_started as a')
+        .select('a.machine_id')
+        .where('a.has_heartbeat', '=', false)
+        .where(sql<boolean>`a.agent_started_at < now() - make_interval(secs => ${firstWithin})`)
+        .where(sql<boolean>`NOT EXISTS (SELECT 1 FROM machine_agent_heartbeat h WHERE h.machine_id = a.machine_id)`),
+    );
+  return db
+    .selectFrom('machine_provided as mp')
+    .selectAll('mp')
+    .where('mp.provider', '=', options.provider)
+    .where('mp.machine_id', 'in', silent)
+    .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', SHEPHERD_PROCESSES)}`)
+    .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', 'ShepherdRecovery')}`);
+}

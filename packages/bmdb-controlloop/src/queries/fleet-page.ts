@@ -1,0 +1,243 @@
+/** The fleet page's machine table and machine detail. */
+import { type Kysely, type RawBuilder, sql } from 'kysely';
+import type { Database, ProviderStatus } from '../schema.js';
+import { type WorkBackoffEntry, workBackoffs } from './backoffs.js';
+import { hasLiveWork } from './conditions.js';
+import type { MachineStage } from './fleet-stats.js';
+import { LIFECYCLE_ORDER, toHistoryEntry, type WorkHistoryEntry } from './history.js';
+import { drivingIds, type MachineFilter, searchCondition } from './machine-filter.js';
+import { type ProvidedMachine, toProvidedMachine } from './provided-tags.js';
+import { lostAgent, type RecoveryThresholds } from './recovery-thresholds.js';
+
+/** A machine as a fleet table shows it. */
+export interface MachineSummary {
+  readonly machineId: string;
+  readonly createdAt: Date;
+  readonly stage: MachineStage;
+  /** The Provided tag, if any. */
+  readonly provided: ProvidedMachine | undefined;
+  readonly agentStartedAt: Date | null;
+  readonly lastHeartbeatAt: Date | null;
+  /** Processes with live work on the machine. */
+  readonly liveWork: readonly string[];
+  /** Processes with a running backoff on the machine. */
+  readonly backoffs: readonly string[];
+  /** The cause of the running backoff that lasts longest, if any. */
+  readonly backoffCause: string | null;
+}
+
+/** One page of {@link Queries.machinePage}. */
+export interface MachinePage {
+  readonly machines: readonly MachineSummary[];
+  /** Pass as `after` for the next page; `undefined` on the last. */
+  readonly next: string | undefined;
+}
+
+/** Live work on a machine and who holds it. */
+export interface LiveWorkItem {
+  readonly process: string;
+  readonly sessionId: string;
+  readonly processor: string | null;
+  readonly componentName: string;
+  readonly sessionDeadline: Date;
+  /** When the work started (its latest `Started` event), if recorded. */
+  readonly since: Date | null;
+}
+
+/** One machine's whole story (see {@link Queries.machineDetail}). */
+export interface MachineDetail extends Omit<MachineSummary, 'liveWork' | 'backoffs'> {
+  /** The agent's public key (AgentStarted tag), if started. */
+  readonly agentPublicKey: Uint8Array | null;
+  readonly liveWork: readonly LiveWorkItem[];
+  /** Every backoff of the machine, running (`active`) or expired, by process. */
+  readonly backoffs: readonly WorkBackoffEntry[];
+  /** The newest history entries, newest first. */
+  readonly history: readonly WorkHistoryEntry[];
+  /** How many history entries the machine has in all. */
+  readonly historyTotal: number;
+}
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+export async function findMachine(db: Kysely<Database>, id: string): Promise<string | undefined> {
+  const trimmed = id.trim();
+  if (UUID.test(trimmed)) {
+    const row = await db
+      .selectFrom('machines')
+      .select('machine_id')
+      .where('machine_id', '=', trimmed.toLowerCase())
+      .executeTakeFirst();
+    if (row) return row.machine_id;
+  }
+  const rows = await db
+    .selectFrom('machine_provided')
+    .select('machine_id')
+    .where('provider_id', '=', trimmed)
+    .limit(2)
+    .execute();
+  return rows.length === 1 ? rows[0]?.machine_id : undefined;
+}
+
+export async function machinePage(
+  db: Kysely<Database>,
+  filter: MachineFilter = {},
+  thresholds: RecoveryThresholds = {},
+): Promise<MachinePage> {
+  const limit = filter.limit ?? 50;
+  if (!Number.isInteger(limit) || limit < 1 || limit > 1000)
+    throw new RangeError(`machinePage: limit must be a whole number from 1 to 1000, got ${limit}`);
+  if (filter.after !== undefined && !UUID.test(filter.after))
+    throw new RangeError(`machinePage: after must be a machine ID (a UUID), got ${JSON.stringify(filter.after)}`);
+  const search = filter.search?.trim() || undefined;
+  // The page's IDs first, from the rows of the index serving the filter that
+  // chooses them, every other filter checked per ID by key: the planner can
+  // stop after `limit + 1` matches in ID order, and the columns are then
+  // read for those IDs only. DISTINCT: a machine may come from two rows
+  // (backoffs of two processes, a search matching both IDs).
+  const conditions: RawBuilder<boolean>[] = [];
+  if (filter.after !== undefined) conditions.push(sql<boolean>`ids.machine_id > ${filter.after}::uuid`);
+  if (filter.provider !== undefined) {
+    conditions.push(sql<boolean>`EXISTS (SELECT 1 FROM machine_provided fp
+      WHERE fp.machine_id = ids.machine_id AND fp.provider = ${filter.provider})`);
+  }
+  if (filter.liveWork !== undefined) conditions.push(hasLiveWork('ids.machine_id', [filter.liveWork]));
+  if (filter.inBackoff !== undefined) {
+    conditions.push(sql<boolean>`EXISTS (SELECT 1 FROM work_backoff fb WHERE fb.machine_id = ids.machine_id
+      AND fb.until > now() ${filter.inBackoff === true ? sql`` : sql`AND fb.process = ${filter.inBackoff}`})`);
+  }
+  if (search !== undefined && filter.stage !== undefined) conditions.push(searchCondition(search));
+  const { rows } = await sql<MachineSummaryRow>`
+    SELECT ${machineColumns(thresholds)}
+    FROM (
+      SELECT DISTINCT ids.machine_id FROM ${drivingIds(filter, search, thresholds)} AS ids
+      WHERE ${conditions.length === 0 ? sql`true` : sql.join(conditions, sql` AND `)}
+      ORDER BY ids.machine_id
+      LIMIT ${limit + 1}) AS page
+    JOIN machines m ON m.machine_id = page.machine_id
+    LEFT JOIN machine_provided mp ON mp.machine_id = m.machine_id
+    LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id
+    LEFT JOIN machine_agent_heartbeat h ON h.machine_id = m.machine_id
+    ORDER BY m.machine_id`.execute(db);
+  const machines = rows.slice(0, limit).map(toMachineSummary);
+  return { machines, next: rows.length > limit ? machines.at(-1)?.machineId : undefined };
+}
+
+export async function machineDetail(
+  db: Kysely<Database>,
+  machineId: string,
+  options: { historyLimit?: number } & RecoveryThresholds = {},
+): Promise<MachineDetail | undefined> {
+  if (!UUID.test(machineId)) return undefined;
+  const { rows } = await sql<MachineSummaryRow & { agent_public_key: Uint8Array | null }>`
+    SELECT ${machineColumns(options)}, a.agent_public_key
+    FROM machines m
+    LEFT JOIN machine_provided mp ON mp.machine_id = m.machine_id
+    LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id
+    LEFT JOIN machine_agent_heartbeat h ON h.machine_id = m.machine_id
+    WHERE m.machine_id = ${machineId}::uuid`.execute(db);
+  const row = rows[0];
+  if (row === undefined) return undefined;
+  const work = await db
+    .selectFrom('work as w')
+    .innerJoin('sessions as s', 's.session_id', 'w.session_id')
+    .select([
+      'w.process',
+      'w.session_id',
+      's.processor',
+      's.component_name',
+      's.deadline',
+      sql<Date | null>`(SELECT max(wh."timestamp") FROM work_history wh
+        WHERE wh.machine_id = w.machine_id AND wh.process = w.process AND wh.event = 'Started')`.as('since'),
+    ])
+    .where('w.machine_id', '=', machineId)
+    .where(sql<boolean>`s.deadline > now()`)
+    .orderBy('w.process')
+    .execute();
+  const historyLimit = options.historyLimit ?? 500;
+  const history = await db
+    .selectFrom('work_history')
+    .selectAll()
+    .where('machine_id', '=', machineId)
+    .orderBy('timestamp', 'desc')
+    .orderBy(LIFECYCLE_ORDER, 'desc')
+    .limit(historyLimit)
+    .execute();
+  const total = await db
+    .selectFrom('work_history')
+    .select(sql<number>`count(*)::int`.as('count'))
+    .where('machine_id', '=', machineId)
+    .executeTakeFirstOrThrow();
+  return {
+    ...toMachineSummary(row),
+    agentPublicKey: row.agent_public_key,
+    liveWork: work.map((w) => ({
+      process: w.process,
+      sessionId: w.session_id,
+      processor: w.processor,
+      componentName: w.component_name,
+      sessionDeadline: w.deadline,
+      since: w.since,
+    })),
+    backoffs: await workBackoffs(db, machineId),
+    history: history.map(toHistoryEntry),
+    historyTotal: total.count,
+  };
+}
+
+/** A machine's stage, over aliases `m`, `mp`, `a` and `h`; the order of {@link FleetStages}' definitions. */
+function stageOf(thresholds: RecoveryThresholds): RawBuilder<MachineStage> {
+  return sql<MachineStage>`CASE
+    WHEN mp.machine_id IS NULL THEN 'unprovided'
+    WHEN a.machine_id IS NULL THEN
+      CASE WHEN ${hasLiveWork('m.machine_id', ['ShepherdAgentStart'])} THEN 'agentStarting' ELSE 'provided' END
+    WHEN ${lostAgent(thresholds)} THEN 'awaitingRecovery'
+    WHEN h.machine_id IS NULL THEN 'agentStarted'
+    ELSE 'heartbeating' END`;
+}
+
+interface MachineSummaryRow {
+  machine_id: string;
+  machine_created_at: Date;
+  provider: string | null;
+  provider_id: string | null;
+  provider_reservation_id: string | null;
+  provider_ip_address: string | null;
+  provider_location: string | null;
+  provider_status: ProviderStatus | null;
+  agent_started_at: Date | null;
+  agent_heartbeat_at: Date | null;
+  stage: MachineStage;
+  live_work: string[];
+  backoffs: string[];
+  backoff_cause: string | null;
+}
+
+/** The columns of {@link MachineSummaryRow}, over aliases `m`, `mp`, `a` and `h`; each subquery reads one machine's rows. */
+function machineColumns(thresholds: RecoveryThresholds): RawBuilder<unknown> {
+  return sql`m.machine_id, m.machine_created_at, mp.provider, mp.provider_id, mp.provider_reservation_id,
+    mp.provider_ip_address, mp.provider_location, mp.provider_status, a.agent_started_at, h.agent_heartbeat_at,
+    ${stageOf(thresholds)} AS stage,
+    ARRAY(SELECT w.process FROM work w JOIN sessions s ON s.session_id = w.session_id
+      WHERE w.machine_id = m.machine_id AND s.deadline > now() ORDER BY w.process) AS live_work,
+    ARRAY(SELECT b.process FROM work_backoff b
+      WHERE b.machine_id = m.machine_id AND b.until > now() ORDER BY b.process) AS backoffs,
+    (SELECT b.cause FROM work_backoff b
+      WHERE b.machine_id = m.machine_id AND b.until > now() ORDER BY b.until DESC LIMIT 1) AS backoff_cause`;
+}
+
+function toMachineSummary(row: MachineSummaryRow): MachineSummary {
+  return {
+    machineId: row.machine_id,
+    createdAt: row.machine_created_at,
+    stage: row.stage,
+    provided:
+      row.provider === null || row.provider_id === null
+        ? undefined
+        : toProvidedMachine({ ...row, provider: row.provider, provider_id: row.provider_id }),
+    agentStartedAt: row.agent_started_at,
+    lastHeartbeatAt: row.agent_heartbeat_at,
+    liveWork: row.live_work,
+    backoffs: row.backoffs,
+    backoffCause: row.backoff_cause,
+  };
+}

@@ -1,0 +1,227 @@
+/** The fleet at a glance: machines per stage, live work, sessions and providers. */
+import { type Kysely, sql } from 'kysely';
+import type { Database } from '../schema.js';
+import { hasLiveWork } from './conditions.js';
+import { lostAgent, type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
+
+/** Machines per lifecycle stage; each machine counts in exactly one stage. */
+export interface FleetStages {
+  /** Machines without a Provided tag (rare: a half-created machine). */
+  readonly unprovided: number;
+  /** Provided, agent not started, no agent start under way. */
+  readonly provided: number;
+  /** Provided, agent not started, an agent start claimed right now. */
+  readonly agentStarting: number;
+  /** Agent started, no heartbeat yet, still within the first-heartbeat threshold. */
+  readonly agentStarted: number;
+  /** Agent heartbeating within the threshold. */
+  readonly heartbeating: number;
+  /** Agent started but silent past a threshold: a recovery candidate. */
+  readonly awaitingRecovery: number;
+}
+
+/** The fleet at a glance. */
+export interface FleetStats {
+  readonly machines: number;
+  readonly stages: FleetStages;
+  /** Live work items (held by unexpired sessions), per process. */
+  readonly activeWork: Readonly<Record<string, number>>;
+  /** Backoffs still running, per process. */
+  readonly activeBackoffs: Readonly<Record<string, number>>;
+}
+
+/** Where a machine stands in its life: a key of {@link FleetStages}. Each machine is in exactly one. */
+export type MachineStage = keyof FleetStages;
+
+/** Every stage, in lifecycle order. */
+export const MACHINE_STAGES: readonly MachineStage[] = [
+  'unprovided',
+  'provided',
+  'agentStarting',
+  'agentStarted',
+  'heartbeating',
+  'awaitingRecovery',
+];
+
+/** A session whose deadline has not passed: a live process using the BMDB. */
+export interface LiveSession {
+  readonly sessionId: string;
+  readonly componentName: string;
+  readonly runtimeInfo: string;
+  /** The loop holding it (`shepherd-initializer`); null for sessions from before migration 0004. */
+  readonly processor: string | null;
+  readonly createdAt: Date;
+  readonly intervalSeconds: number;
+  readonly deadline: Date;
+  /** Work items it holds. */
+  readonly work: number;
+}
+
+export async function fleetStats(
+  db: Kysely<Database>,
+  options: { provider?: string } & RecoveryThresholds = {},
+): Promise<FleetStats> {
+  const provider = options.provider;
+  const stageRow = await db
+    .selectFrom('machines as m')
+    .leftJoin('machine_provided as mp', 'mp.machine_id', 'm.machine_id')
+    .leftJoin('machine_agent_started as a', 'a.machine_id', 'm.machine_id')
+    .leftJoin('machine_agent_heartbeat as h', 'h.machine_id', 'm.machine_id')
+    .$if(provider !== undefined, (qb) => qb.where('mp.provider', '=', provider as string))
+    .select([
+      sql<number>`count(*)::int`.as('machines'),
+      sql<number>`(count(*) FILTER (WHERE mp.machine_id IS NULL))::int`.as('unprovided'),
+      sql<number>`(count(*) FILTER (WHERE mp.machine_id IS NOT NULL AND a.machine_id IS NULL
+        AND NOT ${hasLiveWork('m.machine_id', ['ShepherdAgentStart'])}))::int`.as('provided'),
+      sql<number>`(count(*) FILTER (WHERE mp.machine_id IS NOT NULL AND a.machine_id IS NULL
+        AND ${hasLiveWork('m.machine_id', ['ShepherdAgentStart'])}))::int`.as('agent_starting'),
+      sql<number>`(count(*) FILTER (WHERE a.machine_id IS NOT NULL AND h.machine_id IS NULL
+        AND NOT ${lostAgent(options)}))::int`.as('agent_started'),
+      sql<number>`(count(*) FILTER (WHERE a.machine_id IS NOT NULL AND h.machine_id IS NOT NULL
+        AND NOT ${lostAgent(options)}))::int`.as('heartbeating'),
+      sql<number>`(count(*) FILTER (WHERE a.machine_id IS NOT NULL AND ${lostAgent(options)}))::int`.as(
+        'awaiting_recovery',
+      ),
+    ])
+    .executeTakeFirstOrThrow();
+
+  const activeWork = await liveWorkByProcess(db);
+  const backoffs = await db
+    .selectFrom('work_backoff')
+    .select(['process', sql<number>`count(*)::int`.as('count')])
+    .where(sql<boolean>`until > now()`)
+    .groupBy('process')
+    .orderBy('process')
+    .execute();
+
+  return {
+    machines: stageRow.machines,
+    stages: {
+      unprovided: stageRow.unprovided,
+      provided: stageRow.provided,
+      agentStarting: stageRow.agent_starting,
+      agentStarted: stageRow.agent_started,
+      heartbeating: stageRow.heartbeating,
+      awaitingRecovery: stageRow.awaiting_recovery,
+    },
+    activeWork,
+    activeBackoffs: Object.fromEntries(backoffs.map((row) => [row.process, row.count])),
+  };
+}
+
+export async function databaseNow(db: Kysely<Database>): Promise<Date> {
+  const row = await db.selectNoFrom(sql<Date>`now()`.as('now')).executeTakeFirstOrThrow();
+  return row.now;
+}
+
+export async function fleetStages(
+  db: Kysely<Database>,
+  thresholds: RecoveryThresholds = {},
+): Promise<{ machines: number; stages: FleetStages }> {
+  const { firstWithin, within } = thresholdSeconds(thresholds);
+  // Machines are unprovided or provided (machine_unprovided is kept by
+  // triggers), provided ones pending (no AgentStarted; machine_agent_pending
+  // likewise) or started: one count of every machine, the rest read from
+  // the small sets of unprovided, pending, silent, stale and starting ones.
+  const { rows } = await sql<{
+    machines: number;
+    unprovided: number;
+    pending: number;
+    starting: number;
+    silent: number;
+    silent_lost: number;
+    stale: number;
+  }>`SELECT
+      (SELECT count(*)::int FROM machines) AS machines,
+      (SELECT count(*)::int FROM machine_unprovided) AS unprovided,
+      (SELECT count(*)::int FROM machine_agent_pending) AS pending,
+      (SELECT count(*)::int FROM work w JOIN sessions s ON s.session_id = w.session_id
+        WHERE w.process = 'ShepherdAgentStart' AND s.deadline > now()
+          AND EXISTS (SELECT 1 FROM machine_agent_pending p WHERE p.machine_id = w.machine_id)) AS starting,
+      (SELECT count(*)::int FROM machine_agent_started a WHERE NOT a.has_heartbeat
+          AND EXISTS (SELECT 1 FROM machine_provided mp WHERE mp.machine_id = a.machine_id)) AS silent,
+      (SELECT count(*)::int FROM machine_agent_started a WHERE NOT a.has_heartbeat
+          AND a.agent_started_at < now() - make_interval(secs => ${firstWithin})
+          AND EXISTS (SELECT 1 FROM machine_provided mp WHERE mp.machine_id = a.machine_id)) AS silent_lost,
+      (SELECT count(*)::int FROM machine_agent_heartbeat h
+        WHERE h.agent_heartbeat_at < now() - make_interval(secs => ${within})
+          AND EXISTS (SELECT 1 FROM machine_agent_started a WHERE a.machine_id = h.machine_id)
+          AND EXISTS (SELECT 1 FROM machine_provided mp WHERE mp.machine_id = h.machine_id)) AS stale`.execute(db);
+  const row = rows[0];
+  if (row === undefined) throw new Error('fleetStages: the count query returned no row');
+  const started = row.machines - row.unprovided - row.pending;
+  return {
+    machines: row.machines,
+    stages: {
+      unprovided: row.unprovided,
+      provided: row.pending - row.starting,
+      agentStarting: row.starting,
+      agentStarted: row.silent - row.silent_lost,
+      heartbeating: started - row.silent - row.stale,
+      awaitingRecovery: row.silent_lost + row.stale,
+    },
+  };
+}
+
+export async function providers(db: Kysely<Database>): Promise<string[]> {
+  const { rows } = await sql<{ provider: string }>`
+    WITH RECURSIVE p AS (
+      (SELECT provider FROM machine_provided ORDER BY provider LIMIT 1)
+      UNION ALL
+      SELECT (SELECT mp.provider FROM machine_provided mp WHERE mp.provider > p.provider
+              ORDER BY mp.provider LIMIT 1)
+      FROM p WHERE p.provider IS NOT NULL)
+    SELECT provider FROM p WHERE provider IS NOT NULL`.execute(db);
+  return rows.map((row) => row.provider);
+}
+
+export async function machinesPerProvider(db: Kysely<Database>): Promise<Record<string, number>> {
+  const rows = await db
+    .selectFrom('machine_provided')
+    .select(['provider', sql<number>`count(*)::int`.as('machines')])
+    .groupBy('provider')
+    .orderBy('provider')
+    .execute();
+  return Object.fromEntries(rows.map((row) => [row.provider, row.machines]));
+}
+
+export async function liveWorkByProcess(db: Kysely<Database>): Promise<Record<string, number>> {
+  const rows = await db
+    .selectFrom('work as w')
+    .innerJoin('sessions as s', 's.session_id', 'w.session_id')
+    .select(['w.process', sql<number>`count(*)::int`.as('count')])
+    .where(sql<boolean>`s.deadline > now()`)
+    .groupBy('w.process')
+    .orderBy('w.process')
+    .execute();
+  return Object.fromEntries(rows.map((row) => [row.process, row.count]));
+}
+
+export async function liveSessions(db: Kysely<Database>): Promise<LiveSession[]> {
+  const rows = await db
+    .selectFrom('sessions as s')
+    .select([
+      's.session_id',
+      's.component_name',
+      's.runtime_info',
+      's.processor',
+      's.created_at',
+      's.interval_seconds',
+      's.deadline',
+      sql<number>`(SELECT count(*)::int FROM work w WHERE w.session_id = s.session_id)`.as('work'),
+    ])
+    .where(sql<boolean>`s.deadline > now()`)
+    .orderBy('s.created_at')
+    .orderBy('s.session_id')
+    .execute();
+  return rows.map((row) => ({
+    sessionId: row.session_id,
+    componentName: row.component_name,
+    runtimeInfo: row.runtime_info,
+    processor: row.processor,
+    createdAt: row.created_at,
+    intervalSeconds: row.interval_seconds,
+    deadline: row.deadline,
+    work: row.work,
+  }));
+}
