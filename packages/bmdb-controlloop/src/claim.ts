@@ -102,12 +102,29 @@ export function claimMachineStatement(sessionId: string, process: string, machin
  * The statement is prepared once and runs on its generic plan: every table
  * besides the selection's is reached through keys the statement holds
  * (`= ANY (...)`), so no plan can scan one that grew since it was made.
+ *
+ * With `lookFurther: false` the statement leaves out that second look at the
+ * selection, and a request left without a machine learns only of candidates
+ * it chose but could not claim: its `bmdb_found` may be 0 while there is
+ * more. Such an answer must be confirmed by the full statement; in exchange
+ * the statement is a third smaller, and PostgreSQL sets up every node of a
+ * plan on every execution, run or not.
  */
 export function claimSelectedStatement(
   process: string,
   selection: Expression<SelectionRow>,
   sessions: readonly string[],
+  { lookFurther = true }: { readonly lookFurther?: boolean } = {},
 ): RawBuilder<BatchClaimStatus> {
+  // Only when some live request is left without a machine: is there more
+  // the statement could not have (locked, or claimed since its snapshot)?
+  const more = lookFurther
+    ? sql`more AS (
+      SELECT x.machine_id FROM (${selection}) x
+      WHERE (SELECT count(*) FROM chosen) < (SELECT count(*) FROM live)
+        AND NOT EXISTS (SELECT 1 FROM chosen c WHERE c.machine_id = x.machine_id)
+      LIMIT 1),`
+    : sql`more AS (SELECT NULL::uuid AS machine_id WHERE false),`;
   return sql<BatchClaimStatus>`
     WITH requests AS (
       SELECT r.session_id, r.ord FROM unnest(${sessions}::uuid[]) WITH ORDINALITY AS r (session_id, ord)),
@@ -150,13 +167,7 @@ export function claimSelectedStatement(
       FROM claimed c JOIN prior p ON p.machine_id = c.machine_id
       UNION ALL
       SELECT machine_id, process, 'Started', now(), NULL FROM claimed),
-    -- Only when some live request is left without a machine: is there more
-    -- the statement could not have (locked, or claimed since its snapshot)?
-    more AS (
-      SELECT x.machine_id FROM (${selection}) x
-      WHERE (SELECT count(*) FROM chosen) < (SELECT count(*) FROM live)
-        AND NOT EXISTS (SELECT 1 FROM chosen c WHERE c.machine_id = x.machine_id)
-      LIMIT 1),
+    ${more}
     unclaimed AS (
       SELECT machine_id FROM more
       UNION ALL
