@@ -1,5 +1,10 @@
-import type { Expression, Kysely } from 'kysely';
-import { type BatchClaimStatus, type ClaimStatus, claimSelectedStatement } from '../claim.js';
+import type { Expression, Kysely, RawBuilder } from 'kysely';
+import {
+  type BatchClaimStatus,
+  type ClaimStatus,
+  claimSelectedForOneStatement,
+  claimSelectedStatement,
+} from '../claim.js';
 import { BMDBError } from '../errors.js';
 import type { Database } from '../schema.js';
 import type { SelectionRow } from '../selection.js';
@@ -22,6 +27,8 @@ interface CompiledClaim {
 interface ClaimTemplate {
   /** Without the second look at the selection: its empty answers are not final. */
   readonly quick: CompiledClaim;
+  /** {@link ClaimTemplate.quick} for a batch of one: a lone worker's usual claim. */
+  readonly quickForOne: CompiledClaim;
   /** The full statement, whose every answer is final. */
   readonly thorough: CompiledClaim;
   /** Equal for statements that differ only in their sessions: they can share a batch. */
@@ -92,7 +99,7 @@ export class SelectionClaims {
       template.short = statuses.some(unserved);
       return statuses;
     }
-    const statuses = await this.#sendWith(template.quick, requests);
+    const statuses = await this.#sendWith(requests.length === 1 ? template.quickForOne : template.quick, requests);
     const left = requests.flatMap((request, i) => (unconfirmed(statuses[i] as ClaimStatus) ? [i] : []));
     if (left.length === 0) return statuses;
     template.short = true;
@@ -131,9 +138,14 @@ export class SelectionClaims {
     }
     let template = byProcess.get(process);
     if (!template) {
-      const quick = compileClaim(this.db, process, selection, false);
-      const thorough = compileClaim(this.db, process, selection, true);
-      template = { quick, thorough, key: thorough.key, short: false };
+      const quick = compileClaim(this.db, (sessions) =>
+        claimSelectedStatement(process, selection, sessions, { lookFurther: false }),
+      );
+      const quickForOne = compileClaim(this.db, (sessions) =>
+        claimSelectedForOneStatement(process, selection, sessions),
+      );
+      const thorough = compileClaim(this.db, (sessions) => claimSelectedStatement(process, selection, sessions));
+      template = { quick, quickForOne, thorough, key: thorough.key, short: false };
       byProcess.set(process, template);
     }
     return template;
@@ -151,18 +163,16 @@ function unconfirmed(status: ClaimStatus): boolean {
 }
 
 /**
- * The claim statement for `process` from `selection`. The session IDs are a
- * parameter like any other: compiled with a placeholder array, found again
- * by identity, and swapped per batch.
+ * A claim statement. The session IDs are a parameter like any other:
+ * compiled with a placeholder array, found again by identity, and swapped
+ * per batch.
  */
 function compileClaim(
   db: Kysely<Database>,
-  process: string,
-  selection: Expression<SelectionRow>,
-  lookFurther: boolean,
+  statement: (sessions: readonly string[]) => RawBuilder<BatchClaimStatus>,
 ): CompiledClaim & { readonly key: string } {
   const placeholder: string[] = [];
-  const compiled = claimSelectedStatement(process, selection, placeholder, { lookFurther }).compile(db);
+  const compiled = statement(placeholder).compile(db);
   const parameters = [...compiled.parameters];
   const sessionsAt = parameters.flatMap((value, i) => (value === placeholder ? [i] : []));
   if (sessionsAt.length === 0) throw new BMDBError('claim statement lost its sessions parameter');
