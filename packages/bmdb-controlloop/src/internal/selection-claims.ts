@@ -100,7 +100,7 @@ export class SelectionClaims {
       return statuses;
     }
     const statuses = await this.#sendWith(requests.length === 1 ? template.quickForOne : template.quick, requests);
-    const left = requests.flatMap((request, i) => (unconfirmed(statuses[i] as ClaimStatus) ? [i] : []));
+    const left = statuses.flatMap((status, i) => (unconfirmed(status) ? [i] : []));
     if (left.length === 0) return statuses;
     template.short = true;
     const again = await this.#sendWith(
