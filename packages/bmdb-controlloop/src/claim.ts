@@ -102,12 +102,29 @@ export function claimMachineStatement(sessionId: string, process: string, machin
  * The statement is prepared once and runs on its generic plan: every table
  * besides the selection's is reached through keys the statement holds
  * (`= ANY (...)`), so no plan can scan one that grew since it was made.
+ *
+ * With `lookFurther: false` the statement leaves out that second look at the
+ * selection, and a request left without a machine learns only of candidates
+ * it chose but could not claim: its `bmdb_found` may be 0 while there is
+ * more. Such an answer must be confirmed by the full statement; in exchange
+ * the statement is a third smaller, and PostgreSQL sets up every node of a
+ * plan on every execution, run or not.
  */
 export function claimSelectedStatement(
   process: string,
   selection: Expression<SelectionRow>,
   sessions: readonly string[],
+  { lookFurther = true }: { readonly lookFurther?: boolean } = {},
 ): RawBuilder<BatchClaimStatus> {
+  // Only when some live request is left without a machine: is there more
+  // the statement could not have (locked, or claimed since its snapshot)?
+  const more = lookFurther
+    ? sql`more AS (
+      SELECT x.machine_id FROM (${selection}) x
+      WHERE (SELECT count(*) FROM chosen) < (SELECT count(*) FROM live)
+        AND NOT EXISTS (SELECT 1 FROM chosen c WHERE c.machine_id = x.machine_id)
+      LIMIT 1),`
+    : sql`more AS (SELECT NULL::uuid AS machine_id WHERE false),`;
   return sql<BatchClaimStatus>`
     WITH requests AS (
       SELECT r.session_id, r.ord FROM unnest(${sessions}::uuid[]) WITH ORDINALITY AS r (session_id, ord)),
@@ -150,13 +167,7 @@ export function claimSelectedStatement(
       FROM claimed c JOIN prior p ON p.machine_id = c.machine_id
       UNION ALL
       SELECT machine_id, process, 'Started', now(), NULL FROM claimed),
-    -- Only when some live request is left without a machine: is there more
-    -- the statement could not have (locked, or claimed since its snapshot)?
-    more AS (
-      SELECT x.machine_id FROM (${selection}) x
-      WHERE (SELECT count(*) FROM chosen) < (SELECT count(*) FROM live)
-        AND NOT EXISTS (SELECT 1 FROM chosen c WHERE c.machine_id = x.machine_id)
-      LIMIT 1),
+    ${more}
     unclaimed AS (
       SELECT machine_id FROM more
       UNION ALL
@@ -174,6 +185,71 @@ export function claimSelectedStatement(
     LEFT JOIN live l ON l.ord = r.ord
     LEFT JOIN assigned a ON a.ord = r.ord
     LEFT JOIN claimed d ON d.machine_id = a.machine_id
+    LEFT JOIN chosen c ON c.machine_id = d.machine_id
+    LEFT JOIN prior p ON p.machine_id = d.machine_id`;
+}
+
+/**
+ * {@link claimSelectedStatement} for a batch of one session (`sessions` holds
+ * exactly one ID), without the second look at the selection: the quick
+ * claim of a lone worker. It does what the batched statement does for one
+ * request, and answers the same row (`bmdb_ord` 1), but without the
+ * bookkeeping that shares machines out among requests (numbering, matching
+ * slots, joining the answers back to the requests): a plan of fewer nodes,
+ * each of which PostgreSQL sets up on every execution. An answer without a
+ * machine and without candidates is not final, as for `lookFurther: false`.
+ */
+export function claimSelectedForOneStatement(
+  process: string,
+  selection: Expression<SelectionRow>,
+  sessions: readonly string[],
+): RawBuilder<BatchClaimStatus> {
+  return sql<BatchClaimStatus>`
+    WITH live AS MATERIALIZED (
+      SELECT s.session_id FROM sessions s
+      WHERE s.session_id = (${sessions}::uuid[])[1] AND s.deadline > now()),
+    chosen AS MATERIALIZED (
+      SELECT s.* FROM (
+        SELECT s.*, m0.claim_version AS bmdb_seen_version
+        FROM (${selection}) s JOIN machines m0 ON m0.machine_id = s.machine_id
+        -- Keeps the version the selection saw apart from the row locked below.
+        OFFSET 0) s
+      JOIN machines m ON m.machine_id = s.machine_id AND m.claim_version = s.bmdb_seen_version
+      LIMIT (SELECT count(*) FROM live)
+      FOR NO KEY UPDATE OF m SKIP LOCKED),
+    bumped AS (
+      UPDATE machines m SET claim_version = m.claim_version + 1
+      WHERE m.machine_id = (SELECT machine_id FROM chosen)
+      RETURNING m.machine_id),
+    prior AS (
+      SELECT w.machine_id, w.session_id, s.deadline FROM work w
+      JOIN sessions s ON s.session_id = w.session_id
+      WHERE w.machine_id = (SELECT machine_id FROM chosen) AND w.process = ${process}),
+    claimed AS (
+      INSERT INTO work (machine_id, session_id, process)
+      SELECT b.machine_id, l.session_id, ${process} FROM bumped b CROSS JOIN live l
+      ON CONFLICT (machine_id, process) DO UPDATE SET session_id = excluded.session_id
+      WHERE NOT EXISTS (
+        SELECT 1 FROM sessions s WHERE s.session_id = work.session_id AND s.deadline > now())
+      RETURNING machine_id, process),
+    history AS (
+      INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
+      SELECT c.machine_id, c.process, 'Canceled', p.deadline,
+             'session ' || p.session_id || ' expired holding this claim'
+      FROM claimed c CROSS JOIN prior p
+      UNION ALL
+      SELECT machine_id, process, 'Started', now(), NULL FROM claimed)
+    SELECT '1' AS bmdb_ord,
+           EXISTS (SELECT 1 FROM live) AS bmdb_live,
+           (SELECT count(*)::int FROM chosen) - (SELECT count(*)::int FROM claimed) AS bmdb_found,
+           (SELECT c.machine_id::text FROM chosen c WHERE NOT EXISTS (SELECT 1 FROM claimed)) AS bmdb_first_candidate,
+           d.machine_id IS NOT NULL AS bmdb_claimed,
+           p.session_id::text AS bmdb_took_over_from,
+           (SELECT b.last_interval_seconds FROM work_backoff b
+            WHERE b.machine_id = d.machine_id AND b.process = ${process}) AS bmdb_last_interval_seconds,
+           c.*
+    FROM (SELECT 1) AS one
+    LEFT JOIN claimed d ON true
     LEFT JOIN chosen c ON c.machine_id = d.machine_id
     LEFT JOIN prior p ON p.machine_id = d.machine_id`;
 }

@@ -7,7 +7,13 @@ import * as initial from '../src/migrations/0001_initial.js';
 test('migrations create the schema once; running them again is a no-op', async () => {
   const db = await createTestDatabase();
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0001_initial', '0002_fast_claims', '0003_agent_reports', '0004_fleet_page']);
+  expect(await bmdb.migrate()).toEqual([
+    '0001_initial',
+    '0002_fast_claims',
+    '0003_agent_reports',
+    '0004_fleet_page',
+    '0005_lean_triggers',
+  ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
   const [a, b] = await Promise.all([openTestBMDB(db), openTestBMDB(db)]);
@@ -113,7 +119,12 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
   const unprovided = (await db.admin('INSERT INTO machines DEFAULT VALUES RETURNING machine_id')).rows[0].machine_id;
 
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0002_fast_claims', '0003_agent_reports', '0004_fleet_page']);
+  expect(await bmdb.migrate()).toEqual([
+    '0002_fast_claims',
+    '0003_agent_reports',
+    '0004_fleet_page',
+    '0005_lean_triggers',
+  ]);
   expect(await bmdb.migrate()).toEqual([]);
   // 0004 backfills the machines without a Provided tag.
   expect((await db.admin('SELECT machine_id FROM machine_unprovided')).rows).toEqual([{ machine_id: unprovided }]);

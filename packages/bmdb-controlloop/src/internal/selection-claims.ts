@@ -1,5 +1,10 @@
-import type { Expression, Kysely } from 'kysely';
-import { type BatchClaimStatus, type ClaimStatus, claimSelectedStatement } from '../claim.js';
+import type { Expression, Kysely, RawBuilder } from 'kysely';
+import {
+  type BatchClaimStatus,
+  type ClaimStatus,
+  claimSelectedForOneStatement,
+  claimSelectedStatement,
+} from '../claim.js';
 import { BMDBError } from '../errors.js';
 import type { Database } from '../schema.js';
 import type { SelectionRow } from '../selection.js';
@@ -10,14 +15,30 @@ import type { RunStatement } from './retry.js';
 /** Most claims in one statement. */
 const MAX_BATCH = 64;
 
-/** The claim statement of one (selection, process), compiled once. */
-interface ClaimTemplate {
+/** One claim statement, compiled once. */
+interface CompiledClaim {
   readonly sql: string;
   readonly parameters: readonly unknown[];
   /** Positions of the session IDs among the parameters (the statement uses them more than once). */
   readonly sessionsAt: readonly number[];
+}
+
+/** The claim statements of one (selection, process). */
+interface ClaimTemplate {
+  /** Without the second look at the selection: its empty answers are not final. */
+  readonly quick: CompiledClaim;
+  /** {@link ClaimTemplate.quick} for a batch of one: a lone worker's usual claim. */
+  readonly quickForOne: CompiledClaim;
+  /** The full statement, whose every answer is final. */
+  readonly thorough: CompiledClaim;
   /** Equal for statements that differ only in their sessions: they can share a batch. */
   readonly key: string;
+  /**
+   * Whether the last batch left a request without a machine: the next goes
+   * straight to the full statement, so an idle worker's look costs one
+   * statement, not two.
+   */
+  short: boolean;
 }
 
 /** A claim request: who claims, and the metrics label to count the statement under. */
@@ -67,13 +88,38 @@ export class SelectionClaims {
     return batcher.submit({ sessionId, processor });
   }
 
+  /**
+   * Claims for `requests` with the quick statement while claims come back
+   * served; a request it leaves without a machine, and every request after
+   * that until all are served again, goes to the full statement.
+   */
   async #send(template: ClaimTemplate, requests: readonly ClaimRequest[]): Promise<ClaimStatus[]> {
-    const parameters = [...template.parameters];
+    if (template.short) {
+      const statuses = await this.#sendWith(template.thorough, requests);
+      template.short = statuses.some(unserved);
+      return statuses;
+    }
+    const statuses = await this.#sendWith(requests.length === 1 ? template.quickForOne : template.quick, requests);
+    const left = statuses.flatMap((status, i) => (unconfirmed(status) ? [i] : []));
+    if (left.length === 0) return statuses;
+    template.short = true;
+    const again = await this.#sendWith(
+      template.thorough,
+      left.map((i) => requests[i] as ClaimRequest),
+    );
+    left.forEach((at, i) => {
+      statuses[at] = again[i] as ClaimStatus;
+    });
+    return statuses;
+  }
+
+  async #sendWith(statement: CompiledClaim, requests: readonly ClaimRequest[]): Promise<ClaimStatus[]> {
+    const parameters = [...statement.parameters];
     const sessions = requests.map((r) => r.sessionId);
-    for (const at of template.sessionsAt) parameters[at] = sessions;
+    for (const at of statement.sessionsAt) parameters[at] = sessions;
     const processors = [...new Set(requests.map((r) => r.processor))];
     const rows = await this.run(processors, () =>
-      this.prepared.query<BatchClaimStatus>({ sql: template.sql, parameters }),
+      this.prepared.query<BatchClaimStatus>({ sql: statement.sql, parameters }),
     );
     const byRequest: ClaimStatus[] = new Array(requests.length);
     for (const row of rows) byRequest[Number(row.bmdb_ord) - 1] = row;
@@ -92,22 +138,44 @@ export class SelectionClaims {
     }
     let template = byProcess.get(process);
     if (!template) {
-      // The session IDs are a parameter like any other: compile with a
-      // placeholder array, found again by identity, and swap it per batch.
-      const placeholder: string[] = [];
-      const compiled = claimSelectedStatement(process, selection, placeholder).compile(this.db);
-      const parameters = [...compiled.parameters];
-      const sessionsAt = parameters.flatMap((value, i) => (value === placeholder ? [i] : []));
-      if (sessionsAt.length === 0) throw new BMDBError('claim statement lost its sessions parameter');
-      const others = parameters.filter((value) => value !== placeholder);
-      template = {
-        sql: compiled.sql,
-        parameters,
-        sessionsAt,
-        key: `${compiled.sql}\u0000${JSON.stringify(others)}`,
-      };
+      const quick = compileClaim(this.db, (sessions) =>
+        claimSelectedStatement(process, selection, sessions, { lookFurther: false }),
+      );
+      const quickForOne = compileClaim(this.db, (sessions) =>
+        claimSelectedForOneStatement(process, selection, sessions),
+      );
+      const thorough = compileClaim(this.db, (sessions) => claimSelectedStatement(process, selection, sessions));
+      template = { quick, quickForOne, thorough, key: thorough.key, short: false };
       byProcess.set(process, template);
     }
     return template;
   }
+}
+
+/** Whether a live request was left without a machine. */
+function unserved(status: ClaimStatus): boolean {
+  return status.bmdb_live && !status.bmdb_claimed;
+}
+
+/** Whether the quick statement's answer for a request needs the full statement to be final. */
+function unconfirmed(status: ClaimStatus): boolean {
+  return unserved(status) && status.bmdb_found === 0;
+}
+
+/**
+ * A claim statement. The session IDs are a parameter like any other:
+ * compiled with a placeholder array, found again by identity, and swapped
+ * per batch.
+ */
+function compileClaim(
+  db: Kysely<Database>,
+  statement: (sessions: readonly string[]) => RawBuilder<BatchClaimStatus>,
+): CompiledClaim & { readonly key: string } {
+  const placeholder: string[] = [];
+  const compiled = statement(placeholder).compile(db);
+  const parameters = [...compiled.parameters];
+  const sessionsAt = parameters.flatMap((value, i) => (value === placeholder ? [i] : []));
+  if (sessionsAt.length === 0) throw new BMDBError('claim statement lost its sessions parameter');
+  const others = parameters.filter((value) => value !== placeholder);
+  return { sql: compiled.sql, parameters, sessionsAt, key: `${compiled.sql}\u0000${JSON.stringify(others)}` };
 }

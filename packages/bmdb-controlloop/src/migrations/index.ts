@@ -6,6 +6,7 @@ import * as initial from './0001_initial.js';
 import * as fastClaims from './0002_fast_claims.js';
 import * as agentReports from './0003_agent_reports.js';
 import * as fleetPage from './0004_fleet_page.js';
+import * as leanTriggers from './0005_lean_triggers.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -16,6 +17,7 @@ const MIGRATIONS: Record<string, Migration> = {
   '0002_fast_claims': fastClaims,
   '0003_agent_reports': agentReports,
   '0004_fleet_page': fleetPage,
+  '0005_lean_triggers': leanTriggers,
 };
 
 /** Migration bookkeeping tables; prefixed so they sit apart from other tools'. */
