@@ -7,7 +7,6 @@ import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
 import { BMDBError, ConnectionClosedError, DatabaseUnreachableError, EmbeddedDatabaseError } from './errors.js';
 import { AgentHeartbeats } from './internal/agent-heartbeats.js';
 import { MachineChanges, notifyReleased } from './internal/changes.js';
-import type { SessionHost } from './internal/host.js';
 import { describeError, detail, log } from './internal/log.js';
 import { isInstalled } from './internal/optional-package.js';
 import { PreparedStatements } from './internal/prepared.js';
@@ -17,7 +16,7 @@ import { SelectionClaims } from './internal/selection-claims.js';
 import { BMDBMetrics } from './metrics.js';
 import { type ComponentSchema, checkComponents, migrateToLatest } from './migrations/index.js';
 import type { Database } from './schema.js';
-import { Session, type SessionOptions } from './session.js';
+import { Session, type SessionConnection, type SessionOptions } from './session.js';
 
 /** Transaction isolation levels a BMDB connection can run at. */
 export type IsolationLevel = 'serializable' | 'repeatable read' | 'read committed';
@@ -133,7 +132,7 @@ export class BMDB {
   readonly #sessions = new Set<Session>();
   /** Pool clients whose connection has not ended yet (see close). */
   readonly #connected = new Set<pg.PoolClient>();
-  readonly #host: SessionHost;
+  readonly #forSessions: ConnectionForSession;
   readonly #agentHeartbeats: AgentHeartbeats;
   #collector: NodeJS.Timeout | undefined;
   #closed = false;
@@ -230,19 +229,19 @@ export class BMDB {
     this.#agentHeartbeats = new AgentHeartbeats(prepared, runBatch, (size) =>
       metrics?.agentHeartbeatBatchSize.observe(size),
     );
-    this.#host = {
-      db: this.#db,
-      claims: new SelectionClaims(this.#db, prepared, runBatch),
-      releases: new Releases(prepared, runBatch),
-      changes: this.#changes,
-      heartbeatPool: this.#heartbeatPool,
+    this.#forSessions = new ConnectionForSession(
+      this.#db,
+      new SelectionClaims(this.#db, prepared, runBatch),
+      new Releases(prepared, runBatch),
+      this.#changes,
+      this.#heartbeatPool,
       metrics,
-      retry: (processor, attempt) => runBatch([processor], attempt),
-      sessionEnded: (session) => {
+      runBatch,
+      (session) => {
         this.#sessions.delete(session);
         if (this.#sessions.size === 0) this.#stopCollector();
       },
-    };
+    );
   }
 
   /**
@@ -316,7 +315,7 @@ export class BMDB {
     checkInterval(interval, 'session interval');
     const seconds = interval / 1000;
     const sentAt = performance.now();
-    const row = await this.#host.retry(processor, () =>
+    const row = await this.#forSessions.retry(processor, () =>
       this.#db
         .insertInto('sessions')
         .values({
@@ -329,7 +328,7 @@ export class BMDB {
         .returning('session_id')
         .executeTakeFirstOrThrow(),
     );
-    const session = Session.started(this.#host, row.session_id, processor, interval, sentAt);
+    const session = Session.started(this.#forSessions, row.session_id, processor, interval, sentAt);
     this.#sessions.add(session);
     this.#metrics?.sessionsStarted.inc({ processor });
     this.#startCollector(interval);
@@ -366,7 +365,7 @@ export class BMDB {
    */
   async collectExpiredSessions(): Promise<{ sessions: number; work: number }> {
     this.#assertOpen();
-    const { rows } = await this.#host.retry('collector', () =>
+    const { rows } = await this.#forSessions.retry('collector', () =>
       sql<{ sessions: number; work: number }>`
         WITH dead AS (
           DELETE FROM sessions WHERE deadline < now() RETURNING session_id, deadline),
@@ -448,5 +447,27 @@ function redact(url: string): string {
     return parsed.toString();
   } catch {
     return '(unparseable URL)';
+  }
+}
+
+/** The connection as its sessions see it: its pools, batched claims and releases, and metrics. */
+class ConnectionForSession implements SessionConnection {
+  constructor(
+    readonly db: Kysely<Database>,
+    readonly claims: SelectionClaims,
+    readonly releases: Releases,
+    readonly changes: MachineChanges,
+    readonly heartbeatPool: pg.Pool,
+    readonly metrics: BMDBMetrics | undefined,
+    private readonly runBatch: RunStatement,
+    private readonly onSessionEnded: (session: Session) => void,
+  ) {}
+
+  retry<T>(processor: string, attempt: () => Promise<T>): Promise<T> {
+    return this.runBatch([processor], attempt);
+  }
+
+  sessionEnded(session: Session): void {
+    this.onSessionEnded(session);
   }
 }

@@ -18,7 +18,8 @@ import { parseLimiter, type RateLimiter } from './limiter.js';
 import { Queries } from './queries.js';
 import type { Selection } from './selection.js';
 import type { Session } from './session.js';
-import type { Work, WorkCandidate } from './work.js';
+import type { Work } from './work.js';
+import type { WorkCandidate } from './work-candidate.js';
 
 /**
  * A BMDB control loop: which machines need work of a process, and what to do

@@ -80,4 +80,5 @@ export {
 export { readyFor, type Selection, type SelectionRow, type SelectionSource, selectionFor } from './selection.js';
 export { Session, type SessionOptions, type SessionState } from './session.js';
 export type { FinishTags, TagName } from './tags.js';
-export { Work, type WorkCandidate, type WorkState } from './work.js';
+export { Work, type WorkState } from './work.js';
+export type { WorkCandidate } from './work-candidate.js';

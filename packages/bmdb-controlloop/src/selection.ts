@@ -1,6 +1,6 @@
 import { type Expression, type RawBuilder, sql } from 'kysely';
 import { hasLiveWork, inBackoff } from './queries/conditions.js';
-import type { WorkCandidate } from './work.js';
+import type { WorkCandidate } from './work-candidate.js';
 
 /** A row of a selection query: it names a machine, and may carry more. */
 export interface SelectionRow {

@@ -1,5 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import { CompiledQuery, type Kysely, type RawBuilder, sql } from 'kysely';
+import type pg from 'pg';
 import { type ClaimStatus, claimMachineStatement } from './claim.js';
 import {
   BMDBError,
@@ -10,15 +11,17 @@ import {
   WorkConflictError,
   type WorkOutcome,
 } from './errors.js';
-import { notifyReleased } from './internal/changes.js';
+import { type MachineChanges, notifyReleased } from './internal/changes.js';
 import { isConnectionLost } from './internal/connection-lost.js';
-import type { SessionHost } from './internal/host.js';
 import { describeError, detail, log } from './internal/log.js';
-import type { SessionRuntime } from './internal/runtime.js';
+import type { ReleaseRequest, Releases } from './internal/releases.js';
+import type { SelectionClaims } from './internal/selection-claims.js';
+import type { BMDBMetrics } from './metrics.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
 import { isSelection, type Selection, type SelectionRow } from './selection.js';
-import { Work, type WorkCandidate } from './work.js';
+import { Work, type WorkSession } from './work.js';
+import type { WorkCandidate } from './work-candidate.js';
 
 /** Options for `BMDB.startSession`. */
 export interface SessionOptions {
@@ -33,6 +36,27 @@ export interface SessionOptions {
    * the connection's `sessionInterval` (5 s).
    */
   readonly interval?: number;
+}
+
+/**
+ * What a {@link Session} needs from the BMDB connection that started it: the
+ * port the connection implements (`ConnectionForSession` in connection.ts).
+ */
+export interface SessionConnection {
+  readonly db: Kysely<Database>;
+  /** Claims from selections, batched across sessions (one statement at READ COMMITTED; see claim.ts). */
+  readonly claims: SelectionClaims;
+  /** Ends of work without a caller's transaction, batched across sessions. */
+  readonly releases: Releases;
+  /** Wakes idle control loops when machines may have become eligible. */
+  readonly changes: MachineChanges;
+  /** A small pool of its own, so heartbeats never queue behind work. */
+  readonly heartbeatPool: pg.Pool;
+  readonly metrics: BMDBMetrics | undefined;
+  /** Runs `attempt`, retrying serialization failures, with metrics for `processor`. */
+  retry<T>(processor: string, attempt: () => Promise<T>): Promise<T>;
+  /** The session ended (closed or expired). */
+  sessionEnded(session: Session): void;
 }
 
 /** Where a session stands: `live` until it expires or is closed, for good. */
@@ -105,17 +129,23 @@ export class Session {
   #watchdog: NodeJS.Timeout | undefined;
   readonly #abort = new AbortController();
   readonly #works = new Set<Work>();
-  readonly #runtime: SessionRuntime;
+  readonly #forWork: SessionForWork;
   readonly #labels: { processor: string };
 
   /** @internal A session `BMDB.startSession` inserted. */
-  static started(host: SessionHost, id: string, processor: string, interval: number, startedAt: number): Session {
-    return new Session(host, id, processor, interval, startedAt);
+  static started(
+    connection: SessionConnection,
+    id: string,
+    processor: string,
+    interval: number,
+    startedAt: number,
+  ): Session {
+    return new Session(connection, id, processor, interval, startedAt);
   }
 
   // Private: only `BMDB.startSession` makes sessions (through `started`).
   private constructor(
-    private readonly host: SessionHost,
+    private readonly connection: SessionConnection,
     /** The session's ID (its row in `sessions`). */
     readonly id: string,
     /** The metrics label this session was started with. */
@@ -126,29 +156,10 @@ export class Session {
   ) {
     this.#labels = { processor };
     this.#localDeadline = startedAt + interval;
-    this.#runtime = {
-      sessionId: id,
+    this.#forWork = new SessionForWork(connection, id, processor, this.#abort.signal, {
       assertLive: () => this.#assertLive(),
-      transaction: (fn) => this.host.retry(processor, () => this.host.db.transaction().execute(fn)),
-      transactionOpenedBy: (opening, fn) =>
-        this.host.retry(processor, () => this.host.db.connection().execute((db) => openedBy(db, opening, fn))),
-      release: (request) => this.host.releases.release({ ...request, sessionId: id, processor }),
-      signal: this.#abort.signal,
-      aliveInDatabase: async () => {
-        try {
-          const row = await this.host.db
-            .selectFrom('sessions')
-            .select(sql<boolean>`deadline > now()`.as('alive'))
-            .where('session_id', '=', this.id)
-            .executeTakeFirst();
-          return row?.alive === true;
-        } catch (error) {
-          if (isConnectionLost(error)) return undefined;
-          throw error;
-        }
-      },
       workEnded: (work, outcome) => this.#workEnded(work, outcome),
-    };
+    });
     this.#armWatchdog();
     this.#scheduleHeartbeat(interval / 2);
   }
@@ -174,7 +185,7 @@ export class Session {
    */
   async transact<T>(fn: (q: Queries) => Promise<T>): Promise<T> {
     this.#assertLive();
-    return this.#runtime.transaction(async (trx) => {
+    return this.#forWork.transaction(async (trx) => {
       await this.#checkAliveIn(trx);
       return fn(new Queries(trx));
     });
@@ -227,9 +238,9 @@ export class Session {
       this.#abandon(`the connection was lost during a claim for ${process} (${describeError(error)})`);
       throw this.#abort.signal.reason as SessionExpiredError;
     }
-    const work = Work.claimed(this.#runtime, claim.machineId, process, claim.candidate, claim.previousInterval);
+    const work = Work.claimed(this.#forWork, claim.machineId, process, claim.candidate, claim.previousInterval);
     this.#works.add(work as Work);
-    this.host.metrics?.workStarted.inc({ ...this.#labels, process });
+    this.connection.metrics?.workStarted.inc({ ...this.#labels, process });
     detail.work(
       'session %s claimed machine %s for %s%s',
       this.id,
@@ -251,7 +262,7 @@ export class Session {
     this.#end('closed', new SessionClosedError(this.id));
     for (const work of this.#works) work.abandon('canceled');
     this.#works.clear();
-    const { rows } = await this.host.retry(this.processor, () =>
+    const { rows } = await this.connection.retry(this.processor, () =>
       sql<{ released: number }>`
         WITH closed AS (
           DELETE FROM sessions WHERE session_id = ${this.id}::uuid RETURNING session_id),
@@ -263,7 +274,7 @@ export class Session {
           SELECT machine_id, process, 'Canceled', now(), ${`session ${this.id} closed`} FROM released),
         ${notifyReleased}
         SELECT count(*)::int AS released, (SELECT count(*) FROM notified) AS notified FROM released`.execute(
-        this.host.db,
+        this.connection.db,
       ),
     );
     detail.session(
@@ -298,7 +309,7 @@ export class Session {
     process: string,
     retriever: (q: Queries) => Promise<readonly T[]>,
   ): Promise<Claim<T>> {
-    return this.#runtime.transaction(async (trx) => {
+    return this.#forWork.transaction(async (trx) => {
       const candidates = await retriever(new Queries(trx));
       const candidate = candidates[0];
       if (candidate === undefined) throw new NothingToDoError(process);
@@ -332,7 +343,7 @@ export class Session {
   ): Promise<Claim<T>> {
     for (let attempt = 1; ; attempt++) {
       const status = this.#checkClaim(
-        await this.host.claims.claim(this.id, this.processor, process, selection.query),
+        await this.connection.claims.claim(this.id, this.processor, process, selection.query),
         process,
       );
       if (status.bmdb_claimed && status.machine_id !== null) {
@@ -358,7 +369,7 @@ export class Session {
 
   #workEnded(work: Work, outcome: WorkOutcome): void {
     this.#works.delete(work);
-    this.host.metrics?.workEnded({ ...this.#labels, process: work.process }, outcome);
+    this.connection.metrics?.workEnded({ ...this.#labels, process: work.process }, outcome);
   }
 
   #scheduleHeartbeat(delay: number): void {
@@ -377,10 +388,10 @@ export class Session {
   async #poke(): Promise<void> {
     if (this.#state !== 'live') return;
     const sentAt = performance.now();
-    this.host.metrics?.heartbeats.inc(this.#labels);
+    this.connection.metrics?.heartbeats.inc(this.#labels);
     let renewed: boolean;
     try {
-      const client = await this.host.heartbeatPool.connect();
+      const client = await this.connection.heartbeatPool.connect();
       try {
         const result = await client.query(
           `UPDATE sessions SET deadline = now() + make_interval(secs => interval_seconds)
@@ -398,7 +409,10 @@ export class Session {
       if (this.#state !== 'live') return;
       const left = this.#localDeadline - performance.now();
       const code = (error as { code?: unknown }).code;
-      this.host.metrics?.heartbeatsFailed.inc({ ...this.#labels, code: typeof code === 'string' ? code : 'none' });
+      this.connection.metrics?.heartbeatsFailed.inc({
+        ...this.#labels,
+        code: typeof code === 'string' ? code : 'none',
+      });
       // Retries come every tenth of the interval; only a deadline close enough to miss is worth a person's notice.
       const atRisk = left < this.interval / HEARTBEAT_AT_RISK_FRACTION;
       (atRisk ? log.session : log.heartbeat)(
@@ -451,6 +465,56 @@ export class Session {
     clearTimeout(this.#heartbeat);
     clearTimeout(this.#watchdog);
     this.#abort.abort(reason);
-    this.host.sessionEnded(this);
+    this.connection.sessionEnded(this);
+  }
+}
+
+/** The session as its {@link Work} sees it: its liveness, transactions and releases. */
+class SessionForWork implements WorkSession {
+  constructor(
+    private readonly connection: SessionConnection,
+    readonly sessionId: string,
+    private readonly processor: string,
+    readonly signal: AbortSignal,
+    private readonly session: {
+      assertLive(): void;
+      workEnded(work: Work, outcome: WorkOutcome): void;
+    },
+  ) {}
+
+  assertLive(): void {
+    this.session.assertLive();
+  }
+
+  transaction<T>(fn: (trx: Kysely<Database>) => Promise<T>): Promise<T> {
+    return this.connection.retry(this.processor, () => this.connection.db.transaction().execute(fn));
+  }
+
+  transactionOpenedBy<T>(opening: RawBuilder<unknown>, fn: (trx: Kysely<Database>) => Promise<T>): Promise<T> {
+    return this.connection.retry(this.processor, () =>
+      this.connection.db.connection().execute((db) => openedBy(db, opening, fn)),
+    );
+  }
+
+  release(request: Omit<ReleaseRequest, 'sessionId' | 'processor'>): Promise<boolean> {
+    return this.connection.releases.release({ ...request, sessionId: this.sessionId, processor: this.processor });
+  }
+
+  async aliveInDatabase(): Promise<boolean | undefined> {
+    try {
+      const row = await this.connection.db
+        .selectFrom('sessions')
+        .select(sql<boolean>`deadline > now()`.as('alive'))
+        .where('session_id', '=', this.sessionId)
+        .executeTakeFirst();
+      return row?.alive === true;
+    } catch (error) {
+      if (isConnectionLost(error)) return undefined;
+      throw error;
+    }
+  }
+
+  workEnded(work: Work, outcome: WorkOutcome): void {
+    this.session.workEnded(work, outcome);
   }
 }

@@ -1,16 +1,45 @@
-import { type RawBuilder, sql } from 'kysely';
+import { type Kysely, type RawBuilder, sql } from 'kysely';
 import { type Backoff, nextBackoffSeconds } from './backoff.js';
 import { WorkEndedError, type WorkEndState, WorkLostError, type WorkOutcome } from './errors.js';
 import { isConnectionLost } from './internal/connection-lost.js';
 import { log } from './internal/log.js';
 import type { ReleaseRequest } from './internal/releases.js';
-import type { SessionRuntime } from './internal/runtime.js';
 import { sleep } from './internal/sleep.js';
 import { Queries } from './queries.js';
+import type { Database } from './schema.js';
 import { type FinishTags, tagWrites } from './tags.js';
+import type { WorkCandidate } from './work-candidate.js';
 
-/** What a work retriever may return: machine IDs, or rows that carry one. */
-export type WorkCandidate = string | { readonly machineId: string };
+/**
+ * What a {@link Work} needs from the session that holds it: the port the
+ * session implements (`SessionForWork` in session.ts).
+ */
+export interface WorkSession {
+  readonly sessionId: string;
+  /** Throws SessionExpiredError / SessionClosedError unless the session is live. */
+  assertLive(): void;
+  /** Aborts when the session expires or closes. */
+  readonly signal: AbortSignal;
+  /**
+   * Whether the session's row is alive in the database right now; `undefined`
+   * when the database cannot be reached to tell.
+   */
+  aliveInDatabase(): Promise<boolean | undefined>;
+  /** A retried transaction at the connection's isolation level. */
+  transaction<T>(fn: (trx: Kysely<Database>) => Promise<T>): Promise<T>;
+  /**
+   * A retried transaction whose first statement, values inlined, is sent in
+   * one round trip with its `BEGIN`.
+   */
+  transactionOpenedBy<T>(opening: RawBuilder<unknown>, fn: (trx: Kysely<Database>) => Promise<T>): Promise<T>;
+  /**
+   * Ends a work item of this session in the next batch of releases; resolves
+   * false if the session no longer held the claim.
+   */
+  release(request: Omit<ReleaseRequest, 'sessionId' | 'processor'>): Promise<boolean>;
+  /** Bookkeeping once a work item ended. */
+  workEnded(work: Work, outcome: WorkOutcome): void;
+}
 
 /** Where a work item stands: `active` until it ends, then how it ended. */
 export type WorkState = 'active' | WorkEndState;
@@ -29,18 +58,18 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
 
   /** @internal A claim `Session.work` made. */
   static claimed<T extends WorkCandidate>(
-    runtime: SessionRuntime,
+    session: WorkSession,
     machineId: string,
     process: string,
     candidate: T,
     previousBackoffSeconds: number | undefined,
   ): Work<T> {
-    return new Work(runtime, machineId, process, candidate, previousBackoffSeconds);
+    return new Work(session, machineId, process, candidate, previousBackoffSeconds);
   }
 
   // Private: only a claim makes work (`Session.work`, through `claimed`).
   private constructor(
-    private readonly runtime: SessionRuntime,
+    private readonly session: WorkSession,
     /** The machine claimed. */
     readonly machineId: string,
     /** The process the claim is for. */
@@ -85,7 +114,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     if (typeof how === 'function') {
       const release = this.#releaseFinished();
       await this.#end('finished', () =>
-        this.runtime
+        this.session
           .transactionOpenedBy(release, (trx) => how(new Queries(trx)))
           .then(noResult, (error: unknown) => this.#lost(error)),
       );
@@ -119,7 +148,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     if (this.#state !== 'active') return;
     // A claim already gone needs no cancelling.
     await this.#end('canceled', () =>
-      this.runtime.release({ machineId: this.machineId, process: this.process, event: 'Canceled' }).then(noResult),
+      this.session.release({ machineId: this.machineId, process: this.process, event: 'Canceled' }).then(noResult),
     );
   }
 
@@ -130,17 +159,17 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
 
   async #end(outcome: WorkOutcome, run: () => Promise<void>): Promise<void> {
     if (this.#state !== 'active') throw new WorkEndedError(this.machineId, this.process, this.#state);
-    if (outcome !== 'canceled') this.runtime.assertLive();
+    if (outcome !== 'canceled') this.session.assertLive();
     this.#state = 'ending';
     const ending = this.#persist(outcome, run);
     this.#ending = ending;
     try {
       await ending;
       this.#state = outcome;
-      this.runtime.workEnded(this, outcome);
+      this.session.workEnded(this, outcome);
     } catch (error) {
       this.#state = error instanceof WorkLostError ? 'lost' : 'active';
-      if (this.#state === 'lost') this.runtime.workEnded(this, 'canceled');
+      if (this.#state === 'lost') this.session.workEnded(this, 'canceled');
       throw error;
     }
   }
@@ -162,7 +191,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
         return await attempt();
       } catch (error) {
         if (uncertain && error instanceof WorkLostError) {
-          const alive = await this.runtime.aliveInDatabase();
+          const alive = await this.session.aliveInDatabase();
           if (alive === true) {
             log.work('machine %s %s: %s before the connection was lost', this.machineId, this.process, outcome);
             return;
@@ -171,7 +200,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
         } else if (!isConnectionLost(error)) {
           throw error;
         }
-        if (this.runtime.signal.aborted) throw error;
+        if (this.session.signal.aborted) throw error;
         uncertain = true;
         log.work(
           'machine %s %s: the BMDB is unreachable (%s); trying again in %d ms',
@@ -181,7 +210,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
           pause,
         );
         try {
-          await sleep(pause, this.runtime.signal);
+          await sleep(pause, this.session.signal);
         } catch {
           throw error;
         }
@@ -192,8 +221,8 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
 
   /** Ends the work in the next batch of releases; WorkLostError if the claim was gone. */
   async #released(end: Pick<ReleaseRequest, 'event' | 'failure' | 'tags'>): Promise<void> {
-    if (!(await this.runtime.release({ machineId: this.machineId, process: this.process, ...end }))) {
-      throw new WorkLostError(this.machineId, this.process, this.runtime.sessionId);
+    if (!(await this.session.release({ machineId: this.machineId, process: this.process, ...end }))) {
+      throw new WorkLostError(this.machineId, this.process, this.session.sessionId);
     }
   }
 
@@ -210,7 +239,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
   #releaseFinished(): RawBuilder<unknown> {
     const machineId = sql.lit(this.machineId);
     const process = sql.lit(this.process);
-    const sessionId = sql.lit(this.runtime.sessionId);
+    const sessionId = sql.lit(this.session.sessionId);
     return sql`
       WITH released AS (
         DELETE FROM work w USING sessions s
@@ -230,7 +259,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
   /** WorkLostError for the database's {@link WORK_LOST}; other errors as they are. */
   #lost(error: unknown): never {
     if ((error as { code?: unknown } | null)?.code === WORK_LOST) {
-      throw new WorkLostError(this.machineId, this.process, this.runtime.sessionId);
+      throw new WorkLostError(this.machineId, this.process, this.session.sessionId);
     }
     throw error;
   }
