@@ -13,7 +13,7 @@ import {
   WorkLostError,
 } from './errors.js';
 import { describeError, detail, log } from './internal/log.js';
-import { isAbort, sleep } from './internal/sleep.js';
+import { isStopOrTimeout, sleep } from './internal/sleep.js';
 import { parseLimiter, type RateLimiter } from './limiter.js';
 import { Queries } from './queries.js';
 import type { Selection } from './selection.js';
@@ -236,7 +236,7 @@ class Runner<T extends WorkCandidate> {
         await this.#process(name, session, work);
       }
     } catch (error) {
-      if (!isAbort(error, signal)) throw error;
+      if (!isStopOrTimeout(error, signal)) throw error;
     } finally {
       await session?.close().catch((error) => log.loop('%s: closing session failed: %s', name, describeError(error)));
     }

@@ -125,7 +125,7 @@ export class Session {
   #state: SessionState = 'live';
   /** performance.now() after which the database certainly considers us dead. */
   #localDeadline: number;
-  #heartbeat: NodeJS.Timeout | undefined;
+  #nextHeartbeat: NodeJS.Timeout | undefined;
   #watchdog: NodeJS.Timeout | undefined;
   readonly #abort = new AbortController();
   readonly #works = new Set<Work>();
@@ -373,11 +373,11 @@ export class Session {
   }
 
   #scheduleHeartbeat(delay: number): void {
-    this.#heartbeat = setTimeout(() => void this.#poke(), delay);
-    this.#heartbeat.unref();
+    this.#nextHeartbeat = setTimeout(() => void this.#heartbeat(), delay);
+    this.#nextHeartbeat.unref();
   }
 
-  /** Expires the session when the deadline passes without a successful poke. */
+  /** Expires the session when the deadline passes without a successful heartbeat. */
   #armWatchdog(): void {
     clearTimeout(this.#watchdog);
     const untilDeadline = Math.max(0, this.#localDeadline - performance.now());
@@ -385,7 +385,8 @@ export class Session {
     this.#watchdog.unref();
   }
 
-  async #poke(): Promise<void> {
+  /** Pushes the session's deadline in the database one interval out. */
+  async #heartbeat(): Promise<void> {
     if (this.#state !== 'live') return;
     const sentAt = performance.now();
     this.connection.metrics?.heartbeats.inc(this.#labels);
@@ -432,7 +433,7 @@ export class Session {
       return;
     }
     // The database's new deadline is at least this far out: it counted from
-    // a moment after we sent the poke.
+    // a moment after we sent the heartbeat.
     this.#localDeadline = sentAt + this.interval;
     this.#armWatchdog();
     this.#scheduleHeartbeat(this.interval / 2);
@@ -462,7 +463,7 @@ export class Session {
 
   #end(state: 'expired' | 'closed', reason: Error): void {
     this.#state = state;
-    clearTimeout(this.#heartbeat);
+    clearTimeout(this.#nextHeartbeat);
     clearTimeout(this.#watchdog);
     this.#abort.abort(reason);
     this.connection.sessionEnded(this);

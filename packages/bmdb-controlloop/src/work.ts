@@ -2,7 +2,7 @@ import { type Kysely, type RawBuilder, sql } from 'kysely';
 import { type Backoff, nextBackoffSeconds } from './backoff.js';
 import { WorkEndedError, type WorkEndState, WorkLostError, type WorkOutcome } from './errors.js';
 import { isConnectionLost } from './internal/connection-lost.js';
-import { log } from './internal/log.js';
+import { describeError, log } from './internal/log.js';
 import type { ReleaseRequest } from './internal/releases.js';
 import { sleep } from './internal/sleep.js';
 import { Queries } from './queries.js';
@@ -206,7 +206,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
           'machine %s %s: the BMDB is unreachable (%s); trying again in %d ms',
           this.machineId,
           this.process,
-          error instanceof Error ? error.message : String(error),
+          describeError(error),
           pause,
         );
         try {

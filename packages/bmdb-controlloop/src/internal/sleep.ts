@@ -24,6 +24,6 @@ export async function sleep(ms: number, signal?: AbortSignal): Promise<void> {
  * Whether `error` is a stop rather than a failure: `signal`'s reason, any
  * `AbortError`, or a `TimeoutError` of an `AbortSignal.timeout`.
  */
-export function isAbort(error: unknown, signal?: AbortSignal): boolean {
+export function isStopOrTimeout(error: unknown, signal?: AbortSignal): boolean {
   return isAbortOf(error, signal) || isAbortError(error) || (error instanceof Error && error.name === 'TimeoutError');
 }
