@@ -6,7 +6,7 @@ import { type AgentHeartbeat, type AgentHeartbeatResult, checkAgentHeartbeat } f
 import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
 import { BMDBError, ConnectionClosedError, DatabaseUnreachableError, EmbeddedDatabaseError } from './errors.js';
 import { AgentHeartbeats } from './internal/agent-heartbeats.js';
-import { MachineChanges, notifyReleased } from './internal/changes.js';
+import { MachineChanges } from './internal/changes.js';
 import { describeError, detail, log } from './internal/log.js';
 import { isInstalled } from './internal/optional-package.js';
 import { PreparedStatements } from './internal/prepared.js';
@@ -17,6 +17,7 @@ import { BMDBMetrics } from './metrics.js';
 import { type ComponentSchema, checkComponents, migrateToLatest } from './migrations/index.js';
 import type { Database } from './schema.js';
 import { Session, type SessionConnection, type SessionOptions } from './session.js';
+import { collectExpiredSessionsStatement } from './sql/release-sessions.js';
 
 /** Transaction isolation levels a BMDB connection can run at. */
 export type IsolationLevel = 'serializable' | 'repeatable read' | 'read committed';
@@ -166,7 +167,7 @@ export class BMDB {
     const poolSize = options.poolSize ?? 20;
     this.#pool = new pg.Pool({ ...base, max: poolSize, connectionTimeoutMillis: 30_000 });
     // One-statement claims and ends are exclusive at READ COMMITTED by their
-    // own locking (claim.ts, releases.ts), and would only conflict spuriously
+    // own locking (sql/claim-selected.ts, sql/release.ts), and would only conflict spuriously
     // at SERIALIZABLE. A claim wants a few candidates from the front of an
     // index: nested loops of index lookups. Left to itself, the planner may
     // merge-join whole indexes (their key order matches) on the strength of
@@ -366,19 +367,7 @@ export class BMDB {
   async collectExpiredSessions(): Promise<{ sessions: number; work: number }> {
     this.#assertOpen();
     const { rows } = await this.#forSessions.retry('collector', () =>
-      sql<{ sessions: number; work: number }>`
-        WITH dead AS (
-          DELETE FROM sessions WHERE deadline < now() RETURNING session_id, deadline),
-        released AS (
-          DELETE FROM work w USING dead d WHERE w.session_id = d.session_id
-          RETURNING w.machine_id, w.process, d.session_id, d.deadline),
-        history AS (
-          INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
-          SELECT machine_id, process, 'Canceled', deadline, 'session ' || session_id || ' expired'
-          FROM released),
-        ${notifyReleased}
-        SELECT (SELECT count(*)::int FROM dead) AS sessions, (SELECT count(*)::int FROM released) AS work,
-               (SELECT count(*) FROM notified) AS notified`.execute(this.#db),
+      collectExpiredSessionsStatement().execute(this.#db),
     );
     const collected = rows[0] ?? { sessions: 0, work: 0 };
     if (collected.sessions > 0) {

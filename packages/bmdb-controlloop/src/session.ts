@@ -1,7 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import { CompiledQuery, type Kysely, type RawBuilder, sql } from 'kysely';
 import type pg from 'pg';
-import { type ClaimStatus, claimMachineStatement } from './claim.js';
 import {
   BMDBError,
   NothingToDoError,
@@ -11,15 +10,19 @@ import {
   WorkConflictError,
   type WorkOutcome,
 } from './errors.js';
-import { type MachineChanges, notifyReleased } from './internal/changes.js';
+import type { MachineChanges } from './internal/changes.js';
 import { isConnectionLost } from './internal/connection-lost.js';
 import { describeError, detail, log } from './internal/log.js';
-import type { ReleaseRequest, Releases } from './internal/releases.js';
+import type { Releases } from './internal/releases.js';
 import type { SelectionClaims } from './internal/selection-claims.js';
 import type { BMDBMetrics } from './metrics.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
 import { isSelection, type Selection, type SelectionRow } from './selection.js';
+import { claimMachineStatement } from './sql/claim-machine.js';
+import type { ClaimStatus } from './sql/claim-status.js';
+import type { ReleaseRequest } from './sql/release.js';
+import { closeSessionStatement } from './sql/release-sessions.js';
 import { Work, type WorkSession } from './work.js';
 import type { WorkCandidate } from './work-candidate.js';
 
@@ -44,7 +47,7 @@ export interface SessionOptions {
  */
 export interface SessionConnection {
   readonly db: Kysely<Database>;
-  /** Claims from selections, batched across sessions (one statement at READ COMMITTED; see claim.ts). */
+  /** Claims from selections, batched across sessions (one statement at READ COMMITTED; see sql/claim-selected.ts). */
   readonly claims: SelectionClaims;
   /** Ends of work without a caller's transaction, batched across sessions. */
   readonly releases: Releases;
@@ -263,25 +266,13 @@ export class Session {
     for (const work of this.#works) work.abandon('canceled');
     this.#works.clear();
     const { rows } = await this.connection.retry(this.processor, () =>
-      sql<{ released: number }>`
-        WITH closed AS (
-          DELETE FROM sessions WHERE session_id = ${this.id}::uuid RETURNING session_id),
-        released AS (
-          DELETE FROM work w USING closed c WHERE w.session_id = c.session_id
-          RETURNING w.machine_id, w.process),
-        history AS (
-          INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
-          SELECT machine_id, process, 'Canceled', now(), ${`session ${this.id} closed`} FROM released),
-        ${notifyReleased}
-        SELECT count(*)::int AS released, (SELECT count(*) FROM notified) AS notified FROM released`.execute(
-        this.connection.db,
-      ),
+      closeSessionStatement(this.id).execute(this.connection.db),
     );
     detail.session(
       'session %s closed%s, %d claim(s) released',
       this.id,
       wasExpired ? ' after expiring' : '',
-      rows[0]?.released ?? 0,
+      rows[0]?.work ?? 0,
     );
   }
 
@@ -333,7 +324,7 @@ export class Session {
 
   /**
    * A selection's machine, claimed by one statement at READ COMMITTED (see
-   * claim.ts for why that is exclusive), shared with the concurrent claims of
+   * sql/claim-selected.ts for why that is exclusive), shared with the concurrent claims of
    * other sessions from the same selection. When every candidate was taken by
    * concurrent claims, the claim runs again on a fresh snapshot.
    */

@@ -1,12 +1,13 @@
-import { type Kysely, type RawBuilder, sql } from 'kysely';
+import type { Kysely, RawBuilder } from 'kysely';
 import { type Backoff, nextBackoffSeconds } from './backoff.js';
 import { WorkEndedError, type WorkEndState, WorkLostError, type WorkOutcome } from './errors.js';
 import { isConnectionLost } from './internal/connection-lost.js';
 import { describeError, log } from './internal/log.js';
-import type { ReleaseRequest } from './internal/releases.js';
 import { sleep } from './internal/sleep.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
+import type { ReleaseRequest } from './sql/release.js';
+import { releaseFinishedStatement, WORK_LOST } from './sql/release-finished.js';
 import { type FinishTags, tagWrites } from './tags.js';
 import type { WorkCandidate } from './work-candidate.js';
 
@@ -112,7 +113,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    */
   async finish(how?: FinishTags | ((q: Queries) => Promise<void>)): Promise<void> {
     if (typeof how === 'function') {
-      const release = this.#releaseFinished();
+      const release = releaseFinishedStatement(this.machineId, this.process, this.session.sessionId);
       await this.#end('finished', () =>
         this.session
           .transactionOpenedBy(release, (trx) => how(new Queries(trx)))
@@ -226,36 +227,6 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     }
   }
 
-  /**
-   * Deletes this session's work row (only while the session is alive in the
-   * database), writes `Finished` and clears the backoff, in one statement:
-   * the opening of `finish(fn)`'s transaction. If the row is gone, the
-   * database raises {@link WORK_LOST}.
-   *
-   * Values are inlined as literals, so the statement can share one round trip
-   * with the `BEGIN` before it (a simple query may hold several statements;
-   * one with parameters may not).
-   */
-  #releaseFinished(): RawBuilder<unknown> {
-    const machineId = sql.lit(this.machineId);
-    const process = sql.lit(this.process);
-    const sessionId = sql.lit(this.session.sessionId);
-    return sql`
-      WITH released AS (
-        DELETE FROM work w USING sessions s
-        WHERE w.machine_id = ${machineId}::uuid AND w.process = ${process}
-          AND w.session_id = ${sessionId}::uuid
-          AND s.session_id = w.session_id AND s.deadline > now()
-        RETURNING w.machine_id, w.process),
-      history AS (
-        INSERT INTO work_history (machine_id, process, event, "timestamp")
-        SELECT machine_id, process, 'Finished', now() FROM released),
-      backoff AS (
-        DELETE FROM work_backoff b USING released r WHERE b.machine_id = r.machine_id AND b.process = r.process)
-      SELECT bmdb_work_lost(${machineId}::uuid, ${process}, ${sessionId}::uuid)
-      WHERE (SELECT count(*) FROM released) <> 1`;
-  }
-
   /** WorkLostError for the database's {@link WORK_LOST}; other errors as they are. */
   #lost(error: unknown): never {
     if ((error as { code?: unknown } | null)?.code === WORK_LOST) {
@@ -268,6 +239,3 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
 /** Pauses between attempts to end work while the database is unreachable. */
 const RECONNECT_FIRST_PAUSE = 100;
 const RECONNECT_MAX_PAUSE = 1_000;
-
-/** SQLSTATE raised by `bmdb_work_lost()` (migration 0002) when a release finds no claim. */
-const WORK_LOST = 'BMW01';

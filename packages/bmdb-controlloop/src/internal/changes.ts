@@ -1,17 +1,8 @@
-import { sql } from 'kysely';
 import pg from 'pg';
 import { describeError, detail, log } from './log.js';
 
 /** The channel migration 0002's triggers and the releasing statements notify. */
 export const CHANGES_CHANNEL = 'bmdb_machines_changed';
-
-/**
- * A CTE `notified` for statements that release claims (cancel, close,
- * collection): released machines are eligible again. It runs only when the
- * statement's final SELECT reads it, and notifies only if `released` has rows.
- */
-export const notifyReleased = sql`notified AS (
-  SELECT pg_notify(${CHANGES_CHANNEL}, 'work') FROM (SELECT 1 FROM released LIMIT 1) r)`;
 
 /** Pause before listening again after the listening connection failed. */
 const RECONNECT_PAUSE = 1_000;

@@ -1,13 +1,10 @@
 import type { Expression, Kysely, RawBuilder } from 'kysely';
-import {
-  type BatchClaimStatus,
-  type ClaimStatus,
-  claimSelectedForOneStatement,
-  claimSelectedStatement,
-} from '../claim.js';
 import { BMDBError } from '../errors.js';
 import type { Database } from '../schema.js';
 import type { SelectionRow } from '../selection.js';
+import { claimSelectedStatement } from '../sql/claim-selected.js';
+import { claimSelectedForOneStatement } from '../sql/claim-selected-for-one.js';
+import type { BatchClaimStatus, ClaimStatus } from '../sql/claim-status.js';
 import { Batcher } from './batcher.js';
 import type { PreparedStatements } from './prepared.js';
 import type { RunStatement } from './retry.js';
@@ -51,7 +48,7 @@ interface ClaimRequest {
  * Claims from selections, batched: concurrent claims of the same process from
  * the same selection (the workers of one control loop) go to the database
  * together, as one statement that claims a machine for each of their
- * sessions (claim.ts); see {@link Batcher} for when a batch leaves.
+ * sessions (sql/claim-selected.ts); see {@link Batcher} for when a batch leaves.
  */
 export class SelectionClaims {
   /** Compiled statements, by selection query and process; the query builders are immutable. */

@@ -1,0 +1,57 @@
+import { type RawBuilder, sql } from 'kysely';
+import { CHANGES_CHANNEL } from '../internal/changes.js';
+
+/**
+ * A CTE `notified`: released machines are eligible again. It runs only when
+ * the statement's final SELECT reads it, and notifies only if `released` has
+ * rows.
+ */
+const notifyReleased = sql`notified AS (
+  SELECT pg_notify(${CHANGES_CHANNEL}, 'work') FROM (SELECT 1 FROM released LIMIT 1) r)`;
+
+/** How many sessions a statement of this file ended, and the claims it released with them. */
+export interface SessionsReleased {
+  readonly sessions: number;
+  readonly work: number;
+}
+
+/**
+ * Deletes the sessions `which` selects and releases every claim they held:
+ * its work row deleted, a `Canceled` event in its history at `at`, naming
+ * the session and why it ended; a release announces the machines free
+ * again. The one statement for the work a session leaves behind, whether
+ * its owner closed it or it expired; a single work item's end is
+ * sql/release.ts.
+ */
+function releaseSessions(
+  which: RawBuilder<boolean>,
+  at: RawBuilder<Date>,
+  why: 'closed' | 'expired',
+): RawBuilder<SessionsReleased> {
+  return sql<SessionsReleased>`
+    WITH ended AS (
+      DELETE FROM sessions WHERE ${which} RETURNING session_id, deadline),
+    released AS (
+      DELETE FROM work w USING ended e WHERE w.session_id = e.session_id
+      RETURNING w.machine_id, w.process, e.session_id, e.deadline),
+    history AS (
+      INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
+      SELECT machine_id, process, 'Canceled', ${at}, 'session ' || session_id || ${sql.raw(`' ${why}'`)}
+      FROM released),
+    ${notifyReleased}
+    SELECT (SELECT count(*)::int FROM ended) AS sessions, (SELECT count(*)::int FROM released) AS work,
+           (SELECT count(*) FROM notified) AS notified`;
+}
+
+/** Closes session `sessionId`: its claims are released as of now, `session <id> closed`. */
+export function closeSessionStatement(sessionId: string): RawBuilder<SessionsReleased> {
+  return releaseSessions(sql<boolean>`session_id = ${sessionId}::uuid`, sql<Date>`now()`, 'closed');
+}
+
+/**
+ * Collects the sessions whose deadline passed: their claims are released as
+ * of that deadline, `session <id> expired`.
+ */
+export function collectExpiredSessionsStatement(): RawBuilder<SessionsReleased> {
+  return releaseSessions(sql<boolean>`deadline < now()`, sql<Date>`deadline`, 'expired');
+}
