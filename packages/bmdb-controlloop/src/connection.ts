@@ -1,6 +1,7 @@
 import { performance } from 'node:perf_hooks';
 import { Kysely, PostgresDialect, sql } from 'kysely';
-import pg, { type ClientConfig } from 'pg';
+import type pg from 'pg';
+import type { ClientConfig } from 'pg';
 import type { Registry } from 'prom-client';
 import { type AgentHeartbeat, type AgentHeartbeatResult, checkAgentHeartbeat } from './agent-heartbeat.js';
 import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
@@ -9,14 +10,16 @@ import { AgentHeartbeats } from './internal/agent-heartbeats.js';
 import { MachineChanges } from './internal/changes.js';
 import { describeError, detail, log } from './internal/log.js';
 import { isInstalled } from './internal/optional-package.js';
+import { createPools } from './internal/pools.js';
 import { PreparedStatements } from './internal/prepared.js';
 import { Releases } from './internal/releases.js';
 import { type RunStatement, withRetry } from './internal/retry.js';
 import { SelectionClaims } from './internal/selection-claims.js';
+import type { SessionConnection } from './internal/session-connection.js';
 import { BMDBMetrics } from './metrics.js';
 import { type ComponentSchema, checkComponents, migrateToLatest } from './migrations/index.js';
 import type { Database } from './schema.js';
-import { Session, type SessionConnection, type SessionOptions } from './session.js';
+import { Session, type SessionOptions } from './session.js';
 import { collectExpiredSessionsStatement } from './sql/release-sessions.js';
 
 /** Transaction isolation levels a BMDB connection can run at. */
@@ -130,7 +133,7 @@ export class BMDB {
   readonly #changes: MachineChanges;
   readonly #heartbeatPool: pg.Pool;
   readonly #metrics: BMDBMetrics | undefined;
-  readonly #sessions = new Set<Session>();
+  readonly #sessions = new Map<string, Session>();
   /** Pool clients whose connection has not ended yet (see close). */
   readonly #connected = new Set<pg.PoolClient>();
   readonly #forSessions: ConnectionForSession;
@@ -144,60 +147,18 @@ export class BMDB {
     /** The embedded server, when this connection started one. */
     readonly embedded: EmbeddedDatabase | undefined,
   ) {
-    const isolation = options.isolationLevel ?? 'serializable';
-    const base: pg.PoolConfig = {
-      connectionString,
-      application_name: options.componentName.slice(0, 63),
-      ...(embedded === undefined && options.connection),
-      keepAlive: true,
-      // Every statement, including single ones outside BEGIN, runs at the
-      // chosen level: releases are single statements. Sequential scans are
-      // discouraged because at SERIALIZABLE one takes a predicate lock on the
-      // whole table: on the small, hot `work` and `sessions` tables, every
-      // finish would then conflict with every concurrent finish (PostgreSQL's
-      // manual advises encouraging index scans for this). Large scans with no
-      // usable index still run sequentially. Releases inline their values as
-      // literals (work.ts), which standard_conforming_strings keeps literal.
-      options: [
-        `-c default_transaction_isolation=${isolation.replace(' ', '\\ ')}`,
-        '-c enable_seqscan=off',
-        '-c standard_conforming_strings=on',
-      ].join(' '),
-    };
-    const poolSize = options.poolSize ?? 20;
-    this.#pool = new pg.Pool({ ...base, max: poolSize, connectionTimeoutMillis: 30_000 });
-    // One-statement claims and ends are exclusive at READ COMMITTED by their
-    // own locking (sql/claim-selected.ts, sql/release.ts), and would only conflict spuriously
-    // at SERIALIZABLE. A claim wants a few candidates from the front of an
-    // index: nested loops of index lookups. Left to itself, the planner may
-    // merge-join whole indexes (their key order matches) on the strength of
-    // stale statistics. The statements are prepared, and planned once: left
-    // to choose, PostgreSQL re-plans a claim for every execution once it
-    // judges the generic plan costlier than custom ones, which it does after
-    // statistics change, and planning one costs more than running it.
-    this.#claimPool = new pg.Pool({
-      ...base,
-      options: [
-        '-c default_transaction_isolation=read\\ committed',
-        '-c enable_seqscan=off',
-        '-c enable_mergejoin=off',
-        '-c enable_hashjoin=off',
-        '-c plan_cache_mode=force_generic_plan',
-      ].join(' '),
-      max: poolSize,
-      connectionTimeoutMillis: 30_000,
-    });
     const interval = options.sessionInterval ?? DEFAULT_SESSION_INTERVAL;
-    // A heartbeat is a one-row update by primary key: READ COMMITTED makes it
-    // exact, and unlike SERIALIZABLE it cannot fail for a serialization
-    // conflict with the claims, finishes and collections around it (40001).
-    this.#heartbeatPool = new pg.Pool({
-      ...base,
-      options: ['-c default_transaction_isolation=read\\ committed', '-c enable_seqscan=off'].join(' '),
-      max: 2,
-      connectionTimeoutMillis: interval,
-      query_timeout: interval,
+    const pools = createPools({
+      connectionString,
+      applicationName: options.componentName,
+      connection: embedded === undefined ? options.connection : undefined,
+      isolation: options.isolationLevel ?? 'serializable',
+      poolSize: options.poolSize ?? 20,
+      interval,
     });
+    this.#pool = pools.work;
+    this.#claimPool = pools.claims;
+    this.#heartbeatPool = pools.heartbeats;
     for (const pool of [this.#pool, this.#claimPool, this.#heartbeatPool]) {
       // A dropped connection must not crash the process. The pool only
       // listens on idle clients; one checked out (mid-query or mid-
@@ -210,7 +171,7 @@ export class BMDB {
       });
     }
     this.#db = new Kysely<Database>({ dialect: new PostgresDialect({ pool: this.#pool }) });
-    this.#changes = new MachineChanges({ ...base, keepAlive: true });
+    this.#changes = new MachineChanges({ ...pools.base, keepAlive: true });
     this.#metrics = options.metrics ? new BMDBMetrics(options.metrics) : undefined;
     const metrics = this.#metrics;
     // A batch is one transaction, counted once for each processor it served.
@@ -238,8 +199,8 @@ export class BMDB {
       this.#heartbeatPool,
       metrics,
       runBatch,
-      (session) => {
-        this.#sessions.delete(session);
+      (sessionId) => {
+        this.#sessions.delete(sessionId);
         if (this.#sessions.size === 0) this.#stopCollector();
       },
     );
@@ -330,7 +291,7 @@ export class BMDB {
         .executeTakeFirstOrThrow(),
     );
     const session = Session.started(this.#forSessions, row.session_id, processor, interval, sentAt);
-    this.#sessions.add(session);
+    this.#sessions.set(session.id, session);
     this.#metrics?.sessionsStarted.inc({ processor });
     this.#startCollector(interval);
     detail.session('session %s started (%s, interval %ds)', session.id, processor, seconds);
@@ -384,7 +345,7 @@ export class BMDB {
     if (this.#closed) return;
     this.#closed = true;
     this.#stopCollector();
-    const closing = [...this.#sessions].map((session) =>
+    const closing = [...this.#sessions.values()].map((session) =>
       session
         .close()
         .catch((error) => log.connection('closing session %s failed: %s', session.id, describeError(error))),
@@ -449,14 +410,14 @@ class ConnectionForSession implements SessionConnection {
     readonly heartbeatPool: pg.Pool,
     readonly metrics: BMDBMetrics | undefined,
     private readonly runBatch: RunStatement,
-    private readonly onSessionEnded: (session: Session) => void,
+    private readonly onSessionEnded: (sessionId: string) => void,
   ) {}
 
   retry<T>(processor: string, attempt: () => Promise<T>): Promise<T> {
     return this.runBatch([processor], attempt);
   }
 
-  sessionEnded(session: Session): void {
-    this.onSessionEnded(session);
+  sessionEnded(sessionId: string): void {
+    this.onSessionEnded(sessionId);
   }
 }

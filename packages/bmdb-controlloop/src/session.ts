@@ -1,6 +1,5 @@
 import { performance } from 'node:perf_hooks';
-import { CompiledQuery, type Kysely, type RawBuilder, sql } from 'kysely';
-import type pg from 'pg';
+import { type Kysely, sql } from 'kysely';
 import {
   BMDBError,
   NothingToDoError,
@@ -10,20 +9,17 @@ import {
   WorkConflictError,
   type WorkOutcome,
 } from './errors.js';
-import type { MachineChanges } from './internal/changes.js';
 import { isConnectionLost } from './internal/connection-lost.js';
 import { describeError, detail, log } from './internal/log.js';
-import type { Releases } from './internal/releases.js';
-import type { SelectionClaims } from './internal/selection-claims.js';
-import type { BMDBMetrics } from './metrics.js';
+import type { SessionConnection } from './internal/session-connection.js';
+import { SessionForWork } from './internal/session-for-work.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
 import { isSelection, type Selection, type SelectionRow } from './selection.js';
 import { claimMachineStatement } from './sql/claim-machine.js';
 import type { ClaimStatus } from './sql/claim-status.js';
-import type { ReleaseRequest } from './sql/release.js';
 import { closeSessionStatement } from './sql/release-sessions.js';
-import { Work, type WorkSession } from './work.js';
+import { Work } from './work.js';
 import type { WorkCandidate } from './work-candidate.js';
 
 /** Options for `BMDB.startSession`. */
@@ -39,27 +35,6 @@ export interface SessionOptions {
    * the connection's `sessionInterval` (5 s).
    */
   readonly interval?: number;
-}
-
-/**
- * What a {@link Session} needs from the BMDB connection that started it: the
- * port the connection implements (`ConnectionForSession` in connection.ts).
- */
-export interface SessionConnection {
-  readonly db: Kysely<Database>;
-  /** Claims from selections, batched across sessions (one statement at READ COMMITTED; see sql/claim-selected.ts). */
-  readonly claims: SelectionClaims;
-  /** Ends of work without a caller's transaction, batched across sessions. */
-  readonly releases: Releases;
-  /** Wakes idle control loops when machines may have become eligible. */
-  readonly changes: MachineChanges;
-  /** A small pool of its own, so heartbeats never queue behind work. */
-  readonly heartbeatPool: pg.Pool;
-  readonly metrics: BMDBMetrics | undefined;
-  /** Runs `attempt`, retrying serialization failures, with metrics for `processor`. */
-  retry<T>(processor: string, attempt: () => Promise<T>): Promise<T>;
-  /** The session ended (closed or expired). */
-  sessionEnded(session: Session): void;
 }
 
 /** Where a session stands: `live` until it expires or is closed, for good. */
@@ -80,30 +55,6 @@ interface Claim<T> {
   readonly candidate: T;
   readonly tookOverFrom: string | null;
   readonly previousInterval: number | undefined;
-}
-
-/**
- * Runs `fn` in a transaction on `db` (one connection) whose `BEGIN` and first
- * statement go in one simple query: a round trip less than Kysely's
- * `transaction()`. The transaction's level is the connection's default.
- */
-async function openedBy<T>(
-  db: Kysely<Database>,
-  opening: RawBuilder<unknown>,
-  fn: (trx: Kysely<Database>) => Promise<T>,
-): Promise<T> {
-  const first = opening.compile(db);
-  if (first.parameters.length > 0) throw new BMDBError('a transaction-opening statement must inline its values');
-  try {
-    await db.executeQuery(CompiledQuery.raw(`BEGIN; ${first.sql}`));
-    const result = await fn(db);
-    await db.executeQuery(CompiledQuery.raw('COMMIT'));
-    return result;
-  } catch (error) {
-    // After a failed COMMIT there is no transaction left: PostgreSQL only warns.
-    await db.executeQuery(CompiledQuery.raw('ROLLBACK')).catch(() => undefined);
-    throw error;
-  }
 }
 
 function toClaim<T>(status: ClaimStatus, machineId: string, candidate: T): Claim<T> {
@@ -457,56 +408,6 @@ export class Session {
     clearTimeout(this.#nextHeartbeat);
     clearTimeout(this.#watchdog);
     this.#abort.abort(reason);
-    this.connection.sessionEnded(this);
-  }
-}
-
-/** The session as its {@link Work} sees it: its liveness, transactions and releases. */
-class SessionForWork implements WorkSession {
-  constructor(
-    private readonly connection: SessionConnection,
-    readonly sessionId: string,
-    private readonly processor: string,
-    readonly signal: AbortSignal,
-    private readonly session: {
-      assertLive(): void;
-      workEnded(work: Work, outcome: WorkOutcome): void;
-    },
-  ) {}
-
-  assertLive(): void {
-    this.session.assertLive();
-  }
-
-  transaction<T>(fn: (trx: Kysely<Database>) => Promise<T>): Promise<T> {
-    return this.connection.retry(this.processor, () => this.connection.db.transaction().execute(fn));
-  }
-
-  transactionOpenedBy<T>(opening: RawBuilder<unknown>, fn: (trx: Kysely<Database>) => Promise<T>): Promise<T> {
-    return this.connection.retry(this.processor, () =>
-      this.connection.db.connection().execute((db) => openedBy(db, opening, fn)),
-    );
-  }
-
-  release(request: Omit<ReleaseRequest, 'sessionId' | 'processor'>): Promise<boolean> {
-    return this.connection.releases.release({ ...request, sessionId: this.sessionId, processor: this.processor });
-  }
-
-  async aliveInDatabase(): Promise<boolean | undefined> {
-    try {
-      const row = await this.connection.db
-        .selectFrom('sessions')
-        .select(sql<boolean>`deadline > now()`.as('alive'))
-        .where('session_id', '=', this.sessionId)
-        .executeTakeFirst();
-      return row?.alive === true;
-    } catch (error) {
-      if (isConnectionLost(error)) return undefined;
-      throw error;
-    }
-  }
-
-  workEnded(work: Work, outcome: WorkOutcome): void {
-    this.session.workEnded(work, outcome);
+    this.connection.sessionEnded(this.id);
   }
 }

@@ -13,7 +13,7 @@ import type { WorkCandidate } from './work-candidate.js';
 
 /**
  * What a {@link Work} needs from the session that holds it: the port the
- * session implements (`SessionForWork` in session.ts).
+ * session implements (`SessionForWork` in internal/session-for-work.ts).
  */
 export interface WorkSession {
   readonly sessionId: string;
