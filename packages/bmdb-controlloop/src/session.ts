@@ -54,7 +54,7 @@ interface Claim<T> {
   readonly machineId: string;
   readonly candidate: T;
   readonly tookOverFrom: string | null;
-  readonly previousInterval: number | undefined;
+  readonly previousBackoffSeconds: number | undefined;
 }
 
 function toClaim<T>(status: ClaimStatus, machineId: string, candidate: T): Claim<T> {
@@ -62,7 +62,7 @@ function toClaim<T>(status: ClaimStatus, machineId: string, candidate: T): Claim
     machineId,
     candidate,
     tookOverFrom: status.bmdb_took_over_from,
-    previousInterval: status.bmdb_last_interval_seconds ?? undefined,
+    previousBackoffSeconds: status.bmdb_last_interval_seconds ?? undefined,
   };
 }
 
@@ -192,7 +192,7 @@ export class Session {
       this.#abandon(`the connection was lost during a claim for ${process} (${describeError(error)})`);
       throw this.#abort.signal.reason as SessionExpiredError;
     }
-    const work = Work.claimed(this.#forWork, claim.machineId, process, claim.candidate, claim.previousInterval);
+    const work = Work.claimed(this.#forWork, claim.machineId, process, claim.candidate, claim.previousBackoffSeconds);
     this.#works.add(work as Work);
     this.connection.metrics?.workStarted.inc({ ...this.#labels, process });
     detail.work(
