@@ -1,0 +1,235 @@
+import { existsSync } from 'node:fs';
+import path from 'node:path';
+import type { RateLimiter } from '@bmaas/bmdb-controlloop';
+import { Secret } from '@bmaas/provider-equinix';
+import { InventoryError, InventorySource, RESET_TYPES, type ResetType } from '@bmaas/provider-static';
+import { log } from '../logging.js';
+import {
+  type Argv,
+  bundledTestAgent,
+  type DatabaseSettings,
+  databaseSettings,
+  duration,
+  fileContents,
+  hostPort,
+  integer,
+  noPlaceholder,
+  oneOf,
+  optional,
+  pemCertificate,
+  pemCertificates,
+  rate,
+  required,
+  secretFile,
+  share,
+  sshKeyPath,
+  UsageError,
+  type WebSettings,
+  webSettings,
+} from '../settings.js';
+
+export type ProviderKind = 'dummy' | 'equinix' | 'static';
+
+/** Everything `shepherd run` needs, parsed and checked before anything is touched. */
+export interface RunSettings {
+  readonly database: DatabaseSettings;
+  readonly metricsListen: { host: string; port: number } | undefined;
+  /** The fleet page, when --web-listen is given. */
+  readonly web: WebSettings | undefined;
+  readonly agent: {
+    readonly executable: Uint8Array;
+    readonly targetPath: string;
+    readonly endpoint: string;
+    readonly caCertificate: Uint8Array | undefined;
+    readonly sshUser: string;
+    readonly sshPort: number;
+    readonly connectTimeout: number;
+    readonly execTimeout: number;
+  };
+  readonly provisioner: {
+    readonly maxCount: number;
+    readonly reconcileLimiter: RateLimiter;
+    readonly creationLimiter: RateLimiter;
+    readonly chunkSize: number;
+  };
+  readonly initializer: { readonly dbQueryLimiter: RateLimiter; readonly parallelism: number };
+  readonly recoverer: {
+    readonly dbQueryLimiter: RateLimiter;
+    readonly parallelism: number;
+    readonly firstHeartbeatWithin: number;
+    readonly heartbeatWithin: number;
+  };
+  readonly provider: DummySettings | EquinixSettings | StaticSettings;
+}
+
+export interface DummySettings {
+  readonly kind: 'dummy';
+  readonly capacity: number;
+  readonly agentFailureRate: number;
+  readonly heartbeatFailureRate: number;
+  readonly heartbeatInterval: number;
+  readonly agentStartDuration: number;
+  readonly agentStartLog: string | undefined;
+}
+
+export interface EquinixSettings {
+  readonly kind: 'equinix';
+  readonly apiUrl: string;
+  readonly projectId: string;
+  readonly apiUsername: string | undefined;
+  readonly apiKey: Secret;
+  readonly sshKeyLabel: string;
+  readonly devicePrefix: string;
+  readonly os: string;
+  readonly useProjectKeys: boolean;
+  readonly rebootWait: number;
+  readonly reservationCacheTimeout: number;
+  readonly sshKeyPath: string;
+}
+
+export interface StaticSettings {
+  readonly kind: 'static';
+  /** Read once here, so a bad inventory stops the start (exit 2). */
+  readonly inventory: InventorySource;
+  readonly redfishUsername: string | undefined;
+  readonly redfishPasswordFile: string | undefined;
+  /** PEM text of `--redfish-ca-file`. */
+  readonly redfishCa: string | undefined;
+  readonly redfishResetType: ResetType | undefined;
+  readonly redfishTimeout: number;
+  readonly redfishConcurrency: number;
+  readonly rebootWait: number;
+  readonly sshKeyPath: string;
+}
+
+export async function runSettings(argv: Argv, kind: ProviderKind): Promise<RunSettings> {
+  const context = `run ${kind}`;
+  const executablePath = optional(argv, 'agent-executable-path') ?? (kind === 'dummy' ? bundledTestAgent() : undefined);
+  const caPath = optional(argv, 'agent-endpoint-ca-certificate-path');
+  return {
+    database: databaseSettings(argv),
+    metricsListen: hostPort(argv, 'metrics-listen'),
+    web: webSettings(argv),
+    agent: {
+      executable: await fileContents(
+        'agent-executable-path',
+        executablePath ?? required(argv, 'agent-executable-path', context),
+      ),
+      targetPath: absolutePath(required(argv, 'agent-target-path', context)),
+      endpoint:
+        kind === 'dummy'
+          ? (optional(argv, 'agent-endpoint') ?? 'bmaas.invalid:443')
+          : required(argv, 'agent-endpoint', context),
+      caCertificate:
+        caPath === undefined ? undefined : await pemCertificate('agent-endpoint-ca-certificate-path', caPath),
+      sshUser: required(argv, 'agent-ssh-user', context),
+      sshPort: integer(argv, 'agent-ssh-port', 1, 65535),
+      connectTimeout: duration(argv, 'agent-ssh-connect-timeout'),
+      execTimeout: duration(argv, 'agent-ssh-exec-timeout'),
+    },
+    provisioner: {
+      maxCount: integer(argv, 'provisioner-max-machines', 0),
+      reconcileLimiter: rate(argv, 'provisioner-reconciler-rate'),
+      creationLimiter: rate(argv, 'provisioner-device-creation-rate'),
+      chunkSize: integer(argv, 'provisioner-reservation-chunk-size', 1),
+    },
+    initializer: {
+      dbQueryLimiter: rate(argv, 'initializer-db-query-rate'),
+      parallelism: integer(argv, 'initializer-loop-parallelism', 1, 1000),
+    },
+    recoverer: {
+      dbQueryLimiter: rate(argv, 'recoverer-db-query-rate'),
+      parallelism: integer(argv, 'recoverer-loop-parallelism', 1, 1000),
+      firstHeartbeatWithin: duration(argv, 'recoverer-first-heartbeat-timeout'),
+      heartbeatWithin: duration(argv, 'recoverer-heartbeat-timeout'),
+    },
+    provider:
+      kind === 'dummy'
+        ? dummySettings(argv)
+        : kind === 'equinix'
+          ? equinixSettings(argv, context)
+          : await staticSettings(argv, context),
+  };
+
+  function absolutePath(value: string): string {
+    if (!value.startsWith('/'))
+      throw UsageError.invalid('agent-target-path', value, 'an absolute path, e.g. /root/agent');
+    return value;
+  }
+}
+
+function dummySettings(argv: Argv): DummySettings {
+  return {
+    kind: 'dummy',
+    capacity: integer(argv, 'dummy-capacity', 0, 2 ** 24 - 1),
+    agentFailureRate: share(argv, 'dummy-agent-failure-rate'),
+    heartbeatFailureRate: share(argv, 'dummy-heartbeat-failure-rate'),
+    heartbeatInterval: duration(argv, 'dummy-heartbeat-interval'),
+    agentStartDuration: duration(argv, 'dummy-agent-start-duration', { allowZero: true }),
+    agentStartLog: optionalPath(argv, 'dummy-agent-start-log'),
+  };
+}
+
+function equinixSettings(argv: Argv, context: string): EquinixSettings {
+  return {
+    kind: 'equinix',
+    apiUrl: required(argv, 'equinix-api-url', context),
+    projectId: noPlaceholder('equinix-project-id', required(argv, 'equinix-project-id', context)),
+    apiUsername: optional(argv, 'equinix-api-username'),
+    apiKey: new Secret(required(argv, 'equinix-api-key', context)),
+    sshKeyLabel: noPlaceholder('equinix-ssh-key-label', required(argv, 'equinix-ssh-key-label', context)),
+    devicePrefix: noPlaceholder('equinix-device-prefix', required(argv, 'equinix-device-prefix', context)),
+    os: required(argv, 'equinix-os', context),
+    useProjectKeys: argv['equinix-use-project-keys'] === true,
+    rebootWait: duration(argv, 'equinix-reboot-wait'),
+    reservationCacheTimeout: duration(argv, 'equinix-reservation-cache-timeout'),
+    sshKeyPath: sshKeyPath(argv),
+  };
+}
+
+async function staticSettings(argv: Argv, context: string): Promise<StaticSettings> {
+  const location = required(argv, 'inventory', context);
+  const passwordFile = optional(argv, 'redfish-password-file');
+  const caFile = optional(argv, 'redfish-ca-file');
+  const settings: StaticSettings = {
+    kind: 'static',
+    inventory: inventorySource(location),
+    redfishUsername: optional(argv, 'redfish-username'),
+    redfishPasswordFile:
+      passwordFile === undefined ? undefined : await secretFile('redfish-password-file', passwordFile),
+    redfishCa: caFile === undefined ? undefined : await pemCertificates('redfish-ca-file', caFile),
+    redfishResetType: oneOf(argv, 'redfish-reset-type', RESET_TYPES),
+    redfishTimeout: duration(argv, 'redfish-timeout'),
+    redfishConcurrency: integer(argv, 'redfish-concurrency', 1, 1000),
+    rebootWait: duration(argv, 'static-reboot-wait', { allowZero: true }),
+    sshKeyPath: sshKeyPath(argv),
+  };
+  try {
+    const machines = await settings.inventory.read();
+    log('inventory %s: %d machine(s)', settings.inventory.name, machines.length);
+  } catch (error) {
+    if (error instanceof InventoryError) throw new UsageError('inventory', error.message);
+    throw error;
+  }
+  return settings;
+}
+
+function inventorySource(location: string): InventorySource {
+  try {
+    return new InventorySource(location);
+  } catch (error) {
+    if (error instanceof InventoryError) throw new UsageError('inventory', error.message);
+    throw error;
+  }
+}
+
+/** A file to write, whose directory must exist: checked with the other flags, before anything is touched. */
+function optionalPath(argv: Argv, flag: string): string | undefined {
+  const value = optional(argv, flag);
+  if (value === undefined) return undefined;
+  const file = path.resolve(value);
+  if (!existsSync(path.dirname(file))) {
+    throw UsageError.invalid(flag, value, 'a file in an existing directory');
+  }
+  return file;
+}
