@@ -37,15 +37,8 @@ export {
   StaticProvider,
   type StaticProviderOptions,
 } from './provider.js';
-export {
-  chooseResetType,
-  RESET_TYPES,
-  RESTART_PREFERENCE,
-  RedfishClient,
-  type RedfishClientOptions,
-  type RedfishClientSettings,
-  type RedfishReset,
-  type RedfishSystem,
-  type RedfishTarget,
-  type ResetType,
-} from './redfish/client.js';
+export { RedfishClient, type RedfishReset } from './redfish/client.js';
+export type { RedfishClientOptions, RedfishClientSettings } from './redfish/client-settings.js';
+export { chooseResetType, RESET_TYPES, RESTART_PREFERENCE, type ResetType } from './redfish/reset-types.js';
+export type { RedfishSystem } from './redfish/system.js';
+export type { RedfishTarget } from './redfish/target.js';

@@ -11,7 +11,8 @@ import {
 import { BmcCredentialsError, NoBmcError, StaticProviderError } from './errors.js';
 import { log } from './internal/log.js';
 import { type InventoryMachine, InventorySource } from './inventory.js';
-import type { RedfishClient, RedfishReset, ResetType } from './redfish/client.js';
+import type { RedfishClient, RedfishReset } from './redfish/client.js';
+import type { ResetType } from './redfish/reset-types.js';
 
 /** The provider name in the BMDB. */
 export const STATIC_PROVIDER = 'Static';

@@ -1,0 +1,53 @@
+// The client's options and their checks.
+
+/** Options of the {@link RedfishClient}. Durations in milliseconds. */
+export interface RedfishClientOptions {
+  /** PEM CA certificate(s) to verify BMCs with, instead of the system trust store (`--redfish-ca-file`). */
+  readonly ca?: string | Buffer | undefined;
+  /** Time for each request, connection to last byte. Default 30 s. */
+  readonly timeout?: number | undefined;
+  /** Attempts per request, the first included; only network errors, timeouts and 5xx are retried. Default 3. */
+  readonly maxAttempts?: number | undefined;
+  /** Pause before the first retry, doubling after (with jitter). Default 1 s. */
+  readonly retryDelay?: number | undefined;
+  /** Resets in flight at once across the fleet: BMCs are slow and serve few clients. Default 8. */
+  readonly concurrency?: number | undefined;
+}
+
+/** The client's settings after defaults. */
+export interface RedfishClientSettings {
+  readonly timeout: number;
+  readonly maxAttempts: number;
+  readonly retryDelay: number;
+  readonly concurrency: number;
+}
+
+/** `options` with defaults filled in, each checked: a bad value is a `RangeError` naming it. */
+export function clientSettings(options: RedfishClientOptions): RedfishClientSettings {
+  return Object.freeze({
+    timeout: positive('timeout', options.timeout ?? 30_000),
+    maxAttempts: whole('maxAttempts', options.maxAttempts ?? 3),
+    retryDelay: atLeastZero('retryDelay', options.retryDelay ?? 1_000),
+    concurrency: whole('concurrency', options.concurrency ?? 8),
+  });
+}
+
+function positive(name: string, value: number): number {
+  if (!(value > 0) || !Number.isFinite(value))
+    throw new RangeError(`RedfishClient: ${name} must be > 0 ms, got ${value}`);
+  return value;
+}
+
+function atLeastZero(name: string, value: number): number {
+  if (!(value >= 0) || !Number.isFinite(value)) {
+    throw new RangeError(`RedfishClient: ${name} must be >= 0 ms, got ${value}`);
+  }
+  return value;
+}
+
+function whole(name: string, value: number): number {
+  if (!Number.isSafeInteger(value) || value < 1) {
+    throw new RangeError(`RedfishClient: ${name} must be a whole number >= 1, got ${value}`);
+  }
+  return value;
+}

@@ -1,0 +1,56 @@
+import { RedfishResetUnsupportedError } from '../errors.js';
+import type { RedfishTarget } from './target.js';
+
+/** Reset types of Redfish's `ComputerSystem.Reset` action (DSP0268 `ResetType`). */
+export const RESET_TYPES = [
+  'On',
+  'ForceOff',
+  'GracefulShutdown',
+  'GracefulRestart',
+  'ForceRestart',
+  'Nmi',
+  'ForceOn',
+  'PushPowerButton',
+  'PowerCycle',
+  'Suspend',
+  'Pause',
+  'Resume',
+] as const;
+export type ResetType = (typeof RESET_TYPES)[number];
+
+/**
+ * The reset types that power-cycle a machine, best first: a hard restart
+ * works on a hung OS, a power cycle does too but is slower, a graceful
+ * restart only when the OS still answers ACPI.
+ */
+export const RESTART_PREFERENCE: readonly ResetType[] = ['ForceRestart', 'PowerCycle', 'GracefulRestart'];
+
+/**
+ * The reset type to use: the override if the system allows it (or lists
+ * nothing), else the first of {@link RESTART_PREFERENCE} it allows.
+ */
+export function chooseResetType(
+  target: Pick<RedfishTarget, 'machine' | 'url'>,
+  allowable: readonly string[] | undefined,
+  override: ResetType | undefined,
+): ResetType {
+  const listed = allowable === undefined ? 'none listed' : `allowed: ${allowable.join(', ') || 'none'}`;
+  if (override !== undefined) {
+    if (allowable === undefined || allowable.includes(override)) return override;
+    throw new RedfishResetUnsupportedError(
+      target.machine,
+      target.url,
+      `reset type ${override} (--redfish-reset-type) is not allowed by the BMC (${listed})`,
+    );
+  }
+  const chosen = RESTART_PREFERENCE.find((type) => allowable?.includes(type));
+  if (chosen === undefined) {
+    throw new RedfishResetUnsupportedError(
+      target.machine,
+      target.url,
+      `no allowable reset type to power-cycle with (want one of ${RESTART_PREFERENCE.join(', ')}; ${listed}); ` +
+        'set --redfish-reset-type if the BMC accepts one it does not list',
+    );
+  }
+  return chosen;
+}

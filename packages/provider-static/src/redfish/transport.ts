@@ -1,0 +1,201 @@
+import { describeError, sleep } from '@bmaas/bmdb-controlloop';
+import { Agent, type Dispatcher, request } from 'undici';
+import {
+  RedfishCredentialsError,
+  type RedfishError,
+  RedfishHttpError,
+  RedfishNetworkError,
+  RedfishResponseError,
+  RedfishTimeoutError,
+} from '../errors.js';
+import { log } from '../internal/log.js';
+import type { RedfishClientSettings } from './client-settings.js';
+import { isRecord } from './json.js';
+import type { RedfishTarget } from './target.js';
+
+const ACCEPTED = new Set([200, 202, 204]);
+/** Longest body read from a BMC: a ComputerSystem is a few KiB. */
+const MAX_BODY_BYTES = 1024 * 1024;
+
+/**
+ * HTTP to the BMCs: basic authentication, TLS verified against the system
+ * trust store or the given CA (or not at all for an `insecure` target, said
+ * once per machine), a timeout on every request and retries with jitter for
+ * network errors, timeouts and 5xx (never 4xx).
+ */
+export class RedfishTransport {
+  readonly #settings: Pick<RedfishClientSettings, 'timeout' | 'maxAttempts' | 'retryDelay'>;
+  readonly #verified: Agent;
+  #insecure: Agent | undefined;
+  /** Machines already warned about (insecure TLS, plain http). */
+  readonly #warned = new Set<string>();
+
+  constructor(settings: RedfishClientSettings, ca: string | Buffer | undefined) {
+    this.#settings = settings;
+    this.#verified = new Agent({ connect: ca === undefined ? {} : { ca } });
+  }
+
+  /** Closes idle connections. */
+  async close(): Promise<void> {
+    await Promise.all([this.#verified.close(), this.#insecure?.close()]);
+  }
+
+  /** One request with retries; resolves with the parsed body of an accepted answer. */
+  async send(
+    target: RedfishTarget,
+    method: 'GET' | 'POST',
+    url: string,
+    payload: unknown,
+    signal: AbortSignal | undefined,
+  ): Promise<{ status: number; body: unknown }> {
+    const dispatcher = this.#dispatcher(target, url);
+    const { maxAttempts, retryDelay } = this.#settings;
+    for (let attempt = 1; ; attempt++) {
+      let failure: RedfishError;
+      try {
+        return await this.#attempt(target, dispatcher, method, url, payload, signal);
+      } catch (error) {
+        if (signal?.aborted) throw signal.reason;
+        if (!(error instanceof RetryableError)) throw error;
+        failure = error.failure;
+      }
+      if (attempt >= maxAttempts) throw failure;
+      // Exponential with "equal jitter": BMCs failing together are not all asked again together.
+      const ceiling = retryDelay * 2 ** (attempt - 1);
+      const pause = ceiling / 2 + Math.random() * (ceiling / 2);
+      log.redfish(
+        'machine %s: %s %s failed (%s); attempt %d of %d in %d ms',
+        target.machine,
+        method,
+        url,
+        failure.message,
+        attempt + 1,
+        maxAttempts,
+        Math.round(pause),
+      );
+      await sleep(pause, signal);
+    }
+  }
+
+  async #attempt(
+    target: RedfishTarget,
+    dispatcher: Dispatcher,
+    method: 'GET' | 'POST',
+    url: string,
+    payload: unknown,
+    signal: AbortSignal | undefined,
+  ): Promise<{ status: number; body: unknown }> {
+    const timeout = this.#settings.timeout;
+    const timer = AbortSignal.timeout(timeout);
+    const authorization = `Basic ${Buffer.from(`${target.username}:${target.password.reveal()}`).toString('base64')}`;
+    let statusCode: number;
+    let text: string;
+    try {
+      const response = await request(url, {
+        method,
+        dispatcher,
+        signal: signal ? AbortSignal.any([signal, timer]) : timer,
+        headers: {
+          authorization,
+          accept: 'application/json',
+          'odata-version': '4.0',
+          ...(payload === undefined ? {} : { 'content-type': 'application/json' }),
+        },
+        ...(payload === undefined ? {} : { body: JSON.stringify(payload) }),
+      });
+      statusCode = response.statusCode;
+      text = await readBody(response.body);
+    } catch (error) {
+      if (signal?.aborted) throw signal.reason;
+      if (timer.aborted) throw new RetryableError(new RedfishTimeoutError(target.machine, url, method, timeout));
+      const problem = target.password.scrub(describeError(error));
+      throw new RetryableError(
+        new RedfishNetworkError(target.machine, url, `${method} failed: ${problem}`, { cause: error }),
+      );
+    }
+    if (statusCode === 401 || statusCode === 403) {
+      throw new RedfishCredentialsError(target.machine, url, statusCode, target.username);
+    }
+    const accepted = method === 'GET' ? statusCode === 200 : ACCEPTED.has(statusCode);
+    if (!accepted) {
+      const error = new RedfishHttpError(target.machine, url, method, statusCode, target.password.scrub(detail(text)));
+      if (statusCode >= 500) throw new RetryableError(error);
+      throw error;
+    }
+    if (text.trim() === '') return { status: statusCode, body: undefined };
+    try {
+      return { status: statusCode, body: JSON.parse(text) };
+    } catch {
+      if (method === 'POST') return { status: statusCode, body: undefined };
+      throw new RedfishResponseError(
+        target.machine,
+        url,
+        `${method} answered HTTP ${statusCode} with a body that is not JSON`,
+      );
+    }
+  }
+
+  #dispatcher(target: RedfishTarget, url: string): Dispatcher {
+    const protocol = new URL(url).protocol;
+    if (protocol === 'http:') {
+      this.#warnOnce(
+        `${target.machine}/http`,
+        'machine %s: BMC %s is plain http://: credentials and resets cross the network unencrypted',
+        target.machine,
+        target.url,
+      );
+      return this.#verified;
+    }
+    if (!target.insecure) return this.#verified;
+    this.#warnOnce(
+      `${target.machine}/insecure`,
+      'machine %s: TLS certificate of BMC %s is not verified (insecure: true in the inventory)',
+      target.machine,
+      target.url,
+    );
+    this.#insecure ??= new Agent({ connect: { rejectUnauthorized: false } });
+    return this.#insecure;
+  }
+
+  #warnOnce(key: string, format: string, ...args: unknown[]): void {
+    if (this.#warned.has(key)) return;
+    this.#warned.add(key);
+    log.redfish(`warning: ${format}`, ...args);
+  }
+}
+
+/** A failure worth another attempt: network errors, timeouts, 5xx. */
+class RetryableError extends Error {
+  constructor(readonly failure: RedfishError) {
+    super(failure.message);
+  }
+}
+
+async function readBody(body: Dispatcher.ResponseData['body']): Promise<string> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of body) {
+    size += (chunk as Buffer).length;
+    if (size > MAX_BODY_BYTES) {
+      body.destroy();
+      throw new Error(`answer larger than ${MAX_BODY_BYTES} bytes`);
+    }
+    chunks.push(chunk as Buffer);
+  }
+  return Buffer.concat(chunks).toString('utf8');
+}
+
+/** A Redfish error body's message, or the start of the body. */
+function detail(text: string): string {
+  let message = text.trim();
+  try {
+    const parsed: unknown = JSON.parse(text);
+    const error = isRecord(parsed) && isRecord(parsed.error) ? parsed.error : undefined;
+    const extended = error?.['@Message.ExtendedInfo'];
+    const first = Array.isArray(extended) && isRecord(extended[0]) ? extended[0].Message : undefined;
+    if (typeof first === 'string') message = first;
+    else if (typeof error?.message === 'string') message = error.message;
+  } catch {}
+  message = message.replace(/\s+/g, ' ');
+  return message.length > 200 ? `${message.slice(0, 197)}...` : message;
+}
