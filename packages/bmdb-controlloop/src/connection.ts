@@ -8,11 +8,11 @@ import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
 import { BMDBError, ConnectionClosedError, DatabaseUnreachableError, EmbeddedDatabaseError } from './errors.js';
 import { AgentHeartbeats } from './internal/agent-heartbeats.js';
 import { MachineChanges } from './internal/changes.js';
+import { Ends } from './internal/ends.js';
 import { describeError, detail, log } from './internal/log.js';
 import { isInstalled } from './internal/optional-package.js';
 import { createPools } from './internal/pools.js';
 import { PreparedStatements } from './internal/prepared.js';
-import { Releases } from './internal/releases.js';
 import { type RunStatement, withRetry } from './internal/retry.js';
 import { SelectionClaims } from './internal/selection-claims.js';
 import type { SessionConnection } from './internal/session-connection.js';
@@ -20,7 +20,7 @@ import { BMDBMetrics } from './metrics.js';
 import { type ComponentSchema, checkComponents, migrateToLatest } from './migrations/index.js';
 import type { Database } from './schema.js';
 import { Session, type SessionOptions } from './session.js';
-import { collectExpiredSessionsStatement } from './sql/release-sessions.js';
+import { collectExpiredSessionsStatement } from './sql/end-sessions.js';
 
 /** Transaction isolation levels a BMDB connection can run at. */
 export type IsolationLevel = 'serializable' | 'repeatable read' | 'read committed';
@@ -194,7 +194,7 @@ export class BMDB {
     this.#forSessions = new ConnectionForSession(
       this.#db,
       new SelectionClaims(this.#db, prepared, runBatch),
-      new Releases(prepared, runBatch),
+      new Ends(prepared, runBatch),
       this.#changes,
       this.#heartbeatPool,
       metrics,
@@ -321,7 +321,7 @@ export class BMDB {
   }
 
   /**
-   * Deletes sessions whose deadline passed, releasing their work with a
+   * Deletes sessions whose deadline passed, ending their work with a
    * `Canceled` history event each. Runs on its own every session interval
    * while this connection has live sessions; callable directly too.
    */
@@ -400,12 +400,12 @@ function redact(url: string): string {
   }
 }
 
-/** The connection as its sessions see it: its pools, batched claims and releases, and metrics. */
+/** The connection as its sessions see it: its pools, batched claims and ends, and metrics. */
 class ConnectionForSession implements SessionConnection {
   constructor(
     readonly db: Kysely<Database>,
     readonly claims: SelectionClaims,
-    readonly releases: Releases,
+    readonly ends: Ends,
     readonly changes: MachineChanges,
     readonly heartbeatPool: pg.Pool,
     readonly metrics: BMDBMetrics | undefined,

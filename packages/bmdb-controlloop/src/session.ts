@@ -18,7 +18,7 @@ import type { Database } from './schema.js';
 import { isSelection, type Selection, type SelectionRow } from './selection.js';
 import { claimMachineStatement } from './sql/claim-machine.js';
 import type { ClaimStatus } from './sql/claim-status.js';
-import { closeSessionStatement } from './sql/release-sessions.js';
+import { closeSessionStatement } from './sql/end-sessions.js';
 import { Work } from './work.js';
 import type { WorkCandidate } from './work-candidate.js';
 
@@ -68,7 +68,7 @@ function toClaim<T>(status: ClaimStatus, machineId: string, candidate: T): Claim
 
 /**
  * A worker's presence in the BMDB: a row with a deadline that heartbeats keep
- * pushing forward. Work is claimed through a session, and released when the
+ * pushing forward. Work is claimed through a session, and ended when the
  * session closes or expires, so a crashed worker's machines come free again.
  *
  * Once the deadline passes (heartbeats could not reach the database for a
@@ -188,7 +188,7 @@ export class Session {
       if (!isConnectionLost(error)) throw error;
       // The claim may have committed with nobody to know of it: a claim the
       // session would hold for as long as it lives. Give the session up; the
-      // database releases what it holds within one interval.
+      // database ends what it holds within one interval.
       this.#abandon(`the connection was lost during a claim for ${process} (${describeError(error)})`);
       throw this.#abort.signal.reason as SessionExpiredError;
     }

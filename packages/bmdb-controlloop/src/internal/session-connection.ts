@@ -3,7 +3,7 @@ import type pg from 'pg';
 import type { BMDBMetrics } from '../metrics.js';
 import type { Database } from '../schema.js';
 import type { MachineChanges } from './changes.js';
-import type { Releases } from './releases.js';
+import type { Ends } from './ends.js';
 import type { SelectionClaims } from './selection-claims.js';
 
 /**
@@ -15,7 +15,7 @@ export interface SessionConnection {
   /** Claims from selections, batched across sessions (one statement at READ COMMITTED; see sql/claim-selected.ts). */
   readonly claims: SelectionClaims;
   /** Ends of work without a caller's transaction, batched across sessions. */
-  readonly releases: Releases;
+  readonly ends: Ends;
   /** Wakes idle control loops when machines may have become eligible. */
   readonly changes: MachineChanges;
   /** A small pool of its own, so heartbeats never queue behind work. */

@@ -1,8 +1,8 @@
 import { CHANGES_CHANNEL } from '../internal/changes.js';
 import type { TagWrite, TagWrites } from '../tags.js';
 
-/** The end of one work item, as the release statement takes it. */
-export interface ReleaseRequest {
+/** The end of one work item, as the end statement takes it. */
+export interface EndRequest {
   readonly machineId: string;
   readonly process: string;
   readonly sessionId: string;
@@ -16,7 +16,7 @@ export interface ReleaseRequest {
 }
 
 /**
- * The parts of a release statement, one bit each: what some request of a
+ * The parts of an end statement, one bit each: what some request of a
  * batch needs done besides deleting its work row and recording history.
  */
 const Part = {
@@ -86,7 +86,7 @@ const PART_CTES: readonly (readonly [number, string])[] = [
 ];
 
 /** The parts `request` needs. */
-function partsOf(request: ReleaseRequest): number {
+function partsOf(request: EndRequest): number {
   switch (request.event) {
     case 'Canceled':
       return Part.notified;
@@ -105,12 +105,12 @@ function partsOf(request: ReleaseRequest): number {
 }
 
 /**
- * The release statement of a batch needing `parts`. For each request whose
+ * The end statement of a batch needing `parts`. For each request whose
  * work row this session still holds — while the session lives, except for a
  * cancel — it deletes the row, records the history event, clears (Finished)
  * or starts (Failed) the pair's backoff, and writes the finish's tags; a
  * cancel announces the machine free again. It returns the positions of the
- * requests released: the others' claims were gone.
+ * requests ended: the others' claims were gone.
  *
  * Only the parts some request of the batch needs are in the statement: a
  * data-modifying CTE costs its executor set-up and its table's statement
@@ -125,9 +125,9 @@ function partsOf(request: ReleaseRequest): number {
  * One statement at READ COMMITTED: everything it does hangs on the work row
  * it deletes, which it locks. A concurrent takeover or collection of the same
  * row either committed first (the row is re-checked, no longer ours, and the
- * request is not released) or waits for this statement.
+ * request is not ended) or waits for this statement.
  */
-export function releaseStatement(parts: number): string {
+export function endWorkStatement(parts: number): string {
   const ctes = PART_CTES.filter(([part]) => parts & part).map(([, cte]) => `,\n  ${cte}`);
   const notified = parts & Part.notified ? '(SELECT count(*)::int FROM notified)' : '0';
   return `
@@ -150,14 +150,14 @@ export function releaseStatement(parts: number): string {
 }
 
 /** The parts the statement of a batch of `requests` needs: what any of them needs. */
-export function partsOfBatch(requests: readonly ReleaseRequest[]): number {
+export function partsOfBatch(requests: readonly EndRequest[]): number {
   let parts = 0;
   for (const request of requests) parts |= partsOf(request);
   return parts;
 }
 
-/** The parameters of {@link releaseStatement} for `requests`: one array per column, `$1` to `$11`. */
-export function releaseParameters(requests: readonly ReleaseRequest[]): unknown[] {
+/** The parameters of {@link endWorkStatement} for `requests`: one array per column, `$1` to `$11`. */
+export function endWorkParameters(requests: readonly EndRequest[]): unknown[] {
   const started = requests.map((r) => r.tags?.agentStarted);
   const heartbeat = requests.map((r) => r.tags?.agentHeartbeat);
   return [

@@ -2,33 +2,33 @@ import { type RawBuilder, sql } from 'kysely';
 import { CHANGES_CHANNEL } from '../internal/changes.js';
 
 /**
- * A CTE `notified`: released machines are eligible again. It runs only when
+ * A CTE `notified`: the machines of ended work are eligible again. It runs only when
  * the statement's final SELECT reads it, and notifies only if `released` has
  * rows.
  */
-const notifyReleased = sql`notified AS (
+const notifyFreed = sql`notified AS (
   SELECT pg_notify(${CHANGES_CHANNEL}, 'work') FROM (SELECT 1 FROM released LIMIT 1) r)`;
 
-/** How many sessions a statement of this file ended, and the claims it released with them. */
-export interface SessionsReleased {
+/** How many sessions a statement of this file ended, and the claims it ended with them. */
+export interface SessionsEnded {
   readonly sessions: number;
   readonly work: number;
 }
 
 /**
- * Deletes the sessions `which` selects and releases every claim they held:
+ * Deletes the sessions `which` selects and cancels every claim they held:
  * its work row deleted, a `Canceled` event in its history at `at`, naming
- * the session and why it ended; a release announces the machines free
+ * the session and why it ended; an end announces the machines free
  * again. The one statement for the work a session leaves behind, whether
  * its owner closed it or it expired; a single work item's end is
- * sql/release.ts.
+ * sql/end-work.ts.
  */
-function releaseSessions(
+function endSessions(
   which: RawBuilder<boolean>,
   at: RawBuilder<Date>,
   why: 'closed' | 'expired',
-): RawBuilder<SessionsReleased> {
-  return sql<SessionsReleased>`
+): RawBuilder<SessionsEnded> {
+  return sql<SessionsEnded>`
     WITH ended AS (
       DELETE FROM sessions WHERE ${which} RETURNING session_id, deadline),
     released AS (
@@ -38,20 +38,20 @@ function releaseSessions(
       INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
       SELECT machine_id, process, 'Canceled', ${at}, 'session ' || session_id || ${sql.raw(`' ${why}'`)}
       FROM released),
-    ${notifyReleased}
+    ${notifyFreed}
     SELECT (SELECT count(*)::int FROM ended) AS sessions, (SELECT count(*)::int FROM released) AS work,
            (SELECT count(*) FROM notified) AS notified`;
 }
 
-/** Closes session `sessionId`: its claims are released as of now, `session <id> closed`. */
-export function closeSessionStatement(sessionId: string): RawBuilder<SessionsReleased> {
-  return releaseSessions(sql<boolean>`session_id = ${sessionId}::uuid`, sql<Date>`now()`, 'closed');
+/** Closes session `sessionId`: its claims end as of now, `session <id> closed`. */
+export function closeSessionStatement(sessionId: string): RawBuilder<SessionsEnded> {
+  return endSessions(sql<boolean>`session_id = ${sessionId}::uuid`, sql<Date>`now()`, 'closed');
 }
 
 /**
- * Collects the sessions whose deadline passed: their claims are released as
+ * Collects the sessions whose deadline passed: their claims end as
  * of that deadline, `session <id> expired`.
  */
-export function collectExpiredSessionsStatement(): RawBuilder<SessionsReleased> {
-  return releaseSessions(sql<boolean>`deadline < now()`, sql<Date>`deadline`, 'expired');
+export function collectExpiredSessionsStatement(): RawBuilder<SessionsEnded> {
+  return endSessions(sql<boolean>`deadline < now()`, sql<Date>`deadline`, 'expired');
 }
