@@ -8,7 +8,7 @@ import type { SelectionClaims } from './selection-claims.js';
 
 /**
  * What a `Session` needs from the BMDB connection that started it: the
- * port the connection implements (`ConnectionForSession` in connection.ts).
+ * port the connection implements (`ConnectionForSession` in internal/connection-for-session.ts).
  */
 export interface SessionConnection {
   readonly db: Kysely<Database>;
