@@ -1,13 +1,5 @@
 import { type RawBuilder, sql } from 'kysely';
-import { CHANGES_CHANNEL } from '../internal/changes.js';
-
-/**
- * A CTE `notified`: the machines of ended work are eligible again. It runs only when
- * the statement's final SELECT reads it, and notifies only if `released` has
- * rows.
- */
-const notifyFreed = sql`notified AS (
-  SELECT pg_notify(${CHANGES_CHANNEL}, 'work') FROM (SELECT 1 FROM released LIMIT 1) r)`;
+import { historyOfReleased, notifiedOfReleased } from './end-parts.js';
 
 /** How many sessions a statement of this file ended, and the claims it ended with them. */
 export interface SessionsEnded {
@@ -25,7 +17,7 @@ export interface SessionsEnded {
  */
 function endSessions(
   which: RawBuilder<boolean>,
-  at: RawBuilder<Date>,
+  at: 'now()' | 'deadline',
   why: 'closed' | 'expired',
 ): RawBuilder<SessionsEnded> {
   return sql<SessionsEnded>`
@@ -34,18 +26,15 @@ function endSessions(
     released AS (
       DELETE FROM work w USING ended e WHERE w.session_id = e.session_id
       RETURNING w.machine_id, w.process, e.session_id, e.deadline),
-    history AS (
-      INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
-      SELECT machine_id, process, 'Canceled', ${at}, 'session ' || session_id || ${sql.raw(`' ${why}'`)}
-      FROM released),
-    ${notifyFreed}
+    ${sql.raw(historyOfReleased(`'Canceled'`, at, `'session ' || session_id || ' ${why}'`))},
+    ${sql.raw(notifiedOfReleased(''))}
     SELECT (SELECT count(*)::int FROM ended) AS sessions, (SELECT count(*)::int FROM released) AS work,
            (SELECT count(*) FROM notified) AS notified`;
 }
 
 /** Closes session `sessionId`: its claims end as of now, `session <id> closed`. */
 export function closeSessionStatement(sessionId: string): RawBuilder<SessionsEnded> {
-  return endSessions(sql<boolean>`session_id = ${sessionId}::uuid`, sql<Date>`now()`, 'closed');
+  return endSessions(sql<boolean>`session_id = ${sessionId}::uuid`, 'now()', 'closed');
 }
 
 /**
@@ -53,5 +42,5 @@ export function closeSessionStatement(sessionId: string): RawBuilder<SessionsEnd
  * of that deadline, `session <id> expired`.
  */
 export function collectExpiredSessionsStatement(): RawBuilder<SessionsEnded> {
-  return endSessions(sql<boolean>`deadline < now()`, sql<Date>`deadline`, 'expired');
+  return endSessions(sql<boolean>`deadline < now()`, 'deadline', 'expired');
 }

@@ -1,5 +1,5 @@
-import { CHANGES_CHANNEL } from '../internal/changes.js';
 import type { TagWrite, TagWrites } from '../tags.js';
+import { historyOfReleased, notifiedOfReleased } from './end-parts.js';
 
 /** The end of one work item, as the end statement takes it. */
 export interface EndRequest {
@@ -77,12 +77,7 @@ const PART_CTES: readonly (readonly [number, string])[] = [
     DELETE FROM machine_agent_heartbeat h
     WHERE h.machine_id = ANY (ARRAY(SELECT machine_id FROM released WHERE event = 'Finished' AND heartbeat = 'delete')))`,
   ],
-  [
-    Part.notified,
-    `notified AS (
-    SELECT pg_notify('${CHANGES_CHANNEL}', 'work')
-    FROM (SELECT 1 FROM released WHERE event = 'Canceled' LIMIT 1) c)`,
-  ],
+  [Part.notified, notifiedOfReleased(" WHERE event = 'Canceled'")],
 ];
 
 /** The parts `request` needs. */
@@ -142,9 +137,7 @@ export function endWorkStatement(parts: number): string {
       AND w.machine_id = r.machine_id AND w.process = r.process AND w.session_id = r.session_id
       AND s.session_id = w.session_id AND (r.event = 'Canceled' OR s.deadline > now())
     RETURNING r.*),
-  history AS (
-    INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
-    SELECT machine_id, process, event, now(), cause FROM released)${ctes.join('')}
+  ${historyOfReleased('event', 'now()', 'cause')}${ctes.join('')}
   SELECT coalesce(array_agg(ord::int), '{}') AS released, ${notified} AS notified
   FROM released`;
 }
