@@ -15,7 +15,7 @@ const map = readFileSync(path.join(root, 'ARCHITECTURE.md'), 'utf8');
 
 /**
  * A backticked repository path (a folder ends in `/`), or a file's short name
- * (`session.ts`, `internal/releases.ts`: under the library's src/ unless at the
+ * (`session.ts`, `internal/ends.ts`: under the library's src/ unless at the
  * root), optionally with `:identifier`.
  */
 const REFERENCE =

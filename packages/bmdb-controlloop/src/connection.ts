@@ -8,19 +8,20 @@ import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
 import { BMDBError, ConnectionClosedError, DatabaseUnreachableError, EmbeddedDatabaseError } from './errors.js';
 import { AgentHeartbeats } from './internal/agent-heartbeats.js';
 import { MachineChanges } from './internal/changes.js';
+import { ConnectionForSession } from './internal/connection-for-session.js';
+import { Ends } from './internal/ends.js';
+import { LiveSessions } from './internal/live-sessions.js';
 import { describeError, detail, log } from './internal/log.js';
 import { isInstalled } from './internal/optional-package.js';
 import { createPools } from './internal/pools.js';
 import { PreparedStatements } from './internal/prepared.js';
-import { Releases } from './internal/releases.js';
 import { type RunStatement, withRetry } from './internal/retry.js';
 import { SelectionClaims } from './internal/selection-claims.js';
-import type { SessionConnection } from './internal/session-connection.js';
 import { BMDBMetrics } from './metrics.js';
 import { type ComponentSchema, checkComponents, migrateToLatest } from './migrations/index.js';
 import type { Database } from './schema.js';
 import { Session, type SessionOptions } from './session.js';
-import { collectExpiredSessionsStatement } from './sql/release-sessions.js';
+import { collectExpiredSessionsStatement } from './sql/end-sessions.js';
 
 /** Transaction isolation levels a BMDB connection can run at. */
 export type IsolationLevel = 'serializable' | 'repeatable read' | 'read committed';
@@ -133,12 +134,11 @@ export class BMDB {
   readonly #changes: MachineChanges;
   readonly #heartbeatPool: pg.Pool;
   readonly #metrics: BMDBMetrics | undefined;
-  readonly #sessions = new Map<string, Session>();
+  readonly #sessions = new LiveSessions(() => this.collectExpiredSessions());
   /** Pool clients whose connection has not ended yet (see close). */
   readonly #connected = new Set<pg.PoolClient>();
   readonly #forSessions: ConnectionForSession;
   readonly #agentHeartbeats: AgentHeartbeats;
-  #collector: NodeJS.Timeout | undefined;
   #closed = false;
 
   private constructor(
@@ -194,15 +194,12 @@ export class BMDB {
     this.#forSessions = new ConnectionForSession(
       this.#db,
       new SelectionClaims(this.#db, prepared, runBatch),
-      new Releases(prepared, runBatch),
+      new Ends(prepared, runBatch),
       this.#changes,
       this.#heartbeatPool,
       metrics,
       runBatch,
-      (sessionId) => {
-        this.#sessions.delete(sessionId);
-        if (this.#sessions.size === 0) this.#stopCollector();
-      },
+      (sessionId) => this.#sessions.remove(sessionId),
     );
   }
 
@@ -291,9 +288,8 @@ export class BMDB {
         .executeTakeFirstOrThrow(),
     );
     const session = Session.started(this.#forSessions, row.session_id, processor, interval, sentAt);
-    this.#sessions.set(session.id, session);
+    this.#sessions.add(session, interval);
     this.#metrics?.sessionsStarted.inc({ processor });
-    this.#startCollector(interval);
     detail.session('session %s started (%s, interval %ds)', session.id, processor, seconds);
     return session;
   }
@@ -321,7 +317,7 @@ export class BMDB {
   }
 
   /**
-   * Deletes sessions whose deadline passed, releasing their work with a
+   * Deletes sessions whose deadline passed, ending their work with a
    * `Canceled` history event each. Runs on its own every session interval
    * while this connection has live sessions; callable directly too.
    */
@@ -344,12 +340,14 @@ export class BMDB {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
-    this.#stopCollector();
-    const closing = [...this.#sessions.values()].map((session) =>
-      session
-        .close()
-        .catch((error) => log.connection('closing session %s failed: %s', session.id, describeError(error))),
-    );
+    this.#sessions.stopCollecting();
+    const closing = this.#sessions
+      .all()
+      .map((session) =>
+        session
+          .close()
+          .catch((error) => log.connection('closing session %s failed: %s', session.id, describeError(error))),
+      );
     await Promise.all(closing);
     await this.#changes.close();
     await this.#db.destroy();
@@ -365,21 +363,6 @@ export class BMDB {
 
   #assertOpen(): void {
     if (this.#closed) throw new ConnectionClosedError(this.options.componentName);
-  }
-
-  #startCollector(interval: number): void {
-    if (this.#collector) return;
-    this.#collector = setInterval(() => {
-      this.collectExpiredSessions().catch((error) =>
-        log.session('collecting expired sessions failed: %s', describeError(error)),
-      );
-    }, interval);
-    this.#collector.unref();
-  }
-
-  #stopCollector(): void {
-    clearInterval(this.#collector);
-    this.#collector = undefined;
   }
 }
 
@@ -397,27 +380,5 @@ function redact(url: string): string {
     return parsed.toString();
   } catch {
     return '(unparseable URL)';
-  }
-}
-
-/** The connection as its sessions see it: its pools, batched claims and releases, and metrics. */
-class ConnectionForSession implements SessionConnection {
-  constructor(
-    readonly db: Kysely<Database>,
-    readonly claims: SelectionClaims,
-    readonly releases: Releases,
-    readonly changes: MachineChanges,
-    readonly heartbeatPool: pg.Pool,
-    readonly metrics: BMDBMetrics | undefined,
-    private readonly runBatch: RunStatement,
-    private readonly onSessionEnded: (sessionId: string) => void,
-  ) {}
-
-  retry<T>(processor: string, attempt: () => Promise<T>): Promise<T> {
-    return this.runBatch([processor], attempt);
-  }
-
-  sessionEnded(sessionId: string): void {
-    this.onSessionEnded(sessionId);
   }
 }

@@ -53,7 +53,7 @@ export interface ControlLoop<T extends WorkCandidate> {
   /**
    * Processes one claimed machine. Call `task.work.finish(...)` on success;
    * throwing fails the work with `task.backoff` and the error as cause.
-   * Returning without finishing releases the claim (`Canceled`).
+   * Returning without finishing ends the claim as canceled (`Canceled`).
    */
   processMachine(task: Task<T>): Promise<void>;
 }
@@ -261,7 +261,7 @@ class Runner<T extends WorkCandidate> {
 
   /**
    * Processes one claim to its end. After a stop signal, the task gets the
-   * grace period; then its signal aborts and the claim is released without
+   * grace period; then its signal aborts and the claim is ended without
    * waiting further.
    */
   async #process(name: string, session: Session, work: Work<T>): Promise<void> {

@@ -13,12 +13,13 @@ import { isConnectionLost } from './internal/connection-lost.js';
 import { describeError, detail, log } from './internal/log.js';
 import type { SessionConnection } from './internal/session-connection.js';
 import { SessionForWork } from './internal/session-for-work.js';
+import { renewSessionDeadline, reportHeartbeatFailure } from './internal/session-heartbeat.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
 import { isSelection, type Selection, type SelectionRow } from './selection.js';
 import { claimMachineStatement } from './sql/claim-machine.js';
 import type { ClaimStatus } from './sql/claim-status.js';
-import { closeSessionStatement } from './sql/release-sessions.js';
+import { closeSessionStatement } from './sql/end-sessions.js';
 import { Work } from './work.js';
 import type { WorkCandidate } from './work-candidate.js';
 
@@ -39,11 +40,6 @@ export interface SessionOptions {
 
 /** Where a session stands: `live` until it expires or is closed, for good. */
 export type SessionState = 'live' | 'expired' | 'closed';
-
-/** How often a failed heartbeat is retried, as a fraction of the interval. */
-const HEARTBEAT_RETRY_FRACTION = 10;
-/** A heartbeat failing with less than this fraction of the interval left puts the deadline at risk. */
-const HEARTBEAT_AT_RISK_FRACTION = 4;
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
@@ -68,7 +64,7 @@ function toClaim<T>(status: ClaimStatus, machineId: string, candidate: T): Claim
 
 /**
  * A worker's presence in the BMDB: a row with a deadline that heartbeats keep
- * pushing forward. Work is claimed through a session, and released when the
+ * pushing forward. Work is claimed through a session, and ended when the
  * session closes or expires, so a crashed worker's machines come free again.
  *
  * Once the deadline passes (heartbeats could not reach the database for a
@@ -188,7 +184,7 @@ export class Session {
       if (!isConnectionLost(error)) throw error;
       // The claim may have committed with nobody to know of it: a claim the
       // session would hold for as long as it lives. Give the session up; the
-      // database releases what it holds within one interval.
+      // database ends what it holds within one interval.
       this.#abandon(`the connection was lost during a claim for ${process} (${describeError(error)})`);
       throw this.#abort.signal.reason as SessionExpiredError;
     }
@@ -334,39 +330,14 @@ export class Session {
     this.connection.metrics?.heartbeats.inc(this.#labels);
     let renewed: boolean;
     try {
-      const client = await this.connection.heartbeatPool.connect();
-      try {
-        const result = await client.query(
-          `UPDATE sessions SET deadline = now() + make_interval(secs => interval_seconds)
-           WHERE session_id = $1 AND deadline > now()`,
-          [this.id],
-        );
-        client.release();
-        renewed = result.rowCount === 1;
-      } catch (error) {
-        // A failed or timed-out connection must not go back to the pool.
-        client.release(error instanceof Error ? error : new Error(String(error)));
-        throw error;
-      }
+      renewed = await renewSessionDeadline(this.connection.heartbeatPool, this.id);
     } catch (error) {
       if (this.#state !== 'live') return;
       const left = this.#localDeadline - performance.now();
-      const code = (error as { code?: unknown }).code;
-      this.connection.metrics?.heartbeatsFailed.inc({
-        ...this.#labels,
-        code: typeof code === 'string' ? code : 'none',
-      });
-      // Retries come every tenth of the interval; only a deadline close enough to miss is worth a person's notice.
-      const atRisk = left < this.interval / HEARTBEAT_AT_RISK_FRACTION;
-      (atRisk ? log.session : log.heartbeat)(
-        '%ssession %s heartbeat failed, retrying (%dms to deadline): %s',
-        atRisk ? 'warning: deadline at risk: ' : '',
-        this.id,
-        Math.round(left),
-        describeError(error),
-      );
+      const failure = { sessionId: this.id, processor: this.processor, interval: this.interval, left, error };
+      const retryIn = reportHeartbeatFailure(failure, this.connection.metrics);
       // Transient: keep trying until the deadline has really passed.
-      if (this.state === 'live') this.#scheduleHeartbeat(Math.min(left, this.interval / HEARTBEAT_RETRY_FRACTION));
+      if (this.state === 'live') this.#scheduleHeartbeat(retryIn);
       return;
     }
     if (this.#state !== 'live') return;

@@ -6,7 +6,7 @@ export type TagName = 'agentStarted' | 'agentHeartbeat';
 const TAG_NAMES: readonly TagName[] = ['agentStarted', 'agentHeartbeat'];
 
 /**
- * Tag writes on the work's own machine, made in the statement that releases
+ * Tag writes on the work's own machine, made in the statement that ends
  * the claim: `work.finish({ set: { agentStarted: { publicKey } } })`. Unlike
  * `finish(fn)`, they need no transaction of their own, so the library sends
  * the finishes of many workers together, as one statement.
@@ -23,7 +23,7 @@ export interface FinishTags {
   readonly delete?: readonly TagName[];
 }
 
-/** One tag's write, as the release statement takes it. */
+/** One tag's write, as the end statement takes it. */
 export interface TagWrite {
   readonly op: 'set' | 'delete';
   /** The time to record (`startedAt`, `at`); undefined for the database's now. */

@@ -6,8 +6,8 @@ import { describeError, log } from './internal/log.js';
 import { sleep } from './internal/sleep.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
-import type { ReleaseRequest } from './sql/release.js';
-import { releaseFinishedStatement, WORK_LOST } from './sql/release-finished.js';
+import { endFinishedStatement, WORK_LOST } from './sql/end-finished.js';
+import type { EndRequest } from './sql/end-work.js';
 import { type FinishTags, tagWrites } from './tags.js';
 import type { WorkCandidate } from './work-candidate.js';
 
@@ -34,10 +34,10 @@ export interface WorkSession {
    */
   transactionOpenedBy<T>(opening: RawBuilder<unknown>, fn: (trx: Kysely<Database>) => Promise<T>): Promise<T>;
   /**
-   * Ends a work item of this session in the next batch of releases; resolves
+   * Ends a work item of this session in the next batch of ends; resolves
    * false if the session no longer held the claim.
    */
-  release(request: Omit<ReleaseRequest, 'sessionId' | 'processor'>): Promise<boolean>;
+  end(request: Omit<EndRequest, 'sessionId' | 'processor'>): Promise<boolean>;
   /** Bookkeeping once a work item ended. */
   workEnded(work: Work, outcome: WorkOutcome): void;
 }
@@ -50,7 +50,7 @@ const noResult = (): void => undefined;
 /**
  * An exclusive claim on one (machine, process), held by a session. End it
  * exactly once with {@link Work.finish} or {@link Work.fail}; {@link
- * Work.cancel} releases it without a verdict and is a no-op once ended, so it
+ * Work.cancel} ends it without a verdict and is a no-op once ended, so it
  * belongs in a `finally`.
  */
 export class Work<T extends WorkCandidate = WorkCandidate> {
@@ -87,15 +87,15 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
   }
 
   /**
-   * Ends the work successfully: releases the claim, clears the pair's
+   * Ends the work successfully: gives the claim back, clears the pair's
    * backoff, records `Finished` and writes the machine's tags, all or
    * nothing. Two forms:
    *
    * - `finish(tags?)` writes tags the library knows ({@link FinishTags}) in
-   *   the releasing statement itself. The finishes, failures and cancels of
+   *   the ending statement itself. The finishes, failures and cancels of
    *   concurrent work go to the database together, as one statement: this is
    *   the fast form.
-   * - `finish(fn)` runs `fn` in the releasing transaction (at the
+   * - `finish(fn)` runs `fn` in the ending transaction (at the
    *   connection's isolation level), for writes of your own: three round
    *   trips for one statement of `fn`. If `fn` throws, nothing is recorded
    *   and the work stays active.
@@ -113,20 +113,20 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    */
   async finish(how?: FinishTags | ((q: Queries) => Promise<void>)): Promise<void> {
     if (typeof how === 'function') {
-      const release = releaseFinishedStatement(this.machineId, this.process, this.session.sessionId);
+      const opening = endFinishedStatement(this.machineId, this.process, this.session.sessionId);
       await this.#end('finished', () =>
         this.session
-          .transactionOpenedBy(release, (trx) => how(new Queries(trx)))
+          .transactionOpenedBy(opening, (trx) => how(new Queries(trx)))
           .then(noResult, (error: unknown) => this.#lost(error)),
       );
       return;
     }
     const tags = how === undefined ? undefined : tagWrites(how);
-    await this.#end('finished', () => this.#released({ event: 'Finished', ...(tags && { tags }) }));
+    await this.#end('finished', () => this.#endInBatch({ event: 'Finished', ...(tags && { tags }) }));
   }
 
   /**
-   * Ends the work as failed: releases the claim, records `Failed` with
+   * Ends the work as failed: gives the claim back, records `Failed` with
    * `cause`, and backs the pair off for the next interval of `backoff` (or
    * the previous interval again when `backoff` is undefined). Sent with the
    * ends of concurrent work, as one statement.
@@ -136,12 +136,14 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    */
   async fail(backoff: Backoff | undefined, cause: string): Promise<void> {
     const interval = nextBackoffSeconds(backoff, this.previousBackoffSeconds);
-    await this.#end('failed', () => this.#released({ event: 'Failed', failure: { cause, backoffSeconds: interval } }));
+    await this.#end('failed', () =>
+      this.#endInBatch({ event: 'Failed', failure: { cause, backoffSeconds: interval } }),
+    );
     log.work('machine %s %s failed, backing off %ds: %s', this.machineId, this.process, interval, cause);
   }
 
   /**
-   * Releases the claim without a verdict, recording `Canceled`. A no-op when
+   * Ends the claim without a verdict, recording `Canceled`. A no-op when
    * the work already ended; waits for an end in progress first.
    */
   async cancel(): Promise<void> {
@@ -149,7 +151,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     if (this.#state !== 'active') return;
     // A claim already gone needs no cancelling.
     await this.#end('canceled', () =>
-      this.session.release({ machineId: this.machineId, process: this.process, event: 'Canceled' }).then(noResult),
+      this.session.end({ machineId: this.machineId, process: this.process, event: 'Canceled' }).then(noResult),
     );
   }
 
@@ -182,7 +184,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    * connection hid, a claim found gone while the session is alive in the
    * database means that attempt committed — only the session itself removes
    * its claims while it lives. Once the session expires, the database
-   * releases the claim anyway; the last error is thrown.
+   * ends the claim anyway; the last error is thrown.
    */
   async #persist(outcome: WorkOutcome, attempt: () => Promise<void>): Promise<void> {
     let uncertain = false;
@@ -220,9 +222,9 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     }
   }
 
-  /** Ends the work in the next batch of releases; WorkLostError if the claim was gone. */
-  async #released(end: Pick<ReleaseRequest, 'event' | 'failure' | 'tags'>): Promise<void> {
-    if (!(await this.session.release({ machineId: this.machineId, process: this.process, ...end }))) {
+  /** Ends the work in the next batch of ends; WorkLostError if the claim was gone. */
+  async #endInBatch(end: Pick<EndRequest, 'event' | 'failure' | 'tags'>): Promise<void> {
+    if (!(await this.session.end({ machineId: this.machineId, process: this.process, ...end }))) {
       throw new WorkLostError(this.machineId, this.process, this.session.sessionId);
     }
   }

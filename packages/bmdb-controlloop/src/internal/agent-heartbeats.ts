@@ -23,7 +23,7 @@ const PROCESSOR = 'agent-callback';
  * whose agent was just written off.
  *
  * One statement at READ COMMITTED, every table reached through keys of the
- * batch, planned once (see sql/release.ts).
+ * batch, planned once (see sql/end-work.ts).
  */
 const HEARTBEAT_SQL = `
   WITH requests AS (

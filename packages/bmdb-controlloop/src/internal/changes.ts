@@ -1,7 +1,7 @@
 import pg from 'pg';
 import { describeError, detail, log } from './log.js';
 
-/** The channel migration 0002's triggers and the releasing statements notify. */
+/** The channel migration 0002's triggers and the ending statements notify. */
 export const CHANGES_CHANNEL = 'bmdb_machines_changed';
 
 /** Pause before listening again after the listening connection failed. */

@@ -3,19 +3,19 @@ import type pg from 'pg';
 import type { BMDBMetrics } from '../metrics.js';
 import type { Database } from '../schema.js';
 import type { MachineChanges } from './changes.js';
-import type { Releases } from './releases.js';
+import type { Ends } from './ends.js';
 import type { SelectionClaims } from './selection-claims.js';
 
 /**
  * What a `Session` needs from the BMDB connection that started it: the
- * port the connection implements (`ConnectionForSession` in connection.ts).
+ * port the connection implements (`ConnectionForSession` in internal/connection-for-session.ts).
  */
 export interface SessionConnection {
   readonly db: Kysely<Database>;
   /** Claims from selections, batched across sessions (one statement at READ COMMITTED; see sql/claim-selected.ts). */
   readonly claims: SelectionClaims;
   /** Ends of work without a caller's transaction, batched across sessions. */
-  readonly releases: Releases;
+  readonly ends: Ends;
   /** Wakes idle control loops when machines may have become eligible. */
   readonly changes: MachineChanges;
   /** A small pool of its own, so heartbeats never queue behind work. */

@@ -1,7 +1,7 @@
 import { CompiledQuery, type Kysely, type RawBuilder, sql } from 'kysely';
 import { BMDBError, type WorkOutcome } from '../errors.js';
 import type { Database } from '../schema.js';
-import type { ReleaseRequest } from '../sql/release.js';
+import type { EndRequest } from '../sql/end-work.js';
 import type { Work, WorkSession } from '../work.js';
 import { isConnectionLost } from './connection-lost.js';
 import type { SessionConnection } from './session-connection.js';
@@ -30,7 +30,7 @@ async function openedBy<T>(
   }
 }
 
-/** The session as its {@link Work} sees it: its liveness, transactions and releases. */
+/** The session as its {@link Work} sees it: its liveness, transactions and ends. */
 export class SessionForWork implements WorkSession {
   constructor(
     private readonly connection: SessionConnection,
@@ -57,8 +57,8 @@ export class SessionForWork implements WorkSession {
     );
   }
 
-  release(request: Omit<ReleaseRequest, 'sessionId' | 'processor'>): Promise<boolean> {
-    return this.connection.releases.release({ ...request, sessionId: this.sessionId, processor: this.processor });
+  end(request: Omit<EndRequest, 'sessionId' | 'processor'>): Promise<boolean> {
+    return this.connection.ends.end({ ...request, sessionId: this.sessionId, processor: this.processor });
   }
 
   async aliveInDatabase(): Promise<boolean | undefined> {

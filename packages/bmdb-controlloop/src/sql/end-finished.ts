@@ -1,6 +1,6 @@
 import { type RawBuilder, sql } from 'kysely';
 
-/** SQLSTATE raised by `bmdb_work_lost()` (migration 0002) when a release finds no claim. */
+/** SQLSTATE raised by `bmdb_work_lost()` (migration 0002) when an end finds no claim. */
 export const WORK_LOST = 'BMW01';
 
 /**
@@ -13,7 +13,7 @@ export const WORK_LOST = 'BMW01';
  * with the `BEGIN` before it (a simple query may hold several statements;
  * one with parameters may not).
  */
-export function releaseFinishedStatement(machineId: string, process: string, sessionId: string): RawBuilder<unknown> {
+export function endFinishedStatement(machineId: string, process: string, sessionId: string): RawBuilder<unknown> {
   const machine = sql.lit(machineId);
   const processLiteral = sql.lit(process);
   const session = sql.lit(sessionId);

@@ -1,8 +1,8 @@
-import { CHANGES_CHANNEL } from '../internal/changes.js';
 import type { TagWrite, TagWrites } from '../tags.js';
+import { historyOfReleased, notifiedOfReleased } from './end-parts.js';
 
-/** The end of one work item, as the release statement takes it. */
-export interface ReleaseRequest {
+/** The end of one work item, as the end statement takes it. */
+export interface EndRequest {
   readonly machineId: string;
   readonly process: string;
   readonly sessionId: string;
@@ -16,7 +16,7 @@ export interface ReleaseRequest {
 }
 
 /**
- * The parts of a release statement, one bit each: what some request of a
+ * The parts of an end statement, one bit each: what some request of a
  * batch needs done besides deleting its work row and recording history.
  */
 const Part = {
@@ -77,16 +77,11 @@ const PART_CTES: readonly (readonly [number, string])[] = [
     DELETE FROM machine_agent_heartbeat h
     WHERE h.machine_id = ANY (ARRAY(SELECT machine_id FROM released WHERE event = 'Finished' AND heartbeat = 'delete')))`,
   ],
-  [
-    Part.notified,
-    `notified AS (
-    SELECT pg_notify('${CHANGES_CHANNEL}', 'work')
-    FROM (SELECT 1 FROM released WHERE event = 'Canceled' LIMIT 1) c)`,
-  ],
+  [Part.notified, notifiedOfReleased(" WHERE event = 'Canceled'")],
 ];
 
 /** The parts `request` needs. */
-function partsOf(request: ReleaseRequest): number {
+function partsOf(request: EndRequest): number {
   switch (request.event) {
     case 'Canceled':
       return Part.notified;
@@ -105,12 +100,12 @@ function partsOf(request: ReleaseRequest): number {
 }
 
 /**
- * The release statement of a batch needing `parts`. For each request whose
+ * The end statement of a batch needing `parts`. For each request whose
  * work row this session still holds — while the session lives, except for a
  * cancel — it deletes the row, records the history event, clears (Finished)
  * or starts (Failed) the pair's backoff, and writes the finish's tags; a
  * cancel announces the machine free again. It returns the positions of the
- * requests released: the others' claims were gone.
+ * requests ended: the others' claims were gone.
  *
  * Only the parts some request of the batch needs are in the statement: a
  * data-modifying CTE costs its executor set-up and its table's statement
@@ -125,9 +120,9 @@ function partsOf(request: ReleaseRequest): number {
  * One statement at READ COMMITTED: everything it does hangs on the work row
  * it deletes, which it locks. A concurrent takeover or collection of the same
  * row either committed first (the row is re-checked, no longer ours, and the
- * request is not released) or waits for this statement.
+ * request is not ended) or waits for this statement.
  */
-export function releaseStatement(parts: number): string {
+export function endWorkStatement(parts: number): string {
   const ctes = PART_CTES.filter(([part]) => parts & part).map(([, cte]) => `,\n  ${cte}`);
   const notified = parts & Part.notified ? '(SELECT count(*)::int FROM notified)' : '0';
   return `
@@ -142,22 +137,20 @@ export function releaseStatement(parts: number): string {
       AND w.machine_id = r.machine_id AND w.process = r.process AND w.session_id = r.session_id
       AND s.session_id = w.session_id AND (r.event = 'Canceled' OR s.deadline > now())
     RETURNING r.*),
-  history AS (
-    INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
-    SELECT machine_id, process, event, now(), cause FROM released)${ctes.join('')}
+  ${historyOfReleased('event', 'now()', 'cause')}${ctes.join('')}
   SELECT coalesce(array_agg(ord::int), '{}') AS released, ${notified} AS notified
   FROM released`;
 }
 
 /** The parts the statement of a batch of `requests` needs: what any of them needs. */
-export function partsOfBatch(requests: readonly ReleaseRequest[]): number {
+export function partsOfBatch(requests: readonly EndRequest[]): number {
   let parts = 0;
   for (const request of requests) parts |= partsOf(request);
   return parts;
 }
 
-/** The parameters of {@link releaseStatement} for `requests`: one array per column, `$1` to `$11`. */
-export function releaseParameters(requests: readonly ReleaseRequest[]): unknown[] {
+/** The parameters of {@link endWorkStatement} for `requests`: one array per column, `$1` to `$11`. */
+export function endWorkParameters(requests: readonly EndRequest[]): unknown[] {
   const started = requests.map((r) => r.tags?.agentStarted);
   const heartbeat = requests.map((r) => r.tags?.agentHeartbeat);
   return [

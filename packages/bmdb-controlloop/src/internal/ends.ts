@@ -1,10 +1,10 @@
-import { partsOfBatch, type ReleaseRequest, releaseParameters, releaseStatement } from '../sql/release.js';
+import { type EndRequest, endWorkParameters, endWorkStatement, partsOfBatch } from '../sql/end-work.js';
 import { Batcher } from './batcher.js';
 import { isConnectionLost } from './connection-lost.js';
 import type { PreparedStatements } from './prepared.js';
 import type { RunStatement } from './retry.js';
 
-/** Most releases in one statement. */
+/** Most ends in one statement. */
 const MAX_BATCH = 64;
 
 /**
@@ -14,8 +14,8 @@ const MAX_BATCH = 64;
  * holds at most one request per machine, so that the tag writes of one
  * statement never meet on a row.
  */
-export class Releases {
-  readonly #batcher: Batcher<ReleaseRequest, boolean>;
+export class Ends {
+  readonly #batcher: Batcher<EndRequest, boolean>;
   /** Statements by their parts, built once each. */
   readonly #statements = new Map<number, string>();
 
@@ -33,23 +33,23 @@ export class Releases {
     });
   }
 
-  /** Resolves true once released, false if the session no longer held the claim. */
-  release(request: ReleaseRequest): Promise<boolean> {
+  /** Resolves true once ended, false if the session no longer held the claim. */
+  end(request: EndRequest): Promise<boolean> {
     return this.#batcher.submit(request);
   }
 
-  async #send(requests: readonly ReleaseRequest[]): Promise<boolean[]> {
-    const parameters = releaseParameters(requests);
+  async #send(requests: readonly EndRequest[]): Promise<boolean[]> {
+    const parameters = endWorkParameters(requests);
     const parts = partsOfBatch(requests);
     let statement = this.#statements.get(parts);
     if (statement === undefined) {
-      statement = releaseStatement(parts);
+      statement = endWorkStatement(parts);
       this.#statements.set(parts, statement);
     }
     const sql = statement;
     const processors = [...new Set(requests.map((r) => r.processor))];
     const [row] = await this.run(processors, () => this.prepared.query<{ released: number[] }>({ sql, parameters }));
-    const released = new Set(row?.released ?? []);
-    return requests.map((_, i) => released.has(i + 1));
+    const ended = new Set(row?.released ?? []);
+    return requests.map((_, i) => ended.has(i + 1));
   }
 }

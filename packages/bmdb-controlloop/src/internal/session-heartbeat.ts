@@ -1,0 +1,60 @@
+import type pg from 'pg';
+import type { BMDBMetrics } from '../metrics.js';
+import { describeError, log } from './log.js';
+
+/** How often a failed heartbeat is retried, as a fraction of the interval. */
+const HEARTBEAT_RETRY_FRACTION = 10;
+/** A heartbeat failing with less than this fraction of the interval left puts the deadline at risk. */
+const HEARTBEAT_AT_RISK_FRACTION = 4;
+
+/**
+ * One session heartbeat's round trip: pushes session `sessionId`'s deadline
+ * one interval out, on the heartbeat pool so that it never queues behind
+ * work. Resolves false if the database already considers the session dead.
+ */
+export async function renewSessionDeadline(pool: pg.Pool, sessionId: string): Promise<boolean> {
+  const client = await pool.connect();
+  try {
+    const result = await client.query(
+      `UPDATE sessions SET deadline = now() + make_interval(secs => interval_seconds)
+           WHERE session_id = $1 AND deadline > now()`,
+      [sessionId],
+    );
+    client.release();
+    return result.rowCount === 1;
+  } catch (error) {
+    // A failed or timed-out connection must not go back to the pool.
+    client.release(error instanceof Error ? error : new Error(String(error)));
+    throw error;
+  }
+}
+
+/** A failed heartbeat of a live session, `left` ms before its deadline. */
+export interface HeartbeatFailure {
+  readonly sessionId: string;
+  readonly processor: string;
+  /** The session's interval, in milliseconds. */
+  readonly interval: number;
+  readonly left: number;
+  readonly error: unknown;
+}
+
+/**
+ * Counts and logs a failed heartbeat, and returns how long to wait before
+ * the next try: a tenth of the interval, never past the deadline.
+ */
+export function reportHeartbeatFailure(failure: HeartbeatFailure, metrics: BMDBMetrics | undefined): number {
+  const { sessionId, processor, interval, left, error } = failure;
+  const code = (error as { code?: unknown }).code;
+  metrics?.heartbeatsFailed.inc({ processor, code: typeof code === 'string' ? code : 'none' });
+  // Retries come every tenth of the interval; only a deadline close enough to miss is worth a person's notice.
+  const atRisk = left < interval / HEARTBEAT_AT_RISK_FRACTION;
+  (atRisk ? log.session : log.heartbeat)(
+    '%ssession %s heartbeat failed, retrying (%dms to deadline): %s',
+    atRisk ? 'warning: deadline at risk: ' : '',
+    sessionId,
+    Math.round(left),
+    describeError(error),
+  );
+  return Math.min(left, interval / HEARTBEAT_RETRY_FRACTION);
+}
