@@ -7,7 +7,7 @@ import { type Kysely, sql } from 'kysely';
  *
  * - `machines.claim_version`: bumped by every claim. A claim locks the
  *   machine row and re-checks the version it selected by, so a machine
- *   claimed by anyone since the claim's snapshot is skipped (see claim.ts).
+ *   claimed by anyone since the claim's snapshot is skipped (see sql/claim-parts.ts and sql/claim-selected.ts).
  * - `machine_agent_pending`: the provided machines without an AgentStarted
  *   tag, by provider, kept by triggers. The agent-start selection reads it
  *   instead of anti-joining every provided machine with AgentStarted, which
