@@ -1,5 +1,7 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { stat } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
+import { expect } from 'vitest';
 
 export { eventually } from '../../../test/support/wait.js';
 
@@ -104,4 +106,21 @@ export function runEquinixArgs(
 /** `{ 'bmdb-url': url }` as `['--bmdb-url', url]`, in the object's order. */
 export function flagArgs(flags: Readonly<Record<string, string | number>>): string[] {
   return Object.entries(flags).flatMap(([flag, value]) => [`--${flag}`, String(value)]);
+}
+
+/**
+ * A usage error as the CLI must give it: exit 2, `message` on one line of
+ * its own (debug log lines, timestamped, aside), no secret echoed, and
+ * nothing written under `dataDir`.
+ */
+export async function expectUsageError(result: Result, message: RegExp, dataDir: string): Promise<void> {
+  expect(result.code).toBe(2);
+  expect(result.stderr).toMatch(message);
+  const lines = result.stderr
+    .trim()
+    .split('\n')
+    .filter((line) => !/^\d{4}-\d\d-\d\dT/.test(line));
+  expect(lines).toHaveLength(1);
+  expect(result.stderr).not.toContain('hunter2');
+  await expect(stat(dataDir)).rejects.toThrow(/ENOENT/); // nothing touched
 }

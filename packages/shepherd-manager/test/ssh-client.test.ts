@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { HostileProxy } from '../../../test/support/hostile-proxy.js';
+import { freePort } from '../../../test/support/ports.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
 import {
   AgentResponseError,
@@ -330,7 +331,8 @@ describe('timeouts and aborts', () => {
   });
 
   test('dial to a closed port fails promptly, not as a timeout', async () => {
-    const port = await closedPort();
+    // Free a moment ago and nobody listening now: the dial is refused.
+    const port = await freePort();
     const error = await client.dial({ host: '127.0.0.1', port }, { connectTimeout }).catch((e) => e);
     expect(error).toBeInstanceOf(SshDialError);
     expect(error.timedOut).toBe(false);
@@ -461,15 +463,6 @@ describe('host key pinning', () => {
     }
   });
 });
-
-async function closedPort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const address = server.address();
-  await new Promise((resolve) => server.close(resolve));
-  if (!address || typeof address !== 'object') throw new Error('no address');
-  return address.port;
-}
 
 function killQuietly(pid: number): void {
   try {
