@@ -109,6 +109,10 @@ const ERROR_PAUSE = 1_000;
  *
  * Each of `parallelism` workers holds a session (starting a new one when it
  * expires), waits on the rate limiter, claims one machine and processes it.
+ * A worker sends its next claim as soon as its task's work starts to end
+ * (finish, fail or cancel), so the end and the claim travel together; the
+ * next task still starts only once the last `processMachine` returned, and
+ * a machine claimed ahead when the loop stops is given back as `Canceled`.
  * Idle workers back off up to `maxIdleDelay` between attempts.
  */
 export async function runControlLoop<T extends WorkCandidate>(
@@ -190,32 +194,54 @@ class Runner<T extends WorkCandidate> {
     return session.work(this.loop.process, (q) => getMachines.call(this.loop, q, 1));
   }
 
+  /**
+   * Waits for the limiter and claims one machine. Never rejects: what went
+   * wrong is the outcome, with the change generation seen before the claim
+   * (so an idle wait wakes for any change after it).
+   */
+  async #nextClaim(session: Session): Promise<ClaimOutcome<T>> {
+    const changes = this.bmdb.machineChanges;
+    let generation = changes.generation;
+    try {
+      await this.options.dbQueryLimiter.wait(this.options.signal);
+      generation = changes.generation;
+      return { work: await this.#claim(session, this.selection), generation };
+    } catch (error) {
+      return { error, generation };
+    }
+  }
+
   async worker(index: number): Promise<void> {
     const { signal } = this.options;
     const name = `${this.loop.processor}#${index}`;
     let session: Session | undefined;
     let idleDelay = FIRST_IDLE_DELAY;
     const changes = this.bmdb.machineChanges;
-    const selection = this.selection;
+    // The next claim, sent while the last work's end is on its way: a
+    // worker's end and its next claim overlap (as a job queue completes a
+    // job while fetching the next), and the next task still starts only
+    // after the last one returned.
+    let ahead: Promise<ClaimOutcome<T>> | undefined;
     try {
       while (!signal.aborted) {
         if (session?.state !== 'live') {
+          await cancelClaimed(ahead, name);
+          ahead = undefined;
           session = await this.#startSession(name, signal);
           if (!session) break;
         }
-        await this.options.dbQueryLimiter.wait(signal);
-        const generation = changes.generation;
-        let work: Work<T>;
-        try {
-          work = await this.#claim(session, selection);
-        } catch (error) {
+        const outcome = await (ahead ?? this.#nextClaim(session));
+        ahead = undefined;
+        if (!('work' in outcome)) {
+          const { error } = outcome;
+          if (isStopOrTimeout(error, signal)) break;
           if (error instanceof NothingToDoError) {
             // While notifications are heard, polling only has to notice what
             // no statement announces (backoffs and heartbeats aging), and a
             // worker that polls often would spend the limiter's tokens that
             // a notified claim then waits for.
             if (changes.listening) idleDelay = this.#maxIdleDelay;
-            await changes.wait(generation, idleDelay, signal);
+            await changes.wait(outcome.generation, idleDelay, signal);
             idleDelay = Math.min(idleDelay * 2, this.#maxIdleDelay);
           } else if (error instanceof WorkConflictError) {
             log.loop('%s: %s', name, error.message);
@@ -230,14 +256,20 @@ class Runner<T extends WorkCandidate> {
           }
           continue;
         }
+        const { work } = outcome;
         idleDelay = FIRST_IDLE_DELAY;
         // One machine was there; there may be more: wake an idle colleague.
         changes.wakeOne();
+        const holder = session;
+        work.onEnding(() => {
+          if (!signal.aborted && holder.state === 'live') ahead = this.#nextClaim(holder);
+        });
         await this.#process(name, session, work);
       }
     } catch (error) {
       if (!isStopOrTimeout(error, signal)) throw error;
     } finally {
+      await cancelClaimed(ahead, name);
       await session?.close().catch((error) => log.loop('%s: closing session failed: %s', name, describeError(error)));
     }
   }
@@ -307,6 +339,25 @@ class Runner<T extends WorkCandidate> {
       });
     }
   }
+}
+
+/** A claim attempt's result: the work, or why there is none. */
+type ClaimOutcome<T extends WorkCandidate> =
+  | { readonly work: Work<T>; readonly generation: number }
+  | { readonly error: unknown; readonly generation: number };
+
+/** Gives back a machine claimed ahead that no task will process (the loop stopped or its session ended). */
+async function cancelClaimed<T extends WorkCandidate>(
+  ahead: Promise<ClaimOutcome<T>> | undefined,
+  name: string,
+): Promise<void> {
+  const outcome = await ahead;
+  if (!outcome || !('work' in outcome)) return;
+  await outcome.work.cancel().catch((error) => {
+    if (!isSessionGone(error)) {
+      log.loop('%s: releasing machine %s failed: %s', name, outcome.work.machineId, describeError(error));
+    }
+  });
 }
 
 function isSessionGone(error: unknown): boolean {

@@ -78,6 +78,8 @@ export class Session {
   #nextHeartbeat: NodeJS.Timeout | undefined;
   #watchdog: NodeJS.Timeout | undefined;
   readonly #abort = new AbortController();
+  /** Set once the session is being given up: it takes no new work, and expires once its ends under way settle. */
+  #givingUp: SessionExpiredError | undefined;
   readonly #works = new Set<Work>();
   readonly #forWork: SessionForWork;
   readonly #labels: { processor: string };
@@ -185,8 +187,7 @@ export class Session {
       // The claim may have committed with nobody to know of it: a claim the
       // session would hold for as long as it lives. Give the session up; the
       // database ends what it holds within one interval.
-      this.#abandon(`the connection was lost during a claim for ${process} (${describeError(error)})`);
-      throw this.#abort.signal.reason as SessionExpiredError;
+      throw this.#abandon(`the connection was lost during a claim for ${process} (${describeError(error)})`);
     }
     const work = Work.claimed(this.#forWork, claim.machineId, process, claim.candidate, claim.previousBackoffSeconds);
     this.#works.add(work as Work);
@@ -224,6 +225,7 @@ export class Session {
   }
 
   #assertLive(): void {
+    if (this.#givingUp) throw this.#givingUp;
     const state = this.state;
     if (state === 'closed') throw new SessionClosedError(this.id);
     if (state === 'expired') throw this.#abort.signal.reason as SessionExpiredError;
@@ -352,12 +354,24 @@ export class Session {
     this.#scheduleHeartbeat(this.interval / 2);
   }
 
-  /** Expires the session now and tries to close it; its row expires on its own if that fails. */
-  #abandon(why: string): void {
-    this.#expire(why);
-    this.close().catch((error) =>
-      log.session('closing abandoned session %s failed: %s', this.id, describeError(error)),
-    );
+  /**
+   * Gives the session up: no new work from now on; once the ends of work
+   * already on their way have settled (an uncertain claim must not cost an
+   * end that can still be recorded, nor make its work be done again), the
+   * session expires and is closed. Its row expires on its own if that fails.
+   */
+  #abandon(why: string): SessionExpiredError {
+    this.#givingUp ??= new SessionExpiredError(this.id, why);
+    const giveUp = () => {
+      this.#expire(why);
+      this.close().catch((error) =>
+        log.session('closing abandoned session %s failed: %s', this.id, describeError(error)),
+      );
+    };
+    const ending = [...this.#works].flatMap((work) => work.endUnderWay ?? []);
+    if (ending.length === 0) giveUp();
+    else void Promise.allSettled(ending).then(giveUp);
+    return this.#givingUp;
   }
 
   #checkDeadline(): void {

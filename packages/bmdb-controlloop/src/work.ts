@@ -56,6 +56,7 @@ const noResult = (): void => undefined;
 export class Work<T extends WorkCandidate = WorkCandidate> {
   #state: WorkState = 'active';
   #ending: Promise<unknown> | undefined;
+  #onEnding: (() => void) | undefined;
 
   /** @internal A claim `Session.work` made. */
   static claimed<T extends WorkCandidate>(
@@ -155,6 +156,20 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     );
   }
 
+  /**
+   * @internal Calls `listener` once, when an end of this work is first sent
+   * (finish, fail or cancel): the control loop then claims its worker's next
+   * machine while this end is on its way.
+   */
+  onEnding(listener: () => void): void {
+    this.#onEnding = listener;
+  }
+
+  /** @internal The end on its way, while there is one: settles when it does. */
+  get endUnderWay(): Promise<unknown> | undefined {
+    return this.#state === 'ending' ? this.#ending : undefined;
+  }
+
   /** @internal The session closed or expired: the claim is gone with it. */
   abandon(outcome: 'canceled' | 'lost'): void {
     if (this.#state === 'active') this.#state = outcome;
@@ -166,6 +181,9 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     this.#state = 'ending';
     const ending = this.#persist(outcome, run);
     this.#ending = ending;
+    const onEnding = this.#onEnding;
+    this.#onEnding = undefined;
+    onEnding?.();
     try {
       await ending;
       this.#state = outcome;

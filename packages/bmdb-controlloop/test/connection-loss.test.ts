@@ -159,6 +159,29 @@ test('a claim whose outcome the connection lost gives its session up, so the cla
   }, 5_000);
 });
 
+test('a claim losing its connection while an end is on its way gives the session up only after that end is recorded', async () => {
+  // Once the last test's outage is over.
+  const session = await eventually('the database reachable', () => flaky.startSession().catch(() => undefined));
+  const [ending, next] = (await provideMachines(session, 2, 'EndThenLostClaim')) as [string, string];
+  const work = await session.work(Process.ShepherdAgentStart, async () => [ending]);
+  blip(300);
+  const finishing = work.finish({ set: { agentStarted: { publicKey: new Uint8Array(32) } } });
+  // A control loop's next claim, sent while the end is on its way, on the same dead connection.
+  await expect(session.work(Process.ShepherdAgentStart, async () => [next])).rejects.toBeInstanceOf(
+    SessionExpiredError,
+  );
+  await expect(session.work(Process.ShepherdAgentStart, async () => [next])).rejects.toBeInstanceOf(
+    SessionExpiredError,
+  ); // no new work while the session is being given up
+  await finishing;
+  expect(await history(ending)).toEqual(['Started', 'Finished']);
+  expect((await db.admin('SELECT 1 FROM machine_agent_started WHERE machine_id = $1', [ending])).rowCount).toBe(1);
+  await eventually(async () => (session.state === 'live' ? undefined : true));
+  await eventually(async () =>
+    (await db.admin('SELECT 1 FROM work WHERE machine_id = $1', [next])).rowCount === 0 ? true : undefined,
+  );
+});
+
 test('a task failing during a brief outage is recorded once the database is back, and processed again', async () => {
   const setup = await bmdb.startSession();
   const [machineId] = (await provideMachines(setup, 1, 'OutageLoop')) as [string];

@@ -176,6 +176,103 @@ describe('runControlLoop', () => {
     expect(history.rows.map((r) => r.event)).toEqual(['Started', 'Canceled']);
   });
 
+  test('a worker claims its next machine while its last work ends, and starts the next task only after the last returned', async () => {
+    const session = await bmdb.startSession();
+    const ids = await provideMachines(session, 2, 'ClaimAhead');
+    await session.close();
+    const ahead = await openTestBMDB(db, { componentName: 'claim-ahead' });
+    const stop = new AbortController();
+    const gate = deferred();
+    const finished = deferred();
+    const processed: string[] = [];
+    let running = 0;
+    let mostRunning = 0;
+    const loop = runControlLoop(
+      ahead,
+      agentStartLoop('ClaimAhead', async (task) => {
+        mostRunning = Math.max(mostRunning, ++running);
+        processed.push(task.machine.machineId);
+        await task.work.finish({ set: { agentStarted: { publicKey: key() } } });
+        if (processed.length === 1) {
+          finished.resolve();
+          await gate.promise; // the first task lingers after its work ended
+        }
+        running--;
+      }),
+      { dbQueryLimiter: fast(), signal: stop.signal },
+    );
+    try {
+      await finished.promise;
+      // The other machine is claimed by the same worker's session, not processed yet.
+      const [first] = processed as [string];
+      const other = ids.find((id) => id !== first) as string;
+      await eventually(
+        'the other machine claimed ahead',
+        async () =>
+          (await count(
+            `SELECT count(*)::int AS n FROM work w JOIN sessions s USING (session_id)
+           WHERE w.machine_id = $1 AND s.component_name = 'claim-ahead'`,
+            [other],
+          )) === 1
+            ? true
+            : undefined,
+        5_000,
+      );
+      expect(processed).toEqual([first]);
+      gate.resolve();
+      await eventually(async () => (processed.length === 2 ? true : undefined));
+      await eventually(async () => (running === 0 ? true : undefined));
+    } finally {
+      gate.resolve();
+      stop.abort();
+      await loop;
+    }
+    expect(mostRunning).toBe(1);
+    expect(
+      await count(
+        "SELECT count(*)::int AS n FROM work_history WHERE event = 'Finished' AND machine_id = ANY($1::uuid[])",
+        [ids],
+      ),
+    ).toBe(2);
+  });
+
+  test('a machine claimed ahead when the loop stops is given back, recorded Canceled', async () => {
+    const session = await bmdb.startSession();
+    const ids = await provideMachines(session, 2, 'AheadAtStop');
+    await session.close();
+    const ahead = await openTestBMDB(db, { componentName: 'ahead-at-stop' });
+    const stop = new AbortController();
+    const processed: string[] = [];
+    const loop = runControlLoop(
+      ahead,
+      agentStartLoop('AheadAtStop', async (task) => {
+        processed.push(task.machine.machineId);
+        await task.work.finish({ set: { agentStarted: { publicKey: key() } } });
+        // By now the next machine is claimed (or being claimed): stop before it is processed.
+        await eventually(
+          'the next machine claimed ahead',
+          async () =>
+            (await count(
+              `SELECT count(*)::int AS n FROM work w JOIN sessions s USING (session_id)
+             WHERE s.component_name = 'ahead-at-stop'`,
+            )) === 1
+              ? true
+              : undefined,
+          5_000,
+        );
+        stop.abort();
+      }),
+      { dbQueryLimiter: fast(), signal: stop.signal },
+    );
+    await loop;
+    expect(processed).toHaveLength(1);
+    const other = ids.find((id) => id !== processed[0]) as string;
+    const history = await db.admin('SELECT event FROM work_history WHERE machine_id = $1 ORDER BY timestamp', [other]);
+    expect(history.rows.map((r) => r.event)).toEqual(['Started', 'Canceled']);
+    expect(await count('SELECT count(*)::int AS n FROM work WHERE machine_id = ANY($1::uuid[])', [ids])).toBe(0);
+    expect(await count("SELECT count(*)::int AS n FROM sessions WHERE component_name = 'ahead-at-stop'")).toBe(0);
+  });
+
   test('a clean stop lets in-flight work finish, then closes every session', async () => {
     const session = await bmdb.startSession();
     const ids = await provideMachines(session, 3, 'CleanStop');
