@@ -1,29 +1,45 @@
 import { createHash } from 'node:crypto';
 import type pg from 'pg';
+import utils from 'pg/lib/utils.js';
+import { PreparedQuery, type Statement } from './prepared-query.js';
 
 /**
  * Runs compiled queries as named prepared statements: each connection of the
- * pool parses and plans a statement once, then only binds and executes it.
- * For the claim, a statement of many CTEs run for every work item, planning
+ * pool parses and plans a statement once, then only binds and executes it,
+ * without asking again for the rows' description (see PreparedQuery). For
+ * the claim, a statement of many CTEs run for every work item, planning
  * costs more than executing.
  */
 export class PreparedStatements {
-  /** Statement names by SQL text; a name is a digest of the text, so every connection agrees. */
-  readonly #names = new Map<string, string>();
+  /** Statements by SQL text; a name is a digest of the text, so every connection agrees. */
+  readonly #statements = new Map<string, Statement>();
 
   constructor(private readonly pool: pg.Pool) {}
 
   async query<R>(compiled: { readonly sql: string; readonly parameters: readonly unknown[] }): Promise<R[]> {
-    let name = this.#names.get(compiled.sql);
-    if (name === undefined) {
-      name = `bmdb_${createHash('sha256').update(compiled.sql).digest('hex').slice(0, 24)}`;
-      this.#names.set(compiled.sql, name);
+    let statement = this.#statements.get(compiled.sql);
+    if (statement === undefined) {
+      const name = `bmdb_${createHash('sha256').update(compiled.sql).digest('hex').slice(0, 24)}`;
+      statement = { name, text: compiled.sql, columns: undefined };
+      this.#statements.set(compiled.sql, statement);
     }
-    const result = await this.pool.query<R & pg.QueryResultRow>({
-      name,
-      text: compiled.sql,
-      values: [...compiled.parameters],
-    });
-    return result.rows;
+    const values = compiled.parameters.map((value) => utils.prepareValue(value));
+    const client = await this.pool.connect();
+    const typeParser = (oid: number) => client.getTypeParser(oid, 'text');
+    try {
+      const rows = await new Promise<R[]>((resolve, reject) => {
+        client.query(
+          new PreparedQuery<R>(statement, values, typeParser, (error, rows) =>
+            error ? reject(error) : resolve(rows ?? []),
+          ),
+        );
+      });
+      client.release();
+      return rows;
+    } catch (error) {
+      // As pg's pool.query: a client whose query failed is not reused.
+      client.release(error instanceof Error ? error : true);
+      throw error;
+    }
   }
 }
