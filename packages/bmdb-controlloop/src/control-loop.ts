@@ -197,14 +197,22 @@ class Runner<T extends WorkCandidate> {
   /**
    * Waits for the limiter and claims one machine. Never rejects: what went
    * wrong is the outcome, with the change generation seen before the claim
-   * (so an idle wait wakes for any change after it).
+   * (so an idle wait wakes for any change after it). With a token at hand
+   * the claim is handed to its batch at once, before the caller goes on.
    */
-  async #nextClaim(session: Session): Promise<ClaimOutcome<T>> {
-    const changes = this.bmdb.machineChanges;
-    let generation = changes.generation;
+  #nextClaim(session: Session): Promise<ClaimOutcome<T>> {
+    const limiter = this.options.dbQueryLimiter;
+    if (limiter.tryTake()) return this.#claimNow(session);
+    const generation = this.bmdb.machineChanges.generation;
+    return limiter.wait(this.options.signal).then(
+      () => this.#claimNow(session),
+      (error: unknown) => ({ error, generation }),
+    );
+  }
+
+  async #claimNow(session: Session): Promise<ClaimOutcome<T>> {
+    const generation = this.bmdb.machineChanges.generation;
     try {
-      await this.options.dbQueryLimiter.wait(this.options.signal);
-      generation = changes.generation;
       return { work: await this.#claim(session, this.selection), generation };
     } catch (error) {
       return { error, generation };

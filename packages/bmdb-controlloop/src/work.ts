@@ -179,11 +179,12 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     if (this.#state !== 'active') throw new WorkEndedError(this.machineId, this.process, this.#state);
     if (outcome !== 'canceled') this.session.assertLive();
     this.#state = 'ending';
-    const ending = this.#persist(outcome, run);
-    this.#ending = ending;
+    // The next claim goes out first: it takes longer than an end.
     const onEnding = this.#onEnding;
     this.#onEnding = undefined;
     onEnding?.();
+    const ending = this.#persist(outcome, run);
+    this.#ending = ending;
     try {
       await ending;
       this.#state = outcome;

@@ -1,7 +1,12 @@
 import { createHash } from 'node:crypto';
+import { createRequire } from 'node:module';
 import type pg from 'pg';
-import utils from 'pg/lib/utils.js';
 import { PreparedQuery, type Statement } from './prepared-query.js';
+
+/** pg's own conversion of a query value to what it sends (arrays, dates, JSON...), which `@types/pg` leaves out. */
+const { prepareValue } = createRequire(import.meta.url)('pg/lib/utils.js') as {
+  prepareValue(value: unknown): string | Buffer | null;
+};
 
 /**
  * Runs compiled queries as named prepared statements: each connection of the
@@ -23,7 +28,7 @@ export class PreparedStatements {
       statement = { name, text: compiled.sql, columns: undefined };
       this.#statements.set(compiled.sql, statement);
     }
-    const values = compiled.parameters.map((value) => utils.prepareValue(value));
+    const values = compiled.parameters.map((value) => prepareValue(value));
     const client = await this.pool.connect();
     const typeParser = (oid: number) => client.getTypeParser(oid, 'text');
     try {
