@@ -38,20 +38,58 @@ interface CpuSnapshot {
   readonly backends: Map<number, number>;
 }
 
-/** Client-side round trips: every `Client.query` from its call to its answer. */
-const roundTrips = { count: 0, ms: 0, enabled: false };
+/**
+ * Client-side round trips: every `Client.query` from its call to its answer,
+ * in total and by statement kind, and the wall time during which at least
+ * one was in flight (a worker's end and its next claim overlap).
+ */
+const roundTrips = {
+  count: 0,
+  ms: 0,
+  enabled: false,
+  inFlight: 0,
+  busySince: 0,
+  busyMs: 0,
+  byKind: new Map<string, { count: number; ms: number }>(),
+};
 type QueryFn = (...args: unknown[]) => unknown;
 const original = pg.Client.prototype.query as unknown as QueryFn;
+/** The kind of a statement by its text: claim, end or other. */
+function kindOf(text: unknown): string {
+  if (typeof text !== 'string') return 'other';
+  if (text.includes('INSERT INTO work (')) return 'claim';
+  if (text.includes('DELETE FROM work w')) return 'end';
+  return 'other';
+}
 (pg.Client.prototype as unknown as { query: QueryFn }).query = function timedQuery(
   this: pg.Client,
   ...args: unknown[]
 ) {
   if (!roundTrips.enabled) return original.apply(this, args);
   const start = performance.now();
+  if (roundTrips.inFlight++ === 0) roundTrips.busySince = start;
+  const first = args[0] as { text?: unknown } | string | undefined;
+  const kind = kindOf(typeof first === 'string' ? first : first?.text);
   const done = () => {
+    const now = performance.now();
     roundTrips.count++;
-    roundTrips.ms += performance.now() - start;
+    roundTrips.ms += now - start;
+    const byKind = roundTrips.byKind.get(kind) ?? { count: 0, ms: 0 };
+    byKind.count++;
+    byKind.ms += now - start;
+    roundTrips.byKind.set(kind, byKind);
+    if (--roundTrips.inFlight === 0) roundTrips.busyMs += now - roundTrips.busySince;
   };
+  const query = args[0] as { submit?: unknown; callback?: QueryFn } | undefined;
+  if (typeof query?.submit === 'function' && typeof query.callback === 'function') {
+    // A query object of the library's own (prepared statements): timed through its callback.
+    const callback = query.callback;
+    query.callback = (...results: unknown[]) => {
+      done();
+      return callback.apply(query, results);
+    };
+    return original.apply(this, args);
+  }
   const last = args.length - 1;
   const callback = args[last];
   if (typeof callback === 'function') {
@@ -134,9 +172,13 @@ async function main(): Promise<void> {
       `| wall time | ${fmt(perItem)} (${Math.round(ITEMS / (elapsed / 1000)).toLocaleString('en')} items/s) |`,
     );
     console.log(`| round trips | ${(roundTrips.count / ITEMS).toFixed(2)} |`);
-    console.log(`| time in round trips (client side) | ${fmt(rtPerItem)} |`);
+    console.log(`| time in round trips (client side, summed) | ${fmt(rtPerItem)} |`);
+    for (const [kind, { count, ms }] of roundTrips.byKind) {
+      console.log(`| of which ${kind} statements (${(count / ITEMS).toFixed(2)} per item) | ${fmt(ms / ITEMS)} |`);
+    }
     console.log(`| of which server execution + planning | ${fmt(serverMs / ITEMS)} |`);
-    console.log(`| time in Node between round trips | ${fmt(perItem - rtPerItem)} |`);
+    console.log(`| wall time with a statement in flight | ${fmt(roundTrips.busyMs / ITEMS)} |`);
+    console.log(`| wall time in Node with none in flight | ${fmt(perItem - roundTrips.busyMs / ITEMS)} |`);
     if (warm && end) {
       const items = ITEMS - WARMUP;
       let backendMs = 0;
