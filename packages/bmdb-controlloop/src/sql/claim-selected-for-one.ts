@@ -36,16 +36,19 @@ export function claimSelectedForOneStatement(
       sql`CROSS JOIN prior p`,
     )}
     SELECT '1' AS bmdb_ord,
-           EXISTS (SELECT 1 FROM live) AS bmdb_live,
-           (SELECT count(*)::int FROM chosen) - (SELECT count(*)::int FROM claimed) AS bmdb_found,
-           (SELECT c.machine_id::text FROM chosen c WHERE NOT EXISTS (SELECT 1 FROM claimed)) AS bmdb_first_candidate,
+           l.session_id IS NOT NULL AS bmdb_live,
+           (k.machine_id IS NOT NULL AND d.machine_id IS NULL)::int AS bmdb_found,
+           CASE WHEN d.machine_id IS NULL THEN k.machine_id::text END AS bmdb_first_candidate,
            d.machine_id IS NOT NULL AS bmdb_claimed,
            p.session_id::text AS bmdb_took_over_from,
-           (SELECT b.last_interval_seconds FROM work_backoff b
-            WHERE b.machine_id = d.machine_id AND b.process = ${process}) AS bmdb_last_interval_seconds,
+           b.last_interval_seconds AS bmdb_last_interval_seconds,
            c.*
     FROM (SELECT 1) AS one
+    LEFT JOIN live l ON true
+    LEFT JOIN chosen k ON true
     LEFT JOIN claimed d ON true
     LEFT JOIN chosen c ON c.machine_id = d.machine_id
-    LEFT JOIN prior p ON p.machine_id = d.machine_id`;
+    LEFT JOIN prior p ON p.machine_id = d.machine_id
+    -- A join, not a subquery: as a subquery its generic plan could read every backoff of the process.
+    LEFT JOIN work_backoff b ON b.machine_id = d.machine_id AND b.process = ${process}`;
 }

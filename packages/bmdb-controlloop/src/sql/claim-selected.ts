@@ -85,13 +85,14 @@ export function claimSelectedStatement(
            (SELECT machine_id::text FROM unclaimed LIMIT 1) AS bmdb_first_candidate,
            d.machine_id IS NOT NULL AS bmdb_claimed,
            p.session_id::text AS bmdb_took_over_from,
-           (SELECT b.last_interval_seconds FROM work_backoff b
-            WHERE b.machine_id = d.machine_id AND b.process = ${process}) AS bmdb_last_interval_seconds,
+           b.last_interval_seconds AS bmdb_last_interval_seconds,
            c.*
     FROM requests r
     LEFT JOIN live l ON l.ord = r.ord
     LEFT JOIN assigned a ON a.ord = r.ord
     LEFT JOIN claimed d ON d.machine_id = a.machine_id
     LEFT JOIN chosen c ON c.machine_id = d.machine_id
-    LEFT JOIN prior p ON p.machine_id = d.machine_id`;
+    LEFT JOIN prior p ON p.machine_id = d.machine_id
+    -- A join, not a subquery: as a subquery its generic plan could read every backoff of the process.
+    LEFT JOIN work_backoff b ON b.machine_id = d.machine_id AND b.process = ${process}`;
 }
