@@ -50,7 +50,7 @@ const roundTrips = {
   inFlight: 0,
   busySince: 0,
   busyMs: 0,
-  byKind: new Map<string, { count: number; ms: number }>(),
+  byKind: new Map<string, { count: number; ms: number; all: number[] }>(),
 };
 type QueryFn = (...args: unknown[]) => unknown;
 const original = pg.Client.prototype.query as unknown as QueryFn;
@@ -74,9 +74,10 @@ function kindOf(text: unknown): string {
     const now = performance.now();
     roundTrips.count++;
     roundTrips.ms += now - start;
-    const byKind = roundTrips.byKind.get(kind) ?? { count: 0, ms: 0 };
+    const byKind = roundTrips.byKind.get(kind) ?? { count: 0, ms: 0, all: [] };
     byKind.count++;
     byKind.ms += now - start;
+    byKind.all.push(now - start);
     roundTrips.byKind.set(kind, byKind);
     if (--roundTrips.inFlight === 0) roundTrips.busyMs += now - roundTrips.busySince;
   };
@@ -173,8 +174,12 @@ async function main(): Promise<void> {
     );
     console.log(`| round trips | ${(roundTrips.count / ITEMS).toFixed(2)} |`);
     console.log(`| time in round trips (client side, summed) | ${fmt(rtPerItem)} |`);
-    for (const [kind, { count, ms }] of roundTrips.byKind) {
-      console.log(`| of which ${kind} statements (${(count / ITEMS).toFixed(2)} per item) | ${fmt(ms / ITEMS)} |`);
+    for (const [kind, { count, ms, all }] of roundTrips.byKind) {
+      const sorted = all.sort((a, b) => a - b);
+      const p = (q: number) => fmt(sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? 0);
+      console.log(
+        `| of which ${kind} statements (${(count / ITEMS).toFixed(2)} per item; p50 ${p(0.5)}, p90 ${p(0.9)}) | ${fmt(ms / ITEMS)} |`,
+      );
     }
     console.log(`| of which server execution + planning | ${fmt(serverMs / ITEMS)} |`);
     console.log(`| wall time with a statement in flight | ${fmt(roundTrips.busyMs / ITEMS)} |`);
