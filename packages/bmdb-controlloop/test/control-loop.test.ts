@@ -75,6 +75,14 @@ function countingLimiter(): { limiter: RateLimiter; attempts: () => number } {
 const startAgent = (task: Task<ProvidedMachine>) =>
   task.work.finish((q) => q.setAgentStarted(task.machine.machineId, { publicKey: key() }));
 
+/** A machine's history events, oldest first. */
+async function events(machineId: string): Promise<string[]> {
+  const { rows } = await db.admin('SELECT event FROM work_history WHERE machine_id = $1 ORDER BY timestamp', [
+    machineId,
+  ]);
+  return rows.map((r) => r.event);
+}
+
 async function count(sql: string, values: unknown[] = []): Promise<number> {
   return (await db.admin(sql, values)).rows[0].n;
 }
@@ -192,10 +200,7 @@ describe('runControlLoop', () => {
     );
     await done.promise;
     await running;
-    const history = await db.admin('SELECT event FROM work_history WHERE machine_id = $1 ORDER BY timestamp', [
-      machineId,
-    ]);
-    expect(history.rows.map((r) => r.event)).toEqual(['Started', 'Canceled']);
+    expect(await events(machineId)).toEqual(['Started', 'Canceled']);
   });
 
   test('a worker claims its next machine while its last work ends, and starts the next task only after the last returned', async () => {
@@ -289,8 +294,7 @@ describe('runControlLoop', () => {
     await loop;
     expect(processed).toHaveLength(1);
     const other = ids.find((id) => id !== processed[0]) as string;
-    const history = await db.admin('SELECT event FROM work_history WHERE machine_id = $1 ORDER BY timestamp', [other]);
-    expect(history.rows.map((r) => r.event)).toEqual(['Started', 'Canceled']);
+    expect(await events(other)).toEqual(['Started', 'Canceled']);
     expect(await count('SELECT count(*)::int AS n FROM work WHERE machine_id = ANY($1::uuid[])', [ids])).toBe(0);
     expect(await count("SELECT count(*)::int AS n FROM sessions WHERE component_name = 'ahead-at-stop'")).toBe(0);
   });
@@ -347,10 +351,7 @@ describe('runControlLoop', () => {
     expect(taskSignal.aborted).toBe(true);
     expect(await count('SELECT count(*)::int AS n FROM work')).toBe(0);
     expect(await count("SELECT count(*)::int AS n FROM sessions WHERE component_name = 'stuck'")).toBe(0);
-    const history = await db.admin('SELECT event FROM work_history WHERE machine_id = $1 ORDER BY timestamp', [
-      machineId,
-    ]);
-    expect(history.rows.map((r) => r.event)).toEqual(['Started', 'Canceled']);
+    expect(await events(machineId)).toEqual(['Started', 'Canceled']);
   });
 
   test('a database outage expires the sessions; the loop starts new ones and carries on', async () => {
