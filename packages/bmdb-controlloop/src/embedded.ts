@@ -7,6 +7,7 @@ import pg from 'pg';
 import { EmbeddedDatabaseError } from './errors.js';
 import { log } from './internal/log.js';
 import { initdb, PostgresProcess } from './internal/postgres-process.js';
+import { waitUntilAccepting } from './internal/postgres-ready.js';
 import { sleep } from './internal/sleep.js';
 
 /** Options for {@link EmbeddedDatabase.start}. */
@@ -26,7 +27,7 @@ export interface EmbeddedDatabaseOptions {
    * When another live process already runs the server on this data directory,
    * connect to it instead of failing (its owner keeps stopping it; `stop()`
    * here only lets go). For tools such as `shepherd status` next to a running
-   * shepherd.
+   * shepherd. A server still starting up is waited for, up to 30 s.
    */
   attach?: boolean;
 }
@@ -77,6 +78,19 @@ export class EmbeddedDatabase {
       const running = await runningServer(dataDir);
       if (running) {
         const credentials = await loadOrCreateCredentials(dataDir);
+        // The other process may have started its server a moment ago.
+        await waitUntilAccepting(urlOf(credentials, running.port, 'postgres'), {
+          timeout: ATTACH_TIMEOUT,
+          exited: () => (isAlive(running.pid) ? undefined : new Error(`postgres (PID ${running.pid}) exited`)),
+        }).catch((error: unknown) => {
+          throw new EmbeddedDatabaseError(
+            `the server of process ${running.owner} on port ${running.port} did not accept connections: ${
+              error instanceof Error ? error.message : String(error)
+            }`,
+            dataDir,
+            { cause: error },
+          );
+        });
         log.embedded('attached to the server of process %d on port %d', running.owner, running.port);
         return new EmbeddedDatabase(dataDir, running.port, options.database ?? 'bmdb', credentials, undefined);
       }
@@ -200,6 +214,8 @@ function urlOf({ user, password }: Credentials, port: number, database: string):
 }
 
 const OWNER_FILE = 'owner.pid';
+/** How long to wait for another process's server that is still starting up. */
+const ATTACH_TIMEOUT = 30_000;
 
 /** Data directories with a server started by this process. */
 const openHere = new Set<string>();
@@ -240,7 +256,7 @@ async function claimOwnership(dataDir: string, pgdata: string): Promise<void> {
 }
 
 /** The server another live process runs on `dataDir`, if any. */
-async function runningServer(dataDir: string): Promise<{ owner: number; port: number } | undefined> {
+async function runningServer(dataDir: string): Promise<{ owner: number; pid: number; port: number } | undefined> {
   if (openHere.has(dataDir)) return undefined;
   const owner = await readPid(path.join(dataDir, OWNER_FILE));
   if (owner === undefined || owner === process.pid || !isAlive(owner)) return undefined;
@@ -253,7 +269,7 @@ async function runningServer(dataDir: string): Promise<{ owner: number; port: nu
   const pid = Number.parseInt(lines[0] ?? '', 10);
   // postmaster.pid: PID, data directory, start time, port, ...
   const port = Number.parseInt(lines[3] ?? '', 10);
-  return isAlive(pid) && port > 0 ? { owner, port } : undefined;
+  return isAlive(pid) && port > 0 ? { owner, pid, port } : undefined;
 }
 
 async function loadOrCreateCredentials(dataDir: string): Promise<Credentials> {

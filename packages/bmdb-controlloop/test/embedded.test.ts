@@ -79,14 +79,14 @@ describe('embedded PostgreSQL', () => {
     try {
       const first = await EmbeddedDatabase.start({ dataDir: dir });
       await first.stop();
-      // Another shepherd process owns the running server.
-      const server = await startOrphan(path.join(dir, 'pgdata'), first.port);
+      // Another shepherd process owns the server, which is still starting up: attaching waits for it.
       await writeFile(path.join(dir, 'owner.pid'), `${owner.pid}\n`);
+      const server = await startOrphan(path.join(dir, 'pgdata'), first.port, 'started');
 
-      await expect(EmbeddedDatabase.start({ dataDir: dir })).rejects.toThrow(`already in use by process ${owner.pid}`);
       const attached = await EmbeddedDatabase.start({ dataDir: dir, attach: true });
       expect(attached.attached).toBe(true);
       expect(attached.port).toBe(first.port);
+      await expect(EmbeddedDatabase.start({ dataDir: dir })).rejects.toThrow(`already in use by process ${owner.pid}`);
       const bmdb = await BMDB.open({
         url: attached.url,
         migrate: true,
@@ -176,7 +176,12 @@ async function stopServer(dir: string, child: ReturnType<typeof spawn>): Promise
 }
 
 /** Runs postgres on `pgdata` detached from any EmbeddedDatabase, as a crashed owner would leave it. */
-async function startOrphan(pgdata: string, port: number) {
+/**
+ * Starts postgres on `pgdata` as a process of its own, and waits until it
+ * accepts TCP connections, or only until it has `started` (its
+ * postmaster.pid names the port; it may still refuse connections, 57P03).
+ */
+async function startOrphan(pgdata: string, port: number, until: 'accepting' | 'started' = 'accepting') {
   // The binaries the library runs: as root, maybe a copy the postgres user can reach.
   const postgres = path.join((await postgresInstallation()).bin, 'postgres');
   const serverArgs = [
@@ -193,6 +198,19 @@ async function startOrphan(pgdata: string, port: number) {
   const [command, args] =
     process.getuid?.() === 0 ? ['runuser', ['-u', 'postgres', '--', postgres, ...serverArgs]] : [postgres, serverArgs];
   const child = spawn(command, args, { stdio: 'ignore' });
+  if (until === 'started') {
+    // Looked for every few milliseconds: start-up may take no longer than that.
+    const deadline = Date.now() + 10_000;
+    for (;;) {
+      const lines = await readFile(path.join(pgdata, 'postmaster.pid'), 'utf8').then(
+        (text) => text.split('\n'),
+        () => [],
+      );
+      if (Number.parseInt(lines[3] ?? '', 10) === port) return child;
+      if (Date.now() > deadline) throw new Error(`postgres on port ${port} did not start within 10 s`);
+      await new Promise((resolve) => setTimeout(resolve, 2));
+    }
+  }
   await eventually(
     `postgres accepting on port ${port}`,
     async () => ((await portAccepts(port)) ? true : undefined),
