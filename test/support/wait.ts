@@ -1,24 +1,29 @@
 /**
- * Polls `check` every 50 ms until it returns something other than undefined,
- * and returns that; fails after `timeout` ms (default 20 s), naming `what`
- * the test waited for when given. The suite's one way to wait: for a
- * condition, never for a fixed time.
+ * Polls `check` every `every` ms (default 50) until it returns something
+ * other than undefined, and returns that; fails after `timeout` ms (default
+ * 20 s), naming `what` the test waited for when given. The suite's one way
+ * to wait: for a condition, never for a fixed time.
  */
 export function eventually<T>(check: () => Promise<T | undefined>, timeout?: number): Promise<T>;
-export function eventually<T>(what: string, check: () => Promise<T | undefined>, timeout?: number): Promise<T>;
+export function eventually<T>(
+  what: string,
+  check: () => Promise<T | undefined>,
+  timeout?: number,
+  every?: number,
+): Promise<T>;
 export async function eventually<T>(
-  ...args: [() => Promise<T | undefined>, number?] | [string, () => Promise<T | undefined>, number?]
+  ...args: [() => Promise<T | undefined>, number?] | [string, () => Promise<T | undefined>, number?, number?]
 ): Promise<T> {
-  const [what, check, timeout = 20_000]: [string, () => Promise<T | undefined>, number?] =
+  const [what, check, timeout = 20_000, every = 50]: [string, () => Promise<T | undefined>, number?, number?] =
     typeof args[0] === 'string'
-      ? (args as [string, () => Promise<T | undefined>, number?])
+      ? (args as [string, () => Promise<T | undefined>, number?, number?])
       : ['condition', ...(args as [() => Promise<T | undefined>, number?])];
   const deadline = Date.now() + timeout;
   for (;;) {
     const value = await check();
     if (value !== undefined) return value;
     if (Date.now() > deadline) throw new Error(`${what}: not met within ${timeout} ms`);
-    await new Promise((resolve) => setTimeout(resolve, 50));
+    await new Promise((resolve) => setTimeout(resolve, every));
   }
 }
 

@@ -199,17 +199,19 @@ async function startOrphan(pgdata: string, port: number, until: 'accepting' | 's
     process.getuid?.() === 0 ? ['runuser', ['-u', 'postgres', '--', postgres, ...serverArgs]] : [postgres, serverArgs];
   const child = spawn(command, args, { stdio: 'ignore' });
   if (until === 'started') {
-    // Looked for every few milliseconds: start-up may take no longer than that.
-    const deadline = Date.now() + 10_000;
-    for (;;) {
-      const lines = await readFile(path.join(pgdata, 'postmaster.pid'), 'utf8').then(
-        (text) => text.split('\n'),
-        () => [],
-      );
-      if (Number.parseInt(lines[3] ?? '', 10) === port) return child;
-      if (Date.now() > deadline) throw new Error(`postgres on port ${port} did not start within 10 s`);
-      await new Promise((resolve) => setTimeout(resolve, 2));
-    }
+    await eventually(
+      `postgres on port ${port} started`,
+      async () => {
+        const lines = await readFile(path.join(pgdata, 'postmaster.pid'), 'utf8').then(
+          (text) => text.split('\n'),
+          () => [],
+        );
+        return Number.parseInt(lines[3] ?? '', 10) === port ? true : undefined;
+      },
+      10_000,
+      2, // start-up may take no longer than a few milliseconds
+    );
+    return child;
   }
   await eventually(
     `postgres accepting on port ${port}`,
