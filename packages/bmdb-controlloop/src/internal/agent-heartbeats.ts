@@ -1,6 +1,6 @@
 import type { AgentHeartbeat, AgentHeartbeatResult } from '../agent-heartbeat.js';
 import { Batcher } from './batcher.js';
-import { isConnectionLost } from './connection-lost.js';
+import { onePerMachine } from './machine-batches.js';
 import type { PreparedStatements } from './prepared.js';
 import type { RunStatement } from './retry.js';
 
@@ -70,8 +70,7 @@ export class AgentHeartbeats {
   ) {
     this.#batcher = new Batcher({
       maxSize: MAX_BATCH,
-      admits: (batch, heartbeat) => !batch.some((other) => other.machineId === heartbeat.machineId),
-      isolates: (error) => !isConnectionLost(error),
+      ...onePerMachine<AgentHeartbeat>(),
       send: (heartbeats) => this.#send(heartbeats),
     });
   }

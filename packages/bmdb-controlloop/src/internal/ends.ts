@@ -1,6 +1,6 @@
 import { type EndRequest, endWorkParameters, endWorkStatement, partsOfBatch } from '../sql/end-work.js';
 import { Batcher } from './batcher.js';
-import { isConnectionLost } from './connection-lost.js';
+import { onePerMachine } from './machine-batches.js';
 import type { PreparedStatements } from './prepared.js';
 import type { RunStatement } from './retry.js';
 
@@ -25,10 +25,7 @@ export class Ends {
   ) {
     this.#batcher = new Batcher({
       maxSize: MAX_BATCH,
-      admits: (batch, request) => !batch.some((other) => other.machineId === request.machineId),
-      // One request's bad value (a time PostgreSQL cannot store) fails the
-      // statement: it must not fail the others with it.
-      isolates: (error) => !isConnectionLost(error),
+      ...onePerMachine<EndRequest>(),
       send: (requests) => this.#send(requests),
     });
   }
