@@ -322,10 +322,7 @@ class Runner<T extends WorkCandidate> {
     if (grace.over) {
       log.loop('%s: machine %s still processing after the grace period; releasing it', name, work.machineId);
     }
-    await work.cancel().catch((error) => {
-      if (!isSessionGone(error))
-        log.loop('%s: releasing machine %s failed: %s', name, work.machineId, describeError(error));
-    });
+    await release(work, name);
   }
 
   async #runTask(name: string, task: Task<T>): Promise<void> {
@@ -360,11 +357,14 @@ async function cancelClaimed<T extends WorkCandidate>(
   name: string,
 ): Promise<void> {
   const outcome = await ahead;
-  if (!outcome || !('work' in outcome)) return;
-  await outcome.work.cancel().catch((error) => {
-    if (!isSessionGone(error)) {
-      log.loop('%s: releasing machine %s failed: %s', name, outcome.work.machineId, describeError(error));
-    }
+  if (outcome && 'work' in outcome) await release(outcome.work, name);
+}
+
+/** Cancels `work` unless it ended already; a failure other than the session's own end is logged. */
+async function release(work: Work, name: string): Promise<void> {
+  await work.cancel().catch((error) => {
+    if (!isSessionGone(error))
+      log.loop('%s: releasing machine %s failed: %s', name, work.machineId, describeError(error));
   });
 }
 
