@@ -330,11 +330,14 @@ export class Queries {
 
   /**
    * Records a leased read's state (with the time read) or failure (with its
-   * cause; the last state read stays). Returns false, recording nothing,
-   * when the machine was taken up again since: a power action since the
-   * read began asked for a fresh one.
+   * cause; the last state read stays), and returns the record it replaced.
+   * Returns `undefined`, recording nothing, when the machine was taken up
+   * again since: a power action since the read began asked for a fresh one.
    */
-  async recordPowerRead(lease: Pick<PowerReadLease, 'machineId' | 'token'>, result: PowerReadResult): Promise<boolean> {
+  async recordPowerRead(
+    lease: Pick<PowerReadLease, 'machineId' | 'token'>,
+    result: PowerReadResult,
+  ): Promise<PowerStateRecord | undefined> {
     return recordPowerRead(this.db, lease, result);
   }
 

@@ -365,8 +365,8 @@ describe('power state', () => {
     expect(await lease()).toEqual([]);
 
     const [a, b] = first as [(typeof first)[0], (typeof first)[0]];
-    expect(await q().recordPowerRead(a, { state: 'Off' })).toBe(true);
-    expect(await q().recordPowerRead(b, { failure: 'BMC unreachable' })).toBe(true);
+    expect(await q().recordPowerRead(a, { state: 'Off' })).toMatchObject({ machineId: a.machineId, state: null });
+    expect(await q().recordPowerRead(b, { failure: 'BMC unreachable' })).toMatchObject({ failedCause: null });
     expect(await q().powerState(a.machineId)).toMatchObject({ state: 'Off', failedAt: null, failedCause: null });
     expect((await q().powerState(a.machineId))?.readAt).toBeInstanceOf(Date);
     expect(await q().powerState(b.machineId)).toMatchObject({ state: null, failedCause: 'BMC unreachable' });
@@ -375,7 +375,10 @@ describe('power state', () => {
     const again = await lease();
     const aAgain = again.find((l) => l.machineId === a.machineId);
     expect(aAgain).toBeDefined();
-    await q().recordPowerRead(aAgain as (typeof again)[0], { failure: 'timeout' });
+    expect(await q().recordPowerRead(aAgain as (typeof again)[0], { failure: 'timeout' })).toMatchObject({
+      state: 'Off',
+      failedCause: null,
+    });
     expect(await q().powerState(a.machineId)).toMatchObject({ state: 'Off', failedCause: 'timeout' });
     await q().recordPowerState(a.machineId, { state: 'On' });
     expect(await q().powerState(a.machineId)).toMatchObject({ state: 'On', failedAt: null, failedCause: null });
@@ -395,7 +398,7 @@ describe('power state', () => {
     const [machineId] = (await provideMachines(session, 1, 'PowerStale')) as [string];
     const [lease] = await q().leasePowerReads({ provider: 'PowerStale', limit: 1, intervalSeconds: 60 });
     await q().forgetPowerRead(machineId);
-    expect(await q().recordPowerRead(lease as NonNullable<typeof lease>, { state: 'On' })).toBe(false);
+    expect(await q().recordPowerRead(lease as NonNullable<typeof lease>, { state: 'On' })).toBeUndefined();
     expect((await q().powerState(machineId))?.state).toBeNull();
     // Forgotten: it is the next read.
     expect(

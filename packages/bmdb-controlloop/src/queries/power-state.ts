@@ -75,21 +75,30 @@ export async function leasePowerReads(
 }
 
 /**
- * Records a leased read. Refused (false) when the machine was taken up again
- * since (a power action asked for a fresh read): the result may predate it.
+ * Records a leased read and returns the record it replaced. Refused
+ * (`undefined`) when the machine was taken up again since (a power action
+ * asked for a fresh read): the result may predate it.
  */
 export async function recordPowerRead(
   db: Kysely<Database>,
   lease: Pick<PowerReadLease, 'machineId' | 'token'>,
   result: PowerReadResult,
-): Promise<boolean> {
-  const { numUpdatedRows } = await db
-    .updateTable('machine_power_state')
-    .set(resultColumns(lease.machineId, result))
-    .where('machine_id', '=', lease.machineId)
-    .where(sql<boolean>`power_checked_at = ${lease.token}::timestamptz`)
-    .executeTakeFirst();
-  return numUpdatedRows > 0n;
+): Promise<PowerStateRecord | undefined> {
+  const set = resultColumns(lease.machineId, result);
+  const { rows } = await sql<PowerStateRow>`
+    WITH before AS (
+      SELECT * FROM machine_power_state
+      WHERE machine_id = ${lease.machineId} AND power_checked_at = ${lease.token}::timestamptz
+      FOR UPDATE),
+    recorded AS (
+      UPDATE machine_power_state ps SET ${sql.join(
+        Object.entries(set).map(([column, value]) => sql`${sql.ref(column)} = ${value}`),
+      )}
+      FROM before b WHERE ps.machine_id = b.machine_id)
+    SELECT machine_id, power_state, power_state_read_at, power_read_failed_at, power_read_failed_cause FROM before`.execute(
+    db,
+  );
+  return rows[0] && toPowerStateRecord(rows[0]);
 }
 
 /** Records a read made outside a power sync (`shepherd power status`): it also counts as the latest. */
@@ -124,13 +133,15 @@ export async function powerState(db: Kysely<Database>, machineId: string): Promi
   return row && toPowerStateRecord(row);
 }
 
-export function toPowerStateRecord(row: {
+interface PowerStateRow {
   machine_id: string;
   power_state: PowerState | null;
   power_state_read_at: Date | null;
   power_read_failed_at: Date | null;
   power_read_failed_cause: string | null;
-}): PowerStateRecord {
+}
+
+export function toPowerStateRecord(row: PowerStateRow): PowerStateRecord {
   return {
     machineId: row.machine_id,
     state: row.power_state,
@@ -140,7 +151,7 @@ export function toPowerStateRecord(row: {
   };
 }
 
-function resultColumns(machineId: string, result: PowerReadResult) {
+function resultColumns(machineId: string, result: PowerReadResult): Record<string, unknown> {
   if ('state' in result) {
     if (!STATES.includes(result.state)) {
       throw new BMDBError(
