@@ -44,12 +44,7 @@ export async function leasePowerReads(
   const { provider, limit, intervalSeconds } = options;
   if (!Number.isInteger(limit) || limit < 1) throw new RangeError(`leasePowerReads: limit must be >= 1, got ${limit}`);
   if (!(intervalSeconds >= 0)) throw new RangeError(`leasePowerReads: intervalSeconds must be >= 0`);
-  if (!db.isTransaction) {
-    return db
-      .transaction()
-      .setIsolationLevel('read committed')
-      .execute((trx) => leasePowerReads(trx, options));
-  }
+  if (!db.isTransaction) return readCommitted(db, (trx) => leasePowerReads(trx, options));
   // Each scan locks its rows as it finds them, skipping rows another lease
   // holds: concurrent leases take up different machines rather than the
   // same few. A row taken up and committed since this statement's snapshot
@@ -77,13 +72,16 @@ export async function leasePowerReads(
 /**
  * Records a leased read and returns the record it replaced. Refused
  * (`undefined`) when the machine was taken up again since (a power action
- * asked for a fresh read): the result may predate it.
+ * asked for a fresh read): the result may predate it. Outside a
+ * transaction it runs at READ COMMITTED: it locks the one row it writes, and
+ * concurrent syncs' records would only fail each other at SERIALIZABLE.
  */
 export async function recordPowerRead(
   db: Kysely<Database>,
   lease: Pick<PowerReadLease, 'machineId' | 'token'>,
   result: PowerReadResult,
 ): Promise<PowerStateRecord | undefined> {
+  if (!db.isTransaction) return readCommitted(db, (trx) => recordPowerRead(trx, lease, result));
   const set = resultColumns(lease.machineId, result);
   const { rows } = await sql<PowerStateRow>`
     WITH before AS (
@@ -149,6 +147,15 @@ export function toPowerStateRecord(row: PowerStateRow): PowerStateRecord {
     failedAt: row.power_read_failed_at,
     failedCause: row.power_read_failed_cause,
   };
+}
+
+/**
+ * `fn` in a READ COMMITTED transaction of its own: the power sync's
+ * statements lock the rows they write and are exact there, where
+ * SERIALIZABLE would fail concurrent syncs on each other's index pages.
+ */
+function readCommitted<T>(db: Kysely<Database>, fn: (trx: Kysely<Database>) => Promise<T>): Promise<T> {
+  return db.transaction().setIsolationLevel('read committed').execute(fn);
 }
 
 function resultColumns(machineId: string, result: PowerReadResult): Record<string, unknown> {
