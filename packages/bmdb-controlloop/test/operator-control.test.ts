@@ -414,6 +414,13 @@ describe('power state', () => {
     const taken = leases.flat().map((l) => l.machineId);
     expect(new Set(taken).size).toBe(taken.length);
     expect(new Set(taken)).toEqual(new Set(ids));
+    // Their records, concurrent too, each land (no serialization failure between them).
+    const recorded = await Promise.all(leases.flat().map((lease) => q().recordPowerRead(lease, { state: 'On' })));
+    expect(recorded.every((before) => before !== undefined)).toBe(true);
+    const { rows } = await db.admin(
+      `SELECT count(*)::int AS n FROM machine_power_state WHERE provider = 'PowerShared' AND power_state = 'On'`,
+    );
+    expect(rows[0].n).toBe(40);
   });
 
   test('a bad state is refused naming the machine', async () => {
