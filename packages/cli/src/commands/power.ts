@@ -1,4 +1,4 @@
-import type { MachineRef } from '@bmaas/bmdb-controlloop';
+import type { MachineRef, Session } from '@bmaas/bmdb-controlloop';
 import { type PowerActionKind, type PowerActionResult, PowerActions, Semaphore } from '@bmaas/shepherd-manager';
 import { type Argv, actor, databaseSettings, reason, UsageError } from '../settings.js';
 import { withSession } from './hold.js';
@@ -82,11 +82,7 @@ export async function power(argv: Argv, command: PowerCommand, write: (text: str
 
 type Line = { readonly done: string } | { readonly failed: string };
 
-async function status(
-  actions: PowerActions,
-  session: Parameters<PowerActions['read']>[0],
-  machine: MachineRef,
-): Promise<Line> {
+async function status(actions: PowerActions, session: Session, machine: MachineRef): Promise<Line> {
   const reading = await actions.read(session, { machineId: machine.machineId, providerId: machine.providerId ?? '' });
   return 'state' in reading
     ? { done: `${describeMachine(machine)}: ${reading.state}` }
