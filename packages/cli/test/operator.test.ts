@@ -326,7 +326,8 @@ describe('power through the other providers', () => {
 
 describe('bad input exits 2 with one line naming the flag, before anything is touched', () => {
   const targets = ['--provider', 'Static', '--provider-id', 'node1'];
-  test.each<[string, string[], RegExp]>([
+  // Each spawns a process of its own and touches nothing: run side by side.
+  test.concurrent.each<[string, string[], RegExp]>([
     ['hold without a reason', ['hold', ...targets], /--reason: required for hold: say why/],
     ['hold with a blank reason', ['hold', ...targets, '--reason', '  '], /--reason: required for hold/],
     [
