@@ -8,7 +8,6 @@ import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
 import { BMDBError, ConnectionClosedError, DatabaseUnreachableError, EmbeddedDatabaseError } from './errors.js';
 import { AgentHeartbeats } from './internal/agent-heartbeats.js';
 import { MachineChanges } from './internal/changes.js';
-import { ConnectionForSession } from './internal/connection-for-session.js';
 import { Ends } from './internal/ends.js';
 import { LiveSessions } from './internal/live-sessions.js';
 import { describeError, detail, log } from './internal/log.js';
@@ -20,7 +19,7 @@ import { SelectionClaims } from './internal/selection-claims.js';
 import { BMDBMetrics } from './metrics.js';
 import { type ComponentSchema, checkComponents, migrateToLatest } from './migrations/index.js';
 import type { Database } from './schema.js';
-import { Session, type SessionOptions } from './session.js';
+import { Session, type SessionOptions, type SessionParts } from './session.js';
 import { collectExpiredSessionsStatement } from './sql/end-sessions.js';
 
 /** Transaction isolation levels a BMDB connection can run at. */
@@ -137,7 +136,8 @@ export class BMDB {
   readonly #sessions = new LiveSessions(() => this.collectExpiredSessions());
   /** Pool clients whose connection has not ended yet (see close). */
   readonly #connected = new Set<pg.PoolClient>();
-  readonly #forSessions: ConnectionForSession;
+  /** What its sessions go through. */
+  readonly #parts: SessionParts;
   readonly #agentHeartbeats: AgentHeartbeats;
   #closed = false;
 
@@ -191,16 +191,14 @@ export class BMDB {
     this.#agentHeartbeats = new AgentHeartbeats(prepared, runBatch, (size) =>
       metrics?.agentHeartbeatBatchSize.observe(size),
     );
-    this.#forSessions = new ConnectionForSession(
-      this.#db,
-      new SelectionClaims(this.#db, prepared, runBatch),
-      new Ends(prepared, runBatch),
-      this.#changes,
-      this.#heartbeatPool,
+    this.#parts = {
+      db: this.#db,
+      claims: new SelectionClaims(this.#db, prepared, runBatch),
+      ends: new Ends(prepared, runBatch),
+      heartbeatPool: this.#heartbeatPool,
       metrics,
-      runBatch,
-      (sessionId) => this.#sessions.remove(sessionId),
-    );
+      run: runBatch,
+    };
   }
 
   /**
@@ -274,7 +272,7 @@ export class BMDB {
     checkInterval(interval, 'session interval');
     const seconds = interval / 1000;
     const sentAt = performance.now();
-    const row = await this.#forSessions.retry(processor, () =>
+    const row = await this.#parts.run([processor], () =>
       this.#db
         .insertInto('sessions')
         .values({
@@ -287,8 +285,10 @@ export class BMDB {
         .returning('session_id')
         .executeTakeFirstOrThrow(),
     );
-    const session = Session.started(this.#forSessions, row.session_id, processor, interval, sentAt);
+    const session = Session.started(this.#parts, row.session_id, processor, interval, sentAt);
     this.#sessions.add(session, interval);
+    // Closed or expired, it aborts its signal: it is live no more.
+    session.signal.addEventListener('abort', () => this.#sessions.remove(session.id), { once: true });
     this.#metrics?.sessionsStarted.inc({ processor });
     detail.session('session %s started (%s, interval %ds)', session.id, processor, seconds);
     return session;
@@ -323,9 +323,7 @@ export class BMDB {
    */
   async collectExpiredSessions(): Promise<{ sessions: number; work: number }> {
     this.#assertOpen();
-    const { rows } = await this.#forSessions.retry('collector', () =>
-      collectExpiredSessionsStatement().execute(this.#db),
-    );
+    const { rows } = await this.#parts.run(['collector'], () => collectExpiredSessionsStatement().execute(this.#db));
     const collected = rows[0] ?? { sessions: 0, work: 0 };
     if (collected.sessions > 0) {
       log.session('collected %d expired session(s), releasing %d claim(s)', collected.sessions, collected.work);

@@ -1,5 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import { type Kysely, sql } from 'kysely';
+import type pg from 'pg';
 import {
   BMDBError,
   NothingToDoError,
@@ -10,10 +11,12 @@ import {
   type WorkOutcome,
 } from './errors.js';
 import { isConnectionLost } from './internal/connection-lost.js';
+import type { Ends } from './internal/ends.js';
 import { describeError, detail, log } from './internal/log.js';
-import type { SessionConnection } from './internal/session-connection.js';
-import { SessionForWork } from './internal/session-for-work.js';
+import type { RunStatement } from './internal/retry.js';
+import type { SelectionClaims } from './internal/selection-claims.js';
 import { renewSessionDeadline, reportHeartbeatFailure } from './internal/session-heartbeat.js';
+import type { BMDBMetrics } from './metrics.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
 import { isSelection, type Selection, type SelectionRow } from './selection.js';
@@ -40,6 +43,23 @@ export interface SessionOptions {
 
 /** Where a session stands: `live` until it expires or is closed, for good. */
 export type SessionState = 'live' | 'expired' | 'closed';
+
+/**
+ * @internal What the sessions of one BMDB connection, and their work, go
+ * through: the connection's own parts, one set shared by all its sessions.
+ */
+export interface SessionParts {
+  readonly db: Kysely<Database>;
+  /** Claims from selections, batched across sessions (one statement at READ COMMITTED; see sql/claim-selected.ts). */
+  readonly claims: SelectionClaims;
+  /** Ends of work without a caller's transaction, batched across sessions. */
+  readonly ends: Ends;
+  /** A small pool of its own, so heartbeats never queue behind work. */
+  readonly heartbeatPool: pg.Pool;
+  readonly metrics: BMDBMetrics | undefined;
+  /** Runs a statement or transaction, retrying serialization failures, counted for each processor it serves. */
+  readonly run: RunStatement;
+}
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
@@ -81,23 +101,16 @@ export class Session {
   /** Set once the session is being given up: it takes no new work, and expires once its ends under way settle. */
   #givingUp: SessionExpiredError | undefined;
   readonly #works = new Set<Work>();
-  readonly #forWork: SessionForWork;
   readonly #labels: { processor: string };
 
   /** @internal A session `BMDB.startSession` inserted. */
-  static started(
-    connection: SessionConnection,
-    id: string,
-    processor: string,
-    interval: number,
-    startedAt: number,
-  ): Session {
-    return new Session(connection, id, processor, interval, startedAt);
+  static started(parts: SessionParts, id: string, processor: string, interval: number, startedAt: number): Session {
+    return new Session(parts, id, processor, interval, startedAt);
   }
 
   // Private: only `BMDB.startSession` makes sessions (through `started`).
   private constructor(
-    private readonly connection: SessionConnection,
+    private readonly parts: SessionParts,
     /** The session's ID (its row in `sessions`). */
     readonly id: string,
     /** The metrics label this session was started with. */
@@ -108,10 +121,6 @@ export class Session {
   ) {
     this.#labels = { processor };
     this.#localDeadline = startedAt + interval;
-    this.#forWork = new SessionForWork(connection, id, processor, this.#abort.signal, {
-      assertLive: () => this.#assertLive(),
-      workEnded: (work, outcome) => this.#workEnded(work, outcome),
-    });
     this.#armWatchdog();
     this.#scheduleHeartbeat(interval / 2);
   }
@@ -136,8 +145,8 @@ export class Session {
    * @throws {@link SessionExpiredError} if the session expired
    */
   async transact<T>(fn: (q: Queries) => Promise<T>): Promise<T> {
-    this.#assertLive();
-    return this.#forWork.transaction(async (trx) => {
+    this.assertLive();
+    return this.#transaction(async (trx) => {
       await this.#checkAliveIn(trx);
       return fn(new Queries(trx));
     });
@@ -176,7 +185,7 @@ export class Session {
     source: ((q: Queries) => Promise<readonly T[]>) | Selection<T>,
   ): Promise<Work<T>> {
     if (isSelection<T>(source) && source.process !== process) throw new ProcessMismatchError(process, source.process);
-    this.#assertLive();
+    this.assertLive();
     let claim: Claim<T>;
     try {
       claim = isSelection<T>(source)
@@ -189,9 +198,16 @@ export class Session {
       // database ends what it holds within one interval.
       throw this.#abandon(`the connection was lost during a claim for ${process} (${describeError(error)})`);
     }
-    const work = Work.claimed(this.#forWork, claim.machineId, process, claim.candidate, claim.previousBackoffSeconds);
+    const work = Work.claimed(
+      this,
+      this.parts,
+      claim.machineId,
+      process,
+      claim.candidate,
+      claim.previousBackoffSeconds,
+    );
     this.#works.add(work as Work);
-    this.connection.metrics?.workStarted.inc({ ...this.#labels, process });
+    this.parts.metrics?.workStarted.inc({ ...this.#labels, process });
     detail.work(
       'session %s claimed machine %s for %s%s',
       this.id,
@@ -213,8 +229,8 @@ export class Session {
     this.#end('closed', new SessionClosedError(this.id));
     for (const work of this.#works) work.abandon('canceled');
     this.#works.clear();
-    const { rows } = await this.connection.retry(this.processor, () =>
-      closeSessionStatement(this.id).execute(this.connection.db),
+    const { rows } = await this.parts.run([this.processor], () =>
+      closeSessionStatement(this.id).execute(this.parts.db),
     );
     detail.session(
       'session %s closed%s, %d claim(s) released',
@@ -224,7 +240,11 @@ export class Session {
     );
   }
 
-  #assertLive(): void {
+  /**
+   * @internal Throws SessionExpiredError / SessionClosedError unless the
+   * session is live (and not being given up); its work checks before an end.
+   */
+  assertLive(): void {
     if (this.#givingUp) throw this.#givingUp;
     const state = this.state;
     if (state === 'closed') throw new SessionClosedError(this.id);
@@ -249,7 +269,7 @@ export class Session {
     process: string,
     retriever: (q: Queries) => Promise<readonly T[]>,
   ): Promise<Claim<T>> {
-    return this.#forWork.transaction(async (trx) => {
+    return this.#transaction(async (trx) => {
       const candidates = await retriever(new Queries(trx));
       const candidate = candidates[0];
       if (candidate === undefined) throw new NothingToDoError(process);
@@ -283,7 +303,7 @@ export class Session {
   ): Promise<Claim<T>> {
     for (let attempt = 1; ; attempt++) {
       const status = this.#checkClaim(
-        await this.connection.claims.claim(this.id, this.processor, process, selection.query),
+        await this.parts.claims.claim(this.id, this.processor, process, selection.query),
         process,
       );
       if (status.bmdb_claimed && status.machine_id !== null) {
@@ -307,9 +327,15 @@ export class Session {
     return status;
   }
 
-  #workEnded(work: Work, outcome: WorkOutcome): void {
+  /** @internal Bookkeeping once a work item of this session ended: it is counted and forgotten. */
+  workEnded(work: Work, outcome: WorkOutcome): void {
     this.#works.delete(work);
-    this.connection.metrics?.workEnded({ ...this.#labels, process: work.process }, outcome);
+    this.parts.metrics?.workEnded({ ...this.#labels, process: work.process }, outcome);
+  }
+
+  /** A retried transaction at the connection's isolation level. */
+  #transaction<T>(fn: (trx: Kysely<Database>) => Promise<T>): Promise<T> {
+    return this.parts.run([this.processor], () => this.parts.db.transaction().execute(fn));
   }
 
   #scheduleHeartbeat(delay: number): void {
@@ -329,15 +355,15 @@ export class Session {
   async #heartbeat(): Promise<void> {
     if (this.#state !== 'live') return;
     const sentAt = performance.now();
-    this.connection.metrics?.heartbeats.inc(this.#labels);
+    this.parts.metrics?.heartbeats.inc(this.#labels);
     let renewed: boolean;
     try {
-      renewed = await renewSessionDeadline(this.connection.heartbeatPool, this.id);
+      renewed = await renewSessionDeadline(this.parts.heartbeatPool, this.id);
     } catch (error) {
       if (this.#state !== 'live') return;
       const left = this.#localDeadline - performance.now();
       const failure = { sessionId: this.id, processor: this.processor, interval: this.interval, left, error };
-      const retryIn = reportHeartbeatFailure(failure, this.connection.metrics);
+      const retryIn = reportHeartbeatFailure(failure, this.parts.metrics);
       // Transient: keep trying until the deadline has really passed.
       if (this.state === 'live') this.#scheduleHeartbeat(retryIn);
       return;
@@ -393,6 +419,5 @@ export class Session {
     clearTimeout(this.#nextHeartbeat);
     clearTimeout(this.#watchdog);
     this.#abort.abort(reason);
-    this.connection.sessionEnded(this.id);
   }
 }
