@@ -20,7 +20,7 @@ import { BMDBMetrics } from './metrics.js';
 import { type ComponentSchema, checkComponents, migrateToLatest } from './migrations/index.js';
 import type { Database } from './schema.js';
 import { Session, type SessionOptions, type SessionParts } from './session.js';
-import { collectExpiredSessionsStatement } from './sql/end-sessions.js';
+import { collectExpiredSessionsStatement, insertSession } from './sql/sessions.js';
 
 /** Transaction isolation levels a BMDB connection can run at. */
 export type IsolationLevel = 'serializable' | 'repeatable read' | 'read committed';
@@ -272,20 +272,11 @@ export class BMDB {
     checkInterval(interval, 'session interval');
     const seconds = interval / 1000;
     const sentAt = performance.now();
-    const row = await this.#parts.run([processor], () =>
-      this.#db
-        .insertInto('sessions')
-        .values({
-          component_name: this.options.componentName,
-          runtime_info: this.options.runtimeInfo,
-          processor,
-          interval_seconds: seconds,
-          deadline: sql<Date>`now() + make_interval(secs => ${seconds})`,
-        })
-        .returning('session_id')
-        .executeTakeFirstOrThrow(),
+    const { componentName, runtimeInfo } = this.options;
+    const id = await this.#parts.run([processor], () =>
+      insertSession(this.#db, { componentName, runtimeInfo, processor, intervalSeconds: seconds }),
     );
-    const session = Session.started(this.#parts, row.session_id, processor, interval, sentAt);
+    const session = Session.started(this.#parts, id, processor, interval, sentAt);
     this.#sessions.add(session, interval);
     // Closed or expired, it aborts its signal: it is live no more.
     session.signal.addEventListener('abort', () => this.#sessions.remove(session.id), { once: true });

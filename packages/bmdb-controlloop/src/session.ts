@@ -1,5 +1,5 @@
 import { performance } from 'node:perf_hooks';
-import { type Kysely, sql } from 'kysely';
+import type { Kysely } from 'kysely';
 import type pg from 'pg';
 import {
   BMDBError,
@@ -15,14 +15,14 @@ import type { Ends } from './internal/ends.js';
 import { describeError, detail, log } from './internal/log.js';
 import type { RunStatement } from './internal/retry.js';
 import type { SelectionClaims } from './internal/selection-claims.js';
-import { renewSessionDeadline, reportHeartbeatFailure } from './internal/session-heartbeat.js';
+import { reportHeartbeatFailure } from './internal/session-heartbeat.js';
 import type { BMDBMetrics } from './metrics.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
 import { isSelection, type Selection, type SelectionRow } from './selection.js';
 import { claimMachineStatement } from './sql/claim-machine.js';
 import type { ClaimStatus } from './sql/claim-status.js';
-import { closeSessionStatement } from './sql/end-sessions.js';
+import { closeSessionStatement, renewSessionDeadline, sessionAlive } from './sql/sessions.js';
 import { Work } from './work.js';
 import type { WorkCandidate } from './work-candidate.js';
 
@@ -252,13 +252,7 @@ export class Session {
   }
 
   async #checkAliveIn(trx: Kysely<Database>): Promise<void> {
-    const row = await trx
-      .selectFrom('sessions')
-      .select('session_id')
-      .where('session_id', '=', this.id)
-      .where(sql<boolean>`deadline > now()`)
-      .executeTakeFirst();
-    if (!row) {
+    if (!(await sessionAlive(trx, this.id))) {
       this.#expire('its deadline passed in the database');
       throw this.#abort.signal.reason as SessionExpiredError;
     }

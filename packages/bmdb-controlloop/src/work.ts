@@ -1,4 +1,4 @@
-import { CompiledQuery, type Kysely, type RawBuilder, sql } from 'kysely';
+import { CompiledQuery, type Kysely, type RawBuilder } from 'kysely';
 import { type Backoff, nextBackoffSeconds } from './backoff.js';
 import { BMDBError, WorkEndedError, type WorkEndState, WorkLostError, type WorkOutcome } from './errors.js';
 import { isConnectionLost } from './internal/connection-lost.js';
@@ -9,6 +9,7 @@ import type { Database } from './schema.js';
 import type { Session, SessionParts } from './session.js';
 import { endFinishedStatement, WORK_LOST } from './sql/end-finished.js';
 import type { EndRequest } from './sql/end-work.js';
+import { sessionAlive } from './sql/sessions.js';
 import { type FinishTags, tagWrites } from './tags.js';
 import type { WorkCandidate } from './work-candidate.js';
 
@@ -229,12 +230,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    */
   async #sessionAliveInDatabase(): Promise<boolean | undefined> {
     try {
-      const row = await this.parts.db
-        .selectFrom('sessions')
-        .select(sql<boolean>`deadline > now()`.as('alive'))
-        .where('session_id', '=', this.session.id)
-        .executeTakeFirst();
-      return row?.alive === true;
+      return await sessionAlive(this.parts.db, this.session.id);
     } catch (error) {
       if (isConnectionLost(error)) return undefined;
       throw error;
