@@ -233,7 +233,7 @@ class Runner<T extends WorkCandidate> {
     try {
       while (!signal.aborted) {
         if (session?.state !== 'live') {
-          await cancelClaimed(ahead, name);
+          await cancelAhead(ahead, name);
           ahead = undefined;
           session = await this.#startSession(name, signal);
           if (!session) break;
@@ -277,7 +277,7 @@ class Runner<T extends WorkCandidate> {
     } catch (error) {
       if (!isStopOrTimeout(error, signal)) throw error;
     } finally {
-      await cancelClaimed(ahead, name);
+      await cancelAhead(ahead, name);
       await session?.close().catch((error) => log.loop('%s: closing session failed: %s', name, describeError(error)));
     }
   }
@@ -322,7 +322,7 @@ class Runner<T extends WorkCandidate> {
     if (grace.over) {
       log.loop('%s: machine %s still processing after the grace period; releasing it', name, work.machineId);
     }
-    await release(work, name);
+    await cancel(work, name);
   }
 
   async #runTask(name: string, task: Task<T>): Promise<void> {
@@ -351,17 +351,17 @@ type ClaimOutcome<T extends WorkCandidate> =
   | { readonly work: Work<T>; readonly generation: number }
   | { readonly error: unknown; readonly generation: number };
 
-/** Gives back a machine claimed ahead that no task will process (the loop stopped or its session ended). */
-async function cancelClaimed<T extends WorkCandidate>(
+/** Cancels a machine claimed ahead that no task will process (the loop stopped or its session ended). */
+async function cancelAhead<T extends WorkCandidate>(
   ahead: Promise<ClaimOutcome<T>> | undefined,
   name: string,
 ): Promise<void> {
   const outcome = await ahead;
-  if (outcome && 'work' in outcome) await release(outcome.work, name);
+  if (outcome && 'work' in outcome) await cancel(outcome.work, name);
 }
 
 /** Cancels `work` unless it ended already; a failure other than the session's own end is logged. */
-async function release(work: Work, name: string): Promise<void> {
+async function cancel(work: Work, name: string): Promise<void> {
   await work.cancel().catch((error) => {
     if (!isSessionGone(error))
       log.loop('%s: releasing machine %s failed: %s', name, work.machineId, describeError(error));

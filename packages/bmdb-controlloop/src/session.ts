@@ -196,7 +196,7 @@ export class Session {
       // The claim may have committed with nobody to know of it: a claim the
       // session would hold for as long as it lives. Give the session up; the
       // database ends what it holds within one interval.
-      throw this.#abandon(`the connection was lost during a claim for ${process} (${describeError(error)})`);
+      throw this.#giveUp(`the connection was lost during a claim for ${process} (${describeError(error)})`);
     }
     const work = Work.claimed(
       this,
@@ -226,8 +226,8 @@ export class Session {
   async close(): Promise<void> {
     if (this.#state === 'closed') return;
     const wasExpired = this.#state === 'expired';
-    this.#end('closed', new SessionClosedError(this.id));
-    for (const work of this.#works) work.abandon('canceled');
+    this.#enter('closed', new SessionClosedError(this.id));
+    for (const work of this.#works) work.endedWithSession('canceled');
     this.#works.clear();
     const { rows } = await this.parts.run([this.processor], () =>
       closeSessionStatement(this.id).execute(this.parts.db),
@@ -380,17 +380,17 @@ export class Session {
    * end that can still be recorded, nor make its work be done again), the
    * session expires and is closed. Its row expires on its own if that fails.
    */
-  #abandon(why: string): SessionExpiredError {
+  #giveUp(why: string): SessionExpiredError {
     this.#givingUp ??= new SessionExpiredError(this.id, why);
-    const giveUp = () => {
+    const expireAndClose = () => {
       this.#expire(why);
       this.close().catch((error) =>
         log.session('closing abandoned session %s failed: %s', this.id, describeError(error)),
       );
     };
     const ending = [...this.#works].flatMap((work) => work.endUnderWay ?? []);
-    if (ending.length === 0) giveUp();
-    else void Promise.allSettled(ending).then(giveUp);
+    if (ending.length === 0) expireAndClose();
+    else void Promise.allSettled(ending).then(expireAndClose);
     return this.#givingUp;
   }
 
@@ -403,12 +403,13 @@ export class Session {
   #expire(why: string): void {
     if (this.#state !== 'live') return;
     log.session('session %s expired: %s', this.id, why);
-    this.#end('expired', new SessionExpiredError(this.id, why));
-    for (const work of this.#works) work.abandon('lost');
+    this.#enter('expired', new SessionExpiredError(this.id, why));
+    for (const work of this.#works) work.endedWithSession('lost');
     this.#works.clear();
   }
 
-  #end(state: 'expired' | 'closed', reason: Error): void {
+  /** Leaves `live` for good: no more heartbeats, and the session's signal aborts with `reason`. */
+  #enter(state: 'expired' | 'closed', reason: Error): void {
     this.#state = state;
     clearTimeout(this.#nextHeartbeat);
     clearTimeout(this.#watchdog);

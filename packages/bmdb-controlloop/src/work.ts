@@ -143,8 +143,8 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     return this.#state === 'ending' ? this.#ending : undefined;
   }
 
-  /** @internal The session closed or expired: the claim is gone with it. */
-  abandon(outcome: 'canceled' | 'lost'): void {
+  /** @internal The session closed (`canceled`) or expired (`lost`): the claim ended with it. */
+  endedWithSession(outcome: 'canceled' | 'lost'): void {
     if (this.#state === 'active') this.#state = outcome;
   }
 
