@@ -42,7 +42,7 @@ export function createPools(settings: PoolSettings): ConnectionPools {
     // finish would then conflict with every concurrent finish (PostgreSQL's
     // manual advises encouraging index scans for this). Large scans with no
     // usable index still run sequentially. Ends inline their values as
-    // literals (sql/end-finished.ts), which standard_conforming_strings keeps literal.
+    // literals (sql/end-work.ts:endFinishedStatement), which standard_conforming_strings keeps literal.
     options: [
       `-c default_transaction_isolation=${isolation.replace(' ', '\\ ')}`,
       '-c enable_seqscan=off',

@@ -1,7 +1,7 @@
 import { type Kysely, type RawBuilder, sql } from 'kysely';
 import type pg from 'pg';
 import type { Database } from '../schema.js';
-import { historyOfReleased, notifiedOfReleased } from './end-parts.js';
+import { historyOfReleased, notifiedOfReleased } from './end-work.js';
 
 /*
  * Every statement on a session's own row, in one place: starting it, its
