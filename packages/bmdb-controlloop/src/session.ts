@@ -20,8 +20,7 @@ import type { BMDBMetrics } from './metrics.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
 import { isSelection, type Selection, type SelectionRow } from './selection.js';
-import { claimMachineStatement } from './sql/claim-machine.js';
-import type { ClaimStatus } from './sql/claim-status.js';
+import { type ClaimStatus, claimMachineStatement, type MachineClaimStatus } from './sql/claim.js';
 import { closeSessionStatement, renewSessionDeadline, sessionAlive } from './sql/sessions.js';
 import { Work } from './work.js';
 import type { WorkCandidate } from './work-candidate.js';
@@ -50,7 +49,7 @@ export type SessionState = 'live' | 'expired' | 'closed';
  */
 export interface SessionParts {
   readonly db: Kysely<Database>;
-  /** Claims from selections, batched across sessions (one statement at READ COMMITTED; see sql/claim-selected.ts). */
+  /** Claims from selections, batched across sessions (one statement at READ COMMITTED; see sql/claim.ts). */
   readonly claims: SelectionClaims;
   /** Ends of work without a caller's transaction, batched across sessions. */
   readonly ends: Ends;
@@ -73,7 +72,7 @@ interface Claim<T> {
   readonly previousBackoffSeconds: number | undefined;
 }
 
-function toClaim<T>(status: ClaimStatus, machineId: string, candidate: T): Claim<T> {
+function toClaim<T>(status: ClaimStatus | MachineClaimStatus, machineId: string, candidate: T): Claim<T> {
   return {
     machineId,
     candidate,
@@ -275,7 +274,7 @@ export class Session {
       }
       const { rows } = await claimMachineStatement(this.id, process, machineId).execute(trx);
       const status = this.#checkClaim(rows[0], process);
-      if (status.bmdb_found === 0) {
+      if (status.bmdb_exists === 0) {
         throw new BMDBError(
           `work retriever for process ${process} returned machine ${machineId}, which does not exist`,
         );
@@ -287,7 +286,7 @@ export class Session {
 
   /**
    * A selection's machine, claimed by one statement at READ COMMITTED (see
-   * sql/claim-selected.ts for why that is exclusive), shared with the concurrent claims of
+   * sql/claim.ts for why that is exclusive), shared with the concurrent claims of
    * other sessions from the same selection. When every candidate was taken by
    * concurrent claims, the claim runs again on a fresh snapshot.
    */
@@ -312,7 +311,7 @@ export class Session {
   }
 
   /** Throws SessionExpiredError unless the claim statement found the session alive. */
-  #checkClaim(status: ClaimStatus | undefined, process: string): ClaimStatus {
+  #checkClaim<S extends { readonly bmdb_live: boolean }>(status: S | undefined, process: string): S {
     if (!status) throw new BMDBError(`claim for process ${process} returned no row`);
     if (!status.bmdb_live) {
       this.#expire('its deadline passed in the database');

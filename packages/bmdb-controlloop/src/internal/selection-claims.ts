@@ -1,10 +1,13 @@
-import type { Expression, Kysely, RawBuilder } from 'kysely';
+import { type Expression, type Kysely, type RawBuilder, sql } from 'kysely';
 import { BMDBError } from '../errors.js';
 import type { Database } from '../schema.js';
 import type { SelectionRow } from '../selection.js';
-import { claimSelectedStatement } from '../sql/claim-selected.js';
-import { claimSelectedForOneStatement } from '../sql/claim-selected-for-one.js';
-import type { BatchClaimStatus, ClaimStatus } from '../sql/claim-status.js';
+import {
+  type BatchClaimStatus,
+  type ClaimStatus,
+  claimSelectedForOneStatement,
+  claimSelectedStatement,
+} from '../sql/claim.js';
 import { Batcher } from './batcher.js';
 import type { PreparedStatements } from './prepared.js';
 import type { RunStatement } from './retry.js';
@@ -12,31 +15,38 @@ import type { RunStatement } from './retry.js';
 /** Most claims in one statement. */
 const MAX_BATCH = 64;
 
-/** One claim statement, compiled once. */
-interface CompiledClaim {
-  readonly sql: string;
-  readonly parameters: readonly unknown[];
-  /** Positions of the session IDs among the parameters (the statement uses them more than once). */
-  readonly sessionsAt: readonly number[];
-}
+/** The statements a batch of claims can be sent with. */
+type ClaimStatement = 'full' | 'quick' | 'forOne';
 
-/** The claim statements of one (selection, process). */
-interface ClaimTemplate {
-  /** Without the second look at the selection: its empty answers are not final. */
-  readonly quick: CompiledClaim;
-  /** {@link ClaimTemplate.quick} for a batch of one: a lone worker's usual claim. */
-  readonly quickForOne: CompiledClaim;
-  /** The full statement, whose every answer is final. */
-  readonly thorough: CompiledClaim;
-  /** Equal for statements that differ only in their sessions: they can share a batch. */
-  readonly key: string;
-  /**
-   * Whether the last batch left a request without a machine: the next goes
-   * straight to the full statement, so an idle worker's look costs one
-   * statement, not two.
-   */
-  short: boolean;
-}
+/**
+ * Which statement a batch of claims goes with, and why each is kept. The
+ * full statement is the one whose every answer is final; the others leave out
+ * its second look at the selection, so a request they leave without a
+ * machine and without a candidate must be asked again with the full one. Each
+ * is kept because `npm run bench` (BENCH_ONLY=throughput) measured it worth
+ * at least 10 % of throughput at some parallelism against the full statement
+ * alone:
+ *
+ * | statement | for                                                       | final | worth          |
+ * | --------- | --------------------------------------------------------- | ----- | -------------- |
+ * | `forOne`  | a batch of one (a lone worker), unless `fullNext`         | no    | measured below |
+ * | `quick`   | a batch of several, unless `fullNext`                     | no    | measured below |
+ * | `full`    | a batch while `fullNext`, and the requests the others     | yes   | —              |
+ * |           | left without machine or candidate                         |       |                |
+ *
+ * `fullNext`: once a selection's batch left a live request without a
+ * machine, its next batches go to the full statement at once until one
+ * serves every request, so an idle worker's look costs one statement, not
+ * two.
+ */
+const CLAIM_STATEMENTS: Record<
+  ClaimStatement,
+  (process: string, selection: Expression<SelectionRow>, sessions: readonly string[]) => RawBuilder<BatchClaimStatus>
+> = {
+  full: (process, selection, sessions) => claimSelectedStatement(process, selection, sessions),
+  quick: (process, selection, sessions) => claimSelectedStatement(process, selection, sessions, { lookFurther: false }),
+  forOne: claimSelectedForOneStatement,
+};
 
 /** A claim request: who claims, and the metrics label to count the statement under. */
 interface ClaimRequest {
@@ -44,16 +54,25 @@ interface ClaimRequest {
   readonly processor: string;
 }
 
+/** The claims of one (selection, process): statements that differ only in their sessions share a batch. */
+interface ClaimQueue {
+  readonly process: string;
+  readonly selection: Expression<SelectionRow>;
+  readonly batcher: Batcher<ClaimRequest, ClaimStatus>;
+  /** Whether the next batch goes to the full statement at once (see {@link CLAIM_STATEMENTS}). */
+  fullNext: boolean;
+}
+
 /**
  * Claims from selections, batched: concurrent claims of the same process from
  * the same selection (the workers of one control loop) go to the database
  * together, as one statement that claims a machine for each of their
- * sessions (sql/claim-selected.ts); see {@link Batcher} for when a batch leaves.
+ * sessions (sql/claim.ts); see {@link Batcher} for when a batch leaves.
  */
 export class SelectionClaims {
-  /** Compiled statements, by selection query and process; the query builders are immutable. */
-  readonly #templates = new WeakMap<Expression<SelectionRow>, Map<string, ClaimTemplate>>();
-  readonly #batchers = new Map<string, Batcher<ClaimRequest, ClaimStatus>>();
+  readonly #queues = new Map<string, ClaimQueue>();
+  /** A selection's SQL and parameters, by query; the query builders are immutable. */
+  readonly #selectionKeys = new WeakMap<Expression<SelectionRow>, string>();
 
   constructor(
     private readonly db: Kysely<Database>,
@@ -68,40 +87,28 @@ export class SelectionClaims {
     process: string,
     selection: Expression<SelectionRow>,
   ): Promise<ClaimStatus> {
-    const template = this.#template(process, selection);
-    let batcher = this.#batchers.get(template.key);
-    if (!batcher) {
-      const created = new Batcher<ClaimRequest, ClaimStatus>({
-        maxSize: MAX_BATCH,
-        send: (requests) => this.#send(template, requests),
-        // Selections may differ per call (a parameter each): keep only busy batchers.
-        onIdle: () => {
-          if (this.#batchers.get(template.key) === created) this.#batchers.delete(template.key);
-        },
-      });
-      batcher = created;
-      this.#batchers.set(template.key, created);
-    }
-    return batcher.submit({ sessionId, processor });
+    return this.#queue(process, selection).batcher.submit({ sessionId, processor });
   }
 
   /**
-   * Claims for `requests` with the quick statement while claims come back
-   * served; a request it leaves without a machine, and every request after
-   * that until all are served again, goes to the full statement.
+   * Claims for `requests` as {@link CLAIM_STATEMENTS} says: with the quick
+   * statement (`forOne` for one request) while claims come back served; a
+   * request it leaves without a machine and without a candidate, and every
+   * request after that until all are served again, goes to the full one.
    */
-  async #send(template: ClaimTemplate, requests: readonly ClaimRequest[]): Promise<ClaimStatus[]> {
-    if (template.short) {
-      const statuses = await this.#sendWith(template.thorough, requests);
-      template.short = statuses.some(unserved);
+  async #send(queue: ClaimQueue, requests: readonly ClaimRequest[]): Promise<ClaimStatus[]> {
+    if (queue.fullNext) {
+      const statuses = await this.#sendWith('full', queue, requests);
+      queue.fullNext = statuses.some(unserved);
       return statuses;
     }
-    const statuses = await this.#sendWith(requests.length === 1 ? template.quickForOne : template.quick, requests);
+    const statuses = await this.#sendWith(requests.length === 1 ? 'forOne' : 'quick', queue, requests);
     const left = statuses.flatMap((status, i) => (unconfirmed(status) ? [i] : []));
     if (left.length === 0) return statuses;
-    template.short = true;
+    queue.fullNext = true;
     const again = await this.#sendWith(
-      template.thorough,
+      'full',
+      queue,
       left.map((i) => requests[i] as ClaimRequest),
     );
     left.forEach((at, i) => {
@@ -110,14 +117,15 @@ export class SelectionClaims {
     return statuses;
   }
 
-  async #sendWith(statement: CompiledClaim, requests: readonly ClaimRequest[]): Promise<ClaimStatus[]> {
-    const parameters = [...statement.parameters];
+  async #sendWith(
+    statement: ClaimStatement,
+    queue: ClaimQueue,
+    requests: readonly ClaimRequest[],
+  ): Promise<ClaimStatus[]> {
     const sessions = requests.map((r) => r.sessionId);
-    for (const at of statement.sessionsAt) parameters[at] = sessions;
+    const compiled = CLAIM_STATEMENTS[statement](queue.process, queue.selection, sessions).compile(this.db);
     const processors = [...new Set(requests.map((r) => r.processor))];
-    const rows = await this.run(processors, () =>
-      this.prepared.query<BatchClaimStatus>({ sql: statement.sql, parameters }),
-    );
+    const rows = await this.run(processors, () => this.prepared.query<BatchClaimStatus>(compiled));
     const byRequest: ClaimStatus[] = new Array(requests.length);
     for (const row of rows) byRequest[Number(row.bmdb_ord) - 1] = row;
     for (let i = 0; i < requests.length; i++) {
@@ -127,25 +135,34 @@ export class SelectionClaims {
     return byRequest;
   }
 
-  #template(process: string, selection: Expression<SelectionRow>): ClaimTemplate {
-    let byProcess = this.#templates.get(selection);
-    if (!byProcess) {
-      byProcess = new Map();
-      this.#templates.set(selection, byProcess);
+  /** The queue of claims for (`selection`, `process`), made on first use and dropped once idle. */
+  #queue(process: string, selection: Expression<SelectionRow>): ClaimQueue {
+    let selectionKey = this.#selectionKeys.get(selection);
+    if (selectionKey === undefined) {
+      const compiled = sql`${selection}`.compile(this.db);
+      selectionKey = `${compiled.sql}\u0000${JSON.stringify(compiled.parameters)}`;
+      this.#selectionKeys.set(selection, selectionKey);
     }
-    let template = byProcess.get(process);
-    if (!template) {
-      const quick = compileClaim(this.db, (sessions) =>
-        claimSelectedStatement(process, selection, sessions, { lookFurther: false }),
-      );
-      const quickForOne = compileClaim(this.db, (sessions) =>
-        claimSelectedForOneStatement(process, selection, sessions),
-      );
-      const thorough = compileClaim(this.db, (sessions) => claimSelectedStatement(process, selection, sessions));
-      template = { quick, quickForOne, thorough, key: thorough.key, short: false };
-      byProcess.set(process, template);
+    const key = `${process}\u0000${selectionKey}`;
+    let queue = this.#queues.get(key);
+    if (!queue) {
+      const created: ClaimQueue = {
+        process,
+        selection,
+        fullNext: false,
+        batcher: new Batcher<ClaimRequest, ClaimStatus>({
+          maxSize: MAX_BATCH,
+          send: (requests) => this.#send(created, requests),
+          // Selections may differ per call (a parameter each): keep only busy queues.
+          onIdle: () => {
+            if (this.#queues.get(key) === created) this.#queues.delete(key);
+          },
+        }),
+      };
+      queue = created;
+      this.#queues.set(key, created);
     }
-    return template;
+    return queue;
   }
 }
 
@@ -154,25 +171,7 @@ function unserved(status: ClaimStatus): boolean {
   return status.bmdb_live && !status.bmdb_claimed;
 }
 
-/** Whether the quick statement's answer for a request needs the full statement to be final. */
+/** Whether a request's answer from a statement other than the full one needs the full statement to be final. */
 function unconfirmed(status: ClaimStatus): boolean {
   return unserved(status) && status.bmdb_found === 0;
-}
-
-/**
- * A claim statement. The session IDs are a parameter like any other:
- * compiled with a placeholder array, found again by identity, and swapped
- * per batch.
- */
-function compileClaim(
-  db: Kysely<Database>,
-  statement: (sessions: readonly string[]) => RawBuilder<BatchClaimStatus>,
-): CompiledClaim & { readonly key: string } {
-  const placeholder: string[] = [];
-  const compiled = statement(placeholder).compile(db);
-  const parameters = [...compiled.parameters];
-  const sessionsAt = parameters.flatMap((value, i) => (value === placeholder ? [i] : []));
-  if (sessionsAt.length === 0) throw new BMDBError('claim statement lost its sessions parameter');
-  const others = parameters.filter((value) => value !== placeholder);
-  return { sql: compiled.sql, parameters, sessionsAt, key: `${compiled.sql}\u0000${JSON.stringify(others)}` };
 }
