@@ -186,14 +186,6 @@ class Runner<T extends WorkCandidate> {
     this.#maxIdleDelay = options.maxIdleDelay ?? 2_000;
   }
 
-  /** Claims one machine, from the loop's selection if it has one. */
-  #claim(session: Session, selection: Selection<T> | undefined): Promise<Work<T>> {
-    if (selection) return session.work(this.loop.process, selection);
-    const getMachines = this.loop.getMachines;
-    if (!getMachines) throw new BMDBError(`control loop ${this.loop.processor} has no getMachines`);
-    return session.work(this.loop.process, (q) => getMachines.call(this.loop, q, 1));
-  }
-
   /**
    * Waits for the limiter and claims one machine. Never rejects: what went
    * wrong is the outcome, with the change generation seen before the claim
@@ -202,18 +194,22 @@ class Runner<T extends WorkCandidate> {
    */
   #nextClaim(session: Session): Promise<ClaimOutcome<T>> {
     const limiter = this.options.dbQueryLimiter;
-    if (limiter.tryTake()) return this.#claimNow(session);
+    if (limiter.tryTake()) return this.#claim(session);
     const generation = this.bmdb.machineChanges.generation;
     return limiter.wait(this.options.signal).then(
-      () => this.#claimNow(session),
+      () => this.#claim(session),
       (error: unknown) => ({ error, generation }),
     );
   }
 
-  async #claimNow(session: Session): Promise<ClaimOutcome<T>> {
+  /** Claims one machine, from the loop's selection if it has one; never rejects. */
+  async #claim(session: Session): Promise<ClaimOutcome<T>> {
     const generation = this.bmdb.machineChanges.generation;
+    const { process, getMachines } = this.loop;
     try {
-      return { work: await this.#claim(session, this.selection), generation };
+      if (this.selection) return { work: await session.work(process, this.selection), generation };
+      if (!getMachines) throw new BMDBError(`control loop ${this.loop.processor} has no getMachines`);
+      return { work: await session.work(process, (q) => getMachines.call(this.loop, q, 1)), generation };
     } catch (error) {
       return { error, generation };
     }

@@ -80,14 +80,37 @@ export class SelectionClaims {
     private readonly run: RunStatement,
   ) {}
 
-  /** Claims one machine of `selection` for the session; the answer is this request's own. */
+  /**
+   * Claims one machine of `selection` for the session; the answer is this
+   * request's own. The request joins the queue of its (selection, process),
+   * whose batcher sends it with the others in {@link SelectionClaims.#send}.
+   */
   claim(
     sessionId: string,
     processor: string,
     process: string,
     selection: Expression<SelectionRow>,
   ): Promise<ClaimStatus> {
-    return this.#queue(process, selection).batcher.submit({ sessionId, processor });
+    const key = `${process}\u0000${this.#selectionKey(selection)}`;
+    let queue = this.#queues.get(key);
+    if (!queue) {
+      const created: ClaimQueue = {
+        process,
+        selection,
+        fullNext: false,
+        batcher: new Batcher<ClaimRequest, ClaimStatus>({
+          maxSize: MAX_BATCH,
+          send: (requests) => this.#send(created, requests),
+          // Selections may differ per call (a parameter each): keep only busy queues.
+          onIdle: () => {
+            if (this.#queues.get(key) === created) this.#queues.delete(key);
+          },
+        }),
+      };
+      queue = created;
+      this.#queues.set(key, created);
+    }
+    return queue.batcher.submit({ sessionId, processor });
   }
 
   /**
@@ -135,34 +158,15 @@ export class SelectionClaims {
     return byRequest;
   }
 
-  /** The queue of claims for (`selection`, `process`), made on first use and dropped once idle. */
-  #queue(process: string, selection: Expression<SelectionRow>): ClaimQueue {
-    let selectionKey = this.#selectionKeys.get(selection);
-    if (selectionKey === undefined) {
+  /** `selection`'s SQL and parameters: selections that differ only by object share a queue. */
+  #selectionKey(selection: Expression<SelectionRow>): string {
+    let key = this.#selectionKeys.get(selection);
+    if (key === undefined) {
       const compiled = sql`${selection}`.compile(this.db);
-      selectionKey = `${compiled.sql}\u0000${JSON.stringify(compiled.parameters)}`;
-      this.#selectionKeys.set(selection, selectionKey);
+      key = `${compiled.sql}\u0000${JSON.stringify(compiled.parameters)}`;
+      this.#selectionKeys.set(selection, key);
     }
-    const key = `${process}\u0000${selectionKey}`;
-    let queue = this.#queues.get(key);
-    if (!queue) {
-      const created: ClaimQueue = {
-        process,
-        selection,
-        fullNext: false,
-        batcher: new Batcher<ClaimRequest, ClaimStatus>({
-          maxSize: MAX_BATCH,
-          send: (requests) => this.#send(created, requests),
-          // Selections may differ per call (a parameter each): keep only busy queues.
-          onIdle: () => {
-            if (this.#queues.get(key) === created) this.#queues.delete(key);
-          },
-        }),
-      };
-      queue = created;
-      this.#queues.set(key, created);
-    }
-    return queue;
+    return key;
   }
 }
 
