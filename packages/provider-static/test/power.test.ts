@@ -8,10 +8,10 @@
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { type BMDB, parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
+import { parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
 import { PowerActions, PowerSync, Provisioner, Recoverer } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { testBMDB } from '../../../test/support/database.js';
 import { eventually, runUntil } from '../../../test/support/wait.js';
 import {
   chooseAllowed,
@@ -31,16 +31,14 @@ import {
   type TestCertificate,
 } from '../src/testing/index.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let dir: string;
 let certificate: TestCertificate;
 let bmc: FakeRedfishServer;
 let redfish: RedfishClient;
 
+const { db, bmdb } = await testBMDB();
+
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
   dir = await mkdtemp(path.join(tmpdir(), 'static-power-'));
   certificate = await selfSignedCertificate();
   bmc = await FakeRedfishServer.start({ tls: certificate });

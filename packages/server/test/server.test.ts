@@ -5,12 +5,12 @@
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { type BMDB, Queries } from '@bmaas/bmdb-controlloop';
+import { Queries } from '@bmaas/bmdb-controlloop';
 import { create, fromBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { testBMDB } from '../../../test/support/database.js';
 import {
   AgentHardwareReportSchema,
   BlockDevice_Protocol,
@@ -24,16 +24,14 @@ import {
 } from '../src/index.js';
 import { type AgentIdentity, agentClient, agentIdentity } from './helpers.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let server: BmaasServer;
 let dir: string;
 let ca: string;
 const registry = new Registry();
 
+const { db, bmdb } = await testBMDB({ metrics: registry });
+
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db, { metrics: registry });
   dir = await mkdtemp(path.join(tmpdir(), 'bmaas-server-test-'));
   const tls = await selfSignedServerTls(dir);
   ca = tls.cert;

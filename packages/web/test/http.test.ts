@@ -1,6 +1,5 @@
-import type { BMDB } from '@bmaas/bmdb-controlloop';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { createTestDatabase, openTestBMDB, testBMDB } from '../../../test/support/database.js';
 import { HOSTILE_CAUSE, HOSTILE_REASON, type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
 import {
   checkTokenRule,
@@ -12,16 +11,14 @@ import {
   WebTokenError,
 } from '../src/index.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let fleet: SeededFleet;
 let open: FleetPageServer;
 let guarded: FleetPageServer;
 const TOKEN = 'correct-horse-battery-staple';
 
+const { db, bmdb } = await testBMDB();
+
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
   fleet = await seedFleet(db, bmdb);
   open = await serveFleetPage({ db: bmdb.db, host: '127.0.0.1', port: 0 });
   guarded = await serveFleetPage({ db: bmdb.db, host: '127.0.0.1', port: 0, token: TOKEN });
