@@ -12,6 +12,13 @@ export {
   BmcCredentialsError,
   InventoryError,
   type InventoryLocation,
+  IpmiCommandError,
+  IpmiCredentialsError,
+  IpmiError,
+  IpmiTimeoutError,
+  IpmitoolMissingError,
+  IpmiUnreachableError,
+  IpmiUnsupportedError,
   NoBmcError,
   RedfishCredentialsError,
   RedfishError,
@@ -29,6 +36,15 @@ export {
   InventorySource,
   parseInventory,
 } from './inventory.js';
+export {
+  IPMI_BOOT_DEVICES,
+  type IpmiBootDevice,
+  IpmiClient,
+  type IpmiPowerAction,
+  type IpmiPowerState,
+} from './ipmi/client.js';
+export type { IpmiClientOptions, IpmiClientSettings } from './ipmi/client-settings.js';
+export type { IpmiTarget } from './ipmi/target.js';
 export {
   type DefaultBmcCredentials,
   readPasswordFile,

@@ -15,3 +15,4 @@ export {
   type FakeReset,
   type FakeSystemOptions,
 } from './fake-redfish.js';
+export { IPMI_SIM, IpmiSimulator, type IpmiSimulatorOptions, onPath } from './ipmi-sim.js';
