@@ -11,6 +11,7 @@ const packages = [
   'server',
   'web',
   'cli',
+  'lab',
 ];
 
 export default defineConfig({

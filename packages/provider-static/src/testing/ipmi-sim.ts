@@ -126,6 +126,9 @@ export class IpmiSimulator {
       await writeFile(path.join(dir, 'power'), options.powerOn === false ? '0\n' : '1\n');
       chassisControl = script;
     }
+    if (chassisControl.includes('"')) {
+      throw new RangeError('IpmiSimulator: chassisControl must not hold double quotes (quote for sh with single ones)');
+    }
     const quote = (value: string) => {
       if (/["\s\\]/.test(value))
         throw new RangeError(`IpmiSimulator: ${JSON.stringify(value)} must not hold spaces or quotes`);
@@ -145,7 +148,7 @@ export class IpmiSimulator {
         '    allowed_auths_admin none md2 md5 straight',
         '    guid a123456789abcdefa123456789abcdef',
         '  endlan',
-        `  chassis_control "${chassisControl.replaceAll('"', '\\"')}"`,
+        `  chassis_control "${chassisControl}"`,
         `  user 2 true "${quote(username)}" "${quote(password)}" admin 10 none md2 md5 straight`,
         '',
       ].join('\n'),
