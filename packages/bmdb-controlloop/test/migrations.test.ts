@@ -13,6 +13,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0003_agent_reports',
     '0004_fleet_page',
     '0005_lean_triggers',
+    '0006_operator_control',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
@@ -46,6 +47,17 @@ test('migrations create the schema once; running them again is a no-op', async (
       'os_installation_reported_at',
     ],
     machine_unprovided: ['machine_id'],
+    machine_hold: ['machine_id', 'hold_reason', 'hold_actor', 'held_at'],
+    machine_power_state: [
+      'machine_id',
+      'provider',
+      'power_state',
+      'power_state_read_at',
+      'power_read_failed_at',
+      'power_read_failed_cause',
+      'power_checked_at',
+    ],
+    operator_history: ['machine_id', 'action', 'outcome', 'reason', 'actor', 'timestamp', 'cause', 'detail'],
     machines: ['machine_id', 'machine_created_at', 'claim_version'],
     sessions: [
       'session_id',
@@ -75,6 +87,10 @@ test('migrations create the schema once; running them again is a no-op', async (
       'work_history_failed_idx',
       'machine_provided_provider_machine_idx',
       'machine_provided_provider_id_pattern_idx',
+      'operator_history_machine_idx',
+      'machine_power_state_due_idx',
+      'machine_power_state_state_idx',
+      'machine_power_state_failed_idx',
     ]),
   );
 
@@ -124,8 +140,15 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0003_agent_reports',
     '0004_fleet_page',
     '0005_lean_triggers',
+    '0006_operator_control',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
+  // 0006 backfills a power state row for each provided machine.
+  expect((await db.admin('SELECT provider, power_state FROM machine_power_state')).rows).toEqual([
+    { provider: 'Old', power_state: null },
+    { provider: 'Old', power_state: null },
+    { provider: 'Old', power_state: null },
+  ]);
   // 0004 backfills the machines without a Provided tag.
   expect((await db.admin('SELECT machine_id FROM machine_unprovided')).rows).toEqual([{ machine_id: unprovided }]);
   const mirrors = async () =>
