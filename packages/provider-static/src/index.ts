@@ -34,10 +34,13 @@ export {
 export {
   type BmcPassword,
   type InventoryBmc,
+  type InventoryIpmiBmc,
   type InventoryMachine,
+  type InventoryRedfishBmc,
   InventorySource,
   parseInventory,
 } from './inventory.js';
+export { IpmiBmc } from './ipmi/bmc.js';
 export {
   IPMI_BOOT_DEVICES,
   type IpmiBootDevice,

@@ -10,6 +10,7 @@
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { PowerState } from '@bmaas/bmdb-controlloop';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import {
   IpmiClient,
@@ -20,7 +21,9 @@ import {
   IpmitoolMissingError,
   IpmiUnreachableError,
   IpmiUnsupportedError,
+  RedfishClient,
   Secret,
+  StaticProvider,
 } from '../src/index.js';
 import { IpmiSimulator, onPath } from '../src/testing/index.js';
 
@@ -225,6 +228,46 @@ exec ipmitool "$@"
     controller.abort(new Error('stopping'));
     await expect(pending).rejects.toThrow('stopping');
     expect(() => process.kill(pid, 0)).toThrow();
+  });
+
+  test('the static provider drives an inventory machine whose bmc is IPMI: state, off, on, the reset', async () => {
+    const passwordFile = path.join(dir, 'node09-password');
+    await writeFile(passwordFile, `${PASSWORD}\n`, { mode: 0o600 });
+    const inventory = path.join(dir, 'inventory.json');
+    await writeFile(
+      inventory,
+      JSON.stringify([
+        {
+          id: 'node09',
+          address: '192.0.2.9',
+          bmc: { protocol: 'ipmi', host: bmc.host, port: bmc.port, username: 'admin', passwordFile, cipherSuite: 3 },
+        },
+      ]),
+    );
+    const provider = new StaticProvider({ inventory, redfish: new RedfishClient(), ipmi: client() });
+    const before = (await bmc.calls()).length;
+    expect(await provider.readPowerState('node09')).toBe(PowerState.On);
+    expect(await provider.powerOff('node09', { graceful: true })).toEqual({ command: 'chassis power soft' });
+    expect(await provider.readPowerState('node09')).toBe(PowerState.Off);
+    expect(await provider.powerOn('node09')).toEqual({ command: 'chassis power on' });
+    expect(await provider.powerOff('node09', { graceful: false })).toEqual({ command: 'chassis power off' });
+    await provider.powerOn('node09');
+    // What the recoverer does to a silent machine, and an operator's `power cycle`.
+    await provider.rebootMachine('node09');
+    expect(await provider.powerCycle('node09')).toEqual({ command: 'chassis power reset' });
+    expect((await bmc.calls()).slice(before).filter((call) => call.startsWith('set'))).toEqual([
+      'set shutdown 1',
+      'set power 1',
+      'set power 0',
+      'set power 1',
+      'set reset 1',
+      'set reset 1',
+    ]);
+    // A wrong password file: the machine and the cause are named.
+    await writeFile(passwordFile, 'not-the-password\n', { mode: 0o600 });
+    const error = await failure(provider.readPowerState('node09'));
+    expect(error).toBeInstanceOf(IpmiCredentialsError);
+    expect(error.message).toMatch(/^machine node09: IPMI BMC 127\.0\.0\.1:\d+: chassis power status: the BMC refused/);
   });
 
   test('commands in flight across the fleet stay within the bound', async () => {
