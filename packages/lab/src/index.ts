@@ -12,4 +12,5 @@ export { buildInitramfs, type Initramfs } from './initramfs.js';
 export { findKernel, type GuestKernel } from './kernel.js';
 export { QemuPower, VM_BOOT_DEVICES, type VmBootDevice, type VmPowerState } from './power.js';
 export { QmpClient, QmpCommandError, type QmpStatus } from './qmp.js';
+export { QemuRedfishPower } from './redfish-power.js';
 export { VirtualMachine, type VirtualMachineOptions } from './vm.js';

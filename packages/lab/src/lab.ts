@@ -3,7 +3,7 @@ import { createServer } from 'node:net';
 import { hostname, loadavg } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { IpmiSimulator } from '@bmaas/provider-static/testing';
+import { FakeRedfishServer, IpmiSimulator, selfSignedCertificate } from '@bmaas/provider-static/testing';
 import { selfSignedServerTls } from '@bmaas/server';
 import { SshKey } from '@bmaas/shepherd-manager';
 import { prepareGuestShare } from './guest-share.js';
@@ -11,6 +11,7 @@ import { buildInitramfs } from './initramfs.js';
 import { findKernel } from './kernel.js';
 import { log } from './log.js';
 import { LabProcess } from './processes.js';
+import { QemuRedfishPower } from './redfish-power.js';
 import { VirtualMachine } from './vm.js';
 
 /** How a lab machine's BMC is spoken to. */
@@ -58,6 +59,7 @@ export const LAB_SSH_PORT = 2222;
 /** VM n (from 1) is at 127.0.1.(10 + n). */
 const addressOf = (n: number) => `127.0.1.${10 + n}`;
 const IPMI_PASSWORD = 'lab-ipmi-pw';
+const REDFISH_PASSWORD = 'lab-redfish-pw';
 
 /**
  * The lab: QEMU virtual machines booting Debian's kernel, each with a BMC
@@ -71,6 +73,9 @@ export class Lab {
   readonly #closers: Array<() => Promise<void>> = [];
   run: LabProcess | undefined;
   server: LabProcess | undefined;
+  /** The one fake Redfish BMC serving every Redfish VM's ComputerSystem (HTTPS). */
+  redfish: FakeRedfishServer | undefined;
+  #redfishCa: string | undefined;
   serverPort = 0;
   readonly dataDir: string;
   readonly sshKeyPath: string;
@@ -183,7 +188,6 @@ export class Lab {
           'agent-ssh-exec-timeout': '120s',
           'web-listen': this.options.webListen ?? '127.0.0.1:8080',
           'static-reboot-wait': '1s',
-          'provisioner-reconciler-rate': '5s',
           'initializer-loop-parallelism': String(Math.min(count, 4)),
           'recoverer-first-heartbeat-timeout': '120s',
           'recoverer-heartbeat-timeout': '30s',
@@ -234,14 +238,31 @@ export class Lab {
         vm,
         protocol,
         bmc: { protocol: 'ipmi', host: sim.host, port: sim.port, username: sim.username, passwordFile, cipherSuite: 3 },
-        bmcCommand: `IPMI_PASSWORD=${IPMI_PASSWORD} ipmitool -I lanplus -C 3 -H ${sim.host} -p ${sim.port} -U ${sim.username} -E chassis power status`,
+        bmcCommand: `IPMI_PASSWORD=$(cat ${passwordFile}) ipmitool -I lanplus -C 3 -H ${sim.host} -p ${sim.port} -U ${sim.username} -E chassis power status`,
       };
     }
-    throw new Error(`${vm.name}: the ${protocol} BMC is not available yet`);
+    if (this.redfish === undefined) {
+      const certificate = await selfSignedCertificate();
+      this.redfish = await FakeRedfishServer.start({ tls: certificate, password: REDFISH_PASSWORD });
+      const fake = this.redfish;
+      this.#closers.push(() => fake.close());
+      this.#redfishCa = path.join(this.options.dir, 'redfish-ca.pem');
+      await writeFile(this.#redfishCa, certificate.cert);
+    }
+    const url = this.redfish.addSystem(vm.name, { power: new QemuRedfishPower(vm.power) });
+    await writeFile(passwordFile, `${REDFISH_PASSWORD}\n`, { mode: 0o600 });
+    return {
+      id: vm.name,
+      address: vm.options.address,
+      vm,
+      protocol,
+      bmc: { url, username: this.redfish.username, passwordFile },
+      bmcCommand: `curl --cacert ${this.#redfishCa} -u ${this.redfish.username}:$(cat ${passwordFile}) ${url}`,
+    };
   }
 
   #redfishRunFlags(): Record<string, string> {
-    return {};
+    return this.#redfishCa === undefined ? {} : { 'redfish-ca-file': this.#redfishCa };
   }
 
   /** Where to look, for a person. */
