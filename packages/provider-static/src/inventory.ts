@@ -177,7 +177,7 @@ function parseRedfishBmc(
       throw fail(key, `unknown key (want ${BMC_KEYS.join(', ')})${hint}`);
     }
   }
-  const { url, username, insecure } = value;
+  const { url, insecure } = value;
   if (url === undefined) throw fail('url', 'missing: the Redfish ComputerSystem URL');
   if (typeof url !== 'string') throw fail('url', `want a string, got ${kindOf(url)}`);
   let parsed: URL | undefined;
