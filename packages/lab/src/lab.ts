@@ -1,4 +1,4 @@
-import { chmod, mkdir, rm, writeFile } from 'node:fs/promises';
+import { access, chmod, mkdir, rm, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { hostname, loadavg } from 'node:os';
 import path from 'node:path';
@@ -6,6 +6,7 @@ import { fileURLToPath } from 'node:url';
 import { FakeRedfishServer, IpmiSimulator, selfSignedCertificate } from '@bmaas/provider-static/testing';
 import { selfSignedServerTls } from '@bmaas/server';
 import { SshKey } from '@bmaas/shepherd-manager';
+import { LabSetupError } from './errors.js';
 import { prepareGuestShare } from './guest-share.js';
 import { buildInitramfs } from './initramfs.js';
 import { findKernel } from './kernel.js';
@@ -28,6 +29,8 @@ export interface LabOptions {
   readonly cacheDir: string;
   /** The `shepherd` CLI script (`packages/cli/bin/shepherd.js`). */
   readonly shepherd: string;
+  /** The BMDB: a PostgreSQL URL; default an embedded PostgreSQL in the lab's directory. */
+  readonly bmdbUrl?: string;
   /** The fleet page's address. Default 127.0.0.1:8080. */
   readonly webListen?: string;
   /** Which protocol VM `index` (from 0) gets. Default: IPMI for even indexes, Redfish for odd. */
@@ -176,7 +179,7 @@ export class Lab {
         'run',
         'static',
         ...flags({
-          'data-dir': this.dataDir,
+          ...this.#database(),
           inventory: this.inventoryPath,
           'ssh-key-path': this.sshKeyPath,
           'agent-executable-path': agent,
@@ -205,7 +208,7 @@ export class Lab {
       [
         'server',
         ...flags({
-          'data-dir': this.dataDir,
+          ...this.#database(),
           listen: `127.0.0.1:${this.serverPort}`,
           'tls-cert': tls.certPath,
           'tls-key': path.join(dir, 'server-tls', 'server.key'),
@@ -221,7 +224,11 @@ export class Lab {
   async #bmcFor(vm: VirtualMachine, protocol: LabBmcProtocol): Promise<LabMachine> {
     const passwordFile = path.join(vm.options.dir, 'bmc-password');
     if (protocol === 'ipmi') {
-      const chassisControl = fileURLToPath(new URL('./chassis-control.js', import.meta.url));
+      // The built program (`../dist` from the sources and from the build alike): ipmi_sim runs it with node.
+      const chassisControl = fileURLToPath(new URL('../dist/chassis-control.js', import.meta.url));
+      await access(chassisControl).catch(() => {
+        throw new LabSetupError(`${chassisControl} is missing: build the packages first (npm run build)`);
+      });
       const sim = await IpmiSimulator.start({
         host: vm.options.address,
         password: IPMI_PASSWORD,
@@ -261,6 +268,11 @@ export class Lab {
     };
   }
 
+  /** Where both shepherd processes find the BMDB: the embedded one `shepherd run` starts, which the server attaches to. */
+  #database(): Record<string, string> {
+    return this.options.bmdbUrl === undefined ? { 'data-dir': this.dataDir } : { 'bmdb-url': this.options.bmdbUrl };
+  }
+
   #redfishRunFlags(): Record<string, string> {
     return this.#redfishCa === undefined ? {} : { 'redfish-ca-file': this.#redfishCa };
   }
@@ -269,7 +281,7 @@ export class Lab {
   describe(): string {
     const lines = [
       `fleet page:   ${this.webUrl}`,
-      `status:       npx shepherd status --data-dir ${this.dataDir}`,
+      `status:       npx shepherd status ${this.options.bmdbUrl === undefined ? `--data-dir ${this.dataDir}` : '--bmdb-url …'}`,
       `inventory:    ${this.inventoryPath}`,
       `logs:         ${path.join(this.options.dir, 'shepherd-run.log')}, ${path.join(this.options.dir, 'shepherd-server.log')}`,
       '',
