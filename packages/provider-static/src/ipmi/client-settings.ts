@@ -1,5 +1,9 @@
 // The IPMI client's options and their checks.
 
+import { optionChecks } from '../internal/settings.js';
+
+const { positive, atLeastZero, whole } = optionChecks('IpmiClient');
+
 /** Options of the {@link IpmiClient}. Durations in milliseconds. */
 export interface IpmiClientOptions {
   /** The ipmitool program: a name looked up on `PATH`, or a path. Default `ipmitool`. */
@@ -46,23 +50,4 @@ export function ipmiClientSettings(options: IpmiClientOptions): IpmiClientSettin
     messageRetries:
       options.messageRetries === undefined ? undefined : whole('messageRetries', options.messageRetries, 0),
   });
-}
-
-function positive(name: string, value: number): number {
-  if (!(value > 0) || !Number.isFinite(value)) throw new RangeError(`IpmiClient: ${name} must be > 0 ms, got ${value}`);
-  return value;
-}
-
-function atLeastZero(name: string, value: number): number {
-  if (!(value >= 0) || !Number.isFinite(value)) {
-    throw new RangeError(`IpmiClient: ${name} must be >= 0 ms, got ${value}`);
-  }
-  return value;
-}
-
-function whole(name: string, value: number, least: number): number {
-  if (!Number.isSafeInteger(value) || value < least) {
-    throw new RangeError(`IpmiClient: ${name} must be a whole number >= ${least}, got ${value}`);
-  }
-  return value;
 }
