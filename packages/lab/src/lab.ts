@@ -53,6 +53,8 @@ export interface LabMachine {
   readonly protocol: LabBmcProtocol;
   /** The inventory's `bmc` entry for it. */
   readonly bmc: Record<string, unknown>;
+  /** Its `ipmi_sim`, for an IPMI VM. */
+  readonly ipmiSimulator?: IpmiSimulator;
   /** How a person reaches its BMC by hand. */
   readonly bmcCommand: string;
 }
@@ -245,6 +247,7 @@ export class Lab {
         vm,
         protocol,
         bmc: { protocol: 'ipmi', host: sim.host, port: sim.port, username: sim.username, passwordFile, cipherSuite: 3 },
+        ipmiSimulator: sim,
         bmcCommand: `IPMI_PASSWORD=$(cat ${passwordFile}) ipmitool -I lanplus -C 3 -H ${sim.host} -p ${sim.port} -U ${sim.username} -E chassis power status`,
       };
     }

@@ -9,6 +9,7 @@
  * alone. Each phase's time is printed with the load average.
  */
 import { execFileSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
@@ -179,5 +180,15 @@ describe.skipIf(missing.length > 0)('the lab', () => {
       "SELECT DISTINCT p.provider_id FROM work_history w JOIN machine_provided p USING (machine_id) WHERE w.process = 'ShepherdRecovery' AND w.event = 'Finished' ORDER BY 1",
     );
     expect(recovered.rows.map((row) => row.provider_id)).toEqual([ipmiVm.id, redfishVm.id].sort());
+
+    // What Ctrl-C does: everything stopped (QEMU, ipmi_sim, the shepherd, its server) and the files removed.
+    const pids = lab.machines.flatMap((m) => [m.vm.pid, m.ipmiSimulator?.pid]).filter((pid) => pid !== undefined);
+    expect(pids).toHaveLength(5);
+    await lab.stop();
+    expect(existsSync(lab.options.dir)).toBe(false);
+    expect(lab.run?.running).toBe(false);
+    expect(lab.server?.running).toBe(false);
+    for (const pid of pids) expect(() => process.kill(pid, 0), `process ${pid}`).toThrow();
+    timing('the lab stopped');
   }, 600_000);
 });

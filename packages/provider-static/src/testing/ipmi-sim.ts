@@ -192,6 +192,11 @@ export class IpmiSimulator {
     return (await readFile(path.join(this.dir, 'power'), 'utf8')).trim() === '1';
   }
 
+  /** The ipmi_sim process's ID. */
+  get pid(): number | undefined {
+    return this.#child.pid;
+  }
+
   /** What ipmi_sim printed last, for a failure's message. */
   get output(): string {
     return this.#output;
