@@ -1,4 +1,4 @@
-import { existsSync, readdirSync } from 'node:fs';
+import { accessSync, constants, existsSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { LabSetupError } from './errors.js';
 
@@ -31,7 +31,15 @@ export function findKernel(boot = '/boot', modules = '/lib/modules'): GuestKerne
       `no kernel with its modules in ${boot} and ${modules}: install Debian's linux-image-amd64 package (apt-get install linux-image-amd64)`,
     );
   }
-  return { release, image: path.join(boot, `vmlinuz-${release}`), modules: path.join(modules, release) };
+  const image = path.join(boot, `vmlinuz-${release}`);
+  try {
+    accessSync(image, constants.R_OK);
+  } catch {
+    throw new LabSetupError(
+      `${image} is not readable by this user (some distributions make it 0600): run the lab as root, or chmod 644 it`,
+    );
+  }
+  return { release, image, modules: path.join(modules, release) };
 }
 
 function compareReleases(a: string, b: string): number {
