@@ -41,6 +41,8 @@ export interface LabOptions {
   readonly runFlags?: Readonly<Record<string, string>>;
   /** Progress lines for a person. */
   readonly report?: (line: string) => void;
+  /** Aborting it (Ctrl-C) ends the start: what was started is stopped, and `start` rejects. */
+  readonly signal?: AbortSignal;
 }
 
 /** One VM of the lab with its BMC. */
@@ -149,7 +151,9 @@ export class Lab {
     for (const [index, vm] of vms.entries()) {
       this.machines.push(await this.#bmcFor(vm, protocol(index)));
     }
-    await Promise.all(vms.map((vm) => vm.waitForSsh(300_000)));
+    const signal = this.options.signal;
+    signal?.throwIfAborted();
+    await Promise.all(vms.map((vm) => vm.waitForSsh(300_000, signal)));
     this.#report(`${count} VM(s) booted to sshd in ${seconds(started)} (load ${loadavg()[0]?.toFixed(2)})`);
 
     await writeFile(
@@ -203,7 +207,8 @@ export class Lab {
       path.join(dir, 'shepherd-run.log'),
     );
     this.#closers.push(() => this.run?.stop() ?? Promise.resolve());
-    await this.run.printed(/serving the fleet page/, 120_000);
+    signal?.throwIfAborted();
+    await this.run.printed(/serving the fleet page/, 120_000, signal);
     this.server = LabProcess.start(
       'shepherd server',
       shepherd,
@@ -219,7 +224,7 @@ export class Lab {
       path.join(dir, 'shepherd-server.log'),
     );
     this.#closers.push(() => this.server?.stop() ?? Promise.resolve());
-    await this.server.printed(/BMaaS server listening/, 120_000);
+    await this.server.printed(/BMaaS server listening/, 120_000, signal);
   }
 
   /** The BMC of `vm` over `protocol`, started. */

@@ -80,6 +80,7 @@ export async function main(argv: readonly string[]): Promise<number> {
       webListen,
       shepherd: fileURLToPath(new URL('../../cli/bin/shepherd.js', import.meta.url)),
       report: say,
+      signal: stop.signal,
     });
     if (!stop.signal.aborted) {
       process.stdout.write(`\n${lab.describe()}\n\nCtrl-C stops the lab.\n`);
@@ -96,6 +97,8 @@ export async function main(argv: readonly string[]): Promise<number> {
     }
     return 0;
   } catch (error) {
+    // Ctrl-C during the start is a clean stop, not a failure.
+    if (stop.signal.aborted) return 0;
     process.stderr.write(`lab: ${error instanceof Error ? error.message : String(error)}\n`);
     return 1;
   } finally {

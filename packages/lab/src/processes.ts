@@ -56,9 +56,10 @@ export class LabProcess {
   }
 
   /** Resolves once its output matches `pattern`; rejects if it exits first or `timeout` passes. */
-  async printed(pattern: RegExp, timeout = 60_000): Promise<void> {
+  async printed(pattern: RegExp, timeout = 60_000, signal?: AbortSignal): Promise<void> {
     const deadline = Date.now() + timeout;
     while (!pattern.test(this.#tail)) {
+      signal?.throwIfAborted();
       if (!this.running) throw new Error(`${this.name} exited before printing ${pattern}:\n${this.#tail.slice(-3000)}`);
       if (Date.now() > deadline)
         throw new Error(`${this.name} did not print ${pattern} within ${timeout} ms:\n${this.#tail.slice(-3000)}`);
