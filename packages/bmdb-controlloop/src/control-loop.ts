@@ -1,4 +1,5 @@
 import { setMaxListeners } from 'node:events';
+import { isStop } from './abort.js';
 import type { Backoff } from './backoff.js';
 import type { BMDB } from './connection.js';
 import {
@@ -13,7 +14,7 @@ import {
   WorkLostError,
 } from './errors.js';
 import { describeError, detail, log } from './internal/log.js';
-import { isStopOrTimeout, sleep } from './internal/sleep.js';
+import { sleep } from './internal/sleep.js';
 import { parseLimiter, type RateLimiter } from './limiter.js';
 import { Queries } from './queries.js';
 import type { Selection } from './selection.js';
@@ -238,7 +239,7 @@ class Runner<T extends WorkCandidate> {
         ahead = undefined;
         if (!('work' in outcome)) {
           const { error } = outcome;
-          if (isStopOrTimeout(error, signal)) break;
+          if (isStop(error, signal)) break;
           if (error instanceof NothingToDoError) {
             // While notifications are heard, polling only has to notice what
             // no statement announces (backoffs and heartbeats aging), and a
@@ -271,7 +272,7 @@ class Runner<T extends WorkCandidate> {
         await this.#process(name, session, work);
       }
     } catch (error) {
-      if (!isStopOrTimeout(error, signal)) throw error;
+      if (!isStop(error, signal)) throw error;
     } finally {
       await cancelAhead(ahead, name);
       await session?.close().catch((error) => log.loop('%s: closing session failed: %s', name, describeError(error)));

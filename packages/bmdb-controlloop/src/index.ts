@@ -6,7 +6,7 @@
  * @packageDocumentation
  */
 
-export { isAbortError, isAbortOf } from './abort.js';
+export { isAbortError, isAbortOf, isStop } from './abort.js';
 export {
   type AgentHeartbeat,
   type AgentHeartbeatResult,
@@ -74,6 +74,7 @@ export type { PowerReadLease, PowerReadResult, PowerStateRecord } from './querie
 export type { NewProvided, ProvidedMachine, ProviderStatusUpdate } from './queries/provided-tags.js';
 export type { RecoveryThresholds } from './queries/recovery-thresholds.js';
 export { Queries } from './queries.js';
+export { type RoundsOptions, runRounds } from './rounds.js';
 export {
   type Database,
   type MachineProvidedRow,
