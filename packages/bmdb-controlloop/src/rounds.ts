@@ -10,7 +10,7 @@ export interface RoundsOptions {
   readonly signal: AbortSignal;
   /** Waits before each round: a rate limiter's token, or work to do. Rejects (or resolves) once `signal` aborts. */
   readonly before?: (signal: AbortSignal) => Promise<void>;
-  /** Pause after each round, a polling interval. Default 0. */
+  /** Pause after each round, a polling interval; after a failed one, a second where this is 0. Default 0. */
   readonly interval?: number;
   /**
    * Reports what went wrong, in the loop's own words: a round that failed
@@ -22,7 +22,7 @@ export interface RoundsOptions {
   readonly session?: { readonly bmdb: BMDB; readonly processor: string };
 }
 
-/** The least pause after a failed round, so a failing database is not asked again at once. */
+/** The pause after a failed round of a loop without an interval, so a failing database is not asked again at once. */
 const FAILURE_PAUSE = 1_000;
 
 /**
@@ -34,8 +34,9 @@ const FAILURE_PAUSE = 1_000;
  * - Stop: no round starts once the signal aborted; a round (or wait) that
  *   ends with a stop (`isStop`: the signal's reason, an abort) or with the
  *   BMDB closed under it (`ConnectionClosedError`) ends the loop quietly.
- * - Pause: `before` each round, `interval` after it; after a failed round,
- *   at least a second. A failed round is reported and the next one tried.
+ * - Pause: `before` each round, `interval` after it (after a failed round,
+ *   a second where there is no interval). A failed round is reported and
+ *   the next one tried.
  * - Session (with `session`): each round gets a live session, started when
  *   there is none; a round that failed with its session no longer live has
  *   it closed and the next round starts another. The last one is closed when
@@ -85,7 +86,7 @@ export async function runRounds(options: RoundsOptions, round: (session: Session
         if (signal.aborted || isStop(error, signal) || error instanceof ConnectionClosedError) break;
         onFailure(error, 'round');
         if (session !== undefined && session.state !== 'live') await closeSession();
-        pause = Math.max(pause, FAILURE_PAUSE);
+        if (pause === 0) pause = FAILURE_PAUSE;
       }
       if (pause > 0) await sleep(pause, signal).catch(() => undefined);
     }
