@@ -1,7 +1,8 @@
 import { parseLimiter, Queries, SessionClosedError, SessionExpiredError } from '@bmaas/bmdb-controlloop';
 import { EQUINIX_PROVIDER, EquinixClient, EquinixProvider, EquinixStatusUpdater } from '@bmaas/provider-equinix';
 import { FakeEquinixApi, type FakeFault, type FakeRoute } from '@bmaas/provider-equinix/testing';
-import { FakeSshClient, Initializer, ProviderDiscrepancyError, Provisioner } from '@bmaas/shepherd-manager';
+import { Initializer, ProviderDiscrepancyError, Provisioner } from '@bmaas/shepherd-manager';
+import { FakeSshClient } from '@bmaas/shepherd-manager/testing';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { testBMDB } from '../support/database.js';

@@ -14,7 +14,6 @@ import {
   SessionExpiredError,
 } from '@bmaas/bmdb-controlloop';
 import {
-  FakeSshClient,
   Initializer,
   ProviderDiscrepancyError,
   Provisioner,
@@ -22,6 +21,7 @@ import {
   type RebootingProvider,
   Recoverer,
 } from '@bmaas/shepherd-manager';
+import { FakeSshClient } from '@bmaas/shepherd-manager/testing';
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { runUntil } from '../../../test/support/wait.js';

@@ -14,7 +14,6 @@ export {
   parseTakeoverResponse,
   type TakeoverInitParams,
 } from './agent-protocol.js';
-export { type FakeExecution, FakeSshClient, type FakeSshHooks, type FakeUpload } from './fake-ssh-client.js';
 export {
   type TakeoverError,
   TakeoverErrorSchema,

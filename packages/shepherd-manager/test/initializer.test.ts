@@ -13,8 +13,6 @@ import { startTestSshServer, type TestSshServer } from '../../../test/support/ss
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import { eventually, runUntil } from '../../../test/support/wait.js';
 import {
-  FakeSshClient,
-  type FakeSshHooks,
   Initializer,
   type InitializerOptions,
   Provisioner,
@@ -25,6 +23,7 @@ import {
   TakeoverInitSchema,
   TakeoverResponseSchema,
 } from '../src/index.js';
+import { FakeSshClient, type FakeSshHooks } from '../src/testing/index.js';
 import { TestProvider } from './test-provider.js';
 
 const { db, bmdb } = await testBMDB();
