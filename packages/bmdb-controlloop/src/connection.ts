@@ -18,6 +18,7 @@ import { type RunStatement, withRetry } from './internal/retry.js';
 import { SelectionClaims } from './internal/selection-claims.js';
 import { BMDBMetrics } from './metrics.js';
 import { type ComponentSchema, checkComponents, migrateToLatest } from './migrations/index.js';
+import { redactUrl } from './redact-url.js';
 import type { Database } from './schema.js';
 import { Session, type SessionOptions, type SessionParts } from './session.js';
 import { collectExpiredSessionsStatement, insertSession } from './sql/sessions.js';
@@ -230,14 +231,14 @@ export class BMDB {
       try {
         await bmdb.#db.selectNoFrom(sql<number>`1`.as('ok')).execute();
       } catch (error) {
-        throw new DatabaseUnreachableError(redact(url), describeError(error), { cause: error });
+        throw new DatabaseUnreachableError(redactUrl(url), describeError(error), { cause: error });
       }
       if (options.migrate) await bmdb.migrate();
     } catch (error) {
       await bmdb.close();
       throw error;
     }
-    detail.connection('opened %s for %s', redact(url), options.componentName);
+    detail.connection('opened %s for %s', redactUrl(url), options.componentName);
     return bmdb;
   }
 
@@ -358,16 +359,5 @@ export class BMDB {
 function checkInterval(ms: number, what: string): void {
   if (!Number.isInteger(ms / 1000) || ms < 1000) {
     throw new RangeError(`${what} must be a whole number of seconds, at least 1s; got ${ms}ms`);
-  }
-}
-
-/** The URL without its password, for logs and errors. */
-function redact(url: string): string {
-  try {
-    const parsed = new URL(url);
-    if (parsed.password) parsed.password = '***';
-    return parsed.toString();
-  } catch {
-    return '(unparseable URL)';
   }
 }

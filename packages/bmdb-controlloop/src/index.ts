@@ -74,6 +74,7 @@ export type { PowerReadLease, PowerReadResult, PowerStateRecord } from './querie
 export type { NewProvided, ProvidedMachine, ProviderStatusUpdate } from './queries/provided-tags.js';
 export type { RecoveryThresholds } from './queries/recovery-thresholds.js';
 export { Queries } from './queries.js';
+export { redactUrl } from './redact-url.js';
 export { type RoundsOptions, runRounds } from './rounds.js';
 export {
   type Database,
