@@ -144,6 +144,34 @@ describe('ARCHITECTURE.md', () => {
     });
   });
 
+  it('lists what each index exports', () => {
+    const start = map.indexOf('## Public surface');
+    expect(start).toBeGreaterThanOrEqual(0);
+    const section = map.slice(start, map.indexOf('\n## ', start + 1));
+    const listed = section.split('\n').flatMap((line) => {
+      const row = /^\| `[^`]+` \(`([^`]+)`\) \| (\d+) \| (.*) \|$/.exec(line);
+      return row
+        ? [
+            {
+              file: row[1] ?? '',
+              count: Number(row[2]),
+              names: [...(row[3] ?? '').matchAll(/`([^`]+)`/g)].map((m) => m[1]),
+            },
+          ]
+        : [];
+    });
+    expect(listed.length).toBeGreaterThan(8);
+    const graph = new CallGraph(
+      root,
+      listed.map((entry) => path.join(root, entry.file)),
+    );
+    for (const entry of listed) {
+      const exported = graph.exportsOf(entry.file).sort();
+      expect(entry.names.sort(), entry.file).toEqual(exported);
+      expect(entry.count, entry.file).toBe(exported.length);
+    }
+  });
+
   it('catches a reference to a missing file or function', () => {
     const [bad] = references('`packages/bmdb-controlloop/src/session.ts:noSuchFunction`');
     expect(bad).toEqual({ file: 'packages/bmdb-controlloop/src/session.ts', names: ['noSuchFunction'] });

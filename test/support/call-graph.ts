@@ -75,6 +75,13 @@ export class CallGraph {
     return ts.forEachChild(from, found) ?? false;
   }
 
+  /** The names `file` (relative to the root) exports, through its re-exports. */
+  exportsOf(file: string): string[] {
+    const source = this.#program.getSourceFile(path.join(this.root, file));
+    const module = source && this.#checker.getSymbolAtLocation(source);
+    return module ? this.#checker.getExportsOfModule(module).map((symbol) => symbol.name) : [];
+  }
+
   #symbol(declaration: ts.Declaration): ts.Symbol | undefined {
     const name = ts.getNameOfDeclaration(declaration);
     return this.#resolved(name ? this.#checker.getSymbolAtLocation(name) : undefined);

@@ -10,7 +10,8 @@ import {
 import { describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually, runUntil } from '../../../test/support/wait.js';
-import { type AgentStartEvent, DUMMY_PROVIDER, DummyPower, DummyProvider, HeartbeatSimulator } from '../src/index.js';
+import { DummyPower } from '../src/dummy-power.js';
+import { type AgentStartEvent, DUMMY_PROVIDER, DummyProvider, HeartbeatSimulator } from '../src/index.js';
 
 const { db, bmdb } = await testBMDB();
 

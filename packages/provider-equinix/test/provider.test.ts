@@ -2,8 +2,8 @@ import { ProviderStatus, type Session } from '@bmaas/bmdb-controlloop';
 import { Availability, type Machine, MachineNotFoundError } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
+import { CREATE_TAG_PREFIX } from '../src/api/client.js';
 import {
-  CREATE_TAG_PREFIX,
   DeviceNotAdoptableError,
   DeviceNotRecordedError,
   EQUINIX_PROVIDER,

@@ -1,7 +1,8 @@
 import { ProviderStatus, type Session } from '@bmaas/bmdb-controlloop';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
-import { EQUINIX_PROVIDER, EquinixStatusUpdater, providerStatusForState } from '../src/index.js';
+import { EQUINIX_PROVIDER, EquinixStatusUpdater } from '../src/index.js';
+import { providerStatusForState } from '../src/provider/device-facts.js';
 import { FakeEquinixApi } from '../src/testing/index.js';
 import { fastClient } from './helpers.js';
 

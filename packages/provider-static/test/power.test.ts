@@ -14,9 +14,6 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually, runUntil } from '../../../test/support/wait.js';
 import {
-  chooseAllowed,
-  powerStateOf,
-  RedfishBmc,
   RedfishClient,
   RedfishHttpError,
   RedfishResetUnsupportedError,
@@ -24,6 +21,8 @@ import {
   STATIC_PROVIDER,
   StaticProvider,
 } from '../src/index.js';
+import { powerStateOf, RedfishBmc } from '../src/redfish/bmc.js';
+import { chooseAllowed } from '../src/redfish/reset-types.js';
 import {
   FakeRedfishServer,
   SimulatedPower,

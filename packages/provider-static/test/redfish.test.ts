@@ -1,7 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { captureDebugLog } from '../../../test/support/debug-log.js';
 import {
-  chooseResetType,
   RedfishClient,
   type RedfishClientOptions,
   RedfishCredentialsError,
@@ -13,6 +12,7 @@ import {
   Secret,
 } from '../src/index.js';
 import { log } from '../src/internal/log.js';
+import { chooseResetType } from '../src/redfish/reset-types.js';
 import { FakeRedfishServer, selfSignedCertificate, type TestCertificate } from '../src/testing/index.js';
 
 let certificate: TestCertificate;

@@ -8,8 +8,19 @@
  */
 
 export { BmaasServerError, ListenError, ServerTlsError } from './errors.js';
-export * from './gen/cloud/agent/api/hwreport_pb.js';
-export * from './gen/cloud/bmaas/server/api/agent_pb.js';
+// The service, and the messages an agent sends it and gets back; the rest of
+// the generated code stays in src/gen/.
+export {
+  AgentCallback,
+  type AgentHardwareReport,
+  AgentHardwareReportSchema,
+  type HeartbeatRequest,
+  HeartbeatRequestSchema,
+  type HeartbeatResponse,
+  HeartbeatResponseSchema,
+  type OSInstallationReport,
+  OSInstallationReportSchema,
+} from './gen/cloud/bmaas/server/api/agent_pb.js';
 export { BmaasServer, type BmaasServerOptions } from './server.js';
 export { loadServerTls, type ServerTls, selfSignedServerTls } from './tls.js';
 export { certificatePem, type SelfSignedOptions, selfSignedCertificate } from './x509.js';

@@ -11,14 +11,12 @@ import { Code, ConnectError } from '@connectrpc/connect';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
+import { BlockDevice_Protocol, EFISupport, NodeSchema } from '../src/gen/cloud/agent/api/hwreport_pb.js';
 import {
   AgentHardwareReportSchema,
-  BlockDevice_Protocol,
   BmaasServer,
-  EFISupport,
   HeartbeatRequestSchema,
   loadServerTls,
-  NodeSchema,
   ServerTlsError,
   selfSignedServerTls,
 } from '../src/index.js';

@@ -12,6 +12,7 @@ import { captureDebugLog } from '../../../test/support/debug-log.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import { eventually, runUntil } from '../../../test/support/wait.js';
+import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
 import {
   Initializer,
   type InitializerOptions,
@@ -20,7 +21,6 @@ import {
   Ssh2Client,
   type SshExecResult,
   SshKey,
-  TakeoverInitSchema,
   TakeoverResponseSchema,
 } from '../src/index.js';
 import { FakeSshClient, type FakeSshHooks } from '../src/testing/index.js';

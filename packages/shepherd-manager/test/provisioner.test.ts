@@ -2,13 +2,8 @@ import { ProviderStatus, parseLimiter, Queries, SessionExpiredError } from '@bma
 import { describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
-import {
-  Availability,
-  type Machine,
-  ProviderDiscrepancyError,
-  Provisioner,
-  resolvePossiblyUsed,
-} from '../src/index.js';
+import { Availability, type Machine, ProviderDiscrepancyError, Provisioner } from '../src/index.js';
+import { resolvePossiblyUsed } from '../src/provisioner.js';
 import { TestProvider } from './test-provider.js';
 
 const { db, bmdb } = await testBMDB();

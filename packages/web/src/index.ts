@@ -6,9 +6,8 @@
  * @packageDocumentation
  */
 
-export { checkTokenRule, isLoopback, MIN_TOKEN_LENGTH, WebTokenError } from './access.js';
+export { checkTokenRule, WebTokenError } from './access.js';
 export type { MachineList, MachineView, Overview } from './data.js';
-export { escapeHtml, Html, html } from './html.js';
 export {
   attachFleetPage,
   type FleetPageOptions,

@@ -1,15 +1,9 @@
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, testBMDB } from '../../../test/support/database.js';
 import { HOSTILE_CAUSE, HOSTILE_REASON, type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
-import {
-  checkTokenRule,
-  escapeHtml,
-  type FleetPageServer,
-  html,
-  isLoopback,
-  serveFleetPage,
-  WebTokenError,
-} from '../src/index.js';
+import { isLoopback } from '../src/access.js';
+import { escapeHtml, html } from '../src/html.js';
+import { checkTokenRule, type FleetPageServer, serveFleetPage, WebTokenError } from '../src/index.js';
 
 let fleet: SeededFleet;
 let open: FleetPageServer;
