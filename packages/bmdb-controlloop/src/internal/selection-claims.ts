@@ -16,35 +16,40 @@ import type { RunStatement } from './retry.js';
 const MAX_BATCH = 64;
 
 /** The statements a batch of claims can be sent with. */
-type ClaimStatement = 'full' | 'quick' | 'forOne';
+type ClaimStatement = 'full' | 'forOne';
 
 /**
- * Which statement a batch of claims goes with, and why each is kept. The
- * full statement is the one whose every answer is final; the others leave out
- * its second look at the selection, so a request they leave without a
- * machine and without a candidate must be asked again with the full one. Each
- * is kept because `npm run bench` (BENCH_ONLY=throughput) measured it worth
- * at least 10 % of throughput at some parallelism against the full statement
- * alone:
+ * Which statement a batch of claims goes with. The full statement is the one
+ * whose every answer is final; a variant is kept only where `npm run bench`
+ * (BENCH_ONLY=throughput, each variant alternated with the statements
+ * without it) measured it worth at least 10 % of throughput at some
+ * parallelism:
  *
- * | statement | for                                                       | final | worth          |
- * | --------- | --------------------------------------------------------- | ----- | -------------- |
- * | `forOne`  | a batch of one (a lone worker), unless `fullNext`         | no    | measured below |
- * | `quick`   | a batch of several, unless `fullNext`                     | no    | measured below |
- * | `full`    | a batch while `fullNext`, and the requests the others     | yes   | —              |
- * |           | left without machine or candidate                         |       |                |
+ * | statement | sent for                                        | answers   | worth ×1 / ×8 / ×32  | kept |
+ * | --------- | ----------------------------------------------- | --------- | -------------------- | ---- |
+ * | `full`    | a batch of several; any batch while `fullNext`  | final     | the reference        | yes  |
+ * | `forOne`  | a batch of one (a lone worker's claim)          | not final | +12 % / — / —        | yes  |
+ * | quick     | a batch of several (`full` without `more`)      | not final | — / +0.5 % / +1.7 %  | no   |
  *
- * `fullNext`: once a selection's batch left a live request without a
- * machine, its next batches go to the full statement at once until one
- * serves every request, so an idle worker's look costs one statement, not
- * two.
+ * +12 %: items/s, median of 7 alternated rounds of 5,000 items at a load of
+ * 3 to 5 (CPU time per item 10 % less, PostgreSQL's 16 %). +0.5 %, +1.7 %:
+ * CPU time per item (Node and PostgreSQL), medians of 5 to 7 rounds, where a
+ * load of 6 to 15 on the two cores left items/s unreadable. —: not sent at
+ * that parallelism. The retriever's claim (`claimMachineStatement`) is no
+ * variant: it claims the machine a retriever chose.
+ *
+ * `forOne` leaves out the full statement's second look at the selection
+ * (`more`), so a request it leaves without a machine and without a candidate
+ * is asked again with the full one; and once a batch left a live request
+ * without a machine, the next go to the full statement until one serves
+ * every request (`fullNext`), so an idle worker's look costs one statement,
+ * not two.
  */
 const CLAIM_STATEMENTS: Record<
   ClaimStatement,
   (process: string, selection: Expression<SelectionRow>, sessions: readonly string[]) => RawBuilder<BatchClaimStatus>
 > = {
-  full: (process, selection, sessions) => claimSelectedStatement(process, selection, sessions),
-  quick: (process, selection, sessions) => claimSelectedStatement(process, selection, sessions, { lookFurther: false }),
+  full: claimSelectedStatement,
   forOne: claimSelectedForOneStatement,
 };
 
@@ -114,30 +119,20 @@ export class SelectionClaims {
   }
 
   /**
-   * Claims for `requests` as {@link CLAIM_STATEMENTS} says: with the quick
-   * statement (`forOne` for one request) while claims come back served; a
-   * request it leaves without a machine and without a candidate, and every
-   * request after that until all are served again, goes to the full one.
+   * Claims for `requests` as {@link CLAIM_STATEMENTS} says: a lone request
+   * with `forOne` while claims come back served, confirmed by the full
+   * statement when it found nothing; every other batch with the full one.
    */
   async #send(queue: ClaimQueue, requests: readonly ClaimRequest[]): Promise<ClaimStatus[]> {
-    if (queue.fullNext) {
+    if (queue.fullNext || requests.length > 1) {
       const statuses = await this.#sendWith('full', queue, requests);
       queue.fullNext = statuses.some(unserved);
       return statuses;
     }
-    const statuses = await this.#sendWith(requests.length === 1 ? 'forOne' : 'quick', queue, requests);
-    const left = statuses.flatMap((status, i) => (unconfirmed(status) ? [i] : []));
-    if (left.length === 0) return statuses;
+    const [status] = await this.#sendWith('forOne', queue, requests);
+    if (status === undefined || !unconfirmed(status)) return status === undefined ? [] : [status];
     queue.fullNext = true;
-    const again = await this.#sendWith(
-      'full',
-      queue,
-      left.map((i) => requests[i] as ClaimRequest),
-    );
-    left.forEach((at, i) => {
-      statuses[at] = again[i] as ClaimStatus;
-    });
-    return statuses;
+    return this.#sendWith('full', queue, requests);
   }
 
   async #sendWith(
@@ -175,7 +170,7 @@ function unserved(status: ClaimStatus): boolean {
   return status.bmdb_live && !status.bmdb_claimed;
 }
 
-/** Whether a request's answer from a statement other than the full one needs the full statement to be final. */
+/** Whether a request's answer from `forOne` needs the full statement to be final. */
 function unconfirmed(status: ClaimStatus): boolean {
   return unserved(status) && status.bmdb_found === 0;
 }

@@ -72,29 +72,19 @@ export interface MachineClaimStatus {
  * The statement is prepared once and runs on its generic plan: every table
  * besides the selection's is reached through keys the statement holds
  * (`= ANY (...)`), so no plan can scan one that grew since it was made.
- *
- * With `lookFurther: false` the statement leaves out that second look at the
- * selection, and a request left without a machine learns only of candidates
- * it chose but could not claim: its `bmdb_found` may be 0 while there is
- * more. Such an answer must be confirmed by the full statement; in exchange
- * the statement is a third smaller, and PostgreSQL sets up every node of a
- * plan on every execution, run or not.
  */
 export function claimSelectedStatement(
   process: string,
   selection: Expression<SelectionRow>,
   sessions: readonly string[],
-  { lookFurther = true }: { readonly lookFurther?: boolean } = {},
 ): RawBuilder<BatchClaimStatus> {
   // Only when some live request is left without a machine: is there more
   // the statement could not have (locked, or claimed since its snapshot)?
-  const more = lookFurther
-    ? sql`more AS (
+  const more = sql`more AS (
       SELECT x.machine_id FROM (${selection}) x
       WHERE (SELECT count(*) FROM chosen) < (SELECT count(*) FROM live)
         AND NOT EXISTS (SELECT 1 FROM chosen c WHERE c.machine_id = x.machine_id)
-      LIMIT 1),`
-    : sql`more AS (SELECT NULL::uuid AS machine_id WHERE false),`;
+      LIMIT 1),`;
   return sql<BatchClaimStatus>`
     WITH requests AS (
       SELECT r.session_id, r.ord FROM unnest(${sessions}::uuid[]) WITH ORDINALITY AS r (session_id, ord)),
@@ -149,8 +139,10 @@ export function claimSelectedStatement(
  * request, and answers the same row (`bmdb_ord` 1), but without the
  * bookkeeping that shares machines out among requests (numbering, matching
  * slots, joining the answers back to the requests): a plan of fewer nodes,
- * each of which PostgreSQL sets up on every execution. An answer without a
- * machine and without candidates is not final, as for `lookFurther: false`.
+ * each of which PostgreSQL sets up on every execution. Without the second
+ * look, a request left without a machine learns only of the candidate it
+ * chose but could not claim: an answer without a machine and without a
+ * candidate is not final, and the full statement confirms it.
  */
 export function claimSelectedForOneStatement(
   process: string,
