@@ -59,22 +59,26 @@ interface ClaimRequest {
   readonly processor: string;
 }
 
-/** The claims of one (selection, process): statements that differ only in their sessions share a batch. */
-interface ClaimQueue {
+/**
+ * What is kept of one (selection, process) for as long as the selection
+ * lives (a control loop's, all its run): its statements, each compiled on
+ * first use, and whether its next batch goes to the full statement.
+ */
+interface ClaimTemplate {
   readonly process: string;
   readonly selection: Expression<SelectionRow>;
-  readonly batcher: Batcher<ClaimRequest, ClaimStatus>;
-  /** Its statements, each compiled on first use. */
+  /** Equal for selections that differ only by object: their claims share a batch. */
+  readonly key: string;
   readonly compiled: Partial<Record<ClaimStatement, CompiledClaim>>;
   /** Whether the next batch goes to the full statement at once (see {@link CLAIM_STATEMENTS}). */
   fullNext: boolean;
 }
 
 /**
- * A claim statement compiled once for its queue: compiling one costs more
- * than a lone worker's claim can spare (a tenth of the CPU time per item at
- * ×1 in `npm run bench`). It is compiled with {@link SESSIONS} for its
- * session IDs; a batch's IDs go where that placeholder stands.
+ * A claim statement compiled once for its template: compiling one costs
+ * more than a lone worker's claim can spare (more than a tenth of its CPU
+ * time per item in `npm run bench`). It is compiled with {@link SESSIONS}
+ * for its session IDs; a batch's IDs go where that placeholder stands.
  */
 interface CompiledClaim {
   readonly sql: string;
@@ -91,9 +95,10 @@ const SESSIONS: readonly string[] = Object.freeze([]);
  * sessions (sql/claim.ts); see {@link Batcher} for when a batch leaves.
  */
 export class SelectionClaims {
-  readonly #queues = new Map<string, ClaimQueue>();
-  /** A selection's SQL and parameters, by query; the query builders are immutable. */
-  readonly #selectionKeys = new WeakMap<Expression<SelectionRow>, string>();
+  /** Templates by selection query and process; the query builders are immutable. */
+  readonly #templates = new WeakMap<Expression<SelectionRow>, Map<string, ClaimTemplate>>();
+  /** Batchers by template key, while they have claims to send. */
+  readonly #batchers = new Map<string, Batcher<ClaimRequest, ClaimStatus>>();
 
   constructor(
     private readonly db: Kysely<Database>,
@@ -103,8 +108,8 @@ export class SelectionClaims {
 
   /**
    * Claims one machine of `selection` for the session; the answer is this
-   * request's own. The request joins the queue of its (selection, process),
-   * whose batcher sends it with the others in {@link SelectionClaims.#send}.
+   * request's own. The request joins the batcher of its (selection,
+   * process), which sends it with the others in {@link SelectionClaims.#send}.
    */
   claim(
     sessionId: string,
@@ -112,27 +117,21 @@ export class SelectionClaims {
     process: string,
     selection: Expression<SelectionRow>,
   ): Promise<ClaimStatus> {
-    const key = `${process}\u0000${this.#selectionKey(selection)}`;
-    let queue = this.#queues.get(key);
-    if (!queue) {
-      const created: ClaimQueue = {
-        process,
-        selection,
-        compiled: {},
-        fullNext: false,
-        batcher: new Batcher<ClaimRequest, ClaimStatus>({
-          maxSize: MAX_BATCH,
-          send: (requests) => this.#send(created, requests),
-          // Selections may differ per call (a parameter each): keep only busy queues.
-          onIdle: () => {
-            if (this.#queues.get(key) === created) this.#queues.delete(key);
-          },
-        }),
-      };
-      queue = created;
-      this.#queues.set(key, created);
+    const template = this.#template(process, selection);
+    let batcher = this.#batchers.get(template.key);
+    if (!batcher) {
+      const created = new Batcher<ClaimRequest, ClaimStatus>({
+        maxSize: MAX_BATCH,
+        send: (requests) => this.#send(template, requests),
+        // Selections may differ per call (a parameter each): keep only busy batchers.
+        onIdle: () => {
+          if (this.#batchers.get(template.key) === created) this.#batchers.delete(template.key);
+        },
+      });
+      batcher = created;
+      this.#batchers.set(template.key, created);
     }
-    return queue.batcher.submit({ sessionId, processor });
+    return batcher.submit({ sessionId, processor });
   }
 
   /**
@@ -140,27 +139,26 @@ export class SelectionClaims {
    * with `forOne` while claims come back served, confirmed by the full
    * statement when it found nothing; every other batch with the full one.
    */
-  async #send(queue: ClaimQueue, requests: readonly ClaimRequest[]): Promise<ClaimStatus[]> {
-    if (queue.fullNext || requests.length > 1) {
-      const statuses = await this.#sendWith('full', queue, requests);
-      queue.fullNext = statuses.some(unserved);
+  async #send(template: ClaimTemplate, requests: readonly ClaimRequest[]): Promise<ClaimStatus[]> {
+    if (template.fullNext || requests.length > 1) {
+      const statuses = await this.#sendWith('full', template, requests);
+      template.fullNext = statuses.some(unserved);
       return statuses;
     }
-    const [status] = await this.#sendWith('forOne', queue, requests);
+    const [status] = await this.#sendWith('forOne', template, requests);
     if (status === undefined || !unconfirmed(status)) return status === undefined ? [] : [status];
-    queue.fullNext = true;
-    return this.#sendWith('full', queue, requests);
+    template.fullNext = true;
+    return this.#sendWith('full', template, requests);
   }
 
   async #sendWith(
     statement: ClaimStatement,
-    queue: ClaimQueue,
+    template: ClaimTemplate,
     requests: readonly ClaimRequest[],
   ): Promise<ClaimStatus[]> {
-    queue.compiled[statement] ??= CLAIM_STATEMENTS[statement](queue.process, queue.selection, SESSIONS).compile(
-      this.db,
-    );
-    const { sql, parameters } = queue.compiled[statement];
+    const { process, selection } = template;
+    template.compiled[statement] ??= CLAIM_STATEMENTS[statement](process, selection, SESSIONS).compile(this.db);
+    const { sql, parameters } = template.compiled[statement];
     const sessions = requests.map((r) => r.sessionId);
     const compiled = { sql, parameters: parameters.map((value) => (value === SESSIONS ? sessions : value)) };
     const processors = [...new Set(requests.map((r) => r.processor))];
@@ -174,15 +172,21 @@ export class SelectionClaims {
     return byRequest;
   }
 
-  /** `selection`'s SQL and parameters: selections that differ only by object share a queue. */
-  #selectionKey(selection: Expression<SelectionRow>): string {
-    let key = this.#selectionKeys.get(selection);
-    if (key === undefined) {
-      const compiled = sql`${selection}`.compile(this.db);
-      key = `${compiled.sql}\u0000${JSON.stringify(compiled.parameters)}`;
-      this.#selectionKeys.set(selection, key);
+  /** The template of (`selection`, `process`), made on first use. */
+  #template(process: string, selection: Expression<SelectionRow>): ClaimTemplate {
+    let byProcess = this.#templates.get(selection);
+    if (!byProcess) {
+      byProcess = new Map();
+      this.#templates.set(selection, byProcess);
     }
-    return key;
+    let template = byProcess.get(process);
+    if (!template) {
+      const compiled = sql`${selection}`.compile(this.db);
+      const key = `${process}\u0000${compiled.sql}\u0000${JSON.stringify(compiled.parameters)}`;
+      template = { process, selection, key, compiled: {}, fullNext: false };
+      byProcess.set(process, template);
+    }
+    return template;
   }
 }
 
