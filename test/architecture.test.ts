@@ -130,7 +130,7 @@ describe('ARCHITECTURE.md', () => {
       expect(pathSteps.length).toBeGreaterThan(15);
       const stale = pathSteps.filter((step) => !edge(step.from, step.to)).map((step) => step.line);
       expect(stale).toEqual([]);
-    });
+    }, 60_000);
 
     it('sees a step that does not hold', () => {
       const [claim, close, process, cancel, workCancel] = references(
@@ -144,6 +144,7 @@ describe('ARCHITECTURE.md', () => {
     });
   });
 
+  // A program over every index: seconds on a loaded machine.
   it('lists what each index exports', () => {
     const start = map.indexOf('## Public surface');
     expect(start).toBeGreaterThanOrEqual(0);
@@ -170,7 +171,7 @@ describe('ARCHITECTURE.md', () => {
       expect(entry.names.sort(), entry.file).toEqual(exported);
       expect(entry.count, entry.file).toBe(exported.length);
     }
-  });
+  }, 60_000);
 
   it('catches a reference to a missing file or function', () => {
     const [bad] = references('`packages/bmdb-controlloop/src/session.ts:noSuchFunction`');
