@@ -145,8 +145,8 @@ export class SelectionClaims {
       template.fullNext = statuses.some(unserved);
       return statuses;
     }
-    const [status] = await this.#sendWith('forOne', template, requests);
-    if (status === undefined || !unconfirmed(status)) return status === undefined ? [] : [status];
+    const statuses = await this.#sendWith('forOne', template, requests);
+    if (!statuses.some(unconfirmed)) return statuses;
     template.fullNext = true;
     return this.#sendWith('full', template, requests);
   }
