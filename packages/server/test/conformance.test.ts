@@ -8,11 +8,7 @@
  * library still serves; authentication, batching and metrics.
  */
 
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import path from 'node:path';
 import { gzipSync } from 'node:zlib';
-import { type BMDB, Queries } from '@bmaas/bmdb-controlloop';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError, createClient } from '@connectrpc/connect';
 import { createConnectTransport, createGrpcWebTransport } from '@connectrpc/connect-node';
@@ -20,7 +16,7 @@ import { status } from '@grpc/grpc-js';
 import pg from 'pg';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
 import {
   AgentCallback,
@@ -29,38 +25,28 @@ import {
   HeartbeatResponseSchema,
   selfSignedServerTls,
 } from '../src/index.js';
-import { type AgentIdentity, agentIdentity } from './helpers.js';
+import {
+  type AgentIdentity,
+  agentIdentity,
+  heartbeatStatements,
+  startedMachine as machineOf,
+  startTestServer,
+  type TestServer,
+} from './helpers.js';
 import { GrpcJsAgent, grpcFrame, RawGrpcClient } from './standard-clients.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
-let server: BmaasServer;
-let dir: string;
-let ca: string;
 const registry = new Registry();
+let t: TestServer;
 const closing: { close(): void }[] = [];
 
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db, { metrics: registry });
-  dir = await mkdtemp(path.join(tmpdir(), 'bmaas-conformance-'));
-  const tls = await selfSignedServerTls(dir);
-  ca = tls.cert;
-  server = await BmaasServer.start({ bmdb, listen: { host: '127.0.0.1', port: 0 }, tls, metrics: registry });
+  t = await startTestServer(registry);
 });
-afterAll(async () => {
+afterAll(() => {
   for (const client of closing) client.close();
-  await server?.close();
-  await rm(dir, { recursive: true, force: true });
 });
 
-/** A machine whose agent started with `agent`'s key. */
-async function startedMachine(agent: AgentIdentity): Promise<string> {
-  const q = new Queries(bmdb.db);
-  const machineId = await q.newMachine();
-  await q.setAgentStarted(machineId, { publicKey: agent.publicKey });
-  return machineId;
-}
+const startedMachine = (agent: AgentIdentity) => machineOf(t.bmdb, agent);
 
 /** An agent with its machine. */
 async function agentWithMachine(): Promise<{ agent: AgentIdentity; machineId: string }> {
@@ -69,13 +55,13 @@ async function agentWithMachine(): Promise<{ agent: AgentIdentity; machineId: st
 }
 
 function grpcJs(identity?: AgentIdentity, options?: ConstructorParameters<typeof GrpcJsAgent>[3]): GrpcJsAgent {
-  const client = new GrpcJsAgent(server.port, ca, identity, options);
+  const client = new GrpcJsAgent(t.server.port, t.ca, identity, options);
   closing.push(client);
   return client;
 }
 
 function raw(identity?: AgentIdentity): RawGrpcClient {
-  const client = new RawGrpcClient(server.port, ca, identity);
+  const client = new RawGrpcClient(t.server.port, t.ca, identity);
   closing.push(client);
   return client;
 }
@@ -86,7 +72,7 @@ function heartbeatMessage(machineId: string): Uint8Array {
 }
 
 async function heartbeatRecorded(machineId: string): Promise<boolean> {
-  const { rowCount } = await db.admin('SELECT 1 FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId]);
+  const { rowCount } = await t.db.admin('SELECT 1 FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId]);
   return rowCount === 1;
 }
 
@@ -159,9 +145,9 @@ describe('status codes, messages and trailers (@grpc/grpc-js)', () => {
     const connectError = await createClient(
       AgentCallback,
       createConnectTransport({
-        baseUrl: `https://localhost:${server.port}`,
+        baseUrl: `https://localhost:${t.server.port}`,
         httpVersion: '2',
-        nodeOptions: { ca, cert: agent.cert, key: agent.key },
+        nodeOptions: { ca: t.ca, cert: agent.cert, key: agent.key },
       }),
     )
       .heartbeat({ machineId })
@@ -183,11 +169,11 @@ describe('status codes, messages and trailers (@grpc/grpc-js)', () => {
     const own = await BmaasServer.start({
       bmdb: closed,
       listen: { host: '127.0.0.1', port: 0 },
-      tls: { cert: ca, key: await serverKey() },
+      tls: { cert: t.ca, key: await serverKey() },
     });
     try {
       await closed.close();
-      const client = new GrpcJsAgent(own.port, ca, agentIdentity());
+      const client = new GrpcJsAgent(own.port, t.ca, agentIdentity());
       closing.push(client);
       const machineId = '6f1c1c3e-0000-4000-8000-000000000003';
       const answer = await client.heartbeat({ machineId });
@@ -202,14 +188,14 @@ describe('status codes, messages and trailers (@grpc/grpc-js)', () => {
 });
 
 async function serverKey(): Promise<string> {
-  return (await selfSignedServerTls(dir)).key;
+  return (await selfSignedServerTls(t.dir)).key;
 }
 
 describe('deadlines (grpc-timeout)', () => {
   test('a heartbeat still unanswered at its deadline is answered DEADLINE_EXCEEDED then', async () => {
     const { agent, machineId } = await agentWithMachine();
     // Hold the machine's AgentStarted row: the heartbeat's statement waits for it.
-    const blocker = new pg.Client({ connectionString: db.url });
+    const blocker = new pg.Client({ connectionString: t.db.url });
     await blocker.connect();
     try {
       await blocker.query('BEGIN');
@@ -426,9 +412,9 @@ describe('what the gRPC library still serves', () => {
         const client = createClient(
           AgentCallback,
           transport({
-            baseUrl: `https://localhost:${server.port}`,
+            baseUrl: `https://localhost:${t.server.port}`,
             httpVersion,
-            nodeOptions: { ca, cert: agent.cert, key: agent.key },
+            nodeOptions: { ca: t.ca, cert: agent.cert, key: agent.key },
           }),
         );
         await client.heartbeat({ machineId });
@@ -440,15 +426,10 @@ describe('what the gRPC library still serves', () => {
   });
 });
 
-describe('authentication, batching, metrics', () => {
+describe('batching and metrics', () => {
   test('many agents at once, each on its own connection: all recorded, in fewer statements than heartbeats', async () => {
     const fleet = await Promise.all(Array.from({ length: 30 }, () => agentWithMachine()));
-    const statements = async () =>
-      Number(
-        /bmdb_agent_heartbeat_batch_size_count (\d+)/.exec(
-          await registry.getSingleMetricAsString('bmdb_agent_heartbeat_batch_size'),
-        )?.[1],
-      );
+    const statements = () => heartbeatStatements(registry);
     const before = await statements();
     const clients = fleet.map(({ agent }) => grpcJs(agent));
     // Every connection up first, so the heartbeats arrive together.
