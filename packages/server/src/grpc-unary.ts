@@ -2,6 +2,7 @@ import { constants, type IncomingHttpHeaders, type ServerHttp2Stream } from 'nod
 import { Code, ConnectError } from '@connectrpc/connect';
 import { compressionGzip } from '@connectrpc/connect-node';
 import { encodeGrpcMessage, parseGrpcTimeout } from './grpc-headers.js';
+import { log } from './log.js';
 
 /** Upstream gRPC's default ceiling on a received message, before and after decompression. */
 export const READ_MAX_BYTES = 4 * 1024 * 1024;
@@ -82,15 +83,19 @@ export function serveUnaryCall<Request, Response>(
     answered = true;
     if (deadline !== undefined) clearTimeout(deadline);
     if (stream.closed) return;
-    const message = route.encode(response);
-    const framed = Buffer.allocUnsafe(5 + message.length);
-    framed[0] = 0;
-    framed.writeUInt32BE(message.length, 1);
-    framed.set(message, 5);
-    stream.respond(OK_HEADERS, { waitForTrailers: true });
-    // 'wantTrailers' comes once per stream: `on` spares the wrapper `once` makes.
-    stream.on('wantTrailers', sendOkTrailers);
-    stream.end(framed);
+    try {
+      const message = route.encode(response);
+      const framed = Buffer.allocUnsafe(5 + message.length);
+      framed[0] = 0;
+      framed.writeUInt32BE(message.length, 1);
+      framed.set(message, 5);
+      stream.respond(OK_HEADERS, { waitForTrailers: true });
+      // 'wantTrailers' comes once per stream: `on` spares the wrapper `once` makes.
+      stream.on('wantTrailers', sendOkTrailers);
+      stream.end(framed);
+    } catch (error) {
+      giveUp(stream, error);
+    }
   };
   const answer = (message: Uint8Array) => {
     let request: Request;
@@ -173,12 +178,27 @@ function sendOkTrailers(this: ServerHttp2Stream): void {
   this.sendTrailers(OK_TRAILERS);
 }
 
+/** Answers with `error`'s status (INTERNAL for what is no ConnectError), unless the stream is gone. */
+function respondWithError(stream: ServerHttp2Stream, error: unknown): void {
+  if (stream.closed || stream.headersSent) return;
+  try {
+    writeRefusal(stream, error);
+  } catch (failure) {
+    giveUp(stream, failure);
+  }
+}
+
+/** A stream that could not be answered (its session went away meanwhile): reset, and said in the log. */
+function giveUp(stream: ServerHttp2Stream, error: unknown): void {
+  log.server('could not answer a call: %s', (error as Error).message);
+  stream.destroy();
+}
+
 /**
  * A refusal in headers alone (Trailers-Only), then, if the client is still
  * sending its body, a reset with NO_ERROR: the rest is not wanted.
  */
-function respondWithError(stream: ServerHttp2Stream, error: unknown): void {
-  if (stream.closed || stream.headersSent) return;
+function writeRefusal(stream: ServerHttp2Stream, error: unknown): void {
   const refusal =
     error instanceof ConnectError
       ? error
