@@ -29,17 +29,19 @@ const ROOT = path.join(import.meta.dirname, '..', '..');
 const PATH = '/cloud.bmaas.server.api.AgentCallback/Heartbeat';
 
 /**
- * The same headers for every call: nothing to build per heartbeat. Upstream's
- * agent gives every heartbeat a 10 s deadline, so its calls carry a
- * `grpc-timeout` (a server keeps a timer per call for it).
+ * The headers of every call, built once per fleet. Upstream's agent gives
+ * every heartbeat a 10 s deadline, so its calls carry a `grpc-timeout` (a
+ * server keeps a timer per call for it).
  */
-const HEADERS = {
-  ':method': 'POST',
-  ':path': PATH,
-  'content-type': 'application/grpc+proto',
-  te: 'trailers',
-  'grpc-timeout': '10S',
-} as const;
+function callHeaders(timeout: string) {
+  return {
+    ':method': 'POST',
+    ':path': PATH,
+    'content-type': 'application/grpc+proto',
+    te: 'trailers',
+    'grpc-timeout': timeout,
+  };
+}
 
 interface Identity {
   readonly privateKey: KeyObject;
@@ -56,6 +58,7 @@ export interface Fleet {
 
 export interface Agent {
   readonly session: ClientHttp2Session;
+  readonly headers: ReturnType<typeof callHeaders>;
   /** Its HeartbeatRequest as a gRPC message (length prefix and protobuf), encoded once. */
   readonly body: Buffer;
   /** Scheduled times (performance.now()) of sends waiting for the previous answer. */
@@ -210,9 +213,14 @@ function profileFlags(): string[] {
   ];
 }
 
-/** Every agent of the fleet connected to `port` (each on its own TLS connection), trusting the server's certificate. */
-export async function connectAgents(fleet: Fleet, port: number): Promise<Agent[]> {
+/**
+ * Every agent of the fleet connected to `port` (each on its own TLS
+ * connection), trusting the server's certificate; their calls carry
+ * `grpc-timeout: <timeout>`.
+ */
+export async function connectAgents(fleet: Fleet, port: number, timeout = '10S'): Promise<Agent[]> {
   const ca = await readFile(path.join(fleet.dir, 'server.crt'), 'utf8');
+  const headers = callHeaders(timeout);
   return fleet.identities.map((identity) => {
     const session = connect(`https://localhost:${port}`, {
       ca,
@@ -220,7 +228,7 @@ export async function connectAgents(fleet: Fleet, port: number): Promise<Agent[]
       key: identity.privateKey.export({ type: 'pkcs8', format: 'pem' }),
     });
     session.on('error', () => {});
-    return { session, body: heartbeatBody(identity.machineId), waiting: [], busy: false };
+    return { session, headers, body: heartbeatBody(identity.machineId), waiting: [], busy: false };
   });
 }
 
@@ -238,7 +246,7 @@ function heartbeatBody(machineId: string): Buffer {
 /** One Heartbeat call; rejects unless the gRPC status is OK. */
 export function heartbeat(agent: Agent): Promise<void> {
   return new Promise((resolve, reject) => {
-    const stream = agent.session.request(HEADERS);
+    const stream = agent.session.request(agent.headers);
     let status: unknown;
     // The status comes in the trailers, or in the headers of a trailers-only answer.
     const take = (headers: Record<string, unknown>) => {

@@ -117,7 +117,8 @@ async function measure(bench: BenchServer, answeredBy: HeartbeatServer): Promise
   const server = await startServer(answeredBy, fleet, port, 1, wrapper);
   let agents: Agent[] = [];
   try {
-    agents = await connectAgents(fleet, port);
+    // A deadline as upstream's agent sends, but one valgrind's pace cannot pass.
+    agents = await connectAgents(fleet, port, '10M');
     await Promise.all(agents.map((agent) => heartbeat(agent)));
     const next = await bursts(agents, WARM_UP, BURST);
     execFileSync('callgrind_control', ['--zero', String(server.pid)], { stdio: 'ignore' });
