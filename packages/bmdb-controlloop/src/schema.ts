@@ -13,6 +13,7 @@ export interface Database {
   machine_hardware_report: MachineHardwareReportTable;
   machine_os_installation_report: MachineOsInstallationReportTable;
   machine_unprovided: MachineUnprovidedTable;
+  fleet_location_totals: FleetLocationTotalsTable;
   sessions: SessionsTable;
   work: WorkTable;
   work_history: WorkHistoryTable;
@@ -64,6 +65,24 @@ export interface MachineUnprovidedTable {
   machine_id: string;
 }
 
+/**
+ * Per provider and location (`''` for none), spread over 64 rows (`shard`):
+ * provided machines and the sums of their hardware reports' totals
+ * (migration 0008). Kept by triggers; never written by hand. Sum a place's
+ * rows to read it. Numerics and bigints are read as strings.
+ */
+export interface FleetLocationTotalsTable {
+  provider: string;
+  provider_location: string;
+  shard: number;
+  machines: string;
+  reported_machines: string;
+  cpu_threads: string;
+  memory_bytes: string;
+  disks: string;
+  disk_bytes: string;
+}
+
 export interface MachineAgentStartedTable {
   machine_id: string;
   agent_started_at: Timestamp;
@@ -82,6 +101,18 @@ export interface MachineHardwareReportTable {
   machine_id: string;
   hardware_report_raw: Uint8Array;
   hardware_reported_at: Timestamp;
+  /** Its machine's provider and location (migration 0008), for `fleet_location_totals`; kept by triggers, never write them. */
+  provider: Generated<string | null>;
+  provider_location: Generated<string | null>;
+  /**
+   * The report's totals (migration 0008), read from it by
+   * `BMDB.recordAgentHeartbeat` as it stores it; null when it could not be
+   * read. Bigints are read as strings.
+   */
+  cpu_threads: Generated<string | null>;
+  memory_bytes: Generated<string | null>;
+  disks: Generated<number | null>;
+  disk_bytes: Generated<string | null>;
 }
 
 /** How an OS installation the agent was asked for ended. */

@@ -2,7 +2,12 @@ import { Kysely, Migrator, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import { expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
+import { Queries } from '../src/index.js';
 import * as initial from '../src/migrations/0001_initial.js';
+import * as fastClaims from '../src/migrations/0002_fast_claims.js';
+import * as agentReports from '../src/migrations/0003_agent_reports.js';
+import * as fleetPage from '../src/migrations/0004_fleet_page.js';
+import * as leanTriggers from '../src/migrations/0005_lean_triggers.js';
 
 test('migrations create the schema once; running them again is a no-op', async () => {
   const db = await createTestDatabase();
@@ -13,6 +18,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0003_agent_reports',
     '0004_fleet_page',
     '0005_lean_triggers',
+    '0008_fleet_metrics',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
@@ -37,7 +43,28 @@ test('migrations create the schema once; running them again is a no-op', async (
       'provider_status',
     ],
     machine_agent_pending: ['machine_id', 'provider'],
-    machine_hardware_report: ['machine_id', 'hardware_report_raw', 'hardware_reported_at'],
+    machine_hardware_report: [
+      'machine_id',
+      'hardware_report_raw',
+      'hardware_reported_at',
+      'provider',
+      'provider_location',
+      'cpu_threads',
+      'memory_bytes',
+      'disks',
+      'disk_bytes',
+    ],
+    fleet_location_totals: [
+      'provider',
+      'provider_location',
+      'shard',
+      'machines',
+      'reported_machines',
+      'cpu_threads',
+      'memory_bytes',
+      'disks',
+      'disk_bytes',
+    ],
     machine_os_installation_report: [
       'machine_id',
       'generation',
@@ -75,6 +102,7 @@ test('migrations create the schema once; running them again is a no-op', async (
       'work_history_failed_idx',
       'machine_provided_provider_machine_idx',
       'machine_provided_provider_id_pattern_idx',
+      'fleet_location_totals_pkey',
     ]),
   );
 
@@ -124,6 +152,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0003_agent_reports',
     '0004_fleet_page',
     '0005_lean_triggers',
+    '0008_fleet_metrics',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // 0004 backfills the machines without a Provided tag.
@@ -177,4 +206,88 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
   await db.admin('DELETE FROM machine_provided WHERE machine_id = $1', [fresh2]);
   expect(await pending(fresh2)).toBe(0);
   await session.close();
+});
+
+test('0008 on a database with reports: the stored reports are read and the fleet counted per place', async () => {
+  const db = await createTestDatabase();
+  // A deployment at 0005, with three machines in two places: two reported, one report unreadable.
+  const released = new Kysely<unknown>({
+    dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: db.url }) }),
+  });
+  const { error } = await new Migrator({
+    db: released,
+    provider: {
+      getMigrations: async () => ({
+        '0001_initial': initial,
+        '0002_fast_claims': fastClaims,
+        '0003_agent_reports': agentReports,
+        '0004_fleet_page': fleetPage,
+        '0005_lean_triggers': leanTriggers,
+      }),
+    },
+    migrationTableName: 'bmdb_migration',
+    migrationLockTableName: 'bmdb_migration_lock',
+  }).migrateToLatest();
+  await released.destroy();
+  expect(error).toBeUndefined();
+  // AgentHardwareReport { report: Node { memory_installed_bytes: 1024, cpu { hardware_threads: 16 }, block_device { capacity_bytes: 100 } } }
+  const report = Buffer.from('0a0b408008520248105a023064', 'hex');
+  for (const [name, location, raw] of [
+    ['a', 'da11', report],
+    ['b', 'da11', Buffer.from('0aff', 'hex')],
+    ['c', null, report],
+  ] as const) {
+    await db.admin(
+      `WITH m AS (INSERT INTO machines DEFAULT VALUES RETURNING machine_id),
+       p AS (INSERT INTO machine_provided (machine_id, provider, provider_id, provider_location)
+             SELECT machine_id, 'Old', $1, $2 FROM m)
+       INSERT INTO machine_hardware_report SELECT machine_id, $3, now() FROM m`,
+      [name, location, raw],
+    );
+  }
+
+  const bmdb = await openTestBMDB(db, { migrate: false });
+  expect(await bmdb.migrate()).toEqual(['0008_fleet_metrics']);
+  const { rows } = await db.admin(`
+    SELECT mp.provider_id, h.provider, h.provider_location, h.cpu_threads::int, h.memory_bytes::int, h.disks,
+           h.disk_bytes::int
+    FROM machine_hardware_report h JOIN machine_provided mp USING (machine_id) ORDER BY 1`);
+  expect(rows).toEqual([
+    {
+      provider_id: 'a',
+      provider: 'Old',
+      provider_location: 'da11',
+      cpu_threads: 16,
+      memory_bytes: 1024,
+      disks: 1,
+      disk_bytes: 100,
+    },
+    {
+      provider_id: 'b',
+      provider: 'Old',
+      provider_location: 'da11',
+      cpu_threads: null,
+      memory_bytes: null,
+      disks: null,
+      disk_bytes: null,
+    },
+    {
+      provider_id: 'c',
+      provider: 'Old',
+      provider_location: null,
+      cpu_threads: 16,
+      memory_bytes: 1024,
+      disks: 1,
+      disk_bytes: 100,
+    },
+  ]);
+  const q = new Queries(bmdb.db);
+  expect(await q.hardwareByLocation()).toEqual([
+    { provider: 'Old', location: '', machines: 1, cpuThreads: 16, memoryBytes: 1024, disks: 1, diskBytes: 100 },
+    { provider: 'Old', location: 'da11', machines: 1, cpuThreads: 16, memoryBytes: 1024, disks: 1, diskBytes: 100 },
+  ]);
+  expect((await q.fleetStagesByLocation()).locations.map((l) => [l.location, l.stages.provided])).toEqual([
+    ['', 1],
+    ['da11', 2],
+  ]);
 });

@@ -7,6 +7,7 @@ import * as fastClaims from './0002_fast_claims.js';
 import * as agentReports from './0003_agent_reports.js';
 import * as fleetPage from './0004_fleet_page.js';
 import * as leanTriggers from './0005_lean_triggers.js';
+import * as fleetMetrics from './0008_fleet_metrics.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -18,6 +19,7 @@ const MIGRATIONS: Record<string, Migration> = {
   '0003_agent_reports': agentReports,
   '0004_fleet_page': fleetPage,
   '0005_lean_triggers': leanTriggers,
+  '0008_fleet_metrics': fleetMetrics,
 };
 
 /** Migration bookkeeping tables; prefixed so they sit apart from other tools'. */
