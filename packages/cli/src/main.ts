@@ -221,7 +221,7 @@ const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
   status: ['database'],
   server: SERVER_GROUPS,
   decommission: ['database', 'decommission'],
-  web: ['database', 'web'],
+  web: ['database', 'observability', 'web'],
 };
 /** The recoverer's thresholds decide who is awaiting recovery on the page too. */
 const WEB_RECOVERER_FLAGS = ['recoverer-first-heartbeat-timeout', 'recoverer-heartbeat-timeout'];

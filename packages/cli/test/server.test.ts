@@ -107,10 +107,17 @@ describe('shepherd server', () => {
     expect((await second.exited).code).toBe(0);
   });
 
-  test('--web-listen serves the fleet page beside the heartbeats; beyond loopback it wants --web-token', async () => {
+  test('--web-listen serves the fleet page beside the heartbeats; beyond loopback it wants --web-token and TLS', async () => {
     const refused = await shepherd(['server', '--bmdb-url', db.url, '--web-listen', '0.0.0.0:18080']);
     expect(refused.code).toBe(2);
     expect(refused.stderr).toMatch(/^shepherd: --web-token: required to serve the fleet page/);
+    const plain = await shepherd(['server', '--bmdb-url', db.url, '--web-listen', '0.0.0.0:18080'], {
+      SHEPHERD_WEB_TOKEN: 'a-web-token-long-enough',
+    });
+    expect(plain.code).toBe(2);
+    expect(plain.stderr).toMatch(
+      /^shepherd: --web-tls-cert: serving the fleet page on 0\.0\.0\.0:18080, beyond loopback, needs TLS/,
+    );
 
     const port = await freePort();
     const webPort = await freePort();
