@@ -3,7 +3,7 @@ import type pg from 'pg';
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 import { isAbortError } from './abort.js';
 import { BMDBError } from './errors.js';
-import { FleetGaugeSet, type FleetReading } from './fleet-gauges.js';
+import { type FleetGauge, FleetGaugeSet, type FleetReading, type FleetSample } from './fleet-gauges.js';
 import { describeError, log } from './internal/log.js';
 import { SingleConnection } from './internal/single-connection.js';
 import { sleep } from './internal/sleep.js';
@@ -144,11 +144,7 @@ export class FleetMetrics {
       }
       if (this.#leading) {
         const started = performance.now();
-        const samples = await db
-          .transaction()
-          .setIsolationLevel('repeatable read')
-          .setAccessMode('read only')
-          .execute((trx) => this.#gauges.read(reading(new Queries(trx), this.options.thresholds ?? {})));
+        const samples = await readFleet(db, this.#gauges, this.options.thresholds ?? {});
         // The lock lives with the connection: had it dropped, another process may read now.
         if (this.#connection?.lost) throw this.#connection.lost;
         this.#gauges.set(samples);
@@ -178,20 +174,8 @@ export class FleetMetrics {
   async #connect(interval: number): Promise<Kysely<Database>> {
     if (this.#db && this.#connection && !this.#connection.lost) return this.#db;
     await this.#disconnect();
-    const connection = new SingleConnection(
-      {
-        ...this.connection,
-        // A reading slower than its interval is of no use; the server notices a
-        // vanished reader within ~25 s (keepalives) and frees its lock.
-        statement_timeout: interval,
-        options: [
-          '-c enable_seqscan=off',
-          '-c tcp_keepalives_idle=10',
-          '-c tcp_keepalives_interval=5',
-          '-c tcp_keepalives_count=3',
-        ].join(' '),
-      },
-      (error) => this.#connectionLost(error),
+    const connection = new SingleConnection(readerConnection(this.connection, interval), (error) =>
+      this.#connectionLost(error),
     );
     this.#connection = connection;
     await connection.open();
@@ -226,6 +210,45 @@ export class FleetMetrics {
     this.#leading = leading;
     this.#metrics.leading.set(leading ? 1 : 0);
   }
+}
+
+/**
+ * @internal The reader's connection: `base` (the BMDB's server, credentials,
+ * TLS, name) with its own settings.
+ */
+export function readerConnection(base: pg.ClientConfig, interval: number): pg.ClientConfig {
+  return {
+    ...base,
+    // A reading slower than its interval is of no use; the server notices a
+    // vanished reader within ~25 s (keepalives) and frees its lock. Indexes
+    // only, as the library's pools, and no parallel workers: a background
+    // reading of small sets gains nothing from them and would take cores
+    // from the shepherds' statements.
+    statement_timeout: interval,
+    options: [
+      '-c enable_seqscan=off',
+      '-c max_parallel_workers_per_gather=0',
+      '-c tcp_keepalives_idle=10',
+      '-c tcp_keepalives_interval=5',
+      '-c tcp_keepalives_count=3',
+    ].join(' '),
+  };
+}
+
+/**
+ * @internal One reading of every gauge in one REPEATABLE READ, READ ONLY
+ * transaction: one snapshot, nothing written, no predicate locks.
+ */
+export function readFleet(
+  db: Kysely<Database>,
+  gauges: FleetGaugeSet,
+  thresholds: RecoveryThresholds,
+): Promise<Map<FleetGauge, readonly FleetSample<string>[]>> {
+  return db
+    .transaction()
+    .setIsolationLevel('repeatable read')
+    .setAccessMode('read only')
+    .execute((trx) => gauges.read(reading(new Queries(trx), thresholds)));
 }
 
 /** A reading's context: its queries, thresholds, and answers shared between gauges. */
