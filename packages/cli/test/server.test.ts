@@ -194,6 +194,13 @@ describe('shepherd server', () => {
     expect((await db.admin('SELECT 1 FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId])).rowCount).toBe(
       1,
     );
+    // The primary offers to read the fleet gauges, after the workers' metrics, without a worker label.
+    const primary = await eventually('the primary reached the BMDB', async () => {
+      const text = await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text();
+      return /^bmdb_up 1$/m.test(text) ? text : undefined;
+    });
+    expect(primary).toMatch(/^bmdb_fleet_reader_leading [01]$/m);
+    expect(primary).toMatch(/^# TYPE bmdb_fleet_machines gauge$/m);
     const pids = [...server.stderr.matchAll(/server worker \d+ \(pid (\d+)\) started/g)].map(([, pid]) => Number(pid));
 
     server.child.kill('SIGTERM');
