@@ -121,46 +121,24 @@ export const FLEET_GAUGES: readonly FleetGauge[] = [
       return age === undefined ? [] : [{ labels: {}, value: age }];
     },
   }),
-  fleetGauge({
-    name: 'bmdb_fleet_hardware_machines',
-    help: 'Machines whose last hardware report was read, per provider and location.',
-    labelNames: ['provider', 'location'],
-    async read(reading) {
-      return (await hardware(reading)).map((place) => ({ labels: where(place), value: place.machines }));
-    },
-  }),
-  fleetGauge({
-    name: 'bmdb_fleet_hardware_cpu_threads',
-    help: 'CPU hardware threads of those machines, per provider and location.',
-    labelNames: ['provider', 'location'],
-    async read(reading) {
-      return (await hardware(reading)).map((place) => ({ labels: where(place), value: place.cpuThreads }));
-    },
-  }),
-  fleetGauge({
-    name: 'bmdb_fleet_hardware_memory_bytes',
-    help: 'Memory installed in those machines, per provider and location.',
-    labelNames: ['provider', 'location'],
-    async read(reading) {
-      return (await hardware(reading)).map((place) => ({ labels: where(place), value: place.memoryBytes }));
-    },
-  }),
-  fleetGauge({
-    name: 'bmdb_fleet_hardware_disks',
-    help: 'Block devices of those machines, per provider and location.',
-    labelNames: ['provider', 'location'],
-    async read(reading) {
-      return (await hardware(reading)).map((place) => ({ labels: where(place), value: place.disks }));
-    },
-  }),
-  fleetGauge({
-    name: 'bmdb_fleet_hardware_disk_bytes',
-    help: 'Capacity of those block devices, per provider and location.',
-    labelNames: ['provider', 'location'],
-    async read(reading) {
-      return (await hardware(reading)).map((place) => ({ labels: where(place), value: place.diskBytes }));
-    },
-  }),
+  ...(
+    [
+      ['bmdb_fleet_hardware_machines', 'Machines whose last hardware report was read', 'machines'],
+      ['bmdb_fleet_hardware_cpu_threads', 'CPU hardware threads of those machines', 'cpuThreads'],
+      ['bmdb_fleet_hardware_memory_bytes', 'Memory installed in those machines', 'memoryBytes'],
+      ['bmdb_fleet_hardware_disks', 'Block devices of those machines', 'disks'],
+      ['bmdb_fleet_hardware_disk_bytes', 'Capacity of those block devices', 'diskBytes'],
+    ] as const
+  ).map(([name, help, total]) =>
+    fleetGauge({
+      name,
+      help: `${help}, per provider and location.`,
+      labelNames: ['provider', 'location'],
+      async read(reading) {
+        return (await hardware(reading)).map((place) => ({ labels: where(place), value: place[total] }));
+      },
+    }),
+  ),
 ];
 
 /** The gauges of {@link FLEET_GAUGES} on one registry, set from a whole reading at once. */

@@ -1,7 +1,7 @@
-import { Kysely, Migrator, PostgresDialect } from 'kysely';
+import { Kysely, type Migration, Migrator, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import { expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
+import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
 import { Queries } from '../src/index.js';
 import * as initial from '../src/migrations/0001_initial.js';
 import * as fastClaims from '../src/migrations/0002_fast_claims.js';
@@ -118,17 +118,7 @@ test('migrations create the schema once; running them again is a no-op', async (
 test('0002 on a database with data: pending agents and heartbeat mirrors are backfilled, then kept by triggers', async () => {
   const db = await createTestDatabase();
   // A deployment that ran 0001 only, with a started agent and a heartbeat.
-  const released = new Kysely<unknown>({
-    dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: db.url }) }),
-  });
-  const { error } = await new Migrator({
-    db: released,
-    provider: { getMigrations: async () => ({ '0001_initial': initial }) },
-    migrationTableName: 'bmdb_migration',
-    migrationLockTableName: 'bmdb_migration_lock',
-  }).migrateToLatest();
-  await released.destroy();
-  expect(error).toBeUndefined();
+  await migrateTo(db, { '0001_initial': initial });
   const [started, heartbeating, fresh] = ['a', 'b', 'c'];
   for (const name of [started, heartbeating, fresh]) {
     await db.admin(
@@ -211,25 +201,13 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
 test('0008 on a database with reports: the stored reports are read and the fleet counted per place', async () => {
   const db = await createTestDatabase();
   // A deployment at 0005, with three machines in two places: two reported, one report unreadable.
-  const released = new Kysely<unknown>({
-    dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: db.url }) }),
+  await migrateTo(db, {
+    '0001_initial': initial,
+    '0002_fast_claims': fastClaims,
+    '0003_agent_reports': agentReports,
+    '0004_fleet_page': fleetPage,
+    '0005_lean_triggers': leanTriggers,
   });
-  const { error } = await new Migrator({
-    db: released,
-    provider: {
-      getMigrations: async () => ({
-        '0001_initial': initial,
-        '0002_fast_claims': fastClaims,
-        '0003_agent_reports': agentReports,
-        '0004_fleet_page': fleetPage,
-        '0005_lean_triggers': leanTriggers,
-      }),
-    },
-    migrationTableName: 'bmdb_migration',
-    migrationLockTableName: 'bmdb_migration_lock',
-  }).migrateToLatest();
-  await released.destroy();
-  expect(error).toBeUndefined();
   // AgentHardwareReport { report: Node { memory_installed_bytes: 1024, cpu { hardware_threads: 16 }, block_device { capacity_bytes: 100 } } }
   const report = Buffer.from('0a0b408008520248105a023064', 'hex');
   for (const [name, location, raw] of [
@@ -291,3 +269,18 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     ['da11', 2],
   ]);
 });
+
+/** `db` as a deployment that ran only `migrations` (released ones) left it. */
+async function migrateTo(db: TestDatabase, migrations: Record<string, Migration>): Promise<void> {
+  const released = new Kysely<unknown>({
+    dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: db.url }) }),
+  });
+  const { error } = await new Migrator({
+    db: released,
+    provider: { getMigrations: async () => migrations },
+    migrationTableName: 'bmdb_migration',
+    migrationLockTableName: 'bmdb_migration_lock',
+  }).migrateToLatest();
+  await released.destroy();
+  expect(error).toBeUndefined();
+}
