@@ -7,7 +7,9 @@ export const PROVIDER = 'Bench';
  * Fills a migrated BMDB with `total` provided machines of {@link PROVIDER}, in
  * bulk SQL. All but `ready` have a started, heartbeating agent (ineligible for
  * both the initializer and the recoverer); `lost` of those heartbeated 20
- * minutes ago, so the recoverer has a few candidates.
+ * minutes ago, so the recoverer has a few candidates. 1% are held by an
+ * operator; power states were read a while ago for all but 1%: On, and 0.5%
+ * Off, 0.2% whose last read failed.
  */
 export async function fillFleet(
   client: pg.Client,
@@ -24,6 +26,22 @@ export async function fillFleet(
   );
   const started = total - ready;
   if (started > 0) await startAgents(client, started, lost);
+  await client.query(
+    `INSERT INTO machine_hold (machine_id, hold_reason, hold_actor, held_at)
+     SELECT machine_id, 'bench maintenance', 'bench@host', now() - interval '1 hour'
+     FROM machine_provided ORDER BY random() LIMIT $1::int`,
+    [Math.round(total / 100)],
+  );
+  // The power sync's rows exist (a trigger made them); all but 1% read a while ago.
+  await client.query(
+    `UPDATE machine_power_state ps SET
+       power_state = CASE WHEN r.n % 200 = 0 THEN 'Off' ELSE 'On' END,
+       power_state_read_at = now() - interval '30 seconds', power_checked_at = now() - interval '30 seconds',
+       power_read_failed_at = CASE WHEN r.n % 500 = 1 THEN now() - interval '30 seconds' END,
+       power_read_failed_cause = CASE WHEN r.n % 500 = 1 THEN 'BMC unreachable' END
+     FROM (SELECT machine_id, row_number() OVER (ORDER BY random()) AS n FROM machine_power_state) r
+     WHERE ps.machine_id = r.machine_id AND r.n % 100 <> 7`,
+  );
   await client.query('VACUUM ANALYZE');
 }
 

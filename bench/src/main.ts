@@ -6,7 +6,8 @@
  * Environment: BENCH_ROUNDS (default 3), BENCH_ITEMS (work items per
  * throughput round, default 10,000), BENCH_CONCURRENCY (comma-separated,
  * default 1,8,32), BENCH_ONLY (comma-separated sections: throughput,
- * ceiling, scale, pickup, idle, heartbeat, web, fleet), BENCH_AGENTS (simulated agents
+ * ceiling, scale, pickup, idle, heartbeat, web, fleet, power), BENCH_POWER_MACHINES (machines
+ * the power sync reads, default 1,000), BENCH_AGENTS (simulated agents
  * of the heartbeat section, default 1,000), BENCH_HEARTBEAT_RATES (offered
  * heartbeats/s, default 500,1000,2000,3300,5000), BENCH_HEARTBEAT_WORKERS (server
  * processes, default 1,2), BENCH_HEARTBEAT_SECONDS (per rate, default 10),
@@ -22,6 +23,7 @@ import { fleetReadings } from './fleet-metrics.js';
 import { heartbeats } from './heartbeat.js';
 import { idleCost } from './idle.js';
 import { pickupLatency } from './pickup.js';
+import { powerSyncRate } from './power.js';
 import { type BenchResult, type Rounds, renderFleetPlans, renderReport, renderWebPlans } from './report.js';
 import { claimAtScale } from './scale.js';
 import { BenchServer } from './server.js';
@@ -38,7 +40,11 @@ import {
 import { webPages } from './web.js';
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
-const ONLY = new Set((process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle,heartbeat,web,fleet').split(','));
+const ONLY = new Set(
+  (process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle,heartbeat,web,fleet,power').split(','),
+);
+/** Machines the power sync reads, one fake BMC system each. */
+const POWER_MACHINES = Number(process.env.BENCH_POWER_MACHINES ?? 1_000);
 /** Machines of the fleet page's benchmark (ten history rows each). */
 const WEB_MACHINES = Number(process.env.BENCH_WEB_MACHINES ?? 100_000);
 /** Machines of the fleet gauges' benchmark. */
@@ -181,6 +187,10 @@ async function main(): Promise<void> {
     }
     if (ONLY.has('fleet')) {
       result.fleet = await fleetReadings(server, FLEET_MACHINES, 30);
+    }
+
+    if (ONLY.has('power')) {
+      result.power = await powerSyncRate(server, POWER_MACHINES, [1, 4, 16]);
     }
 
     result.durationSeconds = (Date.now() - startedAt.getTime()) / 1000;

@@ -1,5 +1,6 @@
 import type { FleetMetricsResult } from './fleet-metrics.js';
 import type { HeartbeatFigure } from './heartbeat.js';
+import type { PowerSyncFigure } from './power.js';
 import type { MachineInfo } from './server.js';
 import type { Latency, Summary } from './stats.js';
 
@@ -29,6 +30,7 @@ export interface BenchResult {
   heartbeat?: readonly HeartbeatFigure[];
   web?: WebResult;
   fleet?: FleetMetricsResult;
+  power?: readonly PowerSyncFigure[];
   durationSeconds?: number;
 }
 
@@ -190,6 +192,19 @@ export function renderReport(result: BenchResult): string {
           ? 'a sequential scan in some.'
           : 'index scans only, no sequential scan.'
       }`,
+      '',
+    );
+  }
+  if (result.power?.length) {
+    lines.push(
+      `**Power sync** with its limiter out of the way: ${int(result.power[0]?.machines ?? 0)} static machines, each a system of one fake Redfish BMC over HTTPS on loopback, every one read once (a lease, the GET, a record: two statements a read), beside the same GETs through the Redfish client alone.`,
+      '',
+      '| readers | power states read/s | BMC GETs alone/s | load average before → after |',
+      '|---:|---:|---:|---|',
+      ...result.power.map(
+        (f) =>
+          `| ${f.concurrency} | ${int(f.syncPerSecond)} | ${int(f.getsPerSecond)} | ${f.loadAverage[0].toFixed(2)} → ${f.loadAverage[1].toFixed(2)} |`,
+      ),
       '',
     );
   }

@@ -83,20 +83,30 @@ async function explainSelections(url: string, sessionId: string): Promise<Record
     const selections: Record<string, () => Promise<unknown>> = {
       machinesForAgentStart: () => q.machinesForAgentStart({ provider: PROVIDER, limit: 1 }),
       machinesForAgentRecovery: () => q.machinesForAgentRecovery({ provider: PROVIDER, limit: 1 }),
+      // The power sync's next reads: the never read, then the oldest read over a minute ago (none here).
+      leasePowerReads: () => q.leasePowerReads({ provider: PROVIDER, limit: 4, intervalSeconds: 60 }),
     };
     for (const [selection, run] of Object.entries(selections)) {
       captured.length = 0;
       await run();
-      const query = captured.at(-1);
+      // A lease runs in a transaction of its own: its BEGIN and COMMIT have no plan.
+      const query = captured.filter((c) => /^\s*(select|with)\b/i.test(c.sql)).at(-1);
       if (!query) throw new Error(`${selection} sent no query`);
       plans[selection] = await explain(pool, query.sql, query.parameters);
     }
     // The claim statement the runner sends, at the READ COMMITTED it runs at.
+    const [held] = (await db.selectFrom('machine_hold').select('machine_id').limit(1).execute()).map(
+      (r) => r.machine_id,
+    );
     for (const [name, selection] of [
       ['claim (agent start)', q.agentStartSelection({ provider: PROVIDER })],
       ['claim (agent recovery)', q.agentRecoverySelection({ provider: PROVIDER })],
+      [
+        'claim (power action on a held machine)',
+        q.powerActionSelection(held ?? '00000000-0000-4000-8000-000000000000'),
+      ],
     ] as const) {
-      const claim = claimSelectedStatement(Process.ShepherdAgentStart, selection.query, [sessionId]).compile(db);
+      const claim = claimSelectedStatement(selection.process, selection.query, [sessionId]).compile(db);
       plans[name] = await explain(claimPool, claim.sql, claim.parameters);
     }
     return plans;

@@ -4,6 +4,9 @@ import type { TestDatabase } from './database.js';
 /** A failure cause that must show as text, never run. */
 export const HOSTILE_CAUSE = '<script>alert("pwned")</script> & "quotes" \'too\'';
 
+/** A hold's reason from an operator, that must show as text too. */
+export const HOSTILE_REASON = 'swap <b>PSU</b> & fans';
+
 /** Machines of {@link seedFleet}, one per lifecycle stage and then some, by role. */
 export interface SeededFleet {
   readonly session: Session;
@@ -21,6 +24,12 @@ export interface SeededFleet {
   readonly unprovided: string;
   /** Dummy, provided, backing off from agent starts with {@link HOSTILE_CAUSE} (and an expired backoff). */
   readonly backedOff: string;
+  /**
+   * Held by `tech@rack3` with {@link HOSTILE_REASON} an hour ago (the awaiting-recovery machine), and
+   * powered off by them; power states read: heartbeating On, held Off, agent started PoweringOn,
+   * backed off a failed read; the others never read.
+   */
+  readonly held: string;
   /** Every machine's ID, by role. */
   readonly all: Readonly<Record<string, string>>;
 }
@@ -85,6 +94,28 @@ export async function seedFleet(db: TestDatabase, bmdb: BMDB): Promise<SeededFle
        ($1, 'ShepherdRecovery', now() - interval '1 hour', 'reboot failed: 503', 60)`,
     [backedOff, HOSTILE_CAUSE],
   );
+  const held = awaitingRecovery;
+  await session.transact(async (q) => {
+    await q.holdMachine(held, { reason: HOSTILE_REASON, actor: 'tech@rack3' });
+    await q.recordOperatorAction({
+      machineId: held,
+      action: 'PowerOff',
+      outcome: 'Succeeded',
+      reason: HOSTILE_REASON,
+      actor: 'tech@rack3',
+      detail: { graceful: false, command: 'ForceOff' },
+    });
+    await q.recordPowerState(heartbeating, { state: 'On' });
+    await q.recordPowerState(held, { state: 'Off' });
+    await q.recordPowerState(agentStarted, { state: 'PoweringOn' });
+    await q.recordPowerState(backedOff, { failure: 'BMC https://10.1.0.9 unreachable' });
+  });
+  await db.admin(`UPDATE machine_hold SET held_at = now() - interval '1 hour' WHERE machine_id = $1`, [held]);
+  await db.admin(
+    `UPDATE operator_history SET "timestamp" = now() - interval '1 hour' + make_interval(secs => CASE action WHEN 'Hold' THEN 0 ELSE 1 END)
+     WHERE machine_id = $1`,
+    [held],
+  );
   return {
     session,
     heartbeating,
@@ -94,6 +125,7 @@ export async function seedFleet(db: TestDatabase, bmdb: BMDB): Promise<SeededFle
     awaitingRecovery,
     unprovided,
     backedOff,
+    held,
     all: { heartbeating, provided, agentStarting, agentStarted, awaitingRecovery, unprovided, backedOff },
   };
 }

@@ -54,7 +54,7 @@ export type {
   BackoffCause,
   WorkBackoffEntry,
 } from './queries/backoffs.js';
-export { hasLiveWork, inBackoff } from './queries/conditions.js';
+export { hasLiveWork, inBackoff, isHeld } from './queries/conditions.js';
 export type { DecommissionReport } from './queries/decommission.js';
 export type {
   LocationHardware,
@@ -65,27 +65,43 @@ export type {
 } from './queries/fleet-metrics.js';
 export type { LiveWorkItem, MachineDetail, MachinePage, MachineSummary } from './queries/fleet-page.js';
 export {
+  type FleetControl,
   type FleetStages,
   type FleetStats,
   type LiveSession,
   MACHINE_STAGES,
   type MachineStage,
+  type PowerStateCounts,
 } from './queries/fleet-stats.js';
 export type { RecentFailure, WorkHistoryEntry } from './queries/history.js';
+export type { HeldMachine, HoldRequest, MachineHold } from './queries/holds.js';
 export type { MachineFilter } from './queries/machine-filter.js';
+export type { MachineLookup, MachineNames, MachineRef } from './queries/machine-lookup.js';
+export type { NewOperatorAction, OperatorHistoryEntry } from './queries/operator-history.js';
+export type { PowerReadLease, PowerReadResult, PowerStateRecord } from './queries/power-state.js';
 export type { NewProvided, ProvidedMachine, ProviderStatusUpdate } from './queries/provided-tags.js';
 export type { RecoveryThresholds } from './queries/recovery-thresholds.js';
 export { Queries } from './queries.js';
 export {
   type Database,
   type MachineProvidedRow,
+  OperatorAction,
+  OperatorOutcome,
   OSInstallationResult,
+  PowerState,
   Process,
   ProviderStatus,
   SHEPHERD_PROCESSES,
   WorkEvent,
 } from './schema.js';
-export { readyFor, type Selection, type SelectionRow, type SelectionSource, selectionFor } from './selection.js';
+export {
+  type ReadinessOptions,
+  readyFor,
+  type Selection,
+  type SelectionRow,
+  type SelectionSource,
+  selectionFor,
+} from './selection.js';
 export { Session, type SessionOptions, type SessionState } from './session.js';
 export type { FinishTags, TagName } from './tags.js';
 export { Work, type WorkState } from './work.js';

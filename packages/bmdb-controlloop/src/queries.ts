@@ -5,6 +5,7 @@ import {
   agentStartSelection,
   machinesForAgentRecovery,
   machinesForAgentStart,
+  powerActionSelection,
 } from './queries/agent-selections.js';
 import {
   agentHeartbeatsAhead,
@@ -41,6 +42,7 @@ import {
 import { findMachine, type MachineDetail, type MachinePage, machineDetail, machinePage } from './queries/fleet-page.js';
 import {
   databaseNow,
+  type FleetControl,
   type FleetStages,
   type FleetStats,
   fleetStages,
@@ -52,7 +54,33 @@ import {
   providers,
 } from './queries/fleet-stats.js';
 import { type RecentFailure, recentFailures, type WorkHistoryEntry, workHistory } from './queries/history.js';
+import {
+  type HeldMachine,
+  type HoldRequest,
+  heldMachines,
+  holdMachine,
+  type MachineHold,
+  machineHold,
+  unholdMachine,
+} from './queries/holds.js';
 import type { MachineFilter } from './queries/machine-filter.js';
+import { lookUpMachines, type MachineLookup, type MachineNames } from './queries/machine-lookup.js';
+import {
+  type NewOperatorAction,
+  type OperatorHistoryEntry,
+  operatorHistory,
+  recordOperatorAction,
+} from './queries/operator-history.js';
+import {
+  forgetPowerRead,
+  leasePowerReads,
+  type PowerReadLease,
+  type PowerReadResult,
+  type PowerStateRecord,
+  powerState,
+  recordPowerRead,
+  recordPowerState,
+} from './queries/power-state.js';
 import {
   addProvided,
   type NewProvided,
@@ -166,7 +194,7 @@ export class Queries {
   /**
    * Machines of `provider` whose agent must be started: provided, no
    * AgentStarted tag, no live shepherd work, no running ShepherdAgentStart
-   * backoff.
+   * backoff, not held.
    */
   async machinesForAgentStart(options: { provider: string; limit: number }): Promise<ProvidedMachine[]> {
     return machinesForAgentStart(this.db, options);
@@ -184,12 +212,23 @@ export class Queries {
    * Machines of `provider` whose agent went silent: AgentStarted and either no
    * heartbeat `firstHeartbeatWithin` after the start, or a last heartbeat older
    * than `heartbeatWithin`; no live shepherd work, no running
-   * ShepherdRecovery backoff.
+   * ShepherdRecovery backoff, not held.
    */
   async machinesForAgentRecovery(
     options: { provider: string; limit: number } & RecoveryThresholds,
   ): Promise<ProvidedMachine[]> {
     return machinesForAgentRecovery(this.db, options);
+  }
+
+  /**
+   * The machine `machineId` as a {@link Selection} for an operator's power
+   * action (process `ShepherdPowerAction`): offered unless work of any
+   * shepherd process is live on it, so a power action and a recovery of
+   * one machine never run together. Held machines are offered: holds are
+   * for working on machines.
+   */
+  powerActionSelection(machineId: string): Selection<ProvidedMachine, MachineProvidedRow> {
+    return powerActionSelection(this.db, machineId);
   }
 
   /** {@link Queries.machinesForAgentRecovery} as a {@link Selection}. */
@@ -211,6 +250,115 @@ export class Queries {
    */
   async decommissionMachines(provider: string, providerIds: readonly string[]): Promise<DecommissionReport> {
     return decommissionMachines(this.db, provider, providerIds);
+  }
+
+  /**
+   * The machines a person names, by provider and provider IDs or by machine
+   * IDs, with the work running on each; and the names the BMDB does not
+   * know (a machine ID that is no UUID among them).
+   */
+  async lookUpMachines(names: MachineNames): Promise<MachineLookup> {
+    return lookUpMachines(this.db, names);
+  }
+
+  /**
+   * Holds the machine: from now on no selection the library builds offers
+   * it (unless it opts in, as power actions do), so no loop claims it. Work
+   * already running on it ends on its own. Records `Hold` in the operator
+   * history. A machine already held keeps its hold (reason, actor, since):
+   * `placed` is false and nothing is recorded.
+   *
+   * @throws {@link BMDBError} without a reason or an actor
+   */
+  async holdMachine(
+    machineId: string,
+    request: HoldRequest,
+  ): Promise<{ readonly hold: MachineHold; readonly placed: boolean }> {
+    return holdMachine(this.db, machineId, request);
+  }
+
+  /**
+   * Releases the machine's hold, recording `Unhold` in the operator history;
+   * the loops' idle workers are woken. Returns the hold released, or
+   * `undefined` when the machine was not held (nothing is recorded).
+   */
+  async unholdMachine(
+    machineId: string,
+    request: { readonly actor: string; readonly reason?: string | undefined },
+  ): Promise<MachineHold | undefined> {
+    return unholdMachine(this.db, machineId, request);
+  }
+
+  /** The machine's hold, if it is held. */
+  async machineHold(machineId: string): Promise<MachineHold | undefined> {
+    return machineHold(this.db, machineId);
+  }
+
+  /** Held machines, longest held first (default at most 100), with provider ID and age. */
+  async heldMachines(options: { limit?: number } = {}): Promise<HeldMachine[]> {
+    return heldMachines(this.db, options);
+  }
+
+  /**
+   * Records what a person did to a machine in its operator history: the
+   * shepherd's holds and power actions, or a component's own action (an OS
+   * installation requested, cancelled), with outcome, reason, actor, cause
+   * and particulars (`detail`, JSON).
+   *
+   * @throws {@link BMDBError} without an action, actor or a known outcome
+   */
+  async recordOperatorAction(entry: NewOperatorAction): Promise<void> {
+    return recordOperatorAction(this.db, entry);
+  }
+
+  /** A machine's operator history, oldest first (newest first and at most `limit` if asked). */
+  async operatorHistory(
+    machineId: string,
+    options: { newestFirst?: boolean; limit?: number } = {},
+  ): Promise<OperatorHistoryEntry[]> {
+    return operatorHistory(this.db, machineId, options);
+  }
+
+  /** The machine's power state as last read, with the last read's failure; `undefined` for an unprovided machine. */
+  async powerState(machineId: string): Promise<PowerStateRecord | undefined> {
+    return powerState(this.db, machineId);
+  }
+
+  /**
+   * Takes up to `limit` machines of `provider` for a power state read: the
+   * never read first, then those taken up longest ago, at least
+   * `intervalSeconds` ago. Concurrent callers get different machines. Index
+   * range scans (`machine_power_state_due_idx`).
+   */
+  async leasePowerReads(options: {
+    provider: string;
+    limit: number;
+    intervalSeconds: number;
+  }): Promise<PowerReadLease[]> {
+    return leasePowerReads(this.db, options);
+  }
+
+  /**
+   * Records a leased read's state (with the time read) or failure (with its
+   * cause; the last state read stays), and returns the record it replaced.
+   * Returns `undefined`, recording nothing, when the machine was taken up
+   * again since: a power action since the read began asked for a fresh one.
+   */
+  async recordPowerRead(
+    lease: Pick<PowerReadLease, 'machineId' | 'token'>,
+    result: PowerReadResult,
+  ): Promise<PowerStateRecord | undefined> {
+    return recordPowerRead(this.db, lease, result);
+  }
+
+  /** Records a read made outside a power sync (`shepherd power status`). False for an unprovided machine. */
+  async recordPowerState(machineId: string, result: PowerReadResult): Promise<boolean> {
+    return recordPowerState(this.db, machineId, result);
+  }
+
+  /** Makes the machine the power sync's next read, and a read under way not count: after a power action. */
+  async forgetPowerRead(machineId: string): Promise<void> {
+    return forgetPowerRead(this.db, machineId);
   }
 
   /** A machine's work history, oldest first. */
@@ -249,9 +397,12 @@ export class Queries {
    * from index-only counts instead of a scan joining every machine's tags:
    * fast enough for a page refreshed every few seconds at 100,000 machines.
    * A machine without a Provided tag counts as `unprovided` whatever its
-   * other tags.
+   * other tags. Also the held machines and the provided machines per power
+   * state, from counts of the small sets (held, not `On`, never read).
    */
-  async fleetStages(thresholds: RecoveryThresholds = {}): Promise<{ machines: number; stages: FleetStages }> {
+  async fleetStages(
+    thresholds: RecoveryThresholds = {},
+  ): Promise<{ machines: number; stages: FleetStages } & FleetControl> {
     return fleetStages(this.db, thresholds);
   }
 

@@ -18,6 +18,9 @@ export interface Database {
   work: WorkTable;
   work_history: WorkHistoryTable;
   work_backoff: WorkBackoffTable;
+  machine_hold: MachineHoldTable;
+  machine_power_state: MachinePowerStateTable;
+  operator_history: OperatorHistoryTable;
 }
 
 /** Timestamps are read as `Date` and written as `Date` or a SQL expression. */
@@ -171,6 +174,85 @@ export interface WorkBackoffTable {
   last_interval_seconds: number | null;
 }
 
+/**
+ * A machine an operator holds (migration 0006): while the row exists, no
+ * selection the library builds offers the machine unless it opts in to
+ * held machines, so no loop claims it.
+ */
+export interface MachineHoldTable {
+  machine_id: string;
+  hold_reason: string;
+  /** Who held it (`user@host`, or what `--actor` said). */
+  hold_actor: string;
+  held_at: Generated<Date>;
+}
+
+/** A machine's power state as its BMC or provider reports it. */
+export const PowerState = {
+  On: 'On',
+  Off: 'Off',
+  PoweringOn: 'PoweringOn',
+  PoweringOff: 'PoweringOff',
+  /** The BMC answered but did not say (a Redfish system without `PowerState`). */
+  Unknown: 'Unknown',
+} as const;
+export type PowerState = (typeof PowerState)[keyof typeof PowerState];
+
+/**
+ * The last power state read of a machine (migration 0006). A row per
+ * provided machine, made by a trigger when it is provided; `provider` is
+ * kept in step by the same trigger, for the power sync's index.
+ */
+export interface MachinePowerStateTable {
+  machine_id: string;
+  provider: string;
+  /** Null until a read succeeded. */
+  power_state: PowerState | null;
+  /** When `power_state` was read. */
+  power_state_read_at: Timestamp | null;
+  /** The last read that failed, and why; cleared by a read that succeeds. */
+  power_read_failed_at: Timestamp | null;
+  power_read_failed_cause: string | null;
+  /** When a power sync last took the machine up for a read: its order and lease. Null: read it first. */
+  power_checked_at: Timestamp | null;
+}
+
+/** How an operator's action on a machine ended. */
+export const OperatorOutcome = {
+  Succeeded: 'Succeeded',
+  Failed: 'Failed',
+  /** Not tried: the machine was busy (live work of another process) or the action made no sense. */
+  Refused: 'Refused',
+} as const;
+export type OperatorOutcome = (typeof OperatorOutcome)[keyof typeof OperatorOutcome];
+
+/** The actions the shepherd records in the operator history; `action` is free text, so components add their own. */
+export const OperatorAction = {
+  Hold: 'Hold',
+  Unhold: 'Unhold',
+  PowerOn: 'PowerOn',
+  PowerOff: 'PowerOff',
+  PowerCycle: 'PowerCycle',
+} as const;
+
+/**
+ * What people did to machines (migration 0006): holds, power actions, and
+ * whatever other components record (an OS installation request, its
+ * cancellation). Like `work_history`, no key on machines: it outlives them.
+ */
+export interface OperatorHistoryTable {
+  machine_id: string;
+  action: string;
+  outcome: OperatorOutcome;
+  reason: string | null;
+  actor: string;
+  timestamp: Generated<Date>;
+  /** Why it failed or was refused. */
+  cause: string | null;
+  /** The action's particulars (`{"graceful": true}`, what the BMC was told), as JSON. */
+  detail: ColumnType<unknown | null, string | null | undefined, string | null>;
+}
+
 export type MachineProvidedRow = Selectable<MachineProvidedTable>;
 export type NewMachineProvided = Insertable<MachineProvidedTable>;
 
@@ -182,6 +264,8 @@ export const Process = {
   ShepherdAccess: 'ShepherdAccess',
   ShepherdAgentStart: 'ShepherdAgentStart',
   ShepherdRecovery: 'ShepherdRecovery',
+  /** An operator's power action on one machine (`shepherd power on|off|cycle`). */
+  ShepherdPowerAction: 'ShepherdPowerAction',
 } as const;
 
 /** Processes whose live work excludes a machine from every shepherd selection. */
@@ -189,4 +273,5 @@ export const SHEPHERD_PROCESSES: readonly string[] = [
   Process.ShepherdAccess,
   Process.ShepherdAgentStart,
   Process.ShepherdRecovery,
+  Process.ShepherdPowerAction,
 ];

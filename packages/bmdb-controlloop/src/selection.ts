@@ -1,5 +1,5 @@
 import { type Expression, type RawBuilder, sql } from 'kysely';
-import { hasLiveWork, inBackoff } from './queries/conditions.js';
+import { hasLiveWork, inBackoff, isHeld } from './queries/conditions.js';
 import type { WorkCandidate } from './work-candidate.js';
 
 /** A row of a selection query: it names a machine, and may carry more. */
@@ -13,11 +13,11 @@ export interface SelectionRow {
  * claiming it is one statement and one round trip.
  *
  * A selection belongs to one process: `query` excludes machines under live
- * work or running backoff of `process`, and claiming it for another process
- * throws {@link ProcessMismatchError}. Build one with {@link selectionFor},
- * which adds those exclusions itself; by hand, `query` must select a
- * `machine_id` column, have no `LIMIT` (the claim adds its own) and exclude
- * them itself (see {@link readyFor}).
+ * work or running backoff of `process`, and machines an operator holds, and
+ * claiming it for another process throws {@link ProcessMismatchError}. Build
+ * one with {@link selectionFor}, which adds those exclusions itself; by hand,
+ * `query` must select a `machine_id` column, have no `LIMIT` (the claim adds
+ * its own) and exclude them itself (see {@link readyFor}).
  *
  * @example
  * ```ts
@@ -43,22 +43,36 @@ export function isSelection<T extends WorkCandidate>(value: unknown): value is S
   return typeof value === 'object' && value !== null && 'query' in value && 'toCandidate' in value;
 }
 
+/** Which machines a selection may offer beyond those free of claims and backoffs. */
+export interface ReadinessOptions {
+  /**
+   * Offer machines an operator holds (`shepherd hold`) too. Off by default:
+   * a held machine is one a person is working on, and a loop must not take
+   * it from under their hands. Work an operator asks for on a held machine
+   * (a power action) opts in.
+   */
+  readonly includeHeld?: boolean;
+}
+
 /**
  * Whether the machine at `machineId` (a column reference such as
  * `'mp.machine_id'`) is free for work of `process`: no live work of it (nor
- * of any process in `exclusiveWith`) and no running backoff of it.
+ * of any process in `exclusiveWith`), no running backoff of it, and no
+ * operator's hold on it unless `options.includeHeld`.
  */
 export function readyFor(
   machineId: string,
   process: string,
   exclusiveWith: readonly string[] = [],
+  options: ReadinessOptions = {},
 ): RawBuilder<boolean> {
   const processes = [...new Set([process, ...exclusiveWith])];
-  return sql<boolean>`(NOT ${hasLiveWork(machineId, processes)} AND NOT ${inBackoff(machineId, process)})`;
+  const free = sql<boolean>`NOT ${hasLiveWork(machineId, processes)} AND NOT ${inBackoff(machineId, process)}`;
+  return options.includeHeld ? sql<boolean>`(${free})` : sql<boolean>`(${free} AND NOT ${isHeld(machineId)})`;
 }
 
 /** What {@link selectionFor} builds a selection from. */
-export interface SelectionSource<T extends WorkCandidate, R extends SelectionRow> {
+export interface SelectionSource<T extends WorkCandidate, R extends SelectionRow> extends ReadinessOptions {
   /**
    * The machines that need the work, whatever their claims and backoffs: a
    * query selecting a `machine_id` column (and what `toCandidate` needs),
@@ -76,9 +90,10 @@ export interface SelectionSource<T extends WorkCandidate, R extends SelectionRow
 
 /**
  * A {@link Selection} for `process`: the source's machines that have no live
- * work of `process` (or of `exclusiveWith`) and no running backoff of
- * `process`. The process is part of the selection, so it cannot be claimed
- * for another one by mistake.
+ * work of `process` (or of `exclusiveWith`), no running backoff of
+ * `process`, and no operator's hold (unless `source.includeHeld`). The
+ * process is part of the selection, so it cannot be claimed for another one
+ * by mistake.
  *
  * @example
  * ```ts
@@ -92,8 +107,10 @@ export function selectionFor<T extends WorkCandidate, R extends SelectionRow>(
   process: string,
   source: SelectionSource<T, R>,
 ): Selection<T, R> {
-  // Aliased apart from the aliases the readiness subqueries use (w, s, b).
+  // Aliased apart from the aliases the readiness subqueries use (w, s, b, hd).
   const query = sql<R>`SELECT bmdb_selected.* FROM (${source.query}) AS bmdb_selected
-    WHERE ${readyFor('bmdb_selected.machine_id', process, source.exclusiveWith)}`;
+    WHERE ${readyFor('bmdb_selected.machine_id', process, source.exclusiveWith, {
+      includeHeld: source.includeHeld ?? false,
+    })}`;
   return { process, query, toCandidate: (row) => source.toCandidate(row) };
 }

@@ -18,7 +18,13 @@ beforeAll(async () => {
 test('fleetStages counts what fleetStats counts, one machine per stage', async () => {
   const fast = await q.fleetStages();
   const full = await q.fleetStats();
-  expect(fast).toEqual({ machines: full.machines, stages: full.stages });
+  expect(fast).toEqual({
+    machines: full.machines,
+    stages: full.stages,
+    held: full.held,
+    powerStates: full.powerStates,
+    powerReadFailed: full.powerReadFailed,
+  });
   expect(fast.stages).toEqual({
     unprovided: 1,
     provided: 2,

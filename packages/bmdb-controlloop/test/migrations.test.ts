@@ -8,6 +8,7 @@ import * as fastClaims from '../src/migrations/0002_fast_claims.js';
 import * as agentReports from '../src/migrations/0003_agent_reports.js';
 import * as fleetPage from '../src/migrations/0004_fleet_page.js';
 import * as leanTriggers from '../src/migrations/0005_lean_triggers.js';
+import * as operatorControl from '../src/migrations/0006_operator_control.js';
 
 test('migrations create the schema once; running them again is a no-op', async () => {
   const db = await createTestDatabase();
@@ -18,6 +19,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0003_agent_reports',
     '0004_fleet_page',
     '0005_lean_triggers',
+    '0006_operator_control',
     '0008_fleet_metrics',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
@@ -73,6 +75,17 @@ test('migrations create the schema once; running them again is a no-op', async (
       'os_installation_reported_at',
     ],
     machine_unprovided: ['machine_id'],
+    machine_hold: ['machine_id', 'hold_reason', 'hold_actor', 'held_at'],
+    machine_power_state: [
+      'machine_id',
+      'provider',
+      'power_state',
+      'power_state_read_at',
+      'power_read_failed_at',
+      'power_read_failed_cause',
+      'power_checked_at',
+    ],
+    operator_history: ['machine_id', 'action', 'outcome', 'reason', 'actor', 'timestamp', 'cause', 'detail'],
     machines: ['machine_id', 'machine_created_at', 'claim_version'],
     sessions: [
       'session_id',
@@ -102,6 +115,10 @@ test('migrations create the schema once; running them again is a no-op', async (
       'work_history_failed_idx',
       'machine_provided_provider_machine_idx',
       'machine_provided_provider_id_pattern_idx',
+      'operator_history_machine_idx',
+      'machine_power_state_due_idx',
+      'machine_power_state_state_idx',
+      'machine_power_state_failed_idx',
       'fleet_location_totals_pkey',
     ]),
   );
@@ -142,9 +159,16 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0003_agent_reports',
     '0004_fleet_page',
     '0005_lean_triggers',
+    '0006_operator_control',
     '0008_fleet_metrics',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
+  // 0006 backfills a power state row for each provided machine.
+  expect((await db.admin('SELECT provider, power_state FROM machine_power_state')).rows).toEqual([
+    { provider: 'Old', power_state: null },
+    { provider: 'Old', power_state: null },
+    { provider: 'Old', power_state: null },
+  ]);
   // 0004 backfills the machines without a Provided tag.
   expect((await db.admin('SELECT machine_id FROM machine_unprovided')).rows).toEqual([{ machine_id: unprovided }]);
   const mirrors = async () =>
@@ -200,13 +224,14 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
 
 test('0008 on a database with reports: the stored reports are read and the fleet counted per place', async () => {
   const db = await createTestDatabase();
-  // A deployment at 0005, with three machines in two places: two reported, one report unreadable.
+  // A deployment at 0006, with three machines in two places: two reported, one report unreadable.
   await migrateTo(db, {
     '0001_initial': initial,
     '0002_fast_claims': fastClaims,
     '0003_agent_reports': agentReports,
     '0004_fleet_page': fleetPage,
     '0005_lean_triggers': leanTriggers,
+    '0006_operator_control': operatorControl,
   });
   // AgentHardwareReport { report: Node { memory_installed_bytes: 1024, cpu { hardware_threads: 16 }, block_device { capacity_bytes: 100 } } }
   const report = Buffer.from('0a0b408008520248105a023064', 'hex');

@@ -17,6 +17,11 @@ export interface OpenOptions {
    * running shepherd owns, and refuses a data directory that has none yet.
    */
   readonly readOnly?: boolean;
+  /**
+   * A command that acts on machines of a BMDB (hold, power) refuses, like a
+   * read-only one, a data directory without one rather than create it.
+   */
+  readonly mustExist?: boolean;
   /** Use the embedded server a running shepherd owns rather than refuse (status, migrate). */
   readonly attach?: boolean;
 }
@@ -41,13 +46,14 @@ export async function openBMDB(settings: DatabaseSettings, options: OpenOptions)
       throw error;
     }
   }
-  if (options.readOnly && !existsSync(path.join(settings.dataDir, 'pgdata', 'PG_VERSION'))) {
+  const mustExist = options.readOnly || options.mustExist;
+  if (mustExist && !existsSync(path.join(settings.dataDir, 'pgdata', 'PG_VERSION'))) {
     throw new UsageError(
       'data-dir',
       `no BMDB under ${settings.dataDir} yet (start \`shepherd run\` or \`shepherd migrate\` first, or pass --bmdb-url)`,
     );
   }
-  if (!options.readOnly) await ensureDirectory('data-dir', settings.dataDir);
+  if (!mustExist) await ensureDirectory('data-dir', settings.dataDir);
   if (!existsSync(path.join(settings.dataDir, 'pgdata', 'PG_VERSION'))) {
     log('initialising a new embedded BMDB in %s (the first start takes a few seconds)', settings.dataDir);
   }

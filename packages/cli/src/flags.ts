@@ -206,7 +206,7 @@ const flags = {
     'redfish-username': { describe: 'BMC user name for machines whose inventory entry gives none' },
     'redfish-password-file': {
       describe:
-        'File holding the BMC password for machines whose inventory entry gives none (mode 0600; read at each reset)',
+        'File holding the BMC password for machines whose inventory entry gives none (mode 0600; read at each BMC request)',
     },
     'redfish-ca-file': {
       describe: 'PEM CA certificate(s) to verify BMCs with; unset: the system trust store',
@@ -216,7 +216,7 @@ const flags = {
         'Reset type to power-cycle with, if the BMC allows it; unset: the first allowed of ForceRestart, PowerCycle, GracefulRestart',
     },
     'redfish-timeout': { describe: 'Time for each Redfish request', default: '30s' },
-    'redfish-concurrency': { describe: 'Most BMC resets in flight at once, across the fleet', default: '8' },
+    'redfish-concurrency': { describe: 'Most BMC requests in flight at once, across the fleet', default: '8' },
     'static-reboot-wait': {
       describe:
         'Wait after a BMC accepted a reset before the machine counts as rebooted (so its agent is not started on the OS going down)',
@@ -225,7 +225,44 @@ const flags = {
   },
   decommission: {
     provider: { describe: 'Provider of the machines, as in the BMDB (Static, Equinix, Dummy, …)' },
-    'provider-id': { describe: 'Provider IDs of the machines to remove from the BMDB', array: true },
+    'provider-id': {
+      describe: 'Provider IDs of the machines (several: repeated, space- or comma-separated)',
+      array: true,
+    },
+  },
+  operator: {
+    'machine-id': {
+      describe: 'Machine IDs (BMDB UUIDs) instead of --provider and --provider-id (hold, unhold)',
+      array: true,
+    },
+    reason: {
+      describe: 'Why: recorded with the hold or power action (required for hold and every power action but status)',
+    },
+    actor: {
+      describe: 'Who: recorded with the hold or power action',
+      defaultDescription: '<user>@<host> of this process',
+    },
+    graceful: {
+      describe: 'power off: ask the OS to shut down (Redfish GracefulShutdown) instead of cutting power',
+      boolean: true,
+    },
+  },
+  'power-sync': {
+    'power-sync-rate': {
+      kind: 'rate',
+      describe: 'Rate of power state reads across the fleet (duration,count)',
+      default: '100ms,10',
+    },
+    'power-sync-concurrency': {
+      kind: 'number',
+      describe: 'Power state reads in flight at once; 0 turns the power sync off',
+      default: '4',
+    },
+    'power-sync-interval': {
+      kind: 'duration',
+      describe: 'Each machine’s power state is read at most this often',
+      default: '1m',
+    },
   },
   web: {
     'web-listen': {
@@ -267,11 +304,13 @@ const GROUP_TITLES: Record<FlagGroup, string> = {
   provisioner: 'Provisioner',
   initializer: 'Initializer',
   recoverer: 'Recoverer',
-  equinix: 'Equinix provider (run equinix)',
-  dummy: 'Dummy provider (run dummy)',
+  equinix: 'Equinix provider (run equinix, power)',
+  dummy: 'Dummy provider (run dummy, power)',
   server: 'BMaaS server (server)',
-  static: 'Static provider (run static)',
-  decommission: 'Decommission',
+  static: 'Static provider (run static, power)',
+  decommission: 'Machines (decommission, hold, unhold, power)',
+  operator: 'Holds and power actions (hold, unhold, power)',
+  'power-sync': 'Power sync (run)',
   web: 'Fleet page (web, run, server)',
 };
 
@@ -300,6 +339,11 @@ export function namedFlagOptions(...names: string[]): Record<string, Options> {
 /** Whether a flag of the table is a boolean (takes no value on the command line). */
 export function isBooleanFlag(name: string): boolean {
   return ALL_GROUPS.some((group) => (flags[group] as Record<string, Flag>)[name]?.boolean === true);
+}
+
+/** Whether a flag of the table takes several values (`--provider-id a b`). */
+export function isArrayFlag(name: string): boolean {
+  return ALL_GROUPS.some((group) => (flags[group] as Record<string, Flag>)[name]?.array === true);
 }
 
 /**
@@ -361,7 +405,7 @@ export const SERVER_GROUPS: FlagGroup[] = ['database', 'observability', 'server'
 
 /** Every group `run` takes, in --help order. */
 /** Groups of one command other than `run`. */
-const OTHER_COMMAND_GROUPS: readonly FlagGroup[] = ['server', 'decommission'];
+const OTHER_COMMAND_GROUPS: readonly FlagGroup[] = ['server', 'decommission', 'operator'];
 
 /** Every group `run` takes, in --help order. */
 export const FLAG_GROUPS = ALL_GROUPS.filter((group) => !OTHER_COMMAND_GROUPS.includes(group));

@@ -7,7 +7,9 @@
 import { describeError } from '@bmaas/bmdb-controlloop';
 import yargs, { type Options, type Argv as Yargs } from 'yargs';
 import { decommission } from './commands/decommission.js';
+import { hold, unhold } from './commands/hold.js';
 import { migrate } from './commands/migrate.js';
+import { POWER_COMMANDS, type PowerCommand, power, powerCommand } from './commands/power.js';
 import { type ProviderKind, run } from './commands/run.js';
 import { server } from './commands/server.js';
 import { sshKey } from './commands/ssh-key.js';
@@ -21,6 +23,7 @@ import {
   type FlagGroup,
   flagNames,
   flagOptions,
+  isArrayFlag,
   isBooleanFlag,
   namedFlagOptions,
   SERVER_GROUPS,
@@ -49,6 +52,7 @@ export interface MainOptions {
 
 const PROVIDERS: readonly string[] = ['dummy', 'equinix', 'static'] satisfies ProviderKind[];
 const PROVIDER_LIST = `${PROVIDERS.slice(0, -1).join(', ')} or ${PROVIDERS.at(-1)}`;
+const POWER_LIST = `${POWER_COMMANDS.slice(0, -1).join(', ')} or ${POWER_COMMANDS.at(-1)}`;
 
 /**
  * Runs the CLI on `args` (without `node` and the script) and resolves with
@@ -82,6 +86,15 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
   }
   if (provider !== undefined && !PROVIDERS.includes(provider)) {
     io.stderr(`shepherd: run: unknown provider ${JSON.stringify(provider)}: want ${PROVIDER_LIST}\n`);
+    return EXIT.usage;
+  }
+  const powerWord = command === 'power' ? positionals(args)[1] : undefined;
+  if (command === 'power' && powerCommand(powerWord) === undefined && !wantsHelp) {
+    io.stderr(
+      powerWord === undefined
+        ? `shepherd: power: say what to do: ${POWER_LIST} (e.g. shepherd power status --provider Static --provider-id node1)\n`
+        : `shepherd: power: unknown command ${JSON.stringify(powerWord)}: want ${POWER_LIST}\n`,
+    );
     return EXIT.usage;
   }
   const unknown = unknownFlag(args);
@@ -168,6 +181,40 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
       },
     )
     .command(
+      'hold',
+      'Hold machines an operator is working on: no loop claims them until unhold (work running ends on its own)',
+      (y) => y.options(optionsOf('hold')).strict(),
+      async (argv) => {
+        enableLogs();
+        await hold(argv, io.stdout);
+      },
+    )
+    .command(
+      'unhold',
+      'Release machines’ holds: the loops take them up again',
+      (y) => y.options(optionsOf('unhold')).strict(),
+      async (argv) => {
+        enableLogs();
+        await unhold(argv, io.stdout);
+      },
+    )
+    .command(
+      'power <command>',
+      'Read machines’ power state, or power them on, off or cycle them through their provider (recorded in their history)',
+      (y) =>
+        y
+          .positional('command', {
+            describe: `status: read and record the power state; on, off (--graceful: ask the OS), cycle: power actions (need --reason; off holds the machine)`,
+            choices: POWER_COMMANDS,
+          })
+          .options(optionsOf('power'))
+          .strict(),
+      async (argv) => {
+        enableLogs();
+        await power(argv, argv.command as PowerCommand, io.stdout);
+      },
+    )
+    .command(
       'web',
       'Serve the read-only fleet page (machines, work, backoffs, each machine’s story) until SIGINT/SIGTERM',
       (y) => y.options(optionsOf('web')).strict(),
@@ -176,7 +223,10 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
         await web(argv, io.stdout);
       },
     )
-    .demandCommand(1, 'say which command to run: run, migrate, status, ssh-key, server, decommission or web')
+    .demandCommand(
+      1,
+      'say which command to run: run, migrate, status, ssh-key, server, decommission, hold, unhold, power or web',
+    )
     .fail((message, error) => {
       // Our handlers' errors and yargs' own validation (unknown flag, missing command) end here.
       if (error) fail(error);
@@ -196,7 +246,17 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
 }
 
 /** How many words each command takes after its name (`run dummy`); yargs' strict mode would find more only after the command ran. */
-const COMMAND_ARGUMENTS: Record<string, number> = { run: 1, migrate: 0, status: 0, 'ssh-key': 0, server: 0, web: 0 };
+const COMMAND_ARGUMENTS: Record<string, number> = {
+  run: 1,
+  migrate: 0,
+  status: 0,
+  'ssh-key': 0,
+  server: 0,
+  web: 0,
+  hold: 0,
+  unhold: 0,
+  power: 1,
+};
 
 /** The first word after a command beyond those it takes; commands not in the table are left to yargs. */
 function extraArgument(command: string, words: readonly string[]): string | undefined {
@@ -222,10 +282,17 @@ const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
   server: SERVER_GROUPS,
   decommission: ['database', 'decommission'],
   web: ['database', 'observability', 'web'],
+  hold: ['database', 'decommission'],
+  unhold: ['database', 'decommission'],
+  // The provider's own flags, as `run <provider>` takes them: one environment serves both.
+  power: ['database', 'decommission', 'dummy', 'equinix', 'static'],
 };
 /** The recoverer's thresholds decide who is awaiting recovery on the page too. */
 const WEB_RECOVERER_FLAGS = ['recoverer-first-heartbeat-timeout', 'recoverer-heartbeat-timeout'];
 const COMMAND_FLAGS: Record<string, string[]> = {
+  hold: ['machine-id', 'reason', 'actor'],
+  unhold: ['machine-id', 'reason', 'actor'],
+  power: ['reason', 'actor', 'graceful'],
   status: ['json'],
   'ssh-key': ['data-dir', 'ssh-key-path'],
   server: WEB_RECOVERER_FLAGS,
@@ -270,7 +337,10 @@ function positionals(args: readonly string[]): string[] {
     const arg = args[i] ?? '';
     if (arg === '--') return [...words, ...args.slice(i + 1)];
     if (!arg.startsWith('-') || arg === '-') words.push(arg);
-    else if (arg.startsWith('--') && !arg.includes('=') && takesValue(arg.slice(2))) i++;
+    else if (arg.startsWith('--') && !arg.includes('=') && isArrayFlag(arg.slice(2))) {
+      // Its values run to the next flag, as yargs reads them.
+      while (i + 1 < args.length && !(args[i + 1] ?? '').startsWith('-')) i++;
+    } else if (arg.startsWith('--') && !arg.includes('=') && takesValue(arg.slice(2))) i++;
   }
   return words;
 }

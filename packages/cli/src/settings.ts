@@ -1,6 +1,7 @@
 import { X509Certificate } from 'node:crypto';
 import { readFile, stat } from 'node:fs/promises';
 import { createRequire } from 'node:module';
+import { hostname, userInfo } from 'node:os';
 import path from 'node:path';
 import { InvalidSettingError, parseDuration, parseLimiter, type RateLimiter } from '@bmaas/bmdb-controlloop';
 
@@ -248,4 +249,27 @@ export function metricsSettings(argv: Argv): MetricsSettings | undefined {
   }
   const listen = hostPort(argv, 'metrics-listen');
   return listen && { listen, fleetInterval };
+}
+
+/** Who acts: `--actor`, else `<user>@<host>` of this process. */
+export function actor(argv: Argv): string {
+  const given = optional(argv, 'actor')?.trim();
+  if (given !== undefined && given !== '') return given;
+  let user: string;
+  try {
+    user = userInfo().username;
+  } catch {
+    // A uid without a passwd entry (a container): the environment may still say.
+    user = process.env.USER ?? `uid-${process.getuid?.() ?? 'unknown'}`;
+  }
+  return `${user}@${hostname()}`;
+}
+
+/** `--reason`, required (`for` what), not blank. */
+export function reason(argv: Argv, context: string): string {
+  const value = optional(argv, 'reason')?.trim();
+  if (value === undefined || value === '') {
+    throw new UsageError('reason', `required for ${context}: say why (it is recorded in the machine's history)`);
+  }
+  return value;
 }

@@ -245,6 +245,21 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
       () => ['run', 'dummy', '--dummy-agent-start-duration=-1s'],
       /--dummy-agent-start-duration: invalid value "-1s"/,
     ],
+    [
+      'a bad power sync rate',
+      () => ['run', 'dummy', '--power-sync-rate', 'often'],
+      /--power-sync-rate: invalid value "often": want 'duration,count'/,
+    ],
+    [
+      'a power sync concurrency out of range',
+      () => ['run', 'dummy', '--power-sync-concurrency', '1001'],
+      /--power-sync-concurrency: invalid value "1001": want a whole number from 0 to 1000/,
+    ],
+    [
+      'a bad power sync interval',
+      () => ['run', 'dummy', '--power-sync-interval', 'hourly'],
+      /--power-sync-interval: invalid value "hourly": want a duration/,
+    ],
     ['an unknown flag', () => ['run', 'dummy', '--nope'], /--nope: unknown flag for run; see --help/],
     [
       'a value starting with a dash after a space (yargs would read short flags and keep the default)',
@@ -262,7 +277,7 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
     [
       'no command',
       () => [],
-      /^shepherd: say which command to run: run, migrate, status, ssh-key, server, decommission or web; see --help\n$/,
+      /^shepherd: say which command to run: run, migrate, status, ssh-key, server, decommission, hold, unhold, power or web; see --help\n$/,
     ],
     [
       'run without a provider',
@@ -371,6 +386,13 @@ describe('run dummy', () => {
     const parsed = JSON.parse(status.stdout);
     expect(parsed.machines).toBe(8);
     expect(parsed.stages.heartbeating).toBe(8);
+    expect(parsed.held).toBe(0);
+    // The power sync reads the dummy's simulated power of every machine.
+    await eventually(async () =>
+      (await count(`SELECT count(*)::int AS n FROM machine_power_state WHERE power_state = 'On'`)) === 8
+        ? true
+        : undefined,
+    );
     expect(await count('SELECT count(*)::int AS n FROM machine_agent_started')).toBe(8);
 
     const text = await metrics(port);

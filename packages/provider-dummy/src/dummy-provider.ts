@@ -1,17 +1,20 @@
 import { createHash } from 'node:crypto';
 import { setTimeout as delay } from 'node:timers/promises';
-import type { Session } from '@bmaas/bmdb-controlloop';
+import type { PowerState, Session } from '@bmaas/bmdb-controlloop';
 import {
   Availability,
   type CreateMachineRequest,
   FakeSshClient,
   type Machine,
   MachineNotFoundError,
+  type PowerCommand,
+  type PowerControl,
   type RebootingProvider,
   TakeoverResponseSchema,
 } from '@bmaas/shepherd-manager';
 import { create, toBinary } from '@bufbuild/protobuf';
 import createDebug from 'debug';
+import { DummyPower } from './dummy-power.js';
 
 /** The fake's own steps, below the shepherd's events (the CLI's default logs leave them out). */
 const detail = createDebug('shepherd:dummy:detail');
@@ -41,6 +44,8 @@ export interface DummyProviderOptions {
    * --dummy-agent-start-log` writes these to a file).
    */
   readonly onAgentStart?: (event: AgentStartEvent) => void;
+  /** Milliseconds a simulated power change takes (`PoweringOn`/`PoweringOff` meanwhile). Default 0. */
+  readonly powerTransition?: number;
 }
 
 /** One fake agent start beginning or ending on a pretend machine. */
@@ -64,18 +69,22 @@ const ID_PREFIX = 'dummy-';
  * A provider of pretend machines with a fixed capacity, and a fake agent to
  * go with them ({@link DummyProvider.sshClient}).
  *
- * It keeps no state of its own: slot `i` is always machine `dummy-<i>` at
- * 10.x.y.z, and whether a slot is in use is the BMDB's to say (every slot is
- * listed `PossiblyUsed`). A shepherd restarted over the same BMDB therefore
- * carries on without a provider/BMDB discrepancy.
+ * It keeps no state of its own but its machines' simulated power: slot `i`
+ * is always machine `dummy-<i>` at 10.x.y.z, and whether a slot is in use is
+ * the BMDB's to say (every slot is listed `PossiblyUsed`). A shepherd
+ * restarted over the same BMDB therefore carries on without a provider/BMDB
+ * discrepancy. Its power control is simulated ({@link DummyPower}): each
+ * process has its own, every machine `On` at start.
  */
-export class DummyProvider implements RebootingProvider {
+export class DummyProvider implements RebootingProvider, PowerControl {
   readonly type = DUMMY_PROVIDER;
   readonly capacity: number;
   /** Reboots requested so far, by provider ID. */
   readonly reboots = new Map<string, number>();
   /** The fake agent: answers like the real one, failing `agentFailureRate` of starts. */
   readonly sshClient: FakeSshClient;
+  /** The machines' simulated power. */
+  readonly power: DummyPower;
   readonly #heartbeatFailureRate: number;
 
   constructor(options: DummyProviderOptions) {
@@ -91,6 +100,7 @@ export class DummyProvider implements RebootingProvider {
     if (!(startDuration >= 0) || !Number.isFinite(startDuration)) {
       throw new RangeError(`dummy provider agent start duration must be >= 0 ms, got ${startDuration}`);
     }
+    this.power = new DummyPower(options.powerTransition ?? 0);
     const report = options.onAgentStart ?? (() => {});
     this.sshClient = new FakeSshClient({
       dial: (target) => {
@@ -152,10 +162,41 @@ export class DummyProvider implements RebootingProvider {
     return machine;
   }
 
+  /**
+   * Power-cycles the pretend machine (counted in `reboots`).
+   *
+   * @throws Error when the machine is (simulated) off
+   */
   async rebootMachine(id: string): Promise<void> {
-    if (slotOfId(id, this.capacity) === undefined) throw new MachineNotFoundError(this.type, id);
+    await this.powerCycle(id);
+  }
+
+  async readPowerState(id: string): Promise<PowerState> {
+    return this.power.state(this.#known(id));
+  }
+
+  async powerOn(id: string): Promise<PowerCommand> {
+    this.power.on(this.#known(id));
+    detail('powered on %s', id);
+    return { command: 'simulated power on' };
+  }
+
+  async powerOff(id: string, options: { readonly graceful: boolean }): Promise<PowerCommand> {
+    this.power.off(this.#known(id));
+    detail('powered off %s%s', id, options.graceful ? ' (gracefully)' : '');
+    return { command: options.graceful ? 'simulated shutdown' : 'simulated power off' };
+  }
+
+  async powerCycle(id: string): Promise<PowerCommand> {
+    this.power.cycle(this.#known(id));
     this.reboots.set(id, (this.reboots.get(id) ?? 0) + 1);
     detail('rebooted %s', id);
+    return { command: 'simulated power cycle' };
+  }
+
+  #known(id: string): string {
+    if (slotOfId(id, this.capacity) === undefined) throw new MachineNotFoundError(this.type, id);
+    return id;
   }
 
   /**

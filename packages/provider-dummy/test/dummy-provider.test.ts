@@ -10,7 +10,7 @@ import {
 import { beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
 import { eventually, runUntil } from '../../../test/support/wait.js';
-import { type AgentStartEvent, DUMMY_PROVIDER, DummyProvider, HeartbeatSimulator } from '../src/index.js';
+import { type AgentStartEvent, DUMMY_PROVIDER, DummyPower, DummyProvider, HeartbeatSimulator } from '../src/index.js';
 
 let db: TestDatabase;
 let bmdb: BMDB;
@@ -224,4 +224,69 @@ test('the whole shepherd over the dummy: silent agents are rebooted and started 
       SELECT machine_id FROM work_history WHERE process = 'ShepherdAgentStart' AND event = 'Finished'
       GROUP BY machine_id HAVING count(*) >= 2) r`);
   expect(recovered).toBeGreaterThan(0);
+});
+
+describe('simulated power', () => {
+  test('every machine is On; changes take the transition time; a machine off cannot be cycled', async () => {
+    let now = 0;
+    const power = new DummyPower(1_000, () => now);
+    expect(power.state('a')).toBe('On');
+    power.off('a');
+    expect(power.state('a')).toBe('PoweringOff');
+    now = 999;
+    expect(power.state('a')).toBe('PoweringOff');
+    now = 1_000;
+    expect(power.state('a')).toBe('Off');
+    expect(() => power.cycle('a')).toThrow('dummy machine a is off: it cannot be power-cycled');
+    power.off('a'); // already off: nothing changes
+    expect(power.state('a')).toBe('Off');
+    power.on('a');
+    expect(power.state('a')).toBe('PoweringOn');
+    now = 2_000;
+    expect(power.state('a')).toBe('On');
+    power.cycle('a');
+    expect(power.state('a')).toBe('PoweringOn');
+    expect(power.state('b')).toBe('On');
+    expect(() => new DummyPower(-1)).toThrow(/transition must be >= 0 ms/);
+  });
+
+  test('the provider’s power control knows its slots only, and counts power cycles as reboots', async () => {
+    const provider = new DummyProvider({ capacity: 2 });
+    expect(await provider.readPowerState('dummy-000001')).toBe('On');
+    expect(await provider.powerOff('dummy-000001', { graceful: true })).toEqual({ command: 'simulated shutdown' });
+    expect(await provider.readPowerState('dummy-000001')).toBe('Off');
+    await expect(provider.rebootMachine('dummy-000001')).rejects.toThrow(/is off: it cannot be power-cycled/);
+    expect(await provider.powerOn('dummy-000001')).toEqual({ command: 'simulated power on' });
+    expect(await provider.powerCycle('dummy-000001')).toEqual({ command: 'simulated power cycle' });
+    await provider.rebootMachine('dummy-000001');
+    expect(provider.reboots.get('dummy-000001')).toBe(2);
+    for (const call of [
+      () => provider.readPowerState('dummy-000002'),
+      () => provider.powerOn('x'),
+      () => provider.powerOff('x', { graceful: false }),
+      () => provider.powerCycle('x'),
+    ]) {
+      await expect(call()).rejects.toBeInstanceOf(MachineNotFoundError);
+    }
+  });
+
+  test('the recoverer powers on a silent machine found off, instead of rebooting it', async () => {
+    await reset();
+    const provider = new DummyProvider({ capacity: 2 });
+    const session = await bmdb.startSession();
+    await provisioner(provider, 2).reconcile(session);
+    await session.close();
+    await db.admin(
+      `INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)
+       SELECT machine_id, now() - interval '2 hours', '\\x00' FROM machine_provided WHERE provider = 'Dummy'`,
+    );
+    await provider.powerOff('dummy-000000', { graceful: false });
+    await runUntil(
+      (signal) =>
+        new Recoverer(provider, { power: provider }).run(bmdb, { dbQueryLimiter: fast(), parallelism: 2, signal }),
+      async () => (await count('SELECT count(*)::int AS n FROM machine_agent_started')) === 0,
+    );
+    expect(await provider.readPowerState('dummy-000000')).toBe('On');
+    expect([...provider.reboots.keys()]).toEqual(['dummy-000001']);
+  });
 });

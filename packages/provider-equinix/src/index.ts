@@ -1,7 +1,8 @@
 /**
  * The Equinix Metal provider of the shepherd: a typed API client, the
  * `RebootingProvider` that turns hardware reservations into BMDB machines,
- * and a status updater keeping provider facts in the BMDB current. A fake
+ * power control through device actions (`EquinixPower`), and a status
+ * updater keeping provider facts in the BMDB current. A fake
  * Equinix API for tests lives in `@bmaas/provider-equinix/testing`.
  *
  * @packageDocumentation
@@ -11,6 +12,7 @@ export { Secret } from '@bmaas/shepherd-manager';
 export {
   CREATE_TAG_PREFIX,
   DEFAULT_EQUINIX_API_URL,
+  type DeviceAction,
   type DeviceFilter,
   EquinixClient,
   type EquinixClientOptions,
@@ -42,9 +44,11 @@ export {
   deviceLocation,
   EQUINIX_PROVIDER,
   hostnameFor,
+  powerStateForState,
   providerStatusForState,
 } from './provider/device-facts.js';
 export type { EquinixMachine } from './provider/machine.js';
+export { EquinixPower } from './provider/power.js';
 export {
   EquinixProvider,
   type EquinixProviderOptions,

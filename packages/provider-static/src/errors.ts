@@ -116,11 +116,13 @@ export class RedfishResponseError extends RedfishError {
   override name = 'RedfishResponseError';
 }
 
-/** The machine has no `bmc` in the inventory, so it cannot be power-cycled. */
+/** The machine has no `bmc` in the inventory, so its power cannot be controlled. */
 export class NoBmcError extends StaticProviderError {
   override name = 'NoBmcError';
   constructor(readonly machine: string) {
-    super(`machine ${machine} has no bmc in the inventory: it cannot be power-cycled; add its Redfish URL`);
+    super(
+      `machine ${machine} has no bmc in the inventory: its power cannot be read or controlled; add its Redfish URL`,
+    );
   }
 }
 

@@ -1,13 +1,15 @@
 /**
  * The static provider of the shepherd: machines the operator owns, listed in
- * an inventory file or URL, and power-cycled through their BMCs' Redfish
- * API when their agent goes silent. The Redfish client is usable on its own;
+ * an inventory file or URL, whose power is read and controlled through their
+ * BMCs (a `Bmc` port; Redfish today), and which are power-cycled when their
+ * agent goes silent. The Redfish client is usable on its own;
  * a fake Redfish BMC for tests lives in `@bmaas/provider-static/testing`.
  *
  * @packageDocumentation
  */
 
 export { Secret } from '@bmaas/shepherd-manager';
+export type { Bmc } from './bmc.js';
 export {
   BmcCredentialsError,
   InventoryError,
@@ -37,8 +39,18 @@ export {
   StaticProvider,
   type StaticProviderOptions,
 } from './provider.js';
+export { powerStateOf, RedfishBmc } from './redfish/bmc.js';
 export { RedfishClient, type RedfishReset } from './redfish/client.js';
 export type { RedfishClientOptions, RedfishClientSettings } from './redfish/client-settings.js';
-export { chooseResetType, RESET_TYPES, RESTART_PREFERENCE, type ResetType } from './redfish/reset-types.js';
+export {
+  chooseAllowed,
+  chooseResetType,
+  POWER_OFF_TYPES,
+  POWER_ON_TYPES,
+  RESET_TYPES,
+  RESTART_PREFERENCE,
+  type ResetType,
+  SHUTDOWN_TYPES,
+} from './redfish/reset-types.js';
 export type { RedfishSystem } from './redfish/system.js';
 export type { RedfishTarget } from './redfish/target.js';

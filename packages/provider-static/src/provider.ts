@@ -1,17 +1,28 @@
 import { readFile, stat } from 'node:fs/promises';
-import { type BMDB, describeError, ProviderStatus, type Session, sleep } from '@bmaas/bmdb-controlloop';
+import {
+  type BMDB,
+  describeError,
+  type PowerState,
+  ProviderStatus,
+  type Session,
+  sleep,
+} from '@bmaas/bmdb-controlloop';
 import {
   Availability,
   type CreateMachineRequest,
   type Machine,
   MachineNotFoundError,
+  type PowerCommand,
+  type PowerControl,
   type RebootingProvider,
   Secret,
 } from '@bmaas/shepherd-manager';
+import type { Bmc } from './bmc.js';
 import { BmcCredentialsError, NoBmcError, StaticProviderError } from './errors.js';
 import { log } from './internal/log.js';
 import { type InventoryMachine, InventorySource } from './inventory.js';
-import type { RedfishClient, RedfishReset } from './redfish/client.js';
+import { RedfishBmc } from './redfish/bmc.js';
+import type { RedfishClient } from './redfish/client.js';
 import type { ResetType } from './redfish/reset-types.js';
 
 /** The provider name in the BMDB. */
@@ -28,7 +39,7 @@ export interface StaticMachine extends Machine {
 export interface DefaultBmcCredentials {
   /** `--redfish-username`. */
   readonly username?: string | undefined;
-  /** `--redfish-password-file`: read at each reset, so a rotated password is picked up. */
+  /** `--redfish-password-file`: read at each BMC request, so a rotated password is picked up. */
   readonly passwordFile?: string | undefined;
 }
 
@@ -36,7 +47,7 @@ export interface DefaultBmcCredentials {
 export interface StaticProviderOptions {
   /** `--inventory`: a file path or an `http(s)://` URL, read on every `listMachines`. */
   readonly inventory: string | InventorySource;
-  /** The Redfish client resets go through (its concurrency bound is fleet-wide). */
+  /** The Redfish client BMC requests go through (its concurrency bound is fleet-wide). */
   readonly redfish: RedfishClient;
   readonly defaultCredentials?: DefaultBmcCredentials | undefined;
   /** `--redfish-reset-type`: use this reset type instead of the preferred one the BMC allows. */
@@ -52,15 +63,17 @@ export interface StaticProviderOptions {
 /**
  * The shepherd's provider for machines the operator owns: every machine of
  * the inventory is the shepherd's (`PossiblyUsed`, settled against the BMDB
- * by the provisioner), and a silent one is power-cycled through its BMC's
- * Redfish API.
+ * by the provisioner), and its power is controlled through its BMC (a
+ * {@link Bmc}; today every machine's speaks Redfish): a silent one is
+ * power-cycled, and the power state is read, and the power switched on and
+ * off, for the power sync and the operator's power actions.
  *
  * The inventory is read anew on every `listMachines`, i.e. on every
  * reconciliation pass; a bad one fails that pass (nothing in the BMDB
  * changes) and the next pass reads it again. Changed addresses and locations
  * are written to the BMDB by {@link StaticProvider.run}.
  */
-export class StaticProvider implements RebootingProvider {
+export class StaticProvider implements RebootingProvider, PowerControl {
   /** The provider name in the BMDB: `Static`. */
   readonly type = STATIC_PROVIDER;
   readonly inventory: InventorySource;
@@ -139,7 +152,8 @@ export class StaticProvider implements RebootingProvider {
   }
 
   /**
-   * Power-cycles the machine through its BMC (see {@link RedfishClient.resetSystem}).
+   * Power-cycles the machine through its BMC (see {@link Bmc.reset}), then
+   * waits `rebootWait` so the agent is not started on the OS going down.
    *
    * @throws {@link MachineNotFoundError} when the inventory does not have it
    * @throws {@link NoBmcError} when its entry has no `bmc`
@@ -148,12 +162,42 @@ export class StaticProvider implements RebootingProvider {
    */
   async rebootMachine(id: string, signal?: AbortSignal): Promise<void> {
     const reset = await this.resetMachine(id, signal);
-    log.provider('machine %s: BMC accepted %s', id, reset.resetType);
+    log.provider('machine %s: BMC accepted %s', id, reset.command);
     if (this.#rebootWait > 0) await sleep(this.#rebootWait, signal);
   }
 
-  /** {@link StaticProvider.rebootMachine}, returning what the BMC accepted. */
-  async resetMachine(id: string, signal?: AbortSignal): Promise<RedfishReset> {
+  /** {@link StaticProvider.rebootMachine} without the wait, returning what the BMC accepted. */
+  async resetMachine(id: string, signal?: AbortSignal): Promise<PowerCommand> {
+    return (await this.bmcOf(id, signal)).reset(signal);
+  }
+
+  /** The machine's power state, from its BMC; `Unknown` when the BMC leaves it out. */
+  async readPowerState(id: string, signal?: AbortSignal): Promise<PowerState> {
+    return (await this.bmcOf(id, signal)).powerState(signal);
+  }
+
+  async powerOn(id: string, signal?: AbortSignal): Promise<PowerCommand> {
+    return (await this.bmcOf(id, signal)).powerOn(signal);
+  }
+
+  async powerOff(id: string, options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<PowerCommand> {
+    return (await this.bmcOf(id, signal)).powerOff(options, signal);
+  }
+
+  /** The reset the recoverer would make ({@link StaticProvider.resetMachine}). */
+  async powerCycle(id: string, signal?: AbortSignal): Promise<PowerCommand> {
+    return this.resetMachine(id, signal);
+  }
+
+  /**
+   * The BMC of inventory machine `id`, with its credentials (a password
+   * file is read now, so a rotated password is picked up).
+   *
+   * @throws {@link MachineNotFoundError} when the inventory does not have it
+   * @throws {@link NoBmcError} when its entry has no `bmc`
+   * @throws {@link BmcCredentialsError} when no user name or password can be had
+   */
+  async bmcOf(id: string, signal?: AbortSignal): Promise<Bmc> {
     const entry = await this.#entry(id, signal);
     const bmc = entry.bmc;
     if (bmc === undefined) throw new NoBmcError(id);
@@ -173,10 +217,10 @@ export class StaticProvider implements RebootingProvider {
       }
       password = await readPasswordFile(file, (problem) => new BmcCredentialsError(id, problem));
     }
-    return this.#redfish.resetSystem(
+    return new RedfishBmc(
+      this.#redfish,
       { machine: id, url: bmc.url, username, password, insecure: bmc.insecure },
       { resetType: this.#resetType },
-      signal,
     );
   }
 

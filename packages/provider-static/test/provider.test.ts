@@ -172,7 +172,7 @@ describe('rebooting through the BMC', () => {
       defaultCredentials: { username: 'admin', passwordFile },
       resetType: 'PowerCycle',
     });
-    expect(await cycling.resetMachine('defaults')).toMatchObject({ resetType: 'PowerCycle' });
+    expect(await cycling.resetMachine('defaults')).toEqual({ command: 'PowerCycle' });
   });
 
   test('each way a reboot fails names the machine and the cause', async () => {
@@ -202,7 +202,7 @@ describe('rebooting through the BMC', () => {
       );
     expect(await failure('no-bmc')).toBeInstanceOf(NoBmcError);
     expect((await failure('no-bmc')).message).toBe(
-      'machine no-bmc has no bmc in the inventory: it cannot be power-cycled; add its Redfish URL',
+      'machine no-bmc has no bmc in the inventory: its power cannot be read or controlled; add its Redfish URL',
     );
     expect(await failure('no-user')).toBeInstanceOf(BmcCredentialsError);
     expect((await failure('no-user')).message).toContain('machine no-user: no BMC user name');

@@ -114,7 +114,7 @@ describe.each([
     const error = await failure(redfish.resetSystem(target(bmc, 'override'), { resetType: 'Nmi' }));
     expect(error).toBeInstanceOf(RedfishResetUnsupportedError);
     expect(error.message).toBe(
-      `machine machine-override: BMC ${bmc.systemUrl('override')}: reset type Nmi (--redfish-reset-type) is not allowed by the BMC (allowed: On, ForceOff, GracefulRestart, ForceRestart, PowerCycle)`,
+      `machine machine-override: BMC ${bmc.systemUrl('override')}: reset type Nmi (--redfish-reset-type) is not allowed by the BMC (allowed: On, ForceOff, GracefulShutdown, GracefulRestart, ForceRestart, PowerCycle)`,
     );
     expect(bmc.resetsOf('override').map((r) => r.resetType)).toEqual(['PowerCycle']);
   });

@@ -37,6 +37,15 @@ export {
   type InitializerOptions,
   NoAddressError,
 } from './initializer.js';
+export type { PowerCommand, PowerControl } from './power.js';
+export {
+  type PowerActionKind,
+  type PowerActionRequest,
+  type PowerActionResult,
+  PowerActions,
+  type PowerReading,
+} from './power-actions.js';
+export { PowerSync, type PowerSyncOptions } from './power-sync.js';
 export {
   Availability,
   type CreateMachineRequest,

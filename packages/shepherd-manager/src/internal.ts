@@ -5,6 +5,7 @@ export const log = {
   provisioner: createDebug('shepherd:provisioner'),
   initializer: createDebug('shepherd:initializer'),
   recoverer: createDebug('shepherd:recoverer'),
+  power: createDebug('shepherd:power'),
 };
 
 /** Steps within an event (an agent start begun, a reboot asked for): `shepherd:*` includes them, the CLI's default not. */
@@ -12,4 +13,5 @@ export const detail = {
   provisioner: createDebug('shepherd:provisioner:detail'),
   initializer: createDebug('shepherd:initializer:detail'),
   recoverer: createDebug('shepherd:recoverer:detail'),
+  power: createDebug('shepherd:power:detail'),
 };

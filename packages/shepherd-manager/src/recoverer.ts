@@ -5,6 +5,7 @@ import {
   type ControlLoop,
   type ControlLoopOptions,
   describeError,
+  PowerState,
   Process,
   type ProvidedMachine,
   Queries,
@@ -15,6 +16,7 @@ import {
   type Task,
 } from '@bmaas/bmdb-controlloop';
 import { detail, log } from './internal.js';
+import type { PowerControl } from './power.js';
 import type { Provider } from './provider.js';
 
 /**
@@ -33,6 +35,13 @@ export interface RecovererOptions extends RecoveryThresholds {
    * milliseconds (also once at start). Default 1 min.
    */
   readonly auditInterval?: number;
+  /**
+   * The provider's power control: each machine's power state is then read
+   * before it is recovered, and a machine found `Off` is powered on instead
+   * of reset (many BMCs refuse a restart of a system that is off). Without
+   * it every machine is rebooted.
+   */
+  readonly power?: PowerControl | undefined;
 }
 
 /** A heartbeat this far ahead of the BMDB's clock is bad data, not clock jitter. */
@@ -42,8 +51,11 @@ const DEFAULT_AUDIT_INTERVAL = 60_000;
 /**
  * Reboots machines whose agent went silent (process `ShepherdRecovery`): no
  * first heartbeat 30 min after the start, or none for 10 min (both
- * configurable). After the reboot it deletes AgentStarted and AgentHeartbeat,
- * so the initializer starts the agent again. Failures back off 1 min → 1 h × 1.2.
+ * configurable); with the provider's power control, a machine found `Off`
+ * (read from the provider at that moment) is powered on instead. Then it
+ * deletes AgentStarted and AgentHeartbeat, so the initializer starts the
+ * agent again. Failures back off 1 min → 1 h × 1.2. Held machines are left
+ * alone: the selection leaves them out.
  *
  * A heartbeat stamped in the future (a writer's clock ahead, or bad data)
  * makes its agent look alive until then, however silent it is: `run` logs
@@ -56,6 +68,7 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
   readonly defaultBackoff: Backoff = { initial: 60_000, maximum: 3_600_000, exponent: 1.2 };
   readonly #thresholds: RecoveryThresholds;
   readonly #auditInterval: number;
+  readonly #power: PowerControl | undefined;
   /** `machine/heartbeat time` pairs already logged, so each is named once. */
   #reported = new Set<string>();
 
@@ -63,8 +76,9 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
     private readonly provider: RebootingProvider,
     options: RecovererOptions = {},
   ) {
-    const { auditInterval, ...thresholds } = options;
+    const { auditInterval, power, ...thresholds } = options;
     this.#thresholds = thresholds;
+    this.#power = power;
     this.#auditInterval = auditInterval ?? DEFAULT_AUDIT_INTERVAL;
     if (!(this.#auditInterval > 0))
       throw new RangeError(`recoverer audit interval must be > 0, got ${auditInterval}ms`);
@@ -126,6 +140,18 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
 
   async processMachine(task: Task<ProvidedMachine>): Promise<void> {
     const { machineId, providerId } = task.machine;
+    if ((await this.#powerState(task)) === PowerState.Off) {
+      detail.recoverer('powering on machine %s (provider ID %s): agent silent, machine off', machineId, providerId);
+      const { command } = await (this.#power as PowerControl).powerOn(providerId, task.signal);
+      await task.work.finish({ delete: ['agentStarted', 'agentHeartbeat'] });
+      log.recoverer(
+        'powered on machine %s (provider ID %s), found off with its agent silent (%s); agent to be started again',
+        machineId,
+        providerId,
+        command,
+      );
+      return;
+    }
     detail.recoverer('rebooting machine %s (provider ID %s): agent silent', machineId, providerId);
     await this.provider.rebootMachine(providerId, task.signal);
     // Rebooted; the library records it through a brief database outage, in
@@ -136,6 +162,27 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
       machineId,
       providerId,
     );
+  }
+
+  /**
+   * The machine's power state, read from the provider now (the recorded one
+   * may be a minute old); `undefined` without power control or when the
+   * read fails: the reboot is tried then, and fails on its own if it must.
+   */
+  async #powerState(task: Task<ProvidedMachine>): Promise<PowerState | undefined> {
+    if (this.#power === undefined) return undefined;
+    try {
+      return await this.#power.readPowerState(task.machine.providerId, task.signal);
+    } catch (error) {
+      if (task.signal.aborted) throw error;
+      detail.recoverer(
+        'machine %s (provider ID %s): power state unreadable (%s); rebooting',
+        task.machine.machineId,
+        task.machine.providerId,
+        describeError(error),
+      );
+      return undefined;
+    }
   }
 }
 

@@ -1,11 +1,13 @@
 import { randomUUID } from 'node:crypto';
-import type { Session } from '@bmaas/bmdb-controlloop';
+import type { PowerState, Session } from '@bmaas/bmdb-controlloop';
 import { expect } from 'vitest';
 import {
   Availability,
   type CreateMachineRequest,
   type Machine,
   MachineNotFoundError,
+  type PowerCommand,
+  type PowerControl,
   type RebootingProvider,
 } from '../src/index.js';
 
@@ -71,5 +73,65 @@ export class TestProvider implements RebootingProvider {
   async rebootMachine(id: string): Promise<void> {
     if (!this.machines.has(id)) throw new MachineNotFoundError(this.type, id);
     this.reboots.push(id);
+  }
+}
+
+/**
+ * Power control over pretend machines, for the recoverer, power actions and
+ * the power sync: a state per provider ID (`On` unless set), every action
+ * recorded, failures to inject, and a gate to hold reads in flight.
+ */
+export class TestPower implements PowerControl {
+  readonly states = new Map<string, PowerState>();
+  /** `<action> <id>` for every action taken, oldest first. */
+  readonly actions: string[] = [];
+  /** Provider IDs whose every call fails with this message. */
+  readonly failing = new Map<string, string>();
+  /** Reads in flight now, and the most at once. */
+  inFlight = 0;
+  peakInFlight = 0;
+  reads = 0;
+  /** While set, reads wait for it. */
+  gate: Promise<void> | undefined;
+
+  constructor(readonly type: string) {}
+
+  async readPowerState(id: string): Promise<PowerState> {
+    this.reads++;
+    this.inFlight++;
+    this.peakInFlight = Math.max(this.peakInFlight, this.inFlight);
+    try {
+      await this.gate;
+      this.#check(id);
+      return this.states.get(id) ?? 'On';
+    } finally {
+      this.inFlight--;
+    }
+  }
+
+  async powerOn(id: string): Promise<PowerCommand> {
+    return this.#act('on', id, 'On');
+  }
+
+  async powerOff(id: string, options: { graceful: boolean }): Promise<PowerCommand> {
+    return this.#act(options.graceful ? 'shutdown' : 'off', id, 'Off');
+  }
+
+  async powerCycle(id: string): Promise<PowerCommand> {
+    if ((this.states.get(id) ?? 'On') === 'Off')
+      throw new Error(`test BMC of ${id}: cannot cycle a machine that is off`);
+    return this.#act('cycle', id, 'On');
+  }
+
+  #act(action: string, id: string, after: PowerState): PowerCommand {
+    this.#check(id);
+    this.actions.push(`${action} ${id}`);
+    this.states.set(id, after);
+    return { command: `test ${action}` };
+  }
+
+  #check(id: string): void {
+    const failure = this.failing.get(id);
+    if (failure !== undefined) throw new Error(failure);
   }
 }

@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 import {
   type BackoffCause,
   type BMDB,
+  type FleetControl,
   type FleetStages,
   type LiveSession,
   type MachineDetail,
@@ -31,7 +32,7 @@ export function readOnly<T>(db: BMDBReader, read: (q: Queries) => Promise<T>): P
 }
 
 /** What `/` and `/api/overview` show. */
-export interface Overview {
+export interface Overview extends FleetControl {
   readonly now: Date;
   readonly machines: number;
   readonly stages: FleetStages;

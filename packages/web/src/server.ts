@@ -7,6 +7,7 @@ import {
   MACHINE_STAGES,
   type MachineFilter,
   type MachineStage,
+  PowerState,
   type RecoveryThresholds,
 } from '@bmaas/bmdb-controlloop';
 import { checkTlsRule, checkTokenRule, expiredSessionCookie, parseCookies, TokenCheck } from './access.js';
@@ -315,8 +316,25 @@ function parseFilter(params: URLSearchParams, api: boolean): MachineFilter {
   if (backoff !== undefined) filter.inBackoff = backoff === 'any' ? true : backoff;
   if (search !== undefined) filter.search = search;
   if (after !== undefined) filter.after = after.toLowerCase();
+  const held = value('held');
+  if (held !== undefined) {
+    if (held !== 'yes' && held !== 'no') throw new BadRequest(`held ${JSON.stringify(held)}: want yes or no`);
+    filter.held = held === 'yes';
+  }
+  const power = value('power');
+  if (power !== undefined) {
+    if (!POWER_FILTERS.includes(power)) {
+      throw new BadRequest(
+        `power ${JSON.stringify(power)} is not a power state: want one of ${POWER_FILTERS.join(', ')}`,
+      );
+    }
+    filter.powerState = power as MachineFilter['powerState'];
+  }
   return filter;
 }
+
+/** The `power` filter's values: the power states, and `Unread` for machines never read. */
+const POWER_FILTERS: readonly string[] = [...Object.values(PowerState), 'Unread'];
 
 /** A missing table or column: the BMDB predates a migration the page reads (0004). */
 function isOldSchema(error: unknown): boolean {

@@ -39,6 +39,15 @@ h1 .id { font-size: 1.15rem; }
 .stage-awaitingRecovery, .ev-Failed { color: var(--bad); border-color: var(--bad); }
 .stage-agentStarting, .stage-agentStarted, .ev-Canceled { color: var(--warn); border-color: var(--warn); }
 .ev-Finished { color: var(--ok); }
+.power { display: inline-block; padding: 0 .45rem; border-radius: 1rem; font-size: .8rem; white-space: nowrap;
+  border: 1px solid var(--line); color: var(--muted); }
+.power-On { color: var(--ok); border-color: var(--ok); }
+.power-Off { color: var(--bad); border-color: var(--bad); }
+.power-PoweringOn, .power-PoweringOff { color: var(--warn); border-color: var(--warn); }
+.held { display: inline-block; padding: 0 .45rem; border-radius: 1rem; font-size: .8rem; font-weight: 600;
+  color: var(--warn); border: 1px solid var(--warn); }
+.ev-Succeeded { color: var(--ok); }
+.ev-Refused { color: var(--warn); }
 .chart td { border: 0; padding: .15rem .6rem .15rem 0; white-space: nowrap; }
 .chart td.bar { width: 100%; }
 .chart svg { display: block; width: 100%; height: 1.1rem; }
@@ -63,7 +72,8 @@ ol.timeline li::before { content: ""; position: absolute; left: -6px; top: .65re
 ol.timeline li.ev-Started::before { background: var(--accent); }
 ol.timeline li.ev-Finished::before { background: var(--ok); }
 ol.timeline li.ev-Failed::before { background: var(--bad); }
-ol.timeline li.ev-Canceled::before { background: var(--warn); }
+ol.timeline li.ev-Canceled::before, ol.timeline li.ev-Refused::before { background: var(--warn); }
+ol.timeline li.ev-Succeeded::before { background: var(--ok); }
 ol.timeline .event { font-weight: 600; }
 .notice { padding: .6rem .8rem; border: 1px solid var(--line); border-radius: .4rem; background: var(--panel); }
 .error { border-color: var(--bad); color: var(--bad); }

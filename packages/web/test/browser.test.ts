@@ -9,7 +9,7 @@ import { selfSignedServerTls } from '@bmaas/server';
 import puppeteer, { type Browser, type Page } from 'puppeteer-core';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
-import { HOSTILE_CAUSE, type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
+import { HOSTILE_CAUSE, HOSTILE_REASON, type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
 import { type FleetPageServer, serveFleetPage } from '../src/index.js';
 
 /** Debian's chromium package; the tests drive it, they never download a browser. */
@@ -115,6 +115,44 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
     const ids = await page.$$eval('tbody a.id', (links) => links.map((a) => a.textContent));
     expect(ids).toEqual([fleet.heartbeating]);
     await shot('machines-heartbeating');
+  });
+
+  test('filters the machine table by held and by power state; shows the hold and the power columns', async () => {
+    await page.goto(new URL('/machines', open.url).href);
+    const headers = await page.$$eval('thead th', (cells) => cells.map((c) => c.textContent));
+    expect(headers).toEqual(expect.arrayContaining(['power', 'hold']));
+    await page.select('select[name="held"]', 'yes');
+    await Promise.all([page.waitForNavigation(), page.click('form.filters button[type="submit"]')]);
+    expect(new URL(page.url()).searchParams.get('held')).toBe('yes');
+    expect(await page.$$eval('tbody a.id', (links) => links.map((a) => a.textContent))).toEqual([fleet.held]);
+    expect(await text('tbody .cause')).toBe(HOSTILE_REASON);
+    expect(await text('tbody .power')).toBe('off');
+    await shot('machines-held');
+
+    await page.select('select[name="held"]', '');
+    await page.select('select[name="power"]', 'PoweringOn');
+    await Promise.all([page.waitForNavigation(), page.click('form.filters button[type="submit"]')]);
+    expect(new URL(page.url()).searchParams.get('power')).toBe('PoweringOn');
+    expect(await page.$$eval('tbody a.id', (links) => links.map((a) => a.textContent))).toEqual([fleet.agentStarted]);
+    expect(dialogs).toEqual([]);
+  });
+
+  test('the machine page shows the hold, the power state read and the operator actions', async () => {
+    await page.goto(open.url);
+    await Promise.all([page.waitForNavigation(), page.click('a[href="/machines?held=yes"]')]);
+    await Promise.all([page.waitForNavigation(), page.click(`tbody a[href="/machines/${fleet.held}"]`)]);
+    expect(await text('dl.tags .held')).toBe('held');
+    expect(await text('dl.tags .power')).toBe('off');
+    const actions = await page.$$eval('ol.operator li .event:first-child', (events) =>
+      events.map((e) => e.textContent),
+    );
+    expect(actions).toEqual(['PowerOff', 'Hold']);
+    expect(await page.$$eval('ol.operator .reason', (r) => r.map((e) => e.textContent))).toEqual([
+      HOSTILE_REASON,
+      HOSTILE_REASON,
+    ]);
+    expect(dialogs).toEqual([]);
+    await shot('machine-held');
   });
 
   test('searches by provider ID: an exact one opens its machine', async () => {

@@ -7,7 +7,7 @@ import type { BMDB } from '@bmaas/bmdb-controlloop';
 import { type ServerTls, selfSignedServerTls } from '@bmaas/server';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
-import { HOSTILE_CAUSE, type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
+import { HOSTILE_CAUSE, HOSTILE_REASON, type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
 import {
   checkTlsRule,
   checkTokenRule,
@@ -65,6 +65,9 @@ async function bmdbDigest(): Promise<string> {
     'work',
     'work_history',
     'work_backoff',
+    'machine_hold',
+    'machine_power_state',
+    'operator_history',
   ];
   const parts: string[] = [];
   for (const table of tables) {
@@ -112,6 +115,44 @@ describe('pages', () => {
     expect(await page('/machines?provider=%3Cb%3Enobody')).toContain('No machine matches.');
   });
 
+  test('the overview counts held machines and machines per power state, each linking to its machines', async () => {
+    const body = await page('/');
+    expect(body).toContain('<a href="/machines?held=yes">1 machine held</a>');
+    expect(body).toMatch(/<a href="\/machines\?power=On">on<\/a><\/td><td class="num">1<\/td>/);
+    expect(body).toMatch(/<a href="\/machines\?power=Off">off<\/a><\/td><td class="num">1<\/td>/);
+    expect(body).toMatch(/<a href="\/machines\?power=PoweringOn">powering on<\/a><\/td><td class="num">1<\/td>/);
+    expect(body).toMatch(/<a href="\/machines\?power=Unread">not read yet<\/a><\/td><td class="num">3<\/td>/);
+    expect(body).toContain('1 machine: last power state read failed');
+  });
+
+  test('the machine table shows power and holds, and filters by them', async () => {
+    const rows = (body: string) =>
+      [...body.matchAll(/<a class="id" href="\/machines\/([0-9a-f-]{36})">/g)].map((m) => m[1]);
+    const held = await page('/machines?held=yes');
+    expect(rows(held)).toEqual([fleet.held]);
+    expect(held).toContain('<span class="held" title="held by tech@rack3 since');
+    expect(held).toContain('1 h · tech@rack3<div class="cause">swap &lt;b&gt;PSU&lt;/b&gt; &amp; fans</div>');
+    expect(held).toContain('<option value="yes" selected>held</option>');
+    expect(rows(await page('/machines?held=no')).sort()).toEqual(
+      Object.values(fleet.all)
+        .filter((id) => id !== fleet.held)
+        .sort(),
+    );
+    const off = await page('/machines?power=Off');
+    expect(rows(off)).toEqual([fleet.held]);
+    expect(off).toMatch(/<span class="power power-Off" title="read (now|\d+ s ago), [^"]+ UTC">off<\/span>/);
+    expect(rows(await page('/machines?power=On'))).toEqual([fleet.heartbeating]);
+    expect(rows(await page('/machines?power=Unread')).sort()).toEqual(
+      [fleet.provided, fleet.agentStarting, fleet.backedOff].sort(),
+    );
+    expect(rows(await page('/machines?power=PoweringOn&held=no'))).toEqual([fleet.agentStarted]);
+    expect(rows(await page('/machines?power=Off&held=no'))).toEqual([]);
+    // The next page keeps the filters.
+    const list = await json('/api/machines?power=Unread&limit=1');
+    expect(list.nextUrl).toBe(`/api/machines?power=Unread&after=${list.next}`);
+    expect(list.filter).toMatchObject({ powerState: 'Unread' });
+  });
+
   test('search finds by ID prefix; an exact machine or provider ID goes straight to its page', async () => {
     const exact = await get(`/machines?q=${fleet.unprovided}`);
     expect(exact.status).toBe(303);
@@ -147,6 +188,35 @@ describe('pages', () => {
     expect(after.status).toBe(400);
     expect(await after.json()).toEqual({ error: 'after "zzz" is not a machine ID (a UUID)' });
     expect((await get('/api/machines?limit=0')).status).toBe(400);
+    const held = await get('/api/machines?held=maybe');
+    expect(held.status).toBe(400);
+    expect(await held.json()).toEqual({ error: 'held "maybe": want yes or no' });
+    const power = await get('/machines?power=%3Cb%3E');
+    expect(power.status).toBe(400);
+    expect(await power.text()).toContain(
+      'power &quot;&lt;b&gt;&quot; is not a power state: want one of On, Off, PoweringOn, PoweringOff, Unknown, Unread',
+    );
+  });
+
+  test('the machine page shows its hold, its power state and time read, and what operators did', async () => {
+    const held = await page(`/machines/${fleet.held}`);
+    expect(held).toMatch(
+      /<dt>hold<\/dt><dd><span class="held">held<\/span> by tech@rack3 <time [^>]+>1 h ago<\/time> \(for 1 h\)/,
+    );
+    expect(held).toContain('<div class="cause">swap &lt;b&gt;PSU&lt;/b&gt; &amp; fans</div>');
+    expect(held).not.toContain('<b>PSU</b>');
+    expect(held).toMatch(/<dt>power<\/dt><dd><span class="power power-Off" [^>]+>off<\/span> read <time/);
+    const actions = held.slice(held.indexOf('Operator actions'));
+    expect(actions.indexOf('>PowerOff<')).toBeLessThan(actions.indexOf('>Hold<'));
+    expect(actions).toContain('<span class="event ev-Succeeded">Succeeded</span> by tech@rack3');
+    expect(actions).toContain('command ForceOff, graceful false');
+
+    const failed = await page(`/machines/${fleet.backedOff}`);
+    expect(failed).toMatch(/last read failed <time[^>]+>[^<]+<\/time>: BMC https:\/\/10\.1\.0\.9 unreachable/);
+    expect(failed).toContain('not held');
+    expect(failed).toContain('No operator has acted on it.');
+    const never = await page(`/machines/${fleet.provided}`);
+    expect(never).toMatch(/<span class="power power-Unread" title="never read">not read yet<\/span>/);
   });
 
   test('the machine page tells the machine’s story', async () => {
@@ -196,6 +266,9 @@ describe('JSON', () => {
     expect(body.sessions[0]).toMatchObject({ sessionId: fleet.session.id, processor: 'shepherd-initializer' });
     expect(body.backoffCauses[0]).toMatchObject({ cause: HOSTILE_CAUSE, machines: 1 });
     expect(body.recentFailures[0]).toMatchObject({ machineId: fleet.backedOff, cause: HOSTILE_CAUSE });
+    expect(body.held).toBe(1);
+    expect(body.powerStates).toEqual({ On: 1, Off: 1, PoweringOn: 1, PoweringOff: 0, Unknown: 0, Unread: 3 });
+    expect(body.powerReadFailed).toBe(1);
   });
 
   test('/api/machines and /api/machines/<id>', async () => {
@@ -214,6 +287,16 @@ describe('JSON', () => {
     });
     expect(machine.agentKeyFingerprint).toMatch(/^SHA256:/);
     expect(machine).not.toHaveProperty('agentPublicKey');
+    expect(machine).toMatchObject({ powerState: 'On', hold: null, power: { state: 'On', failedCause: null } });
+    const held = await json(`/api/machines/${fleet.held}`);
+    expect(held.hold).toMatchObject({ reason: HOSTILE_REASON, actor: 'tech@rack3' });
+    expect(held.operatorHistory.map((a: { action: string }) => a.action)).toEqual(['PowerOff', 'Hold']);
+    const listed = await json('/api/machines?held=yes');
+    expect(listed.machines[0]).toMatchObject({
+      machineId: fleet.held,
+      powerState: 'Off',
+      hold: { actor: 'tech@rack3' },
+    });
     const missing = await get('/api/machines/00000000-0000-4000-8000-000000000000');
     expect(missing.status).toBe(404);
     expect(((await missing.json()) as { error: string }).error).toContain('no machine');

@@ -7,6 +7,7 @@ import * as fastClaims from './0002_fast_claims.js';
 import * as agentReports from './0003_agent_reports.js';
 import * as fleetPage from './0004_fleet_page.js';
 import * as leanTriggers from './0005_lean_triggers.js';
+import * as operatorControl from './0006_operator_control.js';
 import * as fleetMetrics from './0008_fleet_metrics.js';
 
 /**
@@ -19,6 +20,7 @@ const MIGRATIONS: Record<string, Migration> = {
   '0003_agent_reports': agentReports,
   '0004_fleet_page': fleetPage,
   '0005_lean_triggers': leanTriggers,
+  '0006_operator_control': operatorControl,
   '0008_fleet_metrics': fleetMetrics,
 };
 

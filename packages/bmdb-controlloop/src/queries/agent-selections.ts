@@ -1,8 +1,8 @@
 /** The shepherd's selections: machines whose agent must be started, and those whose agent went silent. */
 import { type Kysely, sql } from 'kysely';
 import { type Database, type MachineProvidedRow, Process, SHEPHERD_PROCESSES } from '../schema.js';
-import type { Selection } from '../selection.js';
-import { hasLiveWork, inBackoff } from './conditions.js';
+import { type Selection, selectionFor } from '../selection.js';
+import { hasLiveWork, inBackoff, isHeld } from './conditions.js';
 import { type ProvidedMachine, toProvidedMachine } from './provided-tags.js';
 import { type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
 
@@ -66,7 +66,8 @@ function agentStartQuery(db: Kysely<Database>, provider: string) {
     .selectAll('mp')
     .where('mp.provider', '=', provider)
     .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', SHEPHERD_PROCESSES)}`)
-    .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', 'ShepherdAgentStart')}`);
+    .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', 'ShepherdAgentStart')}`)
+    .where(sql<boolean>`NOT ${isHeld('mp.machine_id')}`);
 }
 
 /**
@@ -96,5 +97,24 @@ function agentRecoveryQuery(db: Kysely<Database>, options: { provider: string } 
     .where('mp.provider', '=', options.provider)
     .where('mp.machine_id', 'in', silent)
     .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', SHEPHERD_PROCESSES)}`)
-    .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', 'ShepherdRecovery')}`);
+    .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', 'ShepherdRecovery')}`)
+    .where(sql<boolean>`NOT ${isHeld('mp.machine_id')}`);
+}
+
+/**
+ * One machine for an operator's power action: its Provided tag, unless work
+ * of any shepherd process is live on it (a recovery, an agent start, another
+ * power action). Held machines are offered: holds are for working on
+ * machines, power actions included.
+ */
+export function powerActionSelection(
+  db: Kysely<Database>,
+  machineId: string,
+): Selection<ProvidedMachine, MachineProvidedRow> {
+  return selectionFor(Process.ShepherdPowerAction, {
+    query: db.selectFrom('machine_provided').selectAll().where('machine_id', '=', machineId),
+    toCandidate: toProvidedMachine,
+    exclusiveWith: SHEPHERD_PROCESSES,
+    includeHeld: true,
+  });
 }

@@ -1,6 +1,7 @@
 /**
- * Conditions other queries embed: live work and running backoff on a machine.
- * Selections of your own use them to agree with the shepherd's.
+ * Conditions other queries embed: live work, running backoff and an
+ * operator's hold on a machine. Selections of your own use them to agree
+ * with the shepherd's.
  */
 import { type RawBuilder, sql } from 'kysely';
 
@@ -25,4 +26,15 @@ export function inBackoff(machineId: string, process: string): RawBuilder<boolea
   return sql<boolean>`EXISTS (
     SELECT 1 FROM work_backoff b
     WHERE b.machine_id = ${sql.ref(machineId)} AND b.process = ${process} AND b.until > now())`;
+}
+
+/**
+ * Whether an operator holds the machine at `machineId` (`shepherd hold`): a
+ * primary-key probe of `machine_hold`. Every selection the library builds
+ * leaves held machines out unless it opts in (`includeHeld`); a selection
+ * of your own written without `selectionFor` should too:
+ * `.where(sql<boolean>\`NOT ${isHeld('mp.machine_id')}\`)`.
+ */
+export function isHeld(machineId: string): RawBuilder<boolean> {
+  return sql<boolean>`EXISTS (SELECT 1 FROM machine_hold hd WHERE hd.machine_id = ${sql.ref(machineId)})`;
 }

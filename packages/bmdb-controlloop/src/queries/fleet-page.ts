@@ -1,11 +1,14 @@
 /** The fleet page's machine table and machine detail. */
 import { type Kysely, type RawBuilder, sql } from 'kysely';
-import type { Database, ProviderStatus } from '../schema.js';
+import type { Database, PowerState, ProviderStatus } from '../schema.js';
 import { type WorkBackoffEntry, workBackoffs } from './backoffs.js';
 import { hasLiveWork } from './conditions.js';
 import type { MachineStage } from './fleet-stats.js';
 import { LIFECYCLE_ORDER, toHistoryEntry, type WorkHistoryEntry } from './history.js';
-import { drivingIds, type MachineFilter, searchCondition } from './machine-filter.js';
+import type { MachineHold } from './holds.js';
+import { drivingIds, type MachineFilter, powerStateIs, searchCondition } from './machine-filter.js';
+import { type OperatorHistoryEntry, operatorHistory } from './operator-history.js';
+import { type PowerStateRecord, toPowerStateRecord } from './power-state.js';
 import { type ProvidedMachine, toProvidedMachine } from './provided-tags.js';
 import { lostAgent, type RecoveryThresholds } from './recovery-thresholds.js';
 
@@ -24,6 +27,11 @@ export interface MachineSummary {
   readonly backoffs: readonly string[];
   /** The cause of the running backoff that lasts longest, if any. */
   readonly backoffCause: string | null;
+  /** An operator's hold on the machine, if any. */
+  readonly hold: MachineHold | null;
+  /** The power state last read (`null`: never read, or not provided) and when. */
+  readonly powerState: PowerState | null;
+  readonly powerStateReadAt: Date | null;
 }
 
 /** One page of {@link Queries.machinePage}. */
@@ -46,6 +54,10 @@ export interface LiveWorkItem {
 
 /** One machine's whole story (see {@link Queries.machineDetail}). */
 export interface MachineDetail extends Omit<MachineSummary, 'liveWork' | 'backoffs'> {
+  /** The last power state read, with its failure if the last read failed; `null` for an unprovided machine. */
+  readonly power: PowerStateRecord | null;
+  /** What people did to the machine (holds, power actions), newest first, up to `historyLimit` entries. */
+  readonly operatorHistory: readonly OperatorHistoryEntry[];
   /** The agent's public key (AgentStarted tag), if started. */
   readonly agentPublicKey: Uint8Array | null;
   readonly liveWork: readonly LiveWorkItem[];
@@ -105,6 +117,15 @@ export async function machinePage(
     conditions.push(sql<boolean>`EXISTS (SELECT 1 FROM work_backoff fb WHERE fb.machine_id = ids.machine_id
       AND fb.until > now() ${filter.inBackoff === true ? sql`` : sql`AND fb.process = ${filter.inBackoff}`})`);
   }
+  if (filter.held !== undefined) {
+    conditions.push(
+      sql<boolean>`${filter.held ? sql`` : sql`NOT`} EXISTS (SELECT 1 FROM machine_hold fh WHERE fh.machine_id = ids.machine_id)`,
+    );
+  }
+  if (filter.powerState !== undefined) {
+    conditions.push(sql<boolean>`EXISTS (SELECT 1 FROM machine_power_state fps
+      WHERE fps.machine_id = ids.machine_id AND ${powerStateIs('fps', filter.powerState)})`);
+  }
   if (search !== undefined && filter.stage !== undefined) conditions.push(searchCondition(search));
   const { rows } = await sql<MachineSummaryRow>`
     SELECT ${machineColumns(thresholds)}
@@ -117,6 +138,8 @@ export async function machinePage(
     LEFT JOIN machine_provided mp ON mp.machine_id = m.machine_id
     LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id
     LEFT JOIN machine_agent_heartbeat h ON h.machine_id = m.machine_id
+    LEFT JOIN machine_hold hd ON hd.machine_id = m.machine_id
+    LEFT JOIN machine_power_state ps ON ps.machine_id = m.machine_id
     ORDER BY m.machine_id`.execute(db);
   const machines = rows.slice(0, limit).map(toMachineSummary);
   return { machines, next: rows.length > limit ? machines.at(-1)?.machineId : undefined };
@@ -128,12 +151,22 @@ export async function machineDetail(
   options: { historyLimit?: number } & RecoveryThresholds = {},
 ): Promise<MachineDetail | undefined> {
   if (!UUID.test(machineId)) return undefined;
-  const { rows } = await sql<MachineSummaryRow & { agent_public_key: Uint8Array | null }>`
-    SELECT ${machineColumns(options)}, a.agent_public_key
+  const { rows } = await sql<
+    MachineSummaryRow & {
+      agent_public_key: Uint8Array | null;
+      power_row: string | null;
+      power_read_failed_at: Date | null;
+      power_read_failed_cause: string | null;
+    }
+  >`
+    SELECT ${machineColumns(options)}, a.agent_public_key, ps.machine_id AS power_row, ps.power_read_failed_at,
+      ps.power_read_failed_cause
     FROM machines m
     LEFT JOIN machine_provided mp ON mp.machine_id = m.machine_id
     LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id
     LEFT JOIN machine_agent_heartbeat h ON h.machine_id = m.machine_id
+    LEFT JOIN machine_hold hd ON hd.machine_id = m.machine_id
+    LEFT JOIN machine_power_state ps ON ps.machine_id = m.machine_id
     WHERE m.machine_id = ${machineId}::uuid`.execute(db);
   const row = rows[0];
   if (row === undefined) return undefined;
@@ -170,6 +203,17 @@ export async function machineDetail(
   return {
     ...toMachineSummary(row),
     agentPublicKey: row.agent_public_key,
+    power:
+      row.power_row === null
+        ? null
+        : toPowerStateRecord({
+            machine_id: row.machine_id,
+            power_state: row.power_state,
+            power_state_read_at: row.power_state_read_at,
+            power_read_failed_at: row.power_read_failed_at,
+            power_read_failed_cause: row.power_read_failed_cause,
+          }),
+    operatorHistory: await operatorHistory(db, machineId, { newestFirst: true, limit: historyLimit }),
     liveWork: work.map((w) => ({
       process: w.process,
       sessionId: w.session_id,
@@ -210,12 +254,21 @@ interface MachineSummaryRow {
   live_work: string[];
   backoffs: string[];
   backoff_cause: string | null;
+  hold_reason: string | null;
+  hold_actor: string | null;
+  held_at: Date | null;
+  power_state: PowerState | null;
+  power_state_read_at: Date | null;
 }
 
-/** The columns of {@link MachineSummaryRow}, over aliases `m`, `mp`, `a` and `h`; each subquery reads one machine's rows. */
+/**
+ * The columns of {@link MachineSummaryRow}, over aliases `m`, `mp`, `a`, `h`, `hd` (hold) and `ps` (power
+ * state); each subquery reads one machine's rows.
+ */
 function machineColumns(thresholds: RecoveryThresholds): RawBuilder<unknown> {
   return sql`m.machine_id, m.machine_created_at, mp.provider, mp.provider_id, mp.provider_reservation_id,
     mp.provider_ip_address, mp.provider_location, mp.provider_status, a.agent_started_at, h.agent_heartbeat_at,
+    hd.hold_reason, hd.hold_actor, hd.held_at, ps.power_state, ps.power_state_read_at,
     ${stageOf(thresholds)} AS stage,
     ARRAY(SELECT w.process FROM work w JOIN sessions s ON s.session_id = w.session_id
       WHERE w.machine_id = m.machine_id AND s.deadline > now() ORDER BY w.process) AS live_work,
@@ -239,5 +292,11 @@ function toMachineSummary(row: MachineSummaryRow): MachineSummary {
     liveWork: row.live_work,
     backoffs: row.backoffs,
     backoffCause: row.backoff_cause,
+    hold:
+      row.hold_reason === null || row.hold_actor === null || row.held_at === null
+        ? null
+        : { machineId: row.machine_id, reason: row.hold_reason, actor: row.hold_actor, since: row.held_at },
+    powerState: row.power_state,
+    powerStateReadAt: row.power_state_read_at,
   };
 }

@@ -1,6 +1,6 @@
 /** The fleet at a glance: machines per stage, live work, sessions and providers. */
 import { type Kysely, sql } from 'kysely';
-import type { Database } from '../schema.js';
+import type { Database, PowerState } from '../schema.js';
 import { hasLiveWork } from './conditions.js';
 import { lostAgent, type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
 
@@ -20,8 +20,23 @@ export interface FleetStages {
   readonly awaitingRecovery: number;
 }
 
+/**
+ * Provided machines per power state as last read; `Unread` for those never
+ * read. Each provided machine counts in exactly one.
+ */
+export type PowerStateCounts = Readonly<Record<PowerState | 'Unread', number>>;
+
+/** Holds and power states across the fleet. */
+export interface FleetControl {
+  /** Machines an operator holds. */
+  readonly held: number;
+  readonly powerStates: PowerStateCounts;
+  /** Provided machines whose last power state read failed. */
+  readonly powerReadFailed: number;
+}
+
 /** The fleet at a glance. */
-export interface FleetStats {
+export interface FleetStats extends FleetControl {
   readonly machines: number;
   readonly stages: FleetStages;
   /** Live work items (held by unexpired sessions), per process. */
@@ -94,8 +109,29 @@ export async function fleetStats(
     .orderBy('process')
     .execute();
 
+  const control = await db
+    .selectFrom('machine_power_state')
+    .select(['power_state', sql<number>`count(*)::int`.as('count')])
+    .$if(provider !== undefined, (qb) => qb.where('provider', '=', provider as string))
+    .groupBy('power_state')
+    .execute();
+  const ofProvider = (machineId: string) =>
+    provider === undefined
+      ? sql<boolean>`true`
+      : sql<boolean>`EXISTS (SELECT 1 FROM machine_provided fp WHERE fp.machine_id = ${sql.ref(machineId)}
+          AND fp.provider = ${provider})`;
+  const counts = await sql<{ held: number; read_failed: number }>`SELECT
+      (SELECT count(*)::int FROM machine_hold hd WHERE ${ofProvider('hd.machine_id')}) AS held,
+      (SELECT count(*)::int FROM machine_power_state ps
+       WHERE ps.power_read_failed_at IS NOT NULL AND ${ofProvider('ps.machine_id')}) AS read_failed`.execute(db);
+  const powerStates = { ...NO_POWER_STATES };
+  for (const row of control) powerStates[row.power_state ?? 'Unread'] = row.count;
+
   return {
     machines: stageRow.machines,
+    held: counts.rows[0]?.held ?? 0,
+    powerStates,
+    powerReadFailed: counts.rows[0]?.read_failed ?? 0,
     stages: {
       unprovided: stageRow.unprovided,
       provided: stageRow.provided,
@@ -109,6 +145,15 @@ export async function fleetStats(
   };
 }
 
+const NO_POWER_STATES: Record<PowerState | 'Unread', number> = {
+  On: 0,
+  Off: 0,
+  PoweringOn: 0,
+  PoweringOff: 0,
+  Unknown: 0,
+  Unread: 0,
+};
+
 export async function databaseNow(db: Kysely<Database>): Promise<Date> {
   const row = await db.selectNoFrom(sql<Date>`now()`.as('now')).executeTakeFirstOrThrow();
   return row.now;
@@ -117,7 +162,7 @@ export async function databaseNow(db: Kysely<Database>): Promise<Date> {
 export async function fleetStages(
   db: Kysely<Database>,
   thresholds: RecoveryThresholds = {},
-): Promise<{ machines: number; stages: FleetStages }> {
+): Promise<{ machines: number; stages: FleetStages } & FleetControl> {
   const { firstWithin, within } = thresholdSeconds(thresholds);
   // Machines are unprovided or provided (machine_unprovided is kept by
   // triggers), provided ones pending (no AgentStarted; machine_agent_pending
@@ -131,6 +176,13 @@ export async function fleetStages(
     silent: number;
     silent_lost: number;
     stale: number;
+    held: number;
+    power_off: number;
+    powering_on: number;
+    powering_off: number;
+    power_unknown: number;
+    power_unread: number;
+    power_read_failed: number;
   }>`SELECT
       (SELECT count(*)::int FROM machines) AS machines,
       (SELECT count(*)::int FROM machine_unprovided) AS unprovided,
@@ -146,12 +198,34 @@ export async function fleetStages(
       (SELECT count(*)::int FROM machine_agent_heartbeat h
         WHERE h.agent_heartbeat_at < now() - make_interval(secs => ${within})
           AND EXISTS (SELECT 1 FROM machine_agent_started a WHERE a.machine_id = h.machine_id)
-          AND EXISTS (SELECT 1 FROM machine_provided mp WHERE mp.machine_id = h.machine_id)) AS stale`.execute(db);
+          AND EXISTS (SELECT 1 FROM machine_provided mp WHERE mp.machine_id = h.machine_id)) AS stale,
+      (SELECT count(*)::int FROM machine_hold) AS held,
+      (SELECT count(*)::int FROM machine_power_state WHERE power_state = 'Off') AS power_off,
+      (SELECT count(*)::int FROM machine_power_state WHERE power_state = 'PoweringOn') AS powering_on,
+      (SELECT count(*)::int FROM machine_power_state WHERE power_state = 'PoweringOff') AS powering_off,
+      (SELECT count(*)::int FROM machine_power_state WHERE power_state = 'Unknown') AS power_unknown,
+      (SELECT count(*)::int FROM machine_power_state WHERE power_state IS NULL) AS power_unread,
+      (SELECT count(*)::int FROM machine_power_state WHERE power_read_failed_at IS NOT NULL) AS power_read_failed`.execute(
+    db,
+  );
   const row = rows[0];
   if (row === undefined) throw new Error('fleetStages: the count query returned no row');
   const started = row.machines - row.unprovided - row.pending;
+  // Every provided machine has a power state row (kept by a trigger): those
+  // not in a rarer state are On, without counting the many that are.
+  const rarer = row.power_off + row.powering_on + row.powering_off + row.power_unknown + row.power_unread;
   return {
     machines: row.machines,
+    held: row.held,
+    powerStates: {
+      On: Math.max(0, row.machines - row.unprovided - rarer),
+      Off: row.power_off,
+      PoweringOn: row.powering_on,
+      PoweringOff: row.powering_off,
+      Unknown: row.power_unknown,
+      Unread: row.power_unread,
+    },
+    powerReadFailed: row.power_read_failed,
     stages: {
       unprovided: row.unprovided,
       provided: row.pending - row.starting,

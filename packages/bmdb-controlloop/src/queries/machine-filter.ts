@@ -1,5 +1,6 @@
 /** Which machines a fleet page lists: the filter, and the index-served subquery its IDs come from. */
 import { type RawBuilder, sql } from 'kysely';
+import type { PowerState } from '../schema.js';
 import { hasLiveWork } from './conditions.js';
 import type { MachineStage } from './fleet-stats.js';
 import { type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
@@ -12,6 +13,10 @@ export interface MachineFilter {
   readonly liveWork?: string;
   /** Machines with a running backoff: of any process (`true`) or of this one. */
   readonly inBackoff?: true | string;
+  /** Machines an operator holds (`true`) or does not (`false`). */
+  readonly held?: boolean;
+  /** Machines whose last power state read says this; `Unread`: never read. */
+  readonly powerState?: PowerState | 'Unread';
   /** A machine ID or provider ID, or the start of one. */
   readonly search?: string;
   /** Machines after this machine ID (the previous page's `next`). */
@@ -103,7 +108,16 @@ export function drivingIds(
   if (filter.inBackoff === true) return sql`(SELECT DISTINCT x.machine_id FROM work_backoff x WHERE x.until > now())`;
   if (filter.inBackoff !== undefined)
     return sql`(SELECT x.machine_id FROM work_backoff x WHERE x.process = ${filter.inBackoff} AND x.until > now())`;
+  if (filter.held === true) return sql`(SELECT x.machine_id FROM machine_hold x)`;
+  if (filter.powerState !== undefined)
+    return sql`(SELECT x.machine_id FROM machine_power_state x WHERE ${powerStateIs('x', filter.powerState)})`;
   if (filter.provider !== undefined)
     return sql`(SELECT x.machine_id FROM machine_provided x WHERE x.provider = ${filter.provider})`;
   return sql`(SELECT x.machine_id FROM machines x)`;
+}
+
+/** The power state condition over a `machine_power_state` alias: `machine_power_state_state_idx` serves both forms. */
+export function powerStateIs(alias: string, state: PowerState | 'Unread'): RawBuilder<boolean> {
+  const column = sql.ref(`${alias}.power_state`);
+  return state === 'Unread' ? sql<boolean>`${column} IS NULL` : sql<boolean>`${column} = ${state}`;
 }

@@ -2,6 +2,7 @@ import type { DecommissionReport } from '@bmaas/bmdb-controlloop';
 import { openBMDB } from '../database.js';
 import { log } from '../logging.js';
 import { type Argv, databaseSettings, required, UsageError } from '../settings.js';
+import { listFlag } from './machine-targets.js';
 
 /** The machines `shepherd decommission` removed and refused. */
 export class DecommissionRefusedError extends Error {
@@ -54,10 +55,7 @@ interface DecommissionSettings {
 
 function decommissionSettings(argv: Argv): DecommissionSettings {
   const provider = required(argv, 'provider', 'decommission');
-  const raw = argv['provider-id'];
-  const values = (Array.isArray(raw) ? raw : raw === undefined ? [] : [raw]).map(String);
-  // Several flags, space-separated values after one flag, or commas (as SHEPHERD_PROVIDER_ID carries them).
-  const providerIds = values.flatMap((value) => value.split(/[,\s]+/)).filter((id) => id !== '');
+  const providerIds = listFlag(argv, 'provider-id');
   if (providerIds.length === 0) {
     throw new UsageError('provider-id', 'required for decommission: the provider IDs of the machines to remove');
   }

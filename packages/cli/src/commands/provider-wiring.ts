@@ -1,24 +1,47 @@
 import path from 'node:path';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
 import { DummyProvider, HeartbeatSimulator } from '@bmaas/provider-dummy';
-import { EquinixClient, EquinixProvider, EquinixStatusUpdater } from '@bmaas/provider-equinix';
+import { EquinixClient, EquinixPower, EquinixProvider, EquinixStatusUpdater } from '@bmaas/provider-equinix';
 import { RedfishClient, StaticProvider } from '@bmaas/provider-static';
-import { type RebootingProvider, Ssh2Client, type SshClient, SshKey } from '@bmaas/shepherd-manager';
+import { type PowerControl, type RebootingProvider, Ssh2Client, type SshClient, SshKey } from '@bmaas/shepherd-manager';
 import type { Registry } from 'prom-client';
 import { ensureDirectory } from '../directory.js';
 import { log } from '../logging.js';
 import { type Argv, sshKeyFlag } from '../settings.js';
 import { agentStartRecorder } from './agent-start-log.js';
-import type { DummySettings, EquinixSettings, RunSettings, StaticSettings } from './run-settings.js';
+import type {
+  DummySettings,
+  EquinixApiSettings,
+  EquinixSettings,
+  RunSettings,
+  StaticSettings,
+} from './run-settings.js';
 
 /** A piece of the shepherd running until the stop signal. */
 export type Part = (signal: AbortSignal) => Promise<void>;
 
-/** One provider wired for the three loops: the provider, how to reach its machines, and its own loop. */
+/** One provider wired for the loops: the provider, its power control, how to reach its machines, and its own loop. */
 export interface ProviderWiring {
   readonly provider: RebootingProvider;
+  readonly power: PowerControl;
   readonly sshClient: SshClient;
   readonly providerLoop: Part;
+}
+
+/** A provider's power control for a power command, and what to close after. */
+export interface PowerWiring {
+  readonly power: PowerControl;
+  close(): Promise<void>;
+}
+
+/** The power control of the provider `settings` name, as `run` wires it, without SSH or the provider's loop. */
+export function wirePowerControl(settings: DummySettings | EquinixApiSettings | StaticSettings): PowerWiring {
+  if (settings.kind === 'dummy') return { power: dummyProvider(settings), close: async () => {} };
+  if (settings.kind === 'static') {
+    const { provider, redfish } = staticProvider(settings);
+    return { power: provider, close: () => redfish.close() };
+  }
+  return { power: new EquinixPower(equinixClient(settings)), close: async () => {} };
 }
 
 /** Builds the provider `settings.provider` names, with its SSH client and its own loop. */
@@ -34,22 +57,27 @@ export async function wireProvider(
   return wireEquinix(bmdb, provider, settings.agent.sshUser, registry, argv);
 }
 
-/** The dummy provider: its own pretend SSH, and a heartbeat simulator as its loop. */
+/** The dummy provider: its own pretend SSH and simulated power, and a heartbeat simulator as its loop. */
 function wireDummy(bmdb: BMDB, own: DummySettings): ProviderWiring {
-  const { agentStartLog } = own;
-  const dummy = new DummyProvider({
-    ...own,
-    ...(agentStartLog === undefined ? {} : { onAgentStart: agentStartRecorder(agentStartLog) }),
-  });
+  const dummy = dummyProvider(own);
   const heartbeats = new HeartbeatSimulator(dummy, { interval: own.heartbeatInterval });
   return {
     provider: dummy,
+    power: dummy,
     sshClient: dummy.sshClient,
     providerLoop: (signal) => heartbeats.run(bmdb, { signal }),
   };
 }
 
-/** The static provider: an inventory rebooted over Redfish; its loop keeps the inventory in the BMDB. */
+function dummyProvider(own: DummySettings): DummyProvider {
+  const { agentStartLog } = own;
+  return new DummyProvider({
+    ...own,
+    ...(agentStartLog === undefined ? {} : { onAgentStart: agentStartRecorder(agentStartLog) }),
+  });
+}
+
+/** The static provider: an inventory whose BMCs control power; its loop keeps the inventory in the BMDB. */
 async function wireStatic(bmdb: BMDB, own: StaticSettings, sshUser: string): Promise<ProviderWiring> {
   const key = await SshKey.loadOrGenerate(own.sshKeyPath);
   log(
@@ -58,23 +86,29 @@ async function wireStatic(bmdb: BMDB, own: StaticSettings, sshUser: string): Pro
     key.fingerprint,
     sshUser,
   );
+  const { provider, redfish } = staticProvider(own);
+  return {
+    provider,
+    power: provider,
+    sshClient: new Ssh2Client({ privateKey: key.privateKey, username: sshUser }),
+    providerLoop: (signal) => provider.run(bmdb, { signal }).finally(() => redfish.close()),
+  };
+}
+
+function staticProvider(own: StaticSettings): { provider: StaticProvider; redfish: RedfishClient } {
   const redfish = new RedfishClient({
     ca: own.redfishCa,
     timeout: own.redfishTimeout,
     concurrency: own.redfishConcurrency,
   });
-  const staticProvider = new StaticProvider({
+  const provider = new StaticProvider({
     inventory: own.inventory,
     redfish,
     defaultCredentials: { username: own.redfishUsername, passwordFile: own.redfishPasswordFile },
     resetType: own.redfishResetType,
     rebootWait: own.rebootWait,
   });
-  return {
-    provider: staticProvider,
-    sshClient: new Ssh2Client({ privateKey: key.privateKey, username: sshUser }),
-    providerLoop: (signal) => staticProvider.run(bmdb, { signal }).finally(() => redfish.close()),
-  };
+  return { provider, redfish };
 }
 
 /** The Equinix provider: devices from the Metal API; its loop is the status updater. */
@@ -88,12 +122,7 @@ async function wireEquinix(
   await ensureDirectory(sshKeyFlag(argv), path.dirname(equinix.sshKeyPath), 0o700);
   const key = await SshKey.loadOrGenerate(equinix.sshKeyPath);
   log('SSH key %s (%s)', key.path, key.fingerprint);
-  const client = new EquinixClient({
-    apiKey: equinix.apiKey,
-    apiUsername: equinix.apiUsername,
-    baseUrl: equinix.apiUrl,
-    metrics: registry,
-  });
+  const client = equinixClient(equinix, registry);
   const equinixProvider = new EquinixProvider({
     client,
     projectId: equinix.projectId,
@@ -110,7 +139,17 @@ async function wireEquinix(
   const updater = new EquinixStatusUpdater({ client, projectId: equinix.projectId });
   return {
     provider: equinixProvider,
+    power: new EquinixPower(client),
     sshClient: new Ssh2Client({ privateKey: key.privateKey, username: sshUser }),
     providerLoop: (signal) => updater.run(bmdb, { signal }),
   };
+}
+
+function equinixClient(api: EquinixApiSettings, registry?: Registry): EquinixClient {
+  return new EquinixClient({
+    apiKey: api.apiKey,
+    apiUsername: api.apiUsername,
+    baseUrl: api.apiUrl,
+    ...(registry === undefined ? {} : { metrics: registry }),
+  });
 }

@@ -1,5 +1,5 @@
 import type { BMDB } from '@bmaas/bmdb-controlloop';
-import { Initializer, Provisioner, Recoverer } from '@bmaas/shepherd-manager';
+import { Initializer, PowerSync, Provisioner, Recoverer } from '@bmaas/shepherd-manager';
 import type { Registry } from 'prom-client';
 import type { Argv } from '../settings.js';
 import { logProviders } from './log-providers.js';
@@ -8,7 +8,8 @@ import type { RunSettings } from './run-settings.js';
 
 /**
  * The shepherd's parts: provisioner, initializer and recoverer around one
- * provider, and the provider's own loop; each runs until the stop signal.
+ * provider, the power sync (unless turned off) and the provider's own loop;
+ * each runs until the stop signal.
  */
 export async function shepherdParts(
   bmdb: BMDB,
@@ -17,7 +18,7 @@ export async function shepherdParts(
   argv: Argv,
 ): Promise<Part[]> {
   const { agent } = settings;
-  const { provider, sshClient, providerLoop } = await wireProvider(bmdb, settings, registry, argv);
+  const { provider, power, sshClient, providerLoop } = await wireProvider(bmdb, settings, registry, argv);
 
   await logProviders(bmdb, provider.type);
   const provisioner = new Provisioner(provider, settings.provisioner);
@@ -34,11 +35,14 @@ export async function shepherdParts(
   const recoverer = new Recoverer(provider, {
     firstHeartbeatWithin: settings.recoverer.firstHeartbeatWithin,
     heartbeatWithin: settings.recoverer.heartbeatWithin,
+    power,
   });
+  const powerSync = settings.powerSync && new PowerSync(power, settings.powerSync);
   return [
     (signal) => provisioner.run(bmdb, { signal }),
     (signal) => initializer.run(bmdb, { ...settings.initializer, signal }),
     (signal) => recoverer.run(bmdb, { ...settings.recoverer, signal }),
+    ...(powerSync ? [(signal: AbortSignal) => powerSync.run(bmdb, { signal })] : []),
     providerLoop,
   ];
 }

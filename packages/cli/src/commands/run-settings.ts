@@ -59,7 +59,16 @@ export interface RunSettings {
     readonly firstHeartbeatWithin: number;
     readonly heartbeatWithin: number;
   };
+  /** The power sync, or `undefined` when `--power-sync-concurrency` is 0. */
+  readonly powerSync: PowerSyncSettings | undefined;
   readonly provider: DummySettings | EquinixSettings | StaticSettings;
+}
+
+export interface PowerSyncSettings {
+  readonly limiter: RateLimiter;
+  readonly concurrency: number;
+  /** Milliseconds. */
+  readonly interval: number;
 }
 
 export interface DummySettings {
@@ -72,12 +81,16 @@ export interface DummySettings {
   readonly agentStartLog: string | undefined;
 }
 
-export interface EquinixSettings {
+/** What reaching the Equinix Metal API takes: `run equinix` and `power --provider Equinix` alike. */
+export interface EquinixApiSettings {
   readonly kind: 'equinix';
   readonly apiUrl: string;
   readonly projectId: string;
   readonly apiUsername: string | undefined;
   readonly apiKey: Secret;
+}
+
+export interface EquinixSettings extends EquinixApiSettings {
   readonly sshKeyLabel: string;
   readonly devicePrefix: string;
   readonly os: string;
@@ -143,6 +156,7 @@ export async function runSettings(argv: Argv, kind: ProviderKind): Promise<RunSe
       firstHeartbeatWithin: duration(argv, 'recoverer-first-heartbeat-timeout'),
       heartbeatWithin: duration(argv, 'recoverer-heartbeat-timeout'),
     },
+    powerSync: powerSyncSettings(argv),
     provider:
       kind === 'dummy'
         ? dummySettings(argv)
@@ -158,6 +172,28 @@ export async function runSettings(argv: Argv, kind: ProviderKind): Promise<RunSe
   }
 }
 
+function powerSyncSettings(argv: Argv): PowerSyncSettings | undefined {
+  const limiter = rate(argv, 'power-sync-rate');
+  const concurrency = integer(argv, 'power-sync-concurrency', 0, 1000);
+  const interval = duration(argv, 'power-sync-interval', { allowZero: true });
+  return concurrency === 0 ? undefined : { limiter, concurrency, interval };
+}
+
+/**
+ * The settings of the provider a power command acts through, from the same
+ * flags as `run <kind>`: what controlling its machines' power takes (the
+ * Equinix API without the SSH key and device flags).
+ */
+export async function powerProviderSettings(
+  argv: Argv,
+  kind: ProviderKind,
+  context: string,
+): Promise<DummySettings | EquinixApiSettings | StaticSettings> {
+  if (kind === 'dummy') return dummySettings(argv);
+  if (kind === 'equinix') return equinixApiSettings(argv, context);
+  return staticSettings(argv, context);
+}
+
 function dummySettings(argv: Argv): DummySettings {
   return {
     kind: 'dummy',
@@ -170,13 +206,19 @@ function dummySettings(argv: Argv): DummySettings {
   };
 }
 
-function equinixSettings(argv: Argv, context: string): EquinixSettings {
+function equinixApiSettings(argv: Argv, context: string): EquinixApiSettings {
   return {
     kind: 'equinix',
     apiUrl: required(argv, 'equinix-api-url', context),
     projectId: noPlaceholder('equinix-project-id', required(argv, 'equinix-project-id', context)),
     apiUsername: optional(argv, 'equinix-api-username'),
     apiKey: new Secret(required(argv, 'equinix-api-key', context)),
+  };
+}
+
+function equinixSettings(argv: Argv, context: string): EquinixSettings {
+  return {
+    ...equinixApiSettings(argv, context),
     sshKeyLabel: noPlaceholder('equinix-ssh-key-label', required(argv, 'equinix-ssh-key-label', context)),
     devicePrefix: noPlaceholder('equinix-device-prefix', required(argv, 'equinix-device-prefix', context)),
     os: required(argv, 'equinix-os', context),

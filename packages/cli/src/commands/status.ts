@@ -13,16 +13,31 @@ interface Backoff {
   readonly cause: string;
 }
 
+/** A machine an operator holds. */
+interface Hold {
+  readonly machineId: string;
+  readonly provider: string | null;
+  readonly providerId: string | null;
+  readonly reason: string;
+  readonly actor: string;
+  readonly since: string;
+  readonly ageSeconds: number;
+}
+
 /** What `shepherd status --json` prints. */
 export interface Status extends FleetStats {
   readonly backoffs: readonly Backoff[];
+  /** Held machines, longest held first (at most 50; `held` counts them all). */
+  readonly holds: readonly Hold[];
 }
 
 const BACKOFFS_SHOWN = 50;
+const HOLDS_SHOWN = 50;
 
 /**
  * `shepherd status`: the fleet at a glance — machines per lifecycle stage,
- * live work per process, machines in backoff with cause and time left.
+ * held machines with reason, actor and age, machines per power state, live
+ * work per process, machines in backoff with cause and time left.
  */
 export async function status(argv: Argv, write: (text: string) => void): Promise<void> {
   const bmdb = await openBMDB(databaseSettings(argv), { migrate: false, readOnly: true, attach: true });
@@ -30,8 +45,18 @@ export async function status(argv: Argv, write: (text: string) => void): Promise
     const q = new Queries(bmdb.db);
     const stats = await q.fleetStats();
     const backoffs = await q.activeBackoffs({ limit: BACKOFFS_SHOWN });
+    const holds = await q.heldMachines({ limit: HOLDS_SHOWN });
     const result: Status = {
       ...stats,
+      holds: holds.map((h) => ({
+        machineId: h.machineId,
+        provider: h.provider,
+        providerId: h.providerId,
+        reason: h.reason,
+        actor: h.actor,
+        since: h.since.toISOString(),
+        ageSeconds: h.ageSeconds,
+      })),
       backoffs: backoffs.map((b) => ({
         machineId: b.machineId,
         provider: b.provider,
@@ -63,6 +88,23 @@ function render(status: Status): string {
     if (key === 'unprovided' && status.stages.unprovided === 0) continue;
     lines.push(`  ${label.padEnd(20)}${String(status.stages[key]).padStart(8)}`);
   }
+  lines.push('', `Held: ${status.held}`);
+  if (status.holds.length > 0) {
+    lines.push(
+      ...table([
+        ['MACHINE', 'PROVIDER ID', 'BY', 'AGE', 'REASON'],
+        ...status.holds.map((h) => [h.machineId, h.providerId ?? '-', h.actor, left(h.ageSeconds), h.reason]),
+      ]),
+    );
+    if (status.held > status.holds.length) lines.push(`  … ${status.held - status.holds.length} more`);
+  }
+  lines.push('', 'Power:');
+  for (const [state, label] of POWER_STATES) {
+    const count = status.powerStates[state];
+    if (count > 0 || state === 'On') lines.push(`  ${label.padEnd(20)}${String(count).padStart(8)}`);
+  }
+  if (status.powerReadFailed > 0)
+    lines.push(`  ${'last read failed'.padEnd(20)}${String(status.powerReadFailed).padStart(8)}`);
   lines.push('', 'Active work:');
   const work = Object.entries(status.activeWork);
   if (work.length === 0) lines.push('  none');
@@ -74,18 +116,32 @@ function render(status: Status): string {
   }
   if (status.backoffs.length > 0) {
     lines.push('');
-    const table = [
-      ['MACHINE', 'PROVIDER ID', 'PROCESS', 'LEFT', 'CAUSE'],
-      ...status.backoffs.map((b) => [b.machineId, b.providerId ?? '-', b.process, left(b.secondsLeft), b.cause]),
-    ];
-    const widths = [0, 1, 2, 3].map((i) => Math.max(...table.map((row) => (row[i] ?? '').length)));
-    for (const row of table) {
-      lines.push(`  ${row.map((cell, i) => (i < 4 ? cell.padEnd(widths[i] ?? 0) : cell)).join('  ')}`);
-    }
+    lines.push(
+      ...table([
+        ['MACHINE', 'PROVIDER ID', 'PROCESS', 'LEFT', 'CAUSE'],
+        ...status.backoffs.map((b) => [b.machineId, b.providerId ?? '-', b.process, left(b.secondsLeft), b.cause]),
+      ]),
+    );
     if (total > status.backoffs.length) lines.push(`  … ${total - status.backoffs.length} more`);
   }
   return `${lines.join('\n')}\n`;
 }
+
+/** Rows as aligned columns, indented; the last column runs free. */
+function table(rows: readonly (readonly string[])[]): string[] {
+  const columns = (rows[0]?.length ?? 1) - 1;
+  const widths = Array.from({ length: columns }, (_, i) => Math.max(...rows.map((row) => (row[i] ?? '').length)));
+  return rows.map((row) => `  ${row.map((cell, i) => (i < columns ? cell.padEnd(widths[i] ?? 0) : cell)).join('  ')}`);
+}
+
+const POWER_STATES: [keyof FleetStats['powerStates'], string][] = [
+  ['On', 'on'],
+  ['Off', 'off'],
+  ['PoweringOn', 'powering on'],
+  ['PoweringOff', 'powering off'],
+  ['Unknown', 'unknown'],
+  ['Unread', 'not read yet'],
+];
 
 function left(seconds: number): string {
   if (seconds < 60) return `${seconds}s`;

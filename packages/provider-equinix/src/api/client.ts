@@ -62,6 +62,9 @@ export interface EquinixClientSettings {
   readonly pageSize: number;
 }
 
+/** The device actions the shepherd takes. */
+export type DeviceAction = 'reboot' | 'power_on' | 'power_off';
+
 /** Device list filters; the API applies them, and the client checks them again. */
 export interface DeviceFilter {
   /** Only devices carrying this tag. */
@@ -219,8 +222,17 @@ export class EquinixClient {
 
   /** Asks the API to reboot a device. A repeated reboot is harmless, so this is retried like a GET. */
   async rebootDevice(deviceId: string, signal?: AbortSignal): Promise<void> {
+    await this.deviceAction(deviceId, 'reboot', signal);
+  }
+
+  /**
+   * Asks the API for a device action (`POST /devices/{id}/actions`):
+   * `reboot`, `power_on` or `power_off`. Each is harmless repeated, so it is
+   * retried like a GET.
+   */
+  async deviceAction(deviceId: string, type: DeviceAction, signal?: AbortSignal): Promise<void> {
     await this.#request('POST', ROUTES.deviceActions, `/devices/${seg(deviceId)}/actions`, {
-      body: { type: 'reboot' },
+      body: { type },
       repeatable: true,
       parse: () => undefined,
       signal,

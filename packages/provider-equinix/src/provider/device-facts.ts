@@ -1,4 +1,4 @@
-import { ProviderStatus } from '@bmaas/bmdb-controlloop';
+import { PowerState, ProviderStatus } from '@bmaas/bmdb-controlloop';
 import { type EquinixDevice, refId } from '../api/types.js';
 
 /** The provider name the BMDB knows Equinix machines by (`machine_provided.provider`). */
@@ -37,6 +37,26 @@ export function providerStatusForState(state: string): ProviderStatus {
       return ProviderStatus.Provisioning;
     default:
       return ProviderStatus.Unknown;
+  }
+}
+
+/**
+ * The power state an Equinix device state says: `active` is On, `inactive`
+ * Off, `powering_on`/`powering_off` on their way; a device being
+ * provisioned, reinstalled, failed or deleted has none to tell (Unknown).
+ */
+export function powerStateForState(state: string): PowerState {
+  switch (state) {
+    case 'active':
+      return PowerState.On;
+    case 'inactive':
+      return PowerState.Off;
+    case 'powering_on':
+      return PowerState.PoweringOn;
+    case 'powering_off':
+      return PowerState.PoweringOff;
+    default:
+      return PowerState.Unknown;
   }
 }
 

@@ -326,7 +326,7 @@ export class EquinixProvider implements RebootingProvider {
 }
 
 /** A 404 for a device as the shepherd's MachineNotFoundError; anything else unchanged. */
-function notFound(error: unknown, deviceId: string): unknown {
+export function notFound(error: unknown, deviceId: string): unknown {
   return error instanceof EquinixApiError && error.status === 404
     ? new MachineNotFoundError(EQUINIX_PROVIDER, deviceId)
     : error;

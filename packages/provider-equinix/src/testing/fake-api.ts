@@ -175,6 +175,14 @@ export class FakeEquinixApi {
     return this.#store.reboots(id);
   }
 
+  /**
+   * Device actions the API accepted for a device, oldest first. `power_off`
+   * makes the device `inactive`, `power_on` makes an inactive one `active`.
+   */
+  actions(id: string): readonly string[] {
+    return this.#store.actions(id);
+  }
+
   /** Makes the next `fault.times` (default 1) calls of `route` fail as described. Faults queue up per route. */
   fail(route: FakeRoute, fault: FakeFault): void {
     this.#faults.add(route, fault);

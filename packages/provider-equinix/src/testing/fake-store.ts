@@ -45,6 +45,8 @@ interface StoredDevice {
   /** Reads left before a provisioning device turns active. */
   readsLeft: number;
   reboots: number;
+  /** Every device action accepted (`reboot`, `power_on`, `power_off`, …), oldest first. */
+  actions: string[];
 }
 
 interface StoredReservation {
@@ -108,6 +110,7 @@ export class FakeStore {
       privateIpv4: addressed ? `10.${(n >> 16) & 255}.${(n >> 8) & 255}.${n & 255}` : undefined,
       readsLeft: state === 'provisioning' ? this.defaults.provisioningReads : 0,
       reboots: 0,
+      actions: [],
     };
     this.devices.set(device.id, device);
     if (reservation) {
@@ -193,6 +196,10 @@ export class FakeStore {
 
   reboots(id: string): number {
     return this.#device(id).reboots;
+  }
+
+  actions(id: string): readonly string[] {
+    return [...this.#device(id).actions];
   }
 
   #device(id: string): StoredDevice {

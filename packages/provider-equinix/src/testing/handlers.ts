@@ -41,7 +41,11 @@ export function answerRequest(project: FakeProject, route: FakeRoute, id: string
       if (!['reboot', 'power_on', 'power_off', 'reinstall'].includes(String(type))) {
         return unprocessable(`unknown action type ${JSON.stringify(type)}`);
       }
+      device.actions.push(String(type));
       if (type === 'reboot') device.reboots++;
+      // Powering takes no time here: the next read sees the device off (inactive) or on (active).
+      if (type === 'power_off') device.state = 'inactive';
+      if (type === 'power_on' && device.state === 'inactive') device.state = 'active';
       return { status: 202 };
     }
     case 'GET /projects/{id}/ssh-keys':

@@ -2,7 +2,7 @@ import { Semaphore } from '@bmaas/shepherd-manager';
 import { RedfishResetUnsupportedError } from '../errors.js';
 import { log } from '../internal/log.js';
 import { clientSettings, type RedfishClientOptions, type RedfishClientSettings } from './client-settings.js';
-import { chooseResetType, type ResetType } from './reset-types.js';
+import { chooseAllowed, chooseResetType, type ResetType } from './reset-types.js';
 import { type RedfishSystem, readSystem } from './system.js';
 import type { RedfishTarget } from './target.js';
 import { RedfishTransport } from './transport.js';
@@ -17,8 +17,9 @@ export interface RedfishReset {
 }
 
 /**
- * A small Redfish client: just what power-cycling a machine through its BMC
- * takes. HTTP basic authentication; TLS verified against the system trust
+ * A small Redfish client: just what power control of a machine through its
+ * BMC takes (its power state, power on, off, and the reset that power-cycles
+ * it). HTTP basic authentication; TLS verified against the system trust
  * store or the given CA; timeouts on every request; retries with jitter for
  * network errors, timeouts and 5xx (never 4xx); a bound on resets in flight
  * across the fleet.
@@ -57,6 +58,32 @@ export class RedfishClient {
     options: { resetType?: ResetType | undefined } = {},
     signal?: AbortSignal,
   ): Promise<RedfishReset> {
+    return this.#reset(target, (allowable) => chooseResetType(target, allowable, options.resetType), signal);
+  }
+
+  /**
+   * Posts the first of `resetTypes` the system allows (the first of them
+   * when it lists none): `['On', 'ForceOn']` to power it on, `['ForceOff']`
+   * or `['GracefulShutdown']` to power it off.
+   *
+   * @param purpose - what the reset is for, for the error when none is allowed (`power on`)
+   * @throws {@link RedfishResetUnsupportedError} without a reset action or an allowed type of `resetTypes`
+   * @throws {@link RedfishHttpError} when the BMC refuses (a 409 for a system in the wrong state, say)
+   */
+  async powerSystem(
+    target: RedfishTarget,
+    resetTypes: readonly ResetType[],
+    purpose: string,
+    signal?: AbortSignal,
+  ): Promise<RedfishReset> {
+    return this.#reset(target, (allowable) => chooseAllowed(target, allowable, resetTypes, purpose), signal);
+  }
+
+  async #reset(
+    target: RedfishTarget,
+    choose: (allowable: readonly string[] | undefined) => ResetType,
+    signal: AbortSignal | undefined,
+  ): Promise<RedfishReset> {
     const release = await this.#slots.acquire(signal);
     try {
       const system = await readSystem(this.#transport, target, signal);
@@ -67,7 +94,7 @@ export class RedfishClient {
           'the ComputerSystem has no #ComputerSystem.Reset action with a target',
         );
       }
-      const resetType = chooseResetType(target, system.allowableResetTypes, options.resetType);
+      const resetType = choose(system.allowableResetTypes);
       const status = await this.#transport.send(target, 'POST', system.resetTarget, { ResetType: resetType }, signal);
       log.redfish(
         'machine %s: %s accepted by %s (HTTP %d)',

@@ -54,3 +54,33 @@ export function chooseResetType(
   }
   return chosen;
 }
+
+/** Reset types that power a system on, best first. */
+export const POWER_ON_TYPES: readonly ResetType[] = ['On', 'ForceOn'];
+/** The reset type that cuts a system's power. */
+export const POWER_OFF_TYPES: readonly ResetType[] = ['ForceOff'];
+/** The reset type that asks a system's OS to shut down. */
+export const SHUTDOWN_TYPES: readonly ResetType[] = ['GracefulShutdown'];
+
+/**
+ * The first of `wanted` the system allows; the first of them when it lists
+ * none (the BMC then decides).
+ *
+ * @throws {@link RedfishResetUnsupportedError} when it allows none of them, naming what was wanted and what it allows
+ */
+export function chooseAllowed(
+  target: Pick<RedfishTarget, 'machine' | 'url'>,
+  allowable: readonly string[] | undefined,
+  wanted: readonly ResetType[],
+  purpose: string,
+): ResetType {
+  const chosen = allowable === undefined ? wanted[0] : wanted.find((type) => allowable.includes(type));
+  if (chosen === undefined) {
+    throw new RedfishResetUnsupportedError(
+      target.machine,
+      target.url,
+      `no allowable reset type to ${purpose} with (want ${wanted.join(' or ')}; allowed: ${allowable?.join(', ') || 'none'})`,
+    );
+  }
+  return chosen;
+}

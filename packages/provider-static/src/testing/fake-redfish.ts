@@ -4,12 +4,13 @@ import { createServer as createHttpsServer } from 'node:https';
 import type { AddressInfo, Socket } from 'node:net';
 import { describeError } from '@bmaas/bmdb-controlloop';
 import { log } from '../internal/log.js';
+import { type FakePowerBackend, FakePowerRefusal, type FakePowerState, SimulatedPower } from './fake-power.js';
 
 /** A ComputerSystem of the fake BMC. */
 export interface FakeSystemOptions {
   /**
    * `ResetType@Redfish.AllowableValues` of its reset action. Default
-   * `['On', 'ForceOff', 'GracefulRestart', 'ForceRestart', 'PowerCycle']`;
+   * `['On', 'ForceOff', 'GracefulShutdown', 'GracefulRestart', 'ForceRestart', 'PowerCycle']`;
    * `null` to leave the list out.
    */
   readonly allowableResetTypes?: readonly string[] | null;
@@ -17,6 +18,14 @@ export interface FakeSystemOptions {
   readonly actionInfo?: boolean;
   /** `false`: the system has no `#ComputerSystem.Reset` action. Default true. */
   readonly resetAction?: boolean;
+  /** The simulated power at start. Default `On`. */
+  readonly powerState?: 'On' | 'Off';
+  /** How long a simulated power change takes, in ms (`PoweringOn`/`PoweringOff` meanwhile). Default 0. */
+  readonly powerTransition?: number;
+  /** Leave `PowerState` out of the ComputerSystem, as some BMCs do. */
+  readonly omitPowerState?: boolean;
+  /** Drive this backend instead of simulated power (a VM, say); `powerState` and `powerTransition` then do nothing. */
+  readonly power?: FakePowerBackend;
 }
 
 /** A failure to inject into the next requests for a system. Without `status` or `drop` the request is only delayed. */
@@ -66,21 +75,29 @@ export interface FakeRedfishServerOptions {
 interface SystemState {
   readonly id: string;
   options: FakeSystemOptions;
-  powerState: 'On' | 'Off';
+  power: FakePowerBackend;
 }
 
 interface PendingFault extends FakeRedfishFault {
   remaining: number;
 }
 
-const DEFAULT_ALLOWABLE = ['On', 'ForceOff', 'GracefulRestart', 'ForceRestart', 'PowerCycle'];
+const DEFAULT_ALLOWABLE = ['On', 'ForceOff', 'GracefulShutdown', 'GracefulRestart', 'ForceRestart', 'PowerCycle'];
 
 /**
- * A fake BMC speaking just enough Redfish for power-cycling, over real
+ * A fake BMC speaking just enough Redfish for power control, over real
  * HTTP or HTTPS on 127.0.0.1: several ComputerSystems under
- * `/redfish/v1/Systems/<id>`, HTTP basic authentication, faults to inject
- * (401, 5xx, slow answers, dropped connections, a missing reset action,
- * odd allowable values) and a record of the resets it accepted.
+ * `/redfish/v1/Systems/<id>` (a Dell-style `System.Embedded.1` among them,
+ * if you like) and their collection, HTTP basic authentication, each
+ * system's power (simulated, with transitions that take time, or another
+ * {@link FakePowerBackend}; `PowerState` left out if asked), faults to
+ * inject (401, 5xx, slow answers, dropped connections, a missing reset
+ * action, odd allowable values) and a record of the resets it accepted.
+ *
+ * Reset types drive the power: `On`/`ForceOn` on, `ForceOff` off,
+ * `GracefulShutdown` a graceful off, `ForceRestart`/`GracefulRestart`/
+ * `PowerCycle` a restart (answered 409 for a system that is off, as many
+ * BMCs do), `PushPowerButton` toggles; others are accepted and do nothing.
  *
  * @example
  * ```ts
@@ -145,15 +162,25 @@ export class FakeRedfishServer {
 
   /** Adds (or replaces) a ComputerSystem; returns its URL. */
   addSystem(id: string, options: FakeSystemOptions = {}): string {
-    this.#systems.set(id, { id, options, powerState: 'On' });
+    const power = options.power ?? new SimulatedPower(options.powerState ?? 'On', options.powerTransition ?? 0);
+    this.#systems.set(id, { id, options, power });
     return this.systemUrl(id);
   }
 
-  /** Changes a system's reset action or allowable values. */
+  /** Changes a system's reset action, allowable values or `PowerState` reporting; its power stays as it is. */
   configureSystem(id: string, options: FakeSystemOptions): void {
+    this.#system(id).options = options;
+  }
+
+  /** A system's power state now, whether or not the BMC reports it. */
+  powerState(id: string): Promise<FakePowerState> {
+    return this.#system(id).power.state();
+  }
+
+  #system(id: string): SystemState {
     const system = this.#systems.get(id);
     if (!system) throw new Error(`fake Redfish: no system ${id}`);
-    system.options = options;
+    return system;
   }
 
   /** The ComputerSystem URL of system `id`. */
@@ -205,7 +232,7 @@ export class FakeRedfishServer {
 
   private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const method = req.method ?? 'GET';
-    const path = new URL(req.url ?? '/', 'http://fake').pathname;
+    const path = new URL(req.url ?? '/', 'http://fake').pathname.replace(/(.)\/$/, '$1');
     const match = /^\/redfish\/v1\/Systems\/([^/]+)(\/.*)?$/.exec(path);
     const systemId = match?.[1] === undefined ? undefined : decodeURIComponent(match[1]);
     const credentials = basicAuth(req.headers.authorization);
@@ -233,11 +260,21 @@ export class FakeRedfishServer {
       res.setHeader('www-authenticate', 'Basic realm="fake-redfish"');
       return answer(401, redfishError('authentication required'));
     }
+    if (method === 'GET' && path === '/redfish/v1/Systems') {
+      return answer(200, {
+        '@odata.id': '/redfish/v1/Systems',
+        '@odata.type': '#ComputerSystemCollection.ComputerSystemCollection',
+        Members: [...this.#systems.keys()].map((id) => ({
+          '@odata.id': `/redfish/v1/Systems/${encodeURIComponent(id)}`,
+        })),
+        'Members@odata.count': this.#systems.size,
+      });
+    }
     const system = systemId === undefined ? undefined : this.#systems.get(systemId);
     if (!system) return answer(404, redfishError(`no resource ${path}`));
     const rest = match?.[2] ?? '';
     const base = `/redfish/v1/Systems/${encodeURIComponent(system.id)}`;
-    if (method === 'GET' && (rest === '' || rest === '/')) return answer(200, this.#resource(system, base));
+    if (method === 'GET' && rest === '') return answer(200, await this.#resource(system, base));
     if (method === 'GET' && rest === '/ResetActionInfo' && system.options.actionInfo) {
       return answer(200, {
         '@odata.id': `${base}/ResetActionInfo`,
@@ -250,6 +287,13 @@ export class FakeRedfishServer {
       if (typeof resetType !== 'string' || (allowed !== undefined && !allowed.includes(resetType))) {
         return answer(400, redfishError(`ResetType ${JSON.stringify(resetType)} is not allowed`));
       }
+      try {
+        await drive(system.power, resetType);
+      } catch (error) {
+        if (!(error instanceof FakePowerRefusal)) throw error;
+        log.fake('system %s: %s refused: %s', system.id, resetType, error.message);
+        return answer(409, redfishError(`${resetType} refused: ${error.message}`));
+      }
       this.#resets.push({ system: system.id, resetType, at: new Date() });
       log.fake('system %s: %s', system.id, resetType);
       return answer(204);
@@ -257,7 +301,7 @@ export class FakeRedfishServer {
     return answer(405, redfishError(`${method} ${path} is not supported`));
   }
 
-  #resource(system: SystemState, base: string): unknown {
+  async #resource(system: SystemState, base: string): Promise<unknown> {
     const action: Record<string, unknown> = { target: `${base}/Actions/ComputerSystem.Reset` };
     const values = allowable(system);
     if (system.options.actionInfo) action['@Redfish.ActionInfo'] = `${base}/ResetActionInfo`;
@@ -267,7 +311,7 @@ export class FakeRedfishServer {
       '@odata.type': '#ComputerSystem.v1_20_0.ComputerSystem',
       Id: system.id,
       Name: `fake system ${system.id}`,
-      PowerState: system.powerState,
+      ...(system.options.omitPowerState ? {} : { PowerState: await system.power.state() }),
       Actions: system.options.resetAction === false ? {} : { '#ComputerSystem.Reset': action },
     };
   }
@@ -282,6 +326,29 @@ export class FakeRedfishServer {
       return fault;
     }
     return undefined;
+  }
+}
+
+/** What a reset type does to a system's power. */
+async function drive(power: FakePowerBackend, resetType: string): Promise<void> {
+  switch (resetType) {
+    case 'On':
+    case 'ForceOn':
+      return power.on();
+    case 'ForceOff':
+      return power.off(false);
+    case 'GracefulShutdown':
+      return power.off(true);
+    case 'ForceRestart':
+    case 'GracefulRestart':
+    case 'PowerCycle':
+      return power.restart();
+    case 'PushPowerButton': {
+      const state = await power.state();
+      return state === 'On' || state === 'PoweringOn' ? power.off(true) : power.on();
+    }
+    default:
+      return;
   }
 }
 

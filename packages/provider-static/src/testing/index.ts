@@ -7,6 +7,7 @@
  */
 
 export { selfSignedCertificate, type TestCertificate } from './certificate.js';
+export { type FakePowerBackend, FakePowerRefusal, type FakePowerState, SimulatedPower } from './fake-power.js';
 export {
   type FakeRedfishFault,
   type FakeRedfishRequest,

@@ -1,5 +1,6 @@
+import type { PowerState } from '@bmaas/bmdb-controlloop';
 import { type Html, href, html } from '../html.js';
-import { absoluteTime } from '../time.js';
+import { absoluteTime, relativeTime } from '../time.js';
 
 /** What every page's frame needs besides its content. */
 export interface Frame {
@@ -76,4 +77,21 @@ export function stageBadge(stage: keyof typeof STAGE_LABELS): Html {
 /** A message page's content (not found, bad request, database trouble). */
 export function notice(title: string, message: string, kind: 'info' | 'error' = 'info'): Html {
   return html`<h1>${title}</h1><p class="notice${kind === 'error' ? ' error' : ''}">${message}</p>`;
+}
+
+/** Human names of the power states, and of a machine never read, as the `power` filter offers them. */
+export const POWER_LABELS: Readonly<Record<PowerState | 'Unread', string>> = {
+  On: 'on',
+  Off: 'off',
+  PoweringOn: 'powering on',
+  PoweringOff: 'powering off',
+  Unknown: 'unknown',
+  Unread: 'not read yet',
+};
+
+/** A machine's power state, with when it was read on hover. */
+export function powerBadge(state: PowerState | null, readAt: Date | null, now: Date): Html {
+  const label = POWER_LABELS[state ?? 'Unread'];
+  const read = readAt === null ? 'never read' : `read ${relativeTime(readAt, now)}, ${absoluteTime(readAt)}`;
+  return html`<span class="power power-${state ?? 'Unread'}" title="${read}">${label}</span>`;
 }

@@ -1,9 +1,20 @@
 import type { MachineView } from '../data.js';
 import { type Html, href, html } from '../html.js';
 import { relativeTime, timeTag } from '../time.js';
-import { stageBadge } from './layout.js';
+import { powerBadge, stageBadge } from './layout.js';
 
-/** `/machines/<id>`: tags, live work, backoffs, the work history as a timeline. */
+/** A JSON detail of an operator action, as `key value` pairs. */
+function detailText(detail: Readonly<Record<string, unknown>> | null): string {
+  if (detail === null) return '';
+  return Object.entries(detail)
+    .map(([key, value]) => `${key} ${typeof value === 'string' ? value : JSON.stringify(value)}`)
+    .join(', ');
+}
+
+/**
+ * `/machines/<id>`: tags with its hold and power state, live work, backoffs,
+ * what operators did to it, and the work history as a timeline.
+ */
 export function machinePage(m: MachineView): Html {
   const p = m.provided;
   const none = html`<span class="none">–</span>`;
@@ -22,6 +33,23 @@ ${
 }
 <dt>agent started</dt><dd>${m.agentStartedAt ? timeTag(m.agentStartedAt, m.now) : html`${none} not started`}</dd>
 <dt>agent key</dt><dd class="id">${m.agentKeyFingerprint ?? none}</dd>
+<dt>hold</dt><dd>${
+    m.hold
+      ? html`<span class="held">held</span> by ${m.hold.actor} ${timeTag(m.hold.since, m.now)} (for ${relativeTime(
+          m.hold.since,
+          m.now,
+        ).replace(' ago', '')})<div class="cause">${m.hold.reason}</div>`
+      : html`${none} not held`
+  }</dd>
+<dt>power</dt><dd>${
+    m.power
+      ? html`${powerBadge(m.power.state, m.power.readAt, m.now)} ${m.power.readAt ? html`read ${timeTag(m.power.readAt, m.now)}` : ''}${
+          m.power.failedAt
+            ? html`<div class="cause">last read failed ${timeTag(m.power.failedAt, m.now)}: ${m.power.failedCause ?? ''}</div>`
+            : ''
+        }`
+      : none
+  }</dd>
 <dt>last heartbeat</dt><dd>${
     m.lastHeartbeatAt
       ? html`${timeTag(m.lastHeartbeatAt, m.now)} (age ${relativeTime(m.lastHeartbeatAt, m.now).replace(' ago', '')})`
@@ -62,11 +90,25 @@ ${
             : ''
         }`;
 
+  const operatorActions =
+    m.operatorHistory.length === 0
+      ? html`<p class="muted">No operator has acted on it.</p>`
+      : html`<ol class="timeline operator">${m.operatorHistory.map(
+          (a) =>
+            html`<li class="ev-${a.outcome}"><span class="event">${a.action}</span> <span class="event ev-${a.outcome}">${a.outcome}</span> by ${a.actor} · ${timeTag(a.timestamp, m.now)}${
+              a.reason === null ? '' : html`<div class="reason">${a.reason}</div>`
+            }${a.cause === null ? '' : html`<div class="cause">${a.cause}</div>`}${
+              a.detail === null ? '' : html`<div class="muted">${detailText(a.detail)}</div>`
+            }</li>`,
+        )}</ol>`;
+
   return html`<h1><span class="id">${m.machineId}</span></h1>
 <div class="grid">
 <section><h2>Tags</h2>${tags}</section>
 <section><h2>Live work</h2>${work}<h2>Backoffs</h2>${backoffs}</section>
 </div>
+<h2>Operator actions <span class="muted">(holds, power; newest first)</span></h2>
+${operatorActions}
 <h2>Work history <span class="muted">(newest first)</span></h2>
 ${timeline}`;
 }

@@ -1,8 +1,8 @@
 import { MACHINE_STAGES, type MachineFilter } from '@bmaas/bmdb-controlloop';
 import type { MachineList } from '../data.js';
 import { type Html, href, html } from '../html.js';
-import { timeTag } from '../time.js';
-import { STAGE_LABELS, stageBadge } from './layout.js';
+import { relativeTime, timeTag } from '../time.js';
+import { POWER_LABELS, powerBadge, STAGE_LABELS, stageBadge } from './layout.js';
 
 /** The query parameters of `/machines` for a filter (and a page start). */
 export function filterQuery(filter: MachineFilter, after?: string): Record<string, string | undefined> {
@@ -11,6 +11,8 @@ export function filterQuery(filter: MachineFilter, after?: string): Record<strin
     provider: filter.provider,
     work: filter.liveWork,
     backoff: filter.inBackoff === true ? 'any' : filter.inBackoff,
+    held: filter.held === undefined ? undefined : filter.held ? 'yes' : 'no',
+    power: filter.powerState,
     q: filter.search,
     after,
   };
@@ -36,6 +38,14 @@ export function machinesPage(list: MachineList): Html {
     'yes, any process',
     f.inBackoff === true,
   )}${list.processes.map((p) => option(p, p, f.inBackoff === p))}</select></label>
+<label>held<select name="held">${option('', 'any', f.held === undefined)}${option('yes', 'held', f.held === true)}${option(
+    'no',
+    'not held',
+    f.held === false,
+  )}</select></label>
+<label>power<select name="power">${option('', 'any', f.powerState === undefined)}${Object.entries(POWER_LABELS).map(
+    ([state, label]) => option(state, label, f.powerState === state),
+  )}</select></label>
 <label>machine or provider ID<input type="search" name="q" value="${f.search ?? ''}" placeholder="ID or its start"></label>
 <button type="submit">Filter</button>
 ${Object.values(filterQuery(f)).some((v) => v !== undefined) ? html`<a href="/machines">clear</a>` : ''}
@@ -48,6 +58,15 @@ ${Object.values(filterQuery(f)).some((v) => v !== undefined) ? html`<a href="/ma
 <td class="hide-narrow">${m.provided?.providerStatus ?? ''}</td>
 <td class="hide-narrow">${m.provided?.providerLocation ?? ''}</td>
 <td>${stageBadge(m.stage)}</td>
+<td>${m.provided ? powerBadge(m.powerState, m.powerStateReadAt, list.now) : ''}</td>
+<td>${
+      m.hold
+        ? html`<span class="held" title="held by ${m.hold.actor} since ${m.hold.since.toISOString()}">held</span> ${relativeTime(
+            m.hold.since,
+            list.now,
+          ).replace(' ago', '')} · ${m.hold.actor}<div class="cause">${m.hold.reason}</div>`
+        : ''
+    }</td>
 <td>${timeTag(m.lastHeartbeatAt, list.now)}</td>
 <td>${m.liveWork.join(', ')}</td>
 <td>${m.backoffs.length === 0 ? '' : html`${m.backoffs.join(', ')}<div class="cause">${m.backoffCause ?? ''}</div>`}</td>
@@ -56,7 +75,7 @@ ${Object.values(filterQuery(f)).some((v) => v !== undefined) ? html`<a href="/ma
   const table =
     rows.length === 0
       ? html`<p class="notice">No machine matches.</p>`
-      : html`<div class="scroll"><table><thead><tr><th>machine</th><th>provider</th><th class="hide-narrow">status</th><th class="hide-narrow">location</th><th>stage</th><th>heartbeat</th><th>live work</th><th>backoff</th></tr></thead><tbody>${rows}</tbody></table></div>`;
+      : html`<div class="scroll"><table><thead><tr><th>machine</th><th>provider</th><th class="hide-narrow">status</th><th class="hide-narrow">location</th><th>stage</th><th>power</th><th>hold</th><th>heartbeat</th><th>live work</th><th>backoff</th></tr></thead><tbody>${rows}</tbody></table></div>`;
   const pager = html`<div class="pager">
 ${f.after === undefined ? '' : html`<a href="${href('/machines', filterQuery(f))}">« first page</a>`}
 ${list.next === undefined ? '' : html`<a rel="next" href="${href('/machines', filterQuery(f, list.next))}">next page »</a>`}

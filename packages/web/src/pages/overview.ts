@@ -2,7 +2,7 @@ import { MACHINE_STAGES } from '@bmaas/bmdb-controlloop';
 import type { Overview } from '../data.js';
 import { type Html, href, html } from '../html.js';
 import { relativeTime, timeTag } from '../time.js';
-import { STAGE_LABELS } from './layout.js';
+import { POWER_LABELS, STAGE_LABELS } from './layout.js';
 
 /** `/`: stages as a bar chart, live sessions, work in flight, backoffs by cause, recent failures. */
 export function overviewPage(o: Overview): Html {
@@ -17,6 +17,14 @@ export function overviewPage(o: Overview): Html {
 </tr>`;
   });
 
+  const power = (Object.keys(POWER_LABELS) as (keyof typeof POWER_LABELS)[])
+    .filter((state) => o.powerStates[state] > 0 || state === 'On')
+    .map(
+      (state) =>
+        html`<tr><td><a href="${href('/machines', { power: state })}">${POWER_LABELS[state]}</a></td><td class="num">${o.powerStates[
+          state
+        ].toLocaleString('en-US')}</td></tr>`,
+    );
   const work = Object.entries(o.liveWork);
   const sessions = o.sessions.map(
     (s) => html`<tr>
@@ -55,6 +63,19 @@ export function overviewPage(o: Overview): Html {
 <section>
 <h2>Machines per stage</h2>
 <table class="chart">${chart}</table>
+<h2>Held</h2>
+<p>${
+    o.held === 0
+      ? html`<span class="muted">No machine is held.</span>`
+      : html`<a href="${href('/machines', { held: 'yes' })}">${o.held.toLocaleString('en-US')} machine${o.held === 1 ? '' : 's'} held</a> by operators: no loop touches ${o.held === 1 ? 'it' : 'them'}`
+  }</p>
+<h2>Power</h2>
+<table class="power-states"><thead><tr><th>state</th><th class="num">machines</th></tr></thead><tbody>${power}</tbody></table>
+${
+  o.powerReadFailed === 0
+    ? ''
+    : html`<p class="muted">${o.powerReadFailed.toLocaleString('en-US')} machine${o.powerReadFailed === 1 ? '' : 's'}: last power state read failed</p>`
+}
 </section>
 <section>
 <h2>Work in flight</h2>

@@ -1,0 +1,476 @@
+import { sql } from 'kysely';
+import pg from 'pg';
+import { beforeAll, describe, expect, test } from 'vitest';
+import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import {
+  type BMDB,
+  BMDBError,
+  isHeld,
+  NothingToDoError,
+  Process,
+  Queries,
+  readyFor,
+  type Session,
+  selectionFor,
+} from '../src/index.js';
+import { provideMachines } from './helpers.js';
+
+let db: TestDatabase;
+let bmdb: BMDB;
+let session: Session;
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  bmdb = await openTestBMDB(db);
+  session = await bmdb.startSession();
+});
+
+const q = () => new Queries(bmdb.db);
+const operator = { actor: 'alice@ops1' };
+
+describe('holds', () => {
+  test('a hold is a fact of the machine and an event of its history, as is the unhold', async () => {
+    const [machineId] = (await provideMachines(session, 1, 'Held')) as [string];
+    const { hold, placed } = await session.transact((q) =>
+      q.holdMachine(machineId, { reason: 'disk swap', ...operator }),
+    );
+    expect(placed).toBe(true);
+    expect(hold).toMatchObject({ machineId, reason: 'disk swap', actor: 'alice@ops1' });
+    expect(await q().machineHold(machineId)).toEqual(hold);
+
+    // Held again: the first hold stays as it was, and nothing is recorded.
+    const again = await session.transact((q) => q.holdMachine(machineId, { reason: 'other', actor: 'bob@ops2' }));
+    expect(again).toEqual({ hold, placed: false });
+
+    const released = await session.transact((q) => q.unholdMachine(machineId, { actor: 'bob@ops2' }));
+    expect(released).toEqual(hold);
+    expect(await q().machineHold(machineId)).toBeUndefined();
+    expect(await session.transact((q) => q.unholdMachine(machineId, { actor: 'bob@ops2' }))).toBeUndefined();
+
+    const history = await q().operatorHistory(machineId);
+    expect(history.map((h) => [h.action, h.outcome, h.reason, h.actor])).toEqual([
+      ['Hold', 'Succeeded', 'disk swap', 'alice@ops1'],
+      ['Unhold', 'Succeeded', null, 'bob@ops2'],
+    ]);
+    expect(history[1]?.detail).toEqual({
+      heldBy: 'alice@ops1',
+      heldSince: hold.since.toISOString(),
+      heldFor: 'disk swap',
+    });
+  });
+
+  test('a hold needs a reason and an actor; nothing is written without them', async () => {
+    const [machineId] = (await provideMachines(session, 1, 'HeldBadly')) as [string];
+    await expect(session.transact((q) => q.holdMachine(machineId, { reason: ' ', ...operator }))).rejects.toThrow(
+      new BMDBError(`hold of machine ${machineId}: a reason is needed (what is being done to the machine)`),
+    );
+    await expect(session.transact((q) => q.holdMachine(machineId, { reason: 'x', actor: '' }))).rejects.toThrow(
+      /the actor must be named/,
+    );
+    expect(await q().machineHold(machineId)).toBeUndefined();
+    expect(await q().operatorHistory(machineId)).toEqual([]);
+  });
+
+  test('held machines are listed longest held first, with provider ID and age', async () => {
+    const [first, second] = (await provideMachines(session, 2, 'HeldList')) as [string, string];
+    await session.transact((q) => q.holdMachine(second, { reason: 'later', ...operator }));
+    await session.transact((q) => q.holdMachine(first, { reason: 'earlier', ...operator }));
+    await db.admin(`UPDATE machine_hold SET held_at = now() - interval '2 hours' WHERE machine_id = $1`, [first]);
+    const held = (await q().heldMachines()).filter((h) => h.provider === 'HeldList');
+    expect(held.map((h) => [h.machineId, h.reason])).toEqual([
+      [first, 'earlier'],
+      [second, 'later'],
+    ]);
+    expect(held[0]?.ageSeconds).toBeGreaterThanOrEqual(7200);
+    expect(held[0]?.providerId).toMatch(/^heldlist-/);
+  });
+
+  test('the shepherd’s selections leave held machines out; unholding puts them back', async () => {
+    const [start, recover] = (await provideMachines(session, 2, 'HeldLoops')) as [string, string];
+    await db.admin(
+      `INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)
+       VALUES ($1, now() - interval '2 hours', '\\x00')`,
+      [recover],
+    );
+    const starts = () => q().machinesForAgentStart({ provider: 'HeldLoops', limit: 10 });
+    const recoveries = () => q().machinesForAgentRecovery({ provider: 'HeldLoops', limit: 10 });
+    expect((await starts()).map((m) => m.machineId)).toEqual([start]);
+    expect((await recoveries()).map((m) => m.machineId)).toEqual([recover]);
+
+    for (const machineId of [start, recover]) {
+      await session.transact((q) => q.holdMachine(machineId, { reason: 'rack work', ...operator }));
+    }
+    expect(await starts()).toEqual([]);
+    expect(await recoveries()).toEqual([]);
+    await expect(
+      session.work(Process.ShepherdAgentStart, q().agentStartSelection({ provider: 'HeldLoops' })),
+    ).rejects.toBeInstanceOf(NothingToDoError);
+    await expect(
+      session.work(Process.ShepherdRecovery, q().agentRecoverySelection({ provider: 'HeldLoops' })),
+    ).rejects.toBeInstanceOf(NothingToDoError);
+
+    for (const machineId of [start, recover]) {
+      await session.transact((q) => q.unholdMachine(machineId, operator));
+    }
+    const work = await session.work(Process.ShepherdRecovery, q().agentRecoverySelection({ provider: 'HeldLoops' }));
+    expect(work.machineId).toBe(recover);
+    await work.cancel();
+  });
+
+  test('selectionFor leaves held machines out unless the selection opts in; readyFor and isHeld say the same', async () => {
+    const [free, held] = (await provideMachines(session, 2, 'HeldOwn')) as [string, string];
+    await session.transact((q) => q.holdMachine(held, { reason: 'firmware update', ...operator }));
+    const source = {
+      query: bmdb.db.selectFrom('machine_provided').select('machine_id').where('provider', '=', 'HeldOwn'),
+      toCandidate: (row: { machine_id: string }) => row.machine_id,
+    };
+    const candidates = async (process: string, includeHeld?: boolean) => {
+      const selection = selectionFor(process, { ...source, ...(includeHeld === undefined ? {} : { includeHeld }) });
+      const { rows } = await sql<{ machine_id: string }>`${selection.query}`.execute(bmdb.db);
+      return rows.map((row) => row.machine_id).sort();
+    };
+    expect(await candidates('OwnLoop')).toEqual([free]);
+    expect(await candidates('OwnLoop', false)).toEqual([free]);
+    expect(await candidates('OwnLoop', true)).toEqual([free, held].sort());
+
+    const hand = async (condition: ReturnType<typeof readyFor>) =>
+      (
+        await bmdb.db
+          .selectFrom('machine_provided as mp')
+          .select('mp.machine_id')
+          .where('mp.provider', '=', 'HeldOwn')
+          .where(condition)
+          .execute()
+      )
+        .map((row) => row.machine_id)
+        .sort();
+    expect(await hand(readyFor('mp.machine_id', 'OwnLoop'))).toEqual([free]);
+    expect(await hand(readyFor('mp.machine_id', 'OwnLoop', [], { includeHeld: true }))).toEqual([free, held].sort());
+    expect(await hand(isHeld('mp.machine_id'))).toEqual([held]);
+
+    // Claiming with an opted-in selection takes the held machine too.
+    const work = await session.work(
+      'OwnLoop',
+      selectionFor('OwnLoop', {
+        query: bmdb.db.selectFrom('machine_provided').select('machine_id').where('machine_id', '=', held),
+        toCandidate: (row) => row.machine_id,
+        includeHeld: true,
+      }),
+    );
+    expect(work.machineId).toBe(held);
+    await work.finish();
+  });
+
+  test('unholding a machine wakes idle loops (bmdb_machines_changed)', async () => {
+    const [machineId] = (await provideMachines(session, 1, 'HeldWake')) as [string];
+    await session.transact((q) => q.holdMachine(machineId, { reason: 'wake test', ...operator }));
+    const listener = new pg.Client({ connectionString: db.url });
+    await listener.connect();
+    try {
+      const notified = new Promise<string>((resolve) => listener.on('notification', (n) => resolve(n.payload ?? '')));
+      await listener.query('LISTEN bmdb_machines_changed');
+      await session.transact((q) => q.unholdMachine(machineId, operator));
+      expect(await notified).toBe('machine_hold');
+    } finally {
+      await listener.end();
+    }
+  });
+});
+
+describe('looking machines up', () => {
+  test('by provider IDs or machine IDs, in the order asked, with their live work; unknown names apart', async () => {
+    const [a, b] = (await provideMachines(session, 2, 'Lookup')) as [string, string];
+    const unprovided = await session.transact((q) => q.newMachine());
+    const work = await session.work(Process.ShepherdRecovery, async () => [b]);
+    const ids = await Promise.all([a, b].map(async (id) => (await q().providedMachine(id))?.providerId as string));
+    const byProvider = await q().lookUpMachines({
+      provider: 'Lookup',
+      providerIds: [ids[1] as string, 'nope', ids[0] as string],
+    });
+    expect(byProvider).toEqual({
+      found: [
+        { machineId: b, provider: 'Lookup', providerId: ids[1], liveWork: ['ShepherdRecovery'] },
+        { machineId: a, provider: 'Lookup', providerId: ids[0], liveWork: [] },
+      ],
+      unknown: ['nope'],
+    });
+    // The same provider ID under another provider is unknown.
+    expect((await q().lookUpMachines({ provider: 'Other', providerIds: [ids[0] as string] })).unknown).toEqual([
+      ids[0],
+    ]);
+    const missing = '00000000-0000-4000-8000-000000000000';
+    const byMachine = await q().lookUpMachines({ machineIds: [unprovided.toUpperCase(), missing, 'not-a-uuid'] });
+    expect(byMachine).toEqual({
+      found: [{ machineId: unprovided, provider: null, providerId: null, liveWork: [] }],
+      unknown: [missing, 'not-a-uuid'],
+    });
+    await work.cancel();
+  });
+});
+
+describe('power actions as claims', () => {
+  test('a power action claims a held machine, and is refused while any shepherd process works on it', async () => {
+    const [machineId] = (await provideMachines(session, 1, 'PowerClaim')) as [string];
+    await session.transact((q) => q.holdMachine(machineId, { reason: 'held for power', ...operator }));
+    const action = await session.work(Process.ShepherdPowerAction, q().powerActionSelection(machineId));
+    expect(action.candidate).toMatchObject({ machineId, provider: 'PowerClaim' });
+    // A second action on it, and a recovery or agent start, are refused while it runs.
+    await expect(session.work(Process.ShepherdPowerAction, q().powerActionSelection(machineId))).rejects.toBeInstanceOf(
+      NothingToDoError,
+    );
+    await action.finish();
+
+    const other = await bmdb.startSession();
+    const recovery = await other.work(Process.ShepherdRecovery, async () => [machineId]);
+    await expect(session.work(Process.ShepherdPowerAction, q().powerActionSelection(machineId))).rejects.toBeInstanceOf(
+      NothingToDoError,
+    );
+    await recovery.finish();
+    const again = await session.work(Process.ShepherdPowerAction, q().powerActionSelection(machineId));
+    await again.finish();
+    await other.close();
+  });
+
+  test('under contention, a power action and a recovery of one machine never both hold it', async () => {
+    const machines = await provideMachines(session, 30, 'PowerRace');
+    for (const machineId of machines) {
+      await db.admin(
+        `INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)
+         VALUES ($1, now() - interval '2 hours', '\\x00')`,
+        [machineId],
+      );
+    }
+    const recoverers = await Promise.all(Array.from({ length: 4 }, () => bmdb.startSession()));
+    const operators = await Promise.all(Array.from({ length: 4 }, () => bmdb.startSession()));
+    // Every claim holds its machine for a moment, asking the database as it starts and as it ends
+    // whether work of the other process is live on it too. (History timestamps cannot tell: a
+    // statement's now() is when it arrived, not when it took its snapshot.)
+    const overlaps: string[] = [];
+    const hold = async (machineId: string, process: string) => {
+      for (let look = 0; look < 2; look++) {
+        const { rows } = await db.admin(
+          `SELECT w.process FROM work w JOIN sessions s ON s.session_id = w.session_id
+           WHERE w.machine_id = $1 AND w.process <> $2 AND s.deadline > now()`,
+          [machineId, process],
+        );
+        for (const row of rows) overlaps.push(`${machineId}: ${process} while ${row.process}`);
+        if (look === 0) await new Promise((resolve) => setTimeout(resolve, 1));
+      }
+    };
+    let recovered = 0;
+    let powered = 0;
+    const recovering = recoverers.map(async (s) => {
+      for (;;) {
+        try {
+          const work = await s.work(Process.ShepherdRecovery, q().agentRecoverySelection({ provider: 'PowerRace' }));
+          await hold(work.machineId, Process.ShepherdRecovery);
+          recovered++;
+          await work.finish({ delete: ['agentStarted', 'agentHeartbeat'] });
+        } catch (error) {
+          if (error instanceof NothingToDoError) return;
+          throw error;
+        }
+      }
+    });
+    const acting = operators.map(async (s, i) => {
+      for (let round = 0; round < 3; round++) {
+        for (const machineId of machines.slice(i * 7, i * 7 + 8)) {
+          try {
+            const work = await s.work(Process.ShepherdPowerAction, q().powerActionSelection(machineId));
+            await hold(work.machineId, Process.ShepherdPowerAction);
+            powered++;
+            await work.finish();
+          } catch (error) {
+            if (!(error instanceof NothingToDoError)) throw error;
+          }
+        }
+      }
+    });
+    await Promise.all([...recovering, ...acting]);
+    expect(overlaps).toEqual([]);
+    expect(recovered).toBe(30);
+    expect(powered).toBeGreaterThan(0);
+    await Promise.all([...recoverers, ...operators].map((s) => s.close()));
+  });
+});
+
+describe('operator history', () => {
+  test('records any action with outcome, reason, actor, cause and detail; refuses what makes no sense', async () => {
+    const [machineId] = (await provideMachines(session, 1, 'History')) as [string];
+    await session.transact(async (q) => {
+      await q.recordOperatorAction({
+        machineId,
+        action: 'PowerOff',
+        outcome: 'Failed',
+        reason: 'swap PSU',
+        actor: 'carol@ops3',
+        cause: 'BMC refused: HTTP 409',
+        detail: { graceful: true },
+      });
+      await q.recordOperatorAction({ machineId, action: 'OsInstallationRequest', outcome: 'Succeeded', actor: 'x@y' });
+    });
+    await db.admin(`UPDATE operator_history SET "timestamp" = now() - interval '1 minute' WHERE action = 'PowerOff'`);
+    const history = await q().operatorHistory(machineId);
+    expect(history).toMatchObject([
+      {
+        action: 'PowerOff',
+        outcome: 'Failed',
+        reason: 'swap PSU',
+        actor: 'carol@ops3',
+        cause: 'BMC refused: HTTP 409',
+        detail: { graceful: true },
+      },
+      { action: 'OsInstallationRequest', outcome: 'Succeeded', reason: null, cause: null, detail: null },
+    ]);
+    expect((await q().operatorHistory(machineId, { newestFirst: true, limit: 1 })).map((h) => h.action)).toEqual([
+      'OsInstallationRequest',
+    ]);
+    await expect(
+      q().recordOperatorAction({ machineId, action: 'X', outcome: 'Maybe' as 'Failed', actor: 'a' }),
+    ).rejects.toThrow(/outcome "Maybe" is none of Succeeded, Failed, Refused/);
+    await expect(q().recordOperatorAction({ machineId, action: '', outcome: 'Failed', actor: 'a' })).rejects.toThrow(
+      /the action must be named/,
+    );
+  });
+
+  test('stays after the machine is decommissioned', async () => {
+    const [machineId] = (await provideMachines(session, 1, 'HistoryGone')) as [string];
+    await session.transact((q) => q.holdMachine(machineId, { reason: 'retire', ...operator }));
+    const providerId = (await q().providedMachine(machineId))?.providerId as string;
+    await session.transact((q) => q.decommissionMachines('HistoryGone', [providerId]));
+    expect((await q().operatorHistory(machineId)).map((h) => h.action)).toEqual(['Hold']);
+  });
+});
+
+describe('power state', () => {
+  test('every provided machine gets a row, kept under its provider; reads are leased never-read first', async () => {
+    const ids = await provideMachines(session, 3, 'PowerSync');
+    const rows = await db.admin(`SELECT provider FROM machine_power_state WHERE machine_id = ANY ($1::uuid[])`, [ids]);
+    expect(rows.rows.map((r) => r.provider)).toEqual(['PowerSync', 'PowerSync', 'PowerSync']);
+    expect(await q().powerState(ids[0] as string)).toEqual({
+      machineId: ids[0],
+      state: null,
+      readAt: null,
+      failedAt: null,
+      failedCause: null,
+    });
+
+    const lease = () => q().leasePowerReads({ provider: 'PowerSync', limit: 2, intervalSeconds: 60 });
+    const first = await lease();
+    const second = await lease();
+    expect(first).toHaveLength(2);
+    expect(second).toHaveLength(1);
+    expect(new Set([...first, ...second].map((l) => l.machineId))).toEqual(new Set(ids));
+    // Nothing is due again before the interval passes.
+    expect(await lease()).toEqual([]);
+
+    const [a, b] = first as [(typeof first)[0], (typeof first)[0]];
+    expect(await q().recordPowerRead(a, { state: 'Off' })).toMatchObject({ machineId: a.machineId, state: null });
+    expect(await q().recordPowerRead(b, { failure: 'BMC unreachable' })).toMatchObject({ failedCause: null });
+    expect(await q().powerState(a.machineId)).toMatchObject({ state: 'Off', failedAt: null, failedCause: null });
+    expect((await q().powerState(a.machineId))?.readAt).toBeInstanceOf(Date);
+    expect(await q().powerState(b.machineId)).toMatchObject({ state: null, failedCause: 'BMC unreachable' });
+    // A failure keeps the last state read; a good read clears the failure.
+    await db.admin(`UPDATE machine_power_state SET power_checked_at = now() - interval '2 minutes'`);
+    const again = await lease();
+    const aAgain = again.find((l) => l.machineId === a.machineId);
+    expect(aAgain).toBeDefined();
+    expect(await q().recordPowerRead(aAgain as (typeof again)[0], { failure: 'timeout' })).toMatchObject({
+      state: 'Off',
+      failedCause: null,
+    });
+    expect(await q().powerState(a.machineId)).toMatchObject({ state: 'Off', failedCause: 'timeout' });
+    await q().recordPowerState(a.machineId, { state: 'On' });
+    expect(await q().powerState(a.machineId)).toMatchObject({ state: 'On', failedAt: null, failedCause: null });
+
+    // The oldest taken up comes first once due.
+    await db.admin(
+      `UPDATE machine_power_state SET power_checked_at = now() - make_interval(mins => 10 + array_position($1::uuid[], machine_id))
+       WHERE machine_id = ANY ($1::uuid[])`,
+      [ids],
+    );
+    expect(
+      (await q().leasePowerReads({ provider: 'PowerSync', limit: 3, intervalSeconds: 60 })).map((l) => l.machineId),
+    ).toEqual([...ids].reverse());
+  });
+
+  test('a read taken up before a power action does not count once the action asked for a fresh one', async () => {
+    const [machineId] = (await provideMachines(session, 1, 'PowerStale')) as [string];
+    const [lease] = await q().leasePowerReads({ provider: 'PowerStale', limit: 1, intervalSeconds: 60 });
+    await q().forgetPowerRead(machineId);
+    expect(await q().recordPowerRead(lease as NonNullable<typeof lease>, { state: 'On' })).toBeUndefined();
+    expect((await q().powerState(machineId))?.state).toBeNull();
+    // Forgotten: it is the next read.
+    expect(
+      (await q().leasePowerReads({ provider: 'PowerStale', limit: 1, intervalSeconds: 60 })).map((l) => l.machineId),
+    ).toEqual([machineId]);
+  });
+
+  test('concurrent syncs take up different machines', async () => {
+    const ids = await provideMachines(session, 40, 'PowerShared');
+    const leases = await Promise.all(
+      Array.from({ length: 8 }, () => q().leasePowerReads({ provider: 'PowerShared', limit: 5, intervalSeconds: 60 })),
+    );
+    const taken = leases.flat().map((l) => l.machineId);
+    expect(new Set(taken).size).toBe(taken.length);
+    expect(new Set(taken)).toEqual(new Set(ids));
+    // Their records, concurrent too, each land (no serialization failure between them).
+    const recorded = await Promise.all(leases.flat().map((lease) => q().recordPowerRead(lease, { state: 'On' })));
+    expect(recorded.every((before) => before !== undefined)).toBe(true);
+    const { rows } = await db.admin(
+      `SELECT count(*)::int AS n FROM machine_power_state WHERE provider = 'PowerShared' AND power_state = 'On'`,
+    );
+    expect(rows[0].n).toBe(40);
+  });
+
+  test('a bad state is refused naming the machine', async () => {
+    const [machineId] = (await provideMachines(session, 1, 'PowerBad')) as [string];
+    await expect(q().recordPowerState(machineId, { state: 'Sleepy' as 'On' })).rejects.toThrow(
+      `power state of machine ${machineId}: "Sleepy" is none of On, Off, PoweringOn, PoweringOff, Unknown`,
+    );
+  });
+});
+
+describe('the fleet page and status', () => {
+  test('count held machines and machines per power state; filter by them; show them per machine', async () => {
+    const fresh = await openTestBMDB(await createTestDatabase());
+    const s = await fresh.startSession();
+    const [on, off, unread, held] = (await provideMachines(s, 4, 'Page')) as [string, string, string, string];
+    for (const [machineId, state] of [
+      [on, 'On'],
+      [off, 'Off'],
+      [held, 'On'],
+    ] as const) {
+      await s.transact((q) => q.recordPowerState(machineId, { state }));
+    }
+    await s.transact((q) => q.recordPowerState(unread, { failure: 'no route to BMC' }));
+    await s.transact((q) => q.holdMachine(held, { reason: 'memory test', ...operator }));
+    const unprovided = await s.transact((q) => q.newMachine());
+    const fq = new Queries(fresh.db);
+
+    const counts = { On: 2, Off: 1, PoweringOn: 0, PoweringOff: 0, Unknown: 0, Unread: 1 };
+    expect(await fq.fleetStages()).toMatchObject({ machines: 5, held: 1, powerStates: counts, powerReadFailed: 1 });
+    expect(await fq.fleetStats()).toMatchObject({ machines: 5, held: 1, powerStates: counts, powerReadFailed: 1 });
+    expect(await fq.fleetStats({ provider: 'Elsewhere' })).toMatchObject({ held: 0, powerReadFailed: 0 });
+
+    const page = async (filter: Parameters<Queries['machinePage']>[0]) =>
+      (await fq.machinePage(filter)).machines.map((m) => m.machineId).sort();
+    expect(await page({ held: true })).toEqual([held]);
+    expect(await page({ held: false })).toEqual([on, off, unread, unprovided].sort());
+    expect(await page({ powerState: 'On' })).toEqual([on, held].sort());
+    expect(await page({ powerState: 'Unread' })).toEqual([unread]);
+    expect(await page({ powerState: 'On', held: false })).toEqual([on]);
+    expect(await page({ provider: 'Page', powerState: 'Off' })).toEqual([off]);
+
+    const summary = (await fq.machinePage({ held: true })).machines[0];
+    expect(summary).toMatchObject({ powerState: 'On', hold: { reason: 'memory test', actor: 'alice@ops1' } });
+    expect(summary?.powerStateReadAt).toBeInstanceOf(Date);
+
+    const detail = await fq.machineDetail(held);
+    expect(detail?.power).toMatchObject({ state: 'On', failedAt: null });
+    expect(detail?.operatorHistory.map((h) => h.action)).toEqual(['Hold']);
+    expect((await fq.machineDetail(unread))?.power).toMatchObject({ state: null, failedCause: 'no route to BMC' });
+    expect((await fq.machineDetail(unprovided))?.power).toBeNull();
+    await s.close();
+  });
+});

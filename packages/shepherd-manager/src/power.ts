@@ -1,0 +1,34 @@
+import type { PowerState } from '@bmaas/bmdb-controlloop';
+
+/**
+ * What a provider did for a power action, in its own words (Redfish
+ * `ForceOff`, Equinix `power_off`, the dummy's `simulated off`): for logs
+ * and the machine's operator history.
+ */
+export interface PowerCommand {
+  readonly command: string;
+}
+
+/**
+ * Power control of a provider's machines, by provider ID: what the
+ * recoverer (to power on a machine found off instead of resetting it), the
+ * power sync (to read every machine's power state) and an operator's power
+ * actions need. The port is theirs, so it is declared here; the dummy
+ * provider (simulated), the Equinix provider (device actions) and the static
+ * provider (each machine's BMC) implement it.
+ *
+ * A provider that cannot do an action throws {@link NotImplementedError}
+ * naming it; a machine it does not know, {@link MachineNotFoundError}.
+ */
+export interface PowerControl {
+  /** The provider's name, as stored in `machine_provided.provider`. */
+  readonly type: string;
+  /** The machine's power state now; `Unknown` when the provider answers without saying. */
+  readPowerState(id: string, signal?: AbortSignal): Promise<PowerState>;
+  /** Powers the machine on; resolves once the provider accepted it (the machine may still be powering on). */
+  powerOn(id: string, signal?: AbortSignal): Promise<PowerCommand>;
+  /** Powers the machine off, at once or (`graceful`) by asking its OS to shut down. */
+  powerOff(id: string, options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<PowerCommand>;
+  /** Power-cycles the machine as the recoverer would reset it, without waiting for it to come back. */
+  powerCycle(id: string, signal?: AbortSignal): Promise<PowerCommand>;
+}
