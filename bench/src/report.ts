@@ -176,7 +176,7 @@ export function renderReport(result: BenchResult): string {
     lines.push(
       `**Fleet gauges**: one reading of every \`bmdb_fleet_*\` gauge as \`FleetMetrics\` runs it (its connection, one REPEATABLE READ, READ ONLY transaction), ` +
         `at ${int(fleet.machines)} machines in ${fleet.locations} locations, ${int(fleet.hardwareReports)} hardware reports, ${int(fleet.activeBackoffs)} running backoffs, ` +
-        '2% waiting for an agent, 200 being started; *a tenth silent*: then a tenth of the agents stop heartbeating (the sets read key by key grow). ' +
+        '2% waiting for an agent, 200 being started, 1% held, power states read (0.5% Off, 0.2% failed, 1% never read); *a tenth silent*: then a tenth of the agents stop heartbeating (the sets read key by key grow). ' +
         'Per reading: time in the reading process, execution time in PostgreSQL (pg_stat_statements), CPU of the backend serving it; ' +
         `${fleet.figures[0]?.readings ?? 0} readings after a warm-up, tables as autovacuum leaves them.`,
       '',

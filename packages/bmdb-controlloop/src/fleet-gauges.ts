@@ -55,6 +55,9 @@ function fleetGauge<L extends string>(gauge: FleetGauge<L>): FleetGauge {
   return gauge as unknown as FleetGauge;
 }
 
+/** Holds and power states, read once per reading for the three gauges that show them. */
+const control = (reading: FleetReading) => reading.once('control', () => reading.q.controlByLocation());
+
 /** Hardware totals, read once per reading for the five gauges that show them. */
 const hardware = (reading: FleetReading) => reading.once('hardware', () => reading.q.hardwareByLocation());
 
@@ -81,6 +84,32 @@ export const FLEET_GAUGES: readonly FleetGauge[] = [
         }
       }
       return samples;
+    },
+  }),
+  fleetGauge({
+    name: 'bmdb_fleet_holds',
+    help: 'Machines an operator holds (no loop claims them), per provider and location.',
+    labelNames: ['provider', 'location'],
+    async read(reading) {
+      return (await control(reading)).map((place) => ({ labels: where(place), value: place.held }));
+    },
+  }),
+  fleetGauge({
+    name: 'bmdb_fleet_power_states',
+    help: 'Provided machines per power state as last read (On, Off, PoweringOn, PoweringOff, Unknown; Unread: never read), provider and location.',
+    labelNames: ['state', 'provider', 'location'],
+    async read(reading) {
+      return (await control(reading)).flatMap((place) =>
+        Object.entries(place.powerStates).map(([state, value]) => ({ labels: { state, ...where(place) }, value })),
+      );
+    },
+  }),
+  fleetGauge({
+    name: 'bmdb_fleet_power_read_failures',
+    help: 'Provided machines whose last power state read failed (their BMC or provider did not answer), per provider and location.',
+    labelNames: ['provider', 'location'],
+    async read(reading) {
+      return (await control(reading)).map((place) => ({ labels: where(place), value: place.powerReadFailed }));
     },
   }),
   fleetGauge({

@@ -57,6 +57,7 @@ export type {
 export { hasLiveWork, inBackoff, isHeld } from './queries/conditions.js';
 export type { DecommissionReport } from './queries/decommission.js';
 export type {
+  LocationControl,
   LocationHardware,
   LocationStages,
   MachineLocation,

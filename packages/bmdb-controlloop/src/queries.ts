@@ -31,8 +31,10 @@ import {
 import { type DecommissionReport, decommissionMachines } from './queries/decommission.js';
 import {
   backoffsByProcess,
+  controlByLocation,
   fleetStagesByLocation,
   hardwareByLocation,
+  type LocationControl,
   type LocationHardware,
   newestAgentHeartbeatAge,
   type ProcessorSessions,
@@ -446,6 +448,15 @@ export class Queries {
    */
   async hardwareByLocation(): Promise<LocationHardware[]> {
     return hardwareByLocation(this.db);
+  }
+
+  /**
+   * Machines held, per power state and whose power read failed, per provider
+   * and location (the counts `fleetStages` gives for the fleet, split by
+   * where the machines are), from per-place totals kept by triggers.
+   */
+  async controlByLocation(): Promise<LocationControl[]> {
+    return controlByLocation(this.db);
   }
 
   /** Running backoffs (machines backing off) per process; every shepherd process is present, 0 when none. */

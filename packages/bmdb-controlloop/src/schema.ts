@@ -70,9 +70,10 @@ export interface MachineUnprovidedTable {
 
 /**
  * Per provider and location (`''` for none), spread over 64 rows (`shard`):
- * provided machines and the sums of their hardware reports' totals
- * (migration 0008). Kept by triggers; never written by hand. Sum a place's
- * rows to read it. Numerics and bigints are read as strings.
+ * provided machines, the sums of their hardware reports' totals, the machines
+ * held, per power state and whose power read failed (migration 0008). Kept
+ * by triggers; never written by hand. Sum a place's rows to read it.
+ * Numerics and bigints are read as strings.
  */
 export interface FleetLocationTotalsTable {
   provider: string;
@@ -84,6 +85,14 @@ export interface FleetLocationTotalsTable {
   memory_bytes: string;
   disks: string;
   disk_bytes: string;
+  held: string;
+  power_on: string;
+  power_off: string;
+  powering_on: string;
+  powering_off: string;
+  power_unknown: string;
+  power_unread: string;
+  power_read_failed: string;
 }
 
 export interface MachineAgentStartedTable {
@@ -185,6 +194,9 @@ export interface MachineHoldTable {
   /** Who held it (`user@host`, or what `--actor` said). */
   hold_actor: string;
   held_at: Generated<Date>;
+  /** Its machine's provider and location (migration 0008), for `fleet_location_totals`; kept by triggers, never write them. */
+  provider: Generated<string | null>;
+  provider_location: Generated<string | null>;
 }
 
 /** A machine's power state as its BMC or provider reports it. */
@@ -215,6 +227,8 @@ export interface MachinePowerStateTable {
   power_read_failed_cause: string | null;
   /** When a power sync last took the machine up for a read: its order and lease. Null: read it first. */
   power_checked_at: Timestamp | null;
+  /** Its machine's location (migration 0008), for `fleet_location_totals`; kept by triggers, never write it. */
+  provider_location: Generated<string | null>;
 }
 
 /** How an operator's action on a machine ended. */

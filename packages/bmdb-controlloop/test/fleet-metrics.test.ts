@@ -47,26 +47,41 @@ async function totalsKeptAndCounted(db: TestDatabase) {
   const kept = await db.admin(`
     SELECT provider, provider_location AS location, sum(machines)::int AS machines,
            sum(reported_machines)::int AS reported, sum(cpu_threads)::bigint::text AS cpu,
-           sum(memory_bytes)::bigint::text AS memory, sum(disks)::int AS disks, sum(disk_bytes)::bigint::text AS disk_bytes
+           sum(memory_bytes)::bigint::text AS memory, sum(disks)::int AS disks,
+           sum(disk_bytes)::bigint::text AS disk_bytes, sum(held)::int AS held, sum(power_on)::int AS on,
+           sum(power_off)::int AS off, sum(powering_on)::int AS powering_on, sum(powering_off)::int AS powering_off,
+           sum(power_unknown)::int AS unknown, sum(power_unread)::int AS unread,
+           sum(power_read_failed)::int AS read_failed
     FROM fleet_location_totals GROUP BY 1, 2
-    HAVING sum(machines) <> 0 OR sum(reported_machines) <> 0 ORDER BY 1, 2`);
+    HAVING sum(machines) <> 0 OR sum(reported_machines) <> 0 OR sum(held) <> 0 ORDER BY 1, 2`);
   const counted = await db.admin(`
     WITH places AS (
       SELECT coalesce(mp.provider, '') AS provider, coalesce(mp.provider_location, '') AS location,
-             mp.machine_id IS NOT NULL AS provided, h.cpu_threads, h.memory_bytes, h.disks, h.disk_bytes
+             mp.machine_id IS NOT NULL AS provided, h.cpu_threads, h.memory_bytes, h.disks, h.disk_bytes,
+             hd.machine_id IS NOT NULL AS held, ps.machine_id IS NOT NULL AS powered, ps.power_state,
+             ps.power_read_failed_at IS NOT NULL AS read_failed
       FROM machines m LEFT JOIN machine_provided mp USING (machine_id)
-      LEFT JOIN machine_hardware_report h USING (machine_id))
+      LEFT JOIN machine_hardware_report h USING (machine_id)
+      LEFT JOIN machine_hold hd USING (machine_id)
+      LEFT JOIN machine_power_state ps USING (machine_id))
     SELECT provider, location, count(*) FILTER (WHERE provided)::int AS machines,
            count(cpu_threads)::int AS reported, coalesce(sum(cpu_threads), 0)::bigint::text AS cpu,
            coalesce(sum(memory_bytes), 0)::bigint::text AS memory, coalesce(sum(disks), 0)::int AS disks,
-           coalesce(sum(disk_bytes), 0)::bigint::text AS disk_bytes
+           coalesce(sum(disk_bytes), 0)::bigint::text AS disk_bytes, count(*) FILTER (WHERE held)::int AS held,
+           count(*) FILTER (WHERE power_state = 'On')::int AS on, count(*) FILTER (WHERE power_state = 'Off')::int AS off,
+           count(*) FILTER (WHERE power_state = 'PoweringOn')::int AS powering_on,
+           count(*) FILTER (WHERE power_state = 'PoweringOff')::int AS powering_off,
+           count(*) FILTER (WHERE power_state = 'Unknown')::int AS unknown,
+           count(*) FILTER (WHERE powered AND power_state IS NULL)::int AS unread,
+           count(*) FILTER (WHERE powered AND read_failed)::int AS read_failed
     FROM places GROUP BY 1, 2
-    HAVING count(*) FILTER (WHERE provided) <> 0 OR count(cpu_threads) <> 0 ORDER BY 1, 2`);
+    HAVING count(*) FILTER (WHERE provided) <> 0 OR count(cpu_threads) <> 0 OR count(*) FILTER (WHERE held) <> 0
+    ORDER BY 1, 2`);
   return { kept: kept.rows, counted: counted.rows };
 }
 
 describe('fleet_location_totals', () => {
-  test('follows machines and reports through every change, matching a count of the tables', async () => {
+  test('follows machines, reports, holds and power states through every change, matching a count of the tables', async () => {
     const db = await createTestDatabase();
     const bmdb = await openTestBMDB(db);
     const session = await bmdb.startSession({ processor: 'test' });
@@ -104,6 +119,27 @@ describe('fleet_location_totals', () => {
     await heartbeat(machines[1] as string, hardwareReport(256, 2 ** 40, 4 * 10 ** 12));
     await heartbeat(machines[2] as string, new Uint8Array([0x0a, 0xff]));
     await check('reported again');
+    // Holds taken (one on a machine without a Provided tag) and power states read, changed, failed.
+    const loose = await session.transact((q) => q.newMachine());
+    await session.transact(async (q) => {
+      for (const id of [machines[0], machines[3], machines[6], loose] as string[]) {
+        await q.holdMachine(id, { reason: 'rack work', actor: 'tech@rack1' });
+      }
+      await q.recordPowerState(machines[0] as string, { state: 'Off' });
+      await q.recordPowerState(machines[1] as string, { state: 'On' });
+      await q.recordPowerState(machines[2] as string, { state: 'PoweringOn' });
+      await q.recordPowerState(machines[3] as string, { state: 'Unknown' });
+      await q.recordPowerState(machines[4] as string, { failure: 'BMC unreachable' });
+      await q.recordPowerState(machines[5] as string, { state: 'On' });
+    });
+    await check('held and powered');
+    await session.transact(async (q) => {
+      await q.recordPowerState(machines[2] as string, { state: 'On' });
+      await q.recordPowerState(machines[5] as string, { failure: 'BMC refused' });
+      await q.recordPowerState(machines[4] as string, { state: 'PoweringOff' });
+      await q.unholdMachine(machines[6] as string, { actor: 'tech@rack1' });
+    });
+    await check('power changed, a hold released');
     // Moved between locations and providers, location cleared and set.
     await session.transact(async (q) => {
       await q.updateProviderStatus('Equinix', 'm0', { providerLocation: 'am6' });
@@ -114,17 +150,18 @@ describe('fleet_location_totals', () => {
     await db.admin(`UPDATE machine_provided SET provider = 'Dummy' WHERE provider_id = 'm6'`);
     await check('moved');
     // Provided tag removed and added back; reports and machines removed.
-    await db.admin(`DELETE FROM machine_provided WHERE provider_id = 'm7'`);
+    await db.admin(`DELETE FROM machine_provided WHERE provider_id IN ('m7', 'm3')`);
     await check('unprovided');
-    await session.transact((q) =>
-      q.addProvided(machines[7] as string, { provider: 'Equinix', providerId: 'm7', providerLocation: 'fr2' }),
-    );
+    await session.transact(async (q) => {
+      await q.addProvided(machines[7] as string, { provider: 'Equinix', providerId: 'm7', providerLocation: 'fr2' });
+      await q.addProvided(loose, { provider: 'Static', providerId: 'loose', providerLocation: 'rack9' });
+    });
     await db.admin('DELETE FROM machine_hardware_report WHERE machine_id = $1', [machines[8]]);
     const report = await session.transact((q) => q.decommissionMachines('Equinix', ['m9', 'm10']));
     expect(report.removed).toHaveLength(2);
     await check('decommissioned');
     // Whatever the order of the cascade, a machine deleted takes all it counted.
-    await db.admin('DELETE FROM machines WHERE machine_id = ANY($1)', [[machines[0], machines[11]]]);
+    await db.admin('DELETE FROM machines WHERE machine_id = ANY($1)', [[machines[0], machines[11], loose]]);
     await check('deleted');
     await session.close();
   });
@@ -196,7 +233,29 @@ describe('fleet per provider and location', () => {
         diskBytes: 4 * 10 ** 12,
       },
     ]);
-    expect(await q.backoffsByProcess()).toEqual({ ShepherdAccess: 0, ShepherdAgentStart: 1, ShepherdRecovery: 0 });
+    expect(await q.backoffsByProcess()).toEqual({
+      ShepherdAccess: 0,
+      ShepherdAgentStart: 1,
+      ShepherdRecovery: 0,
+      ShepherdPowerAction: 0,
+    });
+    // The awaiting-recovery machine is held and powered off; others read On, PoweringOn, or failed.
+    expect(await q.controlByLocation()).toEqual([
+      {
+        provider: 'Dummy',
+        location: '',
+        held: 1,
+        powerStates: { On: 0, Off: 1, PoweringOn: 1, PoweringOff: 0, Unknown: 0, Unread: 3 },
+        powerReadFailed: 1,
+      },
+      {
+        provider: 'Equinix',
+        location: 'da11',
+        held: 0,
+        powerStates: { On: 1, Off: 0, PoweringOn: 0, PoweringOff: 0, Unknown: 0, Unread: 0 },
+        powerReadFailed: 0,
+      },
+    ]);
     expect(await q.sessionsByProcessor()).toEqual([
       { componentName: 'test', processor: 'shepherd-initializer', sessions: 1 },
     ]);
@@ -256,11 +315,29 @@ describe('FleetMetrics', () => {
       'process=ShepherdAccess': 0,
       'process=ShepherdAgentStart': 1,
       'process=ShepherdRecovery': 0,
+      'process=ShepherdPowerAction': 0,
     });
     expect(await samples(leaderRegistry, 'bmdb_fleet_work')).toEqual({
       'process=ShepherdAccess': 0,
       'process=ShepherdAgentStart': 1,
       'process=ShepherdRecovery': 0,
+      'process=ShepherdPowerAction': 0,
+    });
+    expect(await samples(leaderRegistry, 'bmdb_fleet_holds')).toEqual({
+      'location=,provider=Dummy': 1,
+      'location=da11,provider=Equinix': 0,
+    });
+    expect(await samples(leaderRegistry, 'bmdb_fleet_power_states')).toMatchObject({
+      'location=,provider=Dummy,state=Off': 1,
+      'location=,provider=Dummy,state=PoweringOn': 1,
+      'location=,provider=Dummy,state=Unread': 3,
+      'location=da11,provider=Equinix,state=On': 1,
+      'location=da11,provider=Equinix,state=Off': 0,
+    });
+    expect(Object.keys((await samples(leaderRegistry, 'bmdb_fleet_power_states')) ?? {})).toHaveLength(12);
+    expect(await samples(leaderRegistry, 'bmdb_fleet_power_read_failures')).toEqual({
+      'location=,provider=Dummy': 1,
+      'location=da11,provider=Equinix': 0,
     });
     expect(await samples(leaderRegistry, 'bmdb_fleet_sessions')).toEqual({
       'component=test,processor=shepherd-initializer': 1,

@@ -66,6 +66,14 @@ test('migrations create the schema once; running them again is a no-op', async (
       'memory_bytes',
       'disks',
       'disk_bytes',
+      'held',
+      'power_on',
+      'power_off',
+      'powering_on',
+      'powering_off',
+      'power_unknown',
+      'power_unread',
+      'power_read_failed',
     ],
     machine_os_installation_report: [
       'machine_id',
@@ -75,7 +83,7 @@ test('migrations create the schema once; running them again is a no-op', async (
       'os_installation_reported_at',
     ],
     machine_unprovided: ['machine_id'],
-    machine_hold: ['machine_id', 'hold_reason', 'hold_actor', 'held_at'],
+    machine_hold: ['machine_id', 'hold_reason', 'hold_actor', 'held_at', 'provider', 'provider_location'],
     machine_power_state: [
       'machine_id',
       'provider',
@@ -84,6 +92,7 @@ test('migrations create the schema once; running them again is a no-op', async (
       'power_read_failed_at',
       'power_read_failed_cause',
       'power_checked_at',
+      'provider_location',
     ],
     operator_history: ['machine_id', 'action', 'outcome', 'reason', 'actor', 'timestamp', 'cause', 'detail'],
     machines: ['machine_id', 'machine_created_at', 'claim_version'],
@@ -224,7 +233,8 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
 
 test('0008 on a database with reports: the stored reports are read and the fleet counted per place', async () => {
   const db = await createTestDatabase();
-  // A deployment at 0006, with three machines in two places: two reported, one report unreadable.
+  // A deployment at 0006, with three machines in two places: two reported, one report unreadable;
+  // a and an unprovided machine held, a read Off, b's power read failed, c never read.
   await migrateTo(db, {
     '0001_initial': initial,
     '0002_fast_claims': fastClaims,
@@ -248,9 +258,41 @@ test('0008 on a database with reports: the stored reports are read and the fleet
       [name, location, raw],
     );
   }
+  await db.admin(`
+    WITH spare AS (INSERT INTO machines DEFAULT VALUES RETURNING machine_id)
+    INSERT INTO machine_hold (machine_id, hold_reason, hold_actor)
+    SELECT machine_id, 'rack work', 'tech' FROM machine_provided WHERE provider_id = 'a'
+    UNION ALL SELECT machine_id, 'spare', 'tech' FROM spare`);
+  await db.admin(`
+    UPDATE machine_power_state ps SET power_state = CASE mp.provider_id WHEN 'a' THEN 'Off' END,
+      power_read_failed_at = CASE mp.provider_id WHEN 'b' THEN now() END
+    FROM machine_provided mp WHERE mp.machine_id = ps.machine_id`);
 
   const bmdb = await openTestBMDB(db, { migrate: false });
   expect(await bmdb.migrate()).toEqual(['0008_fleet_metrics']);
+  expect(await new Queries(bmdb.db).controlByLocation()).toEqual([
+    {
+      provider: '',
+      location: '',
+      held: 1,
+      powerStates: { On: 0, Off: 0, PoweringOn: 0, PoweringOff: 0, Unknown: 0, Unread: 0 },
+      powerReadFailed: 0,
+    },
+    {
+      provider: 'Old',
+      location: '',
+      held: 0,
+      powerStates: { On: 0, Off: 0, PoweringOn: 0, PoweringOff: 0, Unknown: 0, Unread: 1 },
+      powerReadFailed: 0,
+    },
+    {
+      provider: 'Old',
+      location: 'da11',
+      held: 1,
+      powerStates: { On: 0, Off: 1, PoweringOn: 0, PoweringOff: 0, Unknown: 0, Unread: 1 },
+      powerReadFailed: 1,
+    },
+  ]);
   const { rows } = await db.admin(`
     SELECT mp.provider_id, h.provider, h.provider_location, h.cpu_threads::int, h.memory_bytes::int, h.disks,
            h.disk_bytes::int

@@ -4,7 +4,7 @@
  * 100,000 machines; `npm run bench` (section `fleet`) prints their plans.
  */
 import { type Kysely, sql } from 'kysely';
-import { type Database, SHEPHERD_PROCESSES } from '../schema.js';
+import { type Database, type PowerState, SHEPHERD_PROCESSES } from '../schema.js';
 import type { FleetStages } from './fleet-stats.js';
 import { type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
 
@@ -34,6 +34,14 @@ export interface LocationHardware extends MachineLocation {
   /** Block devices. */
   readonly disks: number;
   readonly diskBytes: number;
+}
+
+/** An operator's hands on one provider and location: machines held, per power state, whose power read failed. */
+export interface LocationControl extends MachineLocation {
+  readonly held: number;
+  /** Provided machines per power state as last read; `Unread` for those never read. */
+  readonly powerStates: Readonly<Record<PowerState | 'Unread', number>>;
+  readonly powerReadFailed: number;
 }
 
 /** Live sessions of one component and processor (null: a session from before migration 0004). */
@@ -163,6 +171,50 @@ export async function hardwareByLocation(db: Kysely<Database>): Promise<Location
     memoryBytes: Number(row.memory_bytes),
     disks: Number(row.disks),
     diskBytes: Number(row.disk_bytes),
+  }));
+}
+
+/**
+ * Holds, power states and failed power reads per provider and location, from
+ * `fleet_location_totals` (kept by triggers on holds and power states, which
+ * the power sync's reads of an unchanged state leave alone). A place whose
+ * machines all went is left out.
+ */
+export async function controlByLocation(db: Kysely<Database>): Promise<LocationControl[]> {
+  const { rows } = await sql<{
+    provider: string;
+    location: string;
+    machines: string;
+    held: string;
+    power_on: string;
+    power_off: string;
+    powering_on: string;
+    powering_off: string;
+    power_unknown: string;
+    power_unread: string;
+    power_read_failed: string;
+  }>`
+    SELECT provider, provider_location AS location, sum(machines) AS machines, sum(held) AS held,
+           sum(power_on) AS power_on, sum(power_off) AS power_off, sum(powering_on) AS powering_on,
+           sum(powering_off) AS powering_off, sum(power_unknown) AS power_unknown,
+           sum(power_unread) AS power_unread, sum(power_read_failed) AS power_read_failed
+    FROM fleet_location_totals
+    GROUP BY provider, provider_location
+    HAVING sum(machines) > 0 OR sum(held) > 0
+    ORDER BY provider, provider_location`.execute(db);
+  return rows.map((row) => ({
+    provider: row.provider,
+    location: row.location,
+    held: Number(row.held),
+    powerStates: {
+      On: Number(row.power_on),
+      Off: Number(row.power_off),
+      PoweringOn: Number(row.powering_on),
+      PoweringOff: Number(row.powering_off),
+      Unknown: Number(row.power_unknown),
+      Unread: Number(row.power_unread),
+    },
+    powerReadFailed: Number(row.power_read_failed),
   }));
 }
 
