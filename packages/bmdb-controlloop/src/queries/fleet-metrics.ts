@@ -4,7 +4,7 @@
  * 100,000 machines; `npm run bench` (section `fleet`) prints their plans.
  */
 import { type Kysely, sql } from 'kysely';
-import { type Database, type PowerState, SHEPHERD_PROCESSES } from '../schema.js';
+import { type Database, type FleetLocationTotalsTable, type PowerState, SHEPHERD_PROCESSES } from '../schema.js';
 import type { FleetStages } from './fleet-stats.js';
 import { type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
 
@@ -147,26 +147,13 @@ export async function fleetStagesByLocation(
  * (a few rows a place, kept by triggers from each report's totals).
  */
 export async function hardwareByLocation(db: Kysely<Database>): Promise<LocationHardware[]> {
-  const { rows } = await sql<{
-    provider: string;
-    location: string;
-    machines: string;
-    cpu_threads: string;
-    memory_bytes: string;
-    disks: string;
-    disk_bytes: string;
-  }>`
-    SELECT provider, provider_location AS location, sum(reported_machines) AS machines,
-           sum(cpu_threads) AS cpu_threads, sum(memory_bytes) AS memory_bytes,
-           sum(disks) AS disks, sum(disk_bytes) AS disk_bytes
-    FROM fleet_location_totals
-    GROUP BY provider, provider_location
-    HAVING sum(reported_machines) > 0
-    ORDER BY provider, provider_location`.execute(db);
+  const rows = await placeTotals(db, ['reported_machines', 'cpu_threads', 'memory_bytes', 'disks', 'disk_bytes'])
+    .having(sql<boolean>`sum(reported_machines) > 0`)
+    .execute();
   return rows.map((row) => ({
     provider: row.provider,
-    location: row.location,
-    machines: Number(row.machines),
+    location: row.provider_location,
+    machines: Number(row.reported_machines),
     cpuThreads: Number(row.cpu_threads),
     memoryBytes: Number(row.memory_bytes),
     disks: Number(row.disks),
@@ -181,30 +168,21 @@ export async function hardwareByLocation(db: Kysely<Database>): Promise<Location
  * machines all went is left out.
  */
 export async function controlByLocation(db: Kysely<Database>): Promise<LocationControl[]> {
-  const { rows } = await sql<{
-    provider: string;
-    location: string;
-    machines: string;
-    held: string;
-    power_on: string;
-    power_off: string;
-    powering_on: string;
-    powering_off: string;
-    power_unknown: string;
-    power_unread: string;
-    power_read_failed: string;
-  }>`
-    SELECT provider, provider_location AS location, sum(machines) AS machines, sum(held) AS held,
-           sum(power_on) AS power_on, sum(power_off) AS power_off, sum(powering_on) AS powering_on,
-           sum(powering_off) AS powering_off, sum(power_unknown) AS power_unknown,
-           sum(power_unread) AS power_unread, sum(power_read_failed) AS power_read_failed
-    FROM fleet_location_totals
-    GROUP BY provider, provider_location
-    HAVING sum(machines) > 0 OR sum(held) > 0
-    ORDER BY provider, provider_location`.execute(db);
+  const rows = await placeTotals(db, [
+    'held',
+    'power_on',
+    'power_off',
+    'powering_on',
+    'powering_off',
+    'power_unknown',
+    'power_unread',
+    'power_read_failed',
+  ])
+    .having(sql<boolean>`sum(machines) > 0 OR sum(held) > 0`)
+    .execute();
   return rows.map((row) => ({
     provider: row.provider,
-    location: row.location,
+    location: row.provider_location,
     held: Number(row.held),
     powerStates: {
       On: Number(row.power_on),
@@ -216,6 +194,23 @@ export async function controlByLocation(db: Kysely<Database>): Promise<LocationC
     },
     powerReadFailed: Number(row.power_read_failed),
   }));
+}
+
+/** A total of `fleet_location_totals`: a count, or a sum of the reports' totals. */
+type PlaceTotal = Exclude<keyof FleetLocationTotalsTable, 'provider' | 'provider_location' | 'shard'>;
+
+/**
+ * `columns` of `fleet_location_totals` summed over each place's rows (sums
+ * are numerics, read as strings), in provider and location order.
+ */
+function placeTotals<C extends PlaceTotal>(db: Kysely<Database>, columns: readonly C[]) {
+  return db
+    .selectFrom('fleet_location_totals')
+    .select(['provider', 'provider_location'])
+    .select(columns.map((column) => sql<string>`sum(${sql.ref(column)})`.as(column)))
+    .groupBy(['provider', 'provider_location'])
+    .orderBy('provider')
+    .orderBy('provider_location');
 }
 
 /**
