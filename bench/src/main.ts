@@ -6,24 +6,25 @@
  * Environment: BENCH_ROUNDS (default 3), BENCH_ITEMS (work items per
  * throughput round, default 10,000), BENCH_CONCURRENCY (comma-separated,
  * default 1,8,32), BENCH_ONLY (comma-separated sections: throughput,
- * ceiling, scale, pickup, idle, heartbeat, web, power), BENCH_POWER_MACHINES (machines
+ * ceiling, scale, pickup, idle, heartbeat, web, fleet, power), BENCH_POWER_MACHINES (machines
  * the power sync reads, default 1,000), BENCH_AGENTS (simulated agents
  * of the heartbeat section, default 1,000), BENCH_HEARTBEAT_RATES (offered
  * heartbeats/s, default 500,1000,2000,3300,5000), BENCH_HEARTBEAT_WORKERS (server
  * processes, default 1,2), BENCH_HEARTBEAT_SECONDS (per rate, default 10),
  * BENCH_HEARTBEAT_SERVERS (what answers: shepherd, floor; default both), BENCH_WEB_MACHINES (default
- * 100,000), BENCH_SYSTEMS (`|`-separated systems for
+ * 100,000), BENCH_FLEET_MACHINES (the fleet gauges' reading, default 100,000), BENCH_SYSTEMS (`|`-separated systems for
  * throughput: bmdb-controlloop, "bmdb-controlloop, finish()",
  * "bmdb-controlloop, finish(fn)", graphile-worker, pg-boss).
  */
 import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { writeCeiling } from './ceiling.js';
+import { fleetReadings } from './fleet-metrics.js';
 import { heartbeats } from './heartbeat.js';
 import { idleCost } from './idle.js';
 import { pickupLatency } from './pickup.js';
 import { powerSyncRate } from './power.js';
-import { type BenchResult, type Rounds, renderReport, renderWebPlans } from './report.js';
+import { type BenchResult, type Rounds, renderFleetPlans, renderReport, renderWebPlans } from './report.js';
 import { claimAtScale } from './scale.js';
 import { BenchServer } from './server.js';
 import { latency, summarize } from './stats.js';
@@ -39,11 +40,15 @@ import {
 import { webPages } from './web.js';
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
-const ONLY = new Set((process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle,heartbeat,web,power').split(','));
+const ONLY = new Set(
+  (process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle,heartbeat,web,fleet,power').split(','),
+);
 /** Machines the power sync reads, one fake BMC system each. */
 const POWER_MACHINES = Number(process.env.BENCH_POWER_MACHINES ?? 1_000);
 /** Machines of the fleet page's benchmark (ten history rows each). */
 const WEB_MACHINES = Number(process.env.BENCH_WEB_MACHINES ?? 100_000);
+/** Machines of the fleet gauges' benchmark. */
+const FLEET_MACHINES = Number(process.env.BENCH_FLEET_MACHINES ?? 100_000);
 const ITEMS = Number(process.env.BENCH_ITEMS ?? 10_000);
 const CONCURRENCY = (process.env.BENCH_CONCURRENCY ?? '1,8,32').split(',').map(Number);
 const SCALES = [1_000, 10_000, 100_000];
@@ -161,8 +166,9 @@ async function main(): Promise<void> {
 
     if (ONLY.has('heartbeat')) {
       const figures = [];
-      for (const answeredBy of HEARTBEAT_SERVERS) {
-        for (const workers of HEARTBEAT_WORKERS) {
+      // Each server beside the floor, one after the other, so the ratio of their CPU sees the same machine.
+      for (const workers of HEARTBEAT_WORKERS) {
+        for (const answeredBy of HEARTBEAT_SERVERS) {
           figures.push(...(await heartbeats(server, AGENTS, workers, HEARTBEAT_RATES, HEARTBEAT_SECONDS, answeredBy)));
         }
       }
@@ -172,13 +178,16 @@ async function main(): Promise<void> {
           `heartbeat (${figure.server}) ${figure.agents} agents, ${figure.workers} workers, offered ${figure.offered}/s: ${figure.perSecond.toFixed(0)}/s, ` +
             `p50 ${figure.latency.p50.toFixed(1)} ms, p99 ${figure.latency.p99.toFixed(1)} ms, ` +
             `${figure.statementsPerHeartbeat.toFixed(3)} statements per heartbeat, ${figure.failed} failed, ${figure.missed} missed, ` +
-            `schedule lag p99 ${figure.scheduleLagP99.toFixed(1)} ms; CPU s/s ` +
+            `schedule lag p99 ${figure.scheduleLagP99.toFixed(1)} ms; load average ${figure.loadAverage.toFixed(1)}; CPU s/s ` +
             `server ${figure.cpu.server.toFixed(2)}, generator ${figure.cpu.generator.toFixed(2)}, postgres ${figure.cpu.postgres.toFixed(2)}`,
         );
       }
     }
     if (ONLY.has('web')) {
       result.web = await webPages(server, WEB_MACHINES, 50);
+    }
+    if (ONLY.has('fleet')) {
+      result.fleet = await fleetReadings(server, FLEET_MACHINES, 30);
     }
 
     if (ONLY.has('power')) {
@@ -189,6 +198,7 @@ async function main(): Promise<void> {
     const report = renderReport(result);
     console.log(report);
     if (result.web) console.log(renderWebPlans(result.web));
+    if (result.fleet) console.log(renderFleetPlans(result.fleet));
     await mkdir(RESULTS, { recursive: true });
     const stamp = startedAt.toISOString().replace(/[:.]/g, '-');
     const json = `${JSON.stringify(result, null, 2)}\n`;
@@ -198,6 +208,7 @@ async function main(): Promise<void> {
     await writeFile(path.join(RESULTS, `${latest}.json`), json);
     await writeFile(path.join(RESULTS, `${latest}.md`), `${report}\n`);
     if (result.web) await writeFile(path.join(RESULTS, 'web-plans.md'), `${renderWebPlans(result.web)}\n`);
+    if (result.fleet) await writeFile(path.join(RESULTS, 'fleet-plans.md'), `${renderFleetPlans(result.fleet)}\n`);
   } finally {
     await server.stop();
   }

@@ -30,6 +30,7 @@ export {
   WorkLostError,
   type WorkOutcome,
 } from './errors.js';
+export { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
 export { sleep } from './internal/sleep.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
 export type { ComponentSchema } from './migrations/index.js';

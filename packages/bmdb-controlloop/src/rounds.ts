@@ -1,8 +1,7 @@
 import { isStop } from './abort.js';
-import type { BMDB } from './connection.js';
 import { ConnectionClosedError } from './errors.js';
 import { sleep } from './internal/sleep.js';
-import type { Session } from './session.js';
+import type { Session, SessionOptions } from './session.js';
 
 /** Options of {@link runRounds}. Durations in milliseconds. */
 export interface RoundsOptions {
@@ -19,7 +18,11 @@ export interface RoundsOptions {
    */
   readonly onFailure: (error: unknown, during: 'round' | 'close') => void;
   /** For rounds that take a session: where it comes from, and its `processor` (metrics label). */
-  readonly session?: { readonly bmdb: BMDB; readonly processor: string };
+  readonly session?: {
+    /** The BMDB connection (`BMDB`) the session is started from. */
+    readonly bmdb: { startSession(options: SessionOptions): Promise<Session> };
+    readonly processor: string;
+  };
 }
 
 /** The pause after a failed round of a loop without an interval, so a failing database is not asked again at once. */

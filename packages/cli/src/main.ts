@@ -281,7 +281,7 @@ const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
   status: ['database'],
   server: SERVER_GROUPS,
   decommission: ['database', 'decommission'],
-  web: ['database', 'web'],
+  web: ['database', 'observability', 'web'],
   hold: ['database', 'decommission'],
   unhold: ['database', 'decommission'],
   // The provider's own flags, as `run <provider>` takes them: one environment serves both.

@@ -9,49 +9,38 @@ import { Queries } from '@bmaas/bmdb-controlloop';
 import { create, fromBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
 import { Registry } from 'prom-client';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { testBMDB } from '../../../test/support/database.js';
+import { beforeAll, describe, expect, test } from 'vitest';
 import { BlockDevice_Protocol, EFISupport, NodeSchema } from '../src/gen/cloud/agent/api/hwreport_pb.js';
 import {
   AgentHardwareReportSchema,
-  BmaasServer,
   HeartbeatRequestSchema,
   loadServerTls,
   ServerTlsError,
   selfSignedServerTls,
 } from '../src/index.js';
-import { type AgentIdentity, agentClient, agentIdentity } from './helpers.js';
+import {
+  type AgentIdentity,
+  agentClient,
+  agentIdentity,
+  heartbeatStatements,
+  startedMachine as machineOf,
+  startTestServer,
+  type TestServer,
+} from './helpers.js';
 
-let server: BmaasServer;
-let dir: string;
-let ca: string;
 const registry = new Registry();
-
-const { db, bmdb } = await testBMDB({ metrics: registry });
+let t: TestServer;
 
 beforeAll(async () => {
-  dir = await mkdtemp(path.join(tmpdir(), 'bmaas-server-test-'));
-  const tls = await selfSignedServerTls(dir);
-  ca = tls.cert;
-  server = await BmaasServer.start({ bmdb, listen: { host: '127.0.0.1', port: 0 }, tls, metrics: registry });
-});
-afterAll(async () => {
-  await server?.close();
-  await rm(dir, { recursive: true, force: true });
+  t = await startTestServer(registry);
 });
 
-/** A machine whose agent started with `agent`'s key. */
-async function startedMachine(agent: AgentIdentity): Promise<string> {
-  const q = new Queries(bmdb.db);
-  const machineId = await q.newMachine();
-  await q.setAgentStarted(machineId, { publicKey: agent.publicKey });
-  return machineId;
-}
+const startedMachine = (agent: AgentIdentity) => machineOf(t.bmdb, agent);
 
 const written = async (machineId: string) => ({
-  heartbeat: (await db.admin('SELECT 1 FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId])).rowCount,
-  hardware: (await db.admin('SELECT 1 FROM machine_hardware_report WHERE machine_id = $1', [machineId])).rowCount,
-  installation: (await db.admin('SELECT 1 FROM machine_os_installation_report WHERE machine_id = $1', [machineId]))
+  heartbeat: (await t.db.admin('SELECT 1 FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId])).rowCount,
+  hardware: (await t.db.admin('SELECT 1 FROM machine_hardware_report WHERE machine_id = $1', [machineId])).rowCount,
+  installation: (await t.db.admin('SELECT 1 FROM machine_os_installation_report WHERE machine_id = $1', [machineId]))
     .rowCount,
 });
 
@@ -80,17 +69,17 @@ describe('Heartbeat', () => {
   test('from its machine’s agent: AgentHeartbeat at the database’s now, the reports stored, no installation request', async () => {
     const agent = agentIdentity();
     const machineId = await startedMachine(agent);
-    const before = (await db.admin('SELECT now() AS now')).rows[0].now as Date;
-    const response = await agentClient(server.port, ca, agent).heartbeat({
+    const before = (await t.db.admin('SELECT now() AS now')).rows[0].now as Date;
+    const response = await agentClient(t.server.port, t.ca, agent).heartbeat({
       machineId,
       hardwareReport,
       installationReport: { generation: 3n, result: { case: 'error', value: { error: 'disk on fire' } } },
     });
     expect(response.installationRequest).toBeUndefined();
 
-    const q = new Queries(bmdb.db);
+    const q = new Queries(t.bmdb.db);
     const at = (
-      await db.admin('SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId])
+      await t.db.admin('SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId])
     ).rows[0]?.agent_heartbeat_at as Date;
     expect(at.getTime()).toBeGreaterThanOrEqual(before.getTime());
     const stored = await q.hardwareReport(machineId);
@@ -100,14 +89,16 @@ describe('Heartbeat', () => {
 
   test('without a client certificate: UNAUTHENTICATED, nothing written', async () => {
     const machineId = await startedMachine(agentIdentity());
-    const error = await refusal(agentClient(server.port, ca).heartbeat({ machineId, hardwareReport }));
+    const error = await refusal(agentClient(t.server.port, t.ca).heartbeat({ machineId, hardwareReport }));
     expect(error.code).toBe(Code.Unauthenticated);
     expect(await written(machineId)).toEqual({ heartbeat: 0, hardware: 0, installation: 0 });
   });
 
   test('with another agent’s key: UNAUTHENTICATED, nothing written', async () => {
     const machineId = await startedMachine(agentIdentity());
-    const error = await refusal(agentClient(server.port, ca, agentIdentity()).heartbeat({ machineId, hardwareReport }));
+    const error = await refusal(
+      agentClient(t.server.port, t.ca, agentIdentity()).heartbeat({ machineId, hardwareReport }),
+    );
     expect(error.code).toBe(Code.Unauthenticated);
     expect(error.rawMessage).toBe('machine id or public key unknown');
     expect(await written(machineId)).toEqual({ heartbeat: 0, hardware: 0, installation: 0 });
@@ -115,14 +106,16 @@ describe('Heartbeat', () => {
 
   test('with a certificate over a key that is not ed25519: UNAUTHENTICATED', async () => {
     const machineId = await startedMachine(agentIdentity());
-    const error = await refusal(agentClient(server.port, ca, agentIdentity('ec')).heartbeat({ machineId }));
+    const error = await refusal(agentClient(t.server.port, t.ca, agentIdentity('ec')).heartbeat({ machineId }));
     expect(error.code).toBe(Code.Unauthenticated);
     expect(await written(machineId)).toEqual({ heartbeat: 0, hardware: 0, installation: 0 });
   });
 
   test('for an unknown machine: UNAUTHENTICATED, as for a wrong key', async () => {
     const error = await refusal(
-      agentClient(server.port, ca, agentIdentity()).heartbeat({ machineId: '6f1c1c3e-0000-4000-8000-000000000001' }),
+      agentClient(t.server.port, t.ca, agentIdentity()).heartbeat({
+        machineId: '6f1c1c3e-0000-4000-8000-000000000001',
+      }),
     );
     expect(error.code).toBe(Code.Unauthenticated);
     expect(error.rawMessage).toBe('machine id or public key unknown');
@@ -130,15 +123,15 @@ describe('Heartbeat', () => {
 
   test('for a machine without AgentStarted: UNAUTHENTICATED, nothing written', async () => {
     const agent = agentIdentity();
-    const machineId = await new Queries(bmdb.db).newMachine();
-    const error = await refusal(agentClient(server.port, ca, agent).heartbeat({ machineId, hardwareReport }));
+    const machineId = await new Queries(t.bmdb.db).newMachine();
+    const error = await refusal(agentClient(t.server.port, t.ca, agent).heartbeat({ machineId, hardwareReport }));
     expect(error.code).toBe(Code.Unauthenticated);
     expect(await written(machineId)).toEqual({ heartbeat: 0, hardware: 0, installation: 0 });
   });
 
   test('with a malformed machine_id: INVALID_ARGUMENT naming it', async () => {
     const error = await refusal(
-      agentClient(server.port, ca, agentIdentity()).heartbeat({ machineId: 'rack-7/slot-3' }),
+      agentClient(t.server.port, t.ca, agentIdentity()).heartbeat({ machineId: 'rack-7/slot-3' }),
     );
     expect(error.code).toBe(Code.InvalidArgument);
     expect(error.rawMessage).toBe('machine_id "rack-7/slot-3" is not a UUID');
@@ -148,7 +141,7 @@ describe('Heartbeat', () => {
     const agent = agentIdentity();
     const machineId = await startedMachine(agent);
     const error = await refusal(
-      agentClient(server.port, ca, agent).heartbeat(
+      agentClient(t.server.port, t.ca, agent).heartbeat(
         create(HeartbeatRequestSchema, { machineId, installationReport: { generation: 1n } }),
       ),
     );
@@ -159,18 +152,13 @@ describe('Heartbeat', () => {
   test('many agents at once, each on its own connection: all recorded, in fewer statements than heartbeats', async () => {
     const agents = Array.from({ length: 30 }, () => agentIdentity());
     const machines = await Promise.all(agents.map(startedMachine));
-    const statements = async () =>
-      Number(
-        /bmdb_agent_heartbeat_batch_size_count (\d+)/.exec(
-          await registry.getSingleMetricAsString('bmdb_agent_heartbeat_batch_size'),
-        )?.[1],
-      );
+    const statements = () => heartbeatStatements(registry);
     const before = await statements();
     await Promise.all(
-      agents.map((agent, i) => agentClient(server.port, ca, agent).heartbeat({ machineId: machines[i] })),
+      agents.map((agent, i) => agentClient(t.server.port, t.ca, agent).heartbeat({ machineId: machines[i] })),
     );
     expect(await statements()).toBeLessThan(before + 30);
-    const { rows } = await db.admin(
+    const { rows } = await t.db.admin(
       'SELECT count(*)::int AS n FROM machine_agent_heartbeat WHERE machine_id = ANY($1)',
       [machines],
     );
@@ -188,26 +176,26 @@ describe('Heartbeat', () => {
 
 describe('server TLS', () => {
   test('the self-signed certificate is made once under the directory and reused', async () => {
-    const again = await selfSignedServerTls(dir);
+    const again = await selfSignedServerTls(t.dir);
     expect(again.created).toBe(false);
-    expect(again.cert).toBe(ca);
-    expect(again.certPath).toBe(path.join(dir, 'server.crt'));
-    expect(await readFile(path.join(dir, 'server.crt'), 'utf8')).toBe(ca);
+    expect(again.cert).toBe(t.ca);
+    expect(again.certPath).toBe(path.join(t.dir, 'server.crt'));
+    expect(await readFile(path.join(t.dir, 'server.crt'), 'utf8')).toBe(t.ca);
   });
 
   test('a missing file, a file that is no certificate, and a key of another certificate are named', async () => {
     const other = await mkdtemp(path.join(tmpdir(), 'bmaas-server-tls-'));
     try {
       const otherTls = await selfSignedServerTls(other);
-      await expect(loadServerTls(path.join(other, 'nope.crt'), path.join(dir, 'server.key'))).rejects.toThrow(
+      await expect(loadServerTls(path.join(other, 'nope.crt'), path.join(t.dir, 'server.key'))).rejects.toThrow(
         new ServerTlsError(path.join(other, 'nope.crt'), 'cannot read it (ENOENT)'),
       );
       await writeFile(path.join(other, 'junk.crt'), 'hello');
-      await expect(loadServerTls(path.join(other, 'junk.crt'), path.join(dir, 'server.key'))).rejects.toThrow(
+      await expect(loadServerTls(path.join(other, 'junk.crt'), path.join(t.dir, 'server.key'))).rejects.toThrow(
         /junk\.crt: not a PEM X\.509 certificate/,
       );
-      await expect(loadServerTls(otherTls.certPath, path.join(dir, 'server.key'))).rejects.toThrow(
-        `server TLS: ${path.join(dir, 'server.key')}: not the private key of the certificate ${otherTls.certPath}`,
+      await expect(loadServerTls(otherTls.certPath, path.join(t.dir, 'server.key'))).rejects.toThrow(
+        `server TLS: ${path.join(t.dir, 'server.key')}: not the private key of the certificate ${otherTls.certPath}`,
       );
     } finally {
       await rm(other, { recursive: true, force: true });

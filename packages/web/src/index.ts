@@ -6,13 +6,15 @@
  * @packageDocumentation
  */
 
-export { checkTokenRule, WebTokenError } from './access.js';
+export { checkTlsRule, checkTokenRule, isLoopback, WebTlsError, WebTokenError } from './access.js';
 export type { MachineList, MachineView, Overview } from './data.js';
 export {
   attachFleetPage,
   type FleetPageOptions,
   type FleetPageServer,
+  type FleetPageTls,
   fleetPageHandler,
+  type ServeOptions,
   serveFleetPage,
   WebListenError,
 } from './server.js';

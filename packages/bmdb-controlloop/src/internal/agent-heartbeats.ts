@@ -1,5 +1,6 @@
 import type { AgentHeartbeat, AgentHeartbeatResult } from '../agent-heartbeat.js';
 import { Batcher } from './batcher.js';
+import { hardwareTotals } from './hardware-totals.js';
 import { onePerMachine } from './machine-batches.js';
 import type { PreparedStatements } from './prepared.js';
 import type { RunStatement } from './retry.js';
@@ -14,8 +15,9 @@ const PROCESSOR = 'agent-callback';
  * The heartbeats of a batch, one array element per heartbeat. The statement
  * keeps those whose machine has an AgentStarted tag with the same public key
  * (`authenticated`), and for each sets AgentHeartbeat to now and stores the
- * reports sent; it returns their positions. A heartbeat with an unknown
- * machine or another key writes nothing.
+ * reports sent (a hardware report with its totals, for the fleet gauges); it
+ * returns their positions. A heartbeat with an unknown machine or another key
+ * writes nothing.
  *
  * `FOR KEY SHARE` holds the AgentStarted row until the statement ends, so a
  * recovery deleting it either committed first (the row is re-checked, gone,
@@ -27,8 +29,10 @@ const PROCESSOR = 'agent-callback';
  */
 const HEARTBEAT_SQL = `
   WITH requests AS (
-    SELECT * FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::bigint[], $5::text[], $6::bytea[])
-      WITH ORDINALITY AS r (machine_id, public_key, hardware_report, generation, result, installation_report, ord)),
+    SELECT * FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::bigint[], $5::text[], $6::bytea[],
+                         $7::bigint[], $8::bigint[], $9::int[], $10::bigint[])
+      WITH ORDINALITY AS r (machine_id, public_key, hardware_report, generation, result, installation_report,
+                            cpu_threads, memory_bytes, disks, disk_bytes, ord)),
   authenticated AS (
     SELECT r.* FROM requests r JOIN machine_agent_started a ON a.machine_id = r.machine_id
     WHERE a.machine_id = ANY ($1::uuid[]) AND a.agent_public_key = r.public_key
@@ -38,10 +42,14 @@ const HEARTBEAT_SQL = `
     SELECT machine_id, now() FROM authenticated
     ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heartbeat_at),
   hardware AS (
-    INSERT INTO machine_hardware_report (machine_id, hardware_report_raw, hardware_reported_at)
-    SELECT machine_id, hardware_report, now() FROM authenticated WHERE hardware_report IS NOT NULL
+    INSERT INTO machine_hardware_report
+      (machine_id, hardware_report_raw, hardware_reported_at, cpu_threads, memory_bytes, disks, disk_bytes)
+    SELECT machine_id, hardware_report, now(), cpu_threads, memory_bytes, disks, disk_bytes
+    FROM authenticated WHERE hardware_report IS NOT NULL
     ON CONFLICT (machine_id) DO UPDATE
-    SET hardware_report_raw = excluded.hardware_report_raw, hardware_reported_at = excluded.hardware_reported_at),
+    SET hardware_report_raw = excluded.hardware_report_raw, hardware_reported_at = excluded.hardware_reported_at,
+        cpu_threads = excluded.cpu_threads, memory_bytes = excluded.memory_bytes, disks = excluded.disks,
+        disk_bytes = excluded.disk_bytes),
   installation AS (
     INSERT INTO machine_os_installation_report
       (machine_id, generation, os_installation_result, os_installation_report_raw, os_installation_reported_at)
@@ -81,6 +89,8 @@ export class AgentHeartbeats {
 
   async #send(heartbeats: readonly AgentHeartbeat[]): Promise<AgentHeartbeatResult[]> {
     this.onBatch(heartbeats.length);
+    // Each report's totals, for the fleet's hardware gauges; null where it cannot be read.
+    const totals = heartbeats.map((h) => (h.hardwareReport ? hardwareTotals(h.hardwareReport) : undefined));
     const parameters = [
       heartbeats.map((h) => h.machineId),
       heartbeats.map((h) => Buffer.from(h.publicKey)),
@@ -88,6 +98,10 @@ export class AgentHeartbeats {
       heartbeats.map((h) => h.installationReport?.generation.toString() ?? null),
       heartbeats.map((h) => h.installationReport?.result ?? null),
       heartbeats.map((h) => (h.installationReport ? Buffer.from(h.installationReport.raw) : null)),
+      totals.map((t) => t?.cpuThreads ?? null),
+      totals.map((t) => t?.memoryBytes ?? null),
+      totals.map((t) => t?.disks ?? null),
+      totals.map((t) => t?.diskBytes ?? null),
     ];
     const [row] = await this.run([PROCESSOR], () =>
       this.prepared.query<{ authenticated: number[] }>({ sql: HEARTBEAT_SQL, parameters }),
