@@ -14,6 +14,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0004_fleet_page',
     '0005_lean_triggers',
     '0006_operator_control',
+    '0007_os_installation',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
@@ -45,6 +46,21 @@ test('migrations create the schema once; running them again is a no-op', async (
       'os_installation_result',
       'os_installation_report_raw',
       'os_installation_reported_at',
+    ],
+    machine_os_installation_request: [
+      'machine_id',
+      'generation',
+      'image_url',
+      'image_sha256',
+      'root_device',
+      'compression',
+      'user_data',
+      'requested_at',
+      'requested_by',
+      'installation_state',
+      'delivered_at',
+      'installation_ended_at',
+      'installation_error',
     ],
     machine_unprovided: ['machine_id'],
     machine_hold: ['machine_id', 'hold_reason', 'hold_actor', 'held_at'],
@@ -141,6 +157,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0004_fleet_page',
     '0005_lean_triggers',
     '0006_operator_control',
+    '0007_os_installation',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // 0006 backfills a power state row for each provided machine.
