@@ -4,8 +4,9 @@ import type { BMDB } from '@bmaas/bmdb-controlloop';
 import { createContextValues } from '@connectrpc/connect';
 import { connectNodeAdapter } from '@connectrpc/connect-node';
 import type { Registry } from 'prom-client';
-import { agentCallback } from './agent-callback.js';
+import { agentCallbacks } from './agent-callback.js';
 import { ListenError } from './errors.js';
+import { AgentCallback as AgentCallbackOfAgentApi } from './gen/cloud/agent/api/agent_pb.js';
 import { AgentCallback } from './gen/cloud/bmaas/server/api/agent_pb.js';
 import { log } from './log.js';
 import { ServerMetrics } from './metrics.js';
@@ -26,7 +27,8 @@ export interface BmaasServerOptions {
 
 /**
  * The BMaaS server: AgentCallback over gRPC (and Connect and gRPC-Web) on
- * HTTP/2 with TLS. It asks every client for a certificate and checks no
+ * HTTP/2 with TLS, under both service names (`cloud.bmaas.server.api`,
+ * `cloud.agent.api`). It asks every client for a certificate and checks no
  * chain: an agent's is self-signed over its ed25519 key, and what
  * authenticates a heartbeat is that key being its machine's (see
  * `BMDB.recordAgentHeartbeat`).
@@ -54,10 +56,13 @@ export class BmaasServer {
   /** Starts listening; resolves once it does. */
   static async start(options: BmaasServerOptions): Promise<BmaasServer> {
     const metrics = options.metrics ? new ServerMetrics(options.metrics) : undefined;
+    const callbacks = agentCallbacks(options.bmdb, metrics);
     const handler = connectNodeAdapter({
-      routes: (router) => router.service(AgentCallback, agentCallback(options.bmdb, metrics)),
+      // Both generations of the upstream agent: the service before and after its move to cloud.agent.api.
+      routes: (router) =>
+        router.service(AgentCallback, callbacks.bmaas).service(AgentCallbackOfAgentApi, callbacks.agent),
       contextValues: (request) => createContextValues().set(peerKey, peerKeyOf(request)),
-      // Heartbeats are small and answered empty: compressing them costs more than it saves.
+      // Heartbeats and their answers are small: compressing them costs more than it saves.
       acceptCompression: [],
       // Upstream gRPC's default ceiling; a hardware report is a few kilobytes.
       readMaxBytes: 4 * 1024 * 1024,
@@ -86,7 +91,7 @@ export class BmaasServer {
       });
     });
     const bmaas = new BmaasServer(server);
-    log.server('serving AgentCallback at %s:%d', host, bmaas.port);
+    log.server('serving AgentCallback (cloud.bmaas.server.api and cloud.agent.api) at %s:%d', host, bmaas.port);
     return bmaas;
   }
 

@@ -1,7 +1,7 @@
 import { generateKeyPairSync, type KeyObject } from 'node:crypto';
 import { type Client, createClient } from '@connectrpc/connect';
 import { createGrpcTransport } from '@connectrpc/connect-node';
-import { AgentCallback, certificatePem, selfSignedCertificate } from '../src/index.js';
+import { AgentCallback, agentApi, certificatePem, selfSignedCertificate } from '../src/index.js';
 
 /** An agent's key pair, its raw public key, and a self-signed client certificate over it. */
 export interface AgentIdentity {
@@ -28,6 +28,21 @@ export function agentIdentity(type: 'ed25519' | 'ec' = 'ed25519'): AgentIdentity
 export function agentClient(port: number, ca: string, identity?: AgentIdentity): Client<typeof AgentCallback> {
   return createClient(
     AgentCallback,
+    createGrpcTransport({
+      baseUrl: `https://localhost:${port}`,
+      nodeOptions: { ca, ...(identity && { cert: identity.cert, key: identity.key }) },
+    }),
+  );
+}
+
+/** {@link agentClient} under the current upstream agent's service name, `cloud.agent.api.AgentCallback`. */
+export function currentAgentClient(
+  port: number,
+  ca: string,
+  identity?: AgentIdentity,
+): Client<typeof agentApi.AgentCallback> {
+  return createClient(
+    agentApi.AgentCallback,
     createGrpcTransport({
       baseUrl: `https://localhost:${port}`,
       nodeOptions: { ca, ...(identity && { cert: identity.cert, key: identity.key }) },
