@@ -74,7 +74,7 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
 
   test('loads the overview, the hostile cause shown as text and never run', async () => {
     await page.goto(open.url);
-    expect(await text('h1')).toBe('Fleet: 7 machines');
+    expect(await text('h1')).toBe('Fleet: 8 machines');
     const bars = await page.$$eval('table.chart rect.fill', (rects) => rects.map((r) => r.getAttribute('width')));
     expect(bars).toContain('100.0%');
     const causes = await page.$$eval('td.cause', (cells) => cells.map((c) => c.textContent));
