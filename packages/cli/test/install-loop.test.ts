@@ -11,7 +11,7 @@
  * initializer and the recoverer until a new request.
  */
 import { createHash, randomBytes } from 'node:crypto';
-import { mkdtemp, readdir, readFile, rm, truncate, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, truncate, writeFile } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { gzipSync } from 'node:zlib';
@@ -22,7 +22,16 @@ import { createTestDatabase, type TestDatabase } from '../../../test/support/dat
 import { ImageServer } from '../../../test/support/image-server.js';
 import { freePort } from '../../../test/support/ports.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
-import { buildOnce, eventually, runEquinixArgs, type Shepherd, shepherd, start } from './helpers.js';
+import {
+  agentHeartbeaters,
+  buildOnce,
+  eventually,
+  killQuietly,
+  runEquinixArgs,
+  type Shepherd,
+  shepherd,
+  start,
+} from './helpers.js';
 
 const MACHINES = 3;
 const TEST_AGENT = path.resolve('packages/shepherd-manager/bin/test-agent.js');
@@ -64,35 +73,12 @@ afterAll(async () => {
     process.child.kill('SIGKILL');
     await process.exited;
   }
-  for (const pid of await heartbeaters()) killQuietly(pid);
+  for (const pid of (await agentHeartbeaters(db)).values()) killQuietly(pid);
   await images?.close();
   await api?.close();
   await sshd?.stop();
   await rm(dir, { recursive: true, force: true });
 });
-
-/** Detached test agents heartbeating for this test's machines. */
-async function heartbeaters(): Promise<number[]> {
-  const machines = new Set(
-    (await db.admin('SELECT machine_id FROM machines')).rows.map((row) => row.machine_id as string),
-  );
-  const found: number[] = [];
-  for (const entry of await readdir('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const argv = (await readFile(`/proc/${entry}/cmdline`, 'utf8')).split('\0');
-      const at = argv.indexOf('--heartbeat');
-      if (at >= 0 && machines.has(argv[at + 1] ?? '')) found.push(Number(entry));
-    } catch {}
-  }
-  return found;
-}
-
-function killQuietly(pid: number): void {
-  try {
-    process.kill(pid, 'SIGKILL');
-  } catch {}
-}
 
 /** Each machine's provider ID, agent and installation, by the database's clock. */
 async function machines(): Promise<

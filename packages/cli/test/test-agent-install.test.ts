@@ -9,7 +9,7 @@
  */
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes, X509Certificate } from 'node:crypto';
-import { mkdtemp, readdir, readFile, rm, truncate, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, truncate, writeFile } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { gzipSync } from 'node:zlib';
@@ -19,7 +19,7 @@ import { encodeTakeoverInit, parseTakeoverResponse, type TakeoverInitParams } fr
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
 import { ImageServer } from '../../../test/support/image-server.js';
-import { eventually } from './helpers.js';
+import { agentHeartbeaters, eventually, killQuietly } from './helpers.js';
 
 const TEST_AGENT = path.resolve('packages/shepherd-manager/bin/test-agent.js');
 const MiB = 1 << 20;
@@ -48,34 +48,11 @@ beforeAll(async () => {
   images.serve('debian.img.gz', { bytes: gzipSync(image), chunkBytes: 128 * 1024, chunkDelayMs: 100 });
 });
 afterAll(async () => {
-  for (const pid of await heartbeaters()) killQuietly(pid);
+  for (const pid of (await agentHeartbeaters(db)).values()) killQuietly(pid);
   await server?.close();
   await images?.close();
   await rm(dir, { recursive: true, force: true });
 });
-
-function killQuietly(pid: number): void {
-  try {
-    process.kill(pid, 'SIGKILL');
-  } catch {}
-}
-
-/** The detached heartbeaters of this file's machines. */
-async function heartbeaters(): Promise<number[]> {
-  const machines = new Set(
-    (await db.admin('SELECT machine_id FROM machines')).rows.map((row) => row.machine_id as string),
-  );
-  const pids: number[] = [];
-  for (const entry of await readdir('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const argv = (await readFile(`/proc/${entry}/cmdline`, 'utf8')).split('\0');
-      const at = argv.indexOf('--heartbeat');
-      if (at >= 0 && machines.has(argv[at + 1] ?? '')) pids.push(Number(entry));
-    } catch {}
-  }
-  return pids;
-}
 
 /**
  * A machine whose test agent was taken over as the initializer does it, and
