@@ -1,7 +1,11 @@
 import { fileURLToPath } from 'node:url';
 import { defineConfig } from 'vitest/config';
 
-/** One Vitest project per package; tests run against sources (the `source` export condition). */
+/**
+ * One Vitest project per package; tests run against sources (the `source`
+ * export condition). The lab's (packages/lab: QEMU VMs) are in
+ * vitest.lab.config.ts, run by `npm run test:lab` and by `.ci/run` after this.
+ */
 const packages = [
   'bmdb-controlloop',
   'shepherd-manager',

@@ -216,6 +216,11 @@ const flags = {
     },
     'redfish-timeout': { describe: 'Time for each Redfish request', default: '30s' },
     'redfish-concurrency': { describe: 'Most BMC requests in flight at once, across the fleet', default: '8' },
+    'ipmi-timeout': {
+      describe: 'Time for each ipmitool run against an IPMI BMC ("protocol": "ipmi"), killed after it',
+      default: '30s',
+    },
+    'ipmi-concurrency': { describe: 'Most ipmitool runs at once, across the fleet', default: '8' },
     'static-reboot-wait': {
       describe:
         'Wait after a BMC accepted a reset before the machine counts as rebooted (so its agent is not started on the OS going down)',

@@ -356,6 +356,18 @@ describe('run static: bad input exits 2 with one line naming the flag, before an
       {},
       /--redfish-concurrency: invalid value "0": want a whole number from 1 to 1000/,
     ],
+    [
+      'a bad IPMI timeout',
+      () => [...base(), '--ipmi-timeout', 'soon'],
+      {},
+      /--ipmi-timeout: invalid value "soon": want a duration/,
+    ],
+    [
+      'a bad IPMI concurrency',
+      () => [...base(), '--ipmi-concurrency', '0'],
+      {},
+      /--ipmi-concurrency: invalid value "0": want a whole number from 1 to 1000/,
+    ],
   ])('%s', async (_, args, env, message) => {
     const dataDir = path.join(dir, `untouched-${Math.random().toString(36).slice(2)}`);
     const result = await shepherd([...args(), '--data-dir', dataDir], env);

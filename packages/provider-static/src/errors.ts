@@ -136,3 +136,85 @@ export class BmcCredentialsError extends StaticProviderError {
     super(`machine ${machine}: ${problem}`);
   }
 }
+
+/**
+ * A machine's IPMI BMC did not do what `ipmitool` asked. Names the machine,
+ * the BMC (`host:port`) and the cause; never the password.
+ */
+export class IpmiError extends StaticProviderError {
+  override name = 'IpmiError';
+  constructor(
+    /** The machine's provider ID (its inventory `id`). */
+    readonly machine: string,
+    /** The BMC, `host:port`. */
+    readonly bmc: string,
+    problem: string,
+    options?: ErrorOptions,
+  ) {
+    super(`machine ${machine}: IPMI BMC ${bmc}: ${problem}`, options);
+  }
+}
+
+/**
+ * The BMC refused the session: unknown user, wrong password, or a user
+ * without the privilege the command needs. Not retried: the same credentials
+ * fail again.
+ */
+export class IpmiCredentialsError extends IpmiError {
+  override name = 'IpmiCredentialsError';
+}
+
+/** No answer from the BMC (no route, nothing listening, name not found), after retries. */
+export class IpmiUnreachableError extends IpmiError {
+  override name = 'IpmiUnreachableError';
+}
+
+/** `ipmitool` did not finish within the client's timeout and was killed (after retries). */
+export class IpmiTimeoutError extends IpmiError {
+  override name = 'IpmiTimeoutError';
+  constructor(
+    machine: string,
+    bmc: string,
+    /** What was asked, `chassis power status`. */
+    readonly command: string,
+    readonly timeout: number,
+  ) {
+    super(machine, bmc, `${command}: ipmitool got no answer within ${timeout} ms and was killed (timeout)`);
+  }
+}
+
+/**
+ * The BMC does not support what was asked: the command (IPMI completion code
+ * "Invalid command", "Invalid data field in request"), or the cipher suite
+ * the inventory names. Not retried.
+ */
+export class IpmiUnsupportedError extends IpmiError {
+  override name = 'IpmiUnsupportedError';
+}
+
+/** `ipmitool` failed some other way; its message is in {@link IpmiCommandError.detail}. Not retried. */
+export class IpmiCommandError extends IpmiError {
+  override name = 'IpmiCommandError';
+  constructor(
+    machine: string,
+    bmc: string,
+    readonly command: string,
+    /** ipmitool's own last words (the password scrubbed). */
+    readonly detail: string,
+  ) {
+    super(machine, bmc, `${command} failed: ${detail}`);
+  }
+}
+
+/** The `ipmitool` program is not installed (or not at the configured path). */
+export class IpmitoolMissingError extends StaticProviderError {
+  override name = 'IpmitoolMissingError';
+  constructor(
+    /** The program the client tried to run. */
+    readonly program: string,
+  ) {
+    super(
+      `${program} not found: IPMI BMCs are driven through ipmitool; install Debian's ipmitool package (apt-get install ipmitool)`,
+    );
+  }
+}

@@ -14,6 +14,13 @@ export {
   BmcCredentialsError,
   InventoryError,
   type InventoryLocation,
+  IpmiCommandError,
+  IpmiCredentialsError,
+  IpmiError,
+  IpmiTimeoutError,
+  IpmitoolMissingError,
+  IpmiUnreachableError,
+  IpmiUnsupportedError,
   NoBmcError,
   RedfishCredentialsError,
   RedfishError,
@@ -27,10 +34,22 @@ export {
 export {
   type BmcPassword,
   type InventoryBmc,
+  type InventoryIpmiBmc,
   type InventoryMachine,
+  type InventoryRedfishBmc,
   InventorySource,
   parseInventory,
 } from './inventory.js';
+export { IpmiBmc } from './ipmi/bmc.js';
+export {
+  IPMI_BOOT_DEVICES,
+  type IpmiBootDevice,
+  IpmiClient,
+  type IpmiPowerAction,
+  type IpmiPowerState,
+} from './ipmi/client.js';
+export type { IpmiClientOptions, IpmiClientSettings } from './ipmi/client-settings.js';
+export type { IpmiTarget } from './ipmi/target.js';
 export {
   type DefaultBmcCredentials,
   readPasswordFile,

@@ -11,8 +11,12 @@ export type BmcPassword =
   | { readonly kind: 'inline'; readonly password: Secret }
   | { readonly kind: 'file'; readonly path: string };
 
-/** A machine's BMC, as the inventory gives it. */
-export interface InventoryBmc {
+/** A machine's BMC, as the inventory gives it: Redfish (the default) or IPMI. */
+export type InventoryBmc = InventoryRedfishBmc | InventoryIpmiBmc;
+
+/** A BMC spoken to over Redfish: `"bmc": { "url": … }`. */
+export interface InventoryRedfishBmc {
+  readonly protocol: 'redfish';
   /** The Redfish ComputerSystem resource, `http(s)://…/redfish/v1/Systems/<id>`. */
   readonly url: string;
   /** User name; `undefined`: the fleet-wide default (`--redfish-username`). */
@@ -21,6 +25,21 @@ export interface InventoryBmc {
   readonly password: BmcPassword | undefined;
   /** Skip TLS verification for this BMC (logged once per machine). */
   readonly insecure: boolean;
+}
+
+/** A BMC spoken to over IPMI 2.0 (RMCP+, `ipmitool -I lanplus`): `"bmc": { "protocol": "ipmi", "host": … }`. */
+export interface InventoryIpmiBmc {
+  readonly protocol: 'ipmi';
+  /** The BMC's IP literal or host name. */
+  readonly host: string;
+  /** RMCP+ UDP port; 623 unless given. */
+  readonly port: number;
+  /** User name; `undefined`: the fleet-wide default. */
+  readonly username: string | undefined;
+  /** Secret; `undefined`: the fleet-wide default. */
+  readonly password: BmcPassword | undefined;
+  /** RMCP+ cipher suite (`ipmitool -C`); 17 unless given. */
+  readonly cipherSuite: number;
 }
 
 /** One machine of the inventory. */
@@ -36,7 +55,10 @@ export interface InventoryMachine {
 const MACHINE_KEYS = ['id', 'address', 'location', 'bmc'] as const;
 /** The upstream Go shepherd's "mini" device list. */
 const MINI_KEYS = { ID: 'id', Addr: 'address', Location: 'location' } as const;
-const BMC_KEYS = ['url', 'username', 'password', 'passwordFile', 'insecure'] as const;
+const BMC_KEYS = ['protocol', 'url', 'username', 'password', 'passwordFile', 'insecure'] as const;
+const IPMI_BMC_KEYS = ['protocol', 'host', 'port', 'username', 'password', 'passwordFile', 'cipherSuite'] as const;
+/** BMC protocols of the inventory; Redfish when `protocol` is left out. */
+const BMC_PROTOCOLS = ['redfish', 'ipmi'] as const;
 /** Longest inventory read over HTTP: far more than any fleet needs, far less than memory. */
 const MAX_INVENTORY_BYTES = 16 * 1024 * 1024;
 
@@ -138,10 +160,24 @@ function pickKey(
 
 function parseBmc(value: unknown, fail: (field: string, problem: string) => InventoryError): InventoryBmc {
   if (!isRecord(value)) throw fail('', `want an object, got ${kindOf(value)}`);
-  for (const key of Object.keys(value)) {
-    if (!(BMC_KEYS as readonly string[]).includes(key)) throw fail(key, `unknown key (want ${BMC_KEYS.join(', ')})`);
+  const { protocol } = value;
+  if (protocol !== undefined && !(BMC_PROTOCOLS as readonly unknown[]).includes(protocol)) {
+    throw fail('protocol', `want one of ${BMC_PROTOCOLS.join(', ')} (redfish when left out), got ${show(protocol)}`);
   }
-  const { url, username, password, passwordFile, insecure } = value;
+  return protocol === 'ipmi' ? parseIpmiBmc(value, fail) : parseRedfishBmc(value, fail);
+}
+
+function parseRedfishBmc(
+  value: Record<string, unknown>,
+  fail: (field: string, problem: string) => InventoryError,
+): InventoryRedfishBmc {
+  for (const key of Object.keys(value)) {
+    if (!(BMC_KEYS as readonly string[]).includes(key)) {
+      const hint = (IPMI_BMC_KEYS as readonly string[]).includes(key) ? '; an IPMI BMC needs "protocol": "ipmi"' : '';
+      throw fail(key, `unknown key (want ${BMC_KEYS.join(', ')})${hint}`);
+    }
+  }
+  const { url, insecure } = value;
   if (url === undefined) throw fail('url', 'missing: the Redfish ComputerSystem URL');
   if (typeof url !== 'string') throw fail('url', `want a string, got ${kindOf(url)}`);
   let parsed: URL | undefined;
@@ -156,6 +192,51 @@ function parseBmc(value: unknown, fail: (field: string, problem: string) => Inve
   if (parsed.username !== '' || parsed.password !== '') {
     throw fail('url', 'credentials in the URL are not used: give username and password or passwordFile instead');
   }
+  if (insecure !== undefined && typeof insecure !== 'boolean') {
+    throw fail('insecure', `want true or false, got ${show(insecure)}`);
+  }
+  return { protocol: 'redfish', url, ...parseCredentials(value, fail), insecure: insecure ?? false };
+}
+
+function parseIpmiBmc(
+  value: Record<string, unknown>,
+  fail: (field: string, problem: string) => InventoryError,
+): InventoryIpmiBmc {
+  for (const key of Object.keys(value)) {
+    if (!(IPMI_BMC_KEYS as readonly string[]).includes(key)) {
+      const hint = key === 'url' ? "; url is a Redfish BMC's, an IPMI BMC takes host and port" : '';
+      throw fail(key, `unknown key for an IPMI BMC (want ${IPMI_BMC_KEYS.join(', ')})${hint}`);
+    }
+  }
+  const { host, port, cipherSuite } = value;
+  if (host === undefined) throw fail('host', "missing: the IPMI BMC's address or host name");
+  if (typeof host !== 'string' || !(isIP(host) !== 0 || HOST_NAME.test(host))) {
+    throw fail('host', `want an IP literal or a host name, got ${show(host)}`);
+  }
+  if (port !== undefined && (!Number.isSafeInteger(port) || (port as number) < 1 || (port as number) > 65535)) {
+    throw fail('port', `want a UDP port from 1 to 65535 (623 when left out), got ${show(port)}`);
+  }
+  if (
+    cipherSuite !== undefined &&
+    (!Number.isSafeInteger(cipherSuite) || (cipherSuite as number) < 0 || (cipherSuite as number) > 17)
+  ) {
+    throw fail('cipherSuite', `want an RMCP+ cipher suite from 0 to 17 (17 when left out), got ${show(cipherSuite)}`);
+  }
+  return {
+    protocol: 'ipmi',
+    host,
+    port: (port as number | undefined) ?? 623,
+    ...parseCredentials(value, fail),
+    cipherSuite: (cipherSuite as number | undefined) ?? 17,
+  };
+}
+
+/** `username` and `password` or `passwordFile`, as both protocols take them. */
+function parseCredentials(
+  value: Record<string, unknown>,
+  fail: (field: string, problem: string) => InventoryError,
+): { username: string | undefined; password: BmcPassword | undefined } {
+  const { username, password, passwordFile } = value;
   if (username !== undefined && (typeof username !== 'string' || username === '')) {
     throw fail('username', `want a non-empty string, got ${kindOf(username)}`);
   }
@@ -169,11 +250,7 @@ function parseBmc(value: unknown, fail: (field: string, problem: string) => Inve
   if (passwordFile !== undefined && (typeof passwordFile !== 'string' || !path.isAbsolute(passwordFile))) {
     throw fail('passwordFile', `want an absolute path, got ${show(passwordFile)}`);
   }
-  if (insecure !== undefined && typeof insecure !== 'boolean') {
-    throw fail('insecure', `want true or false, got ${show(insecure)}`);
-  }
   return {
-    url,
     username,
     password:
       typeof password === 'string'
@@ -181,9 +258,11 @@ function parseBmc(value: unknown, fail: (field: string, problem: string) => Inve
         : typeof passwordFile === 'string'
           ? { kind: 'file', path: passwordFile }
           : undefined,
-    insecure: insecure ?? false,
   };
 }
+
+/** A DNS host name (RFC 1123 labels). */
+const HOST_NAME = /^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*\.?$/i;
 
 /**
  * Where the inventory comes from: a file, or an `http(s)://` URL. Read anew

@@ -21,6 +21,8 @@ import type { Bmc } from './bmc.js';
 import { BmcCredentialsError, NoBmcError, StaticProviderError } from './errors.js';
 import { log } from './internal/log.js';
 import { type InventoryMachine, InventorySource } from './inventory.js';
+import { IpmiBmc } from './ipmi/bmc.js';
+import { IpmiClient } from './ipmi/client.js';
 import { RedfishBmc } from './redfish/bmc.js';
 import type { RedfishClient } from './redfish/client.js';
 import type { ResetType } from './redfish/reset-types.js';
@@ -37,7 +39,7 @@ export interface StaticMachine extends Machine {
 
 /** Fleet-wide BMC credentials, for machines whose inventory entry gives none. */
 export interface DefaultBmcCredentials {
-  /** `--redfish-username`. */
+  /** `--redfish-username` (IPMI BMCs take the same defaults). */
   readonly username?: string | undefined;
   /** `--redfish-password-file`: read at each BMC request, so a rotated password is picked up. */
   readonly passwordFile?: string | undefined;
@@ -49,6 +51,12 @@ export interface StaticProviderOptions {
   readonly inventory: string | InventorySource;
   /** The Redfish client BMC requests go through (its concurrency bound is fleet-wide). */
   readonly redfish: RedfishClient;
+  /**
+   * The IPMI client commands to IPMI BMCs go through (its concurrency bound
+   * is fleet-wide). Default: one with {@link IpmiClient}'s defaults, made
+   * when the first IPMI BMC is used.
+   */
+  readonly ipmi?: IpmiClient | undefined;
   readonly defaultCredentials?: DefaultBmcCredentials | undefined;
   /** `--redfish-reset-type`: use this reset type instead of the preferred one the BMC allows. */
   readonly resetType?: ResetType | undefined;
@@ -64,7 +72,7 @@ export interface StaticProviderOptions {
  * The shepherd's provider for machines the operator owns: every machine of
  * the inventory is the shepherd's (`PossiblyUsed`, settled against the BMDB
  * by the provisioner), and its power is controlled through its BMC (a
- * {@link Bmc}; today every machine's speaks Redfish): a silent one is
+ * {@link Bmc}: Redfish, or IPMI through ipmitool): a silent one is
  * power-cycled, and the power state is read, and the power switched on and
  * off, for the power sync and the operator's power actions.
  *
@@ -78,6 +86,7 @@ export class StaticProvider implements RebootingProvider, PowerControl {
   readonly type = STATIC_PROVIDER;
   readonly inventory: InventorySource;
   readonly #redfish: RedfishClient;
+  #ipmi: IpmiClient | undefined;
   readonly #defaults: DefaultBmcCredentials;
   readonly #resetType: ResetType | undefined;
   readonly #rebootWait: number;
@@ -90,6 +99,7 @@ export class StaticProvider implements RebootingProvider, PowerControl {
   constructor(options: StaticProviderOptions) {
     this.inventory = typeof options.inventory === 'string' ? new InventorySource(options.inventory) : options.inventory;
     this.#redfish = options.redfish;
+    this.#ipmi = options.ipmi;
     this.#defaults = options.defaultCredentials ?? {};
     this.#resetType = options.resetType;
     this.#rebootWait = options.rebootWait ?? 0;
@@ -158,7 +168,7 @@ export class StaticProvider implements RebootingProvider, PowerControl {
    * @throws {@link MachineNotFoundError} when the inventory does not have it
    * @throws {@link NoBmcError} when its entry has no `bmc`
    * @throws {@link BmcCredentialsError} when no user name or password can be had
-   * @throws {@link RedfishError} subclasses when the BMC does not reset it
+   * @throws {@link RedfishError} or {@link IpmiError} subclasses when the BMC does not reset it
    */
   async rebootMachine(id: string, signal?: AbortSignal): Promise<void> {
     const reset = await this.resetMachine(id, signal);
@@ -216,6 +226,17 @@ export class StaticProvider implements RebootingProvider, PowerControl {
         );
       }
       password = await readPasswordFile(file, (problem) => new BmcCredentialsError(id, problem));
+    }
+    if (bmc.protocol === 'ipmi') {
+      this.#ipmi ??= new IpmiClient();
+      return new IpmiBmc(this.#ipmi, {
+        machine: id,
+        host: bmc.host,
+        port: bmc.port,
+        username,
+        password,
+        cipherSuite: bmc.cipherSuite,
+      });
     }
     return new RedfishBmc(
       this.#redfish,

@@ -41,7 +41,13 @@ describe('parseInventory', () => {
         id: 'rack1-node07',
         address: '10.0.7.7',
         location: 'ams1',
-        bmc: { url: bmc.url, username: 'admin', password: { kind: 'file', path: bmc.passwordFile }, insecure: false },
+        bmc: {
+          protocol: 'redfish',
+          url: bmc.url,
+          username: 'admin',
+          password: { kind: 'file', path: bmc.passwordFile },
+          insecure: false,
+        },
       },
       {
         id: 'rack1-node08',
@@ -61,6 +67,57 @@ describe('parseInventory', () => {
     // The password never shows when the inventory is logged.
     expect(JSON.stringify(machines)).not.toContain('"pw"');
     expect(inspect(machines, { depth: 10 })).not.toContain("'pw'");
+  });
+
+  test('reads IPMI BMCs: host, port, credentials and cipher suite, with defaults', () => {
+    const machines = parseInventory(
+      JSON.stringify([
+        {
+          id: 'node07',
+          address: '10.0.7.7',
+          bmc: {
+            protocol: 'ipmi',
+            host: '10.1.7.7',
+            port: 6230,
+            username: 'admin',
+            passwordFile: '/etc/shepherd/bmc/node07',
+            cipherSuite: 3,
+          },
+        },
+        { id: 'node08', address: '10.0.7.8', bmc: { protocol: 'ipmi', host: 'bmc08.example.net' } },
+        {
+          id: 'node09',
+          address: '10.0.7.9',
+          bmc: { protocol: 'redfish', url: 'https://10.1.7.9/redfish/v1/Systems/1' },
+        },
+      ]),
+      SOURCE,
+    );
+    expect(machines.map((m) => m.bmc)).toEqual([
+      {
+        protocol: 'ipmi',
+        host: '10.1.7.7',
+        port: 6230,
+        username: 'admin',
+        password: { kind: 'file', path: '/etc/shepherd/bmc/node07' },
+        cipherSuite: 3,
+      },
+      {
+        protocol: 'ipmi',
+        host: 'bmc08.example.net',
+        port: 623,
+        username: undefined,
+        password: undefined,
+        cipherSuite: 17,
+      },
+      {
+        protocol: 'redfish',
+        url: 'https://10.1.7.9/redfish/v1/Systems/1',
+        username: undefined,
+        password: undefined,
+        insecure: false,
+      },
+    ]);
   });
 
   test('accepts the upstream mini device list as is', () => {
@@ -157,7 +214,57 @@ describe('parseInventory', () => {
     [
       'an unknown bmc key',
       [{ id: 'n1', address: '10.0.0.1', bmc: { url: 'https://10.1.0.1/', user: 'root' } }],
-      'field bmc.user: unknown key (want url, username, password, passwordFile, insecure)',
+      'field bmc.user: unknown key (want protocol, url, username, password, passwordFile, insecure)',
+    ],
+    [
+      'an IPMI key on a Redfish bmc',
+      [{ id: 'n1', address: '10.0.0.1', bmc: { url: 'https://10.1.0.1/', host: '10.1.0.1' } }],
+      'entry 0 (id "n1"), field bmc.host: unknown key (want protocol, url, username, password, passwordFile, insecure); an IPMI BMC needs "protocol": "ipmi"',
+    ],
+    [
+      'an unknown bmc protocol',
+      [{ id: 'n1', address: '10.0.0.1', bmc: { protocol: 'ilo', url: 'https://10.1.0.1/' } }],
+      'entry 0 (id "n1"), field bmc.protocol: want one of redfish, ipmi (redfish when left out), got "ilo"',
+    ],
+    [
+      'an IPMI bmc without host',
+      [{ id: 'n1', address: '10.0.0.1', bmc: { protocol: 'ipmi', port: 623 } }],
+      'entry 0 (id "n1"), field bmc.host: missing: the IPMI BMC\'s address or host name',
+    ],
+    [
+      'an IPMI bmc with a url',
+      [{ id: 'n1', address: '10.0.0.1', bmc: { protocol: 'ipmi', host: '10.1.0.1', url: 'https://10.1.0.1/' } }],
+      "field bmc.url: unknown key for an IPMI BMC (want protocol, host, port, username, password, passwordFile, cipherSuite); url is a Redfish BMC's, an IPMI BMC takes host and port",
+    ],
+    [
+      'an IPMI host that is no host',
+      [{ id: 'n1', address: '10.0.0.1', bmc: { protocol: 'ipmi', host: 'bmc 7' } }],
+      'field bmc.host: want an IP literal or a host name, got "bmc 7"',
+    ],
+    [
+      'an IPMI port out of range',
+      [{ id: 'n1', address: '10.0.0.1', bmc: { protocol: 'ipmi', host: '10.1.0.1', port: 70000 } }],
+      'field bmc.port: want a UDP port from 1 to 65535 (623 when left out), got 70000',
+    ],
+    [
+      'an IPMI port that is a string',
+      [{ id: 'n1', address: '10.0.0.1', bmc: { protocol: 'ipmi', host: '10.1.0.1', port: '623' } }],
+      'field bmc.port: want a UDP port from 1 to 65535 (623 when left out), got "623"',
+    ],
+    [
+      'an IPMI cipher suite out of range',
+      [{ id: 'n1', address: '10.0.0.1', bmc: { protocol: 'ipmi', host: '10.1.0.1', cipherSuite: 18 } }],
+      'field bmc.cipherSuite: want an RMCP+ cipher suite from 0 to 17 (17 when left out), got 18',
+    ],
+    [
+      'an IPMI password of the wrong type',
+      [{ id: 'n1', address: '10.0.0.1', bmc: { protocol: 'ipmi', host: '10.1.0.1', password: 7 } }],
+      'field bmc.password: want a non-empty string',
+    ],
+    [
+      'an IPMI relative passwordFile',
+      [{ id: 'n1', address: '10.0.0.1', bmc: { protocol: 'ipmi', host: '10.1.0.1', passwordFile: 'pw' } }],
+      'field bmc.passwordFile: want an absolute path, got "pw"',
     ],
     [
       'an empty username',

@@ -2,7 +2,7 @@ import path from 'node:path';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
 import { DummyProvider, HeartbeatSimulator } from '@bmaas/provider-dummy';
 import { EquinixClient, EquinixPower, EquinixProvider, EquinixStatusUpdater } from '@bmaas/provider-equinix';
-import { RedfishClient, StaticProvider } from '@bmaas/provider-static';
+import { IpmiClient, RedfishClient, StaticProvider } from '@bmaas/provider-static';
 import { type PowerControl, type RebootingProvider, Ssh2Client, type SshClient, SshKey } from '@bmaas/shepherd-manager';
 import type { Registry } from 'prom-client';
 import { ensureDirectory } from '../directory.js';
@@ -104,6 +104,7 @@ function staticProvider(own: StaticSettings): { provider: StaticProvider; redfis
   const provider = new StaticProvider({
     inventory: own.inventory,
     redfish,
+    ipmi: new IpmiClient({ timeout: own.ipmiTimeout, concurrency: own.ipmiConcurrency }),
     defaultCredentials: { username: own.redfishUsername, passwordFile: own.redfishPasswordFile },
     resetType: own.redfishResetType,
     rebootWait: own.rebootWait,

@@ -112,6 +112,8 @@ export interface StaticSettings {
   readonly redfishResetType: ResetType | undefined;
   readonly redfishTimeout: number;
   readonly redfishConcurrency: number;
+  readonly ipmiTimeout: number;
+  readonly ipmiConcurrency: number;
   readonly rebootWait: number;
   readonly sshKeyPath: string;
 }
@@ -245,6 +247,8 @@ async function staticSettings(argv: Argv, context: string): Promise<StaticSettin
     redfishResetType: oneOf(argv, 'redfish-reset-type', RESET_TYPES),
     redfishTimeout: duration(argv, 'redfish-timeout'),
     redfishConcurrency: integer(argv, 'redfish-concurrency', 1, 1000),
+    ipmiTimeout: duration(argv, 'ipmi-timeout'),
+    ipmiConcurrency: integer(argv, 'ipmi-concurrency', 1, 1000),
     rebootWait: duration(argv, 'static-reboot-wait', { allowZero: true }),
     sshKeyPath: sshKeyPath(argv),
   };

@@ -1,5 +1,9 @@
 // The client's options and their checks.
 
+import { optionChecks } from '../internal/settings.js';
+
+const { positive, atLeastZero, whole } = optionChecks('RedfishClient');
+
 /** Options of the {@link RedfishClient}. Durations in milliseconds. */
 export interface RedfishClientOptions {
   /** PEM CA certificate(s) to verify BMCs with, instead of the system trust store (`--redfish-ca-file`). */
@@ -30,24 +34,4 @@ export function clientSettings(options: RedfishClientOptions): RedfishClientSett
     retryDelay: atLeastZero('retryDelay', options.retryDelay ?? 1_000),
     concurrency: whole('concurrency', options.concurrency ?? 8),
   });
-}
-
-function positive(name: string, value: number): number {
-  if (!(value > 0) || !Number.isFinite(value))
-    throw new RangeError(`RedfishClient: ${name} must be > 0 ms, got ${value}`);
-  return value;
-}
-
-function atLeastZero(name: string, value: number): number {
-  if (!(value >= 0) || !Number.isFinite(value)) {
-    throw new RangeError(`RedfishClient: ${name} must be >= 0 ms, got ${value}`);
-  }
-  return value;
-}
-
-function whole(name: string, value: number): number {
-  if (!Number.isSafeInteger(value) || value < 1) {
-    throw new RangeError(`RedfishClient: ${name} must be a whole number >= 1, got ${value}`);
-  }
-  return value;
 }

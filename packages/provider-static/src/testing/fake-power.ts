@@ -22,7 +22,17 @@ export interface FakePowerBackend {
    * @throws {@link FakePowerRefusal} for a system that is off, as many BMCs refuse
    */
   restart(): Promise<void>;
+  /**
+   * The device the system boots from next (`Boot.BootSourceOverrideTarget`,
+   * `None` when the override is disabled). Optional: simulated power keeps
+   * no boot device, the fake records the override all the same.
+   */
+  setBootSource?(target: FakeBootSource): Promise<void>;
 }
+
+/** Boot source overrides the fake accepts (Redfish `BootSourceOverrideTarget`). */
+export const FAKE_BOOT_SOURCES = ['None', 'Pxe', 'Hdd', 'Cd'] as const;
+export type FakeBootSource = (typeof FAKE_BOOT_SOURCES)[number];
 
 /** The fake BMC refuses the request (409 Conflict), with this message. */
 export class FakePowerRefusal extends Error {

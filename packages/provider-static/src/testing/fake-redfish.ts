@@ -4,7 +4,14 @@ import { createServer as createHttpsServer } from 'node:https';
 import type { AddressInfo, Socket } from 'node:net';
 import { describeError } from '@bmaas/bmdb-controlloop';
 import { log } from '../internal/log.js';
-import { type FakePowerBackend, FakePowerRefusal, type FakePowerState, SimulatedPower } from './fake-power.js';
+import {
+  FAKE_BOOT_SOURCES,
+  type FakeBootSource,
+  type FakePowerBackend,
+  FakePowerRefusal,
+  type FakePowerState,
+  SimulatedPower,
+} from './fake-power.js';
 
 /** A ComputerSystem of the fake BMC. */
 export interface FakeSystemOptions {
@@ -76,7 +83,16 @@ interface SystemState {
   readonly id: string;
   options: FakeSystemOptions;
   power: FakePowerBackend;
+  boot: FakeBootOverride;
 }
+
+/** A system's boot source override (`Boot` of the ComputerSystem), as last PATCHed. */
+export interface FakeBootOverride {
+  readonly target: FakeBootSource;
+  readonly enabled: 'Disabled' | 'Once' | 'Continuous';
+}
+
+const BOOT_ENABLED = ['Disabled', 'Once', 'Continuous'] as const;
 
 interface PendingFault extends FakeRedfishFault {
   remaining: number;
@@ -163,13 +179,18 @@ export class FakeRedfishServer {
   /** Adds (or replaces) a ComputerSystem; returns its URL. */
   addSystem(id: string, options: FakeSystemOptions = {}): string {
     const power = options.power ?? new SimulatedPower(options.powerState ?? 'On', options.powerTransition ?? 0);
-    this.#systems.set(id, { id, options, power });
+    this.#systems.set(id, { id, options, power, boot: { target: 'None', enabled: 'Disabled' } });
     return this.systemUrl(id);
   }
 
   /** Changes a system's reset action, allowable values or `PowerState` reporting; its power stays as it is. */
   configureSystem(id: string, options: FakeSystemOptions): void {
     this.#system(id).options = options;
+  }
+
+  /** A system's boot source override, as last set through a PATCH of its `Boot`. */
+  bootOverride(id: string): FakeBootOverride {
+    return this.#system(id).boot;
   }
 
   /** A system's power state now, whether or not the BMC reports it. */
@@ -298,6 +319,21 @@ export class FakeRedfishServer {
       log.fake('system %s: %s', system.id, resetType);
       return answer(204);
     }
+    if (method === 'PATCH' && rest === '') {
+      const boot = isRecord(body) && isRecord(body.Boot) ? body.Boot : undefined;
+      const target = boot?.BootSourceOverrideTarget ?? system.boot.target;
+      const enabled = boot?.BootSourceOverrideEnabled ?? (target === 'None' ? 'Disabled' : 'Once');
+      if (!boot || !(FAKE_BOOT_SOURCES as readonly unknown[]).includes(target)) {
+        return answer(400, redfishError(`want Boot.BootSourceOverrideTarget, one of ${FAKE_BOOT_SOURCES.join(', ')}`));
+      }
+      if (!(BOOT_ENABLED as readonly unknown[]).includes(enabled)) {
+        return answer(400, redfishError(`want Boot.BootSourceOverrideEnabled, one of ${BOOT_ENABLED.join(', ')}`));
+      }
+      system.boot = { target: target as FakeBootSource, enabled: enabled as FakeBootOverride['enabled'] };
+      await system.power.setBootSource?.(system.boot.enabled === 'Disabled' ? 'None' : system.boot.target);
+      log.fake('system %s: boot source override %s (%s)', system.id, system.boot.target, system.boot.enabled);
+      return answer(204);
+    }
     return answer(405, redfishError(`${method} ${path} is not supported`));
   }
 
@@ -312,6 +348,11 @@ export class FakeRedfishServer {
       Id: system.id,
       Name: `fake system ${system.id}`,
       ...(system.options.omitPowerState ? {} : { PowerState: await system.power.state() }),
+      Boot: {
+        BootSourceOverrideTarget: system.boot.target,
+        BootSourceOverrideEnabled: system.boot.enabled,
+        'BootSourceOverrideTarget@Redfish.AllowableValues': [...FAKE_BOOT_SOURCES],
+      },
       Actions: system.options.resetAction === false ? {} : { '#ComputerSystem.Reset': action },
     };
   }

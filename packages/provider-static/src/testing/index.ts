@@ -7,8 +7,16 @@
  */
 
 export { selfSignedCertificate, type TestCertificate } from './certificate.js';
-export { type FakePowerBackend, FakePowerRefusal, type FakePowerState, SimulatedPower } from './fake-power.js';
 export {
+  FAKE_BOOT_SOURCES,
+  type FakeBootSource,
+  type FakePowerBackend,
+  FakePowerRefusal,
+  type FakePowerState,
+  SimulatedPower,
+} from './fake-power.js';
+export {
+  type FakeBootOverride,
   type FakeRedfishFault,
   type FakeRedfishRequest,
   FakeRedfishServer,
@@ -16,3 +24,4 @@ export {
   type FakeReset,
   type FakeSystemOptions,
 } from './fake-redfish.js';
+export { IPMI_SIM, IpmiSimulator, type IpmiSimulatorOptions, onPath } from './ipmi-sim.js';

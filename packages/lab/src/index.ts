@@ -1,0 +1,17 @@
+/**
+ * The lab: QEMU virtual machines that boot Debian's kernel, BMCs that drive
+ * them over QMP, and the shepherd around them.
+ *
+ * @packageDocumentation
+ */
+
+export { type CpioEntry, cpioArchive } from './cpio.js';
+export { LabSetupError, VmError } from './errors.js';
+export { type GuestShare, prepareGuestShare } from './guest-share.js';
+export { buildInitramfs, type Initramfs } from './initramfs.js';
+export { findKernel, type GuestKernel } from './kernel.js';
+export { LAB_SSH_PORT, Lab, type LabBmcProtocol, type LabMachine, type LabOptions } from './lab.js';
+export { QemuPower, VM_BOOT_DEVICES, type VmBootDevice, type VmPowerState } from './power.js';
+export { QmpClient, QmpCommandError, type QmpStatus } from './qmp.js';
+export { QemuRedfishPower } from './redfish-power.js';
+export { VirtualMachine, type VirtualMachineOptions } from './vm.js';

@@ -1,0 +1,329 @@
+import { access, chmod, mkdir, rm, writeFile } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { hostname, loadavg } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { FakeRedfishServer, IpmiSimulator, selfSignedCertificate } from '@bmaas/provider-static/testing';
+import { selfSignedServerTls } from '@bmaas/server';
+import { SshKey } from '@bmaas/shepherd-manager';
+import { LabSetupError } from './errors.js';
+import { prepareGuestShare } from './guest-share.js';
+import { buildInitramfs } from './initramfs.js';
+import { findKernel } from './kernel.js';
+import { log } from './log.js';
+import { LabProcess } from './processes.js';
+import { QemuRedfishPower } from './redfish-power.js';
+import { VirtualMachine } from './vm.js';
+
+/** How a lab machine's BMC is spoken to. */
+export type LabBmcProtocol = 'ipmi' | 'redfish';
+
+/** Options of {@link Lab.start}. */
+export interface LabOptions {
+  /** Virtual machines. Default 3. */
+  readonly vms?: number;
+  /** The lab's own directory (VMs, BMCs, BMDB, logs); made, and removed by `stop` unless `keep`. */
+  readonly dir: string;
+  readonly keep?: boolean;
+  /** Where the initramfs and the guest share are cached between starts. */
+  readonly cacheDir: string;
+  /** The `shepherd` CLI script (`packages/cli/bin/shepherd.js`). */
+  readonly shepherd: string;
+  /** The BMDB: a PostgreSQL URL; default an embedded PostgreSQL in the lab's directory. */
+  readonly bmdbUrl?: string;
+  /** The fleet page's address. Default 127.0.0.1:8080. */
+  readonly webListen?: string;
+  /** Which protocol VM `index` (from 0) gets. Default: IPMI for even indexes, Redfish for odd. */
+  readonly protocol?: (index: number) => LabBmcProtocol;
+  /** The test agent's heartbeat interval. Default 2s. */
+  readonly heartbeatInterval?: string;
+  /** `shepherd run static` flags over the lab's (`recoverer-heartbeat-timeout`, …). */
+  readonly runFlags?: Readonly<Record<string, string>>;
+  /** Progress lines for a person. */
+  readonly report?: (line: string) => void;
+  /** Aborting it (Ctrl-C) ends the start: what was started is stopped, and `start` rejects. */
+  readonly signal?: AbortSignal;
+}
+
+/** One VM of the lab with its BMC. */
+export interface LabMachine {
+  /** Its inventory `id` and host name: `lab-vm1`, … */
+  readonly id: string;
+  /** The loopback address its sshd is forwarded to. */
+  readonly address: string;
+  readonly vm: VirtualMachine;
+  readonly protocol: LabBmcProtocol;
+  /** The inventory's `bmc` entry for it. */
+  readonly bmc: Record<string, unknown>;
+  /** Its `ipmi_sim`, for an IPMI VM. */
+  readonly ipmiSimulator?: IpmiSimulator;
+  /** How a person reaches its BMC by hand. */
+  readonly bmcCommand: string;
+}
+
+/** The port every VM's sshd is forwarded to, each on its own address. */
+export const LAB_SSH_PORT = 2222;
+/** VM n (from 1) is at 127.0.1.(10 + n). */
+const addressOf = (n: number) => `127.0.1.${10 + n}`;
+const IPMI_PASSWORD = 'lab-ipmi-pw';
+const REDFISH_PASSWORD = 'lab-redfish-pw';
+
+/**
+ * The lab: QEMU virtual machines booting Debian's kernel, each with a BMC
+ * that drives it over QMP (OpenIPMI's ipmi_sim for some, the fake Redfish
+ * BMC for the others), and the shepherd around them: `shepherd run static`
+ * over an inventory of the VMs, `shepherd server` the agents heartbeat to,
+ * and the fleet page. {@link Lab.stop} ends all of it and removes its files.
+ */
+export class Lab {
+  readonly machines: LabMachine[] = [];
+  readonly #closers: Array<() => Promise<void>> = [];
+  run: LabProcess | undefined;
+  server: LabProcess | undefined;
+  /** The one fake Redfish BMC serving every Redfish VM's ComputerSystem (HTTPS). */
+  redfish: FakeRedfishServer | undefined;
+  #redfishCa: string | undefined;
+  serverPort = 0;
+  readonly dataDir: string;
+  readonly sshKeyPath: string;
+  readonly inventoryPath: string;
+  readonly webUrl: string;
+
+  private constructor(readonly options: LabOptions) {
+    this.dataDir = path.join(options.dir, 'shepherd');
+    this.sshKeyPath = path.join(options.dir, 'ssh_key');
+    this.inventoryPath = path.join(options.dir, 'inventory.json');
+    this.webUrl = `http://${options.webListen ?? '127.0.0.1:8080'}/`;
+  }
+
+  /** Starts everything; on a failure stops what was started and rethrows. */
+  static async start(options: LabOptions): Promise<Lab> {
+    const lab = new Lab(options);
+    try {
+      await lab.#start();
+      return lab;
+    } catch (error) {
+      await lab.stop();
+      throw error;
+    }
+  }
+
+  #report(line: string): void {
+    log(line);
+    this.options.report?.(line);
+  }
+
+  async #start(): Promise<void> {
+    const { dir, cacheDir } = this.options;
+    const count = this.options.vms ?? 3;
+    const protocol = this.options.protocol ?? ((index: number) => (index % 2 === 0 ? 'ipmi' : 'redfish'));
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    await chmod(dir, 0o700);
+    this.#closers.push(async () => {
+      if (!this.options.keep) await rm(dir, { recursive: true, force: true });
+    });
+
+    let started = Date.now();
+    const kernel = findKernel();
+    const initramfs = await buildInitramfs(cacheDir, kernel, process.execPath);
+    const share = await prepareGuestShare(cacheDir);
+    this.#report(
+      `initramfs ${initramfs.cached ? 'from the cache' : 'built'} in ${seconds(started)} (${(initramfs.bytes / 2 ** 20).toFixed(0)} MiB; kernel ${kernel.release})`,
+    );
+    const key = await SshKey.loadOrGenerate(this.sshKeyPath, { comment: 'shepherd-lab' });
+
+    started = Date.now();
+    const vms = await Promise.all(
+      Array.from({ length: count }, (_, index) =>
+        VirtualMachine.start({
+          name: `lab-vm${index + 1}`,
+          dir: path.join(dir, `vm${index + 1}`),
+          kernel,
+          initramfs: initramfs.path,
+          guestDir: share.dir,
+          address: addressOf(index + 1),
+          sshPort: LAB_SSH_PORT,
+          authorizedKeys: [key.authorizedKey],
+        }),
+      ),
+    );
+    this.#closers.push(() => Promise.all(vms.map((vm) => vm.stop())).then(() => undefined));
+    for (const [index, vm] of vms.entries()) {
+      this.machines.push(await this.#bmcFor(vm, protocol(index)));
+    }
+    const signal = this.options.signal;
+    signal?.throwIfAborted();
+    await Promise.all(vms.map((vm) => vm.waitForSsh(300_000, signal)));
+    this.#report(`${count} VM(s) booted to sshd in ${seconds(started)} (load ${loadavg()[0]?.toFixed(2)})`);
+
+    await writeFile(
+      this.inventoryPath,
+      `${JSON.stringify(
+        this.machines.map((m) => ({ id: m.id, address: m.address, location: 'lab', bmc: m.bmc })),
+        null,
+        2,
+      )}\n`,
+      { mode: 0o600 },
+    );
+    const agent = path.join(dir, 'agent');
+    await writeFile(agent, share.agentWrapper(this.options.heartbeatInterval ?? '2s'), { mode: 0o755 });
+    // The agents dial the server at slirp's 10.0.2.2: its certificate must name that address.
+    const tls = await selfSignedServerTls(path.join(dir, 'server-tls'), [
+      hostname(),
+      'localhost',
+      '127.0.0.1',
+      '10.0.2.2',
+    ]);
+    this.serverPort = await freePort();
+
+    const flags = (record: Record<string, string>) => Object.entries(record).flatMap(([k, v]) => [`--${k}`, v]);
+    const shepherd = this.options.shepherd;
+    this.run = LabProcess.start(
+      'shepherd run static',
+      shepherd,
+      [
+        'run',
+        'static',
+        ...flags({
+          ...this.#database(),
+          inventory: this.inventoryPath,
+          'ssh-key-path': this.sshKeyPath,
+          'agent-executable-path': agent,
+          'agent-target-path': '/root/agent',
+          'agent-endpoint': `10.0.2.2:${this.serverPort}`,
+          'agent-endpoint-ca-certificate-path': tls.certPath,
+          'agent-ssh-port': String(LAB_SSH_PORT),
+          'agent-ssh-connect-timeout': '60s',
+          'agent-ssh-exec-timeout': '120s',
+          'web-listen': this.options.webListen ?? '127.0.0.1:8080',
+          'static-reboot-wait': '1s',
+          'initializer-loop-parallelism': String(Math.min(count, 4)),
+          'recoverer-first-heartbeat-timeout': '120s',
+          'recoverer-heartbeat-timeout': '30s',
+          ...this.#redfishRunFlags(),
+          ...this.options.runFlags,
+        }),
+      ],
+      path.join(dir, 'shepherd-run.log'),
+    );
+    this.#closers.push(() => this.run?.stop() ?? Promise.resolve());
+    signal?.throwIfAborted();
+    await this.run.printed(/serving the fleet page/, 120_000, signal);
+    this.server = LabProcess.start(
+      'shepherd server',
+      shepherd,
+      [
+        'server',
+        ...flags({
+          ...this.#database(),
+          listen: `127.0.0.1:${this.serverPort}`,
+          'tls-cert': tls.certPath,
+          'tls-key': path.join(dir, 'server-tls', 'server.key'),
+        }),
+      ],
+      path.join(dir, 'shepherd-server.log'),
+    );
+    this.#closers.push(() => this.server?.stop() ?? Promise.resolve());
+    await this.server.printed(/BMaaS server listening/, 120_000, signal);
+  }
+
+  /** The BMC of `vm` over `protocol`, started. */
+  async #bmcFor(vm: VirtualMachine, protocol: LabBmcProtocol): Promise<LabMachine> {
+    const passwordFile = path.join(vm.options.dir, 'bmc-password');
+    if (protocol === 'ipmi') {
+      // The built program (`../dist` from the sources and from the build alike): ipmi_sim runs it with node.
+      const chassisControl = fileURLToPath(new URL('../dist/chassis-control.js', import.meta.url));
+      await access(chassisControl).catch(() => {
+        throw new LabSetupError(`${chassisControl} is missing: build the packages first (npm run build)`);
+      });
+      const sim = await IpmiSimulator.start({
+        host: vm.options.address,
+        password: IPMI_PASSWORD,
+        dir: path.join(vm.options.dir, 'ipmi'),
+        chassisControl: [process.execPath, chassisControl, vm.bmcQmpSocket, path.join(vm.options.dir, 'boot-device')]
+          .map((word) => `'${word}'`)
+          .join(' '),
+      });
+      this.#closers.push(() => sim.close());
+      await writeFile(passwordFile, `${IPMI_PASSWORD}\n`, { mode: 0o600 });
+      return {
+        id: vm.name,
+        address: vm.options.address,
+        vm,
+        protocol,
+        bmc: { protocol: 'ipmi', host: sim.host, port: sim.port, username: sim.username, passwordFile, cipherSuite: 3 },
+        ipmiSimulator: sim,
+        bmcCommand: `IPMI_PASSWORD=$(cat ${passwordFile}) ipmitool -I lanplus -C 3 -H ${sim.host} -p ${sim.port} -U ${sim.username} -E chassis power status`,
+      };
+    }
+    if (this.redfish === undefined) {
+      const certificate = await selfSignedCertificate();
+      this.redfish = await FakeRedfishServer.start({ tls: certificate, password: REDFISH_PASSWORD });
+      const fake = this.redfish;
+      this.#closers.push(() => fake.close());
+      this.#redfishCa = path.join(this.options.dir, 'redfish-ca.pem');
+      await writeFile(this.#redfishCa, certificate.cert);
+    }
+    const url = this.redfish.addSystem(vm.name, { power: new QemuRedfishPower(vm.power) });
+    await writeFile(passwordFile, `${REDFISH_PASSWORD}\n`, { mode: 0o600 });
+    return {
+      id: vm.name,
+      address: vm.options.address,
+      vm,
+      protocol,
+      bmc: { url, username: this.redfish.username, passwordFile },
+      bmcCommand: `curl --cacert ${this.#redfishCa} -u ${this.redfish.username}:$(cat ${passwordFile}) ${url}`,
+    };
+  }
+
+  /** Where both shepherd processes find the BMDB: the embedded one `shepherd run` starts, which the server attaches to. */
+  #database(): Record<string, string> {
+    return this.options.bmdbUrl === undefined ? { 'data-dir': this.dataDir } : { 'bmdb-url': this.options.bmdbUrl };
+  }
+
+  #redfishRunFlags(): Record<string, string> {
+    return this.#redfishCa === undefined ? {} : { 'redfish-ca-file': this.#redfishCa };
+  }
+
+  /** Where to look, for a person. */
+  describe(): string {
+    const lines = [
+      `fleet page:   ${this.webUrl}`,
+      `status:       npx shepherd status ${this.options.bmdbUrl === undefined ? `--data-dir ${this.dataDir}` : '--bmdb-url …'}`,
+      `inventory:    ${this.inventoryPath}`,
+      `logs:         ${path.join(this.options.dir, 'shepherd-run.log')}, ${path.join(this.options.dir, 'shepherd-server.log')}`,
+      '',
+      ...this.machines.flatMap((m) => [
+        `${m.id} (${m.protocol.toUpperCase()} BMC)`,
+        `  ssh:     ssh -i ${this.sshKeyPath} -p ${LAB_SSH_PORT} -o StrictHostKeyChecking=no root@${m.address}`,
+        `  BMC:     ${m.bmcCommand}`,
+        `  console: ${m.vm.consoleLog}`,
+      ]),
+    ];
+    return lines.join('\n');
+  }
+
+  /** Stops the shepherd, the server, the BMCs and the VMs, and removes the lab's files (unless `keep`). */
+  async stop(): Promise<void> {
+    for (const close of this.#closers.splice(0).reverse()) {
+      await close().catch((error: unknown) => log('stopping: %s', error instanceof Error ? error.message : error));
+    }
+  }
+}
+
+function seconds(since: number): string {
+  return `${((Date.now() - since) / 1000).toFixed(1)} s`;
+}
+
+/** A TCP port of 127.0.0.1 nothing listens on right now. */
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const address = server.address();
+      const port = typeof address === 'object' && address ? address.port : 0;
+      server.close(() => resolve(port));
+    });
+  });
+}

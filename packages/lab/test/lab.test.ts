@@ -1,0 +1,194 @@
+/**
+ * The lab end to end, as CI runs it: three QEMU VMs (IPMI, Redfish, IPMI
+ * BMCs), `shepherd run static` and `shepherd server` around them. The test
+ * agent is started in every VM over SSH and heartbeats from inside it; then
+ * the agent of an IPMI VM and of a Redfish VM is killed in turn, time is
+ * moved in the database past the heartbeat timeout, and the recoverer
+ * resets that VM through its BMC: the VM really reboots (a new boot ID),
+ * its agent is started again and heartbeats, and the other VMs are left
+ * alone. Each phase's time is printed with the load average.
+ */
+import { execFileSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { loadavg, tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Ssh2Client, SshKey } from '@bmaas/shepherd-manager';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
+import { freePort } from '../../../test/support/ports.js';
+import { eventually } from '../../../test/support/wait.js';
+import { LAB_SSH_PORT, Lab, type LabMachine } from '../src/index.js';
+import { missingForLab } from './support.js';
+
+const missing = await missingForLab();
+if (missing.length > 0) {
+  console.warn(`lab test skipped: missing ${missing.join(', ')} (apt-get install -y ${missing.join(' ')})`);
+}
+
+const ROOT = fileURLToPath(new URL('../../..', import.meta.url));
+const CACHE = path.join(ROOT, '.tmp/lab-cache');
+
+describe.skipIf(missing.length > 0)('the lab', () => {
+  let db: TestDatabase;
+  let dir: string;
+  let lab: Lab;
+  let key: SshKey;
+  const started = Date.now();
+  let phase = Date.now();
+  const timings: string[] = [];
+  function timing(what: string): void {
+    const line = `lab timing: ${what}: ${((Date.now() - phase) / 1000).toFixed(1)} s (load ${loadavg()[0]?.toFixed(2)})`;
+    timings.push(line);
+    console.log(line);
+    phase = Date.now();
+  }
+
+  beforeAll(async () => {
+    // The lab runs the built packages: the CLI, and ipmi_sim's chassis control.
+    execFileSync(path.join(ROOT, 'node_modules/.bin/tsc'), ['--build'], { cwd: ROOT, stdio: 'inherit' });
+    db = await createTestDatabase();
+    dir = await mkdtemp(path.join(tmpdir(), 'lab-test-'));
+    phase = Date.now();
+    lab = await Lab.start({
+      vms: 3,
+      dir: path.join(dir, 'lab'),
+      cacheDir: CACHE,
+      shepherd: path.join(ROOT, 'packages/cli/bin/shepherd.js'),
+      bmdbUrl: db.url,
+      webListen: `127.0.0.1:${await freePort()}`,
+      heartbeatInterval: '1s',
+      runFlags: {
+        // Generous: a live agent on this loaded machine must never look silent. The test moves time instead.
+        'recoverer-heartbeat-timeout': '2m',
+        'recoverer-first-heartbeat-timeout': '10m',
+        'recoverer-db-query-rate': '250ms,4',
+      },
+    });
+    key = await SshKey.loadOrGenerate(lab.sshKeyPath);
+    timing('3 VMs booted, BMCs, shepherd run static and shepherd server started');
+  }, 300_000);
+  afterAll(async () => {
+    await lab?.stop();
+    if (dir) await rm(dir, { recursive: true, force: true });
+    console.log(`lab test: ${((Date.now() - started) / 1000).toFixed(1)} s in all\n${timings.join('\n')}`);
+  });
+
+  async function ssh(machine: LabMachine, command: string): Promise<string> {
+    const connection = await new Ssh2Client({ privateKey: key.privateKey }).dial(
+      { host: machine.address, port: LAB_SSH_PORT },
+      { connectTimeout: 5_000 },
+    );
+    try {
+      const result = await connection.execute(command, new Uint8Array());
+      return Buffer.from(result.stdout).toString('utf8').trim();
+    } finally {
+      await connection.close();
+    }
+  }
+
+  /** Per VM (provider ID): its agent's key, and how long ago it started and last heartbeated (the database's clock). */
+  async function agents(): Promise<
+    Map<string, { machineId: string; key: string; startedAgo: number; heartbeatAgo: number | null }>
+  > {
+    const { rows } = await db.admin(`
+      SELECT p.machine_id, p.provider_id, encode(a.agent_public_key, 'hex') AS key,
+             extract(epoch FROM now() - a.agent_started_at)::float8 AS started_ago,
+             extract(epoch FROM now() - h.agent_heartbeat_at)::float8 AS heartbeat_ago
+      FROM machine_provided p JOIN machine_agent_started a USING (machine_id)
+      LEFT JOIN machine_agent_heartbeat h USING (machine_id)`);
+    return new Map(
+      rows.map((row) => [
+        row.provider_id,
+        { machineId: row.machine_id, key: row.key, startedAgo: row.started_ago, heartbeatAgo: row.heartbeat_ago },
+      ]),
+    );
+  }
+
+  async function within<T>(what: string, check: () => Promise<T | undefined>): Promise<T> {
+    try {
+      return await eventually(what, check, 180_000, 500);
+    } catch (error) {
+      throw new Error(
+        `${(error as Error).message}\nshepherd run:\n${lab.run?.output.slice(-4000)}\nshepherd server:\n${lab.server?.output.slice(-2000)}`,
+      );
+    }
+  }
+
+  /** The test agent's heartbeating process in the VM, as its `ps` shows it. */
+  async function heartbeater(machine: LabMachine): Promise<string> {
+    return ssh(machine, "ps -o pid,args | grep 'test-agent.js --heartbea[t]' || true");
+  }
+
+  test('agents started in every VM heartbeat from inside it; a killed one is reset through its BMC, IPMI and Redfish alike', async () => {
+    // Every VM's agent started over SSH and heartbeating through the server.
+    const first = await within('every agent heartbeating', async () => {
+      const now = await agents();
+      return now.size === 3 && [...now.values()].every((a) => a.heartbeatAgo !== null && a.heartbeatAgo < 5)
+        ? now
+        : undefined;
+    });
+    timing('agents started in the 3 VMs and heartbeating');
+    for (const machine of lab.machines) {
+      // The heartbeats come from inside the VM: its own agent process, for its own machine.
+      expect(await heartbeater(machine)).toContain(`--heartbeat ${first.get(machine.id)?.machineId}`);
+      expect(await ssh(machine, 'hostname')).toBe(machine.id);
+    }
+    // Their starts an hour back: only heartbeats keep them alive.
+    await db.admin("UPDATE machine_agent_started SET agent_started_at = agent_started_at - interval '1 hour'");
+
+    const ipmiVm = lab.machines.find((m) => m.protocol === 'ipmi');
+    const redfishVm = lab.machines.find((m) => m.protocol === 'redfish');
+    if (!ipmiVm || !redfishVm) throw new Error('the lab has no IPMI or no Redfish VM');
+    for (const victim of [ipmiVm, redfishVm]) {
+      const before = (await agents()).get(victim.id);
+      if (!before) throw new Error(`${victim.id} has no agent`);
+      const bootId = await ssh(victim, 'cat /proc/sys/kernel/random/boot_id');
+      phase = Date.now();
+      await ssh(victim, "kill -9 $(ps -o pid,args | grep 'test-agent.js --heartbea[t]' | awk '{print $1}')");
+      expect(await heartbeater(victim)).toBe('');
+      // Silent for two hours, as far as the recoverer can tell.
+      await db.admin(
+        "UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() - interval '2 hours' WHERE machine_id = $1",
+        [before.machineId],
+      );
+      await within(`${victim.id} recovered: rebooted, its agent started again and heartbeating`, async () => {
+        const now = (await agents()).get(victim.id);
+        return now && now.key !== before.key && now.heartbeatAgo !== null && now.heartbeatAgo < now.startedAgo
+          ? now
+          : undefined;
+      });
+      timing(`${victim.id} (${victim.protocol}): agent killed to a new agent heartbeating after the BMC's reset`);
+      // It really rebooted: a new boot ID, and a new agent process in it.
+      expect(await ssh(victim, 'cat /proc/sys/kernel/random/boot_id')).not.toBe(bootId);
+      expect(await heartbeater(victim)).toContain(`--heartbeat ${before.machineId}`);
+      const { rows } = await db.admin(
+        "SELECT count(*)::int AS n FROM work_history WHERE machine_id = $1 AND process = 'ShepherdRecovery' AND event = 'Finished'",
+        [before.machineId],
+      );
+      expect(rows[0].n).toBe(1);
+    }
+
+    // The third VM was left alone all along: the same agent, heartbeating, never recovered.
+    const now = await agents();
+    const bystander = lab.machines.find((m) => m !== ipmiVm && m !== redfishVm);
+    if (!bystander) throw new Error('no third VM');
+    expect(now.get(bystander.id)?.key).toBe(first.get(bystander.id)?.key);
+    expect(now.get(bystander.id)?.heartbeatAgo).toBeLessThan(10);
+    const recovered = await db.admin(
+      "SELECT DISTINCT p.provider_id FROM work_history w JOIN machine_provided p USING (machine_id) WHERE w.process = 'ShepherdRecovery' AND w.event = 'Finished' ORDER BY 1",
+    );
+    expect(recovered.rows.map((row) => row.provider_id)).toEqual([ipmiVm.id, redfishVm.id].sort());
+
+    // What Ctrl-C does: everything stopped (QEMU, ipmi_sim, the shepherd, its server) and the files removed.
+    const pids = lab.machines.flatMap((m) => [m.vm.pid, m.ipmiSimulator?.pid]).filter((pid) => pid !== undefined);
+    expect(pids).toHaveLength(5);
+    await lab.stop();
+    expect(existsSync(lab.options.dir)).toBe(false);
+    expect(lab.run?.running).toBe(false);
+    expect(lab.server?.running).toBe(false);
+    for (const pid of pids) expect(() => process.kill(pid, 0), `process ${pid}`).toThrow();
+    timing('the lab stopped');
+  }, 600_000);
+});
