@@ -13,25 +13,24 @@
  * Statements per heartbeat come from pg_stat_statements: calls of the
  * heartbeat statement over heartbeats answered.
  */
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { generateKeyPairSync } from 'node:crypto';
-import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
-import { type ClientHttp2Session, connect } from 'node:http2';
-import { createServer } from 'node:net';
-import { loadavg, tmpdir } from 'node:os';
-import path from 'node:path';
-import { BMDB } from '@bmaas/bmdb-controlloop';
-import { certificatePem, selfSignedCertificate } from '@bmaas/server';
-import { sql } from 'kysely';
+import { readdir, readFile } from 'node:fs/promises';
+import { loadavg } from 'node:os';
+import {
+  type Agent,
+  connectAgents,
+  DATABASE,
+  freePort,
+  type HeartbeatServer,
+  heartbeat,
+  prepareFleet,
+  removeFleet,
+  startServer,
+  stopServer,
+} from './heartbeat-fleet.js';
 import type { BenchServer } from './server.js';
 import { type Latency, latency, percentile } from './stats.js';
 
-/**
- * What answers the heartbeats: `shepherd server` as operators run it, or the
- * floor (heartbeat-floor-server.ts: HTTP/2 and TLS in Node, no gRPC library,
- * no database), which bounds what any Node server reaches on these cores.
- */
-export type HeartbeatServer = 'shepherd' | 'floor';
+export type { HeartbeatServer };
 
 export interface HeartbeatFigure {
   readonly server: HeartbeatServer;
@@ -53,14 +52,6 @@ export interface HeartbeatFigure {
   readonly cpu: { readonly server: number; readonly generator: number; readonly postgres: number };
   /** The machine's 1-minute load average at the end: other work on a shared machine shows here. */
   readonly loadAverage: number;
-}
-
-async function freePort(): Promise<number> {
-  const listener = createServer();
-  await new Promise<void>((resolve) => listener.listen(0, '127.0.0.1', resolve));
-  const { port } = listener.address() as { port: number };
-  await new Promise((resolve) => listener.close(resolve));
-  return port;
 }
 
 /** CPU seconds used so far by `pid` (utime + stime), from /proc. */
@@ -111,39 +102,8 @@ function postgresDelta(before: Map<number, number>, after: Map<number, number>):
   return total;
 }
 
-const DATABASE = 'bench_heartbeat';
 /** Unmeasured load at the lowest rate before the first measurement. */
 const WARM_UP_SECONDS = 3;
-const ROOT = path.join(import.meta.dirname, '..', '..');
-const PATH = '/cloud.bmaas.server.api.AgentCallback/Heartbeat';
-
-/** The same headers for every call: nothing to build per heartbeat. */
-const HEADERS = {
-  ':method': 'POST',
-  ':path': PATH,
-  'content-type': 'application/grpc+proto',
-  te: 'trailers',
-} as const;
-
-interface Agent {
-  readonly session: ClientHttp2Session;
-  /** Its HeartbeatRequest as a gRPC message (length prefix and protobuf), encoded once. */
-  readonly body: Buffer;
-  /** Scheduled times (performance.now()) of sends waiting for the previous answer. */
-  readonly waiting: number[];
-  busy: boolean;
-}
-
-/** `HeartbeatRequest { machine_id }` framed as one gRPC message. */
-function heartbeatBody(machineId: string): Buffer {
-  const id = Buffer.from(machineId);
-  const body = Buffer.alloc(5 + 2 + id.length);
-  body.writeUInt32BE(2 + id.length, 1);
-  body[5] = 0x0a; // field 1, length-delimited
-  body[6] = id.length;
-  id.copy(body, 7);
-  return body;
-}
 
 /** Starts `agents` agents and the server, offers each rate for `seconds`, and measures. */
 export async function heartbeats(
@@ -154,61 +114,19 @@ export async function heartbeats(
   seconds: number,
   answeredBy: HeartbeatServer = 'shepherd',
 ): Promise<HeartbeatFigure[]> {
-  const url = await bench.createDatabase(DATABASE);
-  await bench.withClient(DATABASE, (client) => client.query('CREATE EXTENSION IF NOT EXISTS pg_stat_statements'));
-  const dir = await mkdtemp(path.join(tmpdir(), 'bench-heartbeat-'));
-  const bmdb = await BMDB.open({ url, migrate: true, componentName: 'bench', runtimeInfo: 'bench' });
-  const identities = Array.from({ length: agents }, () => {
-    const { privateKey, publicKey } = generateKeyPairSync('ed25519');
-    return {
-      privateKey,
-      raw: Buffer.from(publicKey.export({ format: 'jwk' }).x ?? '', 'base64url'),
-      cert: certificatePem(selfSignedCertificate(privateKey, { commonName: 'bench agent' })),
-    };
-  });
-  const { rows } = await sql<{ machine_id: string }>`
-    INSERT INTO machines SELECT FROM generate_series(1, ${agents}) RETURNING machine_id`.execute(bmdb.db);
-  await bmdb.db
-    .insertInto('machine_agent_started')
-    .values(
-      rows.map((row, i) => ({
-        machine_id: row.machine_id,
-        agent_started_at: new Date(),
-        agent_public_key: identities[i]?.raw ?? Buffer.alloc(0),
-      })),
-    )
-    .execute();
-  await bmdb.close();
-
+  const fleet = await prepareFleet(bench, agents);
   const port = await freePort();
-  const server =
-    answeredBy === 'shepherd' ? await startShepherd(url, dir, port, workers) : await startFloor(dir, port, workers);
-  const sessions: ClientHttp2Session[] = [];
+  let connected: Agent[] = [];
+  const server = await startServer(answeredBy, fleet, port, workers).catch(async (error: unknown) => {
+    await removeFleet(bench, fleet);
+    throw error;
+  });
   try {
-    await new Promise<void>((resolve, reject) => {
-      let log = '';
-      server.once('exit', (code) => reject(new Error(`${answeredBy} server exited with ${code}: ${log}`)));
-      server.stderr?.setEncoding('utf8').on('data', (chunk: string) => {
-        log += chunk;
-        if (log.includes('listening')) resolve();
-      });
-    });
-    const ca = await readFile(path.join(dir, 'server.crt'), 'utf8');
-    const fleet: Agent[] = [];
-    for (const [i, identity] of identities.entries()) {
-      const session = connect(`https://localhost:${port}`, {
-        ca,
-        cert: identity.cert,
-        key: identity.privateKey.export({ type: 'pkcs8', format: 'pem' }),
-      });
-      session.on('error', () => {});
-      sessions.push(session);
-      fleet.push({ session, body: heartbeatBody(rows[i]?.machine_id ?? ''), waiting: [], busy: false });
-    }
+    connected = await connectAgents(fleet, port);
     // Every connection up and authenticated once before measuring.
-    await Promise.all(fleet.map((agent) => heartbeat(agent)));
+    await Promise.all(connected.map((agent) => heartbeat(agent)));
     // And the server's code warm (compiled, its heap grown): the first rate measured must not pay for it.
-    await offer(fleet, Math.min(...offeredRates), WARM_UP_SECONDS);
+    await offer(connected, Math.min(...offeredRates), WARM_UP_SECONDS);
 
     const figures: HeartbeatFigure[] = [];
     for (const offered of offeredRates) {
@@ -218,7 +136,7 @@ export async function heartbeats(
         generator: process.cpuUsage(),
         postgres: await postgresSeconds(),
       };
-      const measured = await offer(fleet, offered, seconds);
+      const measured = await offer(connected, offered, seconds);
       const generator = process.cpuUsage(before.generator);
       const cpu = {
         server: ((await processTreeSeconds(server.pid ?? 0)) - before.server) / seconds,
@@ -248,70 +166,10 @@ export async function heartbeats(
     }
     return figures;
   } finally {
-    for (const session of sessions) session.destroy();
-    server.kill('SIGTERM');
-    await new Promise((resolve) => server.once('exit', resolve));
-    await bench.dropDatabase(DATABASE);
-    await rm(dir, { recursive: true, force: true });
+    for (const agent of connected) agent.session.destroy();
+    await stopServer(server);
+    await removeFleet(bench, fleet);
   }
-}
-
-/** `shepherd server`, compiled, in a process of its own; it makes its certificate under `dir`. */
-function startShepherd(url: string, dir: string, port: number, workers: number): ChildProcess {
-  execFileSync(path.join(ROOT, 'node_modules/.bin/tsc'), ['--build'], { cwd: ROOT, stdio: 'inherit' });
-  return spawn(
-    process.execPath,
-    [
-      ...profileFlags(),
-      path.join(ROOT, 'packages/cli/bin/shepherd.js'),
-      'server',
-      '--bmdb-url',
-      url,
-      '--data-dir',
-      dir,
-      '--listen',
-      `127.0.0.1:${port}`,
-      '--workers',
-      String(workers),
-    ],
-    { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, DEBUG: 'shepherd:cli', DEBUG_COLORS: '0' } },
-  );
-}
-
-/** The floor server (heartbeat-floor-server.ts) with a certificate made here, where the generator looks for it. */
-async function startFloor(dir: string, port: number, workers: number): Promise<ChildProcess> {
-  const { privateKey } = generateKeyPairSync('ed25519');
-  const cert = path.join(dir, 'server.crt');
-  const key = path.join(dir, 'server.key');
-  await writeFile(
-    cert,
-    certificatePem(selfSignedCertificate(privateKey, { commonName: 'floor', altNames: ['localhost'] })),
-  );
-  await writeFile(key, privateKey.export({ type: 'pkcs8', format: 'pem' }));
-  return spawn(
-    process.execPath,
-    [
-      '--import',
-      'tsx',
-      ...profileFlags(),
-      path.join(import.meta.dirname, 'heartbeat-floor-server.ts'),
-      cert,
-      key,
-      '127.0.0.1',
-      String(port),
-      String(workers),
-    ],
-    { stdio: ['ignore', 'ignore', 'pipe'], cwd: path.join(import.meta.dirname, '..') },
-  );
-}
-
-function profileFlags(): string[] {
-  return [
-    // BENCH_PROF=<dir>: a CPU profile of the server process.
-    ...(process.env.BENCH_PROF ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_PROF] : []),
-    // BENCH_SERVER_NODE_FLAGS: Node flags of the server process, to try tunings (space-separated).
-    ...(process.env.BENCH_SERVER_NODE_FLAGS?.split(' ').filter(Boolean) ?? []),
-  ];
 }
 
 interface Measured {
@@ -393,22 +251,4 @@ async function offer(fleet: readonly Agent[], offered: number, seconds: number):
   }
   measured.scheduleLagP99 = lags.length ? percentile(lags, 99) : 0;
   return measured;
-}
-
-/** One Heartbeat call; rejects unless the gRPC status is OK. */
-function heartbeat(agent: Agent): Promise<void> {
-  return new Promise((resolve, reject) => {
-    const stream = agent.session.request(HEADERS);
-    let status: unknown;
-    // The status comes in the trailers, or in the headers of a trailers-only answer.
-    const take = (headers: Record<string, unknown>) => {
-      status = headers['grpc-status'] ?? status;
-    };
-    stream.on('response', take);
-    stream.on('trailers', take);
-    stream.on('error', reject);
-    stream.on('close', () => (status === '0' ? resolve() : reject(new Error(`gRPC status ${String(status)}`))));
-    stream.resume();
-    stream.end(agent.body);
-  });
 }

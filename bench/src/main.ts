@@ -167,8 +167,9 @@ async function main(): Promise<void> {
 
     if (ONLY.has('heartbeat')) {
       const figures = [];
-      for (const answeredBy of HEARTBEAT_SERVERS) {
-        for (const workers of HEARTBEAT_WORKERS) {
+      // Each server beside the floor, one after the other, so the ratio of their CPU sees the same machine.
+      for (const workers of HEARTBEAT_WORKERS) {
+        for (const answeredBy of HEARTBEAT_SERVERS) {
           figures.push(...(await heartbeats(server, AGENTS, workers, HEARTBEAT_RATES, HEARTBEAT_SECONDS, answeredBy)));
         }
       }
@@ -178,7 +179,7 @@ async function main(): Promise<void> {
           `heartbeat (${figure.server}) ${figure.agents} agents, ${figure.workers} workers, offered ${figure.offered}/s: ${figure.perSecond.toFixed(0)}/s, ` +
             `p50 ${figure.latency.p50.toFixed(1)} ms, p99 ${figure.latency.p99.toFixed(1)} ms, ` +
             `${figure.statementsPerHeartbeat.toFixed(3)} statements per heartbeat, ${figure.failed} failed, ${figure.missed} missed, ` +
-            `schedule lag p99 ${figure.scheduleLagP99.toFixed(1)} ms; CPU s/s ` +
+            `schedule lag p99 ${figure.scheduleLagP99.toFixed(1)} ms; load average ${figure.loadAverage.toFixed(1)}; CPU s/s ` +
             `server ${figure.cpu.server.toFixed(2)}, generator ${figure.cpu.generator.toFixed(2)}, postgres ${figure.cpu.postgres.toFixed(2)}`,
         );
       }

@@ -38,8 +38,11 @@ const int = (n: number) => Math.round(n).toLocaleString('en-US');
 const ms = (n: number) => (n < 10 ? n.toFixed(2) : n.toFixed(0));
 const spread = (r: Summary, format = int) => `${format(r.median)} (${format(r.min)}–${format(r.max)})`;
 
+/** Milliseconds of CPU per heartbeat answered, from CPU seconds per second. */
+const cpuPerHeartbeat = (figure: HeartbeatFigure, cpuPerSecond: number) =>
+  (cpuPerSecond * 1000) / Math.max(1, figure.perSecond);
 const perHeartbeat = (figure: HeartbeatFigure, cpuPerSecond: number) =>
-  ((cpuPerSecond * 1000) / Math.max(1, figure.perSecond)).toFixed(2);
+  cpuPerHeartbeat(figure, cpuPerSecond).toFixed(3);
 
 /** The results as Markdown tables, for the terminal and the README alike. */
 export function renderReport(result: BenchResult): string {
@@ -128,20 +131,32 @@ export function renderReport(result: BenchResult): string {
   if (result.heartbeat?.length) {
     const [first] = result.heartbeat;
     lines.push(
-      `**Heartbeats** through the BMaaS server (\`@bmaas/server\`, \`shepherd server --workers N\`): ${int(first?.agents ?? 0)} simulated agents, ` +
-        'each on its own TLS connection with its own ed25519 client certificate, sent on an open-loop schedule (offered rate), one run per rate; ' +
+      `**Heartbeats** through the BMaaS server (\`@bmaas/server\`, \`shepherd server --workers N\`) and the floor beside it: ${int(first?.agents ?? 0)} simulated agents, ` +
+        "each on its own TLS connection with its own ed25519 client certificate, sent on an open-loop schedule (offered rate), one run per rate, every call with a 10 s `grpc-timeout` as upstream's agent sends; " +
         'latency from each heartbeat’s scheduled send time to its answer (a send due while its agent waits for an answer goes when the answer comes; still waiting at the end: missed, counted in the latencies with the time waited). ' +
         'The load generator (one process) runs on the same machine; schedule lag: how late it sent, its own share of the latency. Statements: calls of the heartbeat statement (pg_stat_statements) per heartbeat. ' +
-        'CPU: milliseconds of CPU per heartbeat answered, of the server processes, the load generator and PostgreSQL (the backends serving the benchmark’s database), and the load average at the end (the machine is shared). ' +
+        'CPU: milliseconds of CPU per heartbeat answered, of the server processes, the load generator and PostgreSQL (the backends serving the benchmark’s database); ÷ floor: the server’s CPU per heartbeat over the floor’s at the same workers and offered rate, in the same run; the load average at the end of each rate (the machine is shared). ' +
         'Server *floor*: the same generator against the least a Node server does per heartbeat (HTTP/2 and TLS with the client key read, an empty answer; no gRPC library, no database: `bench/src/heartbeat-floor-server.ts`), what bounds any Node server with the generator on the same cores.',
       '',
-      '| server | workers | offered/s | answered/s | p50 | p99 | statements per heartbeat | failed / missed | schedule lag p99 | CPU ms per heartbeat: server / generator / PostgreSQL | load average |',
-      '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+      '| workers | offered/s | server | answered/s | p50 | p99 | failed / missed | CPU ms per heartbeat: server / generator / PostgreSQL | server ÷ floor | statements per heartbeat | schedule lag p99 | load average |',
+      '|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
     );
-    for (const figure of result.heartbeat) {
+    const order = (figure: HeartbeatFigure) => [figure.workers, figure.offered, figure.server === 'floor' ? 1 : 0];
+    const byPlace = [...result.heartbeat].sort((a, b) => {
+      const [x, y] = [order(a), order(b)];
+      return (x[0] ?? 0) - (y[0] ?? 0) || (x[1] ?? 0) - (y[1] ?? 0) || (x[2] ?? 0) - (y[2] ?? 0);
+    });
+    for (const figure of byPlace) {
+      const floor = result.heartbeat.find(
+        (f) => f.server === 'floor' && f.workers === figure.workers && f.offered === figure.offered,
+      );
+      const ratio = floor
+        ? cpuPerHeartbeat(figure, figure.cpu.server) / cpuPerHeartbeat(floor, floor.cpu.server)
+        : undefined;
       lines.push(
-        `| ${figure.server ?? 'shepherd'} | ${figure.workers} | ${int(figure.offered)} | ${int(figure.perSecond)} | ${ms(figure.latency.p50)} ms | ${ms(figure.latency.p99)} ms | ${figure.statementsPerHeartbeat.toFixed(3)} | ${figure.failed} / ${figure.missed} | ${ms(figure.scheduleLagP99)} ms | ` +
-          `${perHeartbeat(figure, figure.cpu.server)} / ${perHeartbeat(figure, figure.cpu.generator)} / ${perHeartbeat(figure, figure.cpu.postgres)} | ${figure.loadAverage.toFixed(1)} |`,
+        `| ${figure.workers} | ${int(figure.offered)} | ${figure.server ?? 'shepherd'} | ${int(figure.perSecond)} | ${ms(figure.latency.p50)} ms | ${ms(figure.latency.p99)} ms | ${figure.failed} / ${figure.missed} | ` +
+          `${perHeartbeat(figure, figure.cpu.server)} / ${perHeartbeat(figure, figure.cpu.generator)} / ${perHeartbeat(figure, figure.cpu.postgres)} | ` +
+          `${ratio === undefined ? '' : `${ratio.toFixed(2)}×`} | ${figure.statementsPerHeartbeat.toFixed(3)} | ${ms(figure.scheduleLagP99)} ms | ${figure.loadAverage.toFixed(1)} |`,
       );
     }
     lines.push('');

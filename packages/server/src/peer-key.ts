@@ -1,5 +1,5 @@
 import type { IncomingMessage } from 'node:http';
-import type { Http2ServerRequest } from 'node:http2';
+import type { Http2ServerRequest, Http2Session } from 'node:http2';
 import type { TLSSocket } from 'node:tls';
 import { createContextKey } from '@connectrpc/connect';
 
@@ -12,17 +12,35 @@ import { createContextKey } from '@connectrpc/connect';
  */
 export const peerKey = createContextKey<Uint8Array | undefined>(undefined, { description: 'client ed25519 key' });
 
-/** Keys already read, per connection: every heartbeat of an agent arrives on the same one. */
-const keys = new WeakMap<TLSSocket, Uint8Array | undefined>();
+/**
+ * Keys already read, per connection (its HTTP/2 session, or its socket for
+ * HTTP/1.1): every heartbeat of an agent arrives on the same one. `null`:
+ * the connection has none.
+ */
+const keys = new WeakMap<Http2Session | TLSSocket, Uint8Array | null>();
 
 /** The {@link peerKey} of `request`'s connection. */
 export function peerKeyOf(request: IncomingMessage | Http2ServerRequest): Uint8Array | undefined {
-  const socket = ('stream' in request ? request.stream.session?.socket : request.socket) as TLSSocket | undefined;
-  if (socket === undefined || typeof socket.getPeerX509Certificate !== 'function') return undefined;
-  if (keys.has(socket)) return keys.get(socket);
-  const key = ed25519Key(socket);
-  keys.set(socket, key);
-  return key;
+  if ('stream' in request) return sessionPeerKey(request.stream.session);
+  const socket = request.socket as TLSSocket;
+  return connectionPeerKey(socket, socket);
+}
+
+/** The {@link peerKey} of an HTTP/2 session's connection (none once the session is gone). */
+export function sessionPeerKey(session: Http2Session | undefined): Uint8Array | undefined {
+  if (session === undefined) return undefined;
+  const known = keys.get(session);
+  // The session's socket is read only the first time: it is a proxy that binds every method read from it.
+  return known === undefined ? connectionPeerKey(session, session.socket as TLSSocket) : (known ?? undefined);
+}
+
+function connectionPeerKey(connection: Http2Session | TLSSocket, socket: TLSSocket): Uint8Array | undefined {
+  let key = keys.get(connection);
+  if (key === undefined) {
+    key = (typeof socket.getPeerX509Certificate === 'function' ? ed25519Key(socket) : undefined) ?? null;
+    keys.set(connection, key);
+  }
+  return key ?? undefined;
 }
 
 function ed25519Key(socket: TLSSocket): Uint8Array | undefined {

@@ -1,17 +1,47 @@
-import { createSecureServer, type Http2SecureServer, type ServerHttp2Session } from 'node:http2';
+import {
+  createSecureServer,
+  type Http2SecureServer,
+  type IncomingHttpHeaders,
+  type ServerHttp2Session,
+  type ServerHttp2Stream,
+} from 'node:http2';
 import type { AddressInfo } from 'node:net';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
 import { createContextValues } from '@connectrpc/connect';
-import { connectNodeAdapter } from '@connectrpc/connect-node';
+import { compressionGzip, connectNodeAdapter } from '@connectrpc/connect-node';
 import type { Registry } from 'prom-client';
-import { agentCallbacks } from './agent-callback.js';
+import { heartbeatHandler } from './agent-callback.js';
 import { ListenError } from './errors.js';
-import { AgentCallback as AgentCallbackOfAgentApi } from './gen/cloud/agent/api/agent_pb.js';
-import { AgentCallback } from './gen/cloud/bmaas/server/api/agent_pb.js';
+import { READ_MAX_BYTES, serveUnaryCall } from './grpc-unary.js';
 import { log } from './log.js';
 import { ServerMetrics } from './metrics.js';
 import { peerKey, peerKeyOf } from './peer-key.js';
+import { grpcRoutes, leanRoute, libraryRoutes } from './routes.js';
 import type { ServerTls } from './tls.js';
+
+/**
+ * Puts the lean path in front of the library: `node:http2` hands every
+ * HTTP/2 stream to the one `stream` listener it installed for its
+ * request/response API (which the library is a handler of); that listener
+ * is taken off and called for the streams the lean path does not take.
+ * HTTP/1.1 requests never are streams and go to the library directly.
+ */
+function routeStreams(server: Http2SecureServer, routes: ReturnType<typeof grpcRoutes>): void {
+  const listeners = server.listeners('stream');
+  const [toLibrary] = listeners;
+  if (listeners.length !== 1 || toLibrary === undefined) {
+    throw new Error(`node:http2 installed ${listeners.length} stream listeners for its request API, not one`);
+  }
+  server.removeListener('stream', toLibrary as (...args: unknown[]) => void);
+  server.on(
+    'stream',
+    (stream: ServerHttp2Stream, headers: IncomingHttpHeaders, flags: number, rawHeaders: string[]) => {
+      const route = leanRoute(routes, headers);
+      if (route !== undefined) serveUnaryCall(stream, headers, route);
+      else toLibrary.call(server, stream, headers, flags, rawHeaders);
+    },
+  );
+}
 
 /** Options of {@link BmaasServer.start}. */
 export interface BmaasServerOptions {
@@ -27,11 +57,15 @@ export interface BmaasServerOptions {
 
 /**
  * The BMaaS server: AgentCallback over gRPC (and Connect and gRPC-Web) on
- * HTTP/2 with TLS, under both service names (`cloud.bmaas.server.api`,
- * `cloud.agent.api`). It asks every client for a certificate and checks no
+ * HTTP/2 with TLS. It asks every client for a certificate and checks no
  * chain: an agent's is self-signed over its ed25519 key, and what
  * authenticates a heartbeat is that key being its machine's (see
  * `BMDB.recordAgentHeartbeat`).
+ *
+ * Heartbeats over gRPC with protobuf, which is how agents call, take a lean
+ * path on `node:http2`'s streams (`grpc-unary.ts`); everything else goes
+ * to `@connectrpc/connect-node` as it arrives. Both answer through the same
+ * handler, from the same table of service names (`routes.ts`).
  *
  * @example
  * ```ts
@@ -56,16 +90,14 @@ export class BmaasServer {
   /** Starts listening; resolves once it does. */
   static async start(options: BmaasServerOptions): Promise<BmaasServer> {
     const metrics = options.metrics ? new ServerMetrics(options.metrics) : undefined;
-    const callbacks = agentCallbacks(options.bmdb, metrics);
-    const handler = connectNodeAdapter({
-      // Both generations of the upstream agent: the service before and after its move to cloud.agent.api.
-      routes: (router) =>
-        router.service(AgentCallback, callbacks.bmaas).service(AgentCallbackOfAgentApi, callbacks.agent),
+    const heartbeat = heartbeatHandler(options.bmdb, metrics);
+    const library = connectNodeAdapter({
+      routes: libraryRoutes(heartbeat),
       contextValues: (request) => createContextValues().set(peerKey, peerKeyOf(request)),
-      // Heartbeats and their answers are small: compressing them costs more than it saves.
-      acceptCompression: [],
+      // Requests may come gzipped, as on the lean path; answers are too small to be worth compressing.
+      acceptCompression: [compressionGzip],
       // Upstream gRPC's default ceiling; a hardware report is a few kilobytes.
-      readMaxBytes: 4 * 1024 * 1024,
+      readMaxBytes: READ_MAX_BYTES,
     });
     const server = createSecureServer(
       {
@@ -75,8 +107,9 @@ export class BmaasServer {
         rejectUnauthorized: false,
         allowHTTP1: true,
       },
-      handler,
+      library,
     );
+    routeStreams(server, grpcRoutes(heartbeat));
     // A client that breaks off its handshake or connection is its own business.
     server.on('tlsClientError', (error) => log.server('TLS handshake failed: %s', error.message));
     server.on('sessionError', (error) => log.server('HTTP/2 session failed: %s', error.message));
@@ -91,7 +124,7 @@ export class BmaasServer {
       });
     });
     const bmaas = new BmaasServer(server);
-    log.server('serving AgentCallback (cloud.bmaas.server.api and cloud.agent.api) at %s:%d', host, bmaas.port);
+    log.server('serving AgentCallback at %s:%d', host, bmaas.port);
     return bmaas;
   }
 

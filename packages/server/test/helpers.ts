@@ -1,7 +1,64 @@
 import { generateKeyPairSync, type KeyObject } from 'node:crypto';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { type BMDB, Queries } from '@bmaas/bmdb-controlloop';
 import { type Client, createClient } from '@connectrpc/connect';
 import { createGrpcTransport } from '@connectrpc/connect-node';
-import { AgentCallback, agentApi, certificatePem, selfSignedCertificate } from '../src/index.js';
+import type { Registry } from 'prom-client';
+import { afterAll } from 'vitest';
+import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import {
+  AgentCallback,
+  agentApi,
+  BmaasServer,
+  certificatePem,
+  selfSignedCertificate,
+  selfSignedServerTls,
+} from '../src/index.js';
+
+/** A server of the calling test file's own: its database, BMDB, certificate directory and CA. */
+export interface TestServer {
+  readonly db: TestDatabase;
+  readonly bmdb: BMDB;
+  readonly server: BmaasServer;
+  /** Where its self-signed certificate was made. */
+  readonly dir: string;
+  /** Its certificate, which clients trust. */
+  readonly ca: string;
+}
+
+/**
+ * Starts a BmaasServer on a fresh test database with a self-signed
+ * certificate, its metrics (and the BMDB's) on `registry`; all of it closed
+ * and removed after the file's tests. Call in `beforeAll`.
+ */
+export async function startTestServer(registry: Registry): Promise<TestServer> {
+  const db = await createTestDatabase();
+  const bmdb = await openTestBMDB(db, { metrics: registry });
+  const dir = await mkdtemp(path.join(tmpdir(), 'bmaas-server-test-'));
+  const tls = await selfSignedServerTls(dir);
+  const server = await BmaasServer.start({ bmdb, listen: { host: '127.0.0.1', port: 0 }, tls, metrics: registry });
+  afterAll(async () => {
+    await server.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+  return { db, bmdb, server, dir, ca: tls.cert };
+}
+
+/** Heartbeat statements the BMDB ran so far (the count of `bmdb_agent_heartbeat_batch_size` on `registry`). */
+export async function heartbeatStatements(registry: Registry): Promise<number> {
+  const text = await registry.getSingleMetricAsString('bmdb_agent_heartbeat_batch_size');
+  return Number(/bmdb_agent_heartbeat_batch_size_count (\d+)/.exec(text)?.[1]);
+}
+
+/** A new machine whose agent started with `agent`'s key. */
+export async function startedMachine(bmdb: BMDB, agent: AgentIdentity): Promise<string> {
+  const q = new Queries(bmdb.db);
+  const machineId = await q.newMachine();
+  await q.setAgentStarted(machineId, { publicKey: agent.publicKey });
+  return machineId;
+}
 
 /** An agent's key pair, its raw public key, and a self-signed client certificate over it. */
 export interface AgentIdentity {

@@ -1,0 +1,78 @@
+import type { IncomingHttpHeaders } from 'node:http2';
+import { fromBinary, toBinary } from '@bufbuild/protobuf';
+import type { GenService } from '@bufbuild/protobuf/codegenv2';
+import type { ConnectRouter } from '@connectrpc/connect';
+import type { HeartbeatHandler } from './agent-callback.js';
+import { AgentCallback as AgentCallbackUnderAgentApi } from './gen/cloud/agent/api/agent_pb.js';
+import {
+  AgentCallback,
+  type HeartbeatRequest,
+  HeartbeatRequestSchema,
+  type HeartbeatResponse,
+  HeartbeatResponseSchema,
+} from './gen/cloud/bmaas/server/api/agent_pb.js';
+import type { UnaryRoute } from './grpc-unary.js';
+import { peerKey, sessionPeerKey } from './peer-key.js';
+
+/** A service agents call Heartbeat on, with this package's messages. */
+export type HeartbeatService = GenService<{
+  heartbeat: { methodKind: 'unary'; input: typeof HeartbeatRequestSchema; output: typeof HeartbeatResponseSchema };
+}>;
+
+/**
+ * The service names Heartbeat is answered on, one entry each: every route
+ * below, on the lean gRPC path and through the gRPC library alike, is made
+ * from this table, and every entry answers through the one
+ * {@link HeartbeatHandler}. A service added here must take this package's
+ * messages (message names are not on the wire: a .proto may declare
+ * another service name whose Heartbeat takes `cloud.bmaas.server.api`'s
+ * HeartbeatRequest and HeartbeatResponse).
+ */
+export const HEARTBEAT_SERVICES: readonly HeartbeatService[] = [
+  AgentCallback,
+  // `cloud.agent.api.AgentCallback`, as the current upstream agent names the service (its .proto moved to
+  // cloud/agent/api/agent.proto in 2025): its messages are this package's under another package name, field for
+  // field (test/proto-generated.test.ts checks each), so both paths serve it with this package's messages: the
+  // lean path decodes and encodes them by this package's schemas, the library reads and writes their fields by name.
+  AgentCallbackUnderAgentApi as unknown as HeartbeatService,
+];
+
+/** The lean gRPC path's routes, by `:path`: protobuf gRPC calls of Heartbeat on every service name. */
+export function grpcRoutes(
+  handler: HeartbeatHandler,
+): ReadonlyMap<string, UnaryRoute<HeartbeatRequest, HeartbeatResponse>> {
+  const route: UnaryRoute<HeartbeatRequest, HeartbeatResponse> = {
+    decode: (message) => fromBinary(HeartbeatRequestSchema, message),
+    // Whatever the handler answers, installation requests included, is encoded here: nothing is pre-built.
+    encode: (response) => toBinary(HeartbeatResponseSchema, response),
+    answer: (request, stream) => handler(request, sessionPeerKey(stream.session)),
+  };
+  return new Map(HEARTBEAT_SERVICES.map((service) => [`/${service.typeName}/${service.method.heartbeat.name}`, route]));
+}
+
+/**
+ * The gRPC library's routes: Heartbeat on every service name, for every
+ * protocol and encoding the lean path leaves to it (Connect, gRPC-Web, gRPC
+ * with JSON) and for whatever else reaches it.
+ */
+export function libraryRoutes(handler: HeartbeatHandler): (router: ConnectRouter) => void {
+  return (router) => {
+    for (const service of HEARTBEAT_SERVICES) {
+      router.service(service, { heartbeat: (request, context) => handler(request, context.values.get(peerKey)) });
+    }
+  };
+}
+
+/**
+ * The route a stream takes on the lean path: a POST with a protobuf gRPC
+ * content type to one of `routes`; `undefined` leaves the stream to the
+ * library, which answers everything else as it always has (Connect,
+ * gRPC-Web, JSON, unknown methods, wrong content types and methods).
+ */
+export function leanRoute<Route>(routes: ReadonlyMap<string, Route>, headers: IncomingHttpHeaders): Route | undefined {
+  const path = headers[':path'];
+  if (path === undefined || headers[':method'] !== 'POST') return undefined;
+  const contentType = headers['content-type'];
+  if (contentType !== 'application/grpc' && contentType !== 'application/grpc+proto') return undefined;
+  return routes.get(path);
+}

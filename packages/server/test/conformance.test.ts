@@ -1,0 +1,461 @@
+/**
+ * What the server promises on the wire, proved with clients that share no
+ * code with it, over real TLS against a real BMDB: @grpc/grpc-js (the
+ * service loaded from the .proto by @grpc/proto-loader), connect's own
+ * clients for Connect and gRPC-Web, and a raw node:http2 client for what no
+ * library sends. Status codes, messages and trailers; deadlines; message
+ * size limits; compression; broken frames; a slow client; what the gRPC
+ * library still serves; authentication, batching and metrics.
+ */
+
+import { gzipSync } from 'node:zlib';
+import { create, toBinary } from '@bufbuild/protobuf';
+import { Code, ConnectError, createClient } from '@connectrpc/connect';
+import { createConnectTransport, createGrpcWebTransport } from '@connectrpc/connect-node';
+import { status } from '@grpc/grpc-js';
+import pg from 'pg';
+import { Registry } from 'prom-client';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
+import { eventually } from '../../../test/support/wait.js';
+import {
+  AgentCallback,
+  BmaasServer,
+  HeartbeatRequestSchema,
+  HeartbeatResponseSchema,
+  selfSignedServerTls,
+} from '../src/index.js';
+import {
+  type AgentIdentity,
+  agentIdentity,
+  heartbeatStatements,
+  startedMachine as machineOf,
+  startTestServer,
+  type TestServer,
+} from './helpers.js';
+import { GrpcJsAgent, grpcFrame, RawGrpcClient } from './standard-clients.js';
+
+const registry = new Registry();
+let t: TestServer;
+const closing: { close(): void }[] = [];
+
+beforeAll(async () => {
+  t = await startTestServer(registry);
+});
+afterAll(() => {
+  for (const client of closing) client.close();
+});
+
+const startedMachine = (agent: AgentIdentity) => machineOf(t.bmdb, agent);
+
+/** An agent with its machine. */
+async function agentWithMachine(): Promise<{ agent: AgentIdentity; machineId: string }> {
+  const agent = agentIdentity();
+  return { agent, machineId: await startedMachine(agent) };
+}
+
+function grpcJs(identity?: AgentIdentity, options?: ConstructorParameters<typeof GrpcJsAgent>[3]): GrpcJsAgent {
+  const client = new GrpcJsAgent(t.server.port, t.ca, identity, options);
+  closing.push(client);
+  return client;
+}
+
+function raw(identity?: AgentIdentity): RawGrpcClient {
+  const client = new RawGrpcClient(t.server.port, t.ca, identity);
+  closing.push(client);
+  return client;
+}
+
+/** A HeartbeatRequest as one gRPC message. */
+function heartbeatMessage(machineId: string): Uint8Array {
+  return toBinary(HeartbeatRequestSchema, create(HeartbeatRequestSchema, { machineId }));
+}
+
+async function heartbeatRecorded(machineId: string): Promise<boolean> {
+  const { rowCount } = await t.db.admin('SELECT 1 FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId]);
+  return rowCount === 1;
+}
+
+/** `bmaas_server_requests_total` by code, and the duration histogram's count, of Heartbeat. */
+async function counted(): Promise<{ codes: Record<string, number>; durations: number }> {
+  const text = await registry.metrics();
+  const codes: Record<string, number> = {};
+  for (const [, code, value] of text.matchAll(
+    /bmaas_server_requests_total\{method="Heartbeat",code="(\w+)"\} (\d+)/g,
+  )) {
+    codes[code as string] = Number(value);
+  }
+  const durations = Number(
+    /bmaas_server_request_duration_seconds_count\{method="Heartbeat"\} (\d+)/.exec(text)?.[1] ?? 0,
+  );
+  return { codes, durations };
+}
+
+describe('status codes, messages and trailers (@grpc/grpc-js)', () => {
+  test('a heartbeat is answered OK: headers, one empty HeartbeatResponse, then grpc-status 0 in the trailers', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    const answer = await grpcJs(agent).heartbeat({ machineId });
+    expect(answer.status.code).toBe(status.OK);
+    expect(answer.response).toEqual({});
+    expect(await heartbeatRecorded(machineId)).toBe(true);
+
+    const wire = await raw(agent).call(grpcFrame(heartbeatMessage(machineId)));
+    expect(wire.headers[':status']).toBe(200);
+    expect(wire.headers['content-type']).toMatch(/^application\/grpc(\+proto)?$/);
+    expect(wire.headers['grpc-status']).toBeUndefined();
+    expect(wire.body).toEqual(grpcFrame(toBinary(HeartbeatResponseSchema, create(HeartbeatResponseSchema))));
+    expect(wire.trailers?.['grpc-status']).toBe('0');
+  });
+
+  test('refusals: UNAUTHENTICATED without a certificate or with another key, the same message for every unknown', async () => {
+    const { machineId } = await agentWithMachine();
+    const withoutCertificate = await grpcJs().heartbeat({ machineId });
+    expect(withoutCertificate.status.code).toBe(status.UNAUTHENTICATED);
+    expect(withoutCertificate.status.details).toBe(
+      'machine id or public key unknown: no client certificate over an ed25519 key',
+    );
+    const otherKey = await grpcJs(agentIdentity()).heartbeat({ machineId });
+    expect(otherKey.status.code).toBe(status.UNAUTHENTICATED);
+    expect(otherKey.status.details).toBe('machine id or public key unknown');
+    const ecKey = await grpcJs(agentIdentity('ec')).heartbeat({ machineId });
+    expect(ecKey.status.code).toBe(status.UNAUTHENTICATED);
+    const unknownMachine = await grpcJs(agentIdentity()).heartbeat({
+      machineId: '6f1c1c3e-0000-4000-8000-000000000002',
+    });
+    expect(unknownMachine.status).toMatchObject({
+      code: status.UNAUTHENTICATED,
+      details: 'machine id or public key unknown',
+    });
+    expect(await heartbeatRecorded(machineId)).toBe(false);
+  });
+
+  test('grpc-message is percent-encoded as the spec says, so every client reads it back whole', async () => {
+    const machineId = 'rack 7/slot%3 — ü';
+    const expected = `machine_id "${machineId}" is not a UUID`;
+    const answer = await grpcJs(agentIdentity()).heartbeat({ machineId });
+    expect(answer.status).toMatchObject({ code: status.INVALID_ARGUMENT, details: expected });
+
+    const wire = await raw(agentIdentity()).call(grpcFrame(heartbeatMessage(machineId)));
+    const message = (wire.trailers ?? wire.headers)['grpc-message'];
+    // Printable ASCII stays as it is; '%' and everything else are %XX of UTF-8.
+    expect(message).toBe('machine_id "rack 7/slot%253 %E2%80%94 %C3%BC" is not a UUID');
+    expect(wire.grpcMessage).toBe(expected);
+
+    const agent = agentIdentity();
+    const connectError = await createClient(
+      AgentCallback,
+      createConnectTransport({
+        baseUrl: `https://localhost:${t.server.port}`,
+        httpVersion: '2',
+        nodeOptions: { ca: t.ca, cert: agent.cert, key: agent.key },
+      }),
+    )
+      .heartbeat({ machineId })
+      .catch((e: unknown) => e);
+    expect(connectError).toBeInstanceOf(ConnectError);
+    expect((connectError as ConnectError).rawMessage).toBe(expected);
+  });
+
+  test('an error answer ends the call with its status, without a message', async () => {
+    const wire = await raw(agentIdentity()).call(grpcFrame(heartbeatMessage('not-a-uuid')));
+    expect(wire.headers[':status']).toBe(200);
+    expect(wire.body.length).toBe(0);
+    expect(wire.grpcStatus).toBe(Code.InvalidArgument);
+  });
+
+  test('the BMDB unreachable: UNAVAILABLE naming the machine; the agent tries again', async () => {
+    const ownDb = await createTestDatabase();
+    const closed = await openTestBMDB(ownDb);
+    const own = await BmaasServer.start({
+      bmdb: closed,
+      listen: { host: '127.0.0.1', port: 0 },
+      tls: { cert: t.ca, key: await serverKey() },
+    });
+    try {
+      await closed.close();
+      const client = new GrpcJsAgent(own.port, t.ca, agentIdentity());
+      closing.push(client);
+      const machineId = '6f1c1c3e-0000-4000-8000-000000000003';
+      const answer = await client.heartbeat({ machineId });
+      expect(answer.status).toMatchObject({
+        code: status.UNAVAILABLE,
+        details: `could not record the heartbeat of machine ${machineId}`,
+      });
+    } finally {
+      await own.close();
+    }
+  });
+});
+
+async function serverKey(): Promise<string> {
+  return (await selfSignedServerTls(t.dir)).key;
+}
+
+describe('deadlines (grpc-timeout)', () => {
+  test('a heartbeat still unanswered at its deadline is answered DEADLINE_EXCEEDED then', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    // Hold the machine's AgentStarted row: the heartbeat's statement waits for it.
+    const blocker = new pg.Client({ connectionString: t.db.url });
+    await blocker.connect();
+    try {
+      await blocker.query('BEGIN');
+      await blocker.query('SELECT 1 FROM machine_agent_started WHERE machine_id = $1 FOR UPDATE', [machineId]);
+      const wire = await raw(agent).call(grpcFrame(heartbeatMessage(machineId)), { 'grpc-timeout': '300m' });
+      expect(wire.grpcStatus).toBe(Code.DeadlineExceeded);
+      const answer = await grpcJs(agent).heartbeat({ machineId }, { deadline: Date.now() + 300 });
+      expect(answer.status.code).toBe(status.DEADLINE_EXCEEDED);
+    } finally {
+      await blocker.query('ROLLBACK');
+      await blocker.end();
+    }
+    // Within its deadline, it is answered as ever.
+    const answer = await grpcJs(agent).heartbeat({ machineId }, { deadline: Date.now() + 60_000 });
+    expect(answer.status.code).toBe(status.OK);
+  });
+
+  test('a grpc-timeout that is not one: INVALID_ARGUMENT naming it, nothing written', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    const client = raw(agent);
+    for (const timeout of ['1.5S', '123456789S', '10s', 'soon']) {
+      const wire = await client.call(grpcFrame(heartbeatMessage(machineId)), { 'grpc-timeout': timeout });
+      expect(wire.grpcStatus).toBe(Code.InvalidArgument);
+      expect(wire.grpcMessage).toContain(timeout);
+    }
+    expect(await heartbeatRecorded(machineId)).toBe(false);
+  });
+});
+
+describe('message size limits', () => {
+  test('a message over 4 MiB: RESOURCE_EXHAUSTED, nothing written', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    const answer = await grpcJs(agent).heartbeat({
+      machineId,
+      hardwareReport: { warning: ['x'.repeat(4 * 1024 * 1024)] },
+    });
+    expect(answer.status.code).toBe(status.RESOURCE_EXHAUSTED);
+    expect(await heartbeatRecorded(machineId)).toBe(false);
+  });
+
+  test('a length prefix promising more than 4 MiB is refused at once: the rest of the body is never read', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    const { stream, answer } = raw(agent).open();
+    const prefix = Buffer.alloc(5);
+    prefix.writeUInt32BE(2 ** 31, 1);
+    stream.write(prefix);
+    // The client goes on writing and never ends its body; the answer comes regardless.
+    const chunk = Buffer.alloc(16 * 1024);
+    const writing = setInterval(() => {
+      if (!stream.destroyed) stream.write(chunk);
+    }, 5);
+    try {
+      const wire = await answer;
+      expect(wire.grpcStatus).toBe(Code.ResourceExhausted);
+      expect(wire.grpcMessage).toMatch(/2147483648/);
+      await eventually('the server closing the stream', async () => (stream.closed ? true : undefined));
+    } finally {
+      clearInterval(writing);
+    }
+    expect(await heartbeatRecorded(machineId)).toBe(false);
+  });
+
+  test('a gzip message that inflates past 4 MiB: RESOURCE_EXHAUSTED', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    const message = toBinary(
+      HeartbeatRequestSchema,
+      create(HeartbeatRequestSchema, { machineId, hardwareReport: { warning: ['0'.repeat(8 * 1024 * 1024)] } }),
+    );
+    const bomb = gzipSync(message);
+    expect(bomb.length).toBeLessThan(64 * 1024);
+    const wire = await raw(agent).call(grpcFrame(bomb, true), { 'grpc-encoding': 'gzip' });
+    expect(wire.grpcStatus).toBe(Code.ResourceExhausted);
+    expect(await heartbeatRecorded(machineId)).toBe(false);
+  });
+
+  test('a second message in a unary call: UNIMPLEMENTED, without waiting for the body to end', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    const { stream, answer } = raw(agent).open();
+    stream.write(grpcFrame(heartbeatMessage(machineId)));
+    stream.write(grpcFrame(heartbeatMessage(machineId)));
+    const wire = await answer;
+    expect(wire.grpcStatus).toBe(Code.Unimplemented);
+    stream.destroy();
+    expect(await heartbeatRecorded(machineId)).toBe(false);
+  });
+});
+
+describe('compression', () => {
+  test('grpc-encoding gzip is accepted (grpc-js compressing every message), as is identity', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    const gzip = await grpcJs(agent, { 'grpc.default_compression_algorithm': 2 }).heartbeat({
+      machineId,
+      hardwareReport: { warning: ['a long warning '.repeat(100)] },
+    });
+    expect(gzip.status.code).toBe(status.OK);
+    const client = raw(agent);
+    const wire = await client.call(grpcFrame(gzipSync(heartbeatMessage(machineId)), true), { 'grpc-encoding': 'gzip' });
+    expect(wire.grpcStatus).toBe(status.OK);
+    // A message may go uncompressed under any encoding (its flag says so).
+    const flagOff = await client.call(grpcFrame(heartbeatMessage(machineId)), { 'grpc-encoding': 'gzip' });
+    expect(flagOff.grpcStatus).toBe(status.OK);
+    const identity = await client.call(grpcFrame(heartbeatMessage(machineId)), { 'grpc-encoding': 'identity' });
+    expect(identity.grpcStatus).toBe(status.OK);
+    expect(await heartbeatRecorded(machineId)).toBe(true);
+  });
+
+  test('an encoding the server does not take: UNIMPLEMENTED naming the ones it takes in grpc-accept-encoding', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    const wire = await raw(agent).call(grpcFrame(heartbeatMessage(machineId)), { 'grpc-encoding': 'snappy' });
+    expect(wire.grpcStatus).toBe(Code.Unimplemented);
+    expect((wire.trailers ?? wire.headers)['grpc-accept-encoding']).toMatch(/\bgzip\b/);
+    expect(await heartbeatRecorded(machineId)).toBe(false);
+
+    const deflate = await grpcJs(agent, { 'grpc.default_compression_algorithm': 1 }).heartbeat({ machineId });
+    expect(deflate.status).toMatchObject({
+      code: status.UNIMPLEMENTED,
+      details: 'unknown compression "deflate": supported encodings are gzip',
+    });
+  });
+
+  test('a compressed flag without grpc-encoding: INTERNAL', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    const wire = await raw(agent).call(grpcFrame(gzipSync(heartbeatMessage(machineId)), true));
+    expect(wire.grpcStatus).toBe(Code.Internal);
+    expect(await heartbeatRecorded(machineId)).toBe(false);
+  });
+});
+
+describe('malformed frames', () => {
+  test('a body ending inside the length prefix or inside the message: INVALID_ARGUMENT; no message: UNIMPLEMENTED; bytes that are no HeartbeatRequest: INTERNAL', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    const client = raw(agent);
+    const whole = grpcFrame(heartbeatMessage(machineId));
+    expect((await client.call(whole.subarray(0, 3))).grpcStatus).toBe(Code.InvalidArgument);
+    expect((await client.call(whole.subarray(0, whole.length - 1))).grpcStatus).toBe(Code.InvalidArgument);
+    expect((await client.call(new Uint8Array())).grpcStatus).toBe(Code.Unimplemented);
+    // Field 1 with wire type 7, which does not exist.
+    expect((await client.call(grpcFrame(Uint8Array.of(0x0f, 0x01)))).grpcStatus).toBe(Code.Internal);
+    expect(await heartbeatRecorded(machineId)).toBe(false);
+    // The connection is as good as before.
+    expect((await client.call(whole)).grpcStatus).toBe(status.OK);
+  });
+});
+
+describe('a slow client', () => {
+  test('holding its stream half-sent holds up no one; its heartbeat is answered once its body is whole', async () => {
+    const slow = await agentWithMachine();
+    const { stream, answer } = raw(slow.agent).open();
+    const whole = grpcFrame(heartbeatMessage(slow.machineId));
+    stream.write(whole.subarray(0, 10));
+    const others = await Promise.all(Array.from({ length: 5 }, () => agentWithMachine()));
+    const answers = await Promise.all(others.map(({ agent, machineId }) => grpcJs(agent).heartbeat({ machineId })));
+    expect(answers.map((a) => a.status.code)).toEqual(others.map(() => status.OK));
+    expect(await heartbeatRecorded(slow.machineId)).toBe(false);
+    stream.end(whole.subarray(10));
+    expect((await answer).grpcStatus).toBe(status.OK);
+    expect(await heartbeatRecorded(slow.machineId)).toBe(true);
+  });
+
+  test('one that gives up mid-body leaves nothing behind: nothing written, nothing counted', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    const before = await counted();
+    const { stream } = raw(agent).open();
+    stream.write(grpcFrame(heartbeatMessage(machineId)).subarray(0, 8));
+    stream.close();
+    await eventually('the stream closed', async () => (stream.closed ? true : undefined));
+    // A heartbeat after it goes through: the server is not stuck on the abandoned one.
+    const other = await agentWithMachine();
+    expect((await grpcJs(other.agent).heartbeat({ machineId: other.machineId })).status.code).toBe(status.OK);
+    expect(await heartbeatRecorded(machineId)).toBe(false);
+    const after = await counted();
+    expect(after.durations).toBe(before.durations + 1);
+    expect(after.codes.ok).toBe((before.codes.ok ?? 0) + 1);
+  });
+});
+
+describe('what the gRPC library still serves', () => {
+  test('a content-type that is not gRPC: HTTP 415, nothing written', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    const wire = await raw(agent).call(grpcFrame(heartbeatMessage(machineId)), { 'content-type': 'text/plain' });
+    expect(wire.headers[':status']).toBe(415);
+    expect(await heartbeatRecorded(machineId)).toBe(false);
+  });
+
+  test('gRPC with JSON messages (application/grpc+json)', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    const json = new TextEncoder().encode(JSON.stringify({ machineId }));
+    const wire = await raw(agent).call(grpcFrame(json), { 'content-type': 'application/grpc+json' });
+    expect(wire.grpcStatus).toBe(status.OK);
+    expect(await heartbeatRecorded(machineId)).toBe(true);
+  });
+
+  test('an unknown method or service: UNIMPLEMENTED', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    const client = grpcJs(agent);
+    for (const unknown of [
+      '/cloud.bmaas.server.api.AgentCallback/Reboot',
+      '/cloud.bmaas.server.api.Nothing/Heartbeat',
+    ]) {
+      const answer = await client.heartbeat({ machineId }, { path: unknown });
+      expect(answer.status.code).toBe(status.UNIMPLEMENTED);
+    }
+    expect(await heartbeatRecorded(machineId)).toBe(false);
+  });
+
+  test('Connect and gRPC-Web (HTTP/2 and HTTP/1.1): heartbeats recorded, refusals with their code', async () => {
+    const transports = {
+      connect: createConnectTransport,
+      grpcWeb: createGrpcWebTransport,
+    };
+    for (const [name, transport] of Object.entries(transports)) {
+      for (const httpVersion of ['2', '1.1'] as const) {
+        const { agent, machineId } = await agentWithMachine();
+        const client = createClient(
+          AgentCallback,
+          transport({
+            baseUrl: `https://localhost:${t.server.port}`,
+            httpVersion,
+            nodeOptions: { ca: t.ca, cert: agent.cert, key: agent.key },
+          }),
+        );
+        await client.heartbeat({ machineId });
+        expect(await heartbeatRecorded(machineId), `${name} over HTTP/${httpVersion}`).toBe(true);
+        const refused = await client.heartbeat({ machineId: 'nope' }).catch((e: unknown) => e);
+        expect((refused as ConnectError).code, `${name} over HTTP/${httpVersion}`).toBe(Code.InvalidArgument);
+      }
+    }
+  });
+});
+
+describe('batching and metrics', () => {
+  test('many agents at once, each on its own connection: all recorded, in fewer statements than heartbeats', async () => {
+    const fleet = await Promise.all(Array.from({ length: 30 }, () => agentWithMachine()));
+    const statements = () => heartbeatStatements(registry);
+    const before = await statements();
+    const clients = fleet.map(({ agent }) => grpcJs(agent));
+    // Every connection up first, so the heartbeats arrive together.
+    await Promise.all(clients.map((client) => client.heartbeat({ machineId: 'warm-up' })));
+    const between = await statements();
+    expect(between).toBe(before);
+    const answers = await Promise.all(clients.map((client, i) => client.heartbeat({ machineId: fleet[i]?.machineId })));
+    expect(answers.every((a) => a.status.code === status.OK)).toBe(true);
+    expect(await statements()).toBeLessThan(between + 30);
+    for (const { machineId } of fleet) expect(await heartbeatRecorded(machineId)).toBe(true);
+  });
+
+  test('bmaas_server_requests_total by code and the duration histogram count the calls the handler answered', async () => {
+    const { agent, machineId } = await agentWithMachine();
+    const before = await counted();
+    const client = grpcJs(agent);
+    await client.heartbeat({ machineId });
+    await client.heartbeat({ machineId });
+    await grpcJs(agentIdentity()).heartbeat({ machineId });
+    await client.heartbeat({ machineId: 'bad' });
+    // A broken frame never reaches the handler: not counted.
+    await raw(agent).call(Uint8Array.of(0, 0));
+    const after = await counted();
+    expect(after.codes.ok).toBe((before.codes.ok ?? 0) + 2);
+    expect(after.codes.unauthenticated).toBe((before.codes.unauthenticated ?? 0) + 1);
+    expect(after.codes.invalid_argument).toBe((before.codes.invalid_argument ?? 0) + 1);
+    expect(after.durations).toBe(before.durations + 4);
+  });
+});
