@@ -6,26 +6,27 @@
  * Environment: BENCH_ROUNDS (default 3), BENCH_ITEMS (work items per
  * throughput round, default 10,000), BENCH_CONCURRENCY (comma-separated,
  * default 1,8,32), BENCH_ONLY (comma-separated sections: throughput,
- * ceiling, scale, pickup, idle, heartbeat, web, power, install), BENCH_POWER_MACHINES (machines
+ * ceiling, scale, pickup, idle, heartbeat, web, fleet, power, install), BENCH_POWER_MACHINES (machines
  * the power sync reads, default 1,000), BENCH_AGENTS (simulated agents
  * of the heartbeat section, default 1,000), BENCH_HEARTBEAT_RATES (offered
  * heartbeats/s, default 500,1000,2000,3300,5000), BENCH_INSTALL_MIB (image sizes the test agent
  * installs, default 64,256), BENCH_HEARTBEAT_WORKERS (server
  * processes, default 1,2), BENCH_HEARTBEAT_SECONDS (per rate, default 10),
  * BENCH_HEARTBEAT_SERVERS (what answers: shepherd, floor; default both), BENCH_WEB_MACHINES (default
- * 100,000), BENCH_SYSTEMS (`|`-separated systems for
+ * 100,000), BENCH_FLEET_MACHINES (the fleet gauges' reading, default 100,000), BENCH_SYSTEMS (`|`-separated systems for
  * throughput: bmdb-controlloop, "bmdb-controlloop, finish()",
  * "bmdb-controlloop, finish(fn)", graphile-worker, pg-boss).
  */
 import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { writeCeiling } from './ceiling.js';
+import { fleetReadings } from './fleet-metrics.js';
 import { heartbeats } from './heartbeat.js';
 import { idleCost } from './idle.js';
 import { installFigures } from './install.js';
 import { pickupLatency } from './pickup.js';
 import { powerSyncRate } from './power.js';
-import { type BenchResult, type Rounds, renderReport, renderWebPlans } from './report.js';
+import { type BenchResult, type Rounds, renderFleetPlans, renderReport, renderWebPlans } from './report.js';
 import { claimAtScale } from './scale.js';
 import { BenchServer } from './server.js';
 import { latency, summarize } from './stats.js';
@@ -42,7 +43,7 @@ import { webPages } from './web.js';
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 const ONLY = new Set(
-  (process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle,heartbeat,web,power,install').split(','),
+  (process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle,heartbeat,web,fleet,power,install').split(','),
 );
 /** Image sizes (MiB) the test agent installs, raw and gzipped. */
 const INSTALL_MIB = (process.env.BENCH_INSTALL_MIB ?? '64,256').split(',').map(Number);
@@ -50,6 +51,8 @@ const INSTALL_MIB = (process.env.BENCH_INSTALL_MIB ?? '64,256').split(',').map(N
 const POWER_MACHINES = Number(process.env.BENCH_POWER_MACHINES ?? 1_000);
 /** Machines of the fleet page's benchmark (ten history rows each). */
 const WEB_MACHINES = Number(process.env.BENCH_WEB_MACHINES ?? 100_000);
+/** Machines of the fleet gauges' benchmark. */
+const FLEET_MACHINES = Number(process.env.BENCH_FLEET_MACHINES ?? 100_000);
 const ITEMS = Number(process.env.BENCH_ITEMS ?? 10_000);
 const CONCURRENCY = (process.env.BENCH_CONCURRENCY ?? '1,8,32').split(',').map(Number);
 const SCALES = [1_000, 10_000, 100_000];
@@ -187,6 +190,9 @@ async function main(): Promise<void> {
     if (ONLY.has('web')) {
       result.web = await webPages(server, WEB_MACHINES, 50);
     }
+    if (ONLY.has('fleet')) {
+      result.fleet = await fleetReadings(server, FLEET_MACHINES, 30);
+    }
 
     if (ONLY.has('power')) {
       result.power = await powerSyncRate(server, POWER_MACHINES, [1, 4, 16]);
@@ -205,6 +211,7 @@ async function main(): Promise<void> {
     const report = renderReport(result);
     console.log(report);
     if (result.web) console.log(renderWebPlans(result.web));
+    if (result.fleet) console.log(renderFleetPlans(result.fleet));
     await mkdir(RESULTS, { recursive: true });
     const stamp = startedAt.toISOString().replace(/[:.]/g, '-');
     const json = `${JSON.stringify(result, null, 2)}\n`;
@@ -214,6 +221,7 @@ async function main(): Promise<void> {
     await writeFile(path.join(RESULTS, `${latest}.json`), json);
     await writeFile(path.join(RESULTS, `${latest}.md`), `${report}\n`);
     if (result.web) await writeFile(path.join(RESULTS, 'web-plans.md'), `${renderWebPlans(result.web)}\n`);
+    if (result.fleet) await writeFile(path.join(RESULTS, 'fleet-plans.md'), `${renderFleetPlans(result.fleet)}\n`);
   } finally {
     await server.stop();
   }

@@ -1,3 +1,4 @@
+import type { FleetMetricsResult } from './fleet-metrics.js';
 import type { HeartbeatFigure } from './heartbeat.js';
 import type { InstallFigure } from './install.js';
 import type { PowerSyncFigure } from './power.js';
@@ -29,6 +30,7 @@ export interface BenchResult {
   idle?: Rounds & { readonly workers: number };
   heartbeat?: readonly HeartbeatFigure[];
   web?: WebResult;
+  fleet?: FleetMetricsResult;
   power?: readonly PowerSyncFigure[];
   install?: readonly InstallFigure[];
   durationSeconds?: number;
@@ -186,6 +188,30 @@ export function renderReport(result: BenchResult): string {
       '',
     );
   }
+  if (result.fleet) {
+    const { fleet } = result;
+    lines.push(
+      `**Fleet gauges**: one reading of every \`bmdb_fleet_*\` gauge as \`FleetMetrics\` runs it (its connection, one REPEATABLE READ, READ ONLY transaction), ` +
+        `at ${int(fleet.machines)} machines in ${fleet.locations} locations, ${int(fleet.hardwareReports)} hardware reports, ${int(fleet.activeBackoffs)} running backoffs, ` +
+        '2% waiting for an agent, 200 being started, 1% held, power states read (0.5% Off, 0.2% failed, 1% never read); *a tenth silent*: then a tenth of the agents stop heartbeating (the sets read key by key grow). ' +
+        'Per reading: time in the reading process, execution time in PostgreSQL (pg_stat_statements), CPU of the backend serving it; ' +
+        `${fleet.figures[0]?.readings ?? 0} readings after a warm-up, tables as autovacuum leaves them.`,
+      '',
+      '| fleet | reading p50 | p95 | execution per reading | backend CPU per reading | load average |',
+      '|---|---:|---:|---:|---:|---:|',
+      ...fleet.figures.map(
+        (f) =>
+          `| ${f.scenario} | ${ms(f.p50)} ms | ${ms(f.p95)} ms | ${ms(f.executionMs)} ms | ${ms(f.backendCpuMs)} ms | ${f.loadAverage[0].toFixed(1)} → ${f.loadAverage[1].toFixed(1)} |`,
+      ),
+      '',
+      `Plans of every statement of a reading: [bench/results/fleet-plans.md](fleet-plans.md) (and the JSON): ${
+        fleet.plans.some((plan) => plan.includes('Seq Scan'))
+          ? 'a sequential scan in some.'
+          : 'index scans only, no sequential scan.'
+      }`,
+      '',
+    );
+  }
   if (result.power?.length) {
     lines.push(
       `**Power sync** with its limiter out of the way: ${int(result.power[0]?.machines ?? 0)} static machines, each a system of one fake Redfish BMC over HTTPS on loopback, every one read once (a lease, the GET, a record: two statements a read), beside the same GETs through the Redfish client alone.`,
@@ -212,6 +238,13 @@ export function renderReport(result: BenchResult): string {
       '',
     );
   }
+  return lines.join('\n');
+}
+
+/** Every statement of a fleet gauges' reading with its EXPLAIN (ANALYZE, BUFFERS). */
+export function renderFleetPlans(fleet: FleetMetricsResult): string {
+  const lines = [`Query plans of a reading of the fleet gauges at ${int(fleet.machines)} machines:`, ''];
+  for (const plan of fleet.plans) lines.push('```', plan, '```', '');
   return lines.join('\n');
 }
 

@@ -11,6 +11,7 @@ import {
 } from './agent-heartbeat.js';
 import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
 import { BMDBError, ConnectionClosedError, DatabaseUnreachableError, EmbeddedDatabaseError } from './errors.js';
+import { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
 import { AgentHeartbeats } from './internal/agent-heartbeats.js';
 import { MachineChanges } from './internal/changes.js';
 import { ConnectionForSession } from './internal/connection-for-session.js';
@@ -144,6 +145,9 @@ export class BMDB {
   readonly #connected = new Set<pg.PoolClient>();
   readonly #forSessions: ConnectionForSession;
   readonly #agentHeartbeats: AgentHeartbeats;
+  /** What every connection of this BMDB shares (server, credentials, TLS, name), for connections of their own. */
+  readonly #connectionConfig: pg.PoolConfig;
+  readonly #fleetMetrics = new Set<FleetMetrics>();
   #closed = false;
 
   private constructor(
@@ -164,6 +168,7 @@ export class BMDB {
     this.#pool = pools.work;
     this.#claimPool = pools.claims;
     this.#heartbeatPool = pools.heartbeats;
+    this.#connectionConfig = pools.base;
     for (const pool of [this.#pool, this.#claimPool, this.#heartbeatPool]) {
       // A dropped connection must not crash the process. The pool only
       // listens on idle clients; one checked out (mid-query or mid-
@@ -339,6 +344,28 @@ export class BMDB {
   }
 
   /**
+   * Starts reading the fleet's gauges (machines per stage, provider and
+   * location; backoffs and work per process; live sessions; the newest agent
+   * heartbeat's age; hardware totals) into `options.registry` every
+   * interval, on a connection of its own, until closed (or this BMDB is).
+   * Of all the processes that do so on one BMDB, one at a time reads (it
+   * holds an advisory lock); the others export only `bmdb_up` and
+   * `bmdb_fleet_reader_leading` and take over when it stops. See
+   * {@link FleetMetrics}.
+   *
+   * @throws {@link BMDBError} for an interval under 1 s, or a registry that
+   *   already has the fleet's gauges
+   */
+  startFleetMetrics(options: FleetMetricsOptions): FleetMetrics {
+    this.#assertOpen();
+    const reader: FleetMetrics = new FleetMetrics(this.#connectionConfig, options, () =>
+      this.#fleetMetrics.delete(reader),
+    );
+    this.#fleetMetrics.add(reader);
+    return reader;
+  }
+
+  /**
    * Deletes sessions whose deadline passed, ending their work with a
    * `Canceled` history event each. Runs on its own every session interval
    * while this connection has live sessions; callable directly too.
@@ -362,6 +389,7 @@ export class BMDB {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
+    await Promise.all([...this.#fleetMetrics].map((reader) => reader.close()));
     this.#sessions.stopCollecting();
     const closing = this.#sessions
       .all()

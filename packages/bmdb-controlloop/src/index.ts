@@ -44,6 +44,7 @@ export {
   WorkLostError,
   type WorkOutcome,
 } from './errors.js';
+export { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
 export { sleep } from './internal/sleep.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
 export { BMDBMetrics } from './metrics.js';
@@ -56,6 +57,14 @@ export type {
 } from './queries/backoffs.js';
 export { hasLiveWork, inBackoff, isHeld } from './queries/conditions.js';
 export type { DecommissionReport } from './queries/decommission.js';
+export type {
+  LocationControl,
+  LocationHardware,
+  LocationStages,
+  MachineLocation,
+  ProcessorSessions,
+  StagesByLocation,
+} from './queries/fleet-metrics.js';
 export type { LiveWorkItem, MachineDetail, MachinePage, MachineSummary } from './queries/fleet-page.js';
 export {
   type FleetControl,

@@ -29,6 +29,18 @@ import {
   workBackoffs,
 } from './queries/backoffs.js';
 import { type DecommissionReport, decommissionMachines } from './queries/decommission.js';
+import {
+  backoffsByProcess,
+  controlByLocation,
+  fleetStagesByLocation,
+  hardwareByLocation,
+  type LocationControl,
+  type LocationHardware,
+  newestAgentHeartbeatAge,
+  type ProcessorSessions,
+  type StagesByLocation,
+  sessionsByProcessor,
+} from './queries/fleet-metrics.js';
 import { findMachine, type MachineDetail, type MachinePage, machineDetail, machinePage } from './queries/fleet-page.js';
 import {
   databaseNow,
@@ -477,6 +489,49 @@ export class Queries {
   /** Sessions whose deadline has not passed (which processes are alive), oldest first, with their live work. */
   async liveSessions(): Promise<LiveSession[]> {
     return liveSessions(this.db);
+  }
+
+  /**
+   * Machines per lifecycle stage for each provider and location (the stages
+   * of {@link Queries.fleetStages}, split by where the machines are): one
+   * index-only count of the provided machines and key lookups for the few
+   * pending, starting, silent and stale ones, at any fleet size.
+   */
+  async fleetStagesByLocation(thresholds: RecoveryThresholds = {}): Promise<StagesByLocation> {
+    return fleetStagesByLocation(this.db, thresholds);
+  }
+
+  /**
+   * Hardware totals (machines, CPU threads, memory, disks and their capacity)
+   * per provider and location, from each machine's last hardware report, as
+   * read by the database when it was stored (migration 0008).
+   */
+  async hardwareByLocation(): Promise<LocationHardware[]> {
+    return hardwareByLocation(this.db);
+  }
+
+  /**
+   * Machines held, per power state and whose power read failed, per provider
+   * and location (the counts `fleetStages` gives for the fleet, split by
+   * where the machines are), from per-place totals kept by triggers.
+   */
+  async controlByLocation(): Promise<LocationControl[]> {
+    return controlByLocation(this.db);
+  }
+
+  /** Running backoffs (machines backing off) per process; every shepherd process is present, 0 when none. */
+  async backoffsByProcess(): Promise<Record<string, number>> {
+    return backoffsByProcess(this.db);
+  }
+
+  /** Live sessions per component and processor: which processes are alive, and how many of each. */
+  async sessionsByProcessor(): Promise<ProcessorSessions[]> {
+    return sessionsByProcessor(this.db);
+  }
+
+  /** Seconds since the newest agent heartbeat, by the database's clock; undefined when there is none. */
+  async newestAgentHeartbeatAge(): Promise<number | undefined> {
+    return newestAgentHeartbeatAge(this.db);
   }
 
   /**

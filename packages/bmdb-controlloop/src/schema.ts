@@ -14,6 +14,7 @@ export interface Database {
   machine_os_installation_report: MachineOsInstallationReportTable;
   machine_os_installation_request: MachineOsInstallationRequestTable;
   machine_unprovided: MachineUnprovidedTable;
+  fleet_location_totals: FleetLocationTotalsTable;
   sessions: SessionsTable;
   work: WorkTable;
   work_history: WorkHistoryTable;
@@ -68,6 +69,33 @@ export interface MachineUnprovidedTable {
   machine_id: string;
 }
 
+/**
+ * Per provider and location (`''` for none), spread over 64 rows (`shard`):
+ * provided machines, the sums of their hardware reports' totals, the machines
+ * held, per power state and whose power read failed (migration 0008). Kept
+ * by triggers; never written by hand. Sum a place's rows to read it.
+ * Numerics and bigints are read as strings.
+ */
+export interface FleetLocationTotalsTable {
+  provider: string;
+  provider_location: string;
+  shard: number;
+  machines: string;
+  reported_machines: string;
+  cpu_threads: string;
+  memory_bytes: string;
+  disks: string;
+  disk_bytes: string;
+  held: string;
+  power_on: string;
+  power_off: string;
+  powering_on: string;
+  powering_off: string;
+  power_unknown: string;
+  power_unread: string;
+  power_read_failed: string;
+}
+
 export interface MachineAgentStartedTable {
   machine_id: string;
   agent_started_at: Timestamp;
@@ -86,6 +114,18 @@ export interface MachineHardwareReportTable {
   machine_id: string;
   hardware_report_raw: Uint8Array;
   hardware_reported_at: Timestamp;
+  /** Its machine's provider and location (migration 0008), for `fleet_location_totals`; kept by triggers, never write them. */
+  provider: Generated<string | null>;
+  provider_location: Generated<string | null>;
+  /**
+   * The report's totals (migration 0008), read from it by
+   * `BMDB.recordAgentHeartbeat` as it stores it; null when it could not be
+   * read. Bigints are read as strings.
+   */
+  cpu_threads: Generated<string | null>;
+  memory_bytes: Generated<string | null>;
+  disks: Generated<number | null>;
+  disk_bytes: Generated<string | null>;
 }
 
 /** How an OS installation the agent was asked for ended. */
@@ -197,6 +237,9 @@ export interface MachineHoldTable {
   /** Who held it (`user@host`, or what `--actor` said). */
   hold_actor: string;
   held_at: Generated<Date>;
+  /** Its machine's provider and location (migration 0008), for `fleet_location_totals`; kept by triggers, never write them. */
+  provider: Generated<string | null>;
+  provider_location: Generated<string | null>;
 }
 
 /** A machine's power state as its BMC or provider reports it. */
@@ -227,6 +270,8 @@ export interface MachinePowerStateTable {
   power_read_failed_cause: string | null;
   /** When a power sync last took the machine up for a read: its order and lease. Null: read it first. */
   power_checked_at: Timestamp | null;
+  /** Its machine's location (migration 0008), for `fleet_location_totals`; kept by triggers, never write it. */
+  provider_location: Generated<string | null>;
 }
 
 /** How an operator's action on a machine ended. */

@@ -1,8 +1,14 @@
-import { Kysely, Migrator, PostgresDialect } from 'kysely';
+import { Kysely, type Migration, Migrator, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import { expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
+import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { Queries } from '../src/index.js';
 import * as initial from '../src/migrations/0001_initial.js';
+import * as fastClaims from '../src/migrations/0002_fast_claims.js';
+import * as agentReports from '../src/migrations/0003_agent_reports.js';
+import * as fleetPage from '../src/migrations/0004_fleet_page.js';
+import * as leanTriggers from '../src/migrations/0005_lean_triggers.js';
+import * as operatorControl from '../src/migrations/0006_operator_control.js';
 
 test('migrations create the schema once; running them again is a no-op', async () => {
   const db = await createTestDatabase();
@@ -15,6 +21,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0005_lean_triggers',
     '0006_operator_control',
     '0007_os_installation',
+    '0008_fleet_metrics',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
@@ -39,7 +46,36 @@ test('migrations create the schema once; running them again is a no-op', async (
       'provider_status',
     ],
     machine_agent_pending: ['machine_id', 'provider'],
-    machine_hardware_report: ['machine_id', 'hardware_report_raw', 'hardware_reported_at'],
+    machine_hardware_report: [
+      'machine_id',
+      'hardware_report_raw',
+      'hardware_reported_at',
+      'provider',
+      'provider_location',
+      'cpu_threads',
+      'memory_bytes',
+      'disks',
+      'disk_bytes',
+    ],
+    fleet_location_totals: [
+      'provider',
+      'provider_location',
+      'shard',
+      'machines',
+      'reported_machines',
+      'cpu_threads',
+      'memory_bytes',
+      'disks',
+      'disk_bytes',
+      'held',
+      'power_on',
+      'power_off',
+      'powering_on',
+      'powering_off',
+      'power_unknown',
+      'power_unread',
+      'power_read_failed',
+    ],
     machine_os_installation_report: [
       'machine_id',
       'generation',
@@ -63,7 +99,7 @@ test('migrations create the schema once; running them again is a no-op', async (
       'installation_error',
     ],
     machine_unprovided: ['machine_id'],
-    machine_hold: ['machine_id', 'hold_reason', 'hold_actor', 'held_at'],
+    machine_hold: ['machine_id', 'hold_reason', 'hold_actor', 'held_at', 'provider', 'provider_location'],
     machine_power_state: [
       'machine_id',
       'provider',
@@ -72,6 +108,7 @@ test('migrations create the schema once; running them again is a no-op', async (
       'power_read_failed_at',
       'power_read_failed_cause',
       'power_checked_at',
+      'provider_location',
     ],
     operator_history: ['machine_id', 'action', 'outcome', 'reason', 'actor', 'timestamp', 'cause', 'detail'],
     machines: ['machine_id', 'machine_created_at', 'claim_version'],
@@ -107,6 +144,7 @@ test('migrations create the schema once; running them again is a no-op', async (
       'machine_power_state_due_idx',
       'machine_power_state_state_idx',
       'machine_power_state_failed_idx',
+      'fleet_location_totals_pkey',
     ]),
   );
 
@@ -122,17 +160,7 @@ test('migrations create the schema once; running them again is a no-op', async (
 test('0002 on a database with data: pending agents and heartbeat mirrors are backfilled, then kept by triggers', async () => {
   const db = await createTestDatabase();
   // A deployment that ran 0001 only, with a started agent and a heartbeat.
-  const released = new Kysely<unknown>({
-    dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: db.url }) }),
-  });
-  const { error } = await new Migrator({
-    db: released,
-    provider: { getMigrations: async () => ({ '0001_initial': initial }) },
-    migrationTableName: 'bmdb_migration',
-    migrationLockTableName: 'bmdb_migration_lock',
-  }).migrateToLatest();
-  await released.destroy();
-  expect(error).toBeUndefined();
+  await migrateTo(db, { '0001_initial': initial });
   const [started, heartbeating, fresh] = ['a', 'b', 'c'];
   for (const name of [started, heartbeating, fresh]) {
     await db.admin(
@@ -158,6 +186,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0005_lean_triggers',
     '0006_operator_control',
     '0007_os_installation',
+    '0008_fleet_metrics',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // 0006 backfills a power state row for each provided machine.
@@ -218,3 +247,124 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
   expect(await pending(fresh2)).toBe(0);
   await session.close();
 });
+
+test('0008 on a database with reports: the stored reports are read and the fleet counted per place', async () => {
+  const db = await createTestDatabase();
+  // A deployment at 0006, with three machines in two places: two reported, one report unreadable;
+  // a and an unprovided machine held, a read Off, b's power read failed, c never read.
+  await migrateTo(db, {
+    '0001_initial': initial,
+    '0002_fast_claims': fastClaims,
+    '0003_agent_reports': agentReports,
+    '0004_fleet_page': fleetPage,
+    '0005_lean_triggers': leanTriggers,
+    '0006_operator_control': operatorControl,
+  });
+  // AgentHardwareReport { report: Node { memory_installed_bytes: 1024, cpu { hardware_threads: 16 }, block_device { capacity_bytes: 100 } } }
+  const report = Buffer.from('0a0b408008520248105a023064', 'hex');
+  for (const [name, location, raw] of [
+    ['a', 'da11', report],
+    ['b', 'da11', Buffer.from('0aff', 'hex')],
+    ['c', null, report],
+  ] as const) {
+    await db.admin(
+      `WITH m AS (INSERT INTO machines DEFAULT VALUES RETURNING machine_id),
+       p AS (INSERT INTO machine_provided (machine_id, provider, provider_id, provider_location)
+             SELECT machine_id, 'Old', $1, $2 FROM m)
+       INSERT INTO machine_hardware_report SELECT machine_id, $3, now() FROM m`,
+      [name, location, raw],
+    );
+  }
+  await db.admin(`
+    WITH spare AS (INSERT INTO machines DEFAULT VALUES RETURNING machine_id)
+    INSERT INTO machine_hold (machine_id, hold_reason, hold_actor)
+    SELECT machine_id, 'rack work', 'tech' FROM machine_provided WHERE provider_id = 'a'
+    UNION ALL SELECT machine_id, 'spare', 'tech' FROM spare`);
+  await db.admin(`
+    UPDATE machine_power_state ps SET power_state = CASE mp.provider_id WHEN 'a' THEN 'Off' END,
+      power_read_failed_at = CASE mp.provider_id WHEN 'b' THEN now() END
+    FROM machine_provided mp WHERE mp.machine_id = ps.machine_id`);
+
+  const bmdb = await openTestBMDB(db, { migrate: false });
+  expect(await bmdb.migrate()).toEqual(['0008_fleet_metrics']);
+  expect(await new Queries(bmdb.db).controlByLocation()).toEqual([
+    {
+      provider: '',
+      location: '',
+      held: 1,
+      powerStates: { On: 0, Off: 0, PoweringOn: 0, PoweringOff: 0, Unknown: 0, Unread: 0 },
+      powerReadFailed: 0,
+    },
+    {
+      provider: 'Old',
+      location: '',
+      held: 0,
+      powerStates: { On: 0, Off: 0, PoweringOn: 0, PoweringOff: 0, Unknown: 0, Unread: 1 },
+      powerReadFailed: 0,
+    },
+    {
+      provider: 'Old',
+      location: 'da11',
+      held: 1,
+      powerStates: { On: 0, Off: 1, PoweringOn: 0, PoweringOff: 0, Unknown: 0, Unread: 1 },
+      powerReadFailed: 1,
+    },
+  ]);
+  const { rows } = await db.admin(`
+    SELECT mp.provider_id, h.provider, h.provider_location, h.cpu_threads::int, h.memory_bytes::int, h.disks,
+           h.disk_bytes::int
+    FROM machine_hardware_report h JOIN machine_provided mp USING (machine_id) ORDER BY 1`);
+  expect(rows).toEqual([
+    {
+      provider_id: 'a',
+      provider: 'Old',
+      provider_location: 'da11',
+      cpu_threads: 16,
+      memory_bytes: 1024,
+      disks: 1,
+      disk_bytes: 100,
+    },
+    {
+      provider_id: 'b',
+      provider: 'Old',
+      provider_location: 'da11',
+      cpu_threads: null,
+      memory_bytes: null,
+      disks: null,
+      disk_bytes: null,
+    },
+    {
+      provider_id: 'c',
+      provider: 'Old',
+      provider_location: null,
+      cpu_threads: 16,
+      memory_bytes: 1024,
+      disks: 1,
+      disk_bytes: 100,
+    },
+  ]);
+  const q = new Queries(bmdb.db);
+  expect(await q.hardwareByLocation()).toEqual([
+    { provider: 'Old', location: '', machines: 1, cpuThreads: 16, memoryBytes: 1024, disks: 1, diskBytes: 100 },
+    { provider: 'Old', location: 'da11', machines: 1, cpuThreads: 16, memoryBytes: 1024, disks: 1, diskBytes: 100 },
+  ]);
+  expect((await q.fleetStagesByLocation()).locations.map((l) => [l.location, l.stages.provided])).toEqual([
+    ['', 1],
+    ['da11', 2],
+  ]);
+});
+
+/** `db` as a deployment that ran only `migrations` (released ones) left it. */
+async function migrateTo(db: TestDatabase, migrations: Record<string, Migration>): Promise<void> {
+  const released = new Kysely<unknown>({
+    dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: db.url }) }),
+  });
+  const { error } = await new Migrator({
+    db: released,
+    provider: { getMigrations: async () => migrations },
+    migrationTableName: 'bmdb_migration',
+    migrationLockTableName: 'bmdb_migration_lock',
+  }).migrateToLatest();
+  await released.destroy();
+  expect(error).toBeUndefined();
+}

@@ -44,7 +44,14 @@ const flags = {
   },
   observability: {
     'metrics-listen': {
-      describe: 'host:port to serve Prometheus metrics at /metrics (e.g. 127.0.0.1:9090); off when unset',
+      describe:
+        'host:port to serve Prometheus metrics at /metrics (e.g. 127.0.0.1:9090); off when unset. With it, this process may be the one reading the fleet gauges (bmdb_fleet_*)',
+    },
+    'fleet-metrics-interval': {
+      kind: 'duration',
+      describe:
+        'How often the fleet gauges are read from the BMDB, by one of the processes serving metrics at a time (at least 1s)',
+      default: '30s',
     },
   },
   ssh: {
@@ -283,13 +290,28 @@ const flags = {
   web: {
     'web-listen': {
       describe:
-        'host:port to serve the read-only fleet page at (HTML, JSON under /api/); beyond loopback it needs --web-token',
+        'host:port to serve the read-only fleet page at (HTML, JSON under /api/); beyond loopback it needs --web-token and TLS (--web-tls-cert, --web-tls-self-signed or --web-insecure-http)',
       defaultDescription: '127.0.0.1:8080 for web; off for run and server',
     },
     'web-token': {
       describe:
         'Token the fleet page asks for, as a bearer token or once in a login form (16+ characters; secret: prefer SHEPHERD_WEB_TOKEN)',
       secret: true,
+    },
+    'web-tls-cert': {
+      kind: 'path',
+      describe: 'PEM certificate (and chain) to serve the fleet page over HTTPS with (with --web-tls-key)',
+    },
+    'web-tls-key': { kind: 'path', describe: 'PEM private key of --web-tls-cert' },
+    'web-tls-self-signed': {
+      boolean: true,
+      describe:
+        'Serve the fleet page over HTTPS with a self-signed certificate made once as <data-dir>/web.crt (trust it in your browser)',
+    },
+    'web-insecure-http': {
+      boolean: true,
+      describe:
+        'Serve the fleet page as plain HTTP beyond loopback, for a TLS-terminating proxy in front (logged at every start; cookies stay Secure)',
     },
   },
 } as const satisfies Record<string, Record<string, Flag>>;

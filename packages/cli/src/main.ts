@@ -292,7 +292,7 @@ const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
   status: ['database'],
   server: SERVER_GROUPS,
   decommission: ['database', 'decommission'],
-  web: ['database', 'web'],
+  web: ['database', 'observability', 'web'],
   hold: ['database', 'decommission'],
   unhold: ['database', 'decommission'],
   install: ['database', 'decommission', 'install'],

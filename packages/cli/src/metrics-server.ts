@@ -1,6 +1,8 @@
 import { createServer, type Server } from 'node:http';
+import type { BMDB, FleetMetrics, RecoveryThresholds } from '@bmaas/bmdb-controlloop';
+import type { Registry } from 'prom-client';
 import { log } from './logging.js';
-import { UsageError } from './settings.js';
+import { type MetricsSettings, UsageError } from './settings.js';
 
 /** An HTTP server answering `GET /metrics` with the registry in Prometheus text format. */
 export async function serveMetrics(
@@ -35,4 +37,19 @@ export async function serveMetrics(
 export function closeServer(server: Server): Promise<void> {
   server.closeAllConnections();
   return new Promise((resolve) => server.close(() => resolve()));
+}
+
+/**
+ * Offers this process as the reader of the fleet gauges, on `registry`: of
+ * the processes serving metrics on one BMDB, one at a time reads them (see
+ * `FleetMetrics`). `thresholds` are the recoverer's, which decide who is
+ * awaiting recovery. Closed with the BMDB.
+ */
+export function readFleet(
+  bmdb: BMDB,
+  registry: Registry,
+  settings: MetricsSettings,
+  thresholds: RecoveryThresholds,
+): FleetMetrics {
+  return bmdb.startFleetMetrics({ registry, interval: settings.fleetInterval, thresholds });
 }

@@ -4,7 +4,6 @@ import { createRequire } from 'node:module';
 import { hostname, userInfo } from 'node:os';
 import path from 'node:path';
 import { InvalidSettingError, parseDuration, parseLimiter, type RateLimiter } from '@bmaas/bmdb-controlloop';
-import { checkTokenRule, WebTokenError } from '@bmaas/web';
 
 /**
  * Bad input on the command line or in the environment. The CLI prints its
@@ -232,33 +231,24 @@ export async function secretFile(flag: string, file: string): Promise<string> {
   return resolved;
 }
 
-/** Where the fleet page listens, and the token it asks for (never shown). */
-export interface WebSettings {
+/** Where a process serves its metrics, and how often the fleet gauges are read if it is their reader. */
+export interface MetricsSettings {
   readonly listen: { host: string; port: number };
-  readonly token: string | undefined;
+  /** Milliseconds. */
+  readonly fleetInterval: number;
 }
 
 /**
- * `--web-listen` and `--web-token`; `undefined` when the page is off (no
- * `--web-listen` and no `fallback`). Listening beyond loopback without a
- * token is refused naming `--web-token`, before anything is touched.
+ * `--metrics-listen` and `--fleet-metrics-interval`; `undefined` when no
+ * metrics are served. The interval is checked either way.
  */
-export function webSettings(argv: Argv, fallback?: { host: string; port: number }): WebSettings | undefined {
-  const listen = hostPort(argv, 'web-listen') ?? fallback;
-  if (listen === undefined) return undefined;
-  const token = optional(argv, 'web-token');
-  try {
-    checkTokenRule(listen.host, token);
-  } catch (error) {
-    if (!(error instanceof WebTokenError)) throw error;
-    throw new UsageError(
-      'web-token',
-      token === undefined
-        ? `required to serve the fleet page on ${listen.host}:${listen.port}, beyond loopback (or set ${envName('web-token')}, or listen on 127.0.0.1)`
-        : error.message,
-    );
+export function metricsSettings(argv: Argv): MetricsSettings | undefined {
+  const fleetInterval = duration(argv, 'fleet-metrics-interval');
+  if (fleetInterval < 1000) {
+    throw UsageError.invalid('fleet-metrics-interval', String(argv['fleet-metrics-interval']), 'at least 1s');
   }
-  return { listen, token };
+  const listen = hostPort(argv, 'metrics-listen');
+  return listen && { listen, fleetInterval };
 }
 
 /** Who acts: `--actor`, else `<user>@<host>` of this process. */

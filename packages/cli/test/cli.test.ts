@@ -1,9 +1,12 @@
 import { execFileSync } from 'node:child_process';
 import { chmod, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import type { IncomingHttpHeaders } from 'node:http';
+import { request as httpsRequest } from 'node:https';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
+import { selfSignedServerTls } from '@bmaas/server';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
 import { freePort } from '../../../test/support/ports.js';
@@ -25,6 +28,25 @@ afterAll(() => rm(dir, { recursive: true, force: true }));
 
 const count = async (sql: string, values: unknown[] = []) => (await db.admin(sql, values)).rows[0].n as number;
 const testAgent = path.resolve('packages/shepherd-manager/bin/test-agent.js');
+
+/** A GET over TLS, the server's certificate verified against `ca` alone. */
+function overTls(
+  url: string,
+  ca: string,
+  headers: Record<string, string> = {},
+): Promise<{ status: number; headers: IncomingHttpHeaders; body: string }> {
+  return new Promise((resolve, reject) => {
+    const request = httpsRequest(url, { ca, headers }, (response) => {
+      let body = '';
+      response.setEncoding('utf8').on('data', (chunk: string) => {
+        body += chunk;
+      });
+      response.on('end', () => resolve({ status: response.statusCode ?? 0, headers: response.headers, body }));
+    });
+    request.on('error', reject);
+    request.end();
+  });
+}
 
 async function metrics(port: number): Promise<string> {
   const response = await fetch(`http://127.0.0.1:${port}/metrics`);
@@ -703,26 +725,106 @@ describe('fleet page', () => {
     expect(short.stderr).not.toContain('short-secret');
   });
 
-  test('web serves the page from its own process until SIGTERM; beyond loopback only with the token', async () => {
+  test('beyond loopback without TLS, web and run refuse with exit 2 naming the flags, touching nothing', async () => {
+    const nowhere = 'postgres://u:p@127.0.0.1:1/none';
+    const dataDir = path.join(dir, 'web-refused');
+    const env = { SHEPHERD_WEB_TOKEN: TOKEN };
+    const page = ['--bmdb-url', nowhere, '--data-dir', dataDir, '--web-listen', '0.0.0.0:8080'];
+    const noTls =
+      /--web-tls-cert: serving the fleet page on 0\.0\.0\.0:8080, beyond loopback, needs TLS: give --web-tls-cert and --web-tls-key, or --web-tls-self-signed for a certificate made once under --data-dir, or --web-insecure-http if a TLS proxy in front terminates TLS/;
+    await expectUsageError(await shepherd(['web', ...page], env), noTls, dataDir);
+    await expectUsageError(await shepherd(['run', 'dummy', ...page], env), noTls, dataDir);
+    await expectUsageError(
+      await shepherd(['web', ...page, '--web-tls-cert', 'page.crt'], env),
+      /--web-tls-key: required with --web-tls-cert/,
+      dataDir,
+    );
+    await expectUsageError(
+      await shepherd(
+        ['web', ...page, '--web-tls-cert', 'a.crt', '--web-tls-key', 'a.key', '--web-tls-self-signed'],
+        env,
+      ),
+      /--web-tls-self-signed: not with --web-tls-cert and --web-tls-key/,
+      dataDir,
+    );
+    await expectUsageError(
+      await shepherd(['web', ...page, '--web-tls-self-signed', '--web-insecure-http'], env),
+      /--web-insecure-http: not with a certificate/,
+      dataDir,
+    );
+    await expectUsageError(
+      await shepherd(
+        [
+          'web',
+          ...page,
+          '--web-tls-cert',
+          path.join(dir, 'no-such.crt'),
+          '--web-tls-key',
+          path.join(dir, 'no-such.key'),
+        ],
+        env,
+      ),
+      /--web-tls-cert: .*no-such\.crt.*ENOENT/,
+      dataDir,
+    );
+  });
+
+  test('web serves the page over HTTPS from its own process, with a self-signed certificate made once', async () => {
     const port = await freePort();
-    const web = start(['web', '--bmdb-url', db.url, '--web-listen', `0.0.0.0:${port}`], {
-      SHEPHERD_WEB_TOKEN: TOKEN,
-    });
-    await web.logged(/serving the fleet page at http:\/\/0\.0\.0\.0:\d+\/ \(token required\)/);
-    expect(web.stdout).toContain(`fleet page at http://0.0.0.0:${port}/`);
-    const url = `http://127.0.0.1:${port}/api/overview`;
-    expect((await fetch(url)).status).toBe(401);
-    const overview = await fetch(url, { headers: { authorization: `Bearer ${TOKEN}` } });
+    const dataDir = path.join(dir, 'web-tls');
+    const args = ['web', '--bmdb-url', db.url, '--data-dir', dataDir, '--web-listen', `0.0.0.0:${port}`];
+    const web = start([...args, '--web-tls-self-signed'], { SHEPHERD_WEB_TOKEN: TOKEN });
+    await web.logged(/serving the fleet page at https:\/\/0\.0\.0\.0:\d+\/ \(token required\)/);
+    const certPath = path.join(dataDir, 'web.crt');
+    expect(web.stderr).toContain(`made a self-signed certificate for the fleet page, ${certPath}`);
+    await eventually(async () => web.stdout.includes(`fleet page at https://0.0.0.0:${port}/`) || undefined);
+    const ca = await readFile(certPath, 'utf8');
+    // A real TLS client that trusts only that certificate.
+    const url = `https://127.0.0.1:${port}/api/overview`;
+    expect((await overTls(url, ca)).status).toBe(401);
+    const overview = await overTls(url, ca, { authorization: `Bearer ${TOKEN}` });
     expect(overview.status).toBe(200);
-    expect(await overview.json()).toHaveProperty('stages');
+    expect(JSON.parse(overview.body)).toHaveProperty('stages');
+    expect(overview.headers['strict-transport-security']).toBe('max-age=31536000');
     web.child.kill('SIGTERM');
     const result = await web.exited;
     expect(result.code).toBe(0);
     expect(result.stderr).not.toContain(TOKEN);
+
+    // The next start serves the same certificate.
+    const again = start([...args, '--web-tls-self-signed'], { SHEPHERD_WEB_TOKEN: TOKEN });
+    await again.logged(/serving the fleet page at https:/);
+    expect(again.stderr).not.toContain('made a self-signed certificate');
+    expect(await readFile(certPath, 'utf8')).toBe(ca);
+    expect((await overTls(url, ca, { authorization: `Bearer ${TOKEN}` })).status).toBe(200);
+    again.child.kill('SIGTERM');
+    expect((await again.exited).code).toBe(0);
   });
 
-  test('run serves the page on --web-listen next to its loops', async () => {
+  test('web --web-insecure-http serves plain HTTP for a TLS proxy in front, and says so at every start', async () => {
     const port = await freePort();
+    const args = ['web', '--bmdb-url', db.url, '--web-listen', `0.0.0.0:${port}`, '--web-insecure-http'];
+    for (let i = 0; i < 2; i++) {
+      const web = start(args, { SHEPHERD_WEB_TOKEN: TOKEN });
+      await web.logged(/serving the fleet page at http:\/\/0\.0\.0\.0:\d+\//);
+      expect(web.stderr).toContain('serving the fleet page as plain HTTP (--web-insecure-http)');
+      const login = await fetch(`http://127.0.0.1:${port}/login`, {
+        method: 'POST',
+        redirect: 'manual',
+        headers: { 'content-type': 'application/x-www-form-urlencoded' },
+        body: new URLSearchParams({ token: TOKEN, next: '/' }).toString(),
+      });
+      // Browsers reach it through the proxy's HTTPS: the cookie is for HTTPS only.
+      expect(login.headers.get('set-cookie')).toMatch(/; Secure$/);
+      web.child.kill('SIGTERM');
+      expect((await web.exited).code).toBe(0);
+    }
+  });
+
+  test('run serves the page on --web-listen next to its loops, over HTTPS with the certificate given', async () => {
+    const port = await freePort();
+    const certificates = path.join(dir, 'page-certificate');
+    const tls = await selfSignedServerTls(certificates, { name: 'page' });
     const run = start([
       'run',
       'dummy',
@@ -730,15 +832,20 @@ describe('fleet page', () => {
       db.url,
       '--web-listen',
       `127.0.0.1:${port}`,
+      '--web-tls-cert',
+      tls.certPath,
+      '--web-tls-key',
+      path.join(certificates, 'page.key'),
       '--dummy-capacity',
       '2',
     ]);
-    await run.logged(/serving the fleet page at http:\/\/127\.0\.0\.1:\d+\//);
-    const page = await fetch(`http://127.0.0.1:${port}/machines`);
+    await run.logged(/serving the fleet page at https:\/\/127\.0\.0\.1:\d+\//);
+    const page = await overTls(`https://127.0.0.1:${port}/machines`, tls.cert);
     expect(page.status).toBe(200);
-    expect(await page.text()).toContain('<h1>Machines</h1>');
+    expect(page.body).toContain('<h1>Machines</h1>');
+    expect(page.headers['strict-transport-security']).toBe('max-age=31536000');
     await eventually(async () => {
-      const body = (await (await fetch(`http://127.0.0.1:${port}/api/overview`)).json()) as {
+      const body = JSON.parse((await overTls(`https://127.0.0.1:${port}/api/overview`, tls.cert)).body) as {
         sessions: { processor: string }[];
       };
       return body.sessions.some((s: { processor: string }) => s.processor === 'shepherd-provisioner')

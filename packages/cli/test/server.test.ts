@@ -107,10 +107,17 @@ describe('shepherd server', () => {
     expect((await second.exited).code).toBe(0);
   });
 
-  test('--web-listen serves the fleet page beside the heartbeats; beyond loopback it wants --web-token', async () => {
+  test('--web-listen serves the fleet page beside the heartbeats; beyond loopback it wants --web-token and TLS', async () => {
     const refused = await shepherd(['server', '--bmdb-url', db.url, '--web-listen', '0.0.0.0:18080']);
     expect(refused.code).toBe(2);
     expect(refused.stderr).toMatch(/^shepherd: --web-token: required to serve the fleet page/);
+    const plain = await shepherd(['server', '--bmdb-url', db.url, '--web-listen', '0.0.0.0:18080'], {
+      SHEPHERD_WEB_TOKEN: 'a-web-token-long-enough',
+    });
+    expect(plain.code).toBe(2);
+    expect(plain.stderr).toMatch(
+      /^shepherd: --web-tls-cert: serving the fleet page on 0\.0\.0\.0:18080, beyond loopback, needs TLS/,
+    );
 
     const port = await freePort();
     const webPort = await freePort();
@@ -187,6 +194,13 @@ describe('shepherd server', () => {
     expect((await db.admin('SELECT 1 FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId])).rowCount).toBe(
       1,
     );
+    // The primary offers to read the fleet gauges, after the workers' metrics, without a worker label.
+    const primary = await eventually('the primary reached the BMDB', async () => {
+      const text = await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text();
+      return /^bmdb_up 1$/m.test(text) ? text : undefined;
+    });
+    expect(primary).toMatch(/^bmdb_fleet_reader_leading [01]$/m);
+    expect(primary).toMatch(/^# TYPE bmdb_fleet_machines gauge$/m);
     const pids = [...server.stderr.matchAll(/server worker \d+ \(pid (\d+)\) started/g)].map(([, pid]) => Number(pid));
 
     server.child.kill('SIGTERM');

@@ -168,12 +168,9 @@ export class Lab {
     const agent = path.join(dir, 'agent');
     await writeFile(agent, share.agentWrapper(this.options.heartbeatInterval ?? '2s'), { mode: 0o755 });
     // The agents dial the server at slirp's 10.0.2.2: its certificate must name that address.
-    const tls = await selfSignedServerTls(path.join(dir, 'server-tls'), [
-      hostname(),
-      'localhost',
-      '127.0.0.1',
-      '10.0.2.2',
-    ]);
+    const tls = await selfSignedServerTls(path.join(dir, 'server-tls'), {
+      altNames: [hostname(), 'localhost', '127.0.0.1', '10.0.2.2'],
+    });
     this.serverPort = await freePort();
 
     const flags = (record: Record<string, string>) => Object.entries(record).flatMap(([k, v]) => [`--${k}`, v]);

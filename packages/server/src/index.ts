@@ -16,5 +16,5 @@ export * from './gen/cloud/agent/api/disk_image_pb.js';
 export * from './gen/cloud/agent/api/hwreport_pb.js';
 export * from './gen/cloud/bmaas/server/api/agent_pb.js';
 export { BmaasServer, type BmaasServerOptions } from './server.js';
-export { loadServerTls, type ServerTls, selfSignedServerTls } from './tls.js';
+export { loadServerTls, type SelfSignedTlsOptions, type ServerTls, selfSignedServerTls } from './tls.js';
 export { certificatePem, type SelfSignedOptions, selfSignedCertificate } from './x509.js';

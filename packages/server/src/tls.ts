@@ -35,25 +35,35 @@ export async function loadServerTls(certPath: string, keyPath: string): Promise<
   return { cert, key, certPath };
 }
 
+/** Where {@link selfSignedServerTls} keeps a certificate, and whom it is for. */
+export interface SelfSignedTlsOptions {
+  /** The files' name: `<name>.crt` and `<name>.key`. Default `server`. */
+  readonly name?: string;
+  /** DNS names and addresses it is for, made once: default this host's name, localhost and the loopback addresses. */
+  readonly altNames?: readonly string[];
+}
+
 /**
- * The self-signed certificate under `dir` (`server.crt`, `server.key`),
- * made on first use: an ECDSA P-256 key and a CA-flagged certificate for
- * `altNames` (default this host's name, localhost and the loopback
- * addresses), so agents can trust it as its own root.
+ * The self-signed certificate under `dir` (`server.crt`, `server.key`, or
+ * `<name>.*`), made on first use: an ECDSA P-256 key and a CA-flagged
+ * certificate for its alternative names, so clients (agents, browsers) can
+ * trust it as its own root. Later calls load it, whatever names they give.
  */
 export async function selfSignedServerTls(
   dir: string,
-  altNames: readonly string[] = [hostname(), 'localhost', '127.0.0.1', '::1'],
+  options: SelfSignedTlsOptions = {},
 ): Promise<ServerTls & { readonly created: boolean }> {
-  const certPath = path.join(dir, 'server.crt');
-  const keyPath = path.join(dir, 'server.key');
+  const name = options.name ?? 'server';
+  const altNames = options.altNames ?? LOCAL_NAMES();
+  const certPath = path.join(dir, `${name}.crt`);
+  const keyPath = path.join(dir, `${name}.key`);
   try {
     return { ...(await loadServerTls(certPath, keyPath)), created: false };
   } catch (error) {
     if (!(error instanceof ServerTlsError && (error.cause as NodeJS.ErrnoException)?.code === 'ENOENT')) throw error;
   }
   const { privateKey } = generateKeyPairSync('ec', { namedCurve: 'P-256' });
-  const cert = certificatePem(selfSignedCertificate(privateKey, { commonName: 'bmaas-server', altNames, ca: true }));
+  const cert = certificatePem(selfSignedCertificate(privateKey, { commonName: `bmaas-${name}`, altNames, ca: true }));
   const key = privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
   try {
     await mkdir(dir, { recursive: true });
@@ -68,6 +78,9 @@ export async function selfSignedServerTls(
   log.server('generated a self-signed certificate at %s for %s', certPath, altNames.join(', '));
   return { cert, key, certPath, created: true };
 }
+
+/** This host's name, localhost and the loopback addresses. */
+const LOCAL_NAMES = () => [hostname(), 'localhost', '127.0.0.1', '::1'];
 
 async function readText(file: string): Promise<string> {
   try {

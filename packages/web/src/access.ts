@@ -49,6 +49,44 @@ export function checkTokenRule(host: string, token: string | undefined): void {
   }
 }
 
+/**
+ * The page was asked to listen beyond loopback over plain HTTP without
+ * saying a TLS proxy in front terminates TLS, or to do both.
+ */
+export class WebTlsError extends Error {
+  override name = 'WebTlsError';
+  constructor(
+    /** The host the page was to listen on. */
+    readonly host: string,
+    problem: string,
+  ) {
+    super(problem);
+  }
+}
+
+/**
+ * The TLS rule: beyond loopback the page, its token and its cookie travel
+ * over TLS, served by the page itself (`tls`) or by a proxy in front that
+ * terminates it (`insecureHttp`: the page speaks plain HTTP to the proxy).
+ * On loopback, plain HTTP is allowed.
+ *
+ * @throws {@link WebTlsError} naming the host when the rule is broken
+ */
+export function checkTlsRule(host: string, transport: { tls: boolean; insecureHttp: boolean }): void {
+  if (transport.tls && transport.insecureHttp) {
+    throw new WebTlsError(
+      host,
+      'the fleet page is served either with TLS or as plain HTTP behind a TLS proxy, not both',
+    );
+  }
+  if (!transport.tls && !transport.insecureHttp && !isLoopback(host)) {
+    throw new WebTlsError(
+      host,
+      `serving the fleet page on ${host}, beyond loopback, needs TLS: a certificate, or a TLS proxy in front (insecure HTTP to it)`,
+    );
+  }
+}
+
 /** Checks bearer tokens and session cookies against one token, in constant time. */
 export class TokenCheck {
   readonly #tokenDigest: Buffer;
@@ -73,15 +111,18 @@ export class TokenCheck {
     return cookie !== undefined && timingSafeEqual(sha256(cookie), sha256(this.#cookieValue));
   }
 
-  /** The `Set-Cookie` value that logs a browser in: HttpOnly, SameSite=Strict, the whole site. */
-  sessionCookie(): string {
-    return `${SESSION_COOKIE}=${this.#cookieValue}; HttpOnly; SameSite=Strict; Path=/`;
+  /**
+   * The `Set-Cookie` value that logs a browser in: HttpOnly, SameSite=Strict,
+   * the whole site; `Secure` (sent over HTTPS only) when the page is reached over HTTPS.
+   */
+  sessionCookie(secure: boolean): string {
+    return `${SESSION_COOKIE}=${this.#cookieValue}; HttpOnly; SameSite=Strict; Path=/${secure ? '; Secure' : ''}`;
   }
 }
 
 /** The `Set-Cookie` value that logs a browser out. */
-export function expiredSessionCookie(): string {
-  return `${SESSION_COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0`;
+export function expiredSessionCookie(secure: boolean): string {
+  return `${SESSION_COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0${secure ? '; Secure' : ''}`;
 }
 
 /** `name=value` pairs of a Cookie header; malformed pairs are skipped. */

@@ -6,14 +6,16 @@
  * @packageDocumentation
  */
 
-export { checkTokenRule, isLoopback, MIN_TOKEN_LENGTH, WebTokenError } from './access.js';
+export { checkTlsRule, checkTokenRule, isLoopback, MIN_TOKEN_LENGTH, WebTlsError, WebTokenError } from './access.js';
 export type { MachineList, MachineView, Overview } from './data.js';
 export { escapeHtml, Html, html } from './html.js';
 export {
   attachFleetPage,
   type FleetPageOptions,
   type FleetPageServer,
+  type FleetPageTls,
   fleetPageHandler,
+  type ServeOptions,
   serveFleetPage,
   WebListenError,
 } from './server.js';

@@ -1,4 +1,5 @@
 import { createServer, type IncomingMessage, type RequestListener, type Server, type ServerResponse } from 'node:http';
+import { createServer as createTlsServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import {
   type BMDB,
@@ -10,7 +11,7 @@ import {
   PowerState,
   type RecoveryThresholds,
 } from '@bmaas/bmdb-controlloop';
-import { checkTokenRule, expiredSessionCookie, parseCookies, TokenCheck } from './access.js';
+import { checkTlsRule, checkTokenRule, expiredSessionCookie, parseCookies, TokenCheck } from './access.js';
 import { type BMDBReader, findMachine, readMachine, readMachineList, readOverview } from './data.js';
 import { type Html, href } from './html.js';
 import { type Frame, layout, notice } from './pages/layout.js';
@@ -32,7 +33,23 @@ export interface FleetPageOptions {
   readonly refreshSeconds?: number | undefined;
   /** Told about requests that failed on the database side (answered 503). */
   readonly onError?: ((error: unknown, path: string) => void) | undefined;
+  /**
+   * Browsers reach the page over HTTPS (it is served with TLS, or a TLS proxy
+   * in front terminates it): its cookies are `Secure` and every answer asks
+   * for HTTPS only from then on (`Strict-Transport-Security`, a year).
+   * `serveFleetPage` sets it when it serves TLS or is told of a proxy.
+   */
+  readonly secure?: boolean | undefined;
 }
+
+/** The page's certificate (with its chain) and private key, PEM. */
+export interface FleetPageTls {
+  readonly cert: string;
+  readonly key: string;
+}
+
+/** How long browsers keep to HTTPS for the page's host once told: a year. */
+const HSTS = 'max-age=31536000';
 
 /** A request the page cannot answer as asked: 400 with a message naming the parameter. */
 class BadRequest extends Error {}
@@ -57,8 +74,11 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
   const tokens = options.token === undefined ? undefined : new TokenCheck(options.token);
   const thresholds = options.thresholds ?? {};
   const refreshSeconds = options.refreshSeconds ?? 10;
+  const secure = options.secure ?? false;
+  const cookieFlags = secure ? '; Secure' : '';
 
   return (request, response) => {
+    if (secure) response.setHeader('strict-transport-security', HSTS);
     handle(request, response).catch((error: unknown) => {
       if (response.headersSent) {
         response.destroy();
@@ -113,7 +133,7 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
       return;
     }
     if (path === '/login' && tokens) {
-      if (method === 'POST') return login(request, response, tokens);
+      if (method === 'POST') return login(request, response, tokens, secure);
       if (isRead(method)) {
         const next = localPath(url.searchParams.get('next'));
         sendPage(response, 200, { ...frameFor(request, 'login'), title: 'Log in' }, loginPage(next, false));
@@ -121,7 +141,7 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
       }
     }
     if (path === '/logout' && tokens && isRead(method)) {
-      response.writeHead(303, { location: '/login', 'set-cookie': expiredSessionCookie() }).end();
+      response.writeHead(303, { location: '/login', 'set-cookie': expiredSessionCookie(secure) }).end();
       return;
     }
     if (tokens && !tokens.admits(request.headers)) {
@@ -149,7 +169,7 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
       const on = url.searchParams.get('set') !== 'off';
       response.writeHead(303, {
         location: localPath(url.searchParams.get('back')),
-        'set-cookie': `${REFRESH_COOKIE}=${on ? 'on' : 'off'}; SameSite=Strict; Path=/; Max-Age=31536000`,
+        'set-cookie': `${REFRESH_COOKIE}=${on ? 'on' : 'off'}; SameSite=Strict; Path=/; Max-Age=31536000${cookieFlags}`,
       });
       response.end();
       return;
@@ -225,11 +245,16 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
 }
 
 /** `POST /login`: the token from the form, once; a session cookie from then on. */
-async function login(request: IncomingMessage, response: ServerResponse, tokens: TokenCheck): Promise<void> {
+async function login(
+  request: IncomingMessage,
+  response: ServerResponse,
+  tokens: TokenCheck,
+  secure: boolean,
+): Promise<void> {
   const form = new URLSearchParams(await readBody(request, 8192));
   const next = localPath(form.get('next'));
   if (tokens.matches(form.get('token') ?? '')) {
-    response.writeHead(303, { location: next, 'set-cookie': tokens.sessionCookie() }).end();
+    response.writeHead(303, { location: next, 'set-cookie': tokens.sessionCookie(secure) }).end();
     return;
   }
   sendPage(
@@ -363,7 +388,7 @@ function sendJson(response: ServerResponse, status: number, body: unknown): void
 
 /** A fleet page listening on a port. */
 export interface FleetPageServer {
-  /** `http://host:port/`, where it serves. */
+  /** `https://host:port/` (or `http://` without TLS), where it serves. */
   readonly url: string;
   readonly host: string;
   readonly port: number;
@@ -384,15 +409,37 @@ export class WebListenError extends Error {
   }
 }
 
+/** Where and how {@link serveFleetPage} serves. */
+export interface ServeOptions {
+  readonly host: string;
+  /** 0: any free port. */
+  readonly port: number;
+  /** Serve HTTPS with this certificate. */
+  readonly tls?: FleetPageTls | undefined;
+  /**
+   * Serve plain HTTP beyond loopback: a TLS proxy in front terminates TLS and
+   * browsers reach it over HTTPS (so the page is still `secure`).
+   */
+  readonly insecureHttp?: boolean | undefined;
+}
+
 /**
- * Serves the fleet page on `host:port` (port 0: any free one). Refuses, with a
- * {@link WebTokenError}, to listen beyond loopback without a token.
+ * Serves the fleet page on `host:port`, over HTTPS when given a certificate.
+ * Refuses to listen beyond loopback without a token ({@link WebTokenError})
+ * or without TLS, its own or a proxy's ({@link WebTlsError}). The page is
+ * `secure` (Secure cookies, HSTS) whenever TLS is involved.
  */
-export async function serveFleetPage(
-  options: FleetPageOptions & { host: string; port: number },
-): Promise<FleetPageServer> {
+export async function serveFleetPage(options: FleetPageOptions & ServeOptions): Promise<FleetPageServer> {
   checkTokenRule(options.host, options.token);
-  const server: Server = createServer(fleetPageHandler(options));
+  const insecureHttp = options.insecureHttp ?? false;
+  checkTlsRule(options.host, { tls: options.tls !== undefined, insecureHttp });
+  const handler = fleetPageHandler({
+    ...options,
+    secure: options.secure ?? (options.tls !== undefined || insecureHttp),
+  });
+  const server: Server = options.tls
+    ? createTlsServer({ cert: options.tls.cert, key: options.tls.key }, handler)
+    : createServer(handler);
   await new Promise<void>((resolve, reject) => {
     server.once('error', (error: NodeJS.ErrnoException) =>
       reject(new WebListenError(options.host, options.port, error.code ?? error.message, { cause: error })),
@@ -402,7 +449,7 @@ export async function serveFleetPage(
   const port = (server.address() as AddressInfo).port;
   const shownHost = options.host.includes(':') ? `[${options.host}]` : options.host;
   return {
-    url: `http://${shownHost}:${port}/`,
+    url: `${options.tls ? 'https' : 'http'}://${shownHost}:${port}/`,
     host: options.host,
     port,
     close: () =>
@@ -419,7 +466,8 @@ export async function serveFleetPage(
  */
 export function attachFleetPage(
   bmdb: BMDB,
-  options: Omit<FleetPageOptions, 'db'> & { listen: { host: string; port: number } },
+  options: Omit<FleetPageOptions, 'db'> &
+    Omit<ServeOptions, 'host' | 'port'> & { listen: { host: string; port: number } },
 ): Promise<FleetPageServer> {
   return serveFleetPage({ ...options, db: bmdb.db, host: options.listen.host, port: options.listen.port });
 }

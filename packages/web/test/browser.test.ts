@@ -1,9 +1,11 @@
+import { createHash, X509Certificate } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
+import { selfSignedServerTls } from '@bmaas/server';
 import puppeteer, { type Browser, type Page } from 'puppeteer-core';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
@@ -26,6 +28,7 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
   let fleet: SeededFleet;
   let open: FleetPageServer;
   let guarded: FleetPageServer;
+  let secured: FleetPageServer;
   let browser: Browser;
   let profile: string;
   let page: Page;
@@ -40,6 +43,11 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
     guarded = await serveFleetPage({ db: bmdb.db, host: '127.0.0.1', port: 0, token: TOKEN });
     await mkdir(SCREENSHOTS, { recursive: true });
     profile = await mkdtemp(path.join(tmpdir(), 'shepherd-web-chromium-'));
+    // The page over HTTPS with a self-signed certificate made as `shepherd web --web-tls-self-signed` does;
+    // the browser trusts that one key (by its SPKI digest), nothing else.
+    const tls = await selfSignedServerTls(profile, { name: 'web' });
+    secured = await serveFleetPage({ db: bmdb.db, host: '127.0.0.1', port: 0, token: TOKEN, tls });
+    const spki = new X509Certificate(tls.cert).publicKey.export({ type: 'spki', format: 'der' });
     browser = await puppeteer.launch({
       executablePath: CHROMIUM,
       headless: true,
@@ -52,6 +60,7 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
         '--disable-background-networking',
         '--disable-component-update',
         '--disable-sync',
+        `--ignore-certificate-errors-spki-list=${createHash('sha256').update(spki).digest('base64')}`,
       ],
     });
     page = await browser.newPage();
@@ -66,6 +75,7 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
     await browser?.close();
     await open?.close();
     await guarded?.close();
+    await secured?.close();
     if (profile) await rm(profile, { recursive: true, force: true });
   });
 
@@ -197,6 +207,26 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
       expect(await guest.evaluate('document.cookie')).not.toContain('shepherd_web_session');
       await guest.goto(guarded.url);
       expect(new URL(guest.url()).pathname).toBe('/');
+    } finally {
+      await context.close();
+    }
+  });
+
+  test('over HTTPS: the login form, once, a Secure cookie, and HSTS', async () => {
+    const context = await browser.createBrowserContext();
+    const guest = await context.newPage();
+    try {
+      const first = await guest.goto(new URL('/machines', secured.url).href);
+      expect(new URL(guest.url()).protocol).toBe('https:');
+      expect(new URL(guest.url()).pathname).toBe('/login');
+      expect(first?.headers()['strict-transport-security']).toBe('max-age=31536000');
+      await guest.type('input[name="token"]', TOKEN);
+      await Promise.all([guest.waitForNavigation(), guest.click('form button[type="submit"]')]);
+      expect(new URL(guest.url()).pathname).toBe('/machines');
+      expect(await guest.$$eval('tbody tr', (rows) => rows.length)).toBe(7);
+      const [cookie] = (await guest.cookies()).filter((c) => c.name === 'shepherd_web_session');
+      expect(cookie).toMatchObject({ secure: true, httpOnly: true, sameSite: 'Strict' });
+      await guest.screenshot({ path: path.join(SCREENSHOTS, 'machines-https.png') });
     } finally {
       await context.close();
     }

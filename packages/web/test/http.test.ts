@@ -1,14 +1,22 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import type { IncomingHttpHeaders } from 'node:http';
+import { request as httpsRequest } from 'node:https';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
+import { type ServerTls, selfSignedServerTls } from '@bmaas/server';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
 import { HOSTILE_CAUSE, HOSTILE_REASON, type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
 import {
+  checkTlsRule,
   checkTokenRule,
   escapeHtml,
   type FleetPageServer,
   html,
   isLoopback,
   serveFleetPage,
+  WebTlsError,
   WebTokenError,
 } from '../src/index.js';
 
@@ -435,6 +443,121 @@ describe('the token rule', () => {
     expect((await get('/', { headers: { cookie: 'shepherd_web_session=forged' } }, guarded)).status).toBe(303);
     const logout = await get('/logout', { headers: { cookie: session } }, guarded);
     expect(logout.headers.get('set-cookie')).toContain('Max-Age=0');
+  });
+});
+
+describe('TLS', () => {
+  let dir: string;
+  let tls: ServerTls;
+  let secured: FleetPageServer;
+  beforeAll(async () => {
+    dir = await mkdtemp(path.join(tmpdir(), 'web-tls-'));
+    // The server package's certificate maker, as `shepherd web --web-tls-self-signed` uses it.
+    tls = await selfSignedServerTls(dir, { name: 'web' });
+    secured = await serveFleetPage({ db: bmdb.db, host: '127.0.0.1', port: 0, token: TOKEN, tls });
+  });
+  afterAll(async () => {
+    await secured?.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  /** One request over TLS, the certificate verified against `ca` (the page's own: it is its own root). */
+  const overTls = (
+    url: string,
+    init: { method?: string; headers?: Record<string, string>; body?: string } = {},
+    ca = tls.cert,
+  ) =>
+    new Promise<{ status: number; headers: IncomingHttpHeaders; body: string }>((resolve, reject) => {
+      const req = httpsRequest(url, { ca, method: init.method ?? 'GET', headers: init.headers ?? {} }, (res) => {
+        let body = '';
+        res.setEncoding('utf8').on('data', (chunk: string) => {
+          body += chunk;
+        });
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body }));
+      });
+      req.on('error', reject);
+      req.end(init.body);
+    });
+
+  test('the TLS rule: plain HTTP on loopback, elsewhere TLS or a TLS proxy in front, not both', async () => {
+    expect(() => checkTlsRule('127.0.0.1', { tls: false, insecureHttp: false })).not.toThrow();
+    expect(() => checkTlsRule('0.0.0.0', { tls: false, insecureHttp: false })).toThrow(WebTlsError);
+    expect(() => checkTlsRule('10.0.0.5', { tls: true, insecureHttp: false })).not.toThrow();
+    expect(() => checkTlsRule('10.0.0.5', { tls: false, insecureHttp: true })).not.toThrow();
+    expect(() => checkTlsRule('10.0.0.5', { tls: true, insecureHttp: true })).toThrow(/not both/);
+    await expect(serveFleetPage({ db: bmdb.db, host: '0.0.0.0', port: 0, token: TOKEN })).rejects.toThrow(
+      /on 0\.0\.0\.0, beyond loopback, needs TLS/,
+    );
+  });
+
+  test('served over HTTPS: a verified TLS client is answered, with HSTS on every answer', async () => {
+    expect(secured.url).toMatch(/^https:\/\/127\.0\.0\.1:\d+\/$/);
+    const api = await overTls(new URL('/api/overview', secured.url).href, {
+      headers: { authorization: `Bearer ${TOKEN}` },
+    });
+    expect(api.status).toBe(200);
+    expect(JSON.parse(api.body)).toHaveProperty('stages');
+    expect(api.headers['strict-transport-security']).toBe('max-age=31536000');
+    const redirect = await overTls(new URL('/machines', secured.url).href);
+    expect(redirect.status).toBe(303);
+    expect(redirect.headers['strict-transport-security']).toBe('max-age=31536000');
+    // Another certificate is not this page's: the client refuses it.
+    const other = await selfSignedServerTls(dir, { name: 'other' });
+    await expect(overTls(secured.url, {}, other.cert)).rejects.toThrow(/self.signed|certificate/);
+    // Plain HTTP to the TLS port gets no page.
+    await expect(fetch(secured.url.replace('https:', 'http:'))).rejects.toThrow();
+  });
+
+  test('its login cookie and refresh cookie are Secure; over plain loopback HTTP they are not, nor is HSTS sent', async () => {
+    const login = await overTls(new URL('/login', secured.url).href, {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-www-form-urlencoded' },
+      body: new URLSearchParams({ token: TOKEN, next: '/' }).toString(),
+    });
+    expect(login.status).toBe(303);
+    expect(login.headers['set-cookie']?.[0]).toMatch(
+      /^shepherd_web_session=[A-Za-z0-9_-]+; HttpOnly; SameSite=Strict; Path=\/; Secure$/,
+    );
+    const session = login.headers['set-cookie']?.[0]?.split(';')[0] as string;
+    const refresh = await overTls(new URL('/refresh?set=off&back=/', secured.url).href, {
+      headers: { cookie: session },
+    });
+    expect(refresh.headers['set-cookie']?.[0]).toMatch(/; Secure$/);
+    const logout = await overTls(new URL('/logout', secured.url).href, { headers: { cookie: session } });
+    expect(logout.headers['set-cookie']?.[0]).toMatch(/Max-Age=0; Secure$/);
+
+    const plain = await get(
+      '/login',
+      {
+        method: 'POST',
+        headers: { 'content-type': 'application/x-www-form-urlencoded' },
+        body: new URLSearchParams({ token: TOKEN, next: '/' }).toString(),
+      },
+      guarded,
+    );
+    expect(plain.headers.get('set-cookie')).not.toContain('Secure');
+    expect(plain.headers.get('strict-transport-security')).toBeNull();
+  });
+
+  test('behind a TLS proxy (insecureHttp) it speaks plain HTTP beyond loopback, still Secure and with HSTS', async () => {
+    const proxied = await serveFleetPage({ db: bmdb.db, host: '0.0.0.0', port: 0, token: TOKEN, insecureHttp: true });
+    try {
+      expect(proxied.url).toMatch(/^http:\/\//);
+      const login = await fetch(`http://127.0.0.1:${proxied.port}/login`, {
+        method: 'POST',
+        redirect: 'manual',
+        headers: { 'content-type': 'application/x-www-form-urlencoded' },
+        body: new URLSearchParams({ token: TOKEN, next: '/' }).toString(),
+      });
+      expect(login.status).toBe(303);
+      expect(login.headers.get('set-cookie')).toMatch(/; Secure$/);
+      expect(login.headers.get('strict-transport-security')).toBe('max-age=31536000');
+    } finally {
+      await proxied.close();
+    }
+    await expect(
+      serveFleetPage({ db: bmdb.db, host: '0.0.0.0', port: 0, token: TOKEN, insecureHttp: true, tls }),
+    ).rejects.toThrow(/not both/);
   });
 });
 

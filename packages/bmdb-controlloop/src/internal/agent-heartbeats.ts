@@ -1,6 +1,7 @@
 import type { AgentHeartbeat, AgentHeartbeatAnswer } from '../agent-heartbeat.js';
 import type { OSImageCompression } from '../schema.js';
 import { Batcher } from './batcher.js';
+import { hardwareTotals } from './hardware-totals.js';
 import { onePerMachine } from './machine-batches.js';
 import type { PreparedStatements } from './prepared.js';
 import type { RunStatement } from './retry.js';
@@ -19,9 +20,9 @@ const PROCESSOR = 'agent-callback';
  * The heartbeats of a batch, one array element per heartbeat. The statement
  * keeps those whose machine has an AgentStarted tag with the same public key
  * (`authenticated`), and for each sets AgentHeartbeat to now and stores the
- * hardware report sent; it returns their positions, and the installation
- * request each one's machine is to be handed. A heartbeat with an unknown
- * machine or another key writes nothing.
+ * hardware report sent (with its totals, for the fleet gauges); it returns
+ * their positions, and the installation request each one's machine is to be
+ * handed. A heartbeat with an unknown machine or another key writes nothing.
  *
  * The OS installation part (migration 0007) costs a key probe per heartbeat
  * into `machine_os_installation_request`, and writes only when something
@@ -53,9 +54,10 @@ const PROCESSOR = 'agent-callback';
  */
 const HEARTBEAT_SQL = `
   WITH requests AS (
-    SELECT * FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::bigint[], $5::text[], $6::bytea[], $7::text[])
+    SELECT * FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::bigint[], $5::text[], $6::bytea[], $7::text[],
+                         $8::bigint[], $9::bigint[], $10::int[], $11::bigint[])
       WITH ORDINALITY AS r (machine_id, public_key, hardware_report, generation, result, installation_report,
-                            installation_error, ord)),
+                            installation_error, cpu_threads, memory_bytes, disks, disk_bytes, ord)),
   authenticated AS (
     SELECT r.* FROM requests r JOIN machine_agent_started a ON a.machine_id = r.machine_id
     WHERE a.machine_id = ANY ($1::uuid[]) AND a.agent_public_key = r.public_key
@@ -99,10 +101,14 @@ const HEARTBEAT_SQL = `
     SELECT machine_id, now() FROM authenticated WHERE machine_id NOT IN (SELECT machine_id FROM installed)
     ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heartbeat_at),
   hardware AS (
-    INSERT INTO machine_hardware_report (machine_id, hardware_report_raw, hardware_reported_at)
-    SELECT machine_id, hardware_report, now() FROM authenticated WHERE hardware_report IS NOT NULL
+    INSERT INTO machine_hardware_report
+      (machine_id, hardware_report_raw, hardware_reported_at, cpu_threads, memory_bytes, disks, disk_bytes)
+    SELECT machine_id, hardware_report, now(), cpu_threads, memory_bytes, disks, disk_bytes
+    FROM authenticated WHERE hardware_report IS NOT NULL
     ON CONFLICT (machine_id) DO UPDATE
-    SET hardware_report_raw = excluded.hardware_report_raw, hardware_reported_at = excluded.hardware_reported_at)
+    SET hardware_report_raw = excluded.hardware_report_raw, hardware_reported_at = excluded.hardware_reported_at,
+        cpu_threads = excluded.cpu_threads, memory_bytes = excluded.memory_bytes, disks = excluded.disks,
+        disk_bytes = excluded.disk_bytes)
   SELECT coalesce(array_agg(ord::int), '{}') AS authenticated,
     (SELECT json_agg(json_build_object('ord', o.ord, 'generation', o.generation::text, 'imageUrl', o.image_url,
         'imageSha256', o.image_sha256, 'rootDevice', o.root_device, 'compression', o.compression,
@@ -149,6 +155,8 @@ export class AgentHeartbeats {
 
   async #send(heartbeats: readonly AgentHeartbeat[]): Promise<AgentHeartbeatAnswer[]> {
     this.onBatch(heartbeats.length);
+    // Each report's totals, for the fleet's hardware gauges; null where it cannot be read.
+    const totals = heartbeats.map((h) => (h.hardwareReport ? hardwareTotals(h.hardwareReport) : undefined));
     const parameters = [
       heartbeats.map((h) => h.machineId),
       heartbeats.map((h) => Buffer.from(h.publicKey)),
@@ -157,6 +165,10 @@ export class AgentHeartbeats {
       heartbeats.map((h) => h.installationReport?.result ?? null),
       heartbeats.map((h) => (h.installationReport ? Buffer.from(h.installationReport.raw) : null)),
       heartbeats.map((h) => h.installationReport?.error ?? null),
+      totals.map((t) => t?.cpuThreads ?? null),
+      totals.map((t) => t?.memoryBytes ?? null),
+      totals.map((t) => t?.disks ?? null),
+      totals.map((t) => t?.diskBytes ?? null),
     ];
     const [row] = await this.run([PROCESSOR], () =>
       this.prepared.query<{ authenticated: number[]; pending: PendingRow[] | null }>({

@@ -9,6 +9,7 @@ import * as fleetPage from './0004_fleet_page.js';
 import * as leanTriggers from './0005_lean_triggers.js';
 import * as operatorControl from './0006_operator_control.js';
 import * as osInstallation from './0007_os_installation.js';
+import * as fleetMetrics from './0008_fleet_metrics.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -22,6 +23,7 @@ const MIGRATIONS: Record<string, Migration> = {
   '0005_lean_triggers': leanTriggers,
   '0006_operator_control': operatorControl,
   '0007_os_installation': osInstallation,
+  '0008_fleet_metrics': fleetMetrics,
 };
 
 /** Migration bookkeeping tables; prefixed so they sit apart from other tools'. */

@@ -11,8 +11,9 @@ import {
   databaseSettings,
   duration,
   fileContents,
-  hostPort,
   integer,
+  type MetricsSettings,
+  metricsSettings,
   noPlaceholder,
   oneOf,
   optional,
@@ -24,16 +25,15 @@ import {
   share,
   sshKeyPath,
   UsageError,
-  type WebSettings,
-  webSettings,
 } from '../settings.js';
+import { type WebSettings, webSettings } from '../web-settings.js';
 
 export type ProviderKind = 'dummy' | 'equinix' | 'static';
 
 /** Everything `shepherd run` needs, parsed and checked before anything is touched. */
 export interface RunSettings {
   readonly database: DatabaseSettings;
-  readonly metricsListen: { host: string; port: number } | undefined;
+  readonly metrics: MetricsSettings | undefined;
   /** The fleet page, when --web-listen is given. */
   readonly web: WebSettings | undefined;
   readonly agent: {
@@ -124,7 +124,7 @@ export async function runSettings(argv: Argv, kind: ProviderKind): Promise<RunSe
   const caPath = optional(argv, 'agent-endpoint-ca-certificate-path');
   return {
     database: databaseSettings(argv),
-    metricsListen: hostPort(argv, 'metrics-listen'),
+    metrics: metricsSettings(argv),
     web: webSettings(argv),
     agent: {
       executable: await fileContents(

@@ -5,12 +5,12 @@ import { collectDefaultMetrics, Registry } from 'prom-client';
 import { openBMDB } from '../database.js';
 import { ensureDirectory } from '../directory.js';
 import { log } from '../logging.js';
-import { closeServer, serveMetrics } from '../metrics-server.js';
+import { closeServer, readFleet, serveMetrics } from '../metrics-server.js';
 import type { Argv } from '../settings.js';
 import { shepherdParts } from './run-loops.js';
 import { type ProviderKind, runSettings } from './run-settings.js';
 import { ABANDONED_GRACE, raceSignal, StartupStopped, settledWithin } from './startup-stop.js';
-import { serveWeb } from './web.js';
+import { prepareWeb, serveWeb } from './web.js';
 
 export type { ProviderKind } from './run-settings.js';
 
@@ -57,24 +57,26 @@ export async function run(argv: Argv, kind: ProviderKind): Promise<void> {
   let webServer: FleetPageServer | undefined;
   try {
     const settings = await untilStopped(runSettings(argv, kind));
+    const page = settings.web && (await untilStopped(prepareWeb(settings.web)));
     if (settings.database.url === undefined) {
       await untilStopped(ensureDirectory('data-dir', settings.database.dataDir));
     }
     const registry = new Registry();
     collectDefaultMetrics({ register: registry });
-    if (settings.metricsListen) metricsServer = await serveMetrics(registry, settings.metricsListen);
+    if (settings.metrics) metricsServer = await serveMetrics(registry, settings.metrics.listen);
     // Not abandoned on a signal: it may be starting a server, which the `finally` must stop.
     bmdb = await openBMDB(settings.database, { migrate: true, metrics: registry });
     if (stop.signal.aborted) throw new StartupStopped();
-    if (settings.web) webServer = await serveWeb(bmdb, settings.web, settings.recoverer);
+    if (settings.metrics) readFleet(bmdb, registry, settings.metrics, settings.recoverer);
+    if (page) webServer = await serveWeb(bmdb, page, settings.recoverer);
     const parts = await untilStopped(shepherdParts(bmdb, settings, registry, argv));
     running = true;
     log(
       'running with the %s provider (%s); %s',
       kind,
       settings.database.url === undefined ? `embedded BMDB in ${settings.database.dataDir}` : 'BMDB at --bmdb-url',
-      metricsServer
-        ? `metrics at ${settings.metricsListen?.host}:${settings.metricsListen?.port}`
+      settings.metrics
+        ? `metrics at ${settings.metrics.listen.host}:${settings.metrics.listen.port}`
         : 'no metrics endpoint',
     );
     await Promise.all(parts.map((part) => part(stop.signal)));

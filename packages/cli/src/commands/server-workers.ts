@@ -2,12 +2,12 @@ import cluster, { type Worker } from 'node:cluster';
 import type { Server } from 'node:http';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
 import type { FleetPageServer } from '@bmaas/web';
-import { AggregatorRegistry } from 'prom-client';
+import { AggregatorRegistry, Registry } from 'prom-client';
 import { openBMDB } from '../database.js';
 import { log } from '../logging.js';
-import { closeServer, serveMetrics } from '../metrics-server.js';
-import type { DatabaseSettings, WebSettings } from '../settings.js';
-import { serveWeb } from './web.js';
+import { closeServer, readFleet, serveMetrics } from '../metrics-server.js';
+import type { DatabaseSettings, MetricsSettings } from '../settings.js';
+import { type FleetPage, serveWeb } from './web.js';
 
 /** What a worker tells the primary once it listens. */
 interface ListeningMessage {
@@ -65,9 +65,12 @@ export interface WorkerOptions {
   readonly workers: number;
   readonly database: DatabaseSettings;
   readonly listen: { readonly host: string; readonly port: number };
-  readonly metricsListen?: { readonly host: string; readonly port: number };
+  /** The workers' metrics, aggregated, and the fleet gauges when the primary reads them. */
+  readonly metrics?: MetricsSettings;
+  /** The recoverer's, for the fleet gauges and page. */
+  readonly thresholds: FleetThresholds;
   /** The fleet page, served by the primary alone (it has its own port). */
-  readonly web?: { readonly settings: WebSettings; readonly thresholds: FleetThresholds };
+  readonly web?: { readonly page: FleetPage; readonly thresholds: FleetThresholds };
 }
 
 /** The recoverer's heartbeat timeouts, which decide who is awaiting recovery on the fleet page. */
@@ -120,15 +123,21 @@ export async function superviseWorkers(options: WorkerOptions): Promise<void> {
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
   try {
-    if (options.metricsListen) {
+    // The primary's own metrics (the fleet gauges, if it reads them) after the workers'.
+    const own = new Registry();
+    if (options.metrics) {
       const aggregator = new AggregatorRegistry();
       metricsServer = await serveMetrics(
-        { contentType: aggregator.contentType, metrics: () => aggregator.clusterMetrics() },
-        options.metricsListen,
+        {
+          contentType: aggregator.contentType,
+          metrics: async () => `${await aggregator.clusterMetrics()}\n${await own.metrics()}`,
+        },
+        options.metrics.listen,
       );
     }
     bmdb = await openBMDB(options.database, { migrate: true, attach: true });
-    if (options.web) webServer = await serveWeb(bmdb, options.web.settings, options.web.thresholds);
+    if (options.metrics) readFleet(bmdb, own, options.metrics, options.thresholds);
+    if (options.web) webServer = await serveWeb(bmdb, options.web.page, options.web.thresholds);
 
     const exited = resolvers<void>();
     const listening = new Map<Worker, number>();

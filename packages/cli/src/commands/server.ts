@@ -1,35 +1,17 @@
 import cluster from 'node:cluster';
 import type { Server } from 'node:http';
-import path from 'node:path';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
-import {
-  BmaasServer,
-  ListenError,
-  loadServerTls,
-  type ServerTls,
-  ServerTlsError,
-  selfSignedServerTls,
-} from '@bmaas/server';
+import { BmaasServer, ListenError } from '@bmaas/server';
 import type { FleetPageServer } from '@bmaas/web';
 import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client';
 import { openBMDB } from '../database.js';
 import { log } from '../logging.js';
-import { closeServer, serveMetrics } from '../metrics-server.js';
-import {
-  type Argv,
-  databaseSettings,
-  duration,
-  hostPort,
-  integer,
-  optional,
-  UsageError,
-  webSettings,
-} from '../settings.js';
+import { closeServer, readFleet, serveMetrics } from '../metrics-server.js';
+import { type Argv, databaseSettings, duration, hostPort, integer, metricsSettings, UsageError } from '../settings.js';
+import { loadTls, type TlsSource, tlsFiles } from '../tls.js';
+import { webSettings } from '../web-settings.js';
 import { type FleetThresholds, onStopRequest, reportListening, superviseWorkers } from './server-workers.js';
-import { serveWeb } from './web.js';
-
-/** Where the server's certificate comes from: files given, or one made under the data directory. */
-type TlsSource = { readonly certPath: string; readonly keyPath: string } | { readonly selfSignedDir: string };
+import { prepareWeb, serveWeb } from './web.js';
 
 /**
  * `shepherd server`: the BMaaS server agents heartbeat to, until
@@ -43,19 +25,13 @@ type TlsSource = { readonly certPath: string; readonly keyPath: string } | { rea
  */
 export async function server(argv: Argv, write: (text: string) => void): Promise<void> {
   const database = databaseSettings(argv);
-  const metricsListen = hostPort(argv, 'metrics-listen');
+  const metrics = metricsSettings(argv);
   const listen = hostPort(argv, 'listen');
   if (listen === undefined) throw new UsageError('listen', 'required for server (or set SHEPHERD_LISTEN)');
-  const certPath = optional(argv, 'tls-cert');
-  const keyPath = optional(argv, 'tls-key');
-  if ((certPath === undefined) !== (keyPath === undefined)) {
-    const [given, missing] = certPath === undefined ? ['tls-key', 'tls-cert'] : ['tls-cert', 'tls-key'];
-    throw new UsageError(missing, `required with --${given} (or leave both unset for a self-signed certificate)`);
-  }
-  const source: TlsSource =
-    certPath !== undefined && keyPath !== undefined
-      ? { certPath: path.resolve(certPath), keyPath: path.resolve(keyPath) }
-      : { selfSignedDir: database.dataDir };
+  const source: TlsSource = tlsFiles(argv, { cert: 'tls-cert', key: 'tls-key' }, 'for a self-signed certificate') ?? {
+    selfSignedDir: database.dataDir,
+    name: 'server',
+  };
   const workers = integer(argv, 'workers', 1, 64);
   const worker = cluster.isWorker ? cluster.worker : undefined;
   // The fleet page, when asked for, is served by the primary alone.
@@ -64,8 +40,8 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
     firstHeartbeatWithin: duration(argv, 'recoverer-first-heartbeat-timeout'),
     heartbeatWithin: duration(argv, 'recoverer-heartbeat-timeout'),
   };
-  const web = webPage && worker === undefined ? { settings: webPage, thresholds } : undefined;
-  const tls = await serverTls(source);
+  const tls = await loadTls(source);
+  const web = webPage && worker === undefined ? { page: await prepareWeb(webPage), thresholds } : undefined;
   if ('selfSignedDir' in source && worker === undefined) {
     write(
       `${tls.created ? 'generated a' : 'using the'} self-signed server certificate ${tls.certPath}: hand it to agents with \`shepherd run … --agent-endpoint-ca-certificate-path ${tls.certPath}\`\n`,
@@ -77,7 +53,8 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
       workers,
       database,
       listen,
-      ...(metricsListen && { metricsListen }),
+      thresholds,
+      ...(metrics && { metrics }),
       ...(web && { web }),
     });
   }
@@ -111,16 +88,17 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
     stopped.abort();
   });
   try {
-    if (metricsListen && worker === undefined) metricsServer = await serveMetrics(registry, metricsListen);
+    if (metrics && worker === undefined) metricsServer = await serveMetrics(registry, metrics.listen);
     // Workers find the BMDB migrated, and the embedded server (if any) run, by the primary.
     bmdb = await openBMDB(database, { migrate: worker === undefined, metrics: registry, attach: true });
+    if (metrics && worker === undefined) readFleet(bmdb, registry, metrics, thresholds);
     try {
       bmaas = await BmaasServer.start({ bmdb, listen, tls, metrics: registry });
     } catch (error) {
       if (error instanceof ListenError) throw new UsageError('listen', error.message);
       throw error;
     }
-    if (web) webServer = await serveWeb(bmdb, web.settings, web.thresholds);
+    if (web) webServer = await serveWeb(bmdb, web.page, web.thresholds);
     if (worker === undefined) log('BMaaS server listening on %s:%d', listen.host, bmaas.port);
     else reportListening(bmaas.port);
     if (!stopped.signal.aborted) {
@@ -135,17 +113,5 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
     offStopRequest();
-  }
-}
-
-/** The certificate and key, bad files reported as bad input naming their flag. */
-async function serverTls(source: TlsSource): Promise<ServerTls & { readonly created: boolean }> {
-  try {
-    if ('selfSignedDir' in source) return await selfSignedServerTls(source.selfSignedDir);
-    return { ...(await loadServerTls(source.certPath, source.keyPath)), created: false };
-  } catch (error) {
-    if (!(error instanceof ServerTlsError)) throw error;
-    if ('selfSignedDir' in source) throw new UsageError('data-dir', error.message);
-    throw new UsageError(error.file === source.keyPath ? 'tls-key' : 'tls-cert', error.message);
   }
 }
