@@ -286,7 +286,7 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     FROM machine_provided mp WHERE mp.machine_id = ps.machine_id`);
 
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0008_fleet_metrics']);
+  expect(await bmdb.migrate()).toEqual(['0007_os_installation', '0008_fleet_metrics']);
   expect(await new Queries(bmdb.db).controlByLocation()).toEqual([
     {
       provider: '',
