@@ -223,7 +223,7 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
       await guest.type('input[name="token"]', TOKEN);
       await Promise.all([guest.waitForNavigation(), guest.click('form button[type="submit"]')]);
       expect(new URL(guest.url()).pathname).toBe('/machines');
-      expect(await guest.$$eval('tbody tr', (rows) => rows.length)).toBe(7);
+      expect(await guest.$$eval('tbody tr', (rows) => rows.length)).toBe(8);
       const [cookie] = (await guest.cookies()).filter((c) => c.name === 'shepherd_web_session');
       expect(cookie).toMatchObject({ secure: true, httpOnly: true, sameSite: 'Strict' });
       await guest.screenshot({ path: path.join(SCREENSHOTS, 'machines-https.png') });
