@@ -5,7 +5,7 @@ import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../te
 import { type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import { eventually } from '../../../test/support/wait.js';
-import { type BMDB, type FleetMetrics, Queries } from '../src/index.js';
+import { type BMDB, type FleetMetrics, MACHINE_STAGES, Queries } from '../src/index.js';
 
 /** A hardware report of `threads` CPU threads over two CPUs, `memory` bytes and one disk of `disk` bytes. */
 function hardwareReport(threads: number, memory: number, disk: number): Uint8Array {
@@ -218,14 +218,7 @@ describe('fleet per provider and location', () => {
         },
       },
     ]);
-    for (const stage of [
-      'provided',
-      'agentStarting',
-      'agentStarted',
-      'heartbeating',
-      'awaitingRecovery',
-      'installed',
-    ] as const) {
+    for (const stage of MACHINE_STAGES.filter((stage) => stage !== 'unprovided')) {
       expect(
         locations.reduce((sum, l) => sum + l.stages[stage], 0),
         stage,
