@@ -9,6 +9,7 @@
 export { isAbortError, isAbortOf } from './abort.js';
 export {
   type AgentHeartbeat,
+  type AgentHeartbeatAnswer,
   type AgentHeartbeatResult,
   type HardwareReportEntry,
   isMachineId,
@@ -79,6 +80,15 @@ export type { HeldMachine, HoldRequest, MachineHold } from './queries/holds.js';
 export type { MachineFilter } from './queries/machine-filter.js';
 export type { MachineLookup, MachineNames, MachineRef } from './queries/machine-lookup.js';
 export type { NewOperatorAction, OperatorHistoryEntry } from './queries/operator-history.js';
+export type {
+  ListedOSInstallation,
+  OSImage,
+  OSInstallation,
+  OSInstallationCancel,
+  OSInstallationCounts,
+  OSInstallationRequest,
+  PendingOSInstallation,
+} from './queries/os-installation.js';
 export type { PowerReadLease, PowerReadResult, PowerStateRecord } from './queries/power-state.js';
 export type { NewProvided, ProvidedMachine, ProviderStatusUpdate } from './queries/provided-tags.js';
 export type { RecoveryThresholds } from './queries/recovery-thresholds.js';
@@ -88,7 +98,9 @@ export {
   type MachineProvidedRow,
   OperatorAction,
   OperatorOutcome,
+  type OSImageCompression,
   OSInstallationResult,
+  OSInstallationState,
   PowerState,
   Process,
   ProviderStatus,
