@@ -7,10 +7,13 @@ export const PROVIDER = 'Bench';
  * Fills a migrated BMDB with `total` provided machines of {@link PROVIDER}, in
  * bulk SQL. All but `ready` have a started, heartbeating agent (ineligible for
  * both the initializer and the recoverer); `lost` of those heartbeated 20
- * minutes ago, so the recoverer has a few candidates. `held` (default 1%)
- * are held by an operator: a run that must claim every ready machine holds
- * none, as a held machine is never claimed. Power states were read a while
- * ago for all but 1%: On, and 0.5% Off, 0.2% whose last read failed.
+ * minutes ago, so the recoverer has a few candidates. A fifth of the started
+ * ones are installed instead (their OS installation succeeded, their agent
+ * tags gone: in neither selection's indexes), and 1% are installing (a
+ * delivered request, heartbeating). `held` (default 1%) are held by an
+ * operator: a run that must claim every ready machine holds none, as a held
+ * machine is never claimed. Power states were read a while ago for all but
+ * 1%: On, and 0.5% Off, 0.2% whose last read failed.
  */
 export async function fillFleet(
   client: pg.Client,
@@ -26,7 +29,10 @@ export async function fillFleet(
     [total, PROVIDER],
   );
   const started = total - ready;
-  if (started > 0) await startAgents(client, started, lost);
+  if (started > 0) {
+    await startAgents(client, started, lost);
+    await installSome(client, Math.round(started / 5), Math.round(started / 100));
+  }
   await client.query(
     `INSERT INTO machine_hold (machine_id, hold_reason, hold_actor, held_at)
      SELECT machine_id, 'bench maintenance', 'bench@host', now() - interval '1 hour'
@@ -56,5 +62,27 @@ async function startAgents(client: pg.Client, started: number, lost: number): Pr
      SELECT machine_id, now() - CASE WHEN row_number() OVER () <= $2::int
        THEN interval '20 minutes' ELSE interval '30 seconds' END FROM s`,
     [started, lost],
+  );
+}
+
+/** Makes `installed` heartbeating machines installed (no agent tags) and `installing` others installing. */
+async function installSome(client: pg.Client, installed: number, installing: number): Promise<void> {
+  await client.query(
+    `WITH chosen AS (
+       SELECT h.machine_id, row_number() OVER () AS n FROM machine_agent_heartbeat h
+       WHERE h.agent_heartbeat_at > now() - interval '1 minute' ORDER BY random() LIMIT $1::int + $2::int),
+     requested AS (
+       INSERT INTO machine_os_installation_request (machine_id, generation, image_url, image_sha256, root_device,
+         compression, requested_by, installation_state, delivered_at, installation_ended_at)
+       SELECT machine_id, 1, 'https://images.example.com/bench.img', repeat('ab', 32), '/dev/sda', 'none', 'bench',
+         CASE WHEN n <= $1::int THEN 'Succeeded' ELSE 'Delivered' END, now() - interval '1 hour',
+         CASE WHEN n <= $1::int THEN now() - interval '50 minutes' END
+       FROM chosen RETURNING machine_id, installation_state),
+     heartbeats AS (
+       DELETE FROM machine_agent_heartbeat WHERE machine_id IN
+         (SELECT machine_id FROM requested WHERE installation_state = 'Succeeded'))
+     DELETE FROM machine_agent_started WHERE machine_id IN
+       (SELECT machine_id FROM requested WHERE installation_state = 'Succeeded')`,
+    [installed, installing],
   );
 }

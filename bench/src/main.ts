@@ -6,10 +6,11 @@
  * Environment: BENCH_ROUNDS (default 3), BENCH_ITEMS (work items per
  * throughput round, default 10,000), BENCH_CONCURRENCY (comma-separated,
  * default 1,8,32), BENCH_ONLY (comma-separated sections: throughput,
- * ceiling, scale, pickup, idle, heartbeat, web, fleet, power), BENCH_POWER_MACHINES (machines
+ * ceiling, scale, pickup, idle, heartbeat, web, fleet, power, install), BENCH_POWER_MACHINES (machines
  * the power sync reads, default 1,000), BENCH_AGENTS (simulated agents
  * of the heartbeat section, default 1,000), BENCH_HEARTBEAT_RATES (offered
- * heartbeats/s, default 500,1000,2000,3300,5000), BENCH_HEARTBEAT_WORKERS (server
+ * heartbeats/s, default 500,1000,2000,3300,5000), BENCH_INSTALL_MIB (image sizes the test agent
+ * installs, default 64,256), BENCH_HEARTBEAT_WORKERS (server
  * processes, default 1,2), BENCH_HEARTBEAT_SECONDS (per rate, default 10),
  * BENCH_HEARTBEAT_SERVERS (what answers: shepherd, floor; default both), BENCH_WEB_MACHINES (default
  * 100,000), BENCH_FLEET_MACHINES (the fleet gauges' reading, default 100,000), BENCH_SYSTEMS (`|`-separated systems for
@@ -22,6 +23,7 @@ import { writeCeiling } from './ceiling.js';
 import { fleetReadings } from './fleet-metrics.js';
 import { heartbeats } from './heartbeat.js';
 import { idleCost } from './idle.js';
+import { installFigures } from './install.js';
 import { pickupLatency } from './pickup.js';
 import { powerSyncRate } from './power.js';
 import { type BenchResult, type Rounds, renderFleetPlans, renderReport, renderWebPlans } from './report.js';
@@ -41,8 +43,10 @@ import { webPages } from './web.js';
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 const ONLY = new Set(
-  (process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle,heartbeat,web,fleet,power').split(','),
+  (process.env.BENCH_ONLY ?? 'throughput,ceiling,scale,pickup,idle,heartbeat,web,fleet,power,install').split(','),
 );
+/** Image sizes (MiB) the test agent installs, raw and gzipped. */
+const INSTALL_MIB = (process.env.BENCH_INSTALL_MIB ?? '64,256').split(',').map(Number);
 /** Machines the power sync reads, one fake BMC system each. */
 const POWER_MACHINES = Number(process.env.BENCH_POWER_MACHINES ?? 1_000);
 /** Machines of the fleet page's benchmark (ten history rows each). */
@@ -192,6 +196,15 @@ async function main(): Promise<void> {
 
     if (ONLY.has('power')) {
       result.power = await powerSyncRate(server, POWER_MACHINES, [1, 4, 16]);
+    }
+
+    if (ONLY.has('install')) {
+      result.install = await installFigures(server, INSTALL_MIB);
+      for (const f of result.install) {
+        progress(
+          `install ${f.imageMiB} MiB ${f.compression}: ${f.writeMBps.toFixed(1)} MB/s, request to success ${f.requestToSuccessSeconds.toFixed(2)} s`,
+        );
+      }
     }
 
     result.durationSeconds = (Date.now() - startedAt.getTime()) / 1000;

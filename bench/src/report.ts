@@ -1,5 +1,6 @@
 import type { FleetMetricsResult } from './fleet-metrics.js';
 import type { HeartbeatFigure } from './heartbeat.js';
+import type { InstallFigure } from './install.js';
 import type { PowerSyncFigure } from './power.js';
 import type { MachineInfo } from './server.js';
 import type { Latency, Summary } from './stats.js';
@@ -31,6 +32,7 @@ export interface BenchResult {
   web?: WebResult;
   fleet?: FleetMetricsResult;
   power?: readonly PowerSyncFigure[];
+  install?: readonly InstallFigure[];
   durationSeconds?: number;
 }
 
@@ -219,6 +221,19 @@ export function renderReport(result: BenchResult): string {
       ...result.power.map(
         (f) =>
           `| ${f.concurrency} | ${int(f.syncPerSecond)} | ${int(f.getsPerSecond)} | ${f.loadAverage[0].toFixed(2)} → ${f.loadAverage[1].toFixed(2)} |`,
+      ),
+      '',
+    );
+  }
+  if (result.install?.length) {
+    lines.push(
+      `**OS installation** by the bundled test agent (\`packages/shepherd-manager/bin/test-agent.js\`), one fresh agent per image: a real BMaaS server, an HTTPS image server on loopback sending at full speed, random bytes (gzip level 1 for the gzipped), the disk a file in the system's temporary directory. Write rate: bytes written a second from the download's start to the flush, as the agent logs it; request to success: from the request to the stored Success report, by the database's clock (the agent heartbeats every ${result.install[0]?.heartbeatIntervalMs} ms, so delivery waits up to one interval).`,
+      '',
+      '| image | compression | agent write MB/s | request to success | load average after |',
+      '|---:|---|---:|---:|---:|',
+      ...result.install.map(
+        (f) =>
+          `| ${f.imageMiB} MiB | ${f.compression} | ${f.writeMBps.toFixed(1)} | ${f.requestToSuccessSeconds.toFixed(2)} s | ${f.loadAverage.toFixed(2)} |`,
       ),
       '',
     );

@@ -22,6 +22,8 @@ export interface SeededFleet {
   readonly awaitingRecovery: string;
   /** No Provided tag. */
   readonly unprovided: string;
+  /** Dummy, its OS installation (generation 2) succeeded: installed, no agent. */
+  readonly installed: string;
   /** Dummy, provided, backing off from agent starts with {@link HOSTILE_CAUSE} (and an expired backoff). */
   readonly backedOff: string;
   /**
@@ -30,6 +32,8 @@ export interface SeededFleet {
    * backed off a failed read; the others never read.
    */
   readonly held: string;
+  /** The agent-started machine's OS installation failed (generation 1) with {@link HOSTILE_CAUSE} as the agent's error. */
+  readonly installationFailed: string;
   /** Every machine's ID, by role. */
   readonly all: Readonly<Record<string, string>>;
 }
@@ -63,6 +67,16 @@ export async function seedFleet(db: TestDatabase, bmdb: BMDB): Promise<SeededFle
   const awaitingRecovery = await provide('Dummy', 'dummy-silent');
   const backedOff = await provide('Dummy', 'dummy-backoff');
   const unprovided = await session.transact((q) => q.newMachine());
+  const installed = await provide('Dummy', 'dummy-installed');
+  await db.admin(
+    `INSERT INTO machine_os_installation_request (machine_id, generation, image_url, image_sha256, root_device,
+       compression, requested_by, installation_state, delivered_at, installation_ended_at, installation_error)
+     VALUES ($1, 2, 'https://images.example.com/debian-12.img.gz', repeat('ab', 32), '/dev/sda', 'gzip', 'alice@ops',
+       'Succeeded', now() - interval '30 minutes', now() - interval '20 minutes', NULL),
+            ($2, 1, 'http://images.example.com/broken.img', repeat('cd', 32), '/dev/vda', 'none', 'alice@ops',
+       'Failed', now() - interval '10 minutes', now() - interval '5 minutes', $3)`,
+    [installed, agentStarted, HOSTILE_CAUSE],
+  );
 
   const key = new Uint8Array(32).fill(7);
   await db.admin(
@@ -126,6 +140,8 @@ export async function seedFleet(db: TestDatabase, bmdb: BMDB): Promise<SeededFle
     unprovided,
     backedOff,
     held,
-    all: { heartbeating, provided, agentStarting, agentStarted, awaitingRecovery, unprovided, backedOff },
+    installed,
+    installationFailed: agentStarted,
+    all: { heartbeating, provided, agentStarting, agentStarted, awaitingRecovery, unprovided, backedOff, installed },
   };
 }

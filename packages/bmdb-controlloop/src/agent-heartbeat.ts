@@ -1,4 +1,5 @@
 import { BMDBError } from './errors.js';
+import type { PendingOSInstallation } from './queries/os-installation.js';
 import type { OSInstallationResult } from './schema.js';
 
 /**
@@ -25,6 +26,8 @@ export interface OSInstallationReport {
   readonly result: OSInstallationResult;
   /** The report as sent: a serialized `cloud.bmaas.server.api.OSInstallationReport`. */
   readonly raw: Uint8Array;
+  /** The agent's error message, for `Error`: shown with the installation. */
+  readonly error?: string | undefined;
 }
 
 /**
@@ -33,6 +36,15 @@ export interface OSInstallationReport {
  * AgentStarted tag, or another key: nothing written).
  */
 export type AgentHeartbeatResult = 'recorded' | 'unauthenticated';
+
+/**
+ * What became of a heartbeat, with what the server answers the agent: the
+ * machine's pending OS installation request (one without a report of its
+ * generation yet), if any, whenever the heartbeat was recorded.
+ */
+export type AgentHeartbeatAnswer =
+  | { readonly result: 'unauthenticated' }
+  | { readonly result: 'recorded'; readonly installationRequest: PendingOSInstallation | undefined };
 
 /** A machine's last hardware report. */
 export interface HardwareReportEntry {
@@ -74,6 +86,9 @@ export function checkAgentHeartbeat(heartbeat: AgentHeartbeat): void {
       throw new BMDBError(
         `agent heartbeat of machine ${heartbeat.machineId}: installation generation ${String(report.generation)} is not a 64-bit integer`,
       );
+    }
+    if (report.error !== undefined && typeof report.error !== 'string') {
+      throw new BMDBError(`agent heartbeat of machine ${heartbeat.machineId}: installation error must be text`);
     }
   }
 }

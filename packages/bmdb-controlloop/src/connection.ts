@@ -3,7 +3,12 @@ import { Kysely, PostgresDialect, sql } from 'kysely';
 import type pg from 'pg';
 import type { ClientConfig } from 'pg';
 import type { Registry } from 'prom-client';
-import { type AgentHeartbeat, type AgentHeartbeatResult, checkAgentHeartbeat } from './agent-heartbeat.js';
+import {
+  type AgentHeartbeat,
+  type AgentHeartbeatAnswer,
+  type AgentHeartbeatResult,
+  checkAgentHeartbeat,
+} from './agent-heartbeat.js';
 import { isInstalled } from './embedded/optional-package.js';
 import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
 import { BMDBError, ConnectionClosedError, DatabaseUnreachableError, EmbeddedDatabaseError } from './errors.js';
@@ -294,9 +299,10 @@ export class BMDB {
   /**
    * Records an agent's heartbeat if `heartbeat.publicKey` is the
    * `agent_public_key` of the machine's AgentStarted tag: AgentHeartbeat set
-   * to the database's now, and the hardware and installation reports it
-   * carries stored as the machine's tags (read them with
-   * `Queries.hardwareReport` and `Queries.osInstallationReport`). Otherwise
+   * to the database's now, and the hardware report it carries stored as the
+   * machine's tag (`Queries.hardwareReport`), its installation report too
+   * when it answers the machine's current request
+   * (`Queries.osInstallationReport`; see {@link BMDB.answerAgentHeartbeat}). Otherwise
    * (no such machine, no AgentStarted tag, another key) nothing is written.
    *
    * Concurrent calls are coalesced: the heartbeats arriving while one
@@ -308,6 +314,22 @@ export class BMDB {
    *   key (nothing is sent); the database's error if the statement failed
    */
   async recordAgentHeartbeat(heartbeat: AgentHeartbeat): Promise<AgentHeartbeatResult> {
+    return (await this.answerAgentHeartbeat(heartbeat)).result;
+  }
+
+  /**
+   * {@link BMDB.recordAgentHeartbeat}, with what to answer the agent: the
+   * machine's pending OS installation request, handed out (and marked
+   * `Delivered` the first time) by the same statement that records the
+   * heartbeat. An installation report of the request's generation is
+   * stored and settles it (`Succeeded`: the machine's agent tags go, as it
+   * now runs its OS; `Failed`: with the agent's error); a report of any
+   * other generation is ignored. No request is handed out while an operator
+   * holds the machine or a recovery of it is under way.
+   *
+   * @throws {@link BMDBError} as recordAgentHeartbeat
+   */
+  async answerAgentHeartbeat(heartbeat: AgentHeartbeat): Promise<AgentHeartbeatAnswer> {
     this.#assertOpen();
     checkAgentHeartbeat(heartbeat);
     return this.#agentHeartbeats.record(heartbeat);

@@ -71,7 +71,7 @@ const where = (place: { provider: string; location: string }) => ({
 export const FLEET_GAUGES: readonly FleetGauge[] = [
   fleetGauge({
     name: 'bmdb_fleet_machines',
-    help: 'Machines per lifecycle stage (unprovided, provided, agentStarting, agentStarted, heartbeating, awaitingRecovery), provider and location.',
+    help: 'Machines per lifecycle stage (unprovided, provided, agentStarting, agentStarted, heartbeating, awaitingRecovery, installed), provider and location.',
     labelNames: ['stage', 'provider', 'location'],
     async read({ q, thresholds }) {
       const { unprovided, locations } = await q.fleetStagesByLocation(thresholds);
@@ -84,6 +84,14 @@ export const FLEET_GAUGES: readonly FleetGauge[] = [
         }
       }
       return samples;
+    },
+  }),
+  fleetGauge({
+    name: 'bmdb_fleet_os_installations',
+    help: 'Machines per OS installation state (Requested, Delivered: its agent installing, Succeeded, Failed: with the agent’s error, Canceled); every state is present.',
+    labelNames: ['state'],
+    async read({ q }) {
+      return Object.entries(await q.osInstallationCounts()).map(([state, value]) => ({ labels: { state }, value }));
     },
   }),
   fleetGauge({

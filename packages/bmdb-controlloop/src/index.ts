@@ -51,6 +51,14 @@ export type { HoldRequest } from './queries/holds.js';
 export type { MachineFilter } from './queries/machine-filter.js';
 export type { MachineLookup, MachineNames, MachineRef } from './queries/machine-lookup.js';
 export type { NewOperatorAction } from './queries/operator-history.js';
+export type {
+  OSImage,
+  OSInstallation,
+  OSInstallationCancel,
+  OSInstallationCounts,
+  OSInstallationRequest,
+  PendingOSInstallation,
+} from './queries/os-installation.js';
 export type { PowerReadLease, PowerReadResult } from './queries/power-state.js';
 export type { NewProvided, ProvidedMachine, ProviderStatusUpdate } from './queries/provided-tags.js';
 export type { RecoveryThresholds } from './queries/recovery-thresholds.js';
@@ -61,7 +69,9 @@ export {
   type Database,
   OperatorAction,
   OperatorOutcome,
+  type OSImageCompression,
   OSInstallationResult,
+  OSInstallationState,
   PowerState,
   Process,
   ProviderStatus,

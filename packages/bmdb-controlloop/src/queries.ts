@@ -74,6 +74,18 @@ import {
   recordOperatorAction,
 } from './queries/operator-history.js';
 import {
+  cancelOSInstallation,
+  type ListedOSInstallation,
+  type OSInstallation,
+  type OSInstallationCancel,
+  type OSInstallationCounts,
+  type OSInstallationRequest,
+  osInstallation,
+  osInstallationCounts,
+  osInstallations,
+  requestOSInstallation,
+} from './queries/os-installation.js';
+import {
   forgetPowerRead,
   leasePowerReads,
   type PowerReadLease,
@@ -94,7 +106,7 @@ import {
   updateProviderStatus,
 } from './queries/provided-tags.js';
 import type { RecoveryThresholds } from './queries/recovery-thresholds.js';
-import type { Database, MachineProvidedRow } from './schema.js';
+import type { Database, MachineProvidedRow, OSInstallationState } from './schema.js';
 import type { Selection } from './selection.js';
 
 /**
@@ -319,6 +331,54 @@ export class Queries {
     options: { newestFirst?: boolean; limit?: number } = {},
   ): Promise<OperatorHistoryEntry[]> {
     return operatorHistory(this.db, machineId, options);
+  }
+
+  /**
+   * Requests an OS installation of the machine: the disk image is handed to
+   * its agent with its next heartbeat's answer (the initializer starts an
+   * agent where none runs, an installed machine included). Each request
+   * gets the next generation, past every one requested or reported before,
+   * and replaces the machine's request whatever its state (an installation
+   * under way is told by its next heartbeat's answer). Records `InstallOS`
+   * in the operator history with who, why and the image.
+   *
+   * @throws {@link BMDBError} for a machine not in the BMDB, without an actor
+   *   or a reason, or for an image no agent could install (naming the field)
+   */
+  async requestOSInstallation(machineId: string, request: OSInstallationRequest): Promise<OSInstallation> {
+    return requestOSInstallation(this.db, machineId, request);
+  }
+
+  /**
+   * Withdraws the machine's OS installation request (`Requested`,
+   * `Delivered` or `Failed`): it is handed out no more, a report of it is
+   * ignored, and the agent installing it learns so from its next
+   * heartbeat's answer. A request that succeeded is not canceled (request
+   * a new one). Records `CancelOSInstallation` in the operator history,
+   * `Refused` with the cause when there was nothing to cancel.
+   */
+  async cancelOSInstallation(
+    machineId: string,
+    request: { readonly actor: string; readonly reason: string },
+  ): Promise<OSInstallationCancel> {
+    return cancelOSInstallation(this.db, machineId, request);
+  }
+
+  /** The machine's current OS installation request and where it stands, if one was ever made. */
+  async osInstallation(machineId: string): Promise<OSInstallation | undefined> {
+    return osInstallation(this.db, machineId);
+  }
+
+  /** OS installation requests (of these states), most recently requested first, at most `limit` (default 100). */
+  async osInstallations(
+    options: { states?: readonly OSInstallationState[]; limit?: number } = {},
+  ): Promise<ListedOSInstallation[]> {
+    return osInstallations(this.db, options);
+  }
+
+  /** Machines per OS installation state (an index-only count). */
+  async osInstallationCounts(): Promise<OSInstallationCounts> {
+    return osInstallationCounts(this.db);
   }
 
   /** The machine's power state as last read, with the last read's failure; `undefined` for an unprovided machine. */

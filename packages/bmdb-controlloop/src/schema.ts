@@ -12,6 +12,7 @@ export interface Database {
   machine_agent_pending: MachineAgentPendingTable;
   machine_hardware_report: MachineHardwareReportTable;
   machine_os_installation_report: MachineOsInstallationReportTable;
+  machine_os_installation_request: MachineOsInstallationRequestTable;
   machine_unprovided: MachineUnprovidedTable;
   fleet_location_totals: FleetLocationTotalsTable;
   sessions: SessionsTable;
@@ -141,6 +142,48 @@ export interface MachineOsInstallationReportTable {
   os_installation_reported_at: Timestamp;
 }
 
+/** Where a machine's OS installation request stands (migration 0007). */
+export const OSInstallationState = {
+  /** Requested, not yet handed to an agent. */
+  Requested: 'Requested',
+  /** Handed to the machine's agent in a heartbeat's answer; no report of it yet. */
+  Delivered: 'Delivered',
+  /** The agent reported success: the machine is installed and runs its OS. */
+  Succeeded: 'Succeeded',
+  /** The agent reported an error (kept with the request); an operator requests again. */
+  Failed: 'Failed',
+  /** Withdrawn by an operator before it succeeded. */
+  Canceled: 'Canceled',
+} as const;
+export type OSInstallationState = (typeof OSInstallationState)[keyof typeof OSInstallationState];
+
+/** How the image is compressed as downloaded. */
+export type OSImageCompression = 'none' | 'gzip';
+
+/**
+ * A machine's current OS installation request (migration 0007): the disk
+ * image to write, its generation, and where it stands. Who requested or
+ * canceled it and why is in `operator_history`.
+ */
+export interface MachineOsInstallationRequestTable {
+  machine_id: string;
+  /** A bigint, read as a string. */
+  generation: ColumnType<string, string | bigint, string | bigint>;
+  image_url: string;
+  /** sha256 of the image's bytes as downloaded, 64 lower-case hex digits. */
+  image_sha256: string;
+  root_device: string;
+  compression: OSImageCompression;
+  /** cloud-init user-data, if any. */
+  user_data: Uint8Array | null;
+  requested_at: Generated<Date>;
+  requested_by: string;
+  installation_state: ColumnType<OSInstallationState, OSInstallationState | undefined, OSInstallationState>;
+  delivered_at: Timestamp | null;
+  installation_ended_at: Timestamp | null;
+  installation_error: string | null;
+}
+
 export interface SessionsTable {
   session_id: Generated<string>;
   component_name: string;
@@ -247,6 +290,10 @@ export const OperatorAction = {
   PowerOn: 'PowerOn',
   PowerOff: 'PowerOff',
   PowerCycle: 'PowerCycle',
+  /** An OS installation requested (`shepherd install`): `detail` has the generation and image. */
+  InstallOS: 'InstallOS',
+  /** An OS installation request withdrawn (`shepherd install --cancel`). */
+  CancelOSInstallation: 'CancelOSInstallation',
 } as const;
 
 /**

@@ -5,7 +5,7 @@ import { createTestDatabase, openTestBMDB, type TestDatabase, testBMDB } from '.
 import { type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import { eventually } from '../../../test/support/wait.js';
-import { type BMDB, type FleetMetrics, Queries } from '../src/index.js';
+import { type BMDB, type FleetMetrics, MACHINE_STAGES, Queries } from '../src/index.js';
 
 /** A hardware report of `threads` CPU threads over two CPUs, `memory` bytes and one disk of `disk` bytes. */
 function hardwareReport(threads: number, memory: number, disk: number): Uint8Array {
@@ -200,15 +200,24 @@ describe('fleet per provider and location', () => {
           agentStarted: 1,
           heartbeating: 0,
           awaitingRecovery: 1,
+          installed: 1,
         },
       },
       {
         provider: 'Equinix',
         location: 'da11',
-        stages: { unprovided: 0, provided: 0, agentStarting: 0, agentStarted: 0, heartbeating: 1, awaitingRecovery: 0 },
+        stages: {
+          unprovided: 0,
+          provided: 0,
+          agentStarting: 0,
+          agentStarted: 0,
+          heartbeating: 1,
+          awaitingRecovery: 0,
+          installed: 0,
+        },
       },
     ]);
-    for (const stage of ['provided', 'agentStarting', 'agentStarted', 'heartbeating', 'awaitingRecovery'] as const) {
+    for (const stage of MACHINE_STAGES.filter((stage) => stage !== 'unprovided')) {
       expect(
         locations.reduce((sum, l) => sum + l.stages[stage], 0),
         stage,
@@ -244,7 +253,7 @@ describe('fleet per provider and location', () => {
         provider: 'Dummy',
         location: '',
         held: 1,
-        powerStates: { On: 0, Off: 1, PoweringOn: 1, PoweringOff: 0, Unknown: 0, Unread: 3 },
+        powerStates: { On: 0, Off: 1, PoweringOn: 1, PoweringOff: 0, Unknown: 0, Unread: 4 },
         powerReadFailed: 1,
       },
       {
@@ -303,11 +312,20 @@ describe('FleetMetrics', () => {
       'location=,provider=Dummy,stage=agentStarted': 1,
       'location=,provider=Dummy,stage=heartbeating': 0,
       'location=,provider=Dummy,stage=awaitingRecovery': 1,
+      'location=,provider=Dummy,stage=installed': 1,
       'location=da11,provider=Equinix,stage=provided': 0,
       'location=da11,provider=Equinix,stage=agentStarting': 0,
       'location=da11,provider=Equinix,stage=agentStarted': 0,
       'location=da11,provider=Equinix,stage=heartbeating': 1,
       'location=da11,provider=Equinix,stage=awaitingRecovery': 0,
+      'location=da11,provider=Equinix,stage=installed': 0,
+    });
+    expect(await samples(leaderRegistry, 'bmdb_fleet_os_installations')).toEqual({
+      'state=Requested': 0,
+      'state=Delivered': 0,
+      'state=Succeeded': 1,
+      'state=Failed': 1,
+      'state=Canceled': 0,
     });
     expect(await samples(leaderRegistry, 'bmdb_fleet_backoffs')).toEqual({
       'process=ShepherdAccess': 0,
@@ -328,7 +346,7 @@ describe('FleetMetrics', () => {
     expect(await samples(leaderRegistry, 'bmdb_fleet_power_states')).toMatchObject({
       'location=,provider=Dummy,state=Off': 1,
       'location=,provider=Dummy,state=PoweringOn': 1,
-      'location=,provider=Dummy,state=Unread': 3,
+      'location=,provider=Dummy,state=Unread': 4,
       'location=da11,provider=Equinix,state=On': 1,
       'location=da11,provider=Equinix,state=Off': 0,
     });

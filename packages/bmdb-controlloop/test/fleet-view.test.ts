@@ -30,6 +30,7 @@ test('fleetStages counts what fleetStats counts, one machine per stage', async (
     agentStarted: 1,
     heartbeating: 1,
     awaitingRecovery: 1,
+    installed: 1,
   });
 });
 
@@ -41,6 +42,7 @@ test('machinePage filters by stage, each stage from its own rows', async () => {
     agentStarted: [fleet.agentStarted],
     heartbeating: [fleet.heartbeating],
     awaitingRecovery: [fleet.awaitingRecovery],
+    installed: [fleet.installed],
   };
   for (const stage of MACHINE_STAGES) {
     const page = await q.machinePage({ stage });

@@ -20,6 +20,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0004_fleet_page',
     '0005_lean_triggers',
     '0006_operator_control',
+    '0007_os_installation',
     '0008_fleet_metrics',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
@@ -81,6 +82,21 @@ test('migrations create the schema once; running them again is a no-op', async (
       'os_installation_result',
       'os_installation_report_raw',
       'os_installation_reported_at',
+    ],
+    machine_os_installation_request: [
+      'machine_id',
+      'generation',
+      'image_url',
+      'image_sha256',
+      'root_device',
+      'compression',
+      'user_data',
+      'requested_at',
+      'requested_by',
+      'installation_state',
+      'delivered_at',
+      'installation_ended_at',
+      'installation_error',
     ],
     machine_unprovided: ['machine_id'],
     machine_hold: ['machine_id', 'hold_reason', 'hold_actor', 'held_at', 'provider', 'provider_location'],
@@ -169,6 +185,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0004_fleet_page',
     '0005_lean_triggers',
     '0006_operator_control',
+    '0007_os_installation',
     '0008_fleet_metrics',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
@@ -269,7 +286,7 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     FROM machine_provided mp WHERE mp.machine_id = ps.machine_id`);
 
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0008_fleet_metrics']);
+  expect(await bmdb.migrate()).toEqual(['0007_os_installation', '0008_fleet_metrics']);
   expect(await new Queries(bmdb.db).controlByLocation()).toEqual([
     {
       provider: '',

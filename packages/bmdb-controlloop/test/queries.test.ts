@@ -218,6 +218,7 @@ describe('machine model', () => {
       agentStarted: 1,
       heartbeating: 1,
       awaitingRecovery: 2,
+      installed: 0,
     });
     expect(stats.activeWork.ShepherdAgentStart).toBeGreaterThanOrEqual(1);
     expect(stats.activeBackoffs.ShepherdRecovery).toBeGreaterThanOrEqual(1);

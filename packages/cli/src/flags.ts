@@ -136,6 +136,12 @@ const flags = {
       describe: 'Reboot a machine whose agent’s last heartbeat is this old',
       default: '10m',
     },
+    'recoverer-installing-heartbeat-timeout': {
+      kind: 'duration',
+      describe:
+        'Reboot a machine installing an OS (request delivered, not reported) only when its last heartbeat is this old',
+      default: '1h',
+    },
   },
   equinix: {
     'equinix-api-url': { describe: 'Equinix Metal API base URL', default: 'https://api.equinix.com/metal/v1' },
@@ -237,18 +243,30 @@ const flags = {
   },
   operator: {
     'machine-id': {
-      describe: 'Machine IDs (BMDB UUIDs) instead of --provider and --provider-id (hold, unhold)',
+      describe: 'Machine IDs (BMDB UUIDs) instead of --provider and --provider-id (hold, unhold, install)',
       array: true,
     },
     reason: {
-      describe: 'Why: recorded with the hold or power action (required for hold and every power action but status)',
+      describe:
+        'Why: recorded with the hold, power action or installation request (required for hold, install and every power action but status)',
     },
     actor: {
-      describe: 'Who: recorded with the hold or power action',
+      describe: 'Who: recorded with the hold, power action or installation request',
       defaultDescription: '<user>@<host> of this process',
     },
     graceful: {
       describe: 'power off: ask the OS to shut down (Redfish GracefulShutdown) instead of cutting power',
+      boolean: true,
+    },
+  },
+  install: {
+    'image-url': { describe: 'http:// or https:// URL of the disk image the agent writes to the root device' },
+    'image-sha256': { describe: 'sha256 of the image as downloaded (before decompression), 64 hex digits' },
+    'root-device': { describe: 'Block device the image is written to, an absolute path (/dev/sda)' },
+    compression: { describe: 'How the image is compressed as downloaded: none or gzip', default: 'none' },
+    'user-data': { describe: 'File of cloud-init user-data for the installed OS (up to 64 KiB)' },
+    cancel: {
+      describe: 'Withdraw the machines’ pending, delivered or failed installation request instead',
       boolean: true,
     },
   },
@@ -313,8 +331,9 @@ const GROUP_TITLES: Record<FlagGroup, string> = {
   dummy: 'Dummy provider (run dummy, power)',
   server: 'BMaaS server (server)',
   static: 'Static provider (run static, power)',
-  decommission: 'Machines (decommission, hold, unhold, power)',
+  decommission: 'Machines (decommission, hold, unhold, power, install)',
   operator: 'Holds and power actions (hold, unhold, power)',
+  install: 'OS installation (install)',
   'power-sync': 'Power sync (run)',
   web: 'Fleet page (web, run, server)',
 };
@@ -410,7 +429,7 @@ export const SERVER_GROUPS: FlagGroup[] = ['database', 'observability', 'server'
 
 /** Every group `run` takes, in --help order. */
 /** Groups of one command other than `run`. */
-const OTHER_COMMAND_GROUPS: readonly FlagGroup[] = ['server', 'decommission', 'operator'];
+const OTHER_COMMAND_GROUPS: readonly FlagGroup[] = ['server', 'decommission', 'operator', 'install'];
 
 /** Every group `run` takes, in --help order. */
 export const FLAG_GROUPS = ALL_GROUPS.filter((group) => !OTHER_COMMAND_GROUPS.includes(group));

@@ -8,6 +8,7 @@ import { describeError } from '@bmaas/bmdb-controlloop';
 import yargs, { type Options, type Argv as Yargs } from 'yargs';
 import { decommission } from './commands/decommission.js';
 import { hold, unhold } from './commands/hold.js';
+import { install } from './commands/install.js';
 import { migrate } from './commands/migrate.js';
 import { POWER_COMMANDS, type PowerCommand, power, powerCommand } from './commands/power.js';
 import { type ProviderKind, run } from './commands/run.js';
@@ -199,6 +200,15 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
       },
     )
     .command(
+      'install',
+      'Request an OS installation of machines (a disk image their agent writes), or withdraw one with --cancel (recorded in their history)',
+      (y) => y.options(optionsOf('install')).strict(),
+      async (argv) => {
+        enableLogs();
+        await install(argv, io.stdout);
+      },
+    )
+    .command(
       'power <command>',
       'Read machines’ power state, or power them on, off or cycle them through their provider (recorded in their history)',
       (y) =>
@@ -225,7 +235,7 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
     )
     .demandCommand(
       1,
-      'say which command to run: run, migrate, status, ssh-key, server, decommission, hold, unhold, power or web',
+      'say which command to run: run, migrate, status, ssh-key, server, decommission, hold, unhold, install, power or web',
     )
     .fail((message, error) => {
       // Our handlers' errors and yargs' own validation (unknown flag, missing command) end here.
@@ -255,6 +265,7 @@ const COMMAND_ARGUMENTS: Record<string, number> = {
   web: 0,
   hold: 0,
   unhold: 0,
+  install: 0,
   power: 1,
 };
 
@@ -284,6 +295,7 @@ const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
   web: ['database', 'observability', 'web'],
   hold: ['database', 'decommission'],
   unhold: ['database', 'decommission'],
+  install: ['database', 'decommission', 'install'],
   // The provider's own flags, as `run <provider>` takes them: one environment serves both.
   power: ['database', 'decommission', 'dummy', 'equinix', 'static'],
 };
@@ -292,6 +304,7 @@ const WEB_RECOVERER_FLAGS = ['recoverer-first-heartbeat-timeout', 'recoverer-hea
 const COMMAND_FLAGS: Record<string, string[]> = {
   hold: ['machine-id', 'reason', 'actor'],
   unhold: ['machine-id', 'reason', 'actor'],
+  install: ['machine-id', 'reason', 'actor'],
   power: ['reason', 'actor', 'graceful'],
   status: ['json'],
   'ssh-key': ['data-dir', 'ssh-key-path'],

@@ -7,7 +7,7 @@
  * heartbeat timeout passed long ago; the agent killed goes silent, its
  * machine is rebooted, its agent started again, and it heartbeats again.
  */
-import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
@@ -16,7 +16,16 @@ import { afterAll, beforeAll, expect, test } from 'vitest';
 import { createTestDatabase } from '../../../test/support/database.js';
 import { freePort } from '../../../test/support/ports.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
-import { buildOnce, eventually, runEquinixArgs, type Shepherd, shepherd, start } from './helpers.js';
+import {
+  agentHeartbeaters,
+  buildOnce,
+  eventually,
+  killQuietly,
+  runEquinixArgs,
+  type Shepherd,
+  shepherd,
+  start,
+} from './helpers.js';
 
 const MACHINES = 3;
 const TEST_AGENT = path.resolve('packages/shepherd-manager/bin/test-agent.js');
@@ -61,28 +70,7 @@ afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-/** Detached test agents heartbeating for this test's machines, by machine ID. */
-async function heartbeaters(): Promise<Map<string, number>> {
-  const machines = new Set(
-    (await db.admin('SELECT machine_id FROM machines')).rows.map((row) => row.machine_id as string),
-  );
-  const found = new Map<string, number>();
-  for (const entry of await readdir('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const argv = (await readFile(`/proc/${entry}/cmdline`, 'utf8')).split('\0');
-      const machineId = argv[argv.indexOf('--heartbeat') + 1];
-      if (argv.includes('--heartbeat') && machineId && machines.has(machineId)) found.set(machineId, Number(entry));
-    } catch {}
-  }
-  return found;
-}
-
-function killQuietly(pid: number): void {
-  try {
-    process.kill(pid, 'SIGKILL');
-  } catch {}
-}
+const heartbeaters = () => agentHeartbeaters(db);
 
 /** Per machine: its agent's key (hex), when it started and last heartbeated, by the database's clock (seconds ago). */
 async function agents(): Promise<

@@ -1,5 +1,5 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { stat } from 'node:fs/promises';
+import { readdir, readFile, stat } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'vitest';
 
@@ -123,4 +123,31 @@ export async function expectUsageError(result: Result, message: RegExp, dataDir:
   expect(lines).toHaveLength(1);
   expect(result.stderr).not.toContain('hunter2');
   await expect(stat(dataDir)).rejects.toThrow(/ENOENT/); // nothing touched
+}
+
+/**
+ * The detached test agents heartbeating for machines of `db` (found by their
+ * command line, `test-agent.js --heartbeat <machine ID>`), by machine ID.
+ */
+export async function agentHeartbeaters(db: {
+  admin(text: string): Promise<{ rows: { machine_id: string }[] }>;
+}): Promise<Map<string, number>> {
+  const machines = new Set((await db.admin('SELECT machine_id FROM machines')).rows.map((row) => row.machine_id));
+  const found = new Map<string, number>();
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const argv = (await readFile(`/proc/${entry}/cmdline`, 'utf8')).split('\0');
+      const machineId = argv[argv.indexOf('--heartbeat') + 1];
+      if (argv.includes('--heartbeat') && machineId && machines.has(machineId)) found.set(machineId, Number(entry));
+    } catch {}
+  }
+  return found;
+}
+
+/** SIGKILL, whether or not the process is still there. */
+export function killQuietly(pid: number): void {
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {}
 }

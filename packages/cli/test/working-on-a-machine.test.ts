@@ -3,6 +3,7 @@
  * block through bash, `npx shepherd` being the built binary, against a test
  * BMDB and a fake Redfish BMC over HTTPS reached through the environment
  * `run static` takes (the README's exports, pointed at the test's files).
+ * And its "Installing an operating system" the same way.
  */
 import { execFile } from 'node:child_process';
 import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
@@ -38,8 +39,10 @@ beforeAll(async () => {
   await chmod(path.join(dir, 'inventory.json'), 0o600);
   const session = await bmdb.startSession();
   await session.transact(async (q) => {
-    const machineId = await q.newMachine();
-    await q.addProvided(machineId, { provider: 'Static', providerId: 'rack1-node07' });
+    for (const providerId of ['rack1-node07', 'rack1-node08']) {
+      const machineId = await q.newMachine();
+      await q.addProvided(machineId, { provider: 'Static', providerId });
+    }
   });
   await session.close();
   // `npx shepherd …` as the README says it, running the built binary.
@@ -111,5 +114,52 @@ test('the README’s "Working on a machine" runs: hold, power off, status, power
     'ShepherdPowerAction:Finished',
     'ShepherdPowerAction:Started',
     'ShepherdPowerAction:Finished',
+  ]);
+});
+
+test('the README’s "Installing an operating system" runs: requested with who, why and the image; shown; one canceled', async () => {
+  const [block] = await shellBlocks('Installing an operating system');
+  const lines = (block ?? '').split('\n');
+  expect(lines[0]).toMatch(/^export SHEPHERD_BMDB_URL=/);
+  const commands = lines.slice(1).join('\n');
+  expect(commands).toContain('npx shepherd install');
+  await writeFile(path.join(dir, 'debian-12.img.gz'), 'not really an image');
+  await writeFile(path.join(dir, 'node.yaml'), '#cloud-config\nhostname: rack1\n');
+  const inherited = Object.fromEntries(Object.entries(process.env).filter(([key]) => !key.startsWith('SHEPHERD_')));
+  const { stdout, stderr } = await promisify(execFile)('bash', ['-e', '-c', commands], {
+    cwd: dir,
+    env: {
+      ...inherited,
+      SHEPHERD_BMDB_URL: db.url,
+      PATH: `${dir}:${process.env.PATH}`,
+      SHEPHERD_ACTOR: 'ops@rack1',
+      DEBUG: '',
+    },
+  });
+  expect(stderr).toBe('');
+  for (const node of ['rack1-node07', 'rack1-node08']) {
+    expect(stdout).toMatch(
+      new RegExp(
+        `^requested installation of Static ${node} \\(machine [0-9a-f-]{36}\\): generation 1, https://images.example.com/debian-12.img.gz onto /dev/sda$`,
+        'm',
+      ),
+    );
+  }
+  expect(stdout).toMatch(/^OS installations: 2\n {2}requested +2$/m);
+  expect(stdout).toMatch(/^canceled the installation of Static rack1-node08 \(machine [0-9a-f-]{36}\), generation 1$/m);
+  const q = new Queries(bmdb.db);
+  const found = (await q.lookUpMachines({ provider: 'Static', providerIds: ['rack1-node07', 'rack1-node08'] })).found;
+  const [node07, node08] = found.map((m) => m.machineId) as [string, string];
+  const { createHash } = await import('node:crypto');
+  expect(await q.osInstallation(node07)).toMatchObject({
+    state: 'Requested',
+    imageSha256: createHash('sha256').update('not really an image').digest('hex'),
+    compression: 'gzip',
+    requestedBy: 'ops@rack1',
+  });
+  expect((await q.osInstallation(node08))?.state).toBe('Canceled');
+  expect((await q.operatorHistory(node08)).map((h) => [h.action, h.outcome, h.reason])).toEqual([
+    ['InstallOS', 'Succeeded', 'debian 12 for team X'],
+    ['CancelOSInstallation', 'Succeeded', 'wrong image'],
   ]);
 });

@@ -15,6 +15,7 @@ export const GUEST_MODULES = ['virtio_pci', 'virtio_net', 'virtio_blk', '9pnet_v
  */
 const INITTAB = `::sysinit:/etc/rc
 ::respawn:/usr/sbin/sshd -D -e
+::once:/etc/network-up
 ::respawn:/bin/acpid -f -c /etc/acpi -l /run/acpid.log
 ::ctrlaltdel:/bin/reboot
 ::shutdown:/bin/sync
@@ -42,10 +43,21 @@ cp /mnt/config/* /run/lab/
 chmod 0600 /run/lab/*
 hostname "$(cat /run/lab/hostname)"
 ip link set lo up
+echo "lab: $(hostname) booted, boot ID $(cat /proc/sys/kernel/random/boot_id)" > /dev/console
+`;
+
+/**
+ * The network comes up once sshd listens: slirp forwards a connection to
+ * the guest as soon as it is made, and a guest with its address but no
+ * sshd yet answers it with a reset, which the initializer takes for a
+ * failed start (and backs off for minutes). Before the address exists, the
+ * connection waits instead.
+ */
+const NETWORK_UP = `#!/bin/sh
+for i in $(seq 1 300); do netstat -ltn | grep -q ':22 ' && break; usleep 100000; done
 ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0
 ip route add default via 10.0.2.2
-echo "lab: $(hostname) booted, boot ID $(cat /proc/sys/kernel/random/boot_id)" > /dev/console
 `;
 
 const SSHD_CONFIG = `Port 22
@@ -66,6 +78,7 @@ export function guestFiles(moduleOrder: readonly string[]): Array<{ path: string
   return [
     { path: '/etc/inittab', text: INITTAB, mode: 0o644 },
     { path: '/etc/rc', text: RC, mode: 0o755 },
+    { path: '/etc/network-up', text: NETWORK_UP, mode: 0o755 },
     { path: '/etc/modules', text: `${moduleOrder.join('\n')}\n`, mode: 0o644 },
     { path: '/etc/ssh/sshd_config', text: SSHD_CONFIG, mode: 0o644 },
     {

@@ -34,6 +34,6 @@ export async function prepareGuestShare(cacheDir: string, nodeBinary = process.e
   return {
     dir,
     agentWrapper: (interval) =>
-      `#!/bin/sh\n# The shepherd's test agent on the node shared from the lab's host.\nSHEPHERD_TEST_AGENT_HEARTBEAT_INTERVAL=${interval} exec /opt/guest/node /opt/guest/test-agent.js "$@"\n`,
+      `#!/bin/sh\n# The shepherd's test agent on the node shared from the lab's host; after installing an OS it reboots the VM.\nSHEPHERD_TEST_AGENT_HEARTBEAT_INTERVAL=${interval} SHEPHERD_TEST_AGENT_REBOOT_COMMAND='reboot -f' exec /opt/guest/node /opt/guest/test-agent.js "$@"\n`,
   };
 }

@@ -5,6 +5,7 @@
  * @packageDocumentation
  */
 
+export { type BootImage, buildBootImage } from './boot-image.js';
 export { type CpioEntry, cpioArchive } from './cpio.js';
 export { LabSetupError, VmError } from './errors.js';
 export { type GuestShare, prepareGuestShare } from './guest-share.js';
@@ -14,4 +15,4 @@ export { LAB_SSH_PORT, Lab, type LabBmcProtocol, type LabMachine, type LabOption
 export { QemuPower, VM_BOOT_DEVICES, type VmBootDevice, type VmPowerState } from './power.js';
 export { QmpClient, QmpCommandError, type QmpStatus } from './qmp.js';
 export { QemuRedfishPower } from './redfish-power.js';
-export { VirtualMachine, type VirtualMachineOptions } from './vm.js';
+export { VirtualMachine, type VirtualMachineOptions, type VmBootSource } from './vm.js';

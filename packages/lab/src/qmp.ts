@@ -41,6 +41,7 @@ export class QmpClient {
   #closed: Error | undefined;
   /** Events QEMU sent (`SHUTDOWN`, `RESET`, `STOP`, …), oldest first. */
   readonly events: Array<{ event: string; data?: unknown }> = [];
+  readonly #listeners: Array<(event: { event: string; data?: unknown }) => void> = [];
 
   private constructor(socket: Socket) {
     this.#socket = socket;
@@ -107,6 +108,11 @@ export class QmpClient {
     });
   }
 
+  /** Calls `listener` with each event QEMU sends from now on. */
+  onEvent(listener: (event: { event: string; data?: unknown }) => void): void {
+    this.#listeners.push(listener);
+  }
+
   close(): void {
     this.#socket.end();
     this.#socket.destroy();
@@ -126,7 +132,9 @@ export class QmpClient {
         data?: unknown;
       };
       if (message.event !== undefined) {
-        this.events.push({ event: message.event, data: message.data });
+        const event = { event: message.event, data: message.data };
+        this.events.push(event);
+        for (const listener of this.#listeners) listener(event);
         continue;
       }
       const pending = message.id === undefined ? undefined : this.#pending.get(message.id);

@@ -7,8 +7,8 @@ import { VmError } from './errors.js';
 import { CONFIG_SHARE, GUEST_SHARE } from './guest-files.js';
 import type { GuestKernel } from './kernel.js';
 import { log } from './log.js';
-import { QemuPower } from './power.js';
-import { QmpClient } from './qmp.js';
+import { QemuPower, type VmBootDevice } from './power.js';
+import { QmpClient, type QmpStatus } from './qmp.js';
 
 /** Options of {@link VirtualMachine.start}. */
 export interface VirtualMachineOptions {
@@ -34,28 +34,56 @@ export interface VirtualMachineOptions {
   readonly qemu?: string;
 }
 
+/** What QEMU boots: the lab's kernel and initramfs (the default: the machine's "network boot"), or its disk. */
+export type VmBootSource = 'kernel' | 'disk';
+
 /**
  * One QEMU virtual machine under software emulation (`-accel tcg`; KVM is not
  * to be had everywhere the lab runs): Debian's kernel, the lab's initramfs,
  * user-mode networking with the guest's sshd forwarded to an address of its
  * own on the host's loopback (the guest reaches the host at 10.0.2.2), a
- * virtual disk, and two QMP sockets: `bmc.qmp` for its BMC, `lab.qmp` for the
- * lab. Its host key is kept in its directory, so it stays the same across
- * reboots (the shepherd pins host keys).
+ * virtual disk, and three QMP sockets: `bmc.qmp` for its BMC, `lab.qmp` for
+ * the lab, `events.qmp` for the lab's watch of its resets. Its host key is
+ * kept in its directory, so it stays the same across reboots (the shepherd
+ * pins host keys).
+ *
+ * The BMC's boot device decides each boot, as firmware does: the lab's
+ * kernel boots unless it is `disk`, and then the disk boots (its MBR, through
+ * SeaBIOS). QEMU always boots `-kernel` first when given one, so at every
+ * reset (the guest's reboot, a BMC's power on, cycle or reset) whose boot
+ * device wants the other source, QEMU is started again with it: the same
+ * disk, sockets and console log, a fresh boot.
  */
 export class VirtualMachine {
   readonly power: QemuPower;
-  readonly #child: ChildProcess;
-  readonly exited: Promise<number | null>;
+  #child: ChildProcess;
+  #bootSource: VmBootSource;
+  /** The watch of resets on `events.qmp`. */
+  #events: QmpClient | undefined;
+  /** A restart under way: resets meanwhile wait for it. */
+  #switching: Promise<void> = Promise.resolve();
+  #stopping = false;
+  readonly #exited: Promise<number | null>;
+  #resolveExited!: (code: number | null) => void;
   readonly startedAt = Date.now();
 
   private constructor(
     readonly options: VirtualMachineOptions,
     child: ChildProcess,
+    bootSource: VmBootSource,
   ) {
     this.#child = child;
-    this.exited = new Promise((resolve) => child.once('exit', (code) => resolve(code)));
+    this.#bootSource = bootSource;
+    this.#exited = new Promise((resolve) => {
+      this.#resolveExited = resolve;
+    });
+    this.#watchExit(child);
     this.power = new QemuPower(options.name, this.bmcQmpSocket, path.join(options.dir, 'boot-device'));
+  }
+
+  /** Resolves when QEMU exits for good (not when it is started again to boot another source). */
+  get exited(): Promise<number | null> {
+    return this.#exited;
   }
 
   get name(): string {
@@ -72,11 +100,16 @@ export class VirtualMachine {
   get consoleLog(): string {
     return path.join(this.options.dir, 'console.log');
   }
+  /** The QEMU process now (another after a switch of boot source). */
   get pid(): number | undefined {
     return this.#child.pid;
   }
+  /** What the running QEMU boots. */
+  get bootSource(): VmBootSource {
+    return this.#bootSource;
+  }
 
-  /** Writes its configuration and starts QEMU (the guest boots on its own). */
+  /** Writes its configuration and starts QEMU (the guest boots on its own, from what its boot device says). */
   static async start(options: VirtualMachineOptions): Promise<VirtualMachine> {
     const { dir } = options;
     await mkdir(path.join(dir, 'config'), { recursive: true, mode: 0o700 });
@@ -93,86 +126,90 @@ export class VirtualMachine {
     } finally {
       await handle.close();
     }
-    const share = (id: string, dirPath: string) => [
-      '-fsdev',
-      `local,id=${id},path=${dirPath},security_model=none,readonly=on`,
-      '-device',
-      `virtio-9p-pci,fsdev=${id},mount_tag=${id}`,
-    ];
-    const args = [
-      '-name',
+    const bootSource = bootSourceOf(await new QemuPower(options.name, '', path.join(dir, 'boot-device')).bootDevice());
+    const child = await launch(options, bootSource);
+    const vm = new VirtualMachine(options, child, bootSource);
+    try {
+      await vm.#ready(child);
+    } catch (error) {
+      child.kill('SIGKILL');
+      throw error;
+    }
+    log(
+      '%s: QEMU %d started (booting %s), SSH at %s:%d',
       options.name,
-      '-accel',
-      'tcg',
-      '-nodefaults',
-      '-no-user-config',
-      '-display',
-      'none',
-      '-m',
-      String(options.memory ?? 512),
-      '-smp',
-      '1',
-      '-kernel',
-      options.kernel.image,
-      '-initrd',
-      options.initramfs,
-      '-append',
-      'console=ttyS0 panic=-1 loglevel=4 mitigations=off',
-      '-serial',
-      `file:${path.join(dir, 'console.log')}`,
-      '-netdev',
-      `user,id=net0,hostfwd=tcp:${options.address}:${options.sshPort}-:22`,
-      '-device',
-      'virtio-net-pci,netdev=net0',
-      ...share(GUEST_SHARE, options.guestDir),
-      ...share(CONFIG_SHARE, config),
-      '-drive',
-      `file=${disk},format=raw,if=virtio`,
-      '-qmp',
-      `unix:${path.join(dir, 'bmc.qmp')},server=on,wait=off`,
-      '-qmp',
-      `unix:${path.join(dir, 'lab.qmp')},server=on,wait=off`,
-      // Powered off by its guest, the VM stops rather than exits: its BMC powers it on again.
-      '-no-shutdown',
-    ];
-    const child = spawn(options.qemu ?? 'qemu-system-x86_64', args, { stdio: ['ignore', 'ignore', 'pipe'] });
-    let stderr = '';
-    child.stderr?.on('data', (chunk: Buffer) => {
-      stderr = (stderr + chunk.toString('utf8')).slice(-4000);
-    });
-    await new Promise<void>((resolve, reject) => {
-      child.once('spawn', resolve);
-      child.once('error', (error: NodeJS.ErrnoException) =>
-        reject(
-          error.code === 'ENOENT'
-            ? new VmError(
-                options.name,
-                `${options.qemu ?? 'qemu-system-x86_64'} not found: install Debian's qemu-system-x86 package`,
-              )
-            : error,
-        ),
-      );
-    });
-    const vm = new VirtualMachine(options, child);
-    child.once('exit', (code, signal) => {
-      if (code !== 0 || signal) log('%s: QEMU exited (%s): %s', options.name, signal ?? code, stderr.trim());
-    });
-    // QMP sockets exist once QEMU has set up its devices.
+      child.pid,
+      bootSource,
+      options.address,
+      options.sshPort,
+    );
+    return vm;
+  }
+
+  /** Waits for QEMU's QMP sockets, then watches its resets. */
+  async #ready(child: ChildProcess): Promise<void> {
     const deadline = Date.now() + 30_000;
     for (;;) {
       try {
-        await QmpClient.with(vm.labQmpSocket, (qmp) => qmp.execute('query-status'));
+        await QmpClient.with(this.labQmpSocket, (qmp) => qmp.execute('query-status'));
         break;
       } catch (error) {
         if (child.exitCode !== null)
-          throw new VmError(options.name, `QEMU exited at start (code ${child.exitCode}): ${stderr.trim()}`);
+          throw new VmError(this.name, `QEMU exited at start (code ${child.exitCode}): ${stderrOf(child)}`);
         if (Date.now() > deadline)
-          throw new VmError(options.name, 'QEMU did not open its QMP socket within 30 s', { cause: error });
+          throw new VmError(this.name, 'QEMU did not open its QMP socket within 30 s', { cause: error });
         await new Promise((resolve) => setTimeout(resolve, 50));
       }
     }
-    log('%s: QEMU %d started, SSH at %s:%d', options.name, child.pid, options.address, options.sshPort);
-    return vm;
+    const events = await QmpClient.connect(path.join(this.options.dir, 'events.qmp'));
+    events.onEvent((event) => {
+      if (event.event === 'RESET') this.#switching = this.#switching.then(() => this.#afterReset(event.data));
+    });
+    this.#events = events;
+  }
+
+  /**
+   * At a reset, boots what the boot device wants: the same QEMU if it boots
+   * that already, else QEMU started again with it. A BMC's reset comes with
+   * more commands on its own socket (`cont` after `system_reset`): those go
+   * to the old QEMU first, which is then left once it runs again.
+   */
+  async #afterReset(data: unknown): Promise<void> {
+    if (this.#stopping) return;
+    const wanted = bootSourceOf(await this.power.bootDevice());
+    if (wanted === this.#bootSource) return;
+    if (!(data as { guest?: boolean } | undefined)?.guest) {
+      for (const deadline = Date.now() + 2_000; Date.now() < deadline; ) {
+        const status = await QmpClient.with(this.labQmpSocket, (qmp) => qmp.execute<QmpStatus>('query-status')).catch(
+          () => undefined,
+        );
+        if (status?.status === 'running') break;
+        await new Promise((resolve) => setTimeout(resolve, 50));
+      }
+    }
+    if (this.#stopping) return;
+    const old = this.#child;
+    this.#events?.close();
+    this.#events = undefined;
+    this.#bootSource = wanted;
+    await QmpClient.with(this.labQmpSocket, (qmp) => qmp.execute('quit')).catch(() => undefined);
+    await new Promise<void>((resolve) =>
+      old.exitCode !== null || old.signalCode !== null ? resolve() : old.once('exit', () => resolve()),
+    );
+    const child = await launch(this.options, wanted);
+    this.#child = child;
+    this.#watchExit(child);
+    await this.#ready(child);
+    log('%s: boot device wants %s: QEMU %d started again, booting it', this.name, wanted, child.pid);
+  }
+
+  #watchExit(child: ChildProcess): void {
+    child.once('exit', (code, signal) => {
+      if (child !== this.#child) return;
+      if (!this.#stopping && (code !== 0 || signal))
+        log('%s: QEMU exited (%s): %s', this.name, signal ?? code, stderrOf(child));
+      this.#resolveExited(code);
+    });
   }
 
   /** Resolves once the guest's sshd sends its banner through the forward. */
@@ -192,10 +229,14 @@ export class VirtualMachine {
 
   /** Ends QEMU (`quit` over QMP, SIGKILL if that does not do it). */
   async stop(): Promise<void> {
-    if (this.#child.exitCode !== null || this.#child.signalCode !== null) return;
+    this.#stopping = true;
+    await this.#switching.catch(() => undefined);
+    this.#events?.close();
+    const child = this.#child;
+    if (child.exitCode !== null || child.signalCode !== null) return;
     await QmpClient.with(this.labQmpSocket, (qmp) => qmp.execute('quit')).catch(() => undefined);
-    const timer = setTimeout(() => this.#child.kill('SIGKILL'), 5_000);
-    await this.exited;
+    const timer = setTimeout(() => child.kill('SIGKILL'), 5_000);
+    await this.#exited;
     clearTimeout(timer);
   }
 }
@@ -213,4 +254,90 @@ function sshBanner(host: string, port: number): Promise<boolean> {
     socket.once('error', () => done(false));
     socket.once('close', () => done(false));
   });
+}
+
+/** The BMC's boot device as what QEMU boots: the disk for `disk`, the lab's kernel for anything else. */
+function bootSourceOf(device: VmBootDevice): VmBootSource {
+  return device === 'disk' ? 'disk' : 'kernel';
+}
+
+const STDERR = new WeakMap<ChildProcess, string>();
+
+function stderrOf(child: ChildProcess): string {
+  return (STDERR.get(child) ?? '').trim();
+}
+
+/** Starts QEMU for the VM, booting `bootSource`; resolves once the process runs. */
+async function launch(options: VirtualMachineOptions, bootSource: VmBootSource): Promise<ChildProcess> {
+  const { dir } = options;
+  const share = (id: string, dirPath: string) => [
+    '-fsdev',
+    `local,id=${id},path=${dirPath},security_model=none,readonly=on`,
+    '-device',
+    `virtio-9p-pci,fsdev=${id},mount_tag=${id}`,
+  ];
+  const boot =
+    bootSource === 'kernel'
+      ? [
+          '-kernel',
+          options.kernel.image,
+          '-initrd',
+          options.initramfs,
+          '-append',
+          'console=ttyS0 panic=-1 loglevel=4 mitigations=off',
+        ]
+      : ['-boot', 'order=c'];
+  const args = [
+    '-name',
+    options.name,
+    '-accel',
+    'tcg',
+    '-nodefaults',
+    '-no-user-config',
+    '-display',
+    'none',
+    '-m',
+    String(options.memory ?? 512),
+    '-smp',
+    '1',
+    ...boot,
+    // Appended to, so the console of every boot stays, whichever QEMU booted it.
+    '-chardev',
+    `file,id=console,path=${path.join(dir, 'console.log')},append=on`,
+    '-serial',
+    'chardev:console',
+    '-netdev',
+    `user,id=net0,hostfwd=tcp:${options.address}:${options.sshPort}-:22`,
+    '-device',
+    'virtio-net-pci,netdev=net0',
+    ...share(GUEST_SHARE, options.guestDir),
+    ...share(CONFIG_SHARE, path.join(dir, 'config')),
+    '-drive',
+    `file=${path.join(dir, 'disk.img')},format=raw,if=virtio`,
+    '-qmp',
+    `unix:${path.join(dir, 'bmc.qmp')},server=on,wait=off`,
+    '-qmp',
+    `unix:${path.join(dir, 'lab.qmp')},server=on,wait=off`,
+    '-qmp',
+    `unix:${path.join(dir, 'events.qmp')},server=on,wait=off`,
+    // Powered off by its guest, the VM stops rather than exits: its BMC powers it on again.
+    '-no-shutdown',
+  ];
+  const qemu = options.qemu ?? 'qemu-system-x86_64';
+  const child = spawn(qemu, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  STDERR.set(child, '');
+  child.stderr?.on('data', (chunk: Buffer) => {
+    STDERR.set(child, (stderrOf(child) + chunk.toString('utf8')).slice(-4000));
+  });
+  await new Promise<void>((resolve, reject) => {
+    child.once('spawn', resolve);
+    child.once('error', (error: NodeJS.ErrnoException) =>
+      reject(
+        error.code === 'ENOENT'
+          ? new VmError(options.name, `${qemu} not found: install Debian's qemu-system-x86 package`)
+          : error,
+      ),
+    );
+  });
+  return child;
 }

@@ -6,20 +6,31 @@
  * moved in the database past the heartbeat timeout, and the recoverer
  * resets that VM through its BMC: the VM really reboots (a new boot ID),
  * its agent is started again and heartbeats, and the other VMs are left
- * alone. Each phase's time is printed with the load average.
+ * alone. Then the third VM is installed: a small bootable image the test
+ * builds from this machine's Debian packages, requested with `shepherd
+ * install`, downloaded over HTTPS by the agent in the VM and written to its
+ * virtual disk; the BMC's boot device set to the disk, the agent's reboot
+ * boots the image, whose first boot the console shows. Each phase's time is
+ * printed with the load average.
  */
-import { execFileSync } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { createServer } from 'node:https';
+import type { AddressInfo } from 'node:net';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { gzipSync } from 'node:zlib';
+import { IpmiClient, Secret } from '@bmaas/provider-static';
 import { Ssh2Client, SshKey } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
 import { freePort } from '../../../test/support/ports.js';
 import { eventually } from '../../../test/support/wait.js';
-import { LAB_SSH_PORT, Lab, type LabMachine } from '../src/index.js';
+import { buildBootImage, findKernel, LAB_SSH_PORT, Lab, type LabMachine } from '../src/index.js';
 import { missingForLab } from './support.js';
 
 const missing = await missingForLab();
@@ -180,6 +191,87 @@ describe.skipIf(missing.length > 0)('the lab', () => {
       "SELECT DISTINCT p.provider_id FROM work_history w JOIN machine_provided p USING (machine_id) WHERE w.process = 'ShepherdRecovery' AND w.event = 'Finished' ORDER BY 1",
     );
     expect(recovered.rows.map((row) => row.provider_id)).toEqual([ipmiVm.id, redfishVm.id].sort());
+
+    // The third VM installed: its BMC boots the disk from now on, the image is requested, the agent writes it and reboots.
+    const target = bystander;
+    const machineId = first.get(target.id)?.machineId as string;
+    const image = await buildBootImage(dir, findKernel(), target.id);
+    const gzipped = gzipSync(await readFile(image.path));
+    const tlsDir = path.join(lab.options.dir, 'server-tls');
+    // Served with the server's certificate, which names slirp's 10.0.2.2: the CA every agent was given.
+    const images = createServer(
+      { cert: await readFile(path.join(tlsDir, 'server.crt')), key: await readFile(path.join(tlsDir, 'server.key')) },
+      (request, response) =>
+        request.url === '/installed.img.gz' ? response.end(gzipped) : response.writeHead(404).end(),
+    );
+    await new Promise<void>((resolve) => images.listen(0, '127.0.0.1', resolve));
+    try {
+      const bmc = target.bmc as { host: string; port: number; username: string; passwordFile: string };
+      await new IpmiClient({ timeout: 20_000 }).setBootDevice(
+        {
+          machine: target.id,
+          host: bmc.host,
+          port: bmc.port,
+          username: bmc.username,
+          password: new Secret((await readFile(bmc.passwordFile, 'utf8')).trim()),
+          cipherSuite: 3,
+        },
+        'disk',
+      );
+      expect(await target.vm.power.bootDevice()).toBe('disk');
+      phase = Date.now();
+      const port = (images.address() as AddressInfo).port;
+      await promisify(execFile)(process.execPath, [
+        path.join(ROOT, 'packages/cli/bin/shepherd.js'),
+        'install',
+        '--bmdb-url',
+        db.url,
+        '--provider',
+        'Static',
+        '--provider-id',
+        target.id,
+        '--image-url',
+        `https://10.0.2.2:${port}/installed.img.gz`,
+        '--image-sha256',
+        createHash('sha256').update(gzipped).digest('hex'),
+        '--root-device',
+        '/dev/vda',
+        '--compression',
+        'gzip',
+        '--reason',
+        'lab test',
+      ]);
+      const installed = await within(`${target.id} installed`, async () => {
+        const { rows } = await db.admin(
+          `SELECT installation_state, installation_error,
+                  extract(epoch FROM installation_ended_at - requested_at)::float8 AS seconds
+           FROM machine_os_installation_request WHERE machine_id = $1`,
+          [machineId],
+        );
+        const row = rows[0];
+        if (row?.installation_state === 'Failed') throw new Error(`installation failed: ${row.installation_error}`);
+        return row?.installation_state === 'Succeeded' ? row : undefined;
+      });
+      timing(
+        `${target.id}: ${(image.bytes / 2 ** 20).toFixed(1)} MiB image requested to installed (${installed.seconds.toFixed(1)} s by the database)`,
+      );
+      // The agent's reboot boots the disk, as the BMC says: the image's first boot on the console.
+      await within(`${target.id} booted the installed image`, async () =>
+        (await readFile(target.vm.consoleLog, 'utf8')).includes(image.bootLine) ? true : undefined,
+      );
+      timing(`${target.id}: installed to the image's first boot from its disk`);
+      expect(target.vm.bootSource).toBe('disk');
+      // Installed: no agent, never recovered, and nobody starts one on it.
+      expect((await agents()).has(target.id)).toBe(false);
+      const { rows } = await db.admin(
+        `SELECT w.process, w.event FROM work_history w JOIN machine_os_installation_request q USING (machine_id)
+         WHERE w.machine_id = $1 AND (w.process = 'ShepherdRecovery' OR w."timestamp" > q.requested_at)`,
+        [machineId],
+      );
+      expect(rows).toEqual([]);
+    } finally {
+      images.close();
+    }
 
     // What Ctrl-C does: everything stopped (QEMU, ipmi_sim, the shepherd, its server) and the files removed.
     const pids = lab.machines.flatMap((m) => [m.vm.pid, m.ipmiSimulator?.pid]).filter((pid) => pid !== undefined);

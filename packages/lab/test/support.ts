@@ -9,6 +9,11 @@ export async function missingForLab(): Promise<string[]> {
   if (!(await onPath('ipmitool'))) missing.push('ipmitool');
   if (!existsSync('/bin/busybox')) missing.push('busybox-static');
   if (!existsSync('/usr/sbin/sshd')) missing.push('openssh-server');
+  // The OS installation's bootable image (boot-image.ts).
+  if (!(await onPath('syslinux'))) missing.push('syslinux');
+  if (!existsSync('/usr/lib/syslinux/modules/bios')) missing.push('syslinux-common');
+  if (!(await onPath('mcopy'))) missing.push('mtools');
+  if (!(await onPath('mkfs.fat'))) missing.push('dosfstools');
   if (!existsSync('/boot') || !(await import('node:fs')).readdirSync('/boot').some((f) => f.startsWith('vmlinuz-'))) {
     missing.push('linux-image-amd64');
   }

@@ -179,10 +179,30 @@ describe.skipIf(missing.length > 0)('a lab VM driven by ipmi_sim', () => {
     await vm.waitForSsh(180_000);
   }, 300_000);
 
-  test('the boot device is kept for the next boot', async () => {
+  test('the boot device is kept, and decides the next boot: the disk, then the lab’s kernel again', async () => {
     await ipmi.setBootDevice(target, 'pxe');
     expect(await vm.power.bootDevice()).toBe('pxe');
     await ipmi.setBootDevice(target, 'disk');
     expect(await vm.power.bootDevice()).toBe('disk');
-  });
+    expect(vm.bootSource).toBe('kernel');
+    // A BMC's power cycle boots the disk (empty here: SeaBIOS finds nothing to boot, and waits); the VM stays on.
+    const kernelPid = vm.pid;
+    let started = Date.now();
+    await ipmi.power(target, 'cycle');
+    await eventually(
+      'the disk booted',
+      async () => (vm.bootSource === 'disk' && vm.pid !== kernelPid ? true : undefined),
+      60_000,
+      100,
+    );
+    expect(await ipmi.powerState(target)).toBe('On');
+    timing('IPMI power cycle to QEMU booting the disk', Date.now() - started);
+    // Back to the network boot: the next cycle boots the lab's kernel, sshd and all.
+    await ipmi.setBootDevice(target, 'pxe');
+    started = Date.now();
+    await ipmi.power(target, 'cycle');
+    await eventually('the kernel booted', async () => (vm.bootSource === 'kernel' ? true : undefined), 60_000, 100);
+    await vm.waitForSsh(180_000);
+    timing('IPMI power cycle to the lab’s kernel and sshd again', Date.now() - started);
+  }, 300_000);
 });

@@ -1,7 +1,8 @@
 import { performance } from 'node:perf_hooks';
-import { type BMDB, isMachineId, type OSInstallationReport } from '@bmaas/bmdb-controlloop';
+import { type BMDB, isMachineId, type OSInstallationReport, type PendingOSInstallation } from '@bmaas/bmdb-controlloop';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
+import { DiskImageInstallationRequest_Compression as Compression } from './gen/cloud/agent/api/disk_image_pb.js';
 import {
   AgentHardwareReportSchema,
   type HeartbeatRequest,
@@ -23,18 +24,19 @@ const UNAUTHENTICATED = 'machine id or public key unknown';
  * `key` (the ed25519 key of its TLS client certificate; `undefined` when it
  * presented none, or one over another kind of key). Refusals reject with a
  * `ConnectError` whose code is the gRPC status to answer with. Every route
- * Heartbeat is served on, whatever the protocol, answers through the one
- * handler, so they cannot differ in what they check, write or count.
+ * Heartbeat is served on, whatever the protocol and service name, answers
+ * through the one handler, so they cannot differ in what they check, write
+ * or count.
  */
 export type HeartbeatHandler = (request: HeartbeatRequest, key: Uint8Array | undefined) => Promise<HeartbeatResponse>;
 
 /**
  * Heartbeat over the BMDB. A heartbeat is accepted only from the agent
  * holding the key of its machine's AgentStarted tag; it sets AgentHeartbeat
- * to the database's now and stores the reports it carries. Each heartbeat is
- * counted, by the status it settles with, and timed, when it settles. The
- * answer never carries an installation request: OS installation is not part
- * of the shepherd yet.
+ * to the database's now and stores the reports it carries, and the answer
+ * carries the machine's pending OS installation request (see
+ * `BMDB.answerAgentHeartbeat`). Each heartbeat is counted, by the status it
+ * settles with, and timed, when it settles.
  */
 export function heartbeatHandler(bmdb: BMDB, metrics: ServerMetrics | undefined): HeartbeatHandler {
   // Label children bound once: no label object built per heartbeat (prom-client still checks and hashes the labels on each call).
@@ -59,7 +61,7 @@ export function heartbeatHandler(bmdb: BMDB, metrics: ServerMetrics | undefined)
   };
 }
 
-/** Every answer is the same empty one (no installation request); never changed, so shared. */
+/** The answer without an installation request, never changed, so shared: nearly every heartbeat gets it. */
 const EMPTY_RESPONSE: HeartbeatResponse = create(HeartbeatResponseSchema);
 
 async function heartbeat(
@@ -74,22 +76,23 @@ async function heartbeat(
   if (!isMachineId(request.machineId)) {
     throw new ConnectError(`machine_id ${JSON.stringify(request.machineId)} is not a UUID`, Code.InvalidArgument);
   }
-  let result: Awaited<ReturnType<BMDB['recordAgentHeartbeat']>>;
+  const report = request.installationReport && installationReport(request);
+  let answer: Awaited<ReturnType<BMDB['answerAgentHeartbeat']>>;
   try {
-    result = await bmdb.recordAgentHeartbeat({
+    answer = await bmdb.answerAgentHeartbeat({
       machineId: request.machineId,
       publicKey: key,
       ...(request.hardwareReport && {
         hardwareReport: toBinary(AgentHardwareReportSchema, request.hardwareReport),
       }),
-      ...(request.installationReport && { installationReport: installationReport(request) }),
+      ...(report && { installationReport: report }),
     });
   } catch (error) {
     if (error instanceof ConnectError) throw error;
     log.server('could not record a heartbeat of machine %s: %s', request.machineId, (error as Error).message);
     throw new ConnectError(`could not record the heartbeat of machine ${request.machineId}`, Code.Unavailable);
   }
-  if (result === 'unauthenticated') {
+  if (answer.result === 'unauthenticated') {
     log.heartbeat(
       'refused a heartbeat for machine %s: key %s is not its agent’s',
       request.machineId,
@@ -97,7 +100,37 @@ async function heartbeat(
     );
     throw new ConnectError(UNAUTHENTICATED, Code.Unauthenticated);
   }
-  return EMPTY_RESPONSE;
+  if (report) {
+    log.heartbeat(
+      'machine %s reported its installation of generation %s: %s',
+      request.machineId,
+      report.generation,
+      report.result === 'Success' ? 'success' : `error: ${report.error ?? ''}`,
+    );
+  }
+  return answer.installationRequest === undefined ? EMPTY_RESPONSE : installationResponse(answer.installationRequest);
+}
+
+/**
+ * The answer handing out a pending request: `installation_request` with its
+ * generation and this project's `disk_image` member (field 100).
+ */
+export function installationResponse(pending: PendingOSInstallation): HeartbeatResponse {
+  return create(HeartbeatResponseSchema, {
+    installationRequest: {
+      generation: pending.generation,
+      type: {
+        case: 'diskImage',
+        value: {
+          url: pending.imageUrl,
+          sha256: pending.imageSha256,
+          rootDevice: pending.rootDevice,
+          compression: pending.compression === 'gzip' ? Compression.GZIP : Compression.UNSPECIFIED,
+          ...(pending.userData && { userData: pending.userData }),
+        },
+      },
+    },
+  });
 }
 
 /** `invalid_argument`, as gRPC spells the codes (lower case). */
@@ -108,8 +141,8 @@ function codeName(code: Code): string {
 function installationReport(request: HeartbeatRequest): OSInstallationReport {
   const report = request.installationReport;
   if (report === undefined) throw new Error('unreachable: no installation report');
-  const result = report.result.case;
-  if (result === undefined) {
+  const result = report.result;
+  if (result.case === undefined) {
     throw new ConnectError(
       `installation_report of machine ${request.machineId} has neither success nor error`,
       Code.InvalidArgument,
@@ -117,7 +150,8 @@ function installationReport(request: HeartbeatRequest): OSInstallationReport {
   }
   return {
     generation: report.generation,
-    result: result === 'success' ? 'Success' : 'Error',
+    result: result.case === 'success' ? 'Success' : 'Error',
     raw: toBinary(OSInstallationReportSchema, report),
+    ...(result.case === 'error' && { error: result.value.error }),
   };
 }

@@ -1,15 +1,26 @@
 /**
  * The BMaaS server: agents call back to it after takeover and heartbeat over
- * gRPC (`cloud.bmaas.server.api.AgentCallback`), authenticated by the
- * ed25519 key they returned in TakeoverSuccess; heartbeats and the reports
- * they carry go into the BMDB.
+ * gRPC (`cloud.bmaas.server.api.AgentCallback`, or `cloud.agent.api.AgentCallback`
+ * as the current upstream agent names it), authenticated by the ed25519 key
+ * they returned in TakeoverSuccess; heartbeats and the reports they carry go
+ * into the BMDB, and each answer carries the machine's pending OS
+ * installation request. The messages under the newer name are exported as
+ * `agentApi`.
  *
  * @packageDocumentation
  */
 
 export { BmaasServerError, ListenError, ServerTlsError } from './errors.js';
-// The service, and the messages an agent sends it and gets back; the rest of
-// the generated code stays in src/gen/.
+// The service, and the messages an agent sends it and gets back (the
+// installation request among them); the rest of the generated code stays in
+// src/gen/. The same service under the current upstream agent's name, with
+// its messages, is `agentApi`.
+export * as agentApi from './gen/cloud/agent/api/agent_pb.js';
+export {
+  type DiskImageInstallationRequest,
+  DiskImageInstallationRequest_Compression,
+  DiskImageInstallationRequestSchema,
+} from './gen/cloud/agent/api/disk_image_pb.js';
 export {
   AgentCallback,
   type AgentHardwareReport,
@@ -20,6 +31,8 @@ export {
   HeartbeatResponseSchema,
   type OSInstallationReport,
   OSInstallationReportSchema,
+  type OSInstallationRequest,
+  OSInstallationRequestSchema,
 } from './gen/cloud/bmaas/server/api/agent_pb.js';
 export { BmaasServer, type BmaasServerOptions } from './server.js';
 export { loadServerTls, type SelfSignedTlsOptions, type ServerTls, selfSignedServerTls } from './tls.js';

@@ -3,6 +3,7 @@ import { fromBinary, toBinary } from '@bufbuild/protobuf';
 import type { GenService } from '@bufbuild/protobuf/codegenv2';
 import type { ConnectRouter } from '@connectrpc/connect';
 import type { HeartbeatHandler } from './agent-callback.js';
+import { AgentCallback as AgentCallbackUnderAgentApi } from './gen/cloud/agent/api/agent_pb.js';
 import {
   AgentCallback,
   type HeartbeatRequest,
@@ -27,7 +28,14 @@ export type HeartbeatService = GenService<{
  * another service name whose Heartbeat takes `cloud.bmaas.server.api`'s
  * HeartbeatRequest and HeartbeatResponse).
  */
-export const HEARTBEAT_SERVICES: readonly HeartbeatService[] = [AgentCallback];
+export const HEARTBEAT_SERVICES: readonly HeartbeatService[] = [
+  AgentCallback,
+  // `cloud.agent.api.AgentCallback`, as the current upstream agent names the service (its .proto moved to
+  // cloud/agent/api/agent.proto in 2025): its messages are this package's under another package name, field for
+  // field (test/proto-generated.test.ts checks each), so both paths serve it with this package's messages: the
+  // lean path decodes and encodes them by this package's schemas, the library reads and writes their fields by name.
+  AgentCallbackUnderAgentApi as unknown as HeartbeatService,
+];
 
 /** The lean gRPC path's routes, by `:path`: protobuf gRPC calls of Heartbeat on every service name. */
 export function grpcRoutes(

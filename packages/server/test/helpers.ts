@@ -10,6 +10,7 @@ import { afterAll } from 'vitest';
 import { type TestDatabase, testBMDB } from '../../../test/support/database.js';
 import {
   AgentCallback,
+  agentApi,
   BmaasServer,
   certificatePem,
   selfSignedCertificate,
@@ -83,6 +84,21 @@ export function agentIdentity(type: 'ed25519' | 'ec' = 'ed25519'): AgentIdentity
 export function agentClient(port: number, ca: string, identity?: AgentIdentity): Client<typeof AgentCallback> {
   return createClient(
     AgentCallback,
+    createGrpcTransport({
+      baseUrl: `https://localhost:${port}`,
+      nodeOptions: { ca, ...(identity && { cert: identity.cert, key: identity.key }) },
+    }),
+  );
+}
+
+/** {@link agentClient} under the current upstream agent's service name, `cloud.agent.api.AgentCallback`. */
+export function currentAgentClient(
+  port: number,
+  ca: string,
+  identity?: AgentIdentity,
+): Client<typeof agentApi.AgentCallback> {
+  return createClient(
+    agentApi.AgentCallback,
     createGrpcTransport({
       baseUrl: `https://localhost:${port}`,
       nodeOptions: { ca, ...(identity && { cert: identity.cert, key: identity.key }) },

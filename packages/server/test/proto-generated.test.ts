@@ -9,6 +9,8 @@ import {
 import {
   AgentCallback,
   AgentHardwareReportSchema,
+  agentApi,
+  DiskImageInstallationRequestSchema,
   HeartbeatRequestSchema,
   HeartbeatResponseSchema,
   OSInstallationReportSchema,
@@ -63,9 +65,36 @@ describe('generated BMaaS server API code', () => {
     expect(shape(OSInstallationRequestSchema)).toEqual([
       [1, 'generation', 3, ''],
       [2, 'metropolis', 'cloud.bmaas.server.api.MetropolisInstallationRequest', 'type'],
+      [100, 'disk_image', 'cloud.agent.api.DiskImageInstallationRequest', 'type'],
+    ]);
+    expect(shape(DiskImageInstallationRequestSchema)).toEqual([
+      [1, 'url', 9, ''],
+      [2, 'sha256', 9, ''],
+      [3, 'root_device', 9, ''],
+      [4, 'compression', 'enum', ''],
+      [5, 'user_data', 12, ''],
     ]);
     expect(shape(MetropolisInstallationRequestSchema)).toEqual([[3, 'root_device', 9, '']]);
     expect(NodeSchema.typeName).toBe('cloud.agent.api.Node');
+    // The same API under the current upstream agent's names (cloud/agent/api/agent.proto).
+    expect(agentApi.AgentCallback.typeName).toBe('cloud.agent.api.AgentCallback');
+    expect(agentApi.AgentCallback.method.heartbeat.input.typeName).toBe('cloud.agent.api.HeartbeatRequest');
+    const renamed = (rows: unknown[][]) =>
+      JSON.stringify(rows).replaceAll('cloud.bmaas.server.api.', 'cloud.agent.api.');
+    for (const [older, newer] of [
+      [HeartbeatRequestSchema, agentApi.HeartbeatRequestSchema],
+      [HeartbeatResponseSchema, agentApi.HeartbeatResponseSchema],
+      [AgentHardwareReportSchema, agentApi.AgentHardwareReportSchema],
+      [OSInstallationReportSchema, agentApi.OSInstallationReportSchema],
+      [OSInstallationRequestSchema, agentApi.OSInstallationRequestSchema],
+      [MetropolisInstallationRequestSchema, agentApi.MetropolisInstallationRequestSchema],
+    ] as const) {
+      expect(JSON.stringify(shape(newer)), newer.typeName).toBe(renamed(shape(older)));
+    }
+    expect(shape(agentApi.AgentInitSchema)).toEqual([
+      [1, 'takeover_init', 'cloud.agent.api.TakeoverInit', ''],
+      [2, 'private_key', 12, ''],
+    ]);
     expect(shape(NodeSchema).map(([number, name]) => [number, name])).toEqual([
       [1, 'manufacturer'],
       [2, 'product'],

@@ -7,14 +7,18 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { Queries } from '@bmaas/bmdb-controlloop';
 import { create, fromBinary } from '@bufbuild/protobuf';
-import { Code, ConnectError } from '@connectrpc/connect';
+import { Code, ConnectError, createClient } from '@connectrpc/connect';
+import { createConnectTransport } from '@connectrpc/connect-node';
 import { Registry } from 'prom-client';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { BlockDevice_Protocol, EFISupport, NodeSchema } from '../src/gen/cloud/agent/api/hwreport_pb.js';
 import {
   AgentHardwareReportSchema,
+  agentApi,
+  DiskImageInstallationRequest_Compression,
   HeartbeatRequestSchema,
   loadServerTls,
+  OSInstallationReportSchema,
   ServerTlsError,
   selfSignedServerTls,
 } from '../src/index.js';
@@ -22,6 +26,7 @@ import {
   type AgentIdentity,
   agentClient,
   agentIdentity,
+  currentAgentClient,
   heartbeatStatements,
   startedMachine as machineOf,
   startTestServer,
@@ -66,7 +71,7 @@ async function refusal(call: Promise<unknown>): Promise<ConnectError> {
 }
 
 describe('Heartbeat', () => {
-  test('from its machine’s agent: AgentHeartbeat at the database’s now, the reports stored, no installation request', async () => {
+  test('from its machine’s agent: AgentHeartbeat at the database’s now, the hardware report stored, no installation request', async () => {
     const agent = agentIdentity();
     const machineId = await startedMachine(agent);
     const before = (await t.db.admin('SELECT now() AS now')).rows[0].now as Date;
@@ -84,7 +89,68 @@ describe('Heartbeat', () => {
     expect(at.getTime()).toBeGreaterThanOrEqual(before.getTime());
     const stored = await q.hardwareReport(machineId);
     expect(fromBinary(AgentHardwareReportSchema, stored?.raw ?? new Uint8Array())).toEqual(hardwareReport);
-    expect(await q.osInstallationReport(machineId)).toMatchObject({ generation: 3n, result: 'Error' });
+    // No request of generation 3 was ever made: its report is ignored.
+    expect(await q.osInstallationReport(machineId)).toBeUndefined();
+  });
+
+  test('the machine’s pending installation request comes back in the answer, on both service names, until its report', async () => {
+    const agent = agentIdentity();
+    const machineId = await startedMachine(agent);
+    const q = new Queries(t.bmdb.db);
+    await q.requestOSInstallation(machineId, {
+      imageUrl: 'https://images.example.com/debian.img.gz',
+      imageSha256: 'ab'.repeat(32),
+      rootDevice: '/dev/vda',
+      compression: 'gzip',
+      userData: Buffer.from('#cloud-config\n'),
+      actor: 'test',
+      reason: 'server test',
+    });
+    const expected = {
+      generation: 1n,
+      type: {
+        case: 'diskImage',
+        value: {
+          url: 'https://images.example.com/debian.img.gz',
+          sha256: 'ab'.repeat(32),
+          rootDevice: '/dev/vda',
+          compression: DiskImageInstallationRequest_Compression.GZIP,
+          userData: new Uint8Array(Buffer.from('#cloud-config\n')),
+        },
+      },
+    };
+    const old = await agentClient(t.server.port, t.ca, agent).heartbeat({ machineId });
+    expect(old.installationRequest).toMatchObject(expected);
+    expect(old.installationRequest?.$typeName).toBe('cloud.bmaas.server.api.OSInstallationRequest');
+    expect((await q.osInstallation(machineId))?.state).toBe('Delivered');
+    const current = await currentAgentClient(t.server.port, t.ca, agent).heartbeat({ machineId });
+    expect(current.installationRequest).toMatchObject(expected);
+    expect(current.installationRequest?.$typeName).toBe('cloud.agent.api.OSInstallationRequest');
+    // The gRPC library's path (Connect, JSON) on the newer name answers the same.
+    const connect = createClient(
+      agentApi.AgentCallback,
+      createConnectTransport({
+        baseUrl: `https://localhost:${t.server.port}`,
+        httpVersion: '2',
+        useBinaryFormat: false,
+        nodeOptions: { ca: t.ca, cert: agent.cert, key: agent.key },
+      }),
+    );
+    expect((await connect.heartbeat({ machineId })).installationRequest).toMatchObject(expected);
+
+    // The report of its generation, on the newer name: stored, the request settled, the answer empty.
+    const reported = await currentAgentClient(t.server.port, t.ca, agent).heartbeat({
+      machineId,
+      installationReport: { generation: 1n, result: { case: 'error', value: { error: 'no such device /dev/vda' } } },
+    });
+    expect(reported.installationRequest).toBeUndefined();
+    expect(await q.osInstallation(machineId)).toMatchObject({ state: 'Failed', error: 'no such device /dev/vda' });
+    expect(await q.osInstallationReport(machineId)).toMatchObject({ generation: 1n, result: 'Error' });
+    const raw = (await q.osInstallationReport(machineId))?.raw ?? new Uint8Array();
+    expect(fromBinary(OSInstallationReportSchema, raw).result).toMatchObject({
+      case: 'error',
+      value: { error: 'no such device /dev/vda' },
+    });
   });
 
   test('without a client certificate: UNAUTHENTICATED, nothing written', async () => {

@@ -17,6 +17,24 @@
 //    interval) while the server is down or refuses it, and stops on
 //    SIGTERM or SIGINT. `ps` shows it as `test-agent.js --heartbeat <machine ID>`.
 //    SHEPHERD_TEST_AGENT_LOG names a file it appends one line per event to.
+//    SHEPHERD_TEST_AGENT_SERVICE=cloud.agent.api calls the service under the
+//    current upstream agent's name (default cloud.bmaas.server.api).
+// 3. It installs what a heartbeat's answer asks for (the disk image request,
+//    cloud/agent/api/disk_image.proto), while it keeps heartbeating: downloads
+//    the image over HTTP(S) (verified against the system's CAs and the init's
+//    ca_certificate), checks its sha256 while streaming, gunzips it if asked,
+//    writes it from the root device's first byte (a block device, or in tests
+//    a file of the disk's size: it never creates or grows one), and flushes
+//    it. A sha256 mismatch, an HTTP error, a missing or too small device is
+//    reported as an Error with the request's generation, after zeroing the
+//    device's first MiB if anything was written (so it never boots an image
+//    that failed its check); then it keeps heartbeating, to be asked again.
+//    After Success is accepted it runs SHEPHERD_TEST_AGENT_REBOOT_COMMAND
+//    (`sh -c`; in a VM `reboot -f`) and stops, as its machine reboots into
+//    the installed OS. An answer without the request it is installing (the
+//    request canceled, or replaced by a newer generation) stops that
+//    installation. With SHEPHERD_TEST_AGENT_USER_DATA_DIR set, the request's
+//    cloud-init user-data is written there as <machine ID>.user-data.
 //
 // Endpoints under names reserved never to resolve (RFC 2606, 6761: .invalid,
 // .example, .test, example.com/.net/.org) get no heartbeats and no detached
@@ -28,10 +46,18 @@
 // certificate are encoded by hand.
 
 import { spawn } from 'node:child_process';
-import { createPublicKey, generateKeyPairSync, randomBytes, sign } from 'node:crypto';
+import { createHash, createPublicKey, generateKeyPairSync, randomBytes, sign } from 'node:crypto';
 import { appendFileSync, readFileSync } from 'node:fs';
+import { open, realpath, stat, writeFile } from 'node:fs/promises';
+import { get as httpGet } from 'node:http';
 import { connect } from 'node:http2';
+import { get as httpsGet } from 'node:https';
 import { cpus, hostname, totalmem } from 'node:os';
+import path from 'node:path';
+import { Transform, Writable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { rootCertificates } from 'node:tls';
+import { createGunzip } from 'node:zlib';
 
 const LEN = 2; // protobuf wire type of strings, bytes and messages
 const VARINT = 0;
@@ -148,21 +174,50 @@ async function heartbeatForever(settings) {
   let session;
   let reportSent = false;
   let failures = 0;
-  log(`heartbeating to ${endpoint} every ${interval} ms`);
+  const service = process.env.SHEPHERD_TEST_AGENT_SERVICE ?? 'cloud.bmaas.server.api';
+  /** The installation under way: its generation, how to stop it, and its outcome once known. */
+  let installation;
+  /** Generations reported and accepted: their requests may still come back until the report is stored. */
+  const reported = new Set();
+  log(`heartbeating to ${endpoint} (${service}) every ${interval} ms`);
   while (!stop.signal.aborted) {
     try {
       if (!session || session.closed || session.destroyed) {
         session = connect(`https://${endpoint}`, { ...(ca && { ca }), cert, key: privateKey });
         session.on('error', () => {});
       }
+      const report = installation?.report;
       const request = Buffer.concat([
         field(1, Buffer.from(machineId)),
         reportSent ? Buffer.alloc(0) : hardwareReport(),
+        report ? field(3, installationReport(report)) : Buffer.alloc(0),
       ]);
-      await call(session, '/cloud.bmaas.server.api.AgentCallback/Heartbeat', request, stop.signal);
+      const answer = await call(session, `/${service}.AgentCallback/Heartbeat`, request, stop.signal);
       if (!reportSent || failures > 0) log(`heartbeat accepted${reportSent ? '' : ' with a hardware report'}`);
       reportSent = true;
       failures = 0;
+      if (report) {
+        log(`installation report of generation ${report.generation} accepted`);
+        reported.add(report.generation);
+        installation = undefined;
+        if (report.error === undefined) {
+          await reboot(log);
+          break;
+        }
+      }
+      const asked = installationRequest(answer);
+      if (installation && installation.generation !== asked?.generation) {
+        log(`installation of generation ${installation.generation} no longer asked for: stopping it`);
+        installation.stop.abort();
+        installation = undefined;
+      }
+      if (asked && !installation && !reported.has(asked.generation)) {
+        installation = { generation: asked.generation, stop: new AbortController(), report: undefined };
+        const current = installation;
+        install(asked, { machineId, ca, signal: current.stop.signal, log }).then((outcome) => {
+          if (!current.stop.signal.aborted) current.report = { generation: asked.generation, ...outcome };
+        });
+      }
       await sleep(interval, stop.signal);
     } catch (error) {
       if (stop.signal.aborted) break;
@@ -174,8 +229,200 @@ async function heartbeatForever(settings) {
       await sleep(delay, stop.signal);
     }
   }
+  installation?.stop.abort();
   session?.close();
   log('stopped');
+}
+
+/** Runs the configured reboot command, as the machine boots the installed OS next. */
+async function reboot(log) {
+  const command = process.env.SHEPHERD_TEST_AGENT_REBOOT_COMMAND;
+  if (!command) {
+    log('installed; no SHEPHERD_TEST_AGENT_REBOOT_COMMAND: stopping as if rebooted');
+    return;
+  }
+  log(`installed; rebooting: ${command}`);
+  const code = await new Promise((resolve) => {
+    const child = spawn('sh', ['-c', command], { stdio: 'ignore' });
+    child.on('error', () => resolve(-1));
+    child.on('close', resolve);
+  });
+  log(`reboot command exited ${code}`);
+}
+
+// --- installing ---
+
+/**
+ * Installs a disk image request. Resolves with `{}` on success or `{ error }`
+ * naming what failed; never rejects. Stops (resolving with an error nobody
+ * reports) when `signal` aborts.
+ */
+async function install(request, { machineId, ca, signal, log }) {
+  const { generation, diskImage } = request;
+  if (!diskImage) {
+    log(`installation generation ${generation}: ${request.type} requests are not supported`);
+    return { error: `this agent installs disk images only; got a ${request.type} request` };
+  }
+  const { url, sha256, rootDevice, gzip, userData } = diskImage;
+  log(`installing generation ${generation}: ${url} (${gzip ? 'gzip' : 'raw'}) onto ${rootDevice}`);
+  const started = performance.now();
+  let device;
+  let written = 0;
+  try {
+    const capacity = await deviceSize(rootDevice);
+    device = await open(rootDevice, 'r+');
+    const response = await download(url, ca, signal);
+    const hash = createHash('sha256');
+    const tap = new Transform({
+      transform(chunk, _encoding, done) {
+        hash.update(chunk);
+        done(null, chunk);
+      },
+    });
+    const bounded = new Transform({
+      transform(chunk, _encoding, done) {
+        written += chunk.length;
+        if (written > capacity)
+          done(new Error(`device ${rootDevice} too small: ${capacity} bytes, the image is larger`));
+        else done(null, chunk);
+      },
+    });
+    let position = 0;
+    const out = new Writable({
+      highWaterMark: 1 << 20,
+      write(chunk, _encoding, done) {
+        device.write(chunk, 0, chunk.length, position).then(() => {
+          position += chunk.length;
+          done();
+        }, done);
+      },
+    });
+    const stages = [response, tap, ...(gzip ? [createGunzip()] : []), bounded, out];
+    await pipeline(...stages, { signal });
+    const got = hash.digest('hex');
+    if (got !== sha256.toLowerCase()) throw new Error(`sha256 mismatch: downloaded ${got}, want ${sha256}`);
+    await device.sync();
+    const seconds = (performance.now() - started) / 1000;
+    log(
+      `installed generation ${generation}: ${written} bytes written and flushed in ${seconds.toFixed(3)} s (${(written / 1e6 / seconds).toFixed(1)} MB/s)`,
+    );
+    if (userData.length > 0 && process.env.SHEPHERD_TEST_AGENT_USER_DATA_DIR) {
+      await writeFile(path.join(process.env.SHEPHERD_TEST_AGENT_USER_DATA_DIR, `${machineId}.user-data`), userData);
+    }
+    return {};
+  } catch (error) {
+    const message = signal.aborted ? 'stopped' : error.message;
+    if (written > 0 && device) {
+      // Never leave a device that could boot an image that failed: its first MiB goes.
+      await device.write(Buffer.alloc(Math.min(written, 1 << 20)), 0, undefined, 0).catch(() => {});
+      await device.sync().catch(() => {});
+    }
+    log(`installation of generation ${generation} failed: ${message}`);
+    return { error: message };
+  } finally {
+    await device?.close().catch(() => {});
+  }
+}
+
+/** The bytes a device can hold: a block device's from sysfs, a file's (as tests use) its size. */
+async function deviceSize(device) {
+  let info;
+  try {
+    info = await stat(device);
+  } catch (error) {
+    throw new Error(`root device ${device} missing (${error.code ?? error.message})`);
+  }
+  if (info.isFile()) return info.size;
+  if (!info.isBlockDevice()) throw new Error(`root device ${device} is neither a block device nor a file`);
+  const name = path.basename(await realpath(device));
+  const sectors = Number(readFileSync(`/sys/class/block/${name}/size`, 'utf8').trim());
+  return sectors * 512;
+}
+
+/** The response of a GET of `url` (status 200), TLS verified against the system's CAs and `ca`. */
+function download(url, ca, signal) {
+  return new Promise((resolve, reject) => {
+    const parsed = new URL(url);
+    const options = { signal, ...(parsed.protocol === 'https:' && ca && { ca: [...rootCertificates, ca] }) };
+    const get = parsed.protocol === 'https:' ? httpsGet : parsed.protocol === 'http:' ? httpGet : undefined;
+    if (!get) return reject(new Error(`image URL ${url}: not http or https`));
+    const request = get(url, options, (response) => {
+      if (response.statusCode !== 200) {
+        response.resume();
+        return reject(new Error(`HTTP status ${response.statusCode} for ${url}`));
+      }
+      resolve(response);
+    });
+    request.setTimeout(60_000, () => request.destroy(new Error(`no answer from ${url} within 60 s`)));
+    request.on('error', (error) => reject(new Error(`download of ${url} failed: ${error.message}`)));
+  });
+}
+
+// HeartbeatRequest.installation_report (3): OSInstallationReport { generation (1), success (2) | error (3) { error (1) } }.
+function installationReport(report) {
+  return Buffer.concat([
+    varintField(1, report.generation),
+    report.error === undefined ? field(2) : field(3, field(1, Buffer.from(report.error))),
+  ]);
+}
+
+/**
+ * HeartbeatResponse.installation_request (1), if any: OSInstallationRequest
+ * { generation (1), metropolis (2) | disk_image (100) { url (1), sha256 (2),
+ * root_device (3), compression (4: 1 is gzip), user_data (5) } }.
+ */
+function installationRequest(answer) {
+  const request = parseMessage(answer).get(1)?.at(-1);
+  if (!request) return undefined;
+  const fields = parseMessage(request);
+  const generation = fields.get(1)?.at(-1) ?? 0;
+  const image = fields.get(100)?.at(-1);
+  if (!image) return { generation, type: fields.has(2) ? 'metropolis' : 'unknown' };
+  const d = parseMessage(image);
+  const text = (n) => (d.get(n)?.at(-1) ?? Buffer.alloc(0)).toString('utf8');
+  return {
+    generation,
+    type: 'disk image',
+    diskImage: {
+      url: text(1),
+      sha256: text(2),
+      rootDevice: text(3),
+      gzip: d.get(4)?.at(-1) === 1,
+      userData: d.get(5)?.at(-1) ?? Buffer.alloc(0),
+    },
+  };
+}
+
+/** A message's fields by number: varints as numbers, length-delimited ones as buffers. */
+function parseMessage(bytes) {
+  const fields = new Map();
+  let offset = 0;
+  const varint = () => {
+    let value = 0;
+    for (let shift = 0; shift < 64; shift += 7) {
+      if (offset >= bytes.length) throw new Error('truncated varint in an answer');
+      const byte = bytes[offset++];
+      value += (byte & 0x7f) * 2 ** shift;
+      if (byte < 0x80) return value;
+    }
+    throw new Error('varint too long in an answer');
+  };
+  while (offset < bytes.length) {
+    const key = varint();
+    const number = Math.floor(key / 8);
+    const wireType = key % 8;
+    let value;
+    if (wireType === VARINT) value = varint();
+    else if (wireType === LEN) {
+      const length = varint();
+      value = bytes.subarray(offset, offset + length);
+      offset += length;
+    } else if (wireType === I64) offset += 8;
+    else if (wireType === I32) offset += 4;
+    else throw new Error(`unsupported wire type ${wireType} in an answer`);
+    if (value !== undefined) fields.set(number, [...(fields.get(number) ?? []), value]);
+  }
+  return fields;
 }
 
 function parseInterval(text) {
@@ -197,7 +444,8 @@ function sleep(ms, signal) {
 }
 
 // One unary gRPC call: a length-prefixed message out, grpc-status back (in the
-// trailers, or in the headers of a trailers-only answer). Resolves on OK.
+// trailers, or in the headers of a trailers-only answer). Resolves on OK with
+// the answer's message.
 function call(session, path, message, signal) {
   return new Promise((resolve, reject) => {
     const stream = session.request(
@@ -218,10 +466,12 @@ function call(session, path, message, signal) {
       take(headers);
     });
     stream.on('trailers', take);
-    stream.on('data', () => {});
+    const chunks = [];
+    stream.on('data', (chunk) => chunks.push(chunk));
     stream.on('error', reject);
     stream.on('close', () => {
-      if (status === 0) resolve();
+      const body = Buffer.concat(chunks);
+      if (status === 0) resolve(body.length >= 5 ? body.subarray(5, 5 + body.readUInt32BE(1)) : Buffer.alloc(0));
       else if (status === undefined) reject(new Error('no gRPC status'));
       else reject(new Error(`gRPC status ${status}${statusMessage ? `: ${statusMessage}` : ''}`));
     });

@@ -54,7 +54,9 @@ const DEFAULT_AUDIT_INTERVAL = 60_000;
  * (read from the provider at that moment) is powered on instead. Then it
  * deletes AgentStarted and AgentHeartbeat, so the initializer starts the
  * agent again. Failures back off 1 min → 1 h × 1.2. Held machines are left
- * alone: the selection leaves them out.
+ * alone: the selection leaves them out; so are installed ones (their agent
+ * tags went with the report) and, while they show life within
+ * `installingHeartbeatWithin` (1 h), machines installing.
  *
  * A heartbeat stamped in the future (a writer's clock ahead, or bad data)
  * makes its agent look alive until then, however silent it is: `run` logs

@@ -8,6 +8,8 @@ import {
   type MachineDetail,
   type MachineFilter,
   type MachineSummary,
+  type OSInstallation,
+  type OSInstallationCounts,
   Queries,
   type RecentFailure,
   type RecoveryThresholds,
@@ -41,6 +43,8 @@ export interface Overview extends FleetControl {
   readonly sessions: readonly LiveSession[];
   readonly backoffCauses: readonly BackoffCause[];
   readonly recentFailures: readonly RecentFailure[];
+  /** Machines per OS installation state. */
+  readonly installations: OSInstallationCounts;
 }
 
 /**
@@ -57,6 +61,7 @@ export async function readOverview(db: BMDBReader, thresholds: RecoveryThreshold
       sessions: await q.liveSessions(),
       backoffCauses: await q.backoffCauses({ limit: 20 }),
       recentFailures: await q.recentFailures({ limit: 20 }),
+      installations: await q.osInstallationCounts(),
     })),
   ]);
   return { ...stages, ...rest };
@@ -93,8 +98,14 @@ export async function readMachineList(
   });
 }
 
+/** An installation as the page shows it: the user-data's size, never its contents (it may hold secrets). */
+export interface InstallationView extends Omit<OSInstallation, 'userData'> {
+  readonly userDataBytes: number;
+}
+
 /** A machine's page: its detail with the agent key as a fingerprint only. */
-export interface MachineView extends Omit<MachineDetail, 'agentPublicKey'> {
+export interface MachineView extends Omit<MachineDetail, 'agentPublicKey' | 'osInstallation'> {
+  readonly osInstallation: InstallationView | null;
   readonly now: Date;
   /** `SHA256:…` of the agent's public key, if started. */
   readonly agentKeyFingerprint: string | null;
@@ -110,14 +121,20 @@ export async function readMachine(
   return readOnly(db, async (q) => {
     const detail = await q.machineDetail(machineId, { ...thresholds, historyLimit: 500 });
     if (detail === undefined) return undefined;
-    const { agentPublicKey, ...rest } = detail;
+    const { agentPublicKey, osInstallation, ...rest } = detail;
     return {
       ...rest,
+      osInstallation: osInstallation && installationView(osInstallation),
       now: await q.now(),
       agentKeyFingerprint: agentPublicKey === null ? null : fingerprint(agentPublicKey),
       consoleUrl: detail.provided ? consoleUrl(detail.provided.provider, detail.provided.providerId) : null,
     };
   });
+}
+
+function installationView(installation: OSInstallation): InstallationView {
+  const { userData, ...rest } = installation;
+  return { ...rest, userDataBytes: userData?.length ?? 0 };
 }
 
 /** The machine ID a search term names exactly (a machine ID or a unique provider ID), if any. */

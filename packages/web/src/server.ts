@@ -7,6 +7,7 @@ import {
   MACHINE_STAGES,
   type MachineFilter,
   type MachineStage,
+  OSInstallationState,
   PowerState,
   type RecoveryThresholds,
 } from '@bmaas/bmdb-controlloop';
@@ -330,8 +331,25 @@ function parseFilter(params: URLSearchParams, api: boolean): MachineFilter {
     }
     filter.powerState = power as MachineFilter['powerState'];
   }
+  const installation = value('installation');
+  if (installation !== undefined) {
+    if (!INSTALLATION_FILTERS.includes(installation)) {
+      throw new BadRequest(
+        `installation ${JSON.stringify(installation)} is not an installation state: want one of ${INSTALLATION_FILTERS.join(', ')}`,
+      );
+    }
+    filter.installation = installation as OSInstallationState;
+  }
   return filter;
 }
+
+/** Generations are bigints: numbers in JSON (they stay far below 2^53). */
+function jsonValue(_key: string, value: unknown): unknown {
+  return typeof value === 'bigint' ? Number(value) : value;
+}
+
+/** The `installation` filter's values. */
+const INSTALLATION_FILTERS: readonly string[] = Object.values(OSInstallationState);
 
 /** The `power` filter's values: the power states, and `Unread` for machines never read. */
 const POWER_FILTERS: readonly string[] = [...Object.values(PowerState), 'Unread'];
@@ -365,7 +383,7 @@ function sendPage(response: ServerResponse, status: number, frame: Frame, conten
 
 function sendJson(response: ServerResponse, status: number, body: unknown): void {
   response.writeHead(status, { ...SECURITY_HEADERS, 'content-type': 'application/json; charset=utf-8' });
-  response.end(`${JSON.stringify(body, null, 2)}\n`);
+  response.end(`${JSON.stringify(body, jsonValue, 2)}\n`);
 }
 
 /** A fleet page listening on a port. */

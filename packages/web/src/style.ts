@@ -44,6 +44,11 @@ h1 .id { font-size: 1.15rem; }
 .power-On { color: var(--ok); border-color: var(--ok); }
 .power-Off { color: var(--bad); border-color: var(--bad); }
 .power-PoweringOn, .power-PoweringOff { color: var(--warn); border-color: var(--warn); }
+.install { display: inline-block; padding: 0 .45rem; border-radius: 1rem; font-size: .8rem; white-space: nowrap;
+  border: 1px solid var(--line); }
+.install-Succeeded, .stage-installed { color: var(--ok); border-color: var(--ok); }
+.install-Failed { color: var(--bad); border-color: var(--bad); }
+.install-Requested, .install-Delivered { color: var(--warn); border-color: var(--warn); }
 .held { display: inline-block; padding: 0 .45rem; border-radius: 1rem; font-size: .8rem; font-weight: 600;
   color: var(--warn); border: 1px solid var(--warn); }
 .ev-Succeeded { color: var(--ok); }

@@ -84,7 +84,7 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
 
   test('loads the overview, the hostile cause shown as text and never run', async () => {
     await page.goto(open.url);
-    expect(await text('h1')).toBe('Fleet: 7 machines');
+    expect(await text('h1')).toBe('Fleet: 8 machines');
     const bars = await page.$$eval('table.chart rect.fill', (rects) => rects.map((r) => r.getAttribute('width')));
     expect(bars).toContain('100.0%');
     const causes = await page.$$eval('td.cause', (cells) => cells.map((c) => c.textContent));
@@ -223,7 +223,7 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
       await guest.type('input[name="token"]', TOKEN);
       await Promise.all([guest.waitForNavigation(), guest.click('form button[type="submit"]')]);
       expect(new URL(guest.url()).pathname).toBe('/machines');
-      expect(await guest.$$eval('tbody tr', (rows) => rows.length)).toBe(7);
+      expect(await guest.$$eval('tbody tr', (rows) => rows.length)).toBe(8);
       const [cookie] = (await guest.cookies()).filter((c) => c.name === 'shepherd_web_session');
       expect(cookie).toMatchObject({ secure: true, httpOnly: true, sameSite: 'Strict' });
       await guest.screenshot({ path: path.join(SCREENSHOTS, 'machines-https.png') });

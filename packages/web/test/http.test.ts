@@ -64,6 +64,7 @@ async function bmdbDigest(): Promise<string> {
     'machine_hold',
     'machine_power_state',
     'operator_history',
+    'machine_os_installation_request',
   ];
   const parts: string[] = [];
   for (const table of tables) {
@@ -79,7 +80,7 @@ describe('pages', () => {
   test('the overview shows stages with a chart, sessions, work, backoffs by cause and failures, the cause as text', async () => {
     const before = await bmdbDigest();
     const body = await page('/');
-    expect(body).toContain('Fleet: 7 machines');
+    expect(body).toContain('Fleet: 8 machines');
     expect(body).toMatch(/<svg role="img" aria-label="heartbeating: 1"/);
     expect(body).toContain('shepherd-initializer');
     expect(body).toContain('href="/machines?work=ShepherdAgentStart"');
@@ -117,7 +118,7 @@ describe('pages', () => {
     expect(body).toMatch(/<a href="\/machines\?power=On">on<\/a><\/td><td class="num">1<\/td>/);
     expect(body).toMatch(/<a href="\/machines\?power=Off">off<\/a><\/td><td class="num">1<\/td>/);
     expect(body).toMatch(/<a href="\/machines\?power=PoweringOn">powering on<\/a><\/td><td class="num">1<\/td>/);
-    expect(body).toMatch(/<a href="\/machines\?power=Unread">not read yet<\/a><\/td><td class="num">3<\/td>/);
+    expect(body).toMatch(/<a href="\/machines\?power=Unread">not read yet<\/a><\/td><td class="num">4<\/td>/);
     expect(body).toContain('1 machine: last power state read failed');
   });
 
@@ -139,7 +140,7 @@ describe('pages', () => {
     expect(off).toMatch(/<span class="power power-Off" title="read (now|\d+ s ago), [^"]+ UTC">off<\/span>/);
     expect(rows(await page('/machines?power=On'))).toEqual([fleet.heartbeating]);
     expect(rows(await page('/machines?power=Unread')).sort()).toEqual(
-      [fleet.provided, fleet.agentStarting, fleet.backedOff].sort(),
+      [fleet.provided, fleet.agentStarting, fleet.backedOff, fleet.installed].sort(),
     );
     expect(rows(await page('/machines?power=PoweringOn&held=no'))).toEqual([fleet.agentStarted]);
     expect(rows(await page('/machines?power=Off&held=no'))).toEqual([]);
@@ -147,6 +148,48 @@ describe('pages', () => {
     const list = await json('/api/machines?power=Unread&limit=1');
     expect(list.nextUrl).toBe(`/api/machines?power=Unread&after=${list.next}`);
     expect(list.filter).toMatchObject({ powerState: 'Unread' });
+  });
+
+  test('installations: counted per state on the overview, a column and filter of the table, the request on the machine page', async () => {
+    const rows = (body: string) =>
+      [...body.matchAll(/<a class="id" href="\/machines\/([0-9a-f-]{36})">/g)].map((m) => m[1]);
+    const overview = await page('/');
+    expect(overview).toMatch(
+      /<a href="\/machines\?installation=Succeeded"><span class="install install-Succeeded">installed<\/span><\/a><\/td><td class="num">1<\/td>/,
+    );
+    expect(overview).toMatch(
+      /installation=Failed"><span class="install install-Failed">failed<\/span><\/a><\/td><td class="num">1</,
+    );
+    expect(overview).toMatch(/<svg role="img" aria-label="installed: 1"/);
+    const failed = await page('/machines?installation=Failed');
+    expect(rows(failed)).toEqual([fleet.installationFailed]);
+    expect(failed).toContain(
+      '<span class="install install-Failed" title="generation 1">failed</span> <span class="muted">gen 1</span>',
+    );
+    expect(failed).toContain('<option value="Failed" selected>failed</option>');
+    expect(rows(await page('/machines?installation=Succeeded'))).toEqual([fleet.installed]);
+    expect(rows(await page('/machines?stage=installed'))).toEqual([fleet.installed]);
+    expect(rows(await page('/machines?installation=Delivered'))).toEqual([]);
+    const machine = await page(`/machines/${fleet.installationFailed}`);
+    expect(machine).toContain('http://images.example.com/broken.img (raw) onto /dev/vda');
+    expect(machine).toContain(`sha256 ${'cd'.repeat(32)}`);
+    expect(machine).toMatch(/requested by alice@ops <time[^>]*>[^<]+<\/time>; delivered to its agent <time/);
+    // The agent's error is shown as text, never run.
+    expect(machine).toContain('<div class="cause">&lt;script&gt;alert(&quot;pwned&quot;)');
+    expect(machine).not.toContain('<script>');
+    const api = await json(`/api/machines/${fleet.installed}`);
+    expect(api).toMatchObject({
+      stage: 'installed',
+      installation: { state: 'Succeeded', generation: 2 },
+      osInstallation: {
+        state: 'Succeeded',
+        generation: 2,
+        imageUrl: 'https://images.example.com/debian-12.img.gz',
+        userDataBytes: 0,
+      },
+    });
+    expect(api.osInstallation).not.toHaveProperty('userData');
+    expect((await get('/machines?installation=Done')).status).toBe(400);
   });
 
   test('search finds by ID prefix; an exact machine or provider ID goes straight to its page', async () => {
@@ -249,7 +292,7 @@ describe('pages', () => {
 describe('JSON', () => {
   test('/api/overview', async () => {
     const body = await json('/api/overview');
-    expect(body.machines).toBe(7);
+    expect(body.machines).toBe(8);
     expect(body.stages).toEqual({
       unprovided: 1,
       provided: 2,
@@ -257,13 +300,15 @@ describe('JSON', () => {
       agentStarted: 1,
       heartbeating: 1,
       awaitingRecovery: 1,
+      installed: 1,
     });
+    expect(body.installations).toEqual({ Requested: 0, Delivered: 0, Succeeded: 1, Failed: 1, Canceled: 0 });
     expect(body.liveWork).toEqual({ ShepherdAgentStart: 1 });
     expect(body.sessions[0]).toMatchObject({ sessionId: fleet.session.id, processor: 'shepherd-initializer' });
     expect(body.backoffCauses[0]).toMatchObject({ cause: HOSTILE_CAUSE, machines: 1 });
     expect(body.recentFailures[0]).toMatchObject({ machineId: fleet.backedOff, cause: HOSTILE_CAUSE });
     expect(body.held).toBe(1);
-    expect(body.powerStates).toEqual({ On: 1, Off: 1, PoweringOn: 1, PoweringOff: 0, Unknown: 0, Unread: 3 });
+    expect(body.powerStates).toEqual({ On: 1, Off: 1, PoweringOn: 1, PoweringOff: 0, Unknown: 0, Unread: 4 });
     expect(body.powerReadFailed).toBe(1);
   });
 

@@ -1,9 +1,14 @@
-import type { AgentHeartbeat, AgentHeartbeatResult } from '../agent-heartbeat.js';
+import type { AgentHeartbeat, AgentHeartbeatAnswer } from '../agent-heartbeat.js';
+import type { OSImageCompression } from '../schema.js';
 import { Batcher } from './batcher.js';
 import { hardwareTotals } from './hardware-totals.js';
 import { onePerMachine } from './machine-batches.js';
 import type { PreparedStatements } from './prepared.js';
 import type { RunStatement } from './retry.js';
+
+/** The answers without a request: most heartbeats get one of these two, shared. */
+const UNAUTHENTICATED: AgentHeartbeatAnswer = { result: 'unauthenticated' };
+const RECORDED: AgentHeartbeatAnswer = { result: 'recorded', installationRequest: undefined };
 
 /** Most heartbeats in one statement. */
 const MAX_BATCH = 256;
@@ -15,9 +20,29 @@ const PROCESSOR = 'agent-callback';
  * The heartbeats of a batch, one array element per heartbeat. The statement
  * keeps those whose machine has an AgentStarted tag with the same public key
  * (`authenticated`), and for each sets AgentHeartbeat to now and stores the
- * reports sent (a hardware report with its totals, for the fleet gauges); it
- * returns their positions. A heartbeat with an unknown machine or another key
- * writes nothing.
+ * hardware report sent (with its totals, for the fleet gauges); it returns
+ * their positions, and the installation request each one's machine is to be
+ * handed. A heartbeat with an unknown machine or another key writes nothing.
+ *
+ * The OS installation part (migration 0007) costs a key probe per heartbeat
+ * into `machine_os_installation_request`, and writes only when something
+ * changes:
+ * - `open`: the machine's request still waiting for its report (`Requested`
+ *   or `Delivered`), with whether this heartbeat reports on its generation
+ *   (`result`), and whether it may be handed out: not while an operator
+ *   holds the machine, nor while a recovery of it is under way (the reboot
+ *   would cut the installation short).
+ * - A report of that generation is stored, and the request marked
+ *   `Succeeded` or `Failed` (with the agent's error); a report of any other
+ *   generation is ignored. A request handed out for the first time is marked
+ *   `Delivered`. The UPDATE re-checks the generation on the row's latest
+ *   version, so a new request committed meanwhile is left as it is.
+ * - On `Succeeded` the machine runs its OS, not the agent: its AgentStarted
+ *   and AgentHeartbeat go (as after a recovery), and migration 0007's
+ *   triggers keep it out of the machines pending an agent start; its
+ *   heartbeat is not upserted, so no row is written twice by one statement.
+ * - `pending`: what the answer carries, every heartbeat until the report
+ *   (the agent recognizes a generation it is already installing).
  *
  * `FOR KEY SHARE` holds the AgentStarted row until the statement ends, so a
  * recovery deleting it either committed first (the row is re-checked, gone,
@@ -29,17 +54,51 @@ const PROCESSOR = 'agent-callback';
  */
 const HEARTBEAT_SQL = `
   WITH requests AS (
-    SELECT * FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::bigint[], $5::text[], $6::bytea[],
-                         $7::bigint[], $8::bigint[], $9::int[], $10::bigint[])
+    SELECT * FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::bigint[], $5::text[], $6::bytea[], $7::text[],
+                         $8::bigint[], $9::bigint[], $10::int[], $11::bigint[])
       WITH ORDINALITY AS r (machine_id, public_key, hardware_report, generation, result, installation_report,
-                            cpu_threads, memory_bytes, disks, disk_bytes, ord)),
+                            installation_error, cpu_threads, memory_bytes, disks, disk_bytes, ord)),
   authenticated AS (
     SELECT r.* FROM requests r JOIN machine_agent_started a ON a.machine_id = r.machine_id
     WHERE a.machine_id = ANY ($1::uuid[]) AND a.agent_public_key = r.public_key
     FOR KEY SHARE OF a),
+  open AS (
+    SELECT a.ord, a.machine_id, a.installation_report, a.installation_error, q.generation, q.installation_state,
+      q.image_url, q.image_sha256, q.root_device, q.compression, q.user_data,
+      CASE WHEN a.generation = q.generation THEN a.result END AS result,
+      NOT EXISTS (SELECT 1 FROM machine_hold hd WHERE hd.machine_id = a.machine_id)
+        AND NOT EXISTS (SELECT 1 FROM work w JOIN sessions s ON s.session_id = w.session_id
+          WHERE w.machine_id = a.machine_id AND w.process = 'ShepherdRecovery' AND s.deadline > now())
+        AS deliverable
+    FROM authenticated a JOIN machine_os_installation_request q ON q.machine_id = a.machine_id
+    WHERE q.installation_state IN ('Requested', 'Delivered')),
+  installation AS (
+    INSERT INTO machine_os_installation_report
+      (machine_id, generation, os_installation_result, os_installation_report_raw, os_installation_reported_at)
+    SELECT machine_id, generation, result, installation_report, now() FROM open WHERE result IS NOT NULL
+    ON CONFLICT (machine_id) DO UPDATE
+    SET generation = excluded.generation, os_installation_result = excluded.os_installation_result,
+        os_installation_report_raw = excluded.os_installation_report_raw,
+        os_installation_reported_at = excluded.os_installation_reported_at),
+  marked AS (
+    UPDATE machine_os_installation_request q
+    SET installation_state = CASE o.result WHEN 'Success' THEN 'Succeeded' WHEN 'Error' THEN 'Failed'
+                                           ELSE 'Delivered' END,
+        delivered_at = coalesce(q.delivered_at, now()),
+        installation_ended_at = CASE WHEN o.result IS NOT NULL THEN now() END,
+        installation_error = CASE WHEN o.result = 'Error'
+          THEN coalesce(nullif(o.installation_error, ''), 'the agent reported an error without a message') END
+    FROM open o
+    WHERE q.machine_id = o.machine_id AND q.generation = o.generation
+      AND q.installation_state IN ('Requested', 'Delivered')
+      AND (o.result IS NOT NULL OR (q.installation_state = 'Requested' AND o.deliverable))
+    RETURNING q.machine_id, q.installation_state),
+  installed AS (SELECT machine_id FROM marked WHERE installation_state = 'Succeeded'),
+  agent_gone AS (DELETE FROM machine_agent_started WHERE machine_id IN (SELECT machine_id FROM installed)),
+  heartbeat_gone AS (DELETE FROM machine_agent_heartbeat WHERE machine_id IN (SELECT machine_id FROM installed)),
   heartbeats AS (
     INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at)
-    SELECT machine_id, now() FROM authenticated
+    SELECT machine_id, now() FROM authenticated WHERE machine_id NOT IN (SELECT machine_id FROM installed)
     ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heartbeat_at),
   hardware AS (
     INSERT INTO machine_hardware_report
@@ -49,17 +108,24 @@ const HEARTBEAT_SQL = `
     ON CONFLICT (machine_id) DO UPDATE
     SET hardware_report_raw = excluded.hardware_report_raw, hardware_reported_at = excluded.hardware_reported_at,
         cpu_threads = excluded.cpu_threads, memory_bytes = excluded.memory_bytes, disks = excluded.disks,
-        disk_bytes = excluded.disk_bytes),
-  installation AS (
-    INSERT INTO machine_os_installation_report
-      (machine_id, generation, os_installation_result, os_installation_report_raw, os_installation_reported_at)
-    SELECT machine_id, generation, result, installation_report, now() FROM authenticated
-    WHERE installation_report IS NOT NULL
-    ON CONFLICT (machine_id) DO UPDATE
-    SET generation = excluded.generation, os_installation_result = excluded.os_installation_result,
-        os_installation_report_raw = excluded.os_installation_report_raw,
-        os_installation_reported_at = excluded.os_installation_reported_at)
-  SELECT coalesce(array_agg(ord::int), '{}') AS authenticated FROM authenticated`;
+        disk_bytes = excluded.disk_bytes)
+  SELECT coalesce(array_agg(ord::int), '{}') AS authenticated,
+    (SELECT json_agg(json_build_object('ord', o.ord, 'generation', o.generation::text, 'imageUrl', o.image_url,
+        'imageSha256', o.image_sha256, 'rootDevice', o.root_device, 'compression', o.compression,
+        'userData', encode(o.user_data, 'base64')))
+     FROM open o WHERE o.result IS NULL AND o.deliverable) AS pending
+  FROM authenticated`;
+
+/** A pending request as the statement returns it (JSON). */
+interface PendingRow {
+  readonly ord: number;
+  readonly generation: string;
+  readonly imageUrl: string;
+  readonly imageSha256: string;
+  readonly rootDevice: string;
+  readonly compression: OSImageCompression;
+  readonly userData: string | null;
+}
 
 /**
  * Records agent heartbeats, batched: the heartbeats arriving while one
@@ -69,7 +135,7 @@ const HEARTBEAT_SQL = `
  * machine, so that its writes never meet on a row.
  */
 export class AgentHeartbeats {
-  readonly #batcher: Batcher<AgentHeartbeat, AgentHeartbeatResult>;
+  readonly #batcher: Batcher<AgentHeartbeat, AgentHeartbeatAnswer>;
 
   constructor(
     private readonly prepared: PreparedStatements,
@@ -83,11 +149,11 @@ export class AgentHeartbeats {
     });
   }
 
-  record(heartbeat: AgentHeartbeat): Promise<AgentHeartbeatResult> {
+  record(heartbeat: AgentHeartbeat): Promise<AgentHeartbeatAnswer> {
     return this.#batcher.submit(heartbeat);
   }
 
-  async #send(heartbeats: readonly AgentHeartbeat[]): Promise<AgentHeartbeatResult[]> {
+  async #send(heartbeats: readonly AgentHeartbeat[]): Promise<AgentHeartbeatAnswer[]> {
     this.onBatch(heartbeats.length);
     // Each report's totals, for the fleet's hardware gauges; null where it cannot be read.
     const totals = heartbeats.map((h) => (h.hardwareReport ? hardwareTotals(h.hardwareReport) : undefined));
@@ -98,15 +164,35 @@ export class AgentHeartbeats {
       heartbeats.map((h) => h.installationReport?.generation.toString() ?? null),
       heartbeats.map((h) => h.installationReport?.result ?? null),
       heartbeats.map((h) => (h.installationReport ? Buffer.from(h.installationReport.raw) : null)),
+      heartbeats.map((h) => h.installationReport?.error ?? null),
       totals.map((t) => t?.cpuThreads ?? null),
       totals.map((t) => t?.memoryBytes ?? null),
       totals.map((t) => t?.disks ?? null),
       totals.map((t) => t?.diskBytes ?? null),
     ];
     const [row] = await this.run([PROCESSOR], () =>
-      this.prepared.query<{ authenticated: number[] }>({ sql: HEARTBEAT_SQL, parameters }),
+      this.prepared.query<{ authenticated: number[]; pending: PendingRow[] | null }>({
+        sql: HEARTBEAT_SQL,
+        parameters,
+      }),
     );
     const authenticated = new Set(row?.authenticated ?? []);
-    return heartbeats.map((_, i) => (authenticated.has(i + 1) ? 'recorded' : 'unauthenticated'));
+    const pending = new Map((row?.pending ?? []).map((p) => [p.ord, p]));
+    return heartbeats.map((_, i) => {
+      if (!authenticated.has(i + 1)) return UNAUTHENTICATED;
+      const request = pending.get(i + 1);
+      if (request === undefined) return RECORDED;
+      return {
+        result: 'recorded',
+        installationRequest: {
+          generation: BigInt(request.generation),
+          imageUrl: request.imageUrl,
+          imageSha256: request.imageSha256,
+          rootDevice: request.rootDevice,
+          compression: request.compression,
+          userData: request.userData === null ? undefined : Buffer.from(request.userData, 'base64'),
+        },
+      };
+    });
   }
 }

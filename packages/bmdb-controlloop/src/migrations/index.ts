@@ -8,6 +8,7 @@ import * as agentReports from './0003_agent_reports.js';
 import * as fleetPage from './0004_fleet_page.js';
 import * as leanTriggers from './0005_lean_triggers.js';
 import * as operatorControl from './0006_operator_control.js';
+import * as osInstallation from './0007_os_installation.js';
 import * as fleetMetrics from './0008_fleet_metrics.js';
 
 /**
@@ -21,6 +22,7 @@ const MIGRATIONS: Record<string, Migration> = {
   '0004_fleet_page': fleetPage,
   '0005_lean_triggers': leanTriggers,
   '0006_operator_control': operatorControl,
+  '0007_os_installation': osInstallation,
   '0008_fleet_metrics': fleetMetrics,
 };
 

@@ -4,7 +4,7 @@ import { type Database, type MachineProvidedRow, Process, SHEPHERD_PROCESSES } f
 import { type Selection, selectionFor } from '../selection.js';
 import { hasLiveWork, inBackoff, isHeld } from './conditions.js';
 import { type ProvidedMachine, toProvidedMachine } from './provided-tags.js';
-import { type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
+import { installingRecently, type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
 
 export async function machinesForAgentStart(
   db: Kysely<Database>,
@@ -46,7 +46,8 @@ export function agentRecoverySelection(
 
 /**
  * The candidates come from `machine_agent_pending` (provided machines
- * without AgentStarted, kept by triggers of migration 0002 in the same
+ * without AgentStarted and not installed, kept by triggers of migrations
+ * 0002 and 0007 in the same
  * transaction as the tags): index range scans, however many machines are
  * started. They are read from a random machine ID onwards, then from the
  * start of the range up to it, so parallel claims start at different
@@ -74,10 +75,13 @@ function agentStartQuery(db: Kysely<Database>, provider: string) {
  * Lost agents come from two index range scans, one per way of going
  * silent: heartbeats older than the threshold (`machine_agent_heartbeat_at_idx`),
  * and agents without any heartbeat started before it (the partial
- * `machine_agent_started_silent_idx`). Healthy machines are in neither.
+ * `machine_agent_started_silent_idx`). Healthy machines are in neither, and
+ * neither are installed ones: their agent tags went with their report
+ * (migration 0007). A machine installing is left alone while it shows life
+ * within the installing threshold (a key probe per silent candidate).
  */
 function agentRecoveryQuery(db: Kysely<Database>, options: { provider: string } & RecoveryThresholds) {
-  const { firstWithin, within } = thresholdSeconds(options);
+  const { firstWithin, within, installingWithin } = thresholdSeconds(options);
   const silent = db
     .selectFrom('machine_agent_heartbeat as h')
     .innerJoin('machine_agent_started as a', 'a.machine_id', 'h.machine_id')
@@ -98,7 +102,8 @@ function agentRecoveryQuery(db: Kysely<Database>, options: { provider: string } 
     .where('mp.machine_id', 'in', silent)
     .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', SHEPHERD_PROCESSES)}`)
     .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', 'ShepherdRecovery')}`)
-    .where(sql<boolean>`NOT ${isHeld('mp.machine_id')}`);
+    .where(sql<boolean>`NOT ${isHeld('mp.machine_id')}`)
+    .where(sql<boolean>`NOT ${installingRecently('mp.machine_id', installingWithin)}`);
 }
 
 /**

@@ -52,14 +52,16 @@ export interface ProcessorSessions {
 }
 
 /** A count of one part of the stage arithmetic, for one provider and location. */
-type Part = 'provided' | 'pending' | 'starting' | 'silent' | 'silentLost' | 'stale';
+type Part = 'provided' | 'pending' | 'installed' | 'starting' | 'silent' | 'silentLost' | 'stale';
 
 /**
  * Machines per stage, provider and location. As {@link fleetStages}: the
  * provided machines of each place (from `fleet_location_totals`, a few rows
  * a place, kept by triggers) and the small sets of pending, starting, silent
  * and stale ones, each joined to its machine's Provided tag by key. Its cost
- * grows with those sets, not with the fleet.
+ * grows with those sets, not with the fleet, and with the installed machines
+ * (an index range of `machine_os_installation_request_state_idx` and a key
+ * probe each), which a fleet of installed machines makes most of the fleet.
  */
 export async function fleetStagesByLocation(
   db: Kysely<Database>,
@@ -72,6 +74,12 @@ export async function fleetStagesByLocation(
     UNION ALL
     SELECT 'pending', mp.provider, coalesce(mp.provider_location, ''), count(*)::int
     FROM machine_agent_pending p JOIN machine_provided mp ON mp.machine_id = p.machine_id
+    GROUP BY 2, 3
+    UNION ALL
+    SELECT 'installed', mp.provider, coalesce(mp.provider_location, ''), count(*)::int
+    FROM machine_os_installation_request q JOIN machine_provided mp ON mp.machine_id = q.machine_id
+    WHERE q.installation_state = 'Succeeded'
+      AND NOT EXISTS (SELECT 1 FROM machine_agent_started a WHERE a.machine_id = q.machine_id)
     GROUP BY 2, 3
     UNION ALL
     SELECT 'starting', mp.provider, coalesce(mp.provider_location, ''), count(*)::int
@@ -111,6 +119,7 @@ export async function fleetStagesByLocation(
         location: row.location,
         provided: 0,
         pending: 0,
+        installed: 0,
         starting: 0,
         silent: 0,
         silentLost: 0,
@@ -134,8 +143,9 @@ export async function fleetStagesByLocation(
           provided: n.pending - n.starting,
           agentStarting: n.starting,
           agentStarted: n.silent,
-          heartbeating: n.provided - n.pending - silent - n.stale,
+          heartbeating: n.provided - n.pending - n.installed - silent - n.stale,
           awaitingRecovery: n.silentLost + n.stale,
+          installed: n.installed,
         },
       };
     });

@@ -1,13 +1,14 @@
 /** The fleet page's machine table and machine detail. */
 import { type Kysely, type RawBuilder, sql } from 'kysely';
-import type { Database, PowerState, ProviderStatus } from '../schema.js';
+import type { Database, OSInstallationState, PowerState, ProviderStatus } from '../schema.js';
 import { type WorkBackoffEntry, workBackoffs } from './backoffs.js';
 import { hasLiveWork } from './conditions.js';
-import type { MachineStage } from './fleet-stats.js';
+import { isInstalled, type MachineStage } from './fleet-stats.js';
 import { LIFECYCLE_ORDER, toHistoryEntry, type WorkHistoryEntry } from './history.js';
 import type { MachineHold } from './holds.js';
 import { drivingIds, type MachineFilter, powerStateIs, searchCondition } from './machine-filter.js';
 import { type OperatorHistoryEntry, operatorHistory } from './operator-history.js';
+import { type OSInstallation, osInstallation } from './os-installation.js';
 import { type PowerStateRecord, toPowerStateRecord } from './power-state.js';
 import { type ProvidedMachine, toProvidedMachine } from './provided-tags.js';
 import { lostAgent, type RecoveryThresholds } from './recovery-thresholds.js';
@@ -32,6 +33,8 @@ export interface MachineSummary {
   /** The power state last read (`null`: never read, or not provided) and when. */
   readonly powerState: PowerState | null;
   readonly powerStateReadAt: Date | null;
+  /** Where its OS installation request stands, and its generation; `null`: never requested. */
+  readonly installation: { readonly state: OSInstallationState; readonly generation: bigint } | null;
 }
 
 /** One page of {@link Queries.machinePage}. */
@@ -56,6 +59,8 @@ export interface LiveWorkItem {
 export interface MachineDetail extends Omit<MachineSummary, 'liveWork' | 'backoffs'> {
   /** The last power state read, with its failure if the last read failed; `null` for an unprovided machine. */
   readonly power: PowerStateRecord | null;
+  /** Its OS installation request (generation, image, delivered, outcome, error), if one was ever made. */
+  readonly osInstallation: OSInstallation | null;
   /** What people did to the machine (holds, power actions), newest first, up to `historyLimit` entries. */
   readonly operatorHistory: readonly OperatorHistoryEntry[];
   /** The agent's public key (AgentStarted tag), if started. */
@@ -126,6 +131,10 @@ export async function machinePage(
     conditions.push(sql<boolean>`EXISTS (SELECT 1 FROM machine_power_state fps
       WHERE fps.machine_id = ids.machine_id AND ${powerStateIs('fps', filter.powerState)})`);
   }
+  if (filter.installation !== undefined) {
+    conditions.push(sql<boolean>`EXISTS (SELECT 1 FROM machine_os_installation_request fi
+      WHERE fi.machine_id = ids.machine_id AND fi.installation_state = ${filter.installation})`);
+  }
   if (search !== undefined && filter.stage !== undefined) conditions.push(searchCondition(search));
   const { rows } = await sql<MachineSummaryRow>`
     SELECT ${machineColumns(thresholds)}
@@ -140,6 +149,7 @@ export async function machinePage(
     LEFT JOIN machine_agent_heartbeat h ON h.machine_id = m.machine_id
     LEFT JOIN machine_hold hd ON hd.machine_id = m.machine_id
     LEFT JOIN machine_power_state ps ON ps.machine_id = m.machine_id
+    LEFT JOIN machine_os_installation_request iq ON iq.machine_id = m.machine_id
     ORDER BY m.machine_id`.execute(db);
   const machines = rows.slice(0, limit).map(toMachineSummary);
   return { machines, next: rows.length > limit ? machines.at(-1)?.machineId : undefined };
@@ -167,6 +177,7 @@ export async function machineDetail(
     LEFT JOIN machine_agent_heartbeat h ON h.machine_id = m.machine_id
     LEFT JOIN machine_hold hd ON hd.machine_id = m.machine_id
     LEFT JOIN machine_power_state ps ON ps.machine_id = m.machine_id
+    LEFT JOIN machine_os_installation_request iq ON iq.machine_id = m.machine_id
     WHERE m.machine_id = ${machineId}::uuid`.execute(db);
   const row = rows[0];
   if (row === undefined) return undefined;
@@ -213,6 +224,7 @@ export async function machineDetail(
             power_read_failed_at: row.power_read_failed_at,
             power_read_failed_cause: row.power_read_failed_cause,
           }),
+    osInstallation: (await osInstallation(db, machineId)) ?? null,
     operatorHistory: await operatorHistory(db, machineId, { newestFirst: true, limit: historyLimit }),
     liveWork: work.map((w) => ({
       process: w.process,
@@ -233,7 +245,8 @@ function stageOf(thresholds: RecoveryThresholds): RawBuilder<MachineStage> {
   return sql<MachineStage>`CASE
     WHEN mp.machine_id IS NULL THEN 'unprovided'
     WHEN a.machine_id IS NULL THEN
-      CASE WHEN ${hasLiveWork('m.machine_id', ['ShepherdAgentStart'])} THEN 'agentStarting' ELSE 'provided' END
+      CASE WHEN ${isInstalled('m.machine_id')} THEN 'installed'
+           WHEN ${hasLiveWork('m.machine_id', ['ShepherdAgentStart'])} THEN 'agentStarting' ELSE 'provided' END
     WHEN ${lostAgent(thresholds)} THEN 'awaitingRecovery'
     WHEN h.machine_id IS NULL THEN 'agentStarted'
     ELSE 'heartbeating' END`;
@@ -259,16 +272,19 @@ interface MachineSummaryRow {
   held_at: Date | null;
   power_state: PowerState | null;
   power_state_read_at: Date | null;
+  installation_state: OSInstallationState | null;
+  installation_generation: string | null;
 }
 
 /**
- * The columns of {@link MachineSummaryRow}, over aliases `m`, `mp`, `a`, `h`, `hd` (hold) and `ps` (power
- * state); each subquery reads one machine's rows.
+ * The columns of {@link MachineSummaryRow}, over aliases `m`, `mp`, `a`, `h`, `hd` (hold), `ps` (power
+ * state) and `iq` (installation request); each subquery reads one machine's rows.
  */
 function machineColumns(thresholds: RecoveryThresholds): RawBuilder<unknown> {
   return sql`m.machine_id, m.machine_created_at, mp.provider, mp.provider_id, mp.provider_reservation_id,
     mp.provider_ip_address, mp.provider_location, mp.provider_status, a.agent_started_at, h.agent_heartbeat_at,
     hd.hold_reason, hd.hold_actor, hd.held_at, ps.power_state, ps.power_state_read_at,
+    iq.installation_state, iq.generation AS installation_generation,
     ${stageOf(thresholds)} AS stage,
     ARRAY(SELECT w.process FROM work w JOIN sessions s ON s.session_id = w.session_id
       WHERE w.machine_id = m.machine_id AND s.deadline > now() ORDER BY w.process) AS live_work,
@@ -298,5 +314,9 @@ function toMachineSummary(row: MachineSummaryRow): MachineSummary {
         : { machineId: row.machine_id, reason: row.hold_reason, actor: row.hold_actor, since: row.held_at },
     powerState: row.power_state,
     powerStateReadAt: row.power_state_read_at,
+    installation:
+      row.installation_state === null || row.installation_generation === null
+        ? null
+        : { state: row.installation_state, generation: BigInt(row.installation_generation) },
   };
 }

@@ -1,5 +1,5 @@
 /** The fleet at a glance: machines per stage, live work, sessions and providers. */
-import { type Kysely, sql } from 'kysely';
+import { type Kysely, type RawBuilder, sql } from 'kysely';
 import type { Database, PowerState } from '../schema.js';
 import { hasLiveWork } from './conditions.js';
 import { lostAgent, type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
@@ -18,6 +18,8 @@ export interface FleetStages {
   readonly heartbeating: number;
   /** Agent started but silent past a threshold: a recovery candidate. */
   readonly awaitingRecovery: number;
+  /** Provided, no agent: its OS installation succeeded and it runs that OS; no loop takes it up. */
+  readonly installed: number;
 }
 
 /**
@@ -56,7 +58,14 @@ export const MACHINE_STAGES: readonly MachineStage[] = [
   'agentStarted',
   'heartbeating',
   'awaitingRecovery',
+  'installed',
 ];
+
+/** Whether the machine at `machineId` is installed: its OS installation request succeeded. A key probe. */
+export function isInstalled(machineId: string): RawBuilder<boolean> {
+  return sql<boolean>`EXISTS (SELECT 1 FROM machine_os_installation_request iq
+    WHERE iq.machine_id = ${sql.ref(machineId)} AND iq.installation_state = 'Succeeded')`;
+}
 
 /** A session whose deadline has not passed: a live process using the BMDB. */
 export interface LiveSession {
@@ -87,8 +96,12 @@ export async function fleetStats(
       sql<number>`count(*)::int`.as('machines'),
       sql<number>`(count(*) FILTER (WHERE mp.machine_id IS NULL))::int`.as('unprovided'),
       sql<number>`(count(*) FILTER (WHERE mp.machine_id IS NOT NULL AND a.machine_id IS NULL
+        AND NOT ${isInstalled('m.machine_id')}
         AND NOT ${hasLiveWork('m.machine_id', ['ShepherdAgentStart'])}))::int`.as('provided'),
       sql<number>`(count(*) FILTER (WHERE mp.machine_id IS NOT NULL AND a.machine_id IS NULL
+        AND ${isInstalled('m.machine_id')}))::int`.as('installed'),
+      sql<number>`(count(*) FILTER (WHERE mp.machine_id IS NOT NULL AND a.machine_id IS NULL
+        AND NOT ${isInstalled('m.machine_id')}
         AND ${hasLiveWork('m.machine_id', ['ShepherdAgentStart'])}))::int`.as('agent_starting'),
       sql<number>`(count(*) FILTER (WHERE a.machine_id IS NOT NULL AND h.machine_id IS NULL
         AND NOT ${lostAgent(options)}))::int`.as('agent_started'),
@@ -139,6 +152,7 @@ export async function fleetStats(
       agentStarted: stageRow.agent_started,
       heartbeating: stageRow.heartbeating,
       awaitingRecovery: stageRow.awaiting_recovery,
+      installed: stageRow.installed,
     },
     activeWork,
     activeBackoffs: Object.fromEntries(backoffs.map((row) => [row.process, row.count])),
@@ -172,6 +186,7 @@ export async function fleetStages(
     machines: number;
     unprovided: number;
     pending: number;
+    installed: number;
     starting: number;
     silent: number;
     silent_lost: number;
@@ -187,6 +202,9 @@ export async function fleetStages(
       (SELECT count(*)::int FROM machines) AS machines,
       (SELECT count(*)::int FROM machine_unprovided) AS unprovided,
       (SELECT count(*)::int FROM machine_agent_pending) AS pending,
+      (SELECT count(*)::int FROM machine_os_installation_request q WHERE q.installation_state = 'Succeeded'
+          AND NOT EXISTS (SELECT 1 FROM machine_agent_started a WHERE a.machine_id = q.machine_id)
+          AND EXISTS (SELECT 1 FROM machine_provided mp WHERE mp.machine_id = q.machine_id)) AS installed,
       (SELECT count(*)::int FROM work w JOIN sessions s ON s.session_id = w.session_id
         WHERE w.process = 'ShepherdAgentStart' AND s.deadline > now()
           AND EXISTS (SELECT 1 FROM machine_agent_pending p WHERE p.machine_id = w.machine_id)) AS starting,
@@ -210,7 +228,7 @@ export async function fleetStages(
   );
   const row = rows[0];
   if (row === undefined) throw new Error('fleetStages: the count query returned no row');
-  const started = row.machines - row.unprovided - row.pending;
+  const started = row.machines - row.unprovided - row.pending - row.installed;
   // Every provided machine has a power state row (kept by a trigger): those
   // not in a rarer state are On, without counting the many that are.
   const rarer = row.power_off + row.powering_on + row.powering_off + row.power_unknown + row.power_unread;
@@ -233,6 +251,7 @@ export async function fleetStages(
       agentStarted: row.silent - row.silent_lost,
       heartbeating: started - row.silent - row.stale,
       awaitingRecovery: row.silent_lost + row.stale,
+      installed: row.installed,
     },
   };
 }

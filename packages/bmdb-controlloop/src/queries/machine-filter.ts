@@ -1,6 +1,6 @@
 /** Which machines a fleet page lists: the filter, and the index-served subquery its IDs come from. */
 import { type RawBuilder, sql } from 'kysely';
-import type { PowerState } from '../schema.js';
+import type { OSInstallationState, PowerState } from '../schema.js';
 import { hasLiveWork } from './conditions.js';
 import type { MachineStage } from './fleet-stats.js';
 import { type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
@@ -17,6 +17,8 @@ export interface MachineFilter {
   readonly held?: boolean;
   /** Machines whose last power state read says this; `Unread`: never read. */
   readonly powerState?: PowerState | 'Unread';
+  /** Machines whose OS installation request stands so. */
+  readonly installation?: OSInstallationState;
   /** A machine ID or provider ID, or the start of one. */
   readonly search?: string;
   /** Machines after this machine ID (the previous page's `next`). */
@@ -93,6 +95,11 @@ export function drivingIds(
         SELECT x.machine_id FROM machine_agent_started x
           WHERE NOT x.has_heartbeat AND x.agent_started_at < now() - make_interval(secs => ${firstWithin})
             AND ${provided('x.machine_id')})`;
+    case 'installed':
+      return sql`(SELECT x.machine_id FROM machine_os_installation_request x
+        WHERE x.installation_state = 'Succeeded'
+          AND NOT EXISTS (SELECT 1 FROM machine_agent_started a WHERE a.machine_id = x.machine_id)
+          AND ${provided('x.machine_id')})`;
     case undefined:
       break;
   }
@@ -109,6 +116,9 @@ export function drivingIds(
   if (filter.inBackoff !== undefined)
     return sql`(SELECT x.machine_id FROM work_backoff x WHERE x.process = ${filter.inBackoff} AND x.until > now())`;
   if (filter.held === true) return sql`(SELECT x.machine_id FROM machine_hold x)`;
+  if (filter.installation !== undefined)
+    return sql`(SELECT x.machine_id FROM machine_os_installation_request x
+      WHERE x.installation_state = ${filter.installation})`;
   if (filter.powerState !== undefined)
     return sql`(SELECT x.machine_id FROM machine_power_state x WHERE ${powerStateIs('x', filter.powerState)})`;
   if (filter.provider !== undefined)

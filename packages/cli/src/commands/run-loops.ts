@@ -35,6 +35,7 @@ export async function shepherdParts(
   const recoverer = new Recoverer(provider, {
     firstHeartbeatWithin: settings.recoverer.firstHeartbeatWithin,
     heartbeatWithin: settings.recoverer.heartbeatWithin,
+    installingHeartbeatWithin: settings.recoverer.installingHeartbeatWithin,
     power,
   });
   const powerSync = settings.powerSync && new PowerSync(power, settings.powerSync);

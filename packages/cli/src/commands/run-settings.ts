@@ -58,6 +58,7 @@ export interface RunSettings {
     readonly parallelism: number;
     readonly firstHeartbeatWithin: number;
     readonly heartbeatWithin: number;
+    readonly installingHeartbeatWithin: number;
   };
   /** The power sync, or `undefined` when `--power-sync-concurrency` is 0. */
   readonly powerSync: PowerSyncSettings | undefined;
@@ -157,6 +158,7 @@ export async function runSettings(argv: Argv, kind: ProviderKind): Promise<RunSe
       parallelism: integer(argv, 'recoverer-loop-parallelism', 1, 1000),
       firstHeartbeatWithin: duration(argv, 'recoverer-first-heartbeat-timeout'),
       heartbeatWithin: duration(argv, 'recoverer-heartbeat-timeout'),
+      installingHeartbeatWithin: duration(argv, 'recoverer-installing-heartbeat-timeout'),
     },
     powerSync: powerSyncSettings(argv),
     provider:

@@ -1,4 +1,4 @@
-import { type FleetStats, Queries } from '@bmaas/bmdb-controlloop';
+import { type FleetStats, type OSInstallationCounts, Queries } from '@bmaas/bmdb-controlloop';
 import { openBMDB } from '../database.js';
 import { type Argv, databaseSettings } from '../settings.js';
 
@@ -24,20 +24,43 @@ interface Hold {
   readonly ageSeconds: number;
 }
 
+/** A machine's OS installation request that is under way or failed. */
+interface Installation {
+  readonly machineId: string;
+  readonly provider: string | null;
+  readonly providerId: string | null;
+  readonly generation: number;
+  readonly state: string;
+  readonly imageUrl: string;
+  readonly rootDevice: string;
+  readonly requestedBy: string;
+  readonly requestedAt: string;
+  readonly deliveredAt: string | null;
+  /** The agent's error, for Failed. */
+  readonly error: string | null;
+}
+
 /** What `shepherd status --json` prints. */
 export interface Status extends FleetStats {
   readonly backoffs: readonly Backoff[];
   /** Held machines, longest held first (at most 50; `held` counts them all). */
   readonly holds: readonly Hold[];
+  /** Machines per OS installation state. */
+  readonly installations: OSInstallationCounts;
+  /** Installations requested, delivered (installing) or failed, most recent first (at most 50). */
+  readonly installationRequests: readonly Installation[];
 }
 
 const BACKOFFS_SHOWN = 50;
 const HOLDS_SHOWN = 50;
+const INSTALLATIONS_SHOWN = 50;
 
 /**
  * `shepherd status`: the fleet at a glance — machines per lifecycle stage,
- * held machines with reason, actor and age, machines per power state, live
- * work per process, machines in backoff with cause and time left.
+ * held machines with reason, actor and age, machines per power state, OS
+ * installations per state (those under way or failed listed, with the
+ * agent's error), live work per process, machines in backoff with cause and
+ * time left.
  */
 export async function status(argv: Argv, write: (text: string) => void): Promise<void> {
   const bmdb = await openBMDB(databaseSettings(argv), { migrate: false, readOnly: true, attach: true });
@@ -46,8 +69,26 @@ export async function status(argv: Argv, write: (text: string) => void): Promise
     const stats = await q.fleetStats();
     const backoffs = await q.activeBackoffs({ limit: BACKOFFS_SHOWN });
     const holds = await q.heldMachines({ limit: HOLDS_SHOWN });
+    const installations = await q.osInstallations({
+      states: ['Requested', 'Delivered', 'Failed'],
+      limit: INSTALLATIONS_SHOWN,
+    });
     const result: Status = {
       ...stats,
+      installations: await q.osInstallationCounts(),
+      installationRequests: installations.map((i) => ({
+        machineId: i.machineId,
+        provider: i.provider,
+        providerId: i.providerId,
+        generation: Number(i.generation),
+        state: i.state,
+        imageUrl: i.imageUrl,
+        rootDevice: i.rootDevice,
+        requestedBy: i.requestedBy,
+        requestedAt: i.requestedAt.toISOString(),
+        deliveredAt: i.deliveredAt?.toISOString() ?? null,
+        error: i.error,
+      })),
       holds: holds.map((h) => ({
         machineId: h.machineId,
         provider: h.provider,
@@ -79,7 +120,16 @@ const STAGES: [keyof FleetStats['stages'], string][] = [
   ['agentStarted', 'agent started'],
   ['heartbeating', 'heartbeating'],
   ['awaitingRecovery', 'awaiting recovery'],
+  ['installed', 'installed'],
   ['unprovided', 'not provided'],
+];
+
+const INSTALLATION_STATES: [keyof OSInstallationCounts, string][] = [
+  ['Requested', 'requested'],
+  ['Delivered', 'installing'],
+  ['Succeeded', 'installed'],
+  ['Failed', 'failed'],
+  ['Canceled', 'canceled'],
 ];
 
 function render(status: Status): string {
@@ -105,6 +155,27 @@ function render(status: Status): string {
   }
   if (status.powerReadFailed > 0)
     lines.push(`  ${'last read failed'.padEnd(20)}${String(status.powerReadFailed).padStart(8)}`);
+  const requested = Object.values(status.installations).reduce((a, b) => a + b, 0);
+  lines.push('', `OS installations: ${requested}`);
+  for (const [state, label] of INSTALLATION_STATES) {
+    if (status.installations[state] > 0)
+      lines.push(`  ${label.padEnd(20)}${String(status.installations[state]).padStart(8)}`);
+  }
+  if (status.installationRequests.length > 0) {
+    lines.push(
+      ...table([
+        ['MACHINE', 'PROVIDER ID', 'GEN', 'STATE', 'IMAGE', 'ERROR'],
+        ...status.installationRequests.map((i) => [
+          i.machineId,
+          i.providerId ?? '-',
+          String(i.generation),
+          i.state,
+          `${i.imageUrl} onto ${i.rootDevice}`,
+          i.error ?? '',
+        ]),
+      ]),
+    );
+  }
   lines.push('', 'Active work:');
   const work = Object.entries(status.activeWork);
   if (work.length === 0) lines.push('  none');

@@ -1,4 +1,4 @@
-import type { PowerState } from '@bmaas/bmdb-controlloop';
+import type { OSInstallationState, PowerState } from '@bmaas/bmdb-controlloop';
 import { type Html, href, html } from '../html.js';
 import { absoluteTime, relativeTime } from '../time.js';
 
@@ -68,6 +68,7 @@ export const STAGE_LABELS = {
   agentStarted: 'agent started',
   heartbeating: 'heartbeating',
   awaitingRecovery: 'awaiting recovery',
+  installed: 'installed',
 } as const;
 
 export function stageBadge(stage: keyof typeof STAGE_LABELS): Html {
@@ -94,4 +95,19 @@ export function powerBadge(state: PowerState | null, readAt: Date | null, now: D
   const label = POWER_LABELS[state ?? 'Unread'];
   const read = readAt === null ? 'never read' : `read ${relativeTime(readAt, now)}, ${absoluteTime(readAt)}`;
   return html`<span class="power power-${state ?? 'Unread'}" title="${read}">${label}</span>`;
+}
+
+/** Human names of the OS installation states, as the `installation` filter offers them. */
+export const INSTALLATION_LABELS: Readonly<Record<OSInstallationState, string>> = {
+  Requested: 'requested',
+  Delivered: 'delivered, installing',
+  Succeeded: 'installed',
+  Failed: 'failed',
+  Canceled: 'canceled',
+};
+
+/** A machine's OS installation state with its generation. */
+export function installationBadge(installation: { state: OSInstallationState; generation: bigint } | null): Html {
+  if (installation === null) return html``;
+  return html`<span class="install install-${installation.state}" title="generation ${String(installation.generation)}">${INSTALLATION_LABELS[installation.state]}</span> <span class="muted">gen ${String(installation.generation)}</span>`;
 }

@@ -1,7 +1,7 @@
 import type { MachineView } from '../data.js';
 import { type Html, href, html } from '../html.js';
 import { relativeTime, timeTag } from '../time.js';
-import { powerBadge, stageBadge } from './layout.js';
+import { installationBadge, powerBadge, stageBadge } from './layout.js';
 
 /** A JSON detail of an operator action, as `key value` pairs. */
 function detailText(detail: Readonly<Record<string, unknown>> | null): string {
@@ -9,6 +9,20 @@ function detailText(detail: Readonly<Record<string, unknown>> | null): string {
   return Object.entries(detail)
     .map(([key, value]) => `${key} ${typeof value === 'string' ? value : JSON.stringify(value)}`)
     .join(', ');
+}
+
+/** The machine's OS installation request: generation, image, delivered, outcome and the agent's error. */
+function installation(m: MachineView): Html {
+  const i = m.osInstallation;
+  if (i === null) return html`<span class="none">–</span> never requested`;
+  return html`${installationBadge(i)}
+<div class="muted">${i.imageUrl} (${i.compression === 'gzip' ? 'gzip' : 'raw'}) onto ${i.rootDevice}${i.userDataBytes > 0 ? `, ${i.userDataBytes} bytes of user-data` : ''}</div>
+<div class="muted id">sha256 ${i.imageSha256}</div>
+<div>requested by ${i.requestedBy} ${timeTag(i.requestedAt, m.now)}; ${
+    i.deliveredAt ? html`delivered to its agent ${timeTag(i.deliveredAt, m.now)}` : 'not delivered yet'
+  }${i.endedAt ? html`; ${i.state === 'Canceled' ? 'canceled' : 'reported'} ${timeTag(i.endedAt, m.now)}` : ''}</div>${
+    i.error === null ? '' : html`<div class="cause">${i.error}</div>`
+  }`;
 }
 
 /**
@@ -50,6 +64,7 @@ ${
         }`
       : none
   }</dd>
+<dt>installation</dt><dd>${installation(m)}</dd>
 <dt>last heartbeat</dt><dd>${
     m.lastHeartbeatAt
       ? html`${timeTag(m.lastHeartbeatAt, m.now)} (age ${relativeTime(m.lastHeartbeatAt, m.now).replace(' ago', '')})`
@@ -107,7 +122,7 @@ ${
 <section><h2>Tags</h2>${tags}</section>
 <section><h2>Live work</h2>${work}<h2>Backoffs</h2>${backoffs}</section>
 </div>
-<h2>Operator actions <span class="muted">(holds, power; newest first)</span></h2>
+<h2>Operator actions <span class="muted">(holds, power, installations; newest first)</span></h2>
 ${operatorActions}
 <h2>Work history <span class="muted">(newest first)</span></h2>
 ${timeline}`;

@@ -2,7 +2,14 @@ import { MACHINE_STAGES, type MachineFilter } from '@bmaas/bmdb-controlloop';
 import type { MachineList } from '../data.js';
 import { type Html, href, html } from '../html.js';
 import { relativeTime, timeTag } from '../time.js';
-import { POWER_LABELS, powerBadge, STAGE_LABELS, stageBadge } from './layout.js';
+import {
+  INSTALLATION_LABELS,
+  installationBadge,
+  POWER_LABELS,
+  powerBadge,
+  STAGE_LABELS,
+  stageBadge,
+} from './layout.js';
 
 /** The query parameters of `/machines` for a filter (and a page start). */
 export function filterQuery(filter: MachineFilter, after?: string): Record<string, string | undefined> {
@@ -13,6 +20,7 @@ export function filterQuery(filter: MachineFilter, after?: string): Record<strin
     backoff: filter.inBackoff === true ? 'any' : filter.inBackoff,
     held: filter.held === undefined ? undefined : filter.held ? 'yes' : 'no',
     power: filter.powerState,
+    installation: filter.installation,
     q: filter.search,
     after,
   };
@@ -46,6 +54,9 @@ export function machinesPage(list: MachineList): Html {
 <label>power<select name="power">${option('', 'any', f.powerState === undefined)}${Object.entries(POWER_LABELS).map(
     ([state, label]) => option(state, label, f.powerState === state),
   )}</select></label>
+<label>installation<select name="installation">${option('', 'any', f.installation === undefined)}${Object.entries(
+    INSTALLATION_LABELS,
+  ).map(([state, label]) => option(state, label, f.installation === state))}</select></label>
 <label>machine or provider ID<input type="search" name="q" value="${f.search ?? ''}" placeholder="ID or its start"></label>
 <button type="submit">Filter</button>
 ${Object.values(filterQuery(f)).some((v) => v !== undefined) ? html`<a href="/machines">clear</a>` : ''}
@@ -59,6 +70,7 @@ ${Object.values(filterQuery(f)).some((v) => v !== undefined) ? html`<a href="/ma
 <td class="hide-narrow">${m.provided?.providerLocation ?? ''}</td>
 <td>${stageBadge(m.stage)}</td>
 <td>${m.provided ? powerBadge(m.powerState, m.powerStateReadAt, list.now) : ''}</td>
+<td>${installationBadge(m.installation)}</td>
 <td>${
       m.hold
         ? html`<span class="held" title="held by ${m.hold.actor} since ${m.hold.since.toISOString()}">held</span> ${relativeTime(
@@ -75,7 +87,7 @@ ${Object.values(filterQuery(f)).some((v) => v !== undefined) ? html`<a href="/ma
   const table =
     rows.length === 0
       ? html`<p class="notice">No machine matches.</p>`
-      : html`<div class="scroll"><table><thead><tr><th>machine</th><th>provider</th><th class="hide-narrow">status</th><th class="hide-narrow">location</th><th>stage</th><th>power</th><th>hold</th><th>heartbeat</th><th>live work</th><th>backoff</th></tr></thead><tbody>${rows}</tbody></table></div>`;
+      : html`<div class="scroll"><table><thead><tr><th>machine</th><th>provider</th><th class="hide-narrow">status</th><th class="hide-narrow">location</th><th>stage</th><th>power</th><th>installation</th><th>hold</th><th>heartbeat</th><th>live work</th><th>backoff</th></tr></thead><tbody>${rows}</tbody></table></div>`;
   const pager = html`<div class="pager">
 ${f.after === undefined ? '' : html`<a href="${href('/machines', filterQuery(f))}">« first page</a>`}
 ${list.next === undefined ? '' : html`<a rel="next" href="${href('/machines', filterQuery(f, list.next))}">next page »</a>`}

@@ -2,7 +2,7 @@ import { MACHINE_STAGES } from '@bmaas/bmdb-controlloop';
 import type { Overview } from '../data.js';
 import { type Html, href, html } from '../html.js';
 import { relativeTime, timeTag } from '../time.js';
-import { POWER_LABELS, STAGE_LABELS } from './layout.js';
+import { INSTALLATION_LABELS, POWER_LABELS, STAGE_LABELS } from './layout.js';
 
 /** `/`: stages as a bar chart, live sessions, work in flight, backoffs by cause, recent failures. */
 export function overviewPage(o: Overview): Html {
@@ -22,6 +22,14 @@ export function overviewPage(o: Overview): Html {
     .map(
       (state) =>
         html`<tr><td><a href="${href('/machines', { power: state })}">${POWER_LABELS[state]}</a></td><td class="num">${o.powerStates[
+          state
+        ].toLocaleString('en-US')}</td></tr>`,
+    );
+  const installations = (Object.keys(INSTALLATION_LABELS) as (keyof typeof INSTALLATION_LABELS)[])
+    .filter((state) => o.installations[state] > 0)
+    .map(
+      (state) =>
+        html`<tr><td><a href="${href('/machines', { installation: state })}"><span class="install install-${state}">${INSTALLATION_LABELS[state]}</span></a></td><td class="num">${o.installations[
           state
         ].toLocaleString('en-US')}</td></tr>`,
     );
@@ -75,6 +83,12 @@ ${
   o.powerReadFailed === 0
     ? ''
     : html`<p class="muted">${o.powerReadFailed.toLocaleString('en-US')} machine${o.powerReadFailed === 1 ? '' : 's'}: last power state read failed</p>`
+}
+<h2>OS installations</h2>
+${
+  installations.length === 0
+    ? html`<p class="muted">No OS installation was requested.</p>`
+    : html`<table class="installations"><thead><tr><th>state</th><th class="num">machines</th></tr></thead><tbody>${installations}</tbody></table>`
 }
 </section>
 <section>

@@ -4,11 +4,17 @@
 
 // The BMaaS server's API for agents: after takeover, each agent calls
 // Heartbeat on the endpoint its TakeoverInit named. Wire-compatible with
-// Monogon's cloud/bmaas/server/api/agent.proto: same package, service, message
-// names and field numbers.
+// Monogon's cloud/bmaas/server/api/agent.proto as of its last version
+// (before cloud/bmaas was removed in 2025): same package, service, message
+// names and field numbers, plus this project's disk_image member of
+// OSInstallationRequest.type (cloud/agent/api/disk_image.proto). The same API
+// under the current upstream names is cloud/agent/api/agent.proto; the server
+// answers on both.
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { DiskImageInstallationRequest } from "../../../agent/api/disk_image_pb.js";
+import { file_cloud_agent_api_disk_image } from "../../../agent/api/disk_image_pb.js";
 import type { Node } from "../../../agent/api/hwreport_pb.js";
 import { file_cloud_agent_api_hwreport } from "../../../agent/api/hwreport_pb.js";
 import type { Message } from "@bufbuild/protobuf";
@@ -17,7 +23,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cloud/bmaas/server/api/agent.proto.
  */
 export const file_cloud_bmaas_server_api_agent: GenFile = /*@__PURE__*/
-  fileDesc("CiJjbG91ZC9ibWFhcy9zZXJ2ZXIvYXBpL2FnZW50LnByb3RvEhZjbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpIk0KE0FnZW50SGFyZHdhcmVSZXBvcnQSJQoGcmVwb3J0GAEgASgLMhUuY2xvdWQuYWdlbnQuYXBpLk5vZGUSDwoHd2FybmluZxgCIAMoCSLlAQoUT1NJbnN0YWxsYXRpb25SZXBvcnQSEgoKZ2VuZXJhdGlvbhgBIAEoAxJHCgdzdWNjZXNzGAIgASgLMjQuY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5PU0luc3RhbGxhdGlvblJlcG9ydC5TdWNjZXNzSAASQwoFZXJyb3IYAyABKAsyMi5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk9TSW5zdGFsbGF0aW9uUmVwb3J0LkVycm9ySAAaCQoHU3VjY2VzcxoWCgVFcnJvchINCgVlcnJvchgBIAEoCUIICgZyZXN1bHQitwEKEEhlYXJ0YmVhdFJlcXVlc3QSEgoKbWFjaGluZV9pZBgBIAEoCRJECg9oYXJkd2FyZV9yZXBvcnQYAiABKAsyKy5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLkFnZW50SGFyZHdhcmVSZXBvcnQSSQoTaW5zdGFsbGF0aW9uX3JlcG9ydBgDIAEoCzIsLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuT1NJbnN0YWxsYXRpb25SZXBvcnQiOgodTWV0cm9wb2xpc0luc3RhbGxhdGlvblJlcXVlc3QSEwoLcm9vdF9kZXZpY2UYAyABKAlKBAgBEAIigAEKFU9TSW5zdGFsbGF0aW9uUmVxdWVzdBISCgpnZW5lcmF0aW9uGAEgASgDEksKCm1ldHJvcG9saXMYAiABKAsyNS5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk1ldHJvcG9saXNJbnN0YWxsYXRpb25SZXF1ZXN0SABCBgoEdHlwZSJgChFIZWFydGJlYXRSZXNwb25zZRJLChRpbnN0YWxsYXRpb25fcmVxdWVzdBgBIAEoCzItLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuT1NJbnN0YWxsYXRpb25SZXF1ZXN0MnEKDUFnZW50Q2FsbGJhY2sSYAoJSGVhcnRiZWF0EiguY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5IZWFydGJlYXRSZXF1ZXN0GikuY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5IZWFydGJlYXRSZXNwb25zZUIrWilzb3VyY2UubW9ub2dvbi5kZXYvY2xvdWQvYm1hYXMvc2VydmVyL2FwaWIGcHJvdG8z", [file_cloud_agent_api_hwreport]);
+  fileDesc("CiJjbG91ZC9ibWFhcy9zZXJ2ZXIvYXBpL2FnZW50LnByb3RvEhZjbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpIk0KE0FnZW50SGFyZHdhcmVSZXBvcnQSJQoGcmVwb3J0GAEgASgLMhUuY2xvdWQuYWdlbnQuYXBpLk5vZGUSDwoHd2FybmluZxgCIAMoCSLlAQoUT1NJbnN0YWxsYXRpb25SZXBvcnQSEgoKZ2VuZXJhdGlvbhgBIAEoAxJHCgdzdWNjZXNzGAIgASgLMjQuY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5PU0luc3RhbGxhdGlvblJlcG9ydC5TdWNjZXNzSAASQwoFZXJyb3IYAyABKAsyMi5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk9TSW5zdGFsbGF0aW9uUmVwb3J0LkVycm9ySAAaCQoHU3VjY2VzcxoWCgVFcnJvchINCgVlcnJvchgBIAEoCUIICgZyZXN1bHQitwEKEEhlYXJ0YmVhdFJlcXVlc3QSEgoKbWFjaGluZV9pZBgBIAEoCRJECg9oYXJkd2FyZV9yZXBvcnQYAiABKAsyKy5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLkFnZW50SGFyZHdhcmVSZXBvcnQSSQoTaW5zdGFsbGF0aW9uX3JlcG9ydBgDIAEoCzIsLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuT1NJbnN0YWxsYXRpb25SZXBvcnQiOgodTWV0cm9wb2xpc0luc3RhbGxhdGlvblJlcXVlc3QSEwoLcm9vdF9kZXZpY2UYAyABKAlKBAgBEAIixQEKFU9TSW5zdGFsbGF0aW9uUmVxdWVzdBISCgpnZW5lcmF0aW9uGAEgASgDEksKCm1ldHJvcG9saXMYAiABKAsyNS5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk1ldHJvcG9saXNJbnN0YWxsYXRpb25SZXF1ZXN0SAASQwoKZGlza19pbWFnZRhkIAEoCzItLmNsb3VkLmFnZW50LmFwaS5EaXNrSW1hZ2VJbnN0YWxsYXRpb25SZXF1ZXN0SABCBgoEdHlwZSJgChFIZWFydGJlYXRSZXNwb25zZRJLChRpbnN0YWxsYXRpb25fcmVxdWVzdBgBIAEoCzItLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuT1NJbnN0YWxsYXRpb25SZXF1ZXN0MnEKDUFnZW50Q2FsbGJhY2sSYAoJSGVhcnRiZWF0EiguY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5IZWFydGJlYXRSZXF1ZXN0GikuY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5IZWFydGJlYXRSZXNwb25zZUIrWilzb3VyY2UubW9ub2dvbi5kZXYvY2xvdWQvYm1hYXMvc2VydmVyL2FwaWIGcHJvdG8z", [file_cloud_agent_api_disk_image, file_cloud_agent_api_hwreport]);
 
 /**
  * @generated from message cloud.bmaas.server.api.AgentHardwareReport
@@ -165,9 +171,9 @@ export const HeartbeatRequestSchema: GenMessage<HeartbeatRequest> = /*@__PURE__*
  * Upstream, fields 2 (metropolis.proto.api.NodeParameters node_parameters) and
  * 4 (metropolis.proto.api.OSImageRef os_image) describe the Metropolis node to
  * install. They are not reproduced here: they would bring in the Metropolis
- * cluster API, and this server never sends an installation request (OS
- * installation is not part of the shepherd yet). They are not reserved either,
- * so they can be added back with their upstream numbers.
+ * cluster API, and this server never sends a Metropolis request (it installs
+ * disk images, disk_image below). They are not reserved either, so they can be
+ * added back with their upstream numbers.
  *
  * @generated from message cloud.bmaas.server.api.MetropolisInstallationRequest
  */
@@ -217,6 +223,15 @@ export type OSInstallationRequest = Message<"cloud.bmaas.server.api.OSInstallati
      */
     value: MetropolisInstallationRequest;
     case: "metropolis";
+  } | {
+    /**
+     * This project's extension (cloud/agent/api/disk_image.proto), under a
+     * number upstream never used: a whole-disk image from a URL.
+     *
+     * @generated from field: cloud.agent.api.DiskImageInstallationRequest disk_image = 100;
+     */
+    value: DiskImageInstallationRequest;
+    case: "diskImage";
   } | { case: undefined; value?: undefined };
 };
 
@@ -233,7 +248,7 @@ export const OSInstallationRequestSchema: GenMessage<OSInstallationRequest> = /*
 export type HeartbeatResponse = Message<"cloud.bmaas.server.api.HeartbeatResponse"> & {
   /**
    * If set, the control plane is requesting the installation of an operating
-   * system. This server never sets it yet.
+   * system: the machine's request that has no report of its generation yet.
    *
    * @generated from field: cloud.bmaas.server.api.OSInstallationRequest installation_request = 1;
    */

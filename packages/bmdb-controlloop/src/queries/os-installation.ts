@@ -1,0 +1,286 @@
+/** OS installation requests: requested and canceled by operators, handed to agents, answered by their reports. */
+import { type Kysely, type Selectable, sql } from 'kysely';
+import { BMDBError } from '../errors.js';
+import {
+  type Database,
+  type MachineOsInstallationRequestTable,
+  OperatorAction,
+  OperatorOutcome,
+  type OSImageCompression,
+  OSInstallationState,
+} from '../schema.js';
+import { checkActor, recordOperatorAction } from './operator-history.js';
+
+/** The disk image an installation writes, as an operator asks for it. */
+export interface OSImage {
+  /** Where the agent downloads the image: an `http://` or `https://` URL. */
+  readonly imageUrl: string;
+  /** sha256 of the image's bytes as downloaded (before decompression): 64 hex digits. */
+  readonly imageSha256: string;
+  /** The block device the image is written to, an absolute path (`/dev/sda`). */
+  readonly rootDevice: string;
+  /** How the image is compressed as downloaded. Default `none`. */
+  readonly compression?: OSImageCompression | undefined;
+  /** cloud-init user-data for the installed OS, if any. */
+  readonly userData?: Uint8Array | undefined;
+}
+
+/** An operator's installation request (see {@link Queries.requestOSInstallation}). */
+export interface OSInstallationRequest extends OSImage {
+  /** Who asks (`user@host`). */
+  readonly actor: string;
+  /** Why: recorded in the operator history. */
+  readonly reason: string;
+}
+
+/** What an agent is handed in a heartbeat's answer: the machine's pending request. */
+export interface PendingOSInstallation {
+  readonly generation: bigint;
+  readonly imageUrl: string;
+  readonly imageSha256: string;
+  readonly rootDevice: string;
+  readonly compression: OSImageCompression;
+  readonly userData: Uint8Array | undefined;
+}
+
+/** A machine's current OS installation request and where it stands. */
+export interface OSInstallation extends PendingOSInstallation {
+  readonly machineId: string;
+  readonly state: OSInstallationState;
+  readonly requestedAt: Date;
+  readonly requestedBy: string;
+  /** When the machine's agent first got it; null until then. */
+  readonly deliveredAt: Date | null;
+  /** When the agent's report was stored, or the request canceled. */
+  readonly endedAt: Date | null;
+  /** The agent's error, for `Failed`. */
+  readonly error: string | null;
+}
+
+/** An installation with the machine's provider ID, for status lists. */
+export interface ListedOSInstallation extends OSInstallation {
+  readonly provider: string | null;
+  readonly providerId: string | null;
+}
+
+/** Machines per installation state; machines never asked to install are in none. */
+export type OSInstallationCounts = Readonly<Record<OSInstallationState, number>>;
+
+/** What {@link Queries.cancelOSInstallation} did. */
+export interface OSInstallationCancel {
+  /** Whether a request was withdrawn (false: refused, see `cause`). */
+  readonly canceled: boolean;
+  /** The request after the call (`Canceled` if withdrawn); undefined when the machine has none. */
+  readonly installation: OSInstallation | undefined;
+  /** Why nothing was canceled. */
+  readonly cause: string | undefined;
+}
+
+const SHA256 = /^[0-9a-f]{64}$/i;
+const COMPRESSIONS: readonly string[] = ['none', 'gzip'];
+
+/**
+ * Refuses an image no agent could install, naming the bad field: a URL that
+ * is not http(s), a sha256 that is not 64 hex digits, a root device that is
+ * not an absolute path, an unknown compression.
+ */
+export function checkOSImage(image: OSImage, what: string): void {
+  let url: URL | undefined;
+  try {
+    url = new URL(image.imageUrl);
+  } catch {}
+  if (url === undefined || (url.protocol !== 'http:' && url.protocol !== 'https:')) {
+    throw new BMDBError(`${what}: image URL ${JSON.stringify(image.imageUrl)} is not an http:// or https:// URL`);
+  }
+  if (typeof image.imageSha256 !== 'string' || !SHA256.test(image.imageSha256)) {
+    throw new BMDBError(`${what}: image sha256 ${JSON.stringify(image.imageSha256)} is not 64 hex digits`);
+  }
+  if (typeof image.rootDevice !== 'string' || !image.rootDevice.startsWith('/') || /[\0\n]/.test(image.rootDevice)) {
+    throw new BMDBError(`${what}: root device ${JSON.stringify(image.rootDevice)} is not an absolute path`);
+  }
+  if (image.compression !== undefined && !COMPRESSIONS.includes(image.compression)) {
+    throw new BMDBError(`${what}: compression ${JSON.stringify(image.compression)} is none of none, gzip`);
+  }
+  if (image.userData !== undefined && !(image.userData instanceof Uint8Array)) {
+    throw new BMDBError(`${what}: user-data must be bytes`);
+  }
+}
+
+export async function requestOSInstallation(
+  db: Kysely<Database>,
+  machineId: string,
+  request: OSInstallationRequest,
+): Promise<OSInstallation> {
+  const what = `OS installation request for machine ${machineId}`;
+  checkOSImage(request, what);
+  checkActor(request.actor, what);
+  if (typeof request.reason !== 'string' || request.reason.trim() === '') {
+    throw new BMDBError(`${what}: a reason is needed (why the machine is installed)`);
+  }
+  const machine = await db.selectFrom('machines').select('machine_id').where('machine_id', '=', machineId).execute();
+  if (machine.length === 0) throw new BMDBError(`${what}: no such machine in the BMDB`);
+  const values = {
+    image_url: request.imageUrl,
+    image_sha256: request.imageSha256.toLowerCase(),
+    root_device: request.rootDevice,
+    compression: request.compression ?? 'none',
+    user_data: request.userData === undefined ? null : Buffer.from(request.userData),
+    requested_by: request.actor,
+  };
+  // The next generation is past both the request's and any report's, so a
+  // report the agent sent for an older request never passes for this one.
+  // ON CONFLICT reads the row's latest version: concurrent requests each get
+  // their own generation.
+  const reported = sql<string>`coalesce((SELECT r.generation FROM machine_os_installation_report r
+    WHERE r.machine_id = ${machineId}::uuid), 0)`;
+  const previous = await osInstallation(db, machineId);
+  const row = await db
+    .insertInto('machine_os_installation_request')
+    .values({ machine_id: machineId, generation: sql<string>`${reported} + 1`, ...values })
+    .onConflict((oc) =>
+      oc.column('machine_id').doUpdateSet({
+        ...values,
+        generation: sql<string>`greatest(machine_os_installation_request.generation, ${reported}) + 1`,
+        requested_at: sql<Date>`now()`,
+        installation_state: OSInstallationState.Requested,
+        delivered_at: null,
+        installation_ended_at: null,
+        installation_error: null,
+      }),
+    )
+    .returningAll()
+    .executeTakeFirstOrThrow();
+  const installation = toOSInstallation(row);
+  await recordOperatorAction(db, {
+    machineId,
+    action: OperatorAction.InstallOS,
+    outcome: OperatorOutcome.Succeeded,
+    actor: request.actor,
+    reason: request.reason,
+    detail: {
+      generation: Number(installation.generation),
+      imageUrl: installation.imageUrl,
+      imageSha256: installation.imageSha256,
+      rootDevice: installation.rootDevice,
+      compression: installation.compression,
+      userDataBytes: installation.userData?.length ?? 0,
+      ...(previous && { replaced: { generation: Number(previous.generation), state: previous.state } }),
+    },
+  });
+  return installation;
+}
+
+export async function cancelOSInstallation(
+  db: Kysely<Database>,
+  machineId: string,
+  request: { readonly actor: string; readonly reason: string },
+): Promise<OSInstallationCancel> {
+  const what = `cancel of the OS installation of machine ${machineId}`;
+  checkActor(request.actor, what);
+  if (typeof request.reason !== 'string' || request.reason.trim() === '') {
+    throw new BMDBError(`${what}: a reason is needed (why the installation is withdrawn)`);
+  }
+  const previous = await osInstallation(db, machineId);
+  const row = await db
+    .updateTable('machine_os_installation_request')
+    .set({ installation_state: OSInstallationState.Canceled, installation_ended_at: sql<Date>`now()` })
+    .where('machine_id', '=', machineId)
+    .where('installation_state', 'in', [
+      OSInstallationState.Requested,
+      OSInstallationState.Delivered,
+      OSInstallationState.Failed,
+    ])
+    .returningAll()
+    .executeTakeFirst();
+  const canceled = row && toOSInstallation(row);
+  const installation = canceled ?? (await osInstallation(db, machineId));
+  const cause =
+    canceled !== undefined
+      ? undefined
+      : installation === undefined
+        ? 'no OS installation was ever requested for it'
+        : installation.state === OSInstallationState.Succeeded
+          ? `its installation of generation ${installation.generation} succeeded; request a new one instead`
+          : `its installation of generation ${installation.generation} is canceled already`;
+  await recordOperatorAction(db, {
+    machineId,
+    action: OperatorAction.CancelOSInstallation,
+    outcome: canceled ? OperatorOutcome.Succeeded : OperatorOutcome.Refused,
+    actor: request.actor,
+    reason: request.reason,
+    cause: cause ?? null,
+    detail: installation && {
+      generation: Number(installation.generation),
+      imageUrl: installation.imageUrl,
+      // What it was when canceled: a Delivered one may have been written in part.
+      ...(canceled && previous && { was: previous.state }),
+    },
+  });
+  return { canceled: canceled !== undefined, installation, cause };
+}
+
+export async function osInstallation(db: Kysely<Database>, machineId: string): Promise<OSInstallation | undefined> {
+  const row = await db
+    .selectFrom('machine_os_installation_request')
+    .selectAll()
+    .where('machine_id', '=', machineId)
+    .executeTakeFirst();
+  return row && toOSInstallation(row);
+}
+
+export async function osInstallations(
+  db: Kysely<Database>,
+  options: { states?: readonly OSInstallationState[]; limit?: number } = {},
+): Promise<ListedOSInstallation[]> {
+  let query = db
+    .selectFrom('machine_os_installation_request as q')
+    .leftJoin('machine_provided as mp', 'mp.machine_id', 'q.machine_id')
+    .selectAll('q')
+    .select(['mp.provider', 'mp.provider_id'])
+    .orderBy('q.requested_at', 'desc')
+    .orderBy('q.machine_id')
+    .limit(options.limit ?? 100);
+  if (options.states !== undefined) {
+    if (options.states.length === 0) return [];
+    query = query.where('q.installation_state', 'in', options.states);
+  }
+  const rows = await query.execute();
+  return rows.map((row) => ({ ...toOSInstallation(row), provider: row.provider, providerId: row.provider_id }));
+}
+
+export async function osInstallationCounts(db: Kysely<Database>): Promise<OSInstallationCounts> {
+  const rows = await db
+    .selectFrom('machine_os_installation_request')
+    .select(['installation_state', sql<number>`count(*)::int`.as('count')])
+    .groupBy('installation_state')
+    .execute();
+  const counts: Record<OSInstallationState, number> = { ...NO_INSTALLATIONS };
+  for (const row of rows) counts[row.installation_state] = row.count;
+  return counts;
+}
+
+const NO_INSTALLATIONS: Record<OSInstallationState, number> = {
+  Requested: 0,
+  Delivered: 0,
+  Succeeded: 0,
+  Failed: 0,
+  Canceled: 0,
+};
+
+export function toOSInstallation(row: Selectable<MachineOsInstallationRequestTable>): OSInstallation {
+  return {
+    machineId: row.machine_id,
+    generation: BigInt(row.generation),
+    imageUrl: row.image_url,
+    imageSha256: row.image_sha256,
+    rootDevice: row.root_device,
+    compression: row.compression,
+    userData: row.user_data ?? undefined,
+    state: row.installation_state,
+    requestedAt: row.requested_at,
+    requestedBy: row.requested_by,
+    deliveredAt: row.delivered_at,
+    endedAt: row.installation_ended_at,
+    error: row.installation_error,
+  };
+}

@@ -1,0 +1,331 @@
+import { randomBytes } from 'node:crypto';
+import pg from 'pg';
+import { describe, expect, test } from 'vitest';
+import { testBMDB } from '../../../test/support/database.js';
+import { BMDBError, type OSInstallationRequest, Queries } from '../src/index.js';
+
+const { db, bmdb } = await testBMDB();
+const q = new Queries(bmdb.db);
+
+const SHA = 'ab'.repeat(32);
+const IMAGE: OSInstallationRequest = {
+  imageUrl: 'https://images.example.com/debian.img.gz',
+  imageSha256: SHA,
+  rootDevice: '/dev/sda',
+  compression: 'gzip',
+  userData: Buffer.from('#cloud-config\nhostname: n1\n'),
+  actor: 'alice@ops',
+  reason: 'first install',
+};
+
+/** A provided machine of provider `Inst` with a started agent (an hour ago) heartbeating now, under a fresh key. */
+async function machineWithAgent(): Promise<{ machineId: string; key: Uint8Array }> {
+  const machineId = await q.newMachine();
+  await q.addProvided(machineId, { provider: 'Inst', providerId: `inst-${machineId.slice(0, 8)}` });
+  const key = new Uint8Array(randomBytes(32));
+  await q.setAgentStarted(machineId, { publicKey: key, startedAt: new Date(Date.now() - 3_600_000) });
+  await q.setAgentHeartbeat(machineId);
+  return { machineId, key };
+}
+
+const report = (generation: bigint, result: 'Success' | 'Error', error?: string) => ({
+  generation,
+  result,
+  raw: new Uint8Array([0x08, Number(generation)]),
+  ...(error !== undefined && { error }),
+});
+
+const startable = async () =>
+  (await q.machinesForAgentStart({ provider: 'Inst', limit: 1000 })).map((m) => m.machineId);
+const recoverable = async (thresholds = {}) =>
+  (await q.machinesForAgentRecovery({ provider: 'Inst', limit: 1000, ...thresholds })).map((m) => m.machineId);
+
+describe('requesting', () => {
+  test('a request is a tag with a new generation, and an InstallOS entry of the operator history', async () => {
+    const { machineId } = await machineWithAgent();
+    const first = await q.requestOSInstallation(machineId, IMAGE);
+    expect(first).toMatchObject({
+      machineId,
+      generation: 1n,
+      state: 'Requested',
+      imageUrl: IMAGE.imageUrl,
+      imageSha256: SHA,
+      rootDevice: '/dev/sda',
+      compression: 'gzip',
+      requestedBy: 'alice@ops',
+      deliveredAt: null,
+      error: null,
+    });
+    expect(Buffer.from(first.userData ?? []).toString()).toBe('#cloud-config\nhostname: n1\n');
+    const second = await q.requestOSInstallation(machineId, {
+      ...IMAGE,
+      compression: undefined,
+      userData: undefined,
+      imageSha256: SHA.toUpperCase(),
+      reason: 'again',
+    });
+    expect(second).toMatchObject({ generation: 2n, compression: 'none', userData: undefined, imageSha256: SHA });
+    const history = await q.operatorHistory(machineId);
+    expect(history.map((e) => [e.action, e.outcome, e.actor, e.reason])).toEqual([
+      ['InstallOS', 'Succeeded', 'alice@ops', 'first install'],
+      ['InstallOS', 'Succeeded', 'alice@ops', 'again'],
+    ]);
+    expect(history[0]?.detail).toMatchObject({ generation: 1, imageUrl: IMAGE.imageUrl, userDataBytes: 27 });
+    expect(history[1]?.detail).toMatchObject({ generation: 2, replaced: { generation: 1, state: 'Requested' } });
+  });
+
+  test('bad input is refused naming the field, and nothing is written', async () => {
+    const { machineId } = await machineWithAgent();
+    const bad: [Partial<OSInstallationRequest>, RegExp][] = [
+      [{ imageUrl: 'ftp://x/y.img' }, /image URL "ftp:\/\/x\/y.img" is not an http/],
+      [{ imageUrl: 'not a url' }, /image URL "not a url"/],
+      [{ imageSha256: 'abc' }, /image sha256 "abc" is not 64 hex digits/],
+      [{ imageSha256: 'g'.repeat(64) }, /image sha256/],
+      [{ rootDevice: 'sda' }, /root device "sda" is not an absolute path/],
+      [{ compression: 'xz' as 'gzip' }, /compression "xz"/],
+      [{ reason: ' ' }, /a reason is needed/],
+      [{ actor: '' }, /the actor must be named/],
+    ];
+    for (const [change, message] of bad) {
+      const error = await q.requestOSInstallation(machineId, { ...IMAGE, ...change }).catch((e: unknown) => e);
+      expect(error, JSON.stringify(change)).toBeInstanceOf(BMDBError);
+      expect((error as Error).message).toMatch(message);
+      expect((error as Error).message).toContain(machineId);
+    }
+    await expect(q.requestOSInstallation('00000000-0000-4000-8000-000000000001', IMAGE)).rejects.toThrow(
+      /no such machine/,
+    );
+    expect(await q.osInstallation(machineId)).toBeUndefined();
+    expect(await q.operatorHistory(machineId)).toEqual([]);
+  });
+
+  test('a new generation is past any report stored before, so a late report never passes for it', async () => {
+    const { machineId } = await machineWithAgent();
+    await db.admin(`INSERT INTO machine_os_installation_report VALUES ($1, 5, 'Success', '\\x00', now())`, [machineId]);
+    const installation = await q.requestOSInstallation(machineId, IMAGE);
+    expect(installation.generation).toBe(6n);
+  });
+});
+
+describe('through the heartbeat', () => {
+  test('the pending request is handed out with every heartbeat until its report; Delivered on the first', async () => {
+    const { machineId, key } = await machineWithAgent();
+    expect(await bmdb.answerAgentHeartbeat({ machineId, publicKey: key })).toEqual({
+      result: 'recorded',
+      installationRequest: undefined,
+    });
+    await q.requestOSInstallation(machineId, IMAGE);
+    const answer = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    expect(answer).toMatchObject({
+      result: 'recorded',
+      installationRequest: {
+        generation: 1n,
+        imageUrl: IMAGE.imageUrl,
+        imageSha256: SHA,
+        rootDevice: '/dev/sda',
+        compression: 'gzip',
+      },
+    });
+    const delivered = await q.osInstallation(machineId);
+    expect(delivered?.state).toBe('Delivered');
+    expect(delivered?.deliveredAt).toBeInstanceOf(Date);
+    const again = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    expect(again.result === 'recorded' && again.installationRequest?.generation).toBe(1n);
+    expect((await q.osInstallation(machineId))?.deliveredAt).toEqual(delivered?.deliveredAt);
+    // Another key gets nothing, and marks nothing.
+    expect(await bmdb.answerAgentHeartbeat({ machineId, publicKey: new Uint8Array(32) })).toEqual({
+      result: 'unauthenticated',
+    });
+  });
+
+  test('an Error report fails the request with the agent’s error; the machine keeps its agent and is requested again', async () => {
+    const { machineId, key } = await machineWithAgent();
+    await q.requestOSInstallation(machineId, IMAGE);
+    await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    const answer = await bmdb.answerAgentHeartbeat({
+      machineId,
+      publicKey: key,
+      installationReport: report(1n, 'Error', 'sha256 mismatch: got 00…, want ab…'),
+    });
+    expect(answer).toEqual({ result: 'recorded', installationRequest: undefined });
+    expect(await q.osInstallation(machineId)).toMatchObject({
+      state: 'Failed',
+      error: 'sha256 mismatch: got 00…, want ab…',
+    });
+    expect((await q.osInstallation(machineId))?.endedAt).toBeInstanceOf(Date);
+    expect(await q.osInstallationReport(machineId)).toMatchObject({ generation: 1n, result: 'Error' });
+    // Never stuck: still heartbeating, its agent tags stay; a recovery would take it up were it silent.
+    expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key })).toBe('recorded');
+    await db.admin(
+      `UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() - interval '2 hours'
+      WHERE machine_id = $1`,
+      [machineId],
+    );
+    expect(await recoverable()).toContain(machineId);
+    await q.setAgentHeartbeat(machineId);
+    // Requested again: the next heartbeat hands out generation 2.
+    await q.requestOSInstallation(machineId, { ...IMAGE, reason: 'right checksum' });
+    const next = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    expect(next.result === 'recorded' && next.installationRequest?.generation).toBe(2n);
+    // A late report of generation 1 is ignored.
+    await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(1n, 'Success') });
+    expect((await q.osInstallation(machineId))?.state).toBe('Delivered');
+    expect(await q.osInstallationReport(machineId)).toMatchObject({ generation: 1n, result: 'Error' });
+  });
+
+  test('a Success report installs the machine: its agent tags go, and neither loop takes it up until a new request', async () => {
+    const { machineId, key } = await machineWithAgent();
+    await q.requestOSInstallation(machineId, IMAGE);
+    await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    const before = await q.fleetStages();
+    await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(1n, 'Success') });
+    expect(await q.osInstallation(machineId)).toMatchObject({ state: 'Succeeded', error: null });
+    expect(await q.osInstallationReport(machineId)).toMatchObject({ generation: 1n, result: 'Success' });
+    const tags = await db.admin(
+      `SELECT (SELECT count(*) FROM machine_agent_started WHERE machine_id = $1)::int AS started,
+              (SELECT count(*) FROM machine_agent_heartbeat WHERE machine_id = $1)::int AS heartbeats`,
+      [machineId],
+    );
+    expect(tags.rows[0]).toEqual({ started: 0, heartbeats: 0 });
+    // The agent's later heartbeats are refused: it reboots into the installed OS.
+    expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key })).toBe('unauthenticated');
+    expect(await startable()).not.toContain(machineId);
+    expect(await recoverable({ heartbeatWithin: 0, firstHeartbeatWithin: 0 })).not.toContain(machineId);
+    const after = await q.fleetStages();
+    expect(after.stages.installed).toBe(before.stages.installed + 1);
+    expect(after.stages.heartbeating).toBe(before.stages.heartbeating - 1);
+    expect((await q.fleetStats()).stages.installed).toBe(after.stages.installed);
+    expect((await q.machineDetail(machineId))?.stage).toBe('installed');
+    expect((await q.machinePage({ stage: 'installed', limit: 1000 })).machines.map((m) => m.machineId)).toContain(
+      machineId,
+    );
+    // Cancel is refused for an installed machine, and recorded as such.
+    const refused = await q.cancelOSInstallation(machineId, { actor: 'bob@ops', reason: 'oops' });
+    expect(refused).toMatchObject({ canceled: false, installation: { state: 'Succeeded' } });
+    expect(refused.cause).toMatch(/generation 1 succeeded/);
+    expect((await q.operatorHistory(machineId)).at(-1)).toMatchObject({
+      action: 'CancelOSInstallation',
+      outcome: 'Refused',
+    });
+    // A new request makes it pending an agent start again (and wakes the loops).
+    const listener = new pg.Client({ connectionString: db.url });
+    await listener.connect();
+    try {
+      const notified = new Promise<string>((resolve) => listener.on('notification', (n) => resolve(n.payload ?? '')));
+      await listener.query('LISTEN bmdb_machines_changed');
+      await q.requestOSInstallation(machineId, { ...IMAGE, reason: 'reinstall' });
+      expect(await startable()).toContain(machineId);
+      expect(await notified).toBe('machine_os_installation_request');
+    } finally {
+      await listener.end();
+    }
+    expect((await q.machineDetail(machineId))?.stage).toBe('provided');
+  });
+
+  test('no request is handed out while the machine is held or a recovery of it runs', async () => {
+    const { machineId, key } = await machineWithAgent();
+    await q.requestOSInstallation(machineId, IMAGE);
+    await q.holdMachine(machineId, { reason: 'disk swap', actor: 'tech@dc' });
+    expect(await bmdb.answerAgentHeartbeat({ machineId, publicKey: key })).toEqual({
+      result: 'recorded',
+      installationRequest: undefined,
+    });
+    expect((await q.osInstallation(machineId))?.state).toBe('Requested');
+    await q.unholdMachine(machineId, { actor: 'tech@dc' });
+    const session = await bmdb.startSession({ processor: 'test-recoverer' });
+    try {
+      const work = await session.work('ShepherdRecovery', async () => [machineId]);
+      expect(await bmdb.answerAgentHeartbeat({ machineId, publicKey: key })).toEqual({
+        result: 'recorded',
+        installationRequest: undefined,
+      });
+      await work.cancel();
+    } finally {
+      await session.close();
+    }
+    const answer = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    expect(answer.result === 'recorded' && answer.installationRequest?.generation).toBe(1n);
+  });
+
+  test('a machine installing is not recovered for late heartbeats, within the installing threshold', async () => {
+    const { machineId, key } = await machineWithAgent();
+    await q.requestOSInstallation(machineId, IMAGE);
+    await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    const age = async (interval: string) => {
+      await db.admin(
+        `UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() - $2::interval WHERE machine_id = $1`,
+        [machineId, interval],
+      );
+      await db.admin(
+        `UPDATE machine_os_installation_request SET delivered_at = now() - $2::interval WHERE machine_id = $1`,
+        [machineId, interval],
+      );
+    };
+    await age('20 minutes');
+    expect(await recoverable()).not.toContain(machineId);
+    expect(await recoverable({ installingHeartbeatWithin: 15 * 60_000 })).toContain(machineId);
+    await age('2 hours');
+    expect(await recoverable()).toContain(machineId);
+  });
+
+  test('a canceled request is handed out no more, and its report is ignored', async () => {
+    const { machineId, key } = await machineWithAgent();
+    const nothing = await q.cancelOSInstallation(machineId, { actor: 'bob@ops', reason: 'x' });
+    expect(nothing).toMatchObject({ canceled: false, installation: undefined });
+    expect(nothing.cause).toMatch(/no OS installation was ever requested/);
+    await q.requestOSInstallation(machineId, IMAGE);
+    await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    const canceled = await q.cancelOSInstallation(machineId, { actor: 'bob@ops', reason: 'wrong image' });
+    expect(canceled).toMatchObject({ canceled: true, installation: { state: 'Canceled', generation: 1n } });
+    expect(await bmdb.answerAgentHeartbeat({ machineId, publicKey: key })).toEqual({
+      result: 'recorded',
+      installationRequest: undefined,
+    });
+    await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(1n, 'Success') });
+    expect((await q.osInstallation(machineId))?.state).toBe('Canceled');
+    expect(await q.osInstallationReport(machineId)).toBeUndefined();
+    const history = await q.operatorHistory(machineId);
+    expect(history.map((e) => [e.action, e.outcome])).toEqual([
+      ['CancelOSInstallation', 'Refused'],
+      ['InstallOS', 'Succeeded'],
+      ['CancelOSInstallation', 'Succeeded'],
+    ]);
+    expect(history[2]).toMatchObject({ actor: 'bob@ops', reason: 'wrong image', detail: { was: 'Delivered' } });
+  });
+
+  test('counts and lists per state; the page filters by it; an installed machine is decommissioned as any other', async () => {
+    const { machineId, key } = await machineWithAgent();
+    await q.requestOSInstallation(machineId, IMAGE);
+    await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(1n, 'Error', 'disk') });
+    const counts = await q.osInstallationCounts();
+    const { rows } = await db.admin(
+      'SELECT installation_state AS state, count(*)::int AS n FROM machine_os_installation_request GROUP BY 1',
+    );
+    for (const row of rows) expect(counts[row.state as keyof typeof counts]).toBe(row.n);
+    const failed = await q.osInstallations({ states: ['Failed'] });
+    expect(failed.map((i) => i.machineId)).toContain(machineId);
+    expect(failed.find((i) => i.machineId === machineId)).toMatchObject({ provider: 'Inst', error: 'disk' });
+    const page = await q.machinePage({ installation: 'Failed', limit: 1000 });
+    expect(page.machines.map((m) => m.machineId)).toContain(machineId);
+    expect(page.machines.find((m) => m.machineId === machineId)?.installation).toEqual({
+      state: 'Failed',
+      generation: 1n,
+    });
+    expect((await q.machineDetail(machineId))?.osInstallation).toMatchObject({ state: 'Failed', error: 'disk' });
+
+    const installed = await machineWithAgent();
+    await q.requestOSInstallation(installed.machineId, IMAGE);
+    await bmdb.answerAgentHeartbeat({ machineId: installed.machineId, publicKey: installed.key });
+    await bmdb.answerAgentHeartbeat({
+      machineId: installed.machineId,
+      publicKey: installed.key,
+      installationReport: report(1n, 'Success'),
+    });
+    const providerId = (await q.providedMachine(installed.machineId))?.providerId as string;
+    const removed = await q.decommissionMachines('Inst', [providerId]);
+    expect(removed.removed.map((m) => m.machineId)).toEqual([installed.machineId]);
+    expect(await q.osInstallation(installed.machineId)).toBeUndefined();
+    expect(await startable()).not.toContain(installed.machineId);
+  });
+});

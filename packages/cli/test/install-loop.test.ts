@@ -1,0 +1,264 @@
+/**
+ * OS installation end to end on real parts: `shepherd server`, `shepherd run
+ * equinix` (the fake Equinix API, its devices at a real sshd on loopback, or
+ * ssh2's in-process server where none is installed), the bundled test agent
+ * on every machine heartbeating under the current upstream name
+ * (`cloud.agent.api.AgentCallback`), an HTTPS image server, and `shepherd
+ * install` spawned as an operator would. Three machines, one requested with
+ * a wrong checksum: the others installed, their disks byte-equal to the
+ * image; the bad one shows its error, is requested again with the right
+ * checksum and is installed; installed machines are left alone by the
+ * initializer and the recoverer until a new request.
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import { mkdtemp, readFile, rm, truncate, writeFile } from 'node:fs/promises';
+import { loadavg, tmpdir } from 'node:os';
+import path from 'node:path';
+import { gzipSync } from 'node:zlib';
+import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
+import { SshKey } from '@bmaas/shepherd-manager';
+import { afterAll, beforeAll, expect, test } from 'vitest';
+import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
+import { ImageServer } from '../../../test/support/image-server.js';
+import { freePort } from '../../../test/support/ports.js';
+import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
+import {
+  agentHeartbeaters,
+  buildOnce,
+  eventually,
+  killQuietly,
+  runEquinixArgs,
+  type Shepherd,
+  shepherd,
+  start,
+} from './helpers.js';
+
+const MACHINES = 3;
+const TEST_AGENT = path.resolve('packages/shepherd-manager/bin/test-agent.js');
+const IMAGE = randomBytes(4 << 20);
+const GZIPPED = gzipSync(IMAGE);
+const sha256 = (bytes: Uint8Array) => createHash('sha256').update(bytes).digest('hex');
+
+let db: TestDatabase;
+let dir: string;
+let api: FakeEquinixApi;
+let sshd: TestSshServer;
+let keyPath: string;
+let images: ImageServer | undefined;
+const running: Shepherd[] = [];
+
+beforeAll(async () => {
+  buildOnce();
+  db = await createTestDatabase();
+  dir = await mkdtemp(path.join(tmpdir(), 'install-loop-'));
+  expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
+  keyPath = path.join(dir, 'ssh_key');
+  const key = await SshKey.loadOrGenerate(keyPath);
+  sshd = await startTestSshServer({ authorizedKeys: [key.authorizedKey] });
+  api = await FakeEquinixApi.start({ reservations: MACHINES, publicIpv4: '127.0.0.1', provisioningReads: 0 });
+  // The agent as uploaded: sshd passes no environment on, so the wrapper sets the test agent's.
+  await writeFile(
+    path.join(dir, 'agent'),
+    `#!/bin/sh
+export SHEPHERD_TEST_AGENT_HEARTBEAT_INTERVAL=300ms SHEPHERD_TEST_AGENT_LOG=${dir}/agents.log
+export SHEPHERD_TEST_AGENT_SERVICE=cloud.agent.api
+export SHEPHERD_TEST_AGENT_REBOOT_COMMAND='echo rebooted >> ${dir}/reboots.log'
+exec ${process.execPath} ${TEST_AGENT}
+`,
+    { mode: 0o755 },
+  );
+});
+afterAll(async () => {
+  for (const process of running) {
+    process.child.kill('SIGKILL');
+    await process.exited;
+  }
+  for (const pid of (await agentHeartbeaters(db)).values()) killQuietly(pid);
+  await images?.close();
+  await api?.close();
+  await sshd?.stop();
+  await rm(dir, { recursive: true, force: true });
+});
+
+/** Each machine's provider ID, agent and installation, by the database's clock. */
+async function machines(): Promise<
+  {
+    machineId: string;
+    deviceId: string;
+    heartbeatAgo: number | null;
+    started: boolean;
+    state: string | null;
+    generation: number | null;
+    error: string | null;
+    seconds: number | null;
+  }[]
+> {
+  const { rows } = await db.admin(`
+    SELECT p.machine_id, p.provider_id, a.machine_id IS NOT NULL AS started,
+           extract(epoch FROM now() - h.agent_heartbeat_at)::float8 AS heartbeat_ago,
+           q.installation_state, q.generation::int AS generation, q.installation_error,
+           extract(epoch FROM q.installation_ended_at - q.requested_at)::float8 AS seconds
+    FROM machine_provided p LEFT JOIN machine_agent_started a USING (machine_id)
+    LEFT JOIN machine_agent_heartbeat h USING (machine_id)
+    LEFT JOIN machine_os_installation_request q USING (machine_id)
+    ORDER BY p.provider_id`);
+  return rows.map((row) => ({
+    machineId: row.machine_id,
+    deviceId: row.provider_id,
+    heartbeatAgo: row.heartbeat_ago,
+    started: row.started,
+    state: row.installation_state,
+    generation: row.generation,
+    error: row.installation_error,
+    seconds: row.seconds,
+  }));
+}
+
+test('three machines installed through their agents’ heartbeats; a wrong checksum fails visibly and is requested again', async () => {
+  const port = await freePort();
+  const serverDir = path.join(dir, 'server');
+  const server = start(['server', '--bmdb-url', db.url, '--data-dir', serverDir, '--listen', `127.0.0.1:${port}`]);
+  running.push(server);
+  await server.logged(/BMaaS server listening/);
+  // The image server's certificate is the server's: the CA every agent was given at takeover.
+  images = await ImageServer.start({
+    cert: await readFile(path.join(serverDir, 'server.crt'), 'utf8'),
+    key: await readFile(path.join(serverDir, 'server.key'), 'utf8'),
+  });
+  images.serve('debian.img.gz', { bytes: GZIPPED });
+  const run = start(
+    runEquinixArgs(
+      api,
+      { label: 'install', devicePrefix: 'inst-' },
+      {
+        'bmdb-url': db.url,
+        'ssh-key-path': keyPath,
+        'agent-executable-path': path.join(dir, 'agent'),
+        'agent-target-path': path.join(dir, 'agent-on-machine'),
+        'agent-endpoint': `127.0.0.1:${port}`,
+        'agent-endpoint-ca-certificate-path': path.join(serverDir, 'server.crt'),
+        'agent-ssh-port': String(sshd.port),
+        'agent-ssh-exec-timeout': '20s',
+        'equinix-reboot-wait': '100ms',
+        'provisioner-device-creation-rate': '1ms,100',
+        'initializer-loop-parallelism': '1',
+        'initializer-db-query-rate': '1ms,1000',
+        'recoverer-db-query-rate': '50ms,10',
+        'recoverer-first-heartbeat-timeout': '5s',
+        'recoverer-heartbeat-timeout': '8s',
+      },
+    ),
+    { SHEPHERD_EQUINIX_API_KEY: api.apiKey },
+  );
+  running.push(run);
+  const diagnostics = async () =>
+    [
+      `shepherd run:\n${run.stderr.slice(-3000)}`,
+      `shepherd server:\n${server.stderr.slice(-2000)}`,
+      `agents:\n${(await readFile(path.join(dir, 'agents.log'), 'utf8').catch(() => '')).slice(-3000)}`,
+      `BMDB: ${JSON.stringify(await machines())}`,
+    ].join('\n');
+  const within = async <T>(what: string, check: () => Promise<T | undefined>): Promise<T> => {
+    try {
+      return await eventually(check, 60_000);
+    } catch (error) {
+      throw new Error(`${what}: ${(error as Error).message}\n${await diagnostics()}`);
+    }
+  };
+
+  // Every agent heartbeats, on the cloud.agent.api name.
+  const fleet = await within('every agent heartbeating', async () => {
+    const now = await machines();
+    return now.length === MACHINES && now.every((m) => m.heartbeatAgo !== null && m.heartbeatAgo < 2) ? now : undefined;
+  });
+  expect(await readFile(path.join(dir, 'agents.log'), 'utf8')).toContain('(cloud.agent.api)');
+  const [good1, good2, bad] = fleet as [(typeof fleet)[0], (typeof fleet)[0], (typeof fleet)[0]];
+  // Each machine's disk: a file of the image's size (all three machines are this host).
+  const disk = (m: { deviceId: string }) => path.join(dir, `disk-${m.deviceId}`);
+  for (const m of fleet) {
+    await writeFile(disk(m), '');
+    await truncate(disk(m), IMAGE.length);
+  }
+  const install = (m: { deviceId: string }, checksum: string, reason: string) =>
+    shepherd(
+      [
+        'install',
+        '--provider',
+        'Equinix',
+        '--provider-id',
+        m.deviceId,
+        '--image-url',
+        images?.url('debian.img.gz') as string,
+        '--image-sha256',
+        checksum,
+        '--root-device',
+        disk(m),
+        '--compression',
+        'gzip',
+        '--reason',
+        reason,
+      ],
+      { SHEPHERD_BMDB_URL: db.url, DEBUG: '' },
+    );
+  for (const m of [good1, good2]) expect((await install(m, sha256(GZIPPED), 'first install')).code).toBe(0);
+  expect((await install(bad, sha256(IMAGE), 'first install, the checksum of the unpacked image')).code).toBe(0);
+
+  const settled = await within('every installation reported', async () => {
+    const now = await machines();
+    return now.every((m) => m.state === 'Succeeded' || m.state === 'Failed') ? now : undefined;
+  });
+  const byId = new Map(settled.map((m) => [m.deviceId, m]));
+  for (const m of [good1, good2]) {
+    expect(byId.get(m.deviceId)).toMatchObject({ state: 'Succeeded', started: false, heartbeatAgo: null });
+    expect((await readFile(disk(m))).equals(IMAGE), m.deviceId).toBe(true);
+  }
+  expect(byId.get(bad.deviceId)?.state).toBe('Failed');
+  expect(byId.get(bad.deviceId)?.error).toMatch(/^sha256 mismatch: downloaded [0-9a-f]{64}, want [0-9a-f]{64}$/);
+  // The bad one is visible, with its error, and its agent still heartbeats.
+  const status = await shepherd(['status'], { SHEPHERD_BMDB_URL: db.url });
+  expect(status.stdout).toMatch(/OS installations: 3\n {2}installed +2\n {2}failed +1\n/);
+  expect(status.stdout).toContain(`${bad.deviceId}  1    Failed`);
+  expect(status.stdout).toMatch(/sha256 mismatch: downloaded/);
+  const stillBeating = (await machines()).find((m) => m.deviceId === bad.deviceId);
+  expect(stillBeating?.started).toBe(true);
+
+  // Requested again with the right checksum: installed.
+  expect((await install(bad, sha256(GZIPPED), 'again, with the right checksum')).code).toBe(0);
+  const fixed = await within('the failed machine installed when asked again', async () => {
+    const m = (await machines()).find((x) => x.deviceId === bad.deviceId);
+    return m?.state === 'Succeeded' ? m : undefined;
+  });
+  expect(fixed.generation).toBe(2);
+  expect((await readFile(disk(bad))).equals(IMAGE)).toBe(true);
+  expect((await readFile(path.join(dir, 'reboots.log'), 'utf8')).trim().split('\n')).toHaveLength(3);
+  const timings = [...settled.filter((m) => m.state === 'Succeeded'), fixed].map((m) => (m.seconds ?? 0).toFixed(2));
+  console.log(
+    `install loop: request to reported success ${timings.join(', ')} s (4 MiB image, gzip, heartbeats every 300 ms); load ${loadavg()[0]?.toFixed(2)}`,
+  );
+
+  // Installed machines run their OS: the initializer starts no agent on them, the recoverer reboots none,
+  // while a new request on one of them makes the initializer start its agent again at once.
+  const json = JSON.parse((await shepherd(['status', '--json'], { SHEPHERD_BMDB_URL: db.url })).stdout);
+  expect(json.stages).toMatchObject({ installed: 3, provided: 0, heartbeating: 0, awaitingRecovery: 0 });
+  expect((await install(good1, sha256(GZIPPED), 'reinstall')).code).toBe(0);
+  await within('the machine asked again gets an agent, and is installed again', async () => {
+    const m = (await machines()).find((x) => x.deviceId === good1.deviceId);
+    return m?.state === 'Succeeded' && m.generation === 2 ? m : undefined;
+  });
+  const history = await db.admin(`
+    SELECT p.provider_id, w.process, count(*)::int AS n FROM work_history w JOIN machine_provided p USING (machine_id)
+    WHERE w.event = 'Started' GROUP BY 1, 2 ORDER BY 1, 2`);
+  const starts = (deviceId: string, process: string) =>
+    history.rows.find((row) => row.provider_id === deviceId && row.process === process)?.n ?? 0;
+  expect(starts(good1.deviceId, 'ShepherdAgentStart')).toBe(2);
+  expect(starts(good2.deviceId, 'ShepherdAgentStart')).toBe(1);
+  expect(starts(bad.deviceId, 'ShepherdAgentStart')).toBe(1);
+  for (const m of fleet) {
+    expect(starts(m.deviceId, 'ShepherdRecovery'), m.deviceId).toBe(0);
+    expect(api.reboots(m.deviceId), m.deviceId).toBe(0);
+  }
+
+  for (const process of [run, server]) process.child.kill('SIGTERM');
+  expect((await run.exited).code, run.stderr.slice(-3000)).toBe(0);
+  expect((await server.exited).code, server.stderr.slice(-3000)).toBe(0);
+}, 240_000);

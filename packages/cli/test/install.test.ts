@@ -1,0 +1,248 @@
+/**
+ * `shepherd install` and `install --cancel` through the built CLI, each
+ * spawned as a process against a real BMDB: requests recorded with a new
+ * generation, who and why; `status` showing them as text and JSON; cancels
+ * and refusals; and every bad input exiting 2 naming its flag, touching
+ * nothing.
+ */
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { Queries } from '@bmaas/bmdb-controlloop';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { testBMDB } from '../../../test/support/database.js';
+import { buildOnce, expectUsageError, shepherd } from './helpers.js';
+
+const { db, bmdb } = await testBMDB();
+const q = new Queries(bmdb.db);
+let dir: string;
+const SHA = 'c0ffee'.padEnd(64, '0');
+const NODES = ['rack1-node1', 'rack1-node2', 'rack1-node3'];
+const ids: Record<string, string> = {};
+
+beforeAll(async () => {
+  buildOnce();
+  dir = await mkdtemp(path.join(tmpdir(), 'shepherd-install-'));
+  await writeFile(path.join(dir, 'user-data'), '#cloud-config\nhostname: node1\n');
+  await writeFile(path.join(dir, 'empty'), '');
+  await writeFile(path.join(dir, 'huge'), Buffer.alloc(64 * 1024 + 1, 0x41));
+  await mkdir(path.join(dir, 'a-directory'));
+  for (const id of NODES) {
+    const machineId = await q.newMachine();
+    await q.addProvided(machineId, { provider: 'Static', providerId: id });
+    ids[id] = machineId;
+  }
+});
+afterAll(async () => {
+  await rm(dir, { recursive: true, force: true });
+});
+
+const image = [
+  '--image-url',
+  'https://images.example.com/debian-12.img.gz',
+  '--image-sha256',
+  SHA.toUpperCase(),
+  '--root-device',
+  '/dev/sda',
+  '--compression',
+  'gzip',
+];
+
+describe('install', () => {
+  test('requests an installation of each machine named, a new generation each, with who and why', async () => {
+    const env = { SHEPHERD_BMDB_URL: db.url, DEBUG: '' };
+    const first = await shepherd(
+      [
+        'install',
+        '--provider',
+        'Static',
+        '--provider-id',
+        'rack1-node1',
+        'rack1-node2',
+        ...image,
+        '--user-data',
+        path.join(dir, 'user-data'),
+        '--reason',
+        'first install',
+        '--actor',
+        'alice@ops',
+      ],
+      env,
+    );
+    expect(first.stderr).toBe('');
+    expect(first.code).toBe(0);
+    expect(first.stdout).toBe(
+      NODES.slice(0, 2)
+        .map(
+          (id) =>
+            `requested installation of Static ${id} (machine ${ids[id]}): generation 1, https://images.example.com/debian-12.img.gz onto /dev/sda\n`,
+        )
+        .join(''),
+    );
+    const installation = await q.osInstallation(ids['rack1-node1'] as string);
+    expect(installation).toMatchObject({
+      generation: 1n,
+      state: 'Requested',
+      imageSha256: SHA,
+      compression: 'gzip',
+      requestedBy: 'alice@ops',
+    });
+    expect(Buffer.from(installation?.userData ?? []).toString()).toBe('#cloud-config\nhostname: node1\n');
+    expect((await q.operatorHistory(ids['rack1-node1'] as string)).at(-1)).toMatchObject({
+      action: 'InstallOS',
+      reason: 'first install',
+      actor: 'alice@ops',
+      detail: { generation: 1, imageUrl: 'https://images.example.com/debian-12.img.gz', userDataBytes: 30 },
+    });
+
+    // Again, by machine ID: the next generation.
+    const again = await shepherd(
+      ['install', '--machine-id', ids['rack1-node1'] as string, ...image, '--reason', 'again'],
+      env,
+    );
+    expect(again.code).toBe(0);
+    expect(again.stdout).toContain('generation 2,');
+
+    // status shows them, as text and as JSON.
+    const text = await shepherd(['status'], env);
+    expect(text.stdout).toMatch(/OS installations: 2\n {2}requested +2\n/);
+    expect(text.stdout).toMatch(
+      new RegExp(
+        `${ids['rack1-node1']}  rack1-node1  2 +Requested  https://images.example.com/debian-12.img.gz onto /dev/sda`,
+      ),
+    );
+    const json = JSON.parse((await shepherd(['status', '--json'], env)).stdout);
+    expect(json.installations).toEqual({ Requested: 2, Delivered: 0, Succeeded: 0, Failed: 0, Canceled: 0 });
+    expect(json.installationRequests).toContainEqual(
+      expect.objectContaining({ providerId: 'rack1-node1', generation: 2, state: 'Requested', error: null }),
+    );
+
+    // --cancel withdraws; a second cancel, and an unknown machine, are refused: exit 1, naming each.
+    const cancel = await shepherd(
+      ['install', '--cancel', '--provider', 'Static', '--provider-id', 'rack1-node2', '--reason', 'wrong image'],
+      env,
+    );
+    expect(cancel.code).toBe(0);
+    expect(cancel.stdout).toBe(
+      `canceled the installation of Static rack1-node2 (machine ${ids['rack1-node2']}), generation 1\n`,
+    );
+    expect((await q.osInstallation(ids['rack1-node2'] as string))?.state).toBe('Canceled');
+    const refused = await shepherd(
+      [
+        'install',
+        '--cancel',
+        '--provider',
+        'Static',
+        '--provider-id',
+        'rack1-node2',
+        'rack1-node3',
+        'rack9-node9',
+        '--reason',
+        'tidy up',
+      ],
+      env,
+    );
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toContain('canceled none of 3 machine(s)');
+    expect(refused.stderr).toContain('rack1-node2 (machine');
+    expect(refused.stderr).toContain('is canceled already');
+    expect(refused.stderr).toContain('rack1-node3');
+    expect(refused.stderr).toContain('no OS installation was ever requested for it');
+    expect(refused.stderr).toContain('Static rack9-node9: not in the BMDB under provider Static');
+  });
+});
+
+describe('bad input exits 2 with one line naming the flag, before anything is touched', () => {
+  const targets = ['--provider', 'Static', '--provider-id', 'rack1-node3'];
+  const withImage = (...change: string[]) => {
+    const args = [...image];
+    for (let i = 0; i < change.length; i += 2) {
+      const at = args.indexOf(change[i] as string);
+      if (at >= 0) args.splice(at, 2, change[i] as string, change[i + 1] as string);
+      else args.push(change[i] as string, change[i + 1] as string);
+    }
+    return ['install', ...targets, ...args, '--reason', 'x'];
+  };
+  const without = (flag: string) => {
+    const args = [...image];
+    args.splice(args.indexOf(flag), 2);
+    return ['install', ...targets, ...args, '--reason', 'x'];
+  };
+  // Each spawns a process of its own and touches nothing: run side by side.
+  test.concurrent.each<[string, string[], RegExp]>([
+    [
+      'a URL that is not http(s)',
+      withImage('--image-url', 'ftp://images/x.img'),
+      /--image-url: invalid value "ftp:\/\/images\/x.img": want an http:\/\/ or https:\/\/ URL/,
+    ],
+    ['a URL that is no URL', withImage('--image-url', 'debian.img'), /--image-url: invalid value "debian.img"/],
+    [
+      'a sha256 too short',
+      withImage('--image-sha256', 'abc123'),
+      /--image-sha256: invalid value "abc123": want the image’s sha256, 64 hex digits/,
+    ],
+    ['a sha256 not hex', withImage('--image-sha256', 'z'.repeat(64)), /--image-sha256: invalid value "z{64}"/],
+    [
+      'a root device that is no absolute path',
+      withImage('--root-device', 'sda'),
+      /--root-device: invalid value "sda": want an absolute path/,
+    ],
+    [
+      'an unknown compression',
+      withImage('--compression', 'xz'),
+      /--compression: invalid value "xz": want one of none, gzip/,
+    ],
+    [
+      'an unreadable user-data file',
+      withImage('--user-data', '/nonexistent/user-data'),
+      /--user-data: cannot read "\/nonexistent\/user-data" \(ENOENT\)/,
+    ],
+    ['a directory as user-data', withImage('--user-data', '/'), /--user-data: cannot read "\/" \(EISDIR\)/],
+    ['an empty user-data file', withImage('--user-data', '/dev/null'), /--user-data: "\/dev\/null" is empty/],
+    [
+      'no image URL',
+      without('--image-url'),
+      /--image-url: required for install \(or withdraw a request with --cancel\)/,
+    ],
+    ['no sha256', without('--image-sha256'), /--image-sha256: required for install/],
+    ['no root device', without('--root-device'), /--root-device: required for install/],
+    ['no reason', ['install', ...targets, ...image], /--reason: required for install: say why/],
+    ['no machines', ['install', ...image, '--reason', 'x'], /--provider: required for install \(or --machine-id\)/],
+    [
+      'a cancel with an image',
+      ['install', '--cancel', ...targets, '--image-url', 'https://x/y', '--reason', 'x'],
+      /--image-url: not with --cancel/,
+    ],
+    ['a cancel without a reason', ['install', '--cancel', ...targets], /--reason: required for install --cancel/],
+    ['a flag of another command', [...withImage(), '--graceful'], /--graceful: unknown flag for install/],
+  ])('%s', async (_, args, message) => {
+    const dataDir = path.join(dir, `untouched-${Math.random().toString(36).slice(2)}`);
+    const result = await shepherd([...args, '--data-dir', dataDir], { DEBUG: '' });
+    await expectUsageError(result, message, dataDir);
+  });
+
+  test('user-data larger than 64 KiB is refused naming the flag', async () => {
+    const dataDir = path.join(dir, 'untouched-huge');
+    const result = await shepherd([...withImage('--user-data', path.join(dir, 'huge')), '--data-dir', dataDir], {
+      DEBUG: '',
+    });
+    await expectUsageError(result, /--user-data: ".*huge" is larger than 65536 bytes/, dataDir);
+  });
+
+  test('install says what it does in --help', async () => {
+    const help = await shepherd(['install', '--help']);
+    expect(help.code).toBe(0);
+    for (const flag of [
+      '--image-url',
+      '--image-sha256',
+      '--root-device',
+      '--compression',
+      '--user-data',
+      '--cancel',
+      '--reason',
+      '--provider-id',
+      '--machine-id',
+    ])
+      expect(help.stdout).toContain(flag);
+  });
+});

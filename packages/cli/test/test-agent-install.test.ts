@@ -1,0 +1,205 @@
+/**
+ * The bundled test agent installs what its heartbeats' answers ask for,
+ * against a real BMaaS server and a real HTTPS image server: the image
+ * downloaded and verified while streaming, gunzipped, written to the root
+ * device (a file the size of a disk), flushed, the outcome reported with its
+ * generation, the reboot command run; heartbeats go on while it installs.
+ * Every way it fails is an Error shown with its cause, and the machine is
+ * asked again and installs.
+ */
+import { spawn } from 'node:child_process';
+import { createHash, randomBytes, X509Certificate } from 'node:crypto';
+import { mkdtemp, readFile, rm, truncate, writeFile } from 'node:fs/promises';
+import { loadavg, tmpdir } from 'node:os';
+import path from 'node:path';
+import { gzipSync } from 'node:zlib';
+import { type OSInstallation, Queries } from '@bmaas/bmdb-controlloop';
+import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
+import { encodeTakeoverInit, parseTakeoverResponse, type TakeoverInitParams } from '@bmaas/shepherd-manager';
+import { afterAll, beforeAll, expect, test } from 'vitest';
+import { testBMDB } from '../../../test/support/database.js';
+import { ImageServer } from '../../../test/support/image-server.js';
+import { agentHeartbeaters, eventually, killQuietly } from './helpers.js';
+
+const TEST_AGENT = path.resolve('packages/shepherd-manager/bin/test-agent.js');
+const MiB = 1 << 20;
+
+const { db, bmdb } = await testBMDB();
+const q = new Queries(bmdb.db);
+let dir: string;
+let server: BmaasServer;
+let images: ImageServer;
+let caCertificate: Uint8Array;
+const image = randomBytes(3 * MiB);
+const sha256 = (bytes: Uint8Array) => createHash('sha256').update(bytes).digest('hex');
+
+beforeAll(async () => {
+  dir = await mkdtemp(path.join(tmpdir(), 'test-agent-install-'));
+  const tls = await selfSignedServerTls(path.join(dir, 'tls'));
+  caCertificate = new Uint8Array(new X509Certificate(tls.cert).raw);
+  server = await BmaasServer.start({ bmdb, listen: { host: '127.0.0.1', port: 0 }, tls });
+  // The image server's certificate is the one the agent was given as its CA.
+  images = await ImageServer.start(tls);
+  images.serve('debian.img', { bytes: image });
+  images.serve('debian.img.gz', { bytes: gzipSync(image), chunkBytes: 128 * 1024, chunkDelayMs: 100 });
+});
+afterAll(async () => {
+  for (const pid of (await agentHeartbeaters(db)).values()) killQuietly(pid);
+  await server?.close();
+  await images?.close();
+  await rm(dir, { recursive: true, force: true });
+});
+
+/**
+ * A machine whose test agent was taken over as the initializer does it, and
+ * its disk: a file of `diskBytes`. Returns the machine ID, the disk's path
+ * and the agent's log.
+ */
+async function machineWithAgent(
+  name: string,
+  diskBytes = 8 * MiB,
+): Promise<{ machineId: string; disk: string; log: () => Promise<string> }> {
+  const machineId = await q.newMachine();
+  await q.addProvided(machineId, { provider: 'Install', providerId: name });
+  const disk = path.join(dir, `${name}.disk`);
+  await writeFile(disk, '');
+  await truncate(disk, diskBytes);
+  const logPath = path.join(dir, `${name}.log`);
+  const init: TakeoverInitParams = { machineId, bmaasEndpoint: `127.0.0.1:${server.port}`, caCertificate };
+  const answer = await new Promise<Buffer>((resolve, reject) => {
+    const child = spawn(process.execPath, [TEST_AGENT], {
+      stdio: 'pipe',
+      env: {
+        ...process.env,
+        SHEPHERD_TEST_AGENT_HEARTBEAT_INTERVAL: '200ms',
+        SHEPHERD_TEST_AGENT_LOG: logPath,
+        SHEPHERD_TEST_AGENT_REBOOT_COMMAND: `echo "$PPID" > ${path.join(dir, `${name}.rebooted`)}`,
+        SHEPHERD_TEST_AGENT_USER_DATA_DIR: dir,
+      },
+    });
+    const stdout: Buffer[] = [];
+    child.stdout.on('data', (chunk: Buffer) => stdout.push(chunk));
+    child.on('error', reject);
+    child.on('close', (code) => (code === 0 ? resolve(Buffer.concat(stdout)) : reject(new Error(`exit ${code}`))));
+    child.stdin.end(encodeTakeoverInit(init));
+  });
+  const { key } = parseTakeoverResponse(answer, init);
+  await q.setAgentStarted(machineId, { publicKey: key });
+  return { machineId, disk, log: () => readFile(logPath, 'utf8').catch(() => '') };
+}
+
+const request = (machineId: string, change: Partial<Parameters<Queries['requestOSInstallation']>[1]> = {}) =>
+  q.requestOSInstallation(machineId, {
+    imageUrl: images.url('debian.img'),
+    imageSha256: sha256(image),
+    rootDevice: '/nonexistent',
+    actor: 'test',
+    reason: 'agent test',
+    ...change,
+  });
+
+/** Waits until the machine's request of `generation` settled (Succeeded or Failed), and returns it. */
+async function settled(machineId: string, generation: bigint, log: () => Promise<string>): Promise<OSInstallation> {
+  try {
+    return await eventually(async () => {
+      const installation = await q.osInstallation(machineId);
+      return installation?.generation === generation &&
+        (installation.state === 'Succeeded' || installation.state === 'Failed')
+        ? installation
+        : undefined;
+    }, 60_000);
+  } catch (error) {
+    throw new Error(`${(error as Error).message}\nagent log:\n${await log()}`);
+  }
+}
+
+const heartbeatAt = async (machineId: string) =>
+  (await db.admin('SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId])).rows[0]
+    ?.agent_heartbeat_at as Date | undefined;
+
+test('installs a gzipped image over HTTPS while heartbeating: verified, written, flushed, reported, rebooted', async () => {
+  const { machineId, disk, log } = await machineWithAgent('good');
+  await eventually(() => heartbeatAt(machineId));
+  const asked = await request(machineId, {
+    imageUrl: images.url('debian.img.gz'),
+    imageSha256: sha256(gzipSync(image)),
+    compression: 'gzip',
+    rootDevice: disk,
+    userData: Buffer.from('#cloud-config\nhostname: good\n'),
+  });
+  // The slow download takes seconds: heartbeats go on meanwhile, the request Delivered.
+  const delivered = await eventually(async () => (await q.osInstallation(machineId))?.deliveredAt ?? undefined);
+  await eventually(async () => {
+    const installation = await q.osInstallation(machineId);
+    const at = await heartbeatAt(machineId);
+    return installation?.state === 'Delivered' && at && at.getTime() > delivered.getTime() + 300 ? true : undefined;
+  });
+  const done = await settled(machineId, asked.generation, log);
+  expect(done).toMatchObject({ state: 'Succeeded', error: null });
+  const written = await readFile(disk);
+  expect(written.length).toBe(8 * MiB);
+  expect(written.subarray(0, image.length).equals(image)).toBe(true);
+  expect(written.subarray(image.length).every((byte) => byte === 0)).toBe(true);
+  expect(await readFile(path.join(dir, `${machineId}.user-data`), 'utf8')).toBe('#cloud-config\nhostname: good\n');
+  // The reboot command ran, and the agent stopped: the machine runs its OS now.
+  await eventually(async () => await readFile(path.join(dir, 'good.rebooted'), 'utf8').catch(() => undefined));
+  await eventually(async () => ((await log()).endsWith('stopped\n') ? true : undefined));
+  const throughput = /(\d+) bytes written and flushed in ([\d.]+) s \(([\d.]+) MB\/s\)/.exec(await log());
+  expect(throughput).not.toBeNull();
+  console.log(
+    `test agent: ${throughput?.[1]} bytes (gzip, throttled to ~1.3 MB/s by the image server) in ${throughput?.[2]} s; load ${loadavg()[0]?.toFixed(2)}`,
+  );
+});
+
+test('every failure is an Error with its cause; the agent keeps heartbeating and installs when asked again', async () => {
+  const { machineId, disk, log } = await machineWithAgent('retried');
+  await truncate(path.join(dir, 'small.disk'), MiB).catch(async () => {
+    await writeFile(path.join(dir, 'small.disk'), '');
+    await truncate(path.join(dir, 'small.disk'), MiB);
+  });
+  const { cert: otherCert, key: otherKey } = await selfSignedServerTls(path.join(dir, 'other-tls'));
+  const untrusted = await ImageServer.start({ cert: otherCert, key: otherKey });
+  untrusted.serve('debian.img', { bytes: image });
+  try {
+    const failures: [Partial<Parameters<Queries['requestOSInstallation']>[1]>, RegExp][] = [
+      [{ rootDevice: disk, imageSha256: 'ab'.repeat(32) }, /sha256 mismatch: downloaded [0-9a-f]{64}, want (ab){32}/],
+      [{ rootDevice: disk, imageUrl: images.url('missing.img') }, /HTTP status 404/],
+      [{ rootDevice: path.join(dir, 'no-such-disk') }, /root device .*no-such-disk missing/],
+      [{ rootDevice: path.join(dir, 'small.disk') }, /small\.disk too small: 1048576 bytes/],
+      [{ rootDevice: disk, imageUrl: untrusted.url('debian.img') }, /certificate/],
+    ];
+    for (const [change, cause] of failures) {
+      const asked = await request(machineId, change);
+      const failed = await settled(machineId, asked.generation, log);
+      expect(failed.state, JSON.stringify(change)).toBe('Failed');
+      expect(failed.error).toMatch(cause);
+      // A failed write leaves no image that could boot: the disk's first MiB is zeros.
+      expect((await readFile(disk)).subarray(0, MiB).every((byte) => byte === 0)).toBe(true);
+    }
+    // Still heartbeating, and asked again with the right request it installs.
+    const before = await heartbeatAt(machineId);
+    await eventually(
+      async () => ((await heartbeatAt(machineId))?.getTime() ?? 0) > (before?.getTime() ?? 0) || undefined,
+    );
+    const asked = await request(machineId, { rootDevice: disk });
+    expect(asked.generation).toBe(BigInt(failures.length + 1));
+    expect(await settled(machineId, asked.generation, log)).toMatchObject({ state: 'Succeeded' });
+    expect((await readFile(disk)).subarray(0, image.length).equals(image)).toBe(true);
+  } finally {
+    await untrusted.close();
+  }
+});
+
+test('a canceled request stops the installation under way; asked again, it installs', async () => {
+  const { machineId, disk, log } = await machineWithAgent('canceled');
+  images.serve('slow.img', { bytes: image, chunkBytes: 64 * 1024, chunkDelayMs: 200 });
+  await request(machineId, { imageUrl: images.url('slow.img'), rootDevice: disk });
+  await eventually(async () => ((await q.osInstallation(machineId))?.state === 'Delivered' ? true : undefined));
+  await eventually(async () => (images.requests.includes('slow.img') ? true : undefined));
+  await q.cancelOSInstallation(machineId, { actor: 'test', reason: 'wrong image' });
+  await eventually(async () => ((await log()).includes('no longer asked for: stopping it') ? true : undefined));
+  await eventually(async () => (images.brokenOff.includes('slow.img') ? true : undefined));
+  expect((await q.osInstallation(machineId))?.state).toBe('Canceled');
+  const asked = await request(machineId, { rootDevice: disk });
+  expect(await settled(machineId, asked.generation, log)).toMatchObject({ state: 'Succeeded' });
+});
