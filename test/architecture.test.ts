@@ -2,12 +2,15 @@ import { existsSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
+import { CallGraph } from './support/call-graph.js';
 
 /**
  * ARCHITECTURE.md is a map: it names files, and functions in them, as
  * backticked `path` or `path:Name.member`. A map that points at a moved file
  * or a renamed function misleads the reader it was written for, so every
- * reference is checked against the tree.
+ * reference is checked against the tree; and the claim and end paths are
+ * steps `A` → `B`, each checked to be a call (or hand-over) of B in A by the
+ * TypeScript compiler, so a path that no longer runs that way fails here.
  */
 
 const root = fileURLToPath(new URL('..', import.meta.url));
@@ -26,6 +29,30 @@ interface Reference {
   readonly file: string;
   readonly names: readonly string[];
 }
+
+/** A step of a path: `from` calls or hands over `to`; numbered steps make the path, bullets are its other entries. */
+interface Step {
+  readonly line: string;
+  readonly numbered: boolean;
+  readonly from: Reference;
+  readonly to: Reference;
+}
+
+/** The steps of the section under `heading`: its numbered and bulleted lines of the form `A` → `B`. */
+function steps(heading: string): Step[] {
+  const start = map.indexOf(heading);
+  if (start < 0) return [];
+  const section = map.slice(start, map.indexOf('\n## ', start + heading.length));
+  return section.split('\n').flatMap((line) => {
+    const arrow = /^(\d+\.|-) (`[^`]+`) → (`[^`]+`)/.exec(line);
+    if (!arrow) return [];
+    const [from, to] = [...references(arrow[2] ?? ''), ...references(arrow[3] ?? '')];
+    return from && to ? [{ line, numbered: arrow[1] !== '-', from, to }] : [];
+  });
+}
+
+/** `file:Name.member` as the call graph takes it. */
+const nameOf = (reference: Reference) => reference.names.join('.');
 
 function references(text: string): Reference[] {
   return [...text.matchAll(REFERENCE)].map(([, file = '', name]) => ({
@@ -70,19 +97,81 @@ describe('ARCHITECTURE.md', () => {
     expect(missing).toEqual([]);
   });
 
-  it('gives the claim path and the end path as numbered file:function lists', () => {
+  it('gives the claim path and the end path as numbered steps, each read in at most five files', () => {
     for (const heading of ['## The claim path', '## The end path']) {
-      const start = map.indexOf(heading);
-      expect(start, heading).toBeGreaterThanOrEqual(0);
-      const section = map.slice(start, map.indexOf('\n## ', start + heading.length));
-      const steps = section.split('\n').filter((line) => /^\d+\. /.test(line));
-      expect(steps.length, heading).toBeGreaterThanOrEqual(5);
-      expect(
-        steps.every((step) => references(step).some((r) => r.names.length > 0)),
-        `${heading}: every step names a file:function`,
-      ).toBe(true);
+      const numbered = steps(heading).filter((step) => step.numbered);
+      expect(numbered.length, heading).toBeGreaterThanOrEqual(5);
+      // Each step after the first starts where an earlier one went: the path is one walk.
+      const reached = new Set([`${numbered[0]?.from.file}:${nameOf(numbered[0]?.from ?? { file: '', names: [] })}`]);
+      for (const step of numbered) {
+        expect(reached, `${heading}: ${step.line}`).toContain(`${step.from.file}:${nameOf(step.from)}`);
+        reached.add(`${step.to.file}:${nameOf(step.to)}`);
+      }
+      const files = new Set(numbered.flatMap((step) => [step.from.file, step.to.file]));
+      expect(files.size, `${heading}: ${[...files].join(', ')}`).toBeLessThanOrEqual(5);
     }
   });
+
+  describe('paths as the code runs them', () => {
+    const pathSteps = ['## The claim path', '## The end path'].flatMap(steps);
+    // One program for every file a step names, with what they import.
+    const graph = new CallGraph(
+      root,
+      [...new Set(pathSteps.flatMap((step) => [step.from.file, step.to.file]))].map((file) => path.join(root, file)),
+    );
+    const edge = (from: Reference, to: Reference) => {
+      const [a, b] = [graph.declaration(from.file, nameOf(from)), graph.declaration(to.file, nameOf(to))];
+      expect(a, `${from.file}:${nameOf(from)}`).toBeDefined();
+      expect(b, `${to.file}:${nameOf(to)}`).toBeDefined();
+      return a !== undefined && b !== undefined && graph.references(a, b);
+    };
+
+    it('each step of the claim and end paths is a call its first function makes', () => {
+      expect(pathSteps.length).toBeGreaterThan(15);
+      const stale = pathSteps.filter((step) => !edge(step.from, step.to)).map((step) => step.line);
+      expect(stale).toEqual([]);
+    }, 60_000);
+
+    it('sees a step that does not hold', () => {
+      const [claim, close, process, cancel, workCancel] = references(
+        '`control-loop.ts:Runner.#claim` `session.ts:Session.close` `control-loop.ts:Runner.#process` `control-loop.ts:cancel` `work.ts:Work.cancel`',
+      ) as [Reference, Reference, Reference, Reference, Reference];
+      expect(edge(claim, close)).toBe(false);
+      // #process cancels through cancel(), which calls Work.cancel: one step each, not one for both.
+      expect(edge(process, cancel)).toBe(true);
+      expect(edge(cancel, workCancel)).toBe(true);
+      expect(edge(process, workCancel)).toBe(false);
+    });
+  });
+
+  // A program over every index: seconds on a loaded machine.
+  it('lists what each index exports', () => {
+    const start = map.indexOf('## Public surface');
+    expect(start).toBeGreaterThanOrEqual(0);
+    const section = map.slice(start, map.indexOf('\n## ', start + 1));
+    const listed = section.split('\n').flatMap((line) => {
+      const row = /^\| `[^`]+` \(`([^`]+)`\) \| (\d+) \| (.*) \|$/.exec(line);
+      return row
+        ? [
+            {
+              file: row[1] ?? '',
+              count: Number(row[2]),
+              names: [...(row[3] ?? '').matchAll(/`([^`]+)`/g)].map((m) => m[1]),
+            },
+          ]
+        : [];
+    });
+    expect(listed.length).toBeGreaterThan(8);
+    const graph = new CallGraph(
+      root,
+      listed.map((entry) => path.join(root, entry.file)),
+    );
+    for (const entry of listed) {
+      const exported = graph.exportsOf(entry.file).sort();
+      expect(entry.names.sort(), entry.file).toEqual(exported);
+      expect(entry.count, entry.file).toBe(exported.length);
+    }
+  }, 60_000);
 
   it('catches a reference to a missing file or function', () => {
     const [bad] = references('`packages/bmdb-controlloop/src/session.ts:noSuchFunction`');

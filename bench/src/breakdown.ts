@@ -118,7 +118,7 @@ async function main(): Promise<void> {
   try {
     const url = await server.createDatabase(name);
     const bmdb = await BMDB.open({ url, migrate: true, componentName: 'bench', runtimeInfo: 'breakdown' });
-    await server.withClient(name, (client) => fillFleet(client, { total: ITEMS, ready: ITEMS }));
+    await server.withClient(name, (client) => fillFleet(client, { total: ITEMS, ready: ITEMS, held: 0 }));
     await server.withClient('postgres', (client) => client.query('SELECT pg_stat_statements_reset()'));
     const stop = new AbortController();
     let done = 0;

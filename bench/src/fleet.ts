@@ -10,15 +10,16 @@ export const PROVIDER = 'Bench';
  * minutes ago, so the recoverer has a few candidates. A fifth of the started
  * ones are installed instead (their OS installation succeeded, their agent
  * tags gone: in neither selection's indexes), and 1% are installing (a
- * delivered request, heartbeating). 1% are held by an operator; power
- * states were read a while ago for all but 1%: On, and 0.5% Off, 0.2% whose
- * last read failed.
+ * delivered request, heartbeating). `held` (default 1%) are held by an
+ * operator: a run that must claim every ready machine holds none, as a held
+ * machine is never claimed. Power states were read a while ago for all but
+ * 1%: On, and 0.5% Off, 0.2% whose last read failed.
  */
 export async function fillFleet(
   client: pg.Client,
-  fleet: { total: number; ready: number; lost?: number },
+  fleet: { total: number; ready: number; lost?: number; held?: number },
 ): Promise<void> {
-  const { total, ready, lost = 0 } = fleet;
+  const { total, ready, lost = 0, held = Math.round(total / 100) } = fleet;
   await client.query(
     `WITH m AS (
        INSERT INTO machines (machine_created_at)
@@ -36,7 +37,7 @@ export async function fillFleet(
     `INSERT INTO machine_hold (machine_id, hold_reason, hold_actor, held_at)
      SELECT machine_id, 'bench maintenance', 'bench@host', now() - interval '1 hour'
      FROM machine_provided ORDER BY random() LIMIT $1::int`,
-    [Math.round(total / 100)],
+    [held],
   );
   // The power sync's rows exist (a trigger made them); all but 1% read a while ago.
   await client.query(

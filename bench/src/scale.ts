@@ -2,7 +2,7 @@ import { BMDB, type Database, Process, Queries } from '@bmaas/bmdb-controlloop';
 import { type CompiledQuery, Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
 // The claim statement is internal to the library; the bench runs from its sources.
-import { claimSelectedStatement } from '../../packages/bmdb-controlloop/src/sql/claim-selected.js';
+import { claimSelectedStatement } from '../../packages/bmdb-controlloop/src/sql/claim.js';
 import { fillFleet, PROVIDER } from './fleet.js';
 import type { BenchServer } from './server.js';
 

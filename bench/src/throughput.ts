@@ -68,7 +68,7 @@ async function runBmdb(
     poolSize: Math.max(20, concurrency + 4),
   });
   try {
-    await server.withClient(name, (client) => fillFleet(client, { total: items, ready: items }));
+    await server.withClient(name, (client) => fillFleet(client, { total: items, ready: items, held: 0 }));
     const stop = new AbortController();
     let done = 0;
     let elapsed = 0;

@@ -6,14 +6,13 @@
  */
 import { beforeAll, expect, test } from 'vitest';
 import { shepherd } from '../../packages/cli/test/helpers.js';
-import { createTestDatabase, type TestDatabase } from '../support/database.js';
+import { createTestDatabase } from '../support/database.js';
 import { buildShepherd, ChaosShepherd, eventually, killShepherdsAfterEach, table } from './helpers.js';
 
-let db: TestDatabase;
+const db = await createTestDatabase();
 
 beforeAll(async () => {
   await buildShepherd();
-  db = await createTestDatabase();
   expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
 });
 killShepherdsAfterEach();

@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { shepherd } from '../../packages/cli/test/helpers.js';
-import { createTestDatabase, type TestDatabase } from '../support/database.js';
+import { createTestDatabase } from '../support/database.js';
 import {
   agentStarts,
   buildShepherd,
@@ -28,12 +28,12 @@ const MACHINES = 20;
 const SESSION_INTERVAL = 5_000;
 const AGENT_START = 3_000;
 
-let db: TestDatabase;
 let dir: string;
+
+const db = await createTestDatabase();
 
 beforeAll(async () => {
   await buildShepherd();
-  db = await createTestDatabase();
   dir = await mkdtemp(path.join(tmpdir(), 'chaos-crash-'));
   expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
 });

@@ -15,7 +15,7 @@ import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
 import { SshKey } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { runEquinixArgs, shepherd } from '../../packages/cli/test/helpers.js';
-import { createTestDatabase, type TestDatabase } from '../support/database.js';
+import { createTestDatabase } from '../support/database.js';
 import { HostileProxy } from '../support/hostile-proxy.js';
 import { freePort } from '../support/ports.js';
 import { startTestSshServer, type TestSshServer } from '../support/sshd.js';
@@ -29,7 +29,6 @@ const CONNECT_TIMEOUT = 3_000;
 /** The agent executable is this big, so an upload can be cut half way. */
 const AGENT_SIZE = 2 * 1024 * 1024;
 
-let db: TestDatabase;
 let dir: string;
 let api: FakeEquinixApi;
 let sshd: TestSshServer;
@@ -39,9 +38,10 @@ let keyPath: string;
 /** What the agent does, read by the agent from a file on the "machine" at every start. */
 type AgentMode = 'hang' | 'garbage' | 'flood' | 'exit-3' | 'behave';
 
+const db = await createTestDatabase();
+
 beforeAll(async () => {
   await buildShepherd();
-  db = await createTestDatabase();
   dir = await mkdtemp(path.join(tmpdir(), 'chaos-agent-'));
   expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
   keyPath = path.join(dir, 'ssh_key');

@@ -1,48 +1,30 @@
-/**
- * Scenario 5, a hostile provider API: the shepherd's Equinix parts (the
- * provisioner, the initializer, the status updater, as `shepherd run
- * equinix` wires them, in this process so the client's timeout and page size
- * can be small) against the fake Equinix API answering 500s, 429s with
- * Retry-After, slow responses past the client's timeout, malformed JSON and
- * lost answers on every route it uses, and device listings whose pages change
- * between requests. No crash, no duplicate device, no machine lost from the
- * BMDB, and a listing that does not add up is refused as designed.
- */
-import { format } from 'node:util';
-import { type BMDB, parseLimiter, Queries, SessionClosedError, SessionExpiredError } from '@bmaas/bmdb-controlloop';
+import { parseLimiter, Queries, SessionClosedError, SessionExpiredError } from '@bmaas/bmdb-controlloop';
 import { EQUINIX_PROVIDER, EquinixClient, EquinixProvider, EquinixStatusUpdater } from '@bmaas/provider-equinix';
 import { FakeEquinixApi, type FakeFault, type FakeRoute } from '@bmaas/provider-equinix/testing';
-import { FakeSshClient, Initializer, ProviderDiscrepancyError, Provisioner } from '@bmaas/shepherd-manager';
-import createDebug from 'debug';
+import { Initializer, ProviderDiscrepancyError, Provisioner } from '@bmaas/shepherd-manager';
+import { FakeSshClient } from '@bmaas/shepherd-manager/testing';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../support/database.js';
+import { testBMDB } from '../support/database.js';
+import { captureDebugLog } from '../support/debug-log.js';
 import { eventually, sleep, table } from './helpers.js';
 
 const RESERVATIONS = 12;
 const REQUEST_TIMEOUT = 1_000;
 const KEY = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFc0gXoIKZ7PSJtVk0V1YeZ0m3c0p3dTk0lIFOgM3Ol5 chaos@test';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let api: FakeEquinixApi;
-const logs: string[] = [];
+let logs: string[] = [];
+
+const { db, bmdb } = await testBMDB();
 
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
   // New devices are provisioning (no address) for their first read.
   api = await FakeEquinixApi.start({ reservations: RESERVATIONS, publicIpv4: '127.0.0.1', provisioningReads: 1 });
   // The shepherd's log, for counting what it said.
-  const previous = createDebug.log;
-  createDebug.enable('shepherd:*');
-  createDebug.log = (...args: unknown[]) => {
-    logs.push(format(...args));
-  };
-  afterAll(() => {
-    createDebug.log = previous;
-    createDebug.disable();
-  });
+  const captured = captureDebugLog('shepherd:*');
+  afterAll(() => captured.restore());
+  logs = captured.lines;
 });
 afterAll(() => api?.close());
 

@@ -9,7 +9,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, expect, test } from 'vitest';
-import { createTestDatabase, type TestDatabase } from '../support/database.js';
+import { createTestDatabase } from '../support/database.js';
 import {
   agentStarts,
   buildShepherd,
@@ -24,12 +24,12 @@ import {
 } from './helpers.js';
 
 const MACHINES = 200;
-let db: TestDatabase;
 let dir: string;
+
+const db = await createTestDatabase();
 
 beforeAll(async () => {
   await buildShepherd();
-  db = await createTestDatabase();
   dir = await mkdtemp(path.join(tmpdir(), 'chaos-scale-'));
 });
 afterAll(() => rm(dir, { recursive: true, force: true }));

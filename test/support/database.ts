@@ -44,6 +44,18 @@ export async function openTestBMDB(db: TestDatabase, options: Partial<BMDBOption
 }
 
 /**
+ * A database of the calling test file's own and a BMDB open on it, migrated
+ * (with `options`), both gone after the file's tests. Await it at the file's
+ * top level: `const { db, bmdb } = await testBMDB();`.
+ */
+export async function testBMDB(
+  options: Partial<BMDBOptions> = {},
+): Promise<{ readonly db: TestDatabase; readonly bmdb: BMDB }> {
+  const db = await createTestDatabase();
+  return { db, bmdb: await openTestBMDB(db, options) };
+}
+
+/**
  * Waits until some session of `db`'s server waits for an advisory lock: a
  * statement under test has reached its lock and blocks there.
  */

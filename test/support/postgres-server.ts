@@ -6,8 +6,8 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
 // By path: the library's internals are not exported.
-import { postgresInstallation } from '../../packages/bmdb-controlloop/src/internal/postgres-installation.js';
-import { waitUntilAccepting } from '../../packages/bmdb-controlloop/src/internal/postgres-ready.js';
+import { postgresInstallation } from '../../packages/bmdb-controlloop/src/embedded/installation.js';
+import { waitUntilAccepting } from '../../packages/bmdb-controlloop/src/embedded/ready.js';
 import { freePort } from './ports.js';
 
 const run = promisify(execFile);

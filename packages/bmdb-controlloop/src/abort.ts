@@ -1,7 +1,7 @@
 /**
- * Telling a stop from a failure. Two questions with two answers: was it the
- * caller's own signal ({@link isAbortOf}), or did anything abort
- * ({@link isAbortError})?
+ * Telling a stop from a failure: was it the caller's own signal
+ * ({@link isAbortOf}), did anything abort ({@link isAbortError}), and, for a
+ * loop deciding whether to go on, either ({@link isStop}).
  */
 
 /**
@@ -19,4 +19,14 @@ export function isAbortOf(error: unknown, signal: AbortSignal | undefined): bool
  */
 export function isAbortError(error: unknown): boolean {
   return error instanceof Error && error.name === 'AbortError';
+}
+
+/**
+ * Whether `error` stops what `signal` runs rather than failing it: the
+ * signal's own reason, any `AbortError`, or the `TimeoutError` of an
+ * `AbortSignal.timeout`. The one test of the library's loops (the control
+ * loop's workers, `runRounds`) and of the shepherd's.
+ */
+export function isStop(error: unknown, signal?: AbortSignal): boolean {
+  return isAbortOf(error, signal) || isAbortError(error) || (error instanceof Error && error.name === 'TimeoutError');
 }

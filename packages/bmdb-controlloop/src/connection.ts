@@ -9,25 +9,25 @@ import {
   type AgentHeartbeatResult,
   checkAgentHeartbeat,
 } from './agent-heartbeat.js';
+import { isInstalled } from './embedded/optional-package.js';
 import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
 import { BMDBError, ConnectionClosedError, DatabaseUnreachableError, EmbeddedDatabaseError } from './errors.js';
 import { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
 import { AgentHeartbeats } from './internal/agent-heartbeats.js';
 import { MachineChanges } from './internal/changes.js';
-import { ConnectionForSession } from './internal/connection-for-session.js';
 import { Ends } from './internal/ends.js';
 import { LiveSessions } from './internal/live-sessions.js';
 import { describeError, detail, log } from './internal/log.js';
-import { isInstalled } from './internal/optional-package.js';
 import { createPools } from './internal/pools.js';
 import { PreparedStatements } from './internal/prepared.js';
 import { type RunStatement, withRetry } from './internal/retry.js';
 import { SelectionClaims } from './internal/selection-claims.js';
 import { BMDBMetrics } from './metrics.js';
 import { type ComponentSchema, checkComponents, migrateToLatest } from './migrations/index.js';
+import { redactUrl } from './redact-url.js';
 import type { Database } from './schema.js';
-import { Session, type SessionOptions } from './session.js';
-import { collectExpiredSessionsStatement } from './sql/end-sessions.js';
+import { Session, type SessionOptions, type SessionParts } from './session.js';
+import { collectExpiredSessionsStatement, insertSession } from './sql/sessions.js';
 
 /** Transaction isolation levels a BMDB connection can run at. */
 export type IsolationLevel = 'serializable' | 'repeatable read' | 'read committed';
@@ -143,7 +143,8 @@ export class BMDB {
   readonly #sessions = new LiveSessions(() => this.collectExpiredSessions());
   /** Pool clients whose connection has not ended yet (see close). */
   readonly #connected = new Set<pg.PoolClient>();
-  readonly #forSessions: ConnectionForSession;
+  /** What its sessions go through. */
+  readonly #parts: SessionParts;
   readonly #agentHeartbeats: AgentHeartbeats;
   /** What every connection of this BMDB shares (server, credentials, TLS, name), for connections of their own. */
   readonly #connectionConfig: pg.PoolConfig;
@@ -201,16 +202,14 @@ export class BMDB {
     this.#agentHeartbeats = new AgentHeartbeats(prepared, runBatch, (size) =>
       metrics?.agentHeartbeatBatchSize.observe(size),
     );
-    this.#forSessions = new ConnectionForSession(
-      this.#db,
-      new SelectionClaims(this.#db, prepared, runBatch),
-      new Ends(prepared, runBatch),
-      this.#changes,
-      this.#heartbeatPool,
+    this.#parts = {
+      db: this.#db,
+      claims: new SelectionClaims(this.#db, prepared, runBatch),
+      ends: new Ends(prepared, runBatch),
+      heartbeatPool: this.#heartbeatPool,
       metrics,
-      runBatch,
-      (sessionId) => this.#sessions.remove(sessionId),
-    );
+      run: runBatch,
+    };
   }
 
   /**
@@ -242,14 +241,14 @@ export class BMDB {
       try {
         await bmdb.#db.selectNoFrom(sql<number>`1`.as('ok')).execute();
       } catch (error) {
-        throw new DatabaseUnreachableError(redact(url), describeError(error), { cause: error });
+        throw new DatabaseUnreachableError(redactUrl(url), describeError(error), { cause: error });
       }
       if (options.migrate) await bmdb.migrate();
     } catch (error) {
       await bmdb.close();
       throw error;
     }
-    detail.connection('opened %s for %s', redact(url), options.componentName);
+    detail.connection('opened %s for %s', redactUrl(url), options.componentName);
     return bmdb;
   }
 
@@ -284,21 +283,14 @@ export class BMDB {
     checkInterval(interval, 'session interval');
     const seconds = interval / 1000;
     const sentAt = performance.now();
-    const row = await this.#forSessions.retry(processor, () =>
-      this.#db
-        .insertInto('sessions')
-        .values({
-          component_name: this.options.componentName,
-          runtime_info: this.options.runtimeInfo,
-          processor,
-          interval_seconds: seconds,
-          deadline: sql<Date>`now() + make_interval(secs => ${seconds})`,
-        })
-        .returning('session_id')
-        .executeTakeFirstOrThrow(),
+    const { componentName, runtimeInfo } = this.options;
+    const id = await this.#parts.run([processor], () =>
+      insertSession(this.#db, { componentName, runtimeInfo, processor, intervalSeconds: seconds }),
     );
-    const session = Session.started(this.#forSessions, row.session_id, processor, interval, sentAt);
+    const session = Session.started(this.#parts, id, processor, interval, sentAt);
     this.#sessions.add(session, interval);
+    // Closed or expired, it aborts its signal: it is live no more.
+    session.signal.addEventListener('abort', () => this.#sessions.remove(session.id), { once: true });
     this.#metrics?.sessionsStarted.inc({ processor });
     detail.session('session %s started (%s, interval %ds)', session.id, processor, seconds);
     return session;
@@ -372,9 +364,7 @@ export class BMDB {
    */
   async collectExpiredSessions(): Promise<{ sessions: number; work: number }> {
     this.#assertOpen();
-    const { rows } = await this.#forSessions.retry('collector', () =>
-      collectExpiredSessionsStatement().execute(this.#db),
-    );
+    const { rows } = await this.#parts.run(['collector'], () => collectExpiredSessionsStatement().execute(this.#db));
     const collected = rows[0] ?? { sessions: 0, work: 0 };
     if (collected.sessions > 0) {
       log.session('collected %d expired session(s), releasing %d claim(s)', collected.sessions, collected.work);
@@ -419,16 +409,5 @@ export class BMDB {
 function checkInterval(ms: number, what: string): void {
   if (!Number.isInteger(ms / 1000) || ms < 1000) {
     throw new RangeError(`${what} must be a whole number of seconds, at least 1s; got ${ms}ms`);
-  }
-}
-
-/** The URL without its password, for logs and errors. */
-function redact(url: string): string {
-  try {
-    const parsed = new URL(url);
-    if (parsed.password) parsed.password = '***';
-    return parsed.toString();
-  } catch {
-    return '(unparseable URL)';
   }
 }

@@ -1,4 +1,5 @@
 import { setMaxListeners } from 'node:events';
+import { isStop } from './abort.js';
 import type { Backoff } from './backoff.js';
 import type { BMDB } from './connection.js';
 import {
@@ -13,7 +14,7 @@ import {
   WorkLostError,
 } from './errors.js';
 import { describeError, detail, log } from './internal/log.js';
-import { isStopOrTimeout, sleep } from './internal/sleep.js';
+import { sleep } from './internal/sleep.js';
 import { parseLimiter, type RateLimiter } from './limiter.js';
 import { Queries } from './queries.js';
 import type { Selection } from './selection.js';
@@ -186,14 +187,6 @@ class Runner<T extends WorkCandidate> {
     this.#maxIdleDelay = options.maxIdleDelay ?? 2_000;
   }
 
-  /** Claims one machine, from the loop's selection if it has one. */
-  #claim(session: Session, selection: Selection<T> | undefined): Promise<Work<T>> {
-    if (selection) return session.work(this.loop.process, selection);
-    const getMachines = this.loop.getMachines;
-    if (!getMachines) throw new BMDBError(`control loop ${this.loop.processor} has no getMachines`);
-    return session.work(this.loop.process, (q) => getMachines.call(this.loop, q, 1));
-  }
-
   /**
    * Waits for the limiter and claims one machine. Never rejects: what went
    * wrong is the outcome, with the change generation seen before the claim
@@ -202,18 +195,22 @@ class Runner<T extends WorkCandidate> {
    */
   #nextClaim(session: Session): Promise<ClaimOutcome<T>> {
     const limiter = this.options.dbQueryLimiter;
-    if (limiter.tryTake()) return this.#claimNow(session);
+    if (limiter.tryTake()) return this.#claim(session);
     const generation = this.bmdb.machineChanges.generation;
     return limiter.wait(this.options.signal).then(
-      () => this.#claimNow(session),
+      () => this.#claim(session),
       (error: unknown) => ({ error, generation }),
     );
   }
 
-  async #claimNow(session: Session): Promise<ClaimOutcome<T>> {
+  /** Claims one machine, from the loop's selection if it has one; never rejects. */
+  async #claim(session: Session): Promise<ClaimOutcome<T>> {
     const generation = this.bmdb.machineChanges.generation;
+    const { process, getMachines } = this.loop;
     try {
-      return { work: await this.#claim(session, this.selection), generation };
+      if (this.selection) return { work: await session.work(process, this.selection), generation };
+      if (!getMachines) throw new BMDBError(`control loop ${this.loop.processor} has no getMachines`);
+      return { work: await session.work(process, (q) => getMachines.call(this.loop, q, 1)), generation };
     } catch (error) {
       return { error, generation };
     }
@@ -233,7 +230,7 @@ class Runner<T extends WorkCandidate> {
     try {
       while (!signal.aborted) {
         if (session?.state !== 'live') {
-          await cancelClaimed(ahead, name);
+          await cancelAhead(ahead, name);
           ahead = undefined;
           session = await this.#startSession(name, signal);
           if (!session) break;
@@ -242,7 +239,7 @@ class Runner<T extends WorkCandidate> {
         ahead = undefined;
         if (!('work' in outcome)) {
           const { error } = outcome;
-          if (isStopOrTimeout(error, signal)) break;
+          if (isStop(error, signal)) break;
           if (error instanceof NothingToDoError) {
             // While notifications are heard, polling only has to notice what
             // no statement announces (backoffs and heartbeats aging), and a
@@ -275,9 +272,9 @@ class Runner<T extends WorkCandidate> {
         await this.#process(name, session, work);
       }
     } catch (error) {
-      if (!isStopOrTimeout(error, signal)) throw error;
+      if (!isStop(error, signal)) throw error;
     } finally {
-      await cancelClaimed(ahead, name);
+      await cancelAhead(ahead, name);
       await session?.close().catch((error) => log.loop('%s: closing session failed: %s', name, describeError(error)));
     }
   }
@@ -322,7 +319,7 @@ class Runner<T extends WorkCandidate> {
     if (grace.over) {
       log.loop('%s: machine %s still processing after the grace period; releasing it', name, work.machineId);
     }
-    await release(work, name);
+    await cancel(work, name);
   }
 
   async #runTask(name: string, task: Task<T>): Promise<void> {
@@ -351,17 +348,17 @@ type ClaimOutcome<T extends WorkCandidate> =
   | { readonly work: Work<T>; readonly generation: number }
   | { readonly error: unknown; readonly generation: number };
 
-/** Gives back a machine claimed ahead that no task will process (the loop stopped or its session ended). */
-async function cancelClaimed<T extends WorkCandidate>(
+/** Cancels a machine claimed ahead that no task will process (the loop stopped or its session ended). */
+async function cancelAhead<T extends WorkCandidate>(
   ahead: Promise<ClaimOutcome<T>> | undefined,
   name: string,
 ): Promise<void> {
   const outcome = await ahead;
-  if (outcome && 'work' in outcome) await release(outcome.work, name);
+  if (outcome && 'work' in outcome) await cancel(outcome.work, name);
 }
 
 /** Cancels `work` unless it ended already; a failure other than the session's own end is logged. */
-async function release(work: Work, name: string): Promise<void> {
+async function cancel(work: Work, name: string): Promise<void> {
   await work.cancel().catch((error) => {
     if (!isSessionGone(error))
       log.loop('%s: releasing machine %s failed: %s', name, work.machineId, describeError(error));

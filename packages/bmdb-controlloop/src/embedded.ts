@@ -4,10 +4,10 @@ import { createServer } from 'node:net';
 import { userInfo } from 'node:os';
 import path from 'node:path';
 import pg from 'pg';
+import { initdb, PostgresProcess } from './embedded/process.js';
+import { waitUntilAccepting } from './embedded/ready.js';
 import { EmbeddedDatabaseError } from './errors.js';
 import { log } from './internal/log.js';
-import { initdb, PostgresProcess } from './internal/postgres-process.js';
-import { waitUntilAccepting } from './internal/postgres-ready.js';
 import { sleep } from './internal/sleep.js';
 
 /** Options for {@link EmbeddedDatabase.start}. */

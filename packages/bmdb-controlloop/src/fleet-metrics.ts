@@ -1,14 +1,13 @@
 import { Kysely, PostgresDialect, sql } from 'kysely';
 import type pg from 'pg';
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
-import { isAbortError } from './abort.js';
 import { BMDBError } from './errors.js';
 import { type FleetGauge, FleetGaugeSet, type FleetReading, type FleetSample } from './fleet-gauges.js';
 import { describeError, log } from './internal/log.js';
 import { SingleConnection } from './internal/single-connection.js';
-import { sleep } from './internal/sleep.js';
 import type { RecoveryThresholds } from './queries/recovery-thresholds.js';
 import { Queries } from './queries.js';
+import { runRounds } from './rounds.js';
 import type { Database } from './schema.js';
 
 /** Options of {@link BMDB.startFleetMetrics}. */
@@ -119,15 +118,15 @@ export class FleetMetrics {
   }
 
   async #run(interval: number): Promise<void> {
-    const signal = this.#stop.signal;
-    while (!signal.aborted) {
-      await this.#tick(interval);
-      try {
-        await sleep(interval, signal);
-      } catch (error) {
-        if (!isAbortError(error) && !signal.aborted) throw error;
-      }
-    }
+    // One attempt every interval (the rules of runRounds); #tick reports and recovers from its own failures.
+    await runRounds(
+      {
+        signal: this.#stop.signal,
+        interval,
+        onFailure: (error) => log.fleet('reading the fleet metrics failed: %s', describeError(error)),
+      },
+      () => this.#tick(interval),
+    );
     this.#gauges.clear();
     this.#setLeading(false);
     await this.#disconnect();

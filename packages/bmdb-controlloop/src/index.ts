@@ -6,27 +6,13 @@
  * @packageDocumentation
  */
 
-export { isAbortError, isAbortOf } from './abort.js';
-export {
-  type AgentHeartbeat,
-  type AgentHeartbeatAnswer,
-  type AgentHeartbeatResult,
-  type HardwareReportEntry,
-  isMachineId,
-  type OSInstallationReport,
-  type OSInstallationReportEntry,
-} from './agent-heartbeat.js';
-export { type Backoff, nextBackoffSeconds, normalizeBackoff } from './backoff.js';
+export { isAbortOf, isStop } from './abort.js';
+export { type AgentHeartbeat, isMachineId, type OSInstallationReport } from './agent-heartbeat.js';
+export type { Backoff } from './backoff.js';
 export { BMDB, type BMDBOptions, type ConnectionOptions, type IsolationLevel } from './connection.js';
-export {
-  type ControlLoop,
-  type ControlLoopOptions,
-  DEFAULT_BACKOFF,
-  runControlLoop,
-  type Task,
-} from './control-loop.js';
+export { type ControlLoop, type ControlLoopOptions, runControlLoop, type Task } from './control-loop.js';
 export { describeError } from './describe-error.js';
-export { formatDuration, parseDuration } from './duration.js';
+export { parseDuration } from './duration.js';
 export type { EmbeddedDatabaseOptions } from './embedded.js';
 export {
   BMDBError,
@@ -47,25 +33,11 @@ export {
 export { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
 export { sleep } from './internal/sleep.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
-export { BMDBMetrics } from './metrics.js';
 export type { ComponentSchema } from './migrations/index.js';
-export type { HeartbeatAhead, StartedAgent } from './queries/agent-tags.js';
-export type {
-  ActiveBackoff,
-  BackoffCause,
-  WorkBackoffEntry,
-} from './queries/backoffs.js';
+export type { BackoffCause } from './queries/backoffs.js';
 export { hasLiveWork, inBackoff, isHeld } from './queries/conditions.js';
 export type { DecommissionReport } from './queries/decommission.js';
-export type {
-  LocationControl,
-  LocationHardware,
-  LocationStages,
-  MachineLocation,
-  ProcessorSessions,
-  StagesByLocation,
-} from './queries/fleet-metrics.js';
-export type { LiveWorkItem, MachineDetail, MachinePage, MachineSummary } from './queries/fleet-page.js';
+export type { MachineDetail, MachineSummary } from './queries/fleet-page.js';
 export {
   type FleetControl,
   type FleetStages,
@@ -73,15 +45,13 @@ export {
   type LiveSession,
   MACHINE_STAGES,
   type MachineStage,
-  type PowerStateCounts,
 } from './queries/fleet-stats.js';
-export type { RecentFailure, WorkHistoryEntry } from './queries/history.js';
-export type { HeldMachine, HoldRequest, MachineHold } from './queries/holds.js';
+export type { RecentFailure } from './queries/history.js';
+export type { HoldRequest } from './queries/holds.js';
 export type { MachineFilter } from './queries/machine-filter.js';
 export type { MachineLookup, MachineNames, MachineRef } from './queries/machine-lookup.js';
-export type { NewOperatorAction, OperatorHistoryEntry } from './queries/operator-history.js';
+export type { NewOperatorAction } from './queries/operator-history.js';
 export type {
-  ListedOSInstallation,
   OSImage,
   OSInstallation,
   OSInstallationCancel,
@@ -89,13 +59,14 @@ export type {
   OSInstallationRequest,
   PendingOSInstallation,
 } from './queries/os-installation.js';
-export type { PowerReadLease, PowerReadResult, PowerStateRecord } from './queries/power-state.js';
+export type { PowerReadLease, PowerReadResult } from './queries/power-state.js';
 export type { NewProvided, ProvidedMachine, ProviderStatusUpdate } from './queries/provided-tags.js';
 export type { RecoveryThresholds } from './queries/recovery-thresholds.js';
 export { Queries } from './queries.js';
+export { redactUrl } from './redact-url.js';
+export { type RoundsOptions, runRounds } from './rounds.js';
 export {
   type Database,
-  type MachineProvidedRow,
   OperatorAction,
   OperatorOutcome,
   type OSImageCompression,

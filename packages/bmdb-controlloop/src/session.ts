@@ -1,5 +1,6 @@
 import { performance } from 'node:perf_hooks';
-import { type Kysely, sql } from 'kysely';
+import type { Kysely } from 'kysely';
+import type pg from 'pg';
 import {
   BMDBError,
   NothingToDoError,
@@ -10,16 +11,17 @@ import {
   type WorkOutcome,
 } from './errors.js';
 import { isConnectionLost } from './internal/connection-lost.js';
+import type { Ends } from './internal/ends.js';
 import { describeError, detail, log } from './internal/log.js';
-import type { SessionConnection } from './internal/session-connection.js';
-import { SessionForWork } from './internal/session-for-work.js';
-import { renewSessionDeadline, reportHeartbeatFailure } from './internal/session-heartbeat.js';
+import type { RunStatement } from './internal/retry.js';
+import type { SelectionClaims } from './internal/selection-claims.js';
+import { reportHeartbeatFailure } from './internal/session-heartbeat.js';
+import type { BMDBMetrics } from './metrics.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
 import { isSelection, type Selection, type SelectionRow } from './selection.js';
-import { claimMachineStatement } from './sql/claim-machine.js';
-import type { ClaimStatus } from './sql/claim-status.js';
-import { closeSessionStatement } from './sql/end-sessions.js';
+import { type ClaimStatus, claimMachineStatement, type MachineClaimStatus } from './sql/claim.js';
+import { closeSessionStatement, renewSessionDeadline, sessionAlive } from './sql/sessions.js';
 import { Work } from './work.js';
 import type { WorkCandidate } from './work-candidate.js';
 
@@ -41,6 +43,23 @@ export interface SessionOptions {
 /** Where a session stands: `live` until it expires or is closed, for good. */
 export type SessionState = 'live' | 'expired' | 'closed';
 
+/**
+ * @internal What the sessions of one BMDB connection, and their work, go
+ * through: the connection's own parts, one set shared by all its sessions.
+ */
+export interface SessionParts {
+  readonly db: Kysely<Database>;
+  /** Claims from selections, batched across sessions (one statement at READ COMMITTED; see sql/claim.ts). */
+  readonly claims: SelectionClaims;
+  /** Ends of work without a caller's transaction, batched across sessions. */
+  readonly ends: Ends;
+  /** A small pool of its own, so heartbeats never queue behind work. */
+  readonly heartbeatPool: pg.Pool;
+  readonly metrics: BMDBMetrics | undefined;
+  /** Runs a statement or transaction, retrying serialization failures, counted for each processor it serves. */
+  readonly run: RunStatement;
+}
+
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 /** Fresh tries when concurrent claims took every candidate, before giving up with a conflict. */
@@ -53,7 +72,7 @@ interface Claim<T> {
   readonly previousBackoffSeconds: number | undefined;
 }
 
-function toClaim<T>(status: ClaimStatus, machineId: string, candidate: T): Claim<T> {
+function toClaim<T>(status: ClaimStatus | MachineClaimStatus, machineId: string, candidate: T): Claim<T> {
   return {
     machineId,
     candidate,
@@ -81,23 +100,16 @@ export class Session {
   /** Set once the session is being given up: it takes no new work, and expires once its ends under way settle. */
   #givingUp: SessionExpiredError | undefined;
   readonly #works = new Set<Work>();
-  readonly #forWork: SessionForWork;
   readonly #labels: { processor: string };
 
   /** @internal A session `BMDB.startSession` inserted. */
-  static started(
-    connection: SessionConnection,
-    id: string,
-    processor: string,
-    interval: number,
-    startedAt: number,
-  ): Session {
-    return new Session(connection, id, processor, interval, startedAt);
+  static started(parts: SessionParts, id: string, processor: string, interval: number, startedAt: number): Session {
+    return new Session(parts, id, processor, interval, startedAt);
   }
 
   // Private: only `BMDB.startSession` makes sessions (through `started`).
   private constructor(
-    private readonly connection: SessionConnection,
+    private readonly parts: SessionParts,
     /** The session's ID (its row in `sessions`). */
     readonly id: string,
     /** The metrics label this session was started with. */
@@ -108,10 +120,6 @@ export class Session {
   ) {
     this.#labels = { processor };
     this.#localDeadline = startedAt + interval;
-    this.#forWork = new SessionForWork(connection, id, processor, this.#abort.signal, {
-      assertLive: () => this.#assertLive(),
-      workEnded: (work, outcome) => this.#workEnded(work, outcome),
-    });
     this.#armWatchdog();
     this.#scheduleHeartbeat(interval / 2);
   }
@@ -136,8 +144,8 @@ export class Session {
    * @throws {@link SessionExpiredError} if the session expired
    */
   async transact<T>(fn: (q: Queries) => Promise<T>): Promise<T> {
-    this.#assertLive();
-    return this.#forWork.transaction(async (trx) => {
+    this.assertLive();
+    return this.#transaction(async (trx) => {
       await this.#checkAliveIn(trx);
       return fn(new Queries(trx));
     });
@@ -176,7 +184,7 @@ export class Session {
     source: ((q: Queries) => Promise<readonly T[]>) | Selection<T>,
   ): Promise<Work<T>> {
     if (isSelection<T>(source) && source.process !== process) throw new ProcessMismatchError(process, source.process);
-    this.#assertLive();
+    this.assertLive();
     let claim: Claim<T>;
     try {
       claim = isSelection<T>(source)
@@ -187,11 +195,18 @@ export class Session {
       // The claim may have committed with nobody to know of it: a claim the
       // session would hold for as long as it lives. Give the session up; the
       // database ends what it holds within one interval.
-      throw this.#abandon(`the connection was lost during a claim for ${process} (${describeError(error)})`);
+      throw this.#giveUp(`the connection was lost during a claim for ${process} (${describeError(error)})`);
     }
-    const work = Work.claimed(this.#forWork, claim.machineId, process, claim.candidate, claim.previousBackoffSeconds);
+    const work = Work.claimed(
+      this,
+      this.parts,
+      claim.machineId,
+      process,
+      claim.candidate,
+      claim.previousBackoffSeconds,
+    );
     this.#works.add(work as Work);
-    this.connection.metrics?.workStarted.inc({ ...this.#labels, process });
+    this.parts.metrics?.workStarted.inc({ ...this.#labels, process });
     detail.work(
       'session %s claimed machine %s for %s%s',
       this.id,
@@ -210,11 +225,11 @@ export class Session {
   async close(): Promise<void> {
     if (this.#state === 'closed') return;
     const wasExpired = this.#state === 'expired';
-    this.#end('closed', new SessionClosedError(this.id));
-    for (const work of this.#works) work.abandon('canceled');
+    this.#enter('closed', new SessionClosedError(this.id));
+    for (const work of this.#works) work.endedWithSession('canceled');
     this.#works.clear();
-    const { rows } = await this.connection.retry(this.processor, () =>
-      closeSessionStatement(this.id).execute(this.connection.db),
+    const { rows } = await this.parts.run([this.processor], () =>
+      closeSessionStatement(this.id).execute(this.parts.db),
     );
     detail.session(
       'session %s closed%s, %d claim(s) released',
@@ -224,7 +239,11 @@ export class Session {
     );
   }
 
-  #assertLive(): void {
+  /**
+   * @internal Throws SessionExpiredError / SessionClosedError unless the
+   * session is live (and not being given up); its work checks before an end.
+   */
+  assertLive(): void {
     if (this.#givingUp) throw this.#givingUp;
     const state = this.state;
     if (state === 'closed') throw new SessionClosedError(this.id);
@@ -232,13 +251,7 @@ export class Session {
   }
 
   async #checkAliveIn(trx: Kysely<Database>): Promise<void> {
-    const row = await trx
-      .selectFrom('sessions')
-      .select('session_id')
-      .where('session_id', '=', this.id)
-      .where(sql<boolean>`deadline > now()`)
-      .executeTakeFirst();
-    if (!row) {
+    if (!(await sessionAlive(trx, this.id))) {
       this.#expire('its deadline passed in the database');
       throw this.#abort.signal.reason as SessionExpiredError;
     }
@@ -249,7 +262,7 @@ export class Session {
     process: string,
     retriever: (q: Queries) => Promise<readonly T[]>,
   ): Promise<Claim<T>> {
-    return this.#forWork.transaction(async (trx) => {
+    return this.#transaction(async (trx) => {
       const candidates = await retriever(new Queries(trx));
       const candidate = candidates[0];
       if (candidate === undefined) throw new NothingToDoError(process);
@@ -261,7 +274,7 @@ export class Session {
       }
       const { rows } = await claimMachineStatement(this.id, process, machineId).execute(trx);
       const status = this.#checkClaim(rows[0], process);
-      if (status.bmdb_found === 0) {
+      if (status.bmdb_exists === 0) {
         throw new BMDBError(
           `work retriever for process ${process} returned machine ${machineId}, which does not exist`,
         );
@@ -273,7 +286,7 @@ export class Session {
 
   /**
    * A selection's machine, claimed by one statement at READ COMMITTED (see
-   * sql/claim-selected.ts for why that is exclusive), shared with the concurrent claims of
+   * sql/claim.ts for why that is exclusive), shared with the concurrent claims of
    * other sessions from the same selection. When every candidate was taken by
    * concurrent claims, the claim runs again on a fresh snapshot.
    */
@@ -283,7 +296,7 @@ export class Session {
   ): Promise<Claim<T>> {
     for (let attempt = 1; ; attempt++) {
       const status = this.#checkClaim(
-        await this.connection.claims.claim(this.id, this.processor, process, selection.query),
+        await this.parts.claims.claim(this.id, this.processor, process, selection.query),
         process,
       );
       if (status.bmdb_claimed && status.machine_id !== null) {
@@ -298,7 +311,7 @@ export class Session {
   }
 
   /** Throws SessionExpiredError unless the claim statement found the session alive. */
-  #checkClaim(status: ClaimStatus | undefined, process: string): ClaimStatus {
+  #checkClaim<S extends { readonly bmdb_live: boolean }>(status: S | undefined, process: string): S {
     if (!status) throw new BMDBError(`claim for process ${process} returned no row`);
     if (!status.bmdb_live) {
       this.#expire('its deadline passed in the database');
@@ -307,9 +320,15 @@ export class Session {
     return status;
   }
 
-  #workEnded(work: Work, outcome: WorkOutcome): void {
+  /** @internal Bookkeeping once a work item of this session ended: it is counted and forgotten. */
+  workEnded(work: Work, outcome: WorkOutcome): void {
     this.#works.delete(work);
-    this.connection.metrics?.workEnded({ ...this.#labels, process: work.process }, outcome);
+    this.parts.metrics?.workEnded({ ...this.#labels, process: work.process }, outcome);
+  }
+
+  /** A retried transaction at the connection's isolation level. */
+  #transaction<T>(fn: (trx: Kysely<Database>) => Promise<T>): Promise<T> {
+    return this.parts.run([this.processor], () => this.parts.db.transaction().execute(fn));
   }
 
   #scheduleHeartbeat(delay: number): void {
@@ -329,15 +348,15 @@ export class Session {
   async #heartbeat(): Promise<void> {
     if (this.#state !== 'live') return;
     const sentAt = performance.now();
-    this.connection.metrics?.heartbeats.inc(this.#labels);
+    this.parts.metrics?.heartbeats.inc(this.#labels);
     let renewed: boolean;
     try {
-      renewed = await renewSessionDeadline(this.connection.heartbeatPool, this.id);
+      renewed = await renewSessionDeadline(this.parts.heartbeatPool, this.id);
     } catch (error) {
       if (this.#state !== 'live') return;
       const left = this.#localDeadline - performance.now();
       const failure = { sessionId: this.id, processor: this.processor, interval: this.interval, left, error };
-      const retryIn = reportHeartbeatFailure(failure, this.connection.metrics);
+      const retryIn = reportHeartbeatFailure(failure, this.parts.metrics);
       // Transient: keep trying until the deadline has really passed.
       if (this.state === 'live') this.#scheduleHeartbeat(retryIn);
       return;
@@ -360,17 +379,17 @@ export class Session {
    * end that can still be recorded, nor make its work be done again), the
    * session expires and is closed. Its row expires on its own if that fails.
    */
-  #abandon(why: string): SessionExpiredError {
+  #giveUp(why: string): SessionExpiredError {
     this.#givingUp ??= new SessionExpiredError(this.id, why);
-    const giveUp = () => {
+    const expireAndClose = () => {
       this.#expire(why);
       this.close().catch((error) =>
         log.session('closing abandoned session %s failed: %s', this.id, describeError(error)),
       );
     };
     const ending = [...this.#works].flatMap((work) => work.endUnderWay ?? []);
-    if (ending.length === 0) giveUp();
-    else void Promise.allSettled(ending).then(giveUp);
+    if (ending.length === 0) expireAndClose();
+    else void Promise.allSettled(ending).then(expireAndClose);
     return this.#givingUp;
   }
 
@@ -383,16 +402,16 @@ export class Session {
   #expire(why: string): void {
     if (this.#state !== 'live') return;
     log.session('session %s expired: %s', this.id, why);
-    this.#end('expired', new SessionExpiredError(this.id, why));
-    for (const work of this.#works) work.abandon('lost');
+    this.#enter('expired', new SessionExpiredError(this.id, why));
+    for (const work of this.#works) work.endedWithSession('lost');
     this.#works.clear();
   }
 
-  #end(state: 'expired' | 'closed', reason: Error): void {
+  /** Leaves `live` for good: no more heartbeats, and the session's signal aborts with `reason`. */
+  #enter(state: 'expired' | 'closed', reason: Error): void {
     this.#state = state;
     clearTimeout(this.#nextHeartbeat);
     clearTimeout(this.#watchdog);
     this.#abort.abort(reason);
-    this.connection.sessionEnded(this.id);
   }
 }

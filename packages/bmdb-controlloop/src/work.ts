@@ -1,46 +1,16 @@
-import type { Kysely, RawBuilder } from 'kysely';
+import { CompiledQuery, type Kysely, type RawBuilder } from 'kysely';
 import { type Backoff, nextBackoffSeconds } from './backoff.js';
-import { WorkEndedError, type WorkEndState, WorkLostError, type WorkOutcome } from './errors.js';
+import { BMDBError, WorkEndedError, type WorkEndState, WorkLostError, type WorkOutcome } from './errors.js';
 import { isConnectionLost } from './internal/connection-lost.js';
 import { describeError, log } from './internal/log.js';
 import { sleep } from './internal/sleep.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
-import { endFinishedStatement, WORK_LOST } from './sql/end-finished.js';
-import type { EndRequest } from './sql/end-work.js';
+import type { Session, SessionParts } from './session.js';
+import { type EndRequest, endFinishedStatement, WORK_LOST } from './sql/end-work.js';
+import { sessionAlive } from './sql/sessions.js';
 import { type FinishTags, tagWrites } from './tags.js';
 import type { WorkCandidate } from './work-candidate.js';
-
-/**
- * What a {@link Work} needs from the session that holds it: the port the
- * session implements (`SessionForWork` in internal/session-for-work.ts).
- */
-export interface WorkSession {
-  readonly sessionId: string;
-  /** Throws SessionExpiredError / SessionClosedError unless the session is live. */
-  assertLive(): void;
-  /** Aborts when the session expires or closes. */
-  readonly signal: AbortSignal;
-  /**
-   * Whether the session's row is alive in the database right now; `undefined`
-   * when the database cannot be reached to tell.
-   */
-  aliveInDatabase(): Promise<boolean | undefined>;
-  /** A retried transaction at the connection's isolation level. */
-  transaction<T>(fn: (trx: Kysely<Database>) => Promise<T>): Promise<T>;
-  /**
-   * A retried transaction whose first statement, values inlined, is sent in
-   * one round trip with its `BEGIN`.
-   */
-  transactionOpenedBy<T>(opening: RawBuilder<unknown>, fn: (trx: Kysely<Database>) => Promise<T>): Promise<T>;
-  /**
-   * Ends a work item of this session in the next batch of ends; resolves
-   * false if the session no longer held the claim.
-   */
-  end(request: Omit<EndRequest, 'sessionId' | 'processor'>): Promise<boolean>;
-  /** Bookkeeping once a work item ended. */
-  workEnded(work: Work, outcome: WorkOutcome): void;
-}
 
 /** Where a work item stands: `active` until it ends, then how it ended. */
 export type WorkState = 'active' | WorkEndState;
@@ -60,18 +30,21 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
 
   /** @internal A claim `Session.work` made. */
   static claimed<T extends WorkCandidate>(
-    session: WorkSession,
+    session: Session,
+    parts: SessionParts,
     machineId: string,
     process: string,
     candidate: T,
     previousBackoffSeconds: number | undefined,
   ): Work<T> {
-    return new Work(session, machineId, process, candidate, previousBackoffSeconds);
+    return new Work(session, parts, machineId, process, candidate, previousBackoffSeconds);
   }
 
   // Private: only a claim makes work (`Session.work`, through `claimed`).
   private constructor(
-    private readonly session: WorkSession,
+    /** The session holding the claim. */
+    private readonly session: Session,
+    private readonly parts: SessionParts,
     /** The machine claimed. */
     readonly machineId: string,
     /** The process the claim is for. */
@@ -114,11 +87,12 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    */
   async finish(how?: FinishTags | ((q: Queries) => Promise<void>)): Promise<void> {
     if (typeof how === 'function') {
-      const opening = endFinishedStatement(this.machineId, this.process, this.session.sessionId);
+      const opening = endFinishedStatement(this.machineId, this.process, this.session.id);
+      const { db, run } = this.parts;
       await this.#end('finished', () =>
-        this.session
-          .transactionOpenedBy(opening, (trx) => how(new Queries(trx)))
-          .then(noResult, (error: unknown) => this.#lost(error)),
+        run([this.session.processor], () =>
+          db.connection().execute((one) => openedBy(one, opening, (trx) => how(new Queries(trx)))),
+        ).then(noResult, (error: unknown) => this.#lost(error)),
       );
       return;
     }
@@ -151,9 +125,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     if (this.#state === 'ending') await this.#ending?.catch(() => undefined);
     if (this.#state !== 'active') return;
     // A claim already gone needs no cancelling.
-    await this.#end('canceled', () =>
-      this.session.end({ machineId: this.machineId, process: this.process, event: 'Canceled' }).then(noResult),
-    );
+    await this.#end('canceled', () => this.#endInBatch({ event: 'Canceled' }).catch(ignoreLost));
   }
 
   /**
@@ -170,8 +142,8 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     return this.#state === 'ending' ? this.#ending : undefined;
   }
 
-  /** @internal The session closed or expired: the claim is gone with it. */
-  abandon(outcome: 'canceled' | 'lost'): void {
+  /** @internal The session closed (`canceled`) or expired (`lost`): the claim ended with it. */
+  endedWithSession(outcome: 'canceled' | 'lost'): void {
     if (this.#state === 'active') this.#state = outcome;
   }
 
@@ -213,7 +185,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
         return await attempt();
       } catch (error) {
         if (uncertain && error instanceof WorkLostError) {
-          const alive = await this.session.aliveInDatabase();
+          const alive = await this.#sessionAliveInDatabase();
           if (alive === true) {
             log.work('machine %s %s: %s before the connection was lost', this.machineId, this.process, outcome);
             return;
@@ -243,16 +215,61 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
 
   /** Ends the work in the next batch of ends; WorkLostError if the claim was gone. */
   async #endInBatch(end: Pick<EndRequest, 'event' | 'failure' | 'tags'>): Promise<void> {
-    if (!(await this.session.end({ machineId: this.machineId, process: this.process, ...end }))) {
-      throw new WorkLostError(this.machineId, this.process, this.session.sessionId);
+    const { id: sessionId, processor } = this.session;
+    if (
+      !(await this.parts.ends.end({ machineId: this.machineId, process: this.process, sessionId, processor, ...end }))
+    ) {
+      throw new WorkLostError(this.machineId, this.process, sessionId);
+    }
+  }
+
+  /**
+   * Whether the session's row is alive in the database right now; `undefined`
+   * when the database cannot be reached to tell.
+   */
+  async #sessionAliveInDatabase(): Promise<boolean | undefined> {
+    try {
+      return await sessionAlive(this.parts.db, this.session.id);
+    } catch (error) {
+      if (isConnectionLost(error)) return undefined;
+      throw error;
     }
   }
 
   /** WorkLostError for the database's {@link WORK_LOST}; other errors as they are. */
   #lost(error: unknown): never {
     if ((error as { code?: unknown } | null)?.code === WORK_LOST) {
-      throw new WorkLostError(this.machineId, this.process, this.session.sessionId);
+      throw new WorkLostError(this.machineId, this.process, this.session.id);
     }
+    throw error;
+  }
+}
+
+/** A cancel of a claim already gone has nothing left to do. */
+function ignoreLost(error: unknown): void {
+  if (!(error instanceof WorkLostError)) throw error;
+}
+
+/**
+ * Runs `fn` in a transaction on `db` (one connection) whose `BEGIN` and first
+ * statement go in one simple query: a round trip less than Kysely's
+ * `transaction()`. The transaction's level is the connection's default.
+ */
+async function openedBy<T>(
+  db: Kysely<Database>,
+  opening: RawBuilder<unknown>,
+  fn: (trx: Kysely<Database>) => Promise<T>,
+): Promise<T> {
+  const first = opening.compile(db);
+  if (first.parameters.length > 0) throw new BMDBError('a transaction-opening statement must inline its values');
+  try {
+    await db.executeQuery(CompiledQuery.raw(`BEGIN; ${first.sql}`));
+    const result = await fn(db);
+    await db.executeQuery(CompiledQuery.raw('COMMIT'));
+    return result;
+  } catch (error) {
+    // After a failed COMMIT there is no transaction left: PostgreSQL only warns.
+    await db.executeQuery(CompiledQuery.raw('ROLLBACK')).catch(() => undefined);
     throw error;
   }
 }

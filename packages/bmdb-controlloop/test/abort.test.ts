@@ -1,6 +1,6 @@
 import { describe, expect, test } from 'vitest';
-import { isAbortError, isAbortOf } from '../src/index.js';
-import { isStopOrTimeout } from '../src/internal/sleep.js';
+import { isAbortError } from '../src/abort.js';
+import { isAbortOf, isStop } from '../src/index.js';
 
 describe('telling a stop from a failure', () => {
   test('isAbortOf is true only for the aborted signal’s own reason', () => {
@@ -20,11 +20,11 @@ describe('telling a stop from a failure', () => {
     expect(isAbortError('AbortError')).toBe(false);
   });
 
-  test('the control loop’s isStopOrTimeout also counts a timeout as a stop', () => {
+  test('isStop, the loops’ test, also counts a timeout as a stop', () => {
     const controller = new AbortController();
     controller.abort();
-    expect(isStopOrTimeout(controller.signal.reason, controller.signal)).toBe(true);
-    expect(isStopOrTimeout(new DOMException('timed out', 'TimeoutError'))).toBe(true);
-    expect(isStopOrTimeout(new Error('ECONNREFUSED'), controller.signal)).toBe(false);
+    expect(isStop(controller.signal.reason, controller.signal)).toBe(true);
+    expect(isStop(new DOMException('timed out', 'TimeoutError'))).toBe(true);
+    expect(isStop(new Error('ECONNREFUSED'), controller.signal)).toBe(false);
   });
 });

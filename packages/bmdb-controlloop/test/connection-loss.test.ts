@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { openTestBMDB, testBMDB } from '../../../test/support/database.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import { eventually } from '../../../test/support/wait.js';
 import {
@@ -14,15 +14,13 @@ import {
 } from '../src/index.js';
 import { provideMachines } from './helpers.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let proxy: TcpProxy;
 /** A connection through the proxy, with sessions short enough to see expire, long enough to outlive a blip. */
 let flaky: BMDB;
 
+const { db, bmdb } = await testBMDB();
+
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
   const proxied = await TcpProxy.for(db.url);
   proxy = proxied.proxy;
   flaky = await openTestBMDB(db, { url: proxied.url, sessionInterval: 2_000, componentName: 'flaky' });

@@ -1,11 +1,10 @@
 import { sql } from 'kysely';
 import { Registry } from 'prom-client';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { afterAll, describe, expect, test } from 'vitest';
+import { openTestBMDB, testBMDB } from '../../../test/support/database.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import { eventually } from '../../../test/support/wait.js';
 import {
-  type BMDB,
   type ControlLoop,
   hasLiveWork,
   Process,
@@ -20,13 +19,7 @@ import {
 } from '../src/index.js';
 import { deferred, provideMachines } from './helpers.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
-});
+const { db, bmdb } = await testBMDB();
 
 const fast = () => parseLimiter('1ms,1000');
 const key = () => crypto.getRandomValues(new Uint8Array(32));

@@ -5,9 +5,9 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { eventually } from '../../../test/support/wait.js';
+import { postgresInstallation } from '../src/embedded/installation.js';
 import { EmbeddedDatabase } from '../src/embedded.js';
 import { BMDB, DatabaseUnreachableError, EmbeddedDatabaseError } from '../src/index.js';
-import { postgresInstallation } from '../src/internal/postgres-installation.js';
 
 let dataDir: string;
 

@@ -1,7 +1,7 @@
 import { BinaryWriter, WireType } from '@bufbuild/protobuf/wire';
 import { Registry } from 'prom-client';
 import { afterEach, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { createTestDatabase, openTestBMDB, type TestDatabase, testBMDB } from '../../../test/support/database.js';
 import { type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import { eventually } from '../../../test/support/wait.js';
@@ -173,8 +173,7 @@ describe('fleet per provider and location', () => {
   let fleet: SeededFleet;
 
   beforeAll(async () => {
-    db = await createTestDatabase();
-    bmdb = await openTestBMDB(db);
+    ({ db, bmdb } = await testBMDB());
     fleet = await seedFleet(db, bmdb);
     expect(
       await bmdb.recordAgentHeartbeat({
@@ -286,8 +285,7 @@ describe('FleetMetrics', () => {
   };
 
   beforeAll(async () => {
-    db = await createTestDatabase();
-    bmdb = await openTestBMDB(db);
+    ({ db, bmdb } = await testBMDB());
     fleet = await seedFleet(db, bmdb);
   });
   afterEach(async () => {

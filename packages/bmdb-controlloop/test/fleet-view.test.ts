@@ -1,16 +1,14 @@
 import { beforeAll, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { testBMDB } from '../../../test/support/database.js';
 import { HOSTILE_CAUSE, type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
-import { type BMDB, MACHINE_STAGES, type MachineStage, Queries } from '../src/index.js';
+import { MACHINE_STAGES, type MachineStage, Queries } from '../src/index.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let fleet: SeededFleet;
 let q: Queries;
 
+const { db, bmdb } = await testBMDB();
+
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
   fleet = await seedFleet(db, bmdb);
   q = new Queries(bmdb.db);
 });

@@ -1,18 +1,13 @@
 import { Registry } from 'prom-client';
-import { beforeAll, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { expect, test } from 'vitest';
+import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
-import { type BMDB, NothingToDoError, Process, type Session } from '../src/index.js';
+import { NothingToDoError, Process, type Session } from '../src/index.js';
 import { agentStartCandidates, provideMachines } from './helpers.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 const registry = new Registry();
 
-beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db, { metrics: registry, componentName: 'heartbeats' });
-});
+const { db, bmdb } = await testBMDB({ metrics: registry, componentName: 'heartbeats' });
 
 /** A counter's value summed over the series whose labels include `labels`. */
 async function counted(name: string, labels: Record<string, string> = {}): Promise<number> {

@@ -1,9 +1,8 @@
 import { sql } from 'kysely';
 import pg from 'pg';
 import { beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { createTestDatabase, openTestBMDB, testBMDB } from '../../../test/support/database.js';
 import {
-  type BMDB,
   BMDBError,
   isHeld,
   NothingToDoError,
@@ -15,13 +14,11 @@ import {
 } from '../src/index.js';
 import { provideMachines } from './helpers.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let session: Session;
 
+const { db, bmdb } = await testBMDB();
+
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
   session = await bmdb.startSession();
 });
 

@@ -1,18 +1,11 @@
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
-import { beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
-import { type BMDB, BMDBError, type OSInstallationRequest, Queries } from '../src/index.js';
+import { describe, expect, test } from 'vitest';
+import { testBMDB } from '../../../test/support/database.js';
+import { BMDBError, type OSInstallationRequest, Queries } from '../src/index.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
-let q: Queries;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
-  q = new Queries(bmdb.db);
-});
+const { db, bmdb } = await testBMDB();
+const q = new Queries(bmdb.db);
 
 const SHA = 'ab'.repeat(32);
 const IMAGE: OSInstallationRequest = {

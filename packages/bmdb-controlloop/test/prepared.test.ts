@@ -1,14 +1,14 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
+import { createTestDatabase } from '../../../test/support/database.js';
 import { PreparedStatements } from '../src/internal/prepared.js';
 
-let db: TestDatabase;
 let pool: pg.Pool;
 let prepared: PreparedStatements;
 
+const db = await createTestDatabase();
+
 beforeAll(async () => {
-  db = await createTestDatabase();
   pool = new pg.Pool({ connectionString: db.url, max: 3 });
   pool.on('error', () => {});
   prepared = new PreparedStatements(pool);

@@ -1,15 +1,13 @@
 import { beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
-import { type BMDB, Process, ProviderStatus, Queries, type Session } from '../src/index.js';
+import { testBMDB } from '../../../test/support/database.js';
+import { Process, ProviderStatus, Queries, type Session } from '../src/index.js';
 import { provideMachines } from './helpers.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let session: Session;
 
+const { db, bmdb } = await testBMDB();
+
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
   session = await bmdb.startSession();
 });
 

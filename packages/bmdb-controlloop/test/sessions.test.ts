@@ -1,7 +1,7 @@
 import { performance } from 'node:perf_hooks';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { openTestBMDB, testBMDB } from '../../../test/support/database.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import { eventually } from '../../../test/support/wait.js';
 import {
@@ -14,14 +14,12 @@ import {
 } from '../src/index.js';
 import { agentStartCandidates, deferred, provideMachines } from './helpers.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let proxy: TcpProxy;
 let proxiedUrl: string;
 
+const { db, bmdb } = await testBMDB();
+
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
   ({ proxy, url: proxiedUrl } = await TcpProxy.for(db.url));
 });
 afterAll(() => proxy.close());

@@ -1,5 +1,6 @@
 import { describe, expect, test } from 'vitest';
-import { formatDuration, InvalidSettingError, parseDuration, parseLimiter, RateLimiter, sleep } from '../src/index.js';
+import { formatDuration } from '../src/duration.js';
+import { InvalidSettingError, parseDuration, parseLimiter, RateLimiter, sleep } from '../src/index.js';
 
 describe('parseDuration', () => {
   test.each([

@@ -1,7 +1,6 @@
-import { beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { describe, expect, test } from 'vitest';
+import { openTestBMDB, testBMDB } from '../../../test/support/database.js';
 import {
-  type BMDB,
   BMDBError,
   NothingToDoError,
   Process,
@@ -12,13 +11,7 @@ import {
 } from '../src/index.js';
 import { agentStartCandidates, provideMachines } from './helpers.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
-});
+const { db, bmdb } = await testBMDB();
 
 function history(machineId: string) {
   return new Queries(bmdb.db).workHistory(machineId);

@@ -3,7 +3,7 @@ import { readFile, stat } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { hostname, userInfo } from 'node:os';
 import path from 'node:path';
-import { InvalidSettingError, parseDuration, parseLimiter, type RateLimiter } from '@bmaas/bmdb-controlloop';
+import { InvalidSettingError, parseDuration, parseLimiter, type RateLimiter, redactUrl } from '@bmaas/bmdb-controlloop';
 
 /**
  * Bad input on the command line or in the environment. The CLI prints its
@@ -183,11 +183,6 @@ export function sshKeyFlag(argv: Argv): 'ssh-key-path' | 'data-dir' {
 /** The test agent shipped with @bmaas/shepherd-manager, the dummy provider's default agent. */
 export function bundledTestAgent(): string {
   return createRequire(import.meta.url).resolve('@bmaas/shepherd-manager/test-agent');
-}
-
-/** A URL with its password masked, for messages. */
-export function redactUrl(url: string): string {
-  return url.replace(/(\/\/[^:/@]*:)[^@/]*@/, '$1***@');
 }
 
 /** One of `values`. */

@@ -13,7 +13,7 @@ import path from 'node:path';
 import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
 import { SshKey } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, expect, test } from 'vitest';
-import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
+import { createTestDatabase } from '../../../test/support/database.js';
 import { freePort } from '../../../test/support/ports.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
 import {
@@ -33,16 +33,16 @@ const TEST_AGENT = path.resolve('packages/shepherd-manager/bin/test-agent.js');
 const HEARTBEAT_INTERVAL = '300ms';
 const HEARTBEAT_TIMEOUT = '8s';
 
-let db: TestDatabase;
 let dir: string;
 let api: FakeEquinixApi;
 let sshd: TestSshServer;
 let keyPath: string;
 const running: Shepherd[] = [];
 
+const db = await createTestDatabase();
+
 beforeAll(async () => {
   buildOnce();
-  db = await createTestDatabase();
   dir = await mkdtemp(path.join(tmpdir(), 'bmaas-loop-'));
   expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
   keyPath = path.join(dir, 'ssh_key');

@@ -8,18 +8,18 @@ import path from 'node:path';
 import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
 import { selfSignedServerTls } from '@bmaas/server';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
+import { createTestDatabase } from '../../../test/support/database.js';
 import { freePort } from '../../../test/support/ports.js';
 import { allFlagNames, FLAG_GROUPS, flagNames } from '../src/flags.js';
 import { DEFAULT_LOG_NAMESPACES } from '../src/logging.js';
 import { buildOnce, eventually, expectUsageError, runEquinixArgs, shepherd, start } from './helpers.js';
 
-let db: TestDatabase;
 let dir: string;
+
+const db = await createTestDatabase();
 
 beforeAll(async () => {
   buildOnce();
-  db = await createTestDatabase();
   dir = await mkdtemp(path.join(tmpdir(), 'shepherd-cli-'));
   // The tests read the BMDB while shepherds start: give it its schema first.
   expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);

@@ -8,14 +8,13 @@
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { type BMDB, Queries } from '@bmaas/bmdb-controlloop';
+import { Queries } from '@bmaas/bmdb-controlloop';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { testBMDB } from '../../../test/support/database.js';
 import { buildOnce, expectUsageError, shepherd } from './helpers.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
-let q: Queries;
+const { db, bmdb } = await testBMDB();
+const q = new Queries(bmdb.db);
 let dir: string;
 const SHA = 'c0ffee'.padEnd(64, '0');
 const NODES = ['rack1-node1', 'rack1-node2', 'rack1-node3'];
@@ -23,9 +22,6 @@ const ids: Record<string, string> = {};
 
 beforeAll(async () => {
   buildOnce();
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
-  q = new Queries(bmdb.db);
   dir = await mkdtemp(path.join(tmpdir(), 'shepherd-install-'));
   await writeFile(path.join(dir, 'user-data'), '#cloud-config\nhostname: node1\n');
   await writeFile(path.join(dir, 'empty'), '');

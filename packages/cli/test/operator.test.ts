@@ -9,15 +9,13 @@
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { hostname, tmpdir, userInfo } from 'node:os';
 import path from 'node:path';
-import { type BMDB, Process, Queries, type Session } from '@bmaas/bmdb-controlloop';
+import { Process, Queries, type Session } from '@bmaas/bmdb-controlloop';
 import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
 import { FakeRedfishServer, selfSignedCertificate } from '@bmaas/provider-static/testing';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { testBMDB } from '../../../test/support/database.js';
 import { buildOnce, expectUsageError, shepherd } from './helpers.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let session: Session;
 let dir: string;
 let bmc: FakeRedfishServer;
@@ -26,10 +24,10 @@ let staticEnv: Record<string, string>;
 
 const NODES = ['node1', 'node2', 'node3', 'node4', 'node5'];
 
+const { db, bmdb } = await testBMDB();
+
 beforeAll(async () => {
   buildOnce();
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
   session = await bmdb.startSession({ processor: 'operator-test' });
   dir = await mkdtemp(path.join(tmpdir(), 'shepherd-operator-'));
   const certificate = await selfSignedCertificate();

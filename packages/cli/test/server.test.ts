@@ -11,18 +11,18 @@ import { AgentCallback, certificatePem, selfSignedCertificate } from '@bmaas/ser
 import { createClient } from '@connectrpc/connect';
 import { createGrpcTransport } from '@connectrpc/connect-node';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
 import { freePort } from '../../../test/support/ports.js';
 import { eventually } from '../../../test/support/wait.js';
 import { flagNames } from '../src/flags.js';
 import { buildOnce, shepherd, start } from './helpers.js';
 
-let db: TestDatabase;
 let dir: string;
+
+const db = await createTestDatabase();
 
 beforeAll(async () => {
   buildOnce();
-  db = await createTestDatabase();
   dir = await mkdtemp(path.join(tmpdir(), 'shepherd-server-'));
   expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
 });

@@ -13,22 +13,22 @@ import { tmpdir, userInfo } from 'node:os';
 import path from 'node:path';
 import { FakeRedfishServer, selfSignedCertificate } from '@bmaas/provider-static/testing';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
+import { createTestDatabase } from '../../../test/support/database.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
 import { buildOnce, eventually, expectUsageError, type Shepherd, shepherd, start } from './helpers.js';
 
 const ADDRESSES = ['127.0.0.1', '127.0.0.2', '127.0.0.3', '127.0.0.4', '127.0.0.5', '127.0.0.6', '127.0.0.7'];
 const testAgent = path.resolve('packages/shepherd-manager/bin/test-agent.js');
 
-let db: TestDatabase;
 let dir: string;
 let sshd: TestSshServer;
 let bmc: FakeRedfishServer;
 let run: Shepherd | undefined;
 
+const db = await createTestDatabase();
+
 beforeAll(async () => {
   buildOnce();
-  db = await createTestDatabase();
   dir = await mkdtemp(path.join(tmpdir(), 'shepherd-static-'));
   expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
   // The operator's step: the shepherd's public key onto the machines.

@@ -13,20 +13,19 @@ import { mkdtemp, readFile, rm, truncate, writeFile } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { gzipSync } from 'node:zlib';
-import { type BMDB, type OSInstallation, Queries } from '@bmaas/bmdb-controlloop';
+import { type OSInstallation, Queries } from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { encodeTakeoverInit, parseTakeoverResponse, type TakeoverInitParams } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { testBMDB } from '../../../test/support/database.js';
 import { ImageServer } from '../../../test/support/image-server.js';
 import { agentHeartbeaters, eventually, killQuietly } from './helpers.js';
 
 const TEST_AGENT = path.resolve('packages/shepherd-manager/bin/test-agent.js');
 const MiB = 1 << 20;
 
-let db: TestDatabase;
-let bmdb: BMDB;
-let q: Queries;
+const { db, bmdb } = await testBMDB();
+const q = new Queries(bmdb.db);
 let dir: string;
 let server: BmaasServer;
 let images: ImageServer;
@@ -35,9 +34,6 @@ const image = randomBytes(3 * MiB);
 const sha256 = (bytes: Uint8Array) => createHash('sha256').update(bytes).digest('hex');
 
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
-  q = new Queries(bmdb.db);
   dir = await mkdtemp(path.join(tmpdir(), 'test-agent-install-'));
   const tls = await selfSignedServerTls(path.join(dir, 'tls'));
   caCertificate = new Uint8Array(new X509Certificate(tls.cert).raw);

@@ -8,24 +8,22 @@ import { randomUUID } from 'node:crypto';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { type BMDB, Queries } from '@bmaas/bmdb-controlloop';
+import { Queries } from '@bmaas/bmdb-controlloop';
 import { AgentHardwareReportSchema, BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { encodeTakeoverInit, parseTakeoverResponse, type TakeoverInitParams } from '@bmaas/shepherd-manager';
 import { fromBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from './helpers.js';
 
 const TEST_AGENT = path.resolve('packages/shepherd-manager/bin/test-agent.js');
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let dir: string;
 const pids: number[] = [];
 
+const { db, bmdb } = await testBMDB();
+
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
   dir = await mkdtemp(path.join(tmpdir(), 'test-agent-heartbeat-'));
 });
 afterAll(async () => {

@@ -11,24 +11,22 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
-import { type BMDB, Queries } from '@bmaas/bmdb-controlloop';
+import { Queries } from '@bmaas/bmdb-controlloop';
 import { FakeRedfishServer, selfSignedCertificate } from '@bmaas/provider-static/testing';
 import { afterAll, beforeAll, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { testBMDB } from '../../../test/support/database.js';
 import { buildOnce } from './helpers.js';
 
 const root = fileURLToPath(new URL('../../..', import.meta.url));
 const bin = path.join(root, 'packages/cli/bin/shepherd.js');
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let dir: string;
 let bmc: FakeRedfishServer;
 
+const { db, bmdb } = await testBMDB();
+
 beforeAll(async () => {
   buildOnce();
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
   dir = await mkdtemp(path.join(tmpdir(), 'shepherd-working-'));
   const certificate = await selfSignedCertificate();
   bmc = await FakeRedfishServer.start({ tls: certificate });

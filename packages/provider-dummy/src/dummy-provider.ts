@@ -4,7 +4,6 @@ import type { PowerState, Session } from '@bmaas/bmdb-controlloop';
 import {
   Availability,
   type CreateMachineRequest,
-  FakeSshClient,
   type Machine,
   MachineNotFoundError,
   type PowerCommand,
@@ -12,6 +11,7 @@ import {
   type RebootingProvider,
   TakeoverResponseSchema,
 } from '@bmaas/shepherd-manager';
+import { FakeSshClient } from '@bmaas/shepherd-manager/testing';
 import { create, toBinary } from '@bufbuild/protobuf';
 import createDebug from 'debug';
 import { DummyPower } from './dummy-power.js';

@@ -1,6 +1,5 @@
-import { setTimeout as delay } from 'node:timers/promises';
 import type { BMDB, Session } from '@bmaas/bmdb-controlloop';
-import { describeError } from '@bmaas/bmdb-controlloop';
+import { describeError, runRounds } from '@bmaas/bmdb-controlloop';
 import createDebug from 'debug';
 import type { DummyProvider } from './dummy-provider.js';
 
@@ -36,24 +35,21 @@ export class HeartbeatSimulator {
   /** The summary last logged, and when (performance.now()). */
   #summary = { line: '0 of 0', at: Number.NEGATIVE_INFINITY };
 
-  /** Sends heartbeat rounds until `signal` aborts. A failed round is logged and the next one tried. */
+  /**
+   * Sends heartbeat rounds, one every interval, until `signal` aborts (the
+   * rules of `runRounds`). A failed round is logged and the next one tried.
+   */
   async run(bmdb: BMDB, options: { signal: AbortSignal }): Promise<void> {
-    const { signal } = options;
-    let session: Session | undefined;
-    try {
-      while (!signal.aborted) {
-        try {
-          if (session?.state !== 'live') session = await bmdb.startSession({ processor: 'dummy-heartbeats' });
-          await this.beat(session);
-        } catch (error) {
-          if (signal.aborted) break;
-          log('heartbeat round failed: %s', describeError(error));
-        }
-        await delay(this.#interval, undefined, { signal }).catch(() => undefined);
-      }
-    } finally {
-      await session?.close().catch(() => undefined);
-    }
+    await runRounds(
+      {
+        signal: options.signal,
+        session: { bmdb, processor: 'dummy-heartbeats' },
+        interval: this.#interval,
+        onFailure: (error, during) =>
+          log(during === 'close' ? 'closing session failed: %s' : 'heartbeat round failed: %s', describeError(error)),
+      },
+      (session) => this.beat(session),
+    );
   }
 
   /** One round; returns how many agents heartbeated. */

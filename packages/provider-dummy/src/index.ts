@@ -5,6 +5,5 @@
  * @packageDocumentation
  */
 
-export { DummyPower } from './dummy-power.js';
 export { type AgentStartEvent, DUMMY_PROVIDER, DummyProvider, type DummyProviderOptions } from './dummy-provider.js';
 export { HeartbeatSimulator, type HeartbeatSimulatorOptions } from './heartbeat-simulator.js';

@@ -1,4 +1,4 @@
-import { type BMDB, parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
+import { parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
 import {
   Availability,
   Initializer,
@@ -7,18 +7,13 @@ import {
   Provisioner,
   Recoverer,
 } from '@bmaas/shepherd-manager';
-import { beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { describe, expect, test } from 'vitest';
+import { testBMDB } from '../../../test/support/database.js';
 import { eventually, runUntil } from '../../../test/support/wait.js';
-import { type AgentStartEvent, DUMMY_PROVIDER, DummyPower, DummyProvider, HeartbeatSimulator } from '../src/index.js';
+import { DummyPower } from '../src/dummy-power.js';
+import { type AgentStartEvent, DUMMY_PROVIDER, DummyProvider, HeartbeatSimulator } from '../src/index.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
-});
+const { db, bmdb } = await testBMDB();
 
 const fast = () => parseLimiter('1ms,1000');
 const provisioner = (provider: DummyProvider, maxCount: number) =>

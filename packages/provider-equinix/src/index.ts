@@ -10,7 +10,6 @@
 
 export { Secret } from '@bmaas/shepherd-manager';
 export {
-  CREATE_TAG_PREFIX,
   DEFAULT_EQUINIX_API_URL,
   type DeviceAction,
   type DeviceFilter,
@@ -38,15 +37,7 @@ export {
   ReservationTakenError,
   ReservationUnavailableError,
 } from './errors.js';
-export {
-  adoptionRefusal,
-  deviceAddress,
-  deviceLocation,
-  EQUINIX_PROVIDER,
-  hostnameFor,
-  powerStateForState,
-  providerStatusForState,
-} from './provider/device-facts.js';
+export { EQUINIX_PROVIDER } from './provider/device-facts.js';
 export type { EquinixMachine } from './provider/machine.js';
 export { EquinixPower } from './provider/power.js';
 export {
@@ -57,6 +48,5 @@ export {
 export {
   EquinixStatusUpdater,
   type EquinixStatusUpdaterOptions,
-  STATUS_UPDATER_PROCESSOR,
   type StatusSyncReport,
 } from './status/status-updater.js';

@@ -1,9 +1,8 @@
 import { parseLimiter, RateLimiter } from '@bmaas/bmdb-controlloop';
 import { beforeAll, describe, expect, it, vi } from 'vitest';
-import { nextPage } from '../src/api/client.js';
+import { CREATE_TAG_PREFIX, nextPage } from '../src/api/client.js';
 import { parseRetryAfter } from '../src/api/retry.js';
 import {
-  CREATE_TAG_PREFIX,
   EquinixApiError,
   EquinixClient,
   EquinixRequestError,

@@ -1,5 +1,4 @@
 import { RateLimiter } from '@bmaas/bmdb-controlloop';
-import createDebug from 'debug';
 import { afterAll, afterEach } from 'vitest';
 import { EquinixClient, type EquinixClientOptions } from '../src/index.js';
 import { FakeEquinixApi, type FakeEquinixApiOptions } from '../src/testing/index.js';
@@ -21,23 +20,6 @@ export function fastClient(api: FakeEquinixApi, options: Partial<EquinixClientOp
     ...options,
     retry: { baseDelay: 1, maxDelay: 5, ...options.retry },
   });
-}
-
-/** Captures every `shepherd:equinix*` log line written while the file's tests run. */
-export function captureLogs(): string[] {
-  const lines: string[] = [];
-  const previousNamespaces = createDebug.disable();
-  const previousLog = createDebug.log;
-  createDebug.enable('shepherd:equinix*');
-  createDebug.log = (...args: unknown[]) => {
-    lines.push(args.map(String).join(' '));
-  };
-  afterAll(() => {
-    createDebug.log = previousLog;
-    createDebug.disable();
-    if (previousNamespaces) createDebug.enable(previousNamespaces);
-  });
-  return lines;
 }
 
 /** Clears the fake's faults after each test, so one test's leftovers do not hit the next. */

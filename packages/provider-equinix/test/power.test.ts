@@ -1,6 +1,7 @@
 import { MachineNotFoundError, NotImplementedError } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { EquinixPower, powerStateForState } from '../src/index.js';
+import { EquinixPower } from '../src/index.js';
+import { powerStateForState } from '../src/provider/device-facts.js';
 import { FakeEquinixApi } from '../src/testing/index.js';
 import { fastClient } from './helpers.js';
 

@@ -1,9 +1,9 @@
-import { type BMDB, ProviderStatus, type Session } from '@bmaas/bmdb-controlloop';
+import { ProviderStatus, type Session } from '@bmaas/bmdb-controlloop';
 import { Availability, type Machine, MachineNotFoundError } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
+import { testBMDB } from '../../../test/support/database.js';
+import { CREATE_TAG_PREFIX } from '../src/api/client.js';
 import {
-  CREATE_TAG_PREFIX,
   DeviceNotAdoptableError,
   DeviceNotRecordedError,
   EQUINIX_PROVIDER,
@@ -20,12 +20,12 @@ const PREFIX = 'shep-';
 const KEY = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFc0gXoIKZ7PSJtVk0V1YeZ0m3c0p3dTk0lIFOgM3Ol5 shepherd@test';
 const OTHER_KEY = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBcL3ZsXfGqJ8p3pS8l0xYd1oEw6M0C2n1G2vZf0YkQ9 someone@else';
 
-let bmdb: BMDB;
 let session: Session;
 const fakes: FakeEquinixApi[] = [];
 
+const { bmdb } = await testBMDB();
+
 beforeAll(async () => {
-  bmdb = await openTestBMDB(await createTestDatabase());
   session = await bmdb.startSession({ processor: 'provider-test' });
 });
 afterAll(async () => {

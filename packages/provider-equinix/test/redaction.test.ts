@@ -1,12 +1,14 @@
 import { inspect } from 'node:util';
-import { beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { captureDebugLog } from '../../../test/support/debug-log.js';
 import { EquinixClient, EquinixProvider, Secret } from '../src/index.js';
 import type { FakeEquinixApi } from '../src/testing/index.js';
-import { captureLogs, fastClient, startFake } from './helpers.js';
+import { fastClient, startFake } from './helpers.js';
 
 const KEY = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFc0gXoIKZ7PSJtVk0V1YeZ0m3c0p3dTk0lIFOgM3Ol5 shepherd@test';
 
-const logs = captureLogs();
+const { lines: logs, restore } = captureDebugLog('shepherd:equinix*');
+afterAll(restore);
 let api: FakeEquinixApi;
 beforeAll(async () => {
   api = await startFake({ reservations: 2, apiKey: 'tok-5ecret-d0-not-leak' });

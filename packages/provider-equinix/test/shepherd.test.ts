@@ -6,7 +6,6 @@
  * through the provisioner.
  */
 import {
-  type BMDB,
   type ControlLoopOptions,
   type ProvidedMachine,
   ProviderStatus,
@@ -15,7 +14,6 @@ import {
   SessionExpiredError,
 } from '@bmaas/bmdb-controlloop';
 import {
-  FakeSshClient,
   Initializer,
   ProviderDiscrepancyError,
   Provisioner,
@@ -23,8 +21,9 @@ import {
   type RebootingProvider,
   Recoverer,
 } from '@bmaas/shepherd-manager';
+import { FakeSshClient } from '@bmaas/shepherd-manager/testing';
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { testBMDB } from '../../../test/support/database.js';
 import { runUntil } from '../../../test/support/wait.js';
 import { refId } from '../src/api/types.js';
 import {
@@ -43,14 +42,9 @@ const KEY = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFc0gXoIKZ7PSJtVk0V1YeZ0m3c0p3d
 const CREATE = 'POST /projects/{id}/devices';
 const ACTIONS = 'POST /devices/{id}/actions';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 const fakes: FakeEquinixApi[] = [];
 
-beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
-});
+const { db, bmdb } = await testBMDB();
 afterAll(async () => {
   await Promise.all(fakes.map((fake) => fake.close()));
 });

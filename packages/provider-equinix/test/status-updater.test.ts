@@ -1,16 +1,17 @@
-import { type BMDB, ProviderStatus, type Session } from '@bmaas/bmdb-controlloop';
+import { ProviderStatus, type Session } from '@bmaas/bmdb-controlloop';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
-import { EQUINIX_PROVIDER, EquinixStatusUpdater, providerStatusForState } from '../src/index.js';
+import { testBMDB } from '../../../test/support/database.js';
+import { EQUINIX_PROVIDER, EquinixStatusUpdater } from '../src/index.js';
+import { providerStatusForState } from '../src/provider/device-facts.js';
 import { FakeEquinixApi } from '../src/testing/index.js';
 import { fastClient } from './helpers.js';
 
-let bmdb: BMDB;
 let session: Session;
 let api: FakeEquinixApi;
 
+const { bmdb } = await testBMDB();
+
 beforeAll(async () => {
-  bmdb = await openTestBMDB(await createTestDatabase());
   session = await bmdb.startSession({ processor: 'status-test' });
 });
 beforeEach(async () => {

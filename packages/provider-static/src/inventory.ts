@@ -1,10 +1,9 @@
 import { readFile, stat } from 'node:fs/promises';
 import { isIP } from 'node:net';
 import path from 'node:path';
-import { describeError } from '@bmaas/bmdb-controlloop';
+import { describeError, redactUrl } from '@bmaas/bmdb-controlloop';
 import { Secret } from '@bmaas/shepherd-manager';
 import { InventoryError } from './errors.js';
-import { redactUrl } from './internal/log.js';
 
 /** How a machine's BMC password is had: in the inventory itself, or in a file read at each reset. */
 export type BmcPassword =
@@ -187,7 +186,7 @@ function parseRedfishBmc(
     parsed = undefined;
   }
   if (!parsed || (parsed.protocol !== 'https:' && parsed.protocol !== 'http:')) {
-    throw fail('url', `want an http(s):// URL of the Redfish ComputerSystem, got ${show(redactUrl(url))}`);
+    throw fail('url', `want an http(s):// URL of the Redfish ComputerSystem, got ${show(redactUrl(url, 'userinfo'))}`);
   }
   if (parsed.username !== '' || parsed.password !== '') {
     throw fail('url', 'credentials in the URL are not used: give username and password or passwordFile instead');
@@ -287,7 +286,7 @@ export class InventorySource {
       try {
         url = new URL(location);
       } catch {
-        throw new InventoryError(redactUrl(location), {}, 'not a valid URL');
+        throw new InventoryError(redactUrl(location, 'userinfo'), {}, 'not a valid URL');
       }
       const authorization =
         url.username === '' && url.password === ''
@@ -296,9 +295,9 @@ export class InventorySource {
       url.username = '';
       url.password = '';
       this.#location = { kind: 'url', url, authorization };
-      this.name = redactUrl(location);
+      this.name = redactUrl(location, 'userinfo');
     } else if (/^[a-z][a-z0-9+.-]*:\/\//i.test(location)) {
-      throw new InventoryError(redactUrl(location), {}, 'want a file path or an http:// or https:// URL');
+      throw new InventoryError(redactUrl(location, 'userinfo'), {}, 'want a file path or an http:// or https:// URL');
     } else {
       this.#location = { kind: 'file', path: path.resolve(location) };
       this.name = location;

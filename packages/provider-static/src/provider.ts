@@ -4,6 +4,7 @@ import {
   describeError,
   type PowerState,
   ProviderStatus,
+  runRounds,
   type Session,
   sleep,
 } from '@bmaas/bmdb-controlloop';
@@ -280,40 +281,41 @@ export class StaticProvider implements RebootingProvider, PowerControl {
 
   /**
    * After every good inventory read (the provisioner's passes), brings the
-   * BMDB's addresses and locations in line with it; until `signal` aborts.
-   * A failed sync is logged and tried at the next read.
+   * BMDB's addresses and locations in line with it; until `signal` aborts
+   * (the rules of `runRounds`). A failed sync is logged and tried again.
    */
   async run(bmdb: BMDB, options: { signal: AbortSignal }): Promise<void> {
-    const { signal } = options;
-    let session: Session | undefined;
     let synced = 0;
-    try {
-      while (!signal.aborted) {
-        if (this.#generation === synced) {
-          await new Promise<void>((resolve) => {
-            const done = () => {
-              signal.removeEventListener('abort', done);
-              this.#wake = undefined;
-              resolve();
-            };
-            this.#wake = done;
-            signal.addEventListener('abort', done, { once: true });
-          });
-          continue;
-        }
-        const generation = this.#generation;
-        try {
-          if (session?.state !== 'live') session = await bmdb.startSession({ processor: 'shepherd-static-inventory' });
-          await this.syncAddresses(session);
-          synced = generation;
-        } catch (error) {
-          if (signal.aborted) break;
-          log.provider('syncing addresses from the inventory failed: %s', describeError(error));
-          synced = generation;
-        }
-      }
-    } finally {
-      await session?.close().catch((error) => log.provider('closing session failed: %s', describeError(error)));
+    await runRounds(
+      {
+        signal: options.signal,
+        session: { bmdb, processor: 'shepherd-static-inventory' },
+        before: (signal) => this.#readSince(synced, signal),
+        onFailure: (error, during) =>
+          log.provider(
+            during === 'close' ? 'closing session failed: %s' : 'syncing addresses from the inventory failed: %s',
+            describeError(error),
+          ),
+      },
+      (session) => {
+        synced = this.#generation;
+        return this.syncAddresses(session);
+      },
+    );
+  }
+
+  /** Resolves once the inventory was read again since read `synced`, or `signal` aborted. */
+  async #readSince(synced: number, signal: AbortSignal): Promise<void> {
+    while (this.#generation === synced && !signal.aborted) {
+      await new Promise<void>((resolve) => {
+        const done = () => {
+          signal.removeEventListener('abort', done);
+          this.#wake = undefined;
+          resolve();
+        };
+        this.#wake = done;
+        signal.addEventListener('abort', done, { once: true });
+      });
     }
   }
 

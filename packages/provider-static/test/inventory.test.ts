@@ -5,7 +5,8 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { inspect } from 'node:util';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { InventoryError, InventorySource, parseInventory } from '../src/index.js';
+import { InventoryError, InventorySource } from '../src/index.js';
+import { parseInventory } from '../src/inventory.js';
 
 const SOURCE = '/etc/shepherd/inventory.json';
 

@@ -8,15 +8,12 @@
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { type BMDB, parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
+import { parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
 import { PowerActions, PowerSync, Provisioner, Recoverer } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { testBMDB } from '../../../test/support/database.js';
 import { eventually, runUntil } from '../../../test/support/wait.js';
 import {
-  chooseAllowed,
-  powerStateOf,
-  RedfishBmc,
   RedfishClient,
   RedfishHttpError,
   RedfishResetUnsupportedError,
@@ -24,6 +21,8 @@ import {
   STATIC_PROVIDER,
   StaticProvider,
 } from '../src/index.js';
+import { powerStateOf, RedfishBmc } from '../src/redfish/bmc.js';
+import { chooseAllowed } from '../src/redfish/reset-types.js';
 import {
   FakeRedfishServer,
   SimulatedPower,
@@ -31,16 +30,14 @@ import {
   type TestCertificate,
 } from '../src/testing/index.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let dir: string;
 let certificate: TestCertificate;
 let bmc: FakeRedfishServer;
 let redfish: RedfishClient;
 
+const { db, bmdb } = await testBMDB();
+
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
   dir = await mkdtemp(path.join(tmpdir(), 'static-power-'));
   certificate = await selfSignedCertificate();
   bmc = await FakeRedfishServer.start({ tls: certificate });

@@ -7,10 +7,10 @@
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { type BMDB, parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
+import { parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
 import { MachineNotFoundError, ProviderDiscrepancyError, Provisioner } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { testBMDB } from '../../../test/support/database.js';
 import { eventually, runUntil } from '../../../test/support/wait.js';
 import {
   BmcCredentialsError,
@@ -24,15 +24,13 @@ import {
 } from '../src/index.js';
 import { FakeRedfishServer } from '../src/testing/index.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let dir: string;
 let bmc: FakeRedfishServer;
 const redfish = new RedfishClient({ timeout: 2_000, retryDelay: 1 });
 
+const { db, bmdb } = await testBMDB();
+
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
   dir = await mkdtemp(path.join(tmpdir(), 'static-provider-'));
   bmc = await FakeRedfishServer.start();
 });

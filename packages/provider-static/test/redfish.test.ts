@@ -1,12 +1,6 @@
-/**
- * The Redfish client against the fake BMC over real HTTP and HTTPS (a
- * self-signed certificate made in-process): reset type choice, every
- * fault, TLS verification, retries and the fleet-wide concurrency bound.
- */
-import { format } from 'node:util';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { captureDebugLog } from '../../../test/support/debug-log.js';
 import {
-  chooseResetType,
   RedfishClient,
   type RedfishClientOptions,
   RedfishCredentialsError,
@@ -18,6 +12,7 @@ import {
   Secret,
 } from '../src/index.js';
 import { log } from '../src/internal/log.js';
+import { chooseResetType } from '../src/redfish/reset-types.js';
 import { FakeRedfishServer, selfSignedCertificate, type TestCertificate } from '../src/testing/index.js';
 
 let certificate: TestCertificate;
@@ -288,11 +283,7 @@ test('chooseResetType', () => {
 });
 
 test('insecure and plain-http BMCs are warned about once per machine', async () => {
-  const lines: string[] = [];
-  const logger = log.redfish;
-  const [enabled, write] = [logger.enabled, logger.log];
-  logger.enabled = true;
-  logger.log = (...args: unknown[]) => lines.push(format(...args));
+  const { lines, restore } = captureDebugLog(log.redfish.namespace);
   try {
     const plain = await fake(false);
     const secure = await fake(true);
@@ -311,7 +302,6 @@ test('insecure and plain-http BMCs are warned about once per machine', async () 
     );
     expect(lines.join('\n')).not.toContain(plain.password);
   } finally {
-    logger.enabled = enabled;
-    logger.log = write;
+    restore();
   }
 });

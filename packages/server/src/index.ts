@@ -11,10 +11,29 @@
  */
 
 export { BmaasServerError, ListenError, ServerTlsError } from './errors.js';
+// The service, and the messages an agent sends it and gets back (the
+// installation request among them); the rest of the generated code stays in
+// src/gen/. The same service under the current upstream agent's name, with
+// its messages, is `agentApi`.
 export * as agentApi from './gen/cloud/agent/api/agent_pb.js';
-export * from './gen/cloud/agent/api/disk_image_pb.js';
-export * from './gen/cloud/agent/api/hwreport_pb.js';
-export * from './gen/cloud/bmaas/server/api/agent_pb.js';
+export {
+  type DiskImageInstallationRequest,
+  DiskImageInstallationRequest_Compression,
+  DiskImageInstallationRequestSchema,
+} from './gen/cloud/agent/api/disk_image_pb.js';
+export {
+  AgentCallback,
+  type AgentHardwareReport,
+  AgentHardwareReportSchema,
+  type HeartbeatRequest,
+  HeartbeatRequestSchema,
+  type HeartbeatResponse,
+  HeartbeatResponseSchema,
+  type OSInstallationReport,
+  OSInstallationReportSchema,
+  type OSInstallationRequest,
+  OSInstallationRequestSchema,
+} from './gen/cloud/bmaas/server/api/agent_pb.js';
 export { BmaasServer, type BmaasServerOptions } from './server.js';
 export { loadServerTls, type SelfSignedTlsOptions, type ServerTls, selfSignedServerTls } from './tls.js';
 export { certificatePem, type SelfSignedOptions, selfSignedCertificate } from './x509.js';

@@ -7,7 +7,7 @@ import { type Client, createClient } from '@connectrpc/connect';
 import { createGrpcTransport } from '@connectrpc/connect-node';
 import type { Registry } from 'prom-client';
 import { afterAll } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { type TestDatabase, testBMDB } from '../../../test/support/database.js';
 import {
   AgentCallback,
   agentApi,
@@ -34,8 +34,7 @@ export interface TestServer {
  * and removed after the file's tests. Call in `beforeAll`.
  */
 export async function startTestServer(registry: Registry): Promise<TestServer> {
-  const db = await createTestDatabase();
-  const bmdb = await openTestBMDB(db, { metrics: registry });
+  const { db, bmdb } = await testBMDB({ metrics: registry });
   const dir = await mkdtemp(path.join(tmpdir(), 'bmaas-server-test-'));
   const tls = await selfSignedServerTls(dir);
   const server = await BmaasServer.start({ bmdb, listen: { host: '127.0.0.1', port: 0 }, tls, metrics: registry });

@@ -1,6 +1,11 @@
 import type { DescMessage } from '@bufbuild/protobuf';
 import { describe, expect, test } from 'vitest';
 import { generatedAndCommitted } from '../../../test/support/proto.js';
+import { NodeSchema } from '../src/gen/cloud/agent/api/hwreport_pb.js';
+import {
+  MetropolisInstallationRequestSchema,
+  OSInstallationRequestSchema,
+} from '../src/gen/cloud/bmaas/server/api/agent_pb.js';
 import {
   AgentCallback,
   AgentHardwareReportSchema,
@@ -8,10 +13,7 @@ import {
   DiskImageInstallationRequestSchema,
   HeartbeatRequestSchema,
   HeartbeatResponseSchema,
-  MetropolisInstallationRequestSchema,
-  NodeSchema,
   OSInstallationReportSchema,
-  OSInstallationRequestSchema,
 } from '../src/index.js';
 
 /** Field number, name, type and oneof/repeated of each field, as the wire sees them. */

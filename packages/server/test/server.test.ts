@@ -11,15 +11,13 @@ import { Code, ConnectError, createClient } from '@connectrpc/connect';
 import { createConnectTransport } from '@connectrpc/connect-node';
 import { Registry } from 'prom-client';
 import { beforeAll, describe, expect, test } from 'vitest';
+import { BlockDevice_Protocol, EFISupport, NodeSchema } from '../src/gen/cloud/agent/api/hwreport_pb.js';
 import {
   AgentHardwareReportSchema,
   agentApi,
-  BlockDevice_Protocol,
   DiskImageInstallationRequest_Compression,
-  EFISupport,
   HeartbeatRequestSchema,
   loadServerTls,
-  NodeSchema,
   OSInstallationReportSchema,
   ServerTlsError,
   selfSignedServerTls,

@@ -6,7 +6,6 @@
  */
 
 export {
-  AGENT_KEY_LENGTH,
   AgentResponseError,
   type AgentResponseRejection,
   type AgentTakeover,
@@ -14,17 +13,7 @@ export {
   parseTakeoverResponse,
   type TakeoverInitParams,
 } from './agent-protocol.js';
-export { type FakeExecution, FakeSshClient, type FakeSshHooks, type FakeUpload } from './fake-ssh-client.js';
-export {
-  type TakeoverError,
-  TakeoverErrorSchema,
-  type TakeoverInit,
-  TakeoverInitSchema,
-  type TakeoverResponse,
-  TakeoverResponseSchema,
-  type TakeoverSuccess,
-  TakeoverSuccessSchema,
-} from './gen/cloud/agent/api/takeover_pb.js';
+export { TakeoverResponseSchema } from './gen/cloud/agent/api/takeover_pb.js';
 export {
   type HostKeyPinStore,
   HostKeyStoreError,
@@ -60,7 +49,6 @@ export {
   Provisioner,
   type ProvisionerOptions,
   type ReconcileReport,
-  resolvePossiblyUsed,
 } from './provisioner.js';
 export { type RebootingProvider, Recoverer, type RecovererOptions } from './recoverer.js';
 export { Secret } from './secret.js';
@@ -74,6 +62,6 @@ export {
   SshOutputLimitError,
   SshUploadError,
 } from './ssh/errors.js';
-export { DEFAULT_MAX_OUTPUT_BYTES, Ssh2Client, type Ssh2ClientOptions } from './ssh/ssh2-client.js';
+export { Ssh2Client, type Ssh2ClientOptions } from './ssh/ssh2-client.js';
 export type { SshClient, SshConnection, SshDialOptions, SshExecResult, SshTarget } from './ssh-client.js';
-export { SshKey, SshKeyError, type SshKeyOptions, type SshKeySource, sshFingerprint } from './ssh-key.js';
+export { SshKey, SshKeyError, type SshKeyOptions, type SshKeySource } from './ssh-key.js';

@@ -1,13 +1,12 @@
 import {
   type BMDB,
-  ConnectionClosedError,
   describeError,
-  isAbortError,
   type PowerReadLease,
   type PowerReadResult,
   parseLimiter,
   Queries,
   type RateLimiter,
+  runRounds,
   sleep,
 } from '@bmaas/bmdb-controlloop';
 import { detail, log } from './internal.js';
@@ -28,8 +27,6 @@ export interface PowerSyncOptions {
   /** How long an idle reader waits before it looks for a machine due again. Default the interval, at most 5 s. */
   readonly idlePoll?: number | undefined;
 }
-
-const ERROR_PAUSE = 1_000;
 
 /**
  * Reads every provided machine's power state through the provider's
@@ -67,11 +64,26 @@ export class PowerSync {
     if (!(this.#idlePoll > 0)) throw new RangeError(`power sync idle poll must be > 0 ms, got ${this.#idlePoll}`);
   }
 
-  /** Reads until `signal` aborts; reads under way are abandoned (their results not recorded). */
+  /**
+   * Reads until `signal` aborts, `concurrency` readers each paced by the
+   * limiter (the rules of `runRounds`, without a session: a read claims
+   * nothing); reads under way are abandoned (their results not recorded).
+   */
   async run(bmdb: BMDB, options: { readonly signal: AbortSignal }): Promise<void> {
     const { signal } = options;
     log.power('power sync for provider %s started (%d reader(s))', this.power.type, this.#concurrency);
-    await Promise.all(Array.from({ length: this.#concurrency }, () => this.#reader(bmdb, signal)));
+    const reader = () =>
+      runRounds(
+        {
+          signal,
+          before: (stop) => this.#limiter.wait(stop),
+          onFailure: (error) => log.power('power sync for provider %s: %s', this.power.type, describeError(error)),
+        },
+        async () => {
+          if ((await this.syncOne(bmdb, signal)) === undefined) await sleep(this.#idlePoll, signal);
+        },
+      );
+    await Promise.all(Array.from({ length: this.#concurrency }, reader));
     log.power('power sync for provider %s stopped', this.power.type);
   }
 
@@ -114,18 +126,5 @@ export class PowerSync {
       detail.power('%s: power %s', machine, result.state);
     }
     return { lease, result };
-  }
-
-  async #reader(bmdb: BMDB, signal: AbortSignal): Promise<void> {
-    while (!signal.aborted) {
-      try {
-        await this.#limiter.wait(signal);
-        if ((await this.syncOne(bmdb, signal)) === undefined) await sleep(this.#idlePoll, signal);
-      } catch (error) {
-        if (signal.aborted || isAbortError(error) || error instanceof ConnectionClosedError) return;
-        log.power('power sync for provider %s: %s', this.power.type, describeError(error));
-        await sleep(ERROR_PAUSE, signal).catch(() => undefined);
-      }
-    }
   }
 }

@@ -1,17 +1,15 @@
 import {
   type BMDB,
-  ConnectionClosedError,
   describeError,
-  isAbortError,
-  isAbortOf,
+  isStop,
   type ProvidedMachine,
   ProviderStatus,
   parseLimiter,
   type RateLimiter,
+  runRounds,
   type Session,
   SessionClosedError,
   SessionExpiredError,
-  sleep,
 } from '@bmaas/bmdb-controlloop';
 import { detail, log } from './internal.js';
 import { Availability, type Machine, type Provider, ShepherdError } from './provider.js';
@@ -74,7 +72,6 @@ export interface ReconcileReport {
 }
 
 const PROCESSOR = 'shepherd-provisioner';
-const ERROR_PAUSE = 1_000;
 
 /**
  * Brings machines in from a provider, up to a limit: each pass lists the
@@ -108,34 +105,26 @@ export class Provisioner {
 
   /**
    * Reconciles, paced by the reconcile limiter, until `signal` aborts; then
-   * closes its session. A failed pass (including a refusal) is logged and the
-   * next one tried; an expired session is replaced.
+   * closes its session (the rules of `runRounds`). A failed pass (including
+   * a refusal) is logged and the next one tried; an expired session is
+   * replaced.
    */
   async run(bmdb: BMDB, options: { signal: AbortSignal }): Promise<void> {
     const { signal } = options;
-    let session: Session | undefined;
-    try {
-      while (!signal.aborted) {
-        await this.#reconcileLimiter.wait(signal);
-        try {
-          if (session?.state !== 'live') session = await bmdb.startSession({ processor: PROCESSOR });
-          await this.reconcile(session, signal);
-        } catch (error) {
-          if (isStop(error, signal) || error instanceof ConnectionClosedError) break;
-          if (error instanceof SessionExpiredError || error instanceof SessionClosedError) {
+    await runRounds(
+      {
+        signal,
+        session: { bmdb, processor: PROCESSOR },
+        before: (stop) => this.#reconcileLimiter.wait(stop),
+        onFailure: (error, during) => {
+          if (during === 'close') log.provisioner('closing session failed: %s', describeError(error));
+          else if (error instanceof SessionExpiredError || error instanceof SessionClosedError) {
             log.provisioner('%s; starting a new session', error.message);
-            session = undefined;
-          } else {
-            log.provisioner('reconciliation failed: %s', describeError(error));
-          }
-          await sleep(ERROR_PAUSE, signal);
-        }
-      }
-    } catch (error) {
-      if (!isStop(error, signal)) throw error;
-    } finally {
-      await session?.close().catch((error) => log.provisioner('closing session failed: %s', describeError(error)));
-    }
+          } else log.provisioner('reconciliation failed: %s', describeError(error));
+        },
+      },
+      (session) => this.reconcile(session, signal),
+    );
   }
 
   /**
@@ -233,9 +222,4 @@ export function resolvePossiblyUsed(machine: Machine, inBMDB: ReadonlySet<string
   if (machine.availability !== Availability.PossiblyUsed) return machine.availability;
   if (machine.id === undefined || machine.id === '') return Availability.KnownUnused;
   return inBMDB.has(machine.id) ? Availability.KnownUsed : Availability.KnownUnused;
-}
-
-/** A stop, not a failure: our signal's reason, or an abort of anything the round was waiting on. */
-function isStop(error: unknown, signal: AbortSignal | undefined): boolean {
-  return isAbortOf(error, signal) || isAbortError(error);
 }

@@ -1,7 +1,6 @@
 import {
   type Backoff,
   type BMDB,
-  ConnectionClosedError,
   type ControlLoop,
   type ControlLoopOptions,
   describeError,
@@ -11,8 +10,8 @@ import {
   Queries,
   type RecoveryThresholds,
   runControlLoop,
+  runRounds,
   type Selection,
-  sleep,
   type Task,
 } from '@bmaas/bmdb-controlloop';
 import { detail, log } from './internal.js';
@@ -128,16 +127,15 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
     return heartbeats.length;
   }
 
-  async #auditLoop(bmdb: BMDB, signal: AbortSignal): Promise<void> {
-    while (!signal.aborted) {
-      try {
-        await this.auditHeartbeats(bmdb);
-      } catch (error) {
-        if (error instanceof ConnectionClosedError) return;
-        log.recoverer('auditing heartbeats failed: %s', describeError(error));
-      }
-      await sleep(this.#auditInterval, signal).catch(() => undefined);
-    }
+  #auditLoop(bmdb: BMDB, signal: AbortSignal): Promise<void> {
+    return runRounds(
+      {
+        signal,
+        interval: this.#auditInterval,
+        onFailure: (error) => log.recoverer('auditing heartbeats failed: %s', describeError(error)),
+      },
+      () => this.auditHeartbeats(bmdb),
+    );
   }
 
   async processMachine(task: Task<ProvidedMachine>): Promise<void> {

@@ -1,7 +1,7 @@
 /**
  * The SSH port the initializer drives: what it dials and what a connection
  * can do. `Ssh2Client` (`ssh/ssh2-client.ts`) implements it over ssh2,
- * `FakeSshClient` in tests; their parts are in `ssh/`.
+ * `FakeSshClient` (`testing/`) in tests; their parts are in `ssh/`.
  */
 
 /** The machine to connect to. */

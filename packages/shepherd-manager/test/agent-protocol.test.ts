@@ -4,14 +4,13 @@ import { stat } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import { describe, expect, test } from 'vitest';
+import { TakeoverInitSchema, type TakeoverResponse } from '../src/gen/cloud/agent/api/takeover_pb.js';
 import {
   AgentResponseError,
   type AgentResponseRejection,
   encodeTakeoverInit,
   parseTakeoverResponse,
   type TakeoverInitParams,
-  TakeoverInitSchema,
-  type TakeoverResponse,
   TakeoverResponseSchema,
 } from '../src/index.js';
 

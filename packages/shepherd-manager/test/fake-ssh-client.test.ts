@@ -3,11 +3,11 @@ import { describe, expect, test } from 'vitest';
 import {
   AgentResponseError,
   encodeTakeoverInit,
-  FakeSshClient,
   parseTakeoverResponse,
   SshAbortedError,
   SshDialError,
 } from '../src/index.js';
+import { FakeSshClient } from '../src/testing/index.js';
 
 const target = { host: '192.0.2.1', port: 22, machineId: randomUUID() };
 const init = { machineId: target.machineId, bmaasEndpoint: 'bmaas.example.com:443' };

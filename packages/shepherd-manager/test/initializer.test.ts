@@ -4,18 +4,16 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
-import { format } from 'node:util';
-import { type BMDB, parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
+import { parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
-import createDebug from 'debug';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { openTestBMDB, testBMDB } from '../../../test/support/database.js';
+import { captureDebugLog } from '../../../test/support/debug-log.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import { eventually, runUntil } from '../../../test/support/wait.js';
+import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
 import {
-  FakeSshClient,
-  type FakeSshHooks,
   Initializer,
   type InitializerOptions,
   Provisioner,
@@ -23,18 +21,12 @@ import {
   Ssh2Client,
   type SshExecResult,
   SshKey,
-  TakeoverInitSchema,
   TakeoverResponseSchema,
 } from '../src/index.js';
+import { FakeSshClient, type FakeSshHooks } from '../src/testing/index.js';
 import { TestProvider } from './test-provider.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
-});
+const { db, bmdb } = await testBMDB();
 
 const fast = () => parseLimiter('1ms,1000');
 const agentExecutable = new TextEncoder().encode("beep boop i'm a real program");
@@ -312,11 +304,7 @@ describe('Recoverer', () => {
   });
 
   test('names a machine whose heartbeat is stamped in the future, once, and leaves it alone', async () => {
-    const lines: string[] = [];
-    const previousLog = createDebug.log;
-    const previous = createDebug.disable();
-    createDebug.enable('shepherd:recoverer');
-    createDebug.log = (...args: unknown[]) => void lines.push(format(...args));
+    const { lines, restore } = captureDebugLog('shepherd:recoverer');
     try {
       const provider = await provided(2);
       const [ahead, fine] = (await machinesOf(provider)) as [string, string];
@@ -337,9 +325,7 @@ describe('Recoverer', () => {
       expect(() => new Recoverer(provider, { auditInterval: 0 })).toThrow(/audit interval must be > 0/);
       await forget(provider);
     } finally {
-      createDebug.log = previousLog;
-      createDebug.disable();
-      if (previous) createDebug.enable(previous);
+      restore();
     }
   });
 

@@ -1,17 +1,11 @@
-import { type BMDB, Process, parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
-import { beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { Process, parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
+import { describe, expect, test } from 'vitest';
+import { testBMDB } from '../../../test/support/database.js';
 import { runUntil } from '../../../test/support/wait.js';
 import { PowerActions, PowerSync, Provisioner, Recoverer } from '../src/index.js';
 import { TestPower, TestProvider } from './test-provider.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
-});
+const { db, bmdb } = await testBMDB();
 
 const fast = () => parseLimiter('1ms,1000');
 const q = () => new Queries(bmdb.db);

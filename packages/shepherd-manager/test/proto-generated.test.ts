@@ -3,9 +3,9 @@ import { buf, generatedAndCommitted } from '../../../test/support/proto.js';
 import {
   TakeoverErrorSchema,
   TakeoverInitSchema,
-  TakeoverResponseSchema,
   TakeoverSuccessSchema,
-} from '../src/index.js';
+} from '../src/gen/cloud/agent/api/takeover_pb.js';
+import { TakeoverResponseSchema } from '../src/index.js';
 
 describe('generated agent API code', () => {
   test('matches what buf generates from proto/ now (run `npm run generate -w proto` if not)', async () => {

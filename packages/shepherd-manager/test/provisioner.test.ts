@@ -1,23 +1,12 @@
-import { type BMDB, ProviderStatus, parseLimiter, Queries, SessionExpiredError } from '@bmaas/bmdb-controlloop';
-import { beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { ProviderStatus, parseLimiter, Queries, SessionExpiredError } from '@bmaas/bmdb-controlloop';
+import { describe, expect, test } from 'vitest';
+import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
-import {
-  Availability,
-  type Machine,
-  ProviderDiscrepancyError,
-  Provisioner,
-  resolvePossiblyUsed,
-} from '../src/index.js';
+import { Availability, type Machine, ProviderDiscrepancyError, Provisioner } from '../src/index.js';
+import { resolvePossiblyUsed } from '../src/provisioner.js';
 import { TestProvider } from './test-provider.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
-});
+const { db, bmdb } = await testBMDB();
 
 const fastLimiters = () => ({
   reconcileLimiter: parseLimiter('1ms,1'),

@@ -6,9 +6,8 @@
  * @packageDocumentation
  */
 
-export { checkTlsRule, checkTokenRule, isLoopback, MIN_TOKEN_LENGTH, WebTlsError, WebTokenError } from './access.js';
+export { checkTlsRule, checkTokenRule, isLoopback, WebTlsError, WebTokenError } from './access.js';
 export type { MachineList, MachineView, Overview } from './data.js';
-export { escapeHtml, Html, html } from './html.js';
 export {
   attachFleetPage,
   type FleetPageOptions,

@@ -8,7 +8,7 @@ import type { BMDB } from '@bmaas/bmdb-controlloop';
 import { selfSignedServerTls } from '@bmaas/server';
 import puppeteer, { type Browser, type Page } from 'puppeteer-core';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
+import { testBMDB } from '../../../test/support/database.js';
 import { HOSTILE_CAUSE, HOSTILE_REASON, type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
 import { type FleetPageServer, serveFleetPage } from '../src/index.js';
 
@@ -36,9 +36,9 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
   const dialogs: string[] = [];
 
   beforeAll(async () => {
-    const db = await createTestDatabase();
-    bmdb = await openTestBMDB(db);
-    fleet = await seedFleet(db, bmdb);
+    const file = await testBMDB();
+    bmdb = file.bmdb;
+    fleet = await seedFleet(file.db, bmdb);
     open = await serveFleetPage({ db: bmdb.db, host: '127.0.0.1', port: 0 });
     guarded = await serveFleetPage({ db: bmdb.db, host: '127.0.0.1', port: 0, token: TOKEN });
     await mkdir(SCREENSHOTS, { recursive: true });

@@ -3,33 +3,29 @@ import type { IncomingHttpHeaders } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import type { BMDB } from '@bmaas/bmdb-controlloop';
 import { type ServerTls, selfSignedServerTls } from '@bmaas/server';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
+import { createTestDatabase, openTestBMDB, testBMDB } from '../../../test/support/database.js';
 import { HOSTILE_CAUSE, HOSTILE_REASON, type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
+import { escapeHtml, html } from '../src/html.js';
 import {
   checkTlsRule,
   checkTokenRule,
-  escapeHtml,
   type FleetPageServer,
-  html,
   isLoopback,
   serveFleetPage,
   WebTlsError,
   WebTokenError,
 } from '../src/index.js';
 
-let db: TestDatabase;
-let bmdb: BMDB;
 let fleet: SeededFleet;
 let open: FleetPageServer;
 let guarded: FleetPageServer;
 const TOKEN = 'correct-horse-battery-staple';
 
+const { db, bmdb } = await testBMDB();
+
 beforeAll(async () => {
-  db = await createTestDatabase();
-  bmdb = await openTestBMDB(db);
   fleet = await seedFleet(db, bmdb);
   open = await serveFleetPage({ db: bmdb.db, host: '127.0.0.1', port: 0 });
   guarded = await serveFleetPage({ db: bmdb.db, host: '127.0.0.1', port: 0, token: TOKEN });

@@ -15,20 +15,18 @@ const MAX_BATCH = 64;
  * statement never meet on a row.
  */
 export class Ends {
-  readonly #batcher: Batcher<EndRequest, boolean>;
+  readonly #batcher = new Batcher<EndRequest, boolean>({
+    maxSize: MAX_BATCH,
+    ...onePerMachine<EndRequest>(),
+    send: (requests) => this.#send(requests),
+  });
   /** Statements by their parts, built once each. */
   readonly #statements = new Map<number, string>();
 
   constructor(
     private readonly prepared: PreparedStatements,
     private readonly run: RunStatement,
-  ) {
-    this.#batcher = new Batcher({
-      maxSize: MAX_BATCH,
-      ...onePerMachine<EndRequest>(),
-      send: (requests) => this.#send(requests),
-    });
-  }
+  ) {}
 
   /** Resolves true once ended, false if the session no longer held the claim. */
   end(request: EndRequest): Promise<boolean> {

@@ -42,7 +42,7 @@ export function createPools(settings: PoolSettings): ConnectionPools {
     // finish would then conflict with every concurrent finish (PostgreSQL's
     // manual advises encouraging index scans for this). Large scans with no
     // usable index still run sequentially. Ends inline their values as
-    // literals (sql/end-finished.ts), which standard_conforming_strings keeps literal.
+    // literals (sql/end-work.ts:endFinishedStatement), which standard_conforming_strings keeps literal.
     options: [
       `-c default_transaction_isolation=${isolation.replace(' ', '\\ ')}`,
       '-c enable_seqscan=off',
@@ -51,7 +51,7 @@ export function createPools(settings: PoolSettings): ConnectionPools {
   };
   const work = new pg.Pool({ ...base, max: poolSize, connectionTimeoutMillis: 30_000 });
   // One-statement claims and ends are exclusive at READ COMMITTED by their
-  // own locking (sql/claim-selected.ts, sql/end-work.ts), and would only
+  // own locking (sql/claim.ts, sql/end-work.ts), and would only
   // conflict spuriously at SERIALIZABLE. A claim wants a few candidates from the front of an
   // index: nested loops of index lookups. Left to itself, the planner may
   // merge-join whole indexes (their key order matches) on the strength of

@@ -1,10 +1,13 @@
-import type { Expression, Kysely, RawBuilder } from 'kysely';
+import { type Expression, type Kysely, type RawBuilder, sql } from 'kysely';
 import { BMDBError } from '../errors.js';
 import type { Database } from '../schema.js';
 import type { SelectionRow } from '../selection.js';
-import { claimSelectedStatement } from '../sql/claim-selected.js';
-import { claimSelectedForOneStatement } from '../sql/claim-selected-for-one.js';
-import type { BatchClaimStatus, ClaimStatus } from '../sql/claim-status.js';
+import {
+  type BatchClaimStatus,
+  type ClaimStatus,
+  claimSelectedForOneStatement,
+  claimSelectedStatement,
+} from '../sql/claim.js';
 import { Batcher } from './batcher.js';
 import type { PreparedStatements } from './prepared.js';
 import type { RunStatement } from './retry.js';
@@ -12,31 +15,43 @@ import type { RunStatement } from './retry.js';
 /** Most claims in one statement. */
 const MAX_BATCH = 64;
 
-/** One claim statement, compiled once. */
-interface CompiledClaim {
-  readonly sql: string;
-  readonly parameters: readonly unknown[];
-  /** Positions of the session IDs among the parameters (the statement uses them more than once). */
-  readonly sessionsAt: readonly number[];
-}
+/** The statements a batch of claims can be sent with. */
+type ClaimStatement = 'full' | 'forOne';
 
-/** The claim statements of one (selection, process). */
-interface ClaimTemplate {
-  /** Without the second look at the selection: its empty answers are not final. */
-  readonly quick: CompiledClaim;
-  /** {@link ClaimTemplate.quick} for a batch of one: a lone worker's usual claim. */
-  readonly quickForOne: CompiledClaim;
-  /** The full statement, whose every answer is final. */
-  readonly thorough: CompiledClaim;
-  /** Equal for statements that differ only in their sessions: they can share a batch. */
-  readonly key: string;
-  /**
-   * Whether the last batch left a request without a machine: the next goes
-   * straight to the full statement, so an idle worker's look costs one
-   * statement, not two.
-   */
-  short: boolean;
-}
+/**
+ * Which statement a batch of claims goes with. The full statement is the one
+ * whose every answer is final; a variant is kept only where `npm run bench`
+ * (BENCH_ONLY=throughput, each variant alternated with the statements
+ * without it) measured it worth at least 10 % of throughput at some
+ * parallelism:
+ *
+ * | statement | sent for                                        | answers   | worth ×1 / ×8 / ×32  | kept |
+ * | --------- | ----------------------------------------------- | --------- | -------------------- | ---- |
+ * | `full`    | a batch of several; any batch while `fullNext`  | final     | the reference        | yes  |
+ * | `forOne`  | a batch of one (a lone worker's claim)          | not final | +12 % / — / —        | yes  |
+ * | quick     | a batch of several (`full` without `more`)      | not final | — / +0.5 % / +1.7 %  | no   |
+ *
+ * +12 %: items/s, median of 7 alternated rounds of 5,000 items at a load of
+ * 3 to 5 (CPU time per item 10 % less, PostgreSQL's 16 %). +0.5 %, +1.7 %:
+ * CPU time per item (Node and PostgreSQL), medians of 5 to 7 rounds, where a
+ * load of 6 to 15 on the two cores left items/s unreadable. —: not sent at
+ * that parallelism. The retriever's claim (`claimMachineStatement`) is no
+ * variant: it claims the machine a retriever chose.
+ *
+ * `forOne` leaves out the full statement's second look at the selection
+ * (`more`), so a request it leaves without a machine and without a candidate
+ * is asked again with the full one; and once a batch left a live request
+ * without a machine, the next go to the full statement until one serves
+ * every request (`fullNext`), so an idle worker's look costs one statement,
+ * not two.
+ */
+const CLAIM_STATEMENTS: Record<
+  ClaimStatement,
+  (process: string, selection: Expression<SelectionRow>, sessions: readonly string[]) => RawBuilder<BatchClaimStatus>
+> = {
+  full: claimSelectedStatement,
+  forOne: claimSelectedForOneStatement,
+};
 
 /** A claim request: who claims, and the metrics label to count the statement under. */
 interface ClaimRequest {
@@ -45,14 +60,44 @@ interface ClaimRequest {
 }
 
 /**
+ * What is kept of one (selection, process) for as long as the selection
+ * lives (a control loop's, all its run): its statements, each compiled on
+ * first use, and whether its next batch goes to the full statement.
+ */
+interface ClaimTemplate {
+  readonly process: string;
+  readonly selection: Expression<SelectionRow>;
+  /** Equal for selections that differ only by object: their claims share a batch. */
+  readonly key: string;
+  readonly compiled: Partial<Record<ClaimStatement, CompiledClaim>>;
+  /** Whether the next batch goes to the full statement at once (see {@link CLAIM_STATEMENTS}). */
+  fullNext: boolean;
+}
+
+/**
+ * A claim statement compiled once for its template: compiling one costs
+ * more than a lone worker's claim can spare (more than a tenth of its CPU
+ * time per item in `npm run bench`). It is compiled with {@link SESSIONS}
+ * for its session IDs; a batch's IDs go where that placeholder stands.
+ */
+interface CompiledClaim {
+  readonly sql: string;
+  readonly parameters: readonly unknown[];
+}
+
+/** What a claim statement is compiled with in place of a batch's session IDs, found again by identity. */
+const SESSIONS: readonly string[] = Object.freeze([]);
+
+/**
  * Claims from selections, batched: concurrent claims of the same process from
  * the same selection (the workers of one control loop) go to the database
  * together, as one statement that claims a machine for each of their
- * sessions (sql/claim-selected.ts); see {@link Batcher} for when a batch leaves.
+ * sessions (sql/claim.ts); see {@link Batcher} for when a batch leaves.
  */
 export class SelectionClaims {
-  /** Compiled statements, by selection query and process; the query builders are immutable. */
+  /** Templates by selection query and process; the query builders are immutable. */
   readonly #templates = new WeakMap<Expression<SelectionRow>, Map<string, ClaimTemplate>>();
+  /** Batchers by template key, while they have claims to send. */
   readonly #batchers = new Map<string, Batcher<ClaimRequest, ClaimStatus>>();
 
   constructor(
@@ -61,7 +106,11 @@ export class SelectionClaims {
     private readonly run: RunStatement,
   ) {}
 
-  /** Claims one machine of `selection` for the session; the answer is this request's own. */
+  /**
+   * Claims one machine of `selection` for the session; the answer is this
+   * request's own. The request joins the batcher of its (selection,
+   * process), which sends it with the others in {@link SelectionClaims.#send}.
+   */
   claim(
     sessionId: string,
     processor: string,
@@ -86,38 +135,34 @@ export class SelectionClaims {
   }
 
   /**
-   * Claims for `requests` with the quick statement while claims come back
-   * served; a request it leaves without a machine, and every request after
-   * that until all are served again, goes to the full statement.
+   * Claims for `requests` as {@link CLAIM_STATEMENTS} says: a lone request
+   * with `forOne` while claims come back served, confirmed by the full
+   * statement when it found nothing; every other batch with the full one.
    */
   async #send(template: ClaimTemplate, requests: readonly ClaimRequest[]): Promise<ClaimStatus[]> {
-    if (template.short) {
-      const statuses = await this.#sendWith(template.thorough, requests);
-      template.short = statuses.some(unserved);
+    if (template.fullNext || requests.length > 1) {
+      const statuses = await this.#sendWith('full', template, requests);
+      template.fullNext = statuses.some(unserved);
       return statuses;
     }
-    const statuses = await this.#sendWith(requests.length === 1 ? template.quickForOne : template.quick, requests);
-    const left = statuses.flatMap((status, i) => (unconfirmed(status) ? [i] : []));
-    if (left.length === 0) return statuses;
-    template.short = true;
-    const again = await this.#sendWith(
-      template.thorough,
-      left.map((i) => requests[i] as ClaimRequest),
-    );
-    left.forEach((at, i) => {
-      statuses[at] = again[i] as ClaimStatus;
-    });
-    return statuses;
+    const statuses = await this.#sendWith('forOne', template, requests);
+    if (!statuses.some(unconfirmed)) return statuses;
+    template.fullNext = true;
+    return this.#sendWith('full', template, requests);
   }
 
-  async #sendWith(statement: CompiledClaim, requests: readonly ClaimRequest[]): Promise<ClaimStatus[]> {
-    const parameters = [...statement.parameters];
+  async #sendWith(
+    statement: ClaimStatement,
+    template: ClaimTemplate,
+    requests: readonly ClaimRequest[],
+  ): Promise<ClaimStatus[]> {
+    const { process, selection } = template;
+    template.compiled[statement] ??= CLAIM_STATEMENTS[statement](process, selection, SESSIONS).compile(this.db);
+    const { sql, parameters } = template.compiled[statement];
     const sessions = requests.map((r) => r.sessionId);
-    for (const at of statement.sessionsAt) parameters[at] = sessions;
+    const compiled = { sql, parameters: parameters.map((value) => (value === SESSIONS ? sessions : value)) };
     const processors = [...new Set(requests.map((r) => r.processor))];
-    const rows = await this.run(processors, () =>
-      this.prepared.query<BatchClaimStatus>({ sql: statement.sql, parameters }),
-    );
+    const rows = await this.run(processors, () => this.prepared.query<BatchClaimStatus>(compiled));
     const byRequest: ClaimStatus[] = new Array(requests.length);
     for (const row of rows) byRequest[Number(row.bmdb_ord) - 1] = row;
     for (let i = 0; i < requests.length; i++) {
@@ -127,6 +172,7 @@ export class SelectionClaims {
     return byRequest;
   }
 
+  /** The template of (`selection`, `process`), made on first use. */
   #template(process: string, selection: Expression<SelectionRow>): ClaimTemplate {
     let byProcess = this.#templates.get(selection);
     if (!byProcess) {
@@ -135,14 +181,9 @@ export class SelectionClaims {
     }
     let template = byProcess.get(process);
     if (!template) {
-      const quick = compileClaim(this.db, (sessions) =>
-        claimSelectedStatement(process, selection, sessions, { lookFurther: false }),
-      );
-      const quickForOne = compileClaim(this.db, (sessions) =>
-        claimSelectedForOneStatement(process, selection, sessions),
-      );
-      const thorough = compileClaim(this.db, (sessions) => claimSelectedStatement(process, selection, sessions));
-      template = { quick, quickForOne, thorough, key: thorough.key, short: false };
+      const compiled = sql`${selection}`.compile(this.db);
+      const key = `${process}\u0000${compiled.sql}\u0000${JSON.stringify(compiled.parameters)}`;
+      template = { process, selection, key, compiled: {}, fullNext: false };
       byProcess.set(process, template);
     }
     return template;
@@ -154,25 +195,7 @@ function unserved(status: ClaimStatus): boolean {
   return status.bmdb_live && !status.bmdb_claimed;
 }
 
-/** Whether the quick statement's answer for a request needs the full statement to be final. */
+/** Whether a request's answer from `forOne` needs the full statement to be final. */
 function unconfirmed(status: ClaimStatus): boolean {
   return unserved(status) && status.bmdb_found === 0;
-}
-
-/**
- * A claim statement. The session IDs are a parameter like any other:
- * compiled with a placeholder array, found again by identity, and swapped
- * per batch.
- */
-function compileClaim(
-  db: Kysely<Database>,
-  statement: (sessions: readonly string[]) => RawBuilder<BatchClaimStatus>,
-): CompiledClaim & { readonly key: string } {
-  const placeholder: string[] = [];
-  const compiled = statement(placeholder).compile(db);
-  const parameters = [...compiled.parameters];
-  const sessionsAt = parameters.flatMap((value, i) => (value === placeholder ? [i] : []));
-  if (sessionsAt.length === 0) throw new BMDBError('claim statement lost its sessions parameter');
-  const others = parameters.filter((value) => value !== placeholder);
-  return { sql: compiled.sql, parameters, sessionsAt, key: `${compiled.sql}\u0000${JSON.stringify(others)}` };
 }

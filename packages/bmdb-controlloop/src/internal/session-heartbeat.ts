@@ -1,4 +1,3 @@
-import type pg from 'pg';
 import type { BMDBMetrics } from '../metrics.js';
 import { describeError, log } from './log.js';
 
@@ -6,28 +5,6 @@ import { describeError, log } from './log.js';
 const HEARTBEAT_RETRY_FRACTION = 10;
 /** A heartbeat failing with less than this fraction of the interval left puts the deadline at risk. */
 const HEARTBEAT_AT_RISK_FRACTION = 4;
-
-/**
- * One session heartbeat's round trip: pushes session `sessionId`'s deadline
- * one interval out, on the heartbeat pool so that it never queues behind
- * work. Resolves false if the database already considers the session dead.
- */
-export async function renewSessionDeadline(pool: pg.Pool, sessionId: string): Promise<boolean> {
-  const client = await pool.connect();
-  try {
-    const result = await client.query(
-      `UPDATE sessions SET deadline = now() + make_interval(secs => interval_seconds)
-           WHERE session_id = $1 AND deadline > now()`,
-      [sessionId],
-    );
-    client.release();
-    return result.rowCount === 1;
-  } catch (error) {
-    // A failed or timed-out connection must not go back to the pool.
-    client.release(error instanceof Error ? error : new Error(String(error)));
-    throw error;
-  }
-}
 
 /** A failed heartbeat of a live session, `left` ms before its deadline. */
 export interface HeartbeatFailure {

@@ -1,5 +1,4 @@
 import { setTimeout as delay } from 'node:timers/promises';
-import { isAbortError, isAbortOf } from '../abort.js';
 
 /**
  * Waits `ms` milliseconds. Rejects with the signal's reason as soon as the
@@ -18,12 +17,4 @@ export async function sleep(ms: number, signal?: AbortSignal): Promise<void> {
     if (signal?.aborted) throw signal.reason;
     throw error;
   }
-}
-
-/**
- * Whether `error` is a stop rather than a failure: `signal`'s reason, any
- * `AbortError`, or a `TimeoutError` of an `AbortSignal.timeout`.
- */
-export function isStopOrTimeout(error: unknown, signal?: AbortSignal): boolean {
-  return isAbortOf(error, signal) || isAbortError(error) || (error instanceof Error && error.name === 'TimeoutError');
 }

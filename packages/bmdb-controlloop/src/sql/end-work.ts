@@ -1,5 +1,14 @@
+import { type RawBuilder, sql } from 'kysely';
+import { CHANGES_CHANNEL } from '../internal/changes.js';
 import type { TagWrite, TagWrites } from '../tags.js';
-import { historyOfReleased, notifiedOfReleased } from './end-parts.js';
+
+/*
+ * The statements that end work items: the batched end of `Work.finish`,
+ * `fail` and `cancel` (endWorkStatement), and the opening of
+ * `finish(fn)`'s transaction (endFinishedStatement); and what the batched
+ * end shares with the session close and collection (sql/sessions.ts), the
+ * history and the notification of the claims they end.
+ */
 
 /** The end of one work item, as the end statement takes it. */
 export interface EndRequest {
@@ -171,3 +180,67 @@ export function endWorkParameters(requests: readonly EndRequest[]): unknown[] {
 
 const op = (write: TagWrite | undefined) => write?.op ?? null;
 const at = (write: TagWrite | undefined) => write?.at?.toISOString() ?? null;
+
+/** SQLSTATE raised by `bmdb_work_lost()` (migration 0002) when an end finds no claim. */
+export const WORK_LOST = 'BMW01';
+
+/**
+ * Deletes `sessionId`'s work row of (`machineId`, `process`), only while
+ * the session is alive in the database, writes `Finished` and clears the
+ * backoff, in one statement: the opening of `Work.finish(fn)`'s transaction. If the row is gone, the
+ * database raises {@link WORK_LOST}.
+ *
+ * Values are inlined as literals, so the statement can share one round trip
+ * with the `BEGIN` before it (a simple query may hold several statements;
+ * one with parameters may not).
+ */
+export function endFinishedStatement(machineId: string, process: string, sessionId: string): RawBuilder<unknown> {
+  const machine = sql.lit(machineId);
+  const processLiteral = sql.lit(process);
+  const session = sql.lit(sessionId);
+  return sql`
+      WITH released AS (
+        DELETE FROM work w USING sessions s
+        WHERE w.machine_id = ${machine}::uuid AND w.process = ${processLiteral}
+          AND w.session_id = ${session}::uuid
+          AND s.session_id = w.session_id AND s.deadline > now()
+        RETURNING w.machine_id, w.process),
+      history AS (
+        INSERT INTO work_history (machine_id, process, event, "timestamp")
+        SELECT machine_id, process, 'Finished', now() FROM released),
+      backoff AS (
+        DELETE FROM work_backoff b USING released r WHERE b.machine_id = r.machine_id AND b.process = r.process)
+      SELECT bmdb_work_lost(${machine}::uuid, ${processLiteral}, ${session}::uuid)
+      WHERE (SELECT count(*) FROM released) <> 1`;
+}
+
+/*
+ * What every statement that ends claims in batches writes the same way,
+ * once: the batch end (above) and the session close and collection
+ * (sql/sessions.ts). Both read a CTE `released` of the work rows they
+ * deleted, with `machine_id` and `process`. Plain text, not kysely's `sql`,
+ * because the batch statement is text, prepared under a name made from it.
+ */
+
+/**
+ * The CTE `history`: one event per row of `released`, each argument an SQL
+ * expression over `released`'s columns (`event`, `now()`, `cause`).
+ */
+export function historyOfReleased(event: string, at: string, cause: string): string {
+  return `history AS (
+    INSERT INTO work_history (machine_id, process, event, "timestamp", failed_cause)
+    SELECT machine_id, process, ${event}, ${at}, ${cause} FROM released)`;
+}
+
+/**
+ * The CTE `notified`: machines whose claim was canceled are eligible again at
+ * once (a finish or failure leaves them tagged or backed off). `where`
+ * narrows `released` to the canceled rows (empty when all are). It runs only
+ * when the statement's final SELECT reads it, and notifies only if such a
+ * row exists.
+ */
+export function notifiedOfReleased(where: string): string {
+  return `notified AS (
+    SELECT pg_notify('${CHANGES_CHANNEL}', 'work')
+    FROM (SELECT 1 FROM released${where} LIMIT 1) c)`;
+}

@@ -1,6 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import type { BMDB, ProvidedMachine, ProviderStatusUpdate, Session } from '@bmaas/bmdb-controlloop';
-import { describeError, isAbortOf, ProviderStatus, sleep } from '@bmaas/bmdb-controlloop';
+import { describeError, isAbortOf, ProviderStatus, runRounds } from '@bmaas/bmdb-controlloop';
 import type { EquinixClient } from '../api/client.js';
 import type { EquinixDevice } from '../api/types.js';
 import { EquinixApiError } from '../errors.js';
@@ -80,30 +80,26 @@ export class EquinixStatusUpdater {
 
   /**
    * Runs passes every `pollInterval` until `signal` aborts, then closes its
-   * session and resolves. A failed pass is logged and the next one tries
-   * again; an expired session is replaced.
+   * session and resolves (the rules of `runRounds`). A failed pass is logged
+   * and the next one tries again; an expired session is replaced.
    */
   async run(bmdb: BMDB, options: { readonly signal: AbortSignal }): Promise<void> {
     const { signal } = options;
-    let session: Session | undefined;
     log.status('status updater for project %s started', this.#projectId);
     try {
-      while (!signal.aborted) {
-        try {
-          session ??= await bmdb.startSession({ processor: STATUS_UPDATER_PROCESSOR });
-          await this.syncOnce(session, { signal: AbortSignal.any([signal, session.signal]) });
-        } catch (error) {
-          if (signal.aborted) break;
-          log.status('status pass for project %s failed: %s', this.#projectId, describeError(error));
-          if (session && session.state !== 'live') {
-            await session.close().catch(() => undefined);
-            session = undefined;
-          }
-        }
-        await sleep(this.#pollInterval, signal).catch(() => undefined);
-      }
+      await runRounds(
+        {
+          signal,
+          session: { bmdb, processor: STATUS_UPDATER_PROCESSOR },
+          interval: this.#pollInterval,
+          onFailure: (error, during) => {
+            if (during === 'close') log.status('closing session failed: %s', describeError(error));
+            else log.status('status pass for project %s failed: %s', this.#projectId, describeError(error));
+          },
+        },
+        (session) => this.syncOnce(session, { signal: AbortSignal.any([signal, session.signal]) }),
+      );
     } finally {
-      await session?.close();
       log.status('status updater for project %s stopped', this.#projectId);
     }
   }

@@ -8,8 +8,3 @@ export const log = {
   ipmi: createDebug('shepherd:static:ipmi'),
   fake: createDebug('shepherd:static:fake-redfish'),
 };
-
-/** A URL with any user info masked, for messages. */
-export function redactUrl(url: string): string {
-  return url.replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/@]*@/i, '$1***@');
-}

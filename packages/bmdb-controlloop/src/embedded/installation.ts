@@ -6,7 +6,7 @@ import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { describeError, log } from './log.js';
+import { describeError, log } from '../internal/log.js';
 
 const run = promisify(execFile);
 

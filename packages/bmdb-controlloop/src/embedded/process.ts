@@ -2,8 +2,8 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { chown, mkdir, open, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { type PostgresInstallation, postgresInstallation } from './postgres-installation.js';
-import { waitUntilAccepting } from './postgres-ready.js';
+import { type PostgresInstallation, postgresInstallation } from './installation.js';
+import { waitUntilAccepting } from './ready.js';
 
 /**
  * How a postgres child process reaches the data directory: by its path, or,

@@ -1,8 +1,8 @@
 import { generateKeyPairSync } from 'node:crypto';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
-import { type TakeoverInit, TakeoverInitSchema, TakeoverResponseSchema } from './gen/cloud/agent/api/takeover_pb.js';
-import { SshAbortedError, SshDialError } from './ssh/errors.js';
-import type { SshClient, SshConnection, SshDialOptions, SshExecResult, SshTarget } from './ssh-client.js';
+import { type TakeoverInit, TakeoverInitSchema, TakeoverResponseSchema } from '../gen/cloud/agent/api/takeover_pb.js';
+import { SshAbortedError, SshDialError } from '../ssh/errors.js';
+import type { SshClient, SshConnection, SshDialOptions, SshExecResult, SshTarget } from '../ssh-client.js';
 
 /** A command run through a {@link FakeSshClient}. */
 export interface FakeExecution {
