@@ -223,6 +223,13 @@ const flags = {
     },
     'redfish-timeout': { describe: 'Time for each Redfish request', default: '30s' },
     'redfish-concurrency': { describe: 'Most BMC requests in flight at once, across the fleet', default: '8' },
+    'ipmi-username': {
+      describe: 'User name of IPMI BMCs whose inventory entry gives none; unset: --redfish-username',
+    },
+    'ipmi-password-file': {
+      describe:
+        'File holding the password of IPMI BMCs whose inventory entry gives none (mode 0600; read at each BMC request); unset: --redfish-password-file',
+    },
     'ipmi-timeout': {
       describe: 'Time for each ipmitool run against an IPMI BMC ("protocol": "ipmi"), killed after it',
       default: '30s',

@@ -339,6 +339,18 @@ describe('run static: bad input exits 2 with one line naming the flag, before an
       /--redfish-password-file: ".*open-password" is readable by group or others \(mode 0644\); chmod 600 it/,
     ],
     [
+      'an IPMI password file readable by others',
+      () => [...base(), '--ipmi-password-file', path.join(dir, 'open-password')],
+      {},
+      /--ipmi-password-file: ".*open-password" is readable by group or others \(mode 0644\); chmod 600 it/,
+    ],
+    [
+      'an IPMI password file that does not exist',
+      () => [...base(), '--ipmi-password-file', path.join(dir, 'no-such-password')],
+      {},
+      /--ipmi-password-file: .*no-such-password/,
+    ],
+    [
       'a CA file that is no certificate',
       () => [...base(), '--redfish-ca-file', path.join(dir, 'not-a-cert.pem')],
       {},

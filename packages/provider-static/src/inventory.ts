@@ -18,9 +18,9 @@ export interface InventoryRedfishBmc {
   readonly protocol: 'redfish';
   /** The Redfish ComputerSystem resource, `http(s)://…/redfish/v1/Systems/<id>`. */
   readonly url: string;
-  /** User name; `undefined`: the fleet-wide default (`--redfish-username`). */
+  /** User name; `undefined`: the fleet-wide default (`--redfish-username`, or `--ipmi-username` for IPMI). */
   readonly username: string | undefined;
-  /** Secret; `undefined`: the fleet-wide default (`--redfish-password-file`). */
+  /** Secret; `undefined`: the fleet-wide default (`--redfish-password-file`, or `--ipmi-password-file` for IPMI). */
   readonly password: BmcPassword | undefined;
   /** Skip TLS verification for this BMC (logged once per machine). */
   readonly insecure: boolean;

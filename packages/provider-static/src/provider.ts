@@ -40,9 +40,9 @@ export interface StaticMachine extends Machine {
 
 /** Fleet-wide BMC credentials, for machines whose inventory entry gives none. */
 export interface DefaultBmcCredentials {
-  /** `--redfish-username` (IPMI BMCs take the same defaults). */
+  /** `--redfish-username`, or `--ipmi-username` for IPMI BMCs. */
   readonly username?: string | undefined;
-  /** `--redfish-password-file`: read at each BMC request, so a rotated password is picked up. */
+  /** `--redfish-password-file` (or `--ipmi-password-file`): read at each BMC request, so a rotated password is picked up. */
   readonly passwordFile?: string | undefined;
 }
 
@@ -58,7 +58,15 @@ export interface StaticProviderOptions {
    * when the first IPMI BMC is used.
    */
   readonly ipmi?: IpmiClient | undefined;
+  /** Credentials of BMCs whose inventory entry gives none (`--redfish-username`, `--redfish-password-file`). */
   readonly defaultCredentials?: DefaultBmcCredentials | undefined;
+  /**
+   * Credentials of IPMI BMCs whose inventory entry gives none
+   * (`--ipmi-username`, `--ipmi-password-file`); each one unset here falls
+   * back to {@link StaticProviderOptions.defaultCredentials}, as one BMC
+   * account often serves both protocols.
+   */
+  readonly defaultIpmiCredentials?: DefaultBmcCredentials | undefined;
   /** `--redfish-reset-type`: use this reset type instead of the preferred one the BMC allows. */
   readonly resetType?: ResetType | undefined;
   /**
@@ -89,6 +97,7 @@ export class StaticProvider implements RebootingProvider, PowerControl {
   readonly #redfish: RedfishClient;
   #ipmi: IpmiClient | undefined;
   readonly #defaults: DefaultBmcCredentials;
+  readonly #ipmiDefaults: DefaultBmcCredentials;
   readonly #resetType: ResetType | undefined;
   readonly #rebootWait: number;
   /** The last inventory read that was good: what resets and lookups go by between passes. */
@@ -102,6 +111,11 @@ export class StaticProvider implements RebootingProvider, PowerControl {
     this.#redfish = options.redfish;
     this.#ipmi = options.ipmi;
     this.#defaults = options.defaultCredentials ?? {};
+    const ipmi = options.defaultIpmiCredentials ?? {};
+    this.#ipmiDefaults = {
+      username: ipmi.username ?? this.#defaults.username,
+      passwordFile: ipmi.passwordFile ?? this.#defaults.passwordFile,
+    };
     this.#resetType = options.resetType;
     this.#rebootWait = options.rebootWait ?? 0;
     if (!(this.#rebootWait >= 0))
@@ -212,18 +226,21 @@ export class StaticProvider implements RebootingProvider, PowerControl {
     const entry = await this.#entry(id, signal);
     const bmc = entry.bmc;
     if (bmc === undefined) throw new NoBmcError(id);
-    const username = bmc.username ?? this.#defaults.username;
+    const ipmi = bmc.protocol === 'ipmi';
+    const defaults = ipmi ? this.#ipmiDefaults : this.#defaults;
+    const flags = ipmi ? '--ipmi' : '--redfish';
+    const username = bmc.username ?? defaults.username;
     if (username === undefined) {
-      throw new BmcCredentialsError(id, 'no BMC user name: set bmc.username in the inventory or --redfish-username');
+      throw new BmcCredentialsError(id, `no BMC user name: set bmc.username in the inventory or ${flags}-username`);
     }
     let password: Secret;
     if (bmc.password?.kind === 'inline') password = bmc.password.password;
     else {
-      const file = bmc.password?.path ?? this.#defaults.passwordFile;
+      const file = bmc.password?.path ?? defaults.passwordFile;
       if (file === undefined) {
         throw new BmcCredentialsError(
           id,
-          'no BMC password: set bmc.passwordFile (or bmc.password) in the inventory or --redfish-password-file',
+          `no BMC password: set bmc.passwordFile (or bmc.password) in the inventory or ${flags}-password-file`,
         );
       }
       password = await readPasswordFile(file, (problem) => new BmcCredentialsError(id, problem));

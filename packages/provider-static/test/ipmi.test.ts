@@ -13,6 +13,7 @@ import path from 'node:path';
 import { PowerState } from '@bmaas/bmdb-controlloop';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import {
+  BmcCredentialsError,
   IpmiClient,
   type IpmiClientOptions,
   IpmiCredentialsError,
@@ -24,6 +25,7 @@ import {
   RedfishClient,
   Secret,
   StaticProvider,
+  type StaticProviderOptions,
 } from '../src/index.js';
 import { IpmiSimulator, onPath } from '../src/testing/index.js';
 
@@ -268,6 +270,50 @@ exec ipmitool "$@"
     const error = await failure(provider.readPowerState('node09'));
     expect(error).toBeInstanceOf(IpmiCredentialsError);
     expect(error.message).toMatch(/^machine node09: IPMI BMC 127\.0\.0\.1:\d+: chassis power status: the BMC refused/);
+  });
+
+  test("an IPMI BMC without credentials in the inventory takes --ipmi-*'s defaults, else --redfish-*'s", async () => {
+    const right = path.join(dir, 'ipmi-default-password');
+    const wrong = path.join(dir, 'redfish-default-password');
+    await writeFile(right, `${PASSWORD}\n`, { mode: 0o600 });
+    await writeFile(wrong, 'the-redfish-password\n', { mode: 0o600 });
+    const inventory = path.join(dir, 'defaults-inventory.json');
+    await writeFile(
+      inventory,
+      JSON.stringify([
+        {
+          id: 'node10',
+          address: '192.0.2.10',
+          bmc: { protocol: 'ipmi', host: bmc.host, port: bmc.port, cipherSuite: 3 },
+        },
+      ]),
+    );
+    const withDefaults = (options: Partial<StaticProviderOptions>) =>
+      new StaticProvider({ inventory, redfish: new RedfishClient(), ipmi: client(), ...options });
+    // The IPMI defaults win over the Redfish ones.
+    const both = withDefaults({
+      defaultCredentials: { username: 'nobody', passwordFile: wrong },
+      defaultIpmiCredentials: { username: 'admin', passwordFile: right },
+    });
+    expect(await both.readPowerState('node10')).toBe(PowerState.On);
+    // Each one unset falls back to the Redfish default.
+    const fallback = withDefaults({
+      defaultCredentials: { username: 'admin', passwordFile: wrong },
+      defaultIpmiCredentials: { passwordFile: right },
+    });
+    expect(await fallback.readPowerState('node10')).toBe(PowerState.On);
+    const redfishOnly = withDefaults({ defaultCredentials: { username: 'admin', passwordFile: wrong } });
+    expect(await failure(redfishOnly.readPowerState('node10'))).toBeInstanceOf(IpmiCredentialsError);
+    // Neither: the error names the IPMI flags.
+    const none = await failure(withDefaults({}).readPowerState('node10'));
+    expect(none).toBeInstanceOf(BmcCredentialsError);
+    expect(none.message).toBe('machine node10: no BMC user name: set bmc.username in the inventory or --ipmi-username');
+    const noPassword = await failure(
+      withDefaults({ defaultIpmiCredentials: { username: 'admin' } }).readPowerState('node10'),
+    );
+    expect(noPassword.message).toBe(
+      'machine node10: no BMC password: set bmc.passwordFile (or bmc.password) in the inventory or --ipmi-password-file',
+    );
   });
 
   test('commands in flight across the fleet stay within the bound', async () => {

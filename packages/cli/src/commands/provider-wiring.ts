@@ -106,6 +106,7 @@ function staticProvider(own: StaticSettings): { provider: StaticProvider; redfis
     redfish,
     ipmi: new IpmiClient({ timeout: own.ipmiTimeout, concurrency: own.ipmiConcurrency }),
     defaultCredentials: { username: own.redfishUsername, passwordFile: own.redfishPasswordFile },
+    defaultIpmiCredentials: { username: own.ipmiUsername, passwordFile: own.ipmiPasswordFile },
     resetType: own.redfishResetType,
     rebootWait: own.rebootWait,
   });

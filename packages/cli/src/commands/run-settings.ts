@@ -107,6 +107,8 @@ export interface StaticSettings {
   readonly inventory: InventorySource;
   readonly redfishUsername: string | undefined;
   readonly redfishPasswordFile: string | undefined;
+  readonly ipmiUsername: string | undefined;
+  readonly ipmiPasswordFile: string | undefined;
   /** PEM text of `--redfish-ca-file`. */
   readonly redfishCa: string | undefined;
   readonly redfishResetType: ResetType | undefined;
@@ -236,6 +238,7 @@ function equinixSettings(argv: Argv, context: string): EquinixSettings {
 async function staticSettings(argv: Argv, context: string): Promise<StaticSettings> {
   const location = required(argv, 'inventory', context);
   const passwordFile = optional(argv, 'redfish-password-file');
+  const ipmiPasswordFile = optional(argv, 'ipmi-password-file');
   const caFile = optional(argv, 'redfish-ca-file');
   const settings: StaticSettings = {
     kind: 'static',
@@ -243,6 +246,9 @@ async function staticSettings(argv: Argv, context: string): Promise<StaticSettin
     redfishUsername: optional(argv, 'redfish-username'),
     redfishPasswordFile:
       passwordFile === undefined ? undefined : await secretFile('redfish-password-file', passwordFile),
+    ipmiUsername: optional(argv, 'ipmi-username'),
+    ipmiPasswordFile:
+      ipmiPasswordFile === undefined ? undefined : await secretFile('ipmi-password-file', ipmiPasswordFile),
     redfishCa: caFile === undefined ? undefined : await pemCertificates('redfish-ca-file', caFile),
     redfishResetType: oneOf(argv, 'redfish-reset-type', RESET_TYPES),
     redfishTimeout: duration(argv, 'redfish-timeout'),
