@@ -72,7 +72,8 @@ export interface MachineUnprovidedTable {
 /**
  * Per provider and location (`''` for none), spread over 64 rows (`shard`):
  * provided machines, the sums of their hardware reports' totals, the machines
- * held, per power state and whose power read failed (migration 0008). Kept
+ * held, per power state and whose power read failed (migration 0008), the
+ * installed ones (0009). Kept
  * by triggers; never written by hand. Sum a place's rows to read it.
  * Numerics and bigints are read as strings.
  */
@@ -94,6 +95,7 @@ export interface FleetLocationTotalsTable {
   power_unknown: string;
   power_unread: string;
   power_read_failed: string;
+  installed: string;
 }
 
 export interface MachineAgentStartedTable {
@@ -142,7 +144,7 @@ export interface MachineOsInstallationReportTable {
   os_installation_reported_at: Timestamp;
 }
 
-/** Where a machine's OS installation request stands (migration 0007). */
+/** Where a machine's OS installation request stands (migration 0009). */
 export const OSInstallationState = {
   /** Requested, not yet handed to an agent. */
   Requested: 'Requested',
@@ -161,7 +163,7 @@ export type OSInstallationState = (typeof OSInstallationState)[keyof typeof OSIn
 export type OSImageCompression = 'none' | 'gzip';
 
 /**
- * A machine's current OS installation request (migration 0007): the disk
+ * A machine's current OS installation request (migration 0009): the disk
  * image to write, its generation, and where it stands. Who requested or
  * canceled it and why is in `operator_history`.
  */
@@ -182,6 +184,9 @@ export interface MachineOsInstallationRequestTable {
   delivered_at: Timestamp | null;
   installation_ended_at: Timestamp | null;
   installation_error: string | null;
+  /** Its machine's provider and location, for `fleet_location_totals`; kept by triggers, never write them. */
+  provider: Generated<string | null>;
+  provider_location: Generated<string | null>;
 }
 
 export interface SessionsTable {

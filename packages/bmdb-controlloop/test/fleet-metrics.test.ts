@@ -51,16 +51,17 @@ async function totalsKeptAndCounted(db: TestDatabase) {
            sum(disk_bytes)::bigint::text AS disk_bytes, sum(held)::int AS held, sum(power_on)::int AS on,
            sum(power_off)::int AS off, sum(powering_on)::int AS powering_on, sum(powering_off)::int AS powering_off,
            sum(power_unknown)::int AS unknown, sum(power_unread)::int AS unread,
-           sum(power_read_failed)::int AS read_failed
+           sum(power_read_failed)::int AS read_failed, sum(installed)::int AS installed
     FROM fleet_location_totals GROUP BY 1, 2
-    HAVING sum(machines) <> 0 OR sum(reported_machines) <> 0 OR sum(held) <> 0 ORDER BY 1, 2`);
+    HAVING sum(machines) <> 0 OR sum(reported_machines) <> 0 OR sum(held) <> 0 OR sum(installed) <> 0 ORDER BY 1, 2`);
   const counted = await db.admin(`
     WITH places AS (
       SELECT coalesce(mp.provider, '') AS provider, coalesce(mp.provider_location, '') AS location,
              mp.machine_id IS NOT NULL AS provided, h.cpu_threads, h.memory_bytes, h.disks, h.disk_bytes,
              hd.machine_id IS NOT NULL AS held, ps.machine_id IS NOT NULL AS powered, ps.power_state,
-             ps.power_read_failed_at IS NOT NULL AS read_failed
+             ps.power_read_failed_at IS NOT NULL AS read_failed, iq.installation_state = 'Succeeded' AS installed
       FROM machines m LEFT JOIN machine_provided mp USING (machine_id)
+      LEFT JOIN machine_os_installation_request iq USING (machine_id)
       LEFT JOIN machine_hardware_report h USING (machine_id)
       LEFT JOIN machine_hold hd USING (machine_id)
       LEFT JOIN machine_power_state ps USING (machine_id))
@@ -73,15 +74,17 @@ async function totalsKeptAndCounted(db: TestDatabase) {
            count(*) FILTER (WHERE power_state = 'PoweringOff')::int AS powering_off,
            count(*) FILTER (WHERE power_state = 'Unknown')::int AS unknown,
            count(*) FILTER (WHERE powered AND power_state IS NULL)::int AS unread,
-           count(*) FILTER (WHERE powered AND read_failed)::int AS read_failed
+           count(*) FILTER (WHERE powered AND read_failed)::int AS read_failed,
+           count(*) FILTER (WHERE installed)::int AS installed
     FROM places GROUP BY 1, 2
     HAVING count(*) FILTER (WHERE provided) <> 0 OR count(cpu_threads) <> 0 OR count(*) FILTER (WHERE held) <> 0
+      OR count(*) FILTER (WHERE installed) <> 0
     ORDER BY 1, 2`);
   return { kept: kept.rows, counted: counted.rows };
 }
 
 describe('fleet_location_totals', () => {
-  test('follows machines, reports, holds and power states through every change, matching a count of the tables', async () => {
+  test('follows machines, reports, holds, power states and installations through every change, matching a count of the tables', async () => {
     const db = await createTestDatabase();
     const bmdb = await openTestBMDB(db);
     const session = await bmdb.startSession({ processor: 'test' });
@@ -140,6 +143,44 @@ describe('fleet_location_totals', () => {
       await q.unholdMachine(machines[6] as string, { actor: 'tech@rack1' });
     });
     await check('power changed, a hold released');
+    // Installations: two succeed (their agents' tags go), one fails, one is requested; one installed is
+    // requested again (no longer installed), then succeeds again.
+    const install = (machineId: string) =>
+      session.transact((q) =>
+        q.requestOSInstallation(machineId, {
+          imageUrl: 'https://images.example.com/os.img',
+          imageSha256: 'ab'.repeat(32),
+          rootDevice: '/dev/sda',
+          actor: 'tech@rack1',
+          reason: 'test',
+        }),
+      );
+    const reportInstallation = async (machineId: string, result: 'Success' | 'Error') => {
+      const { generation } = await install(machineId);
+      const raw = new Uint8Array();
+      expect(
+        await bmdb.recordAgentHeartbeat({ machineId, publicKey: key, installationReport: { generation, result, raw } }),
+      ).toBe('recorded');
+    };
+    await reportInstallation(machines[1] as string, 'Success');
+    await reportInstallation(machines[2] as string, 'Success');
+    await reportInstallation(machines[4] as string, 'Error');
+    await install(machines[7] as string);
+    await check('installed');
+    // An installed machine runs its OS: an agent started on it by hand is refused.
+    await expect(session.transact((q) => q.setAgentStarted(machines[2] as string, { publicKey: key }))).rejects.toThrow(
+      `machine ${machines[2]} is installed`,
+    );
+    await install(machines[1] as string);
+    await check('installed machine requested again');
+    await db.admin('DELETE FROM machine_os_installation_request WHERE machine_id = $1', [machines[1]]);
+    await db.admin(
+      `INSERT INTO machine_os_installation_request (machine_id, generation, image_url, image_sha256, root_device,
+         compression, requested_by, installation_state)
+       VALUES ($1, 9, 'https://images.example.com/os.img', $2, '/dev/sda', 'none', 'tech', 'Succeeded')`,
+      [machines[1], 'ab'.repeat(32)],
+    );
+    await check('installed again');
     // Moved between locations and providers, location cleared and set.
     await session.transact(async (q) => {
       await q.updateProviderStatus('Equinix', 'm0', { providerLocation: 'am6' });

@@ -9,6 +9,7 @@ import * as agentReports from '../src/migrations/0003_agent_reports.js';
 import * as fleetPage from '../src/migrations/0004_fleet_page.js';
 import * as leanTriggers from '../src/migrations/0005_lean_triggers.js';
 import * as operatorControl from '../src/migrations/0006_operator_control.js';
+import * as fleetMetrics from '../src/migrations/0008_fleet_metrics.js';
 
 test('migrations create the schema once; running them again is a no-op', async () => {
   const db = await createTestDatabase();
@@ -20,8 +21,8 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0004_fleet_page',
     '0005_lean_triggers',
     '0006_operator_control',
-    '0007_os_installation',
     '0008_fleet_metrics',
+    '0009_os_installation',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
@@ -75,6 +76,7 @@ test('migrations create the schema once; running them again is a no-op', async (
       'power_unknown',
       'power_unread',
       'power_read_failed',
+      'installed',
     ],
     machine_os_installation_report: [
       'machine_id',
@@ -97,6 +99,8 @@ test('migrations create the schema once; running them again is a no-op', async (
       'delivered_at',
       'installation_ended_at',
       'installation_error',
+      'provider',
+      'provider_location',
     ],
     machine_unprovided: ['machine_id'],
     machine_hold: ['machine_id', 'hold_reason', 'hold_actor', 'held_at', 'provider', 'provider_location'],
@@ -185,8 +189,8 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0004_fleet_page',
     '0005_lean_triggers',
     '0006_operator_control',
-    '0007_os_installation',
     '0008_fleet_metrics',
+    '0009_os_installation',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // 0006 backfills a power state row for each provided machine.
@@ -286,7 +290,7 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     FROM machine_provided mp WHERE mp.machine_id = ps.machine_id`);
 
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0007_os_installation', '0008_fleet_metrics']);
+  expect(await bmdb.migrate()).toEqual(['0008_fleet_metrics', '0009_os_installation']);
   expect(await new Queries(bmdb.db).controlByLocation()).toEqual([
     {
       provider: '',
@@ -355,6 +359,22 @@ test('0008 on a database with reports: the stored reports are read and the fleet
 });
 
 /** `db` as a deployment that ran only `migrations` (released ones) left it. */
+test('a database migrated to 0008, as released before OS installation, takes 0009', async () => {
+  const db = await createTestDatabase();
+  await migrateTo(db, {
+    '0001_initial': initial,
+    '0002_fast_claims': fastClaims,
+    '0003_agent_reports': agentReports,
+    '0004_fleet_page': fleetPage,
+    '0005_lean_triggers': leanTriggers,
+    '0006_operator_control': operatorControl,
+    '0008_fleet_metrics': fleetMetrics,
+  });
+  const bmdb = await openTestBMDB(db, { migrate: false });
+  expect(await bmdb.migrate()).toEqual(['0009_os_installation']);
+  expect((await db.admin('SELECT count(*)::int AS n FROM machine_os_installation_request')).rows).toEqual([{ n: 0 }]);
+});
+
 async function migrateTo(db: TestDatabase, migrations: Record<string, Migration>): Promise<void> {
   const released = new Kysely<unknown>({
     dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: db.url }) }),

@@ -24,7 +24,7 @@ const PROCESSOR = 'agent-callback';
  * their positions, and the installation request each one's machine is to be
  * handed. A heartbeat with an unknown machine or another key writes nothing.
  *
- * The OS installation part (migration 0007) costs a key probe per heartbeat
+ * The OS installation part (migration 0009) costs a key probe per heartbeat
  * into `machine_os_installation_request`, and writes only when something
  * changes:
  * - `open`: the machine's request still waiting for its report (`Requested`
@@ -38,7 +38,7 @@ const PROCESSOR = 'agent-callback';
  *   `Delivered`. The UPDATE re-checks the generation on the row's latest
  *   version, so a new request committed meanwhile is left as it is.
  * - On `Succeeded` the machine runs its OS, not the agent: its AgentStarted
- *   and AgentHeartbeat go (as after a recovery), and migration 0007's
+ *   and AgentHeartbeat go (as after a recovery), and migration 0009's
  *   triggers keep it out of the machines pending an agent start; its
  *   heartbeat is not upserted, so no row is written twice by one statement.
  * - `pending`: what the answer carries, every heartbeat until the report

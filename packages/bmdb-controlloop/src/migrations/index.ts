@@ -8,8 +8,8 @@ import * as agentReports from './0003_agent_reports.js';
 import * as fleetPage from './0004_fleet_page.js';
 import * as leanTriggers from './0005_lean_triggers.js';
 import * as operatorControl from './0006_operator_control.js';
-import * as osInstallation from './0007_os_installation.js';
 import * as fleetMetrics from './0008_fleet_metrics.js';
+import * as osInstallation from './0009_os_installation.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -22,8 +22,10 @@ const MIGRATIONS: Record<string, Migration> = {
   '0004_fleet_page': fleetPage,
   '0005_lean_triggers': leanTriggers,
   '0006_operator_control': operatorControl,
-  '0007_os_installation': osInstallation,
+  // There is no 0007: OS installation was written as 0007 but released after
+  // 0008, so it runs after it as 0009.
   '0008_fleet_metrics': fleetMetrics,
+  '0009_os_installation': osInstallation,
 };
 
 /** Migration bookkeeping tables; prefixed so they sit apart from other tools'. */

@@ -47,7 +47,7 @@ export function agentRecoverySelection(
 /**
  * The candidates come from `machine_agent_pending` (provided machines
  * without AgentStarted and not installed, kept by triggers of migrations
- * 0002 and 0007 in the same
+ * 0002 and 0009 in the same
  * transaction as the tags): index range scans, however many machines are
  * started. They are read from a random machine ID onwards, then from the
  * start of the range up to it, so parallel claims start at different
@@ -77,7 +77,7 @@ function agentStartQuery(db: Kysely<Database>, provider: string) {
  * and agents without any heartbeat started before it (the partial
  * `machine_agent_started_silent_idx`). Healthy machines are in neither, and
  * neither are installed ones: their agent tags went with their report
- * (migration 0007). A machine installing is left alone while it shows life
+ * (migration 0009). A machine installing is left alone while it shows life
  * within the installing threshold (a key probe per silent candidate).
  */
 function agentRecoveryQuery(db: Kysely<Database>, options: { provider: string } & RecoveryThresholds) {

@@ -56,12 +56,13 @@ type Part = 'provided' | 'pending' | 'installed' | 'starting' | 'silent' | 'sile
 
 /**
  * Machines per stage, provider and location. As {@link fleetStages}: the
- * provided machines of each place (from `fleet_location_totals`, a few rows
- * a place, kept by triggers) and the small sets of pending, starting, silent
- * and stale ones, each joined to its machine's Provided tag by key. Its cost
- * grows with those sets, not with the fleet, and with the installed machines
- * (an index range of `machine_os_installation_request_state_idx` and a key
- * probe each), which a fleet of installed machines makes most of the fleet.
+ * provided and the installed machines of each place (from
+ * `fleet_location_totals`, a few rows a place, kept by triggers) and the
+ * small sets of pending, starting, silent and stale ones, each joined to its
+ * machine's Provided tag by key. Its cost grows with those sets, not with the
+ * fleet: a fleet of installed machines, most of a serving fleet, is read in
+ * its totals' rows. (An installed machine carries no agent tags, a trigger
+ * refusing them, so it is in none of the sets.)
  */
 export async function fleetStagesByLocation(
   db: Kysely<Database>,
@@ -69,17 +70,14 @@ export async function fleetStagesByLocation(
 ): Promise<StagesByLocation> {
   const { firstWithin, within } = thresholdSeconds(thresholds);
   const { rows } = await sql<{ part: Part | 'unprovided'; provider: string; location: string; n: number }>`
-    SELECT 'provided' AS part, provider, provider_location AS location, sum(machines)::int AS n
-    FROM fleet_location_totals GROUP BY provider, provider_location
+    SELECT v.part, t.provider, t.location, v.n
+    FROM (SELECT provider, provider_location AS location, sum(machines)::int AS machines,
+                 sum(installed)::int AS installed
+          FROM fleet_location_totals GROUP BY provider, provider_location) t
+      CROSS JOIN LATERAL (VALUES ('provided', t.machines), ('installed', t.installed)) AS v (part, n)
     UNION ALL
     SELECT 'pending', mp.provider, coalesce(mp.provider_location, ''), count(*)::int
     FROM machine_agent_pending p JOIN machine_provided mp ON mp.machine_id = p.machine_id
-    GROUP BY 2, 3
-    UNION ALL
-    SELECT 'installed', mp.provider, coalesce(mp.provider_location, ''), count(*)::int
-    FROM machine_os_installation_request q JOIN machine_provided mp ON mp.machine_id = q.machine_id
-    WHERE q.installation_state = 'Succeeded'
-      AND NOT EXISTS (SELECT 1 FROM machine_agent_started a WHERE a.machine_id = q.machine_id)
     GROUP BY 2, 3
     UNION ALL
     SELECT 'starting', mp.provider, coalesce(mp.provider_location, ''), count(*)::int

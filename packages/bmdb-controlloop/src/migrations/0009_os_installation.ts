@@ -22,7 +22,17 @@ import { type Kysely, sql } from 'kysely';
  * - Installed machines (state `Succeeded`) run their OS, not the agent: they
  *   are kept out of `machine_agent_pending`, so the initializer never starts
  *   an agent on them, until a new request or a cancellation changes the
- *   state (a trigger puts the machine back, and wakes the loops).
+ *   state (a trigger puts the machine back, and wakes the loops). An agent
+ *   started on one anyway (AgentStarted set by hand) is refused, so an
+ *   installed machine never also counts as starting, heartbeating or silent.
+ * - The installed machines per place, for the fleet gauges: each request row
+ *   carries its machine's provider and location (as 0008's holds do, kept in
+ *   step with the Provided tag by triggers) and counts one `installed`
+ *   machine in `fleet_location_totals` while it is `Succeeded`, so a fleet of
+ *   installed machines is read in a few rows a place, not a row a machine.
+ *
+ * Numbered after 0008: 0008 was released before this migration was, and
+ * migrations run in the order of their names.
  */
 export async function up(db: Kysely<unknown>): Promise<void> {
   await sql`
@@ -43,7 +53,10 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       -- When its report was stored, or the request canceled.
       installation_ended_at timestamptz,
       -- The agent's error, for Failed.
-      installation_error text
+      installation_error text,
+      -- Its machine's place, for fleet_location_totals: kept by triggers.
+      provider text,
+      provider_location text
     )`.execute(db);
   await sql`
     CREATE INDEX machine_os_installation_request_state_idx
@@ -104,9 +117,98 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     CREATE TRIGGER machine_os_installation_request_pending
     AFTER INSERT OR DELETE OR UPDATE OF installation_state ON machine_os_installation_request
     FOR EACH ROW EXECUTE FUNCTION bmdb_agent_pending_installation()`.execute(db);
+
+  // An installed machine runs its OS: no agent is started on it.
+  await sql`
+    CREATE FUNCTION bmdb_agent_started_not_installed() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      IF EXISTS (SELECT 1 FROM machine_os_installation_request
+                 WHERE machine_id = NEW.machine_id AND installation_state = 'Succeeded') THEN
+        RAISE EXCEPTION 'machine % is installed (its OS installation succeeded): request an installation again before starting its agent', NEW.machine_id
+          USING ERRCODE = 'check_violation';
+      END IF;
+      RETURN NEW;
+    END $$`.execute(db);
+  await sql`
+    CREATE TRIGGER machine_agent_started_not_installed BEFORE INSERT ON machine_agent_started
+    FOR EACH ROW EXECUTE FUNCTION bmdb_agent_started_not_installed()`.execute(db);
+
+  // A request takes its machine's place when made (0008's bmdb_placed), and
+  // follows the Provided tag's.
+  await sql`
+    CREATE TRIGGER machine_os_installation_request_placed BEFORE INSERT ON machine_os_installation_request
+    FOR EACH ROW EXECUTE FUNCTION bmdb_placed()`.execute(db);
+  await sql`
+    CREATE FUNCTION bmdb_installation_request_place() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      IF TG_OP = 'DELETE' THEN
+        UPDATE machine_os_installation_request SET provider = NULL, provider_location = NULL
+        WHERE machine_id = OLD.machine_id AND (provider IS NOT NULL OR provider_location IS NOT NULL);
+      ELSE
+        UPDATE machine_os_installation_request SET provider = NEW.provider, provider_location = NEW.provider_location
+        WHERE machine_id = NEW.machine_id
+          AND (provider, provider_location) IS DISTINCT FROM (NEW.provider, NEW.provider_location);
+      END IF;
+      RETURN NULL;
+    END $$`.execute(db);
+  await sql`
+    CREATE TRIGGER machine_provided_installation_place AFTER INSERT OR DELETE ON machine_provided
+    FOR EACH ROW EXECUTE FUNCTION bmdb_installation_request_place()`.execute(db);
+  await sql`
+    CREATE TRIGGER machine_provided_installation_place_moved
+    AFTER UPDATE OF machine_id, provider, provider_location ON machine_provided
+    FOR EACH ROW WHEN (NEW.machine_id IS DISTINCT FROM OLD.machine_id OR NEW.provider IS DISTINCT FROM OLD.provider
+      OR NEW.provider_location IS DISTINCT FROM OLD.provider_location)
+    EXECUTE FUNCTION bmdb_installation_request_place()`.execute(db);
+
+  // A Succeeded request counts one installed machine at its place; what a
+  // row counted it takes back itself, so a machine's deletion cascades in
+  // any order.
+  await sql`ALTER TABLE fleet_location_totals ADD COLUMN installed bigint NOT NULL DEFAULT 0`.execute(db);
+  await sql`
+    CREATE FUNCTION bmdb_installed_add(machine uuid, place_provider text, place_location text, delta bigint)
+    RETURNS void LANGUAGE sql AS $$
+      INSERT INTO fleet_location_totals AS t (provider, provider_location, shard, installed)
+      VALUES (coalesce(place_provider, ''), coalesce(place_location, ''), get_byte(uuid_send(machine), 15) & 63, delta)
+      ON CONFLICT (provider, provider_location, shard) DO UPDATE SET installed = t.installed + excluded.installed
+    $$`.execute(db);
+  await sql`
+    CREATE FUNCTION bmdb_installed_totals() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      IF TG_OP IN ('DELETE', 'UPDATE') AND OLD.installation_state = 'Succeeded' THEN
+        PERFORM bmdb_installed_add(OLD.machine_id, OLD.provider, OLD.provider_location, -1);
+      END IF;
+      IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.installation_state = 'Succeeded' THEN
+        PERFORM bmdb_installed_add(NEW.machine_id, NEW.provider, NEW.provider_location, 1);
+      END IF;
+      RETURN NULL;
+    END $$`.execute(db);
+  await sql`
+    CREATE TRIGGER machine_os_installation_request_totals AFTER INSERT OR DELETE ON machine_os_installation_request
+    FOR EACH ROW EXECUTE FUNCTION bmdb_installed_totals()`.execute(db);
+  await sql`
+    CREATE TRIGGER machine_os_installation_request_totals_changed AFTER UPDATE ON machine_os_installation_request
+    FOR EACH ROW WHEN ((NEW.machine_id, NEW.provider, NEW.provider_location, NEW.installation_state = 'Succeeded')
+      IS DISTINCT FROM (OLD.machine_id, OLD.provider, OLD.provider_location, OLD.installation_state = 'Succeeded'))
+    EXECUTE FUNCTION bmdb_installed_totals()`.execute(db);
 }
 
 export async function down(db: Kysely<unknown>): Promise<void> {
+  for (const [table, trigger] of [
+    ['machine_os_installation_request', 'machine_os_installation_request_totals_changed'],
+    ['machine_os_installation_request', 'machine_os_installation_request_totals'],
+    ['machine_os_installation_request', 'machine_os_installation_request_placed'],
+    ['machine_provided', 'machine_provided_installation_place_moved'],
+    ['machine_provided', 'machine_provided_installation_place'],
+    ['machine_agent_started', 'machine_agent_started_not_installed'],
+  ] as const) {
+    await sql`DROP TRIGGER ${sql.id(trigger)} ON ${sql.table(table)}`.execute(db);
+  }
+  await sql`DROP FUNCTION bmdb_installed_totals()`.execute(db);
+  await sql`DROP FUNCTION bmdb_installed_add(uuid, text, text, bigint)`.execute(db);
+  await sql`ALTER TABLE fleet_location_totals DROP COLUMN installed`.execute(db);
+  await sql`DROP FUNCTION bmdb_installation_request_place()`.execute(db);
+  await sql`DROP FUNCTION bmdb_agent_started_not_installed()`.execute(db);
   await sql`DROP TRIGGER machine_os_installation_request_pending ON machine_os_installation_request`.execute(db);
   await sql`DROP FUNCTION bmdb_agent_pending_installation()`.execute(db);
   await sql`
