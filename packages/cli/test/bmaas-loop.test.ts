@@ -18,6 +18,7 @@ import { freePort } from '../../../test/support/ports.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
 import {
   agentHeartbeaters,
+  agentLoopFlags,
   buildOnce,
   eventually,
   killQuietly,
@@ -112,20 +113,7 @@ test('agents heartbeat through `shepherd server`; a killed one is rebooted, star
       api,
       { label: 'loop', devicePrefix: 'loop-' },
       {
-        'bmdb-url': db.url,
-        'ssh-key-path': keyPath,
-        'agent-executable-path': path.join(dir, 'agent'),
-        'agent-target-path': path.join(dir, 'agent-on-machine'),
-        'agent-endpoint': `127.0.0.1:${port}`,
-        'agent-endpoint-ca-certificate-path': path.join(serverDir, 'server.crt'),
-        'agent-ssh-port': String(sshd.port),
-        'agent-ssh-exec-timeout': '20s',
-        'equinix-reboot-wait': '100ms',
-        'provisioner-device-creation-rate': '1ms,100',
-        // One start at a time: every "machine" is this host, and its agent one file.
-        'initializer-loop-parallelism': '1',
-        'initializer-db-query-rate': '1ms,1000',
-        'recoverer-db-query-rate': '50ms,10',
+        ...agentLoopFlags({ bmdbUrl: db.url, dir, keyPath, sshPort: sshd.port, serverPort: port, serverDir }),
         'recoverer-first-heartbeat-timeout': '2s',
         'recoverer-heartbeat-timeout': HEARTBEAT_TIMEOUT,
       },

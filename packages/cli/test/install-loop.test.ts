@@ -24,6 +24,7 @@ import { freePort } from '../../../test/support/ports.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
 import {
   agentHeartbeaters,
+  agentLoopFlags,
   buildOnce,
   eventually,
   killQuietly,
@@ -131,19 +132,7 @@ test('three machines installed through their agents’ heartbeats; a wrong check
       api,
       { label: 'install', devicePrefix: 'inst-' },
       {
-        'bmdb-url': db.url,
-        'ssh-key-path': keyPath,
-        'agent-executable-path': path.join(dir, 'agent'),
-        'agent-target-path': path.join(dir, 'agent-on-machine'),
-        'agent-endpoint': `127.0.0.1:${port}`,
-        'agent-endpoint-ca-certificate-path': path.join(serverDir, 'server.crt'),
-        'agent-ssh-port': String(sshd.port),
-        'agent-ssh-exec-timeout': '20s',
-        'equinix-reboot-wait': '100ms',
-        'provisioner-device-creation-rate': '1ms,100',
-        'initializer-loop-parallelism': '1',
-        'initializer-db-query-rate': '1ms,1000',
-        'recoverer-db-query-rate': '50ms,10',
+        ...agentLoopFlags({ bmdbUrl: db.url, dir, keyPath, sshPort: sshd.port, serverPort: port, serverDir }),
         'recoverer-first-heartbeat-timeout': '5s',
         'recoverer-heartbeat-timeout': '8s',
       },
