@@ -5,7 +5,7 @@ import { createTestDatabase, openTestBMDB, type TestDatabase, testBMDB } from '.
 import { type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import { eventually } from '../../../test/support/wait.js';
-import { type BMDB, type FleetMetrics, MACHINE_STAGES, Queries } from '../src/index.js';
+import { type BMDB, BMDBError, type FleetMetrics, MACHINE_STAGES, Queries } from '../src/index.js';
 
 /** A hardware report of `threads` CPU threads over two CPUs, `memory` bytes and one disk of `disk` bytes. */
 function hardwareReport(threads: number, memory: number, disk: number): Uint8Array {
@@ -168,8 +168,10 @@ describe('fleet_location_totals', () => {
     await install(machines[7] as string);
     await check('installed');
     // An installed machine runs its OS: an agent started on it by hand is refused.
-    await expect(session.transact((q) => q.setAgentStarted(machines[2] as string, { publicKey: key }))).rejects.toThrow(
-      `machine ${machines[2]} is installed`,
+    const refused = session.transact((q) => q.setAgentStarted(machines[2] as string, { publicKey: key }));
+    await expect(refused).rejects.toThrow(BMDBError);
+    await expect(refused).rejects.toThrow(
+      `machine ${machines[2]} is installed (its OS installation succeeded): request an installation again before starting its agent`,
     );
     await install(machines[1] as string);
     await check('installed machine requested again');

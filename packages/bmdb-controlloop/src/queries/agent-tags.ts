@@ -1,6 +1,7 @@
 /** The agent's tags: AgentStarted, AgentHeartbeat and the reports its agent sent. */
 import { type Kysely, sql } from 'kysely';
 import type { HardwareReportEntry, OSInstallationReportEntry } from '../agent-heartbeat.js';
+import { BMDBError } from '../errors.js';
 import type { Database } from '../schema.js';
 import { databaseNow } from './fleet-stats.js';
 
@@ -26,13 +27,27 @@ export async function setAgentStarted(
   agent: { publicKey: Uint8Array; startedAt?: Date },
 ): Promise<void> {
   const startedAt = agent.startedAt ?? sql<Date>`now()`;
-  await db
-    .insertInto('machine_agent_started')
-    .values({ machine_id: machineId, agent_started_at: startedAt, agent_public_key: agent.publicKey })
-    .onConflict((oc) =>
-      oc.column('machine_id').doUpdateSet({ agent_started_at: startedAt, agent_public_key: agent.publicKey }),
-    )
-    .execute();
+  try {
+    await db
+      .insertInto('machine_agent_started')
+      .values({ machine_id: machineId, agent_started_at: startedAt, agent_public_key: agent.publicKey })
+      .onConflict((oc) =>
+        oc.column('machine_id').doUpdateSet({ agent_started_at: startedAt, agent_public_key: agent.publicKey }),
+      )
+      .execute();
+  } catch (error) {
+    // Migration 0009's trigger: an installed machine runs its OS, not an agent.
+    if (isInstalledRefusal(error)) throw new BMDBError(error.message, { cause: error });
+    throw error;
+  }
+}
+
+function isInstalledRefusal(error: unknown): error is Error {
+  return (
+    error instanceof Error &&
+    (error as { code?: unknown }).code === '23514' &&
+    / is installed \(its OS installation succeeded\)/.test(error.message)
+  );
 }
 
 export async function deleteAgentStarted(db: Kysely<Database>, machineId: string): Promise<void> {
