@@ -11,6 +11,16 @@ import * as leanTriggers from '../src/migrations/0005_lean_triggers.js';
 import * as operatorControl from '../src/migrations/0006_operator_control.js';
 import * as fleetMetrics from '../src/migrations/0008_fleet_metrics.js';
 
+/** The library's migrations as released up to 0006 (operator control). */
+const THROUGH_0006: Record<string, Migration> = {
+  '0001_initial': initial,
+  '0002_fast_claims': fastClaims,
+  '0003_agent_reports': agentReports,
+  '0004_fleet_page': fleetPage,
+  '0005_lean_triggers': leanTriggers,
+  '0006_operator_control': operatorControl,
+};
+
 test('migrations create the schema once; running them again is a no-op', async () => {
   const db = await createTestDatabase();
   const bmdb = await openTestBMDB(db, { migrate: false });
@@ -256,14 +266,7 @@ test('0008 on a database with reports: the stored reports are read and the fleet
   const db = await createTestDatabase();
   // A deployment at 0006, with three machines in two places: two reported, one report unreadable;
   // a and an unprovided machine held, a read Off, b's power read failed, c never read.
-  await migrateTo(db, {
-    '0001_initial': initial,
-    '0002_fast_claims': fastClaims,
-    '0003_agent_reports': agentReports,
-    '0004_fleet_page': fleetPage,
-    '0005_lean_triggers': leanTriggers,
-    '0006_operator_control': operatorControl,
-  });
+  await migrateTo(db, THROUGH_0006);
   // AgentHardwareReport { report: Node { memory_installed_bytes: 1024, cpu { hardware_threads: 16 }, block_device { capacity_bytes: 100 } } }
   const report = Buffer.from('0a0b408008520248105a023064', 'hex');
   for (const [name, location, raw] of [
@@ -361,15 +364,7 @@ test('0008 on a database with reports: the stored reports are read and the fleet
 /** `db` as a deployment that ran only `migrations` (released ones) left it. */
 test('a database migrated to 0008, as released before OS installation, takes 0009', async () => {
   const db = await createTestDatabase();
-  await migrateTo(db, {
-    '0001_initial': initial,
-    '0002_fast_claims': fastClaims,
-    '0003_agent_reports': agentReports,
-    '0004_fleet_page': fleetPage,
-    '0005_lean_triggers': leanTriggers,
-    '0006_operator_control': operatorControl,
-    '0008_fleet_metrics': fleetMetrics,
-  });
+  await migrateTo(db, { ...THROUGH_0006, '0008_fleet_metrics': fleetMetrics });
   const bmdb = await openTestBMDB(db, { migrate: false });
   expect(await bmdb.migrate()).toEqual(['0009_os_installation']);
   expect((await db.admin('SELECT count(*)::int AS n FROM machine_os_installation_request')).rows).toEqual([{ n: 0 }]);
