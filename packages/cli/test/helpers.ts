@@ -1,6 +1,5 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { readdir, readFile, stat } from 'node:fs/promises';
-import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'vitest';
 
@@ -102,38 +101,6 @@ export function runEquinixArgs(
       ...flags,
     }),
   ];
-}
-
-/**
- * The flags of a `shepherd run` whose machines are all this host: the
- * initializer starts the agent found at `<dir>/agent` through the test sshd,
- * one start at a time (every "machine" shares that one file), and points it
- * at the BMaaS server on `serverPort` (its certificate in `serverDir`);
- * devices come and reboots settle at once.
- */
-export function agentLoopFlags(setup: {
-  bmdbUrl: string;
-  dir: string;
-  keyPath: string;
-  sshPort: number;
-  serverPort: number;
-  serverDir: string;
-}): Record<string, string> {
-  return {
-    'bmdb-url': setup.bmdbUrl,
-    'ssh-key-path': setup.keyPath,
-    'agent-executable-path': path.join(setup.dir, 'agent'),
-    'agent-target-path': path.join(setup.dir, 'agent-on-machine'),
-    'agent-endpoint': `127.0.0.1:${setup.serverPort}`,
-    'agent-endpoint-ca-certificate-path': path.join(setup.serverDir, 'server.crt'),
-    'agent-ssh-port': String(setup.sshPort),
-    'agent-ssh-exec-timeout': '20s',
-    'equinix-reboot-wait': '100ms',
-    'provisioner-device-creation-rate': '1ms,100',
-    'initializer-loop-parallelism': '1',
-    'initializer-db-query-rate': '1ms,1000',
-    'recoverer-db-query-rate': '50ms,10',
-  };
 }
 
 /** `{ 'bmdb-url': url }` as `['--bmdb-url', url]`, in the object's order. */

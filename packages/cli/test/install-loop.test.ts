@@ -11,74 +11,41 @@
  * initializer and the recoverer until a new request.
  */
 import { createHash, randomBytes } from 'node:crypto';
-import { mkdtemp, readFile, rm, truncate, writeFile } from 'node:fs/promises';
-import { loadavg, tmpdir } from 'node:os';
+import { readFile, truncate, writeFile } from 'node:fs/promises';
+import { loadavg } from 'node:os';
 import path from 'node:path';
 import { gzipSync } from 'node:zlib';
-import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
-import { SshKey } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, expect, test } from 'vitest';
-import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
+import { createTestDatabase } from '../../../test/support/database.js';
 import { ImageServer } from '../../../test/support/image-server.js';
-import { freePort } from '../../../test/support/ports.js';
-import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
-import {
-  agentHeartbeaters,
-  agentLoopFlags,
-  buildOnce,
-  eventually,
-  killQuietly,
-  runEquinixArgs,
-  type Shepherd,
-  shepherd,
-  start,
-} from './helpers.js';
+import { AgentLoop } from './agent-loop.js';
+import { buildOnce, eventually, shepherd } from './helpers.js';
 
 const MACHINES = 3;
-const TEST_AGENT = path.resolve('packages/shepherd-manager/bin/test-agent.js');
 const IMAGE = randomBytes(4 << 20);
 const GZIPPED = gzipSync(IMAGE);
 const sha256 = (bytes: Uint8Array) => createHash('sha256').update(bytes).digest('hex');
 
-let db: TestDatabase;
-let dir: string;
-let api: FakeEquinixApi;
-let sshd: TestSshServer;
-let keyPath: string;
+const db = await createTestDatabase();
+let loop: AgentLoop;
 let images: ImageServer | undefined;
-const running: Shepherd[] = [];
 
 beforeAll(async () => {
   buildOnce();
-  db = await createTestDatabase();
-  dir = await mkdtemp(path.join(tmpdir(), 'install-loop-'));
-  expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
-  keyPath = path.join(dir, 'ssh_key');
-  const key = await SshKey.loadOrGenerate(keyPath);
-  sshd = await startTestSshServer({ authorizedKeys: [key.authorizedKey] });
-  api = await FakeEquinixApi.start({ reservations: MACHINES, publicIpv4: '127.0.0.1', provisioningReads: 0 });
-  // The agent as uploaded: sshd passes no environment on, so the wrapper sets the test agent's.
-  await writeFile(
-    path.join(dir, 'agent'),
-    `#!/bin/sh
-export SHEPHERD_TEST_AGENT_HEARTBEAT_INTERVAL=300ms SHEPHERD_TEST_AGENT_LOG=${dir}/agents.log
-export SHEPHERD_TEST_AGENT_SERVICE=cloud.agent.api
-export SHEPHERD_TEST_AGENT_REBOOT_COMMAND='echo rebooted >> ${dir}/reboots.log'
-exec ${process.execPath} ${TEST_AGENT}
-`,
-    { mode: 0o755 },
-  );
+  loop = await AgentLoop.start(db, {
+    name: 'install-loop',
+    machines: MACHINES,
+    agentEnv: (dir) => ({
+      SHEPHERD_TEST_AGENT_HEARTBEAT_INTERVAL: '300ms',
+      SHEPHERD_TEST_AGENT_LOG: `${dir}/agents.log`,
+      SHEPHERD_TEST_AGENT_SERVICE: 'cloud.agent.api',
+      SHEPHERD_TEST_AGENT_REBOOT_COMMAND: `echo rebooted >> ${dir}/reboots.log`,
+    }),
+  });
 });
 afterAll(async () => {
-  for (const process of running) {
-    process.child.kill('SIGKILL');
-    await process.exited;
-  }
-  for (const pid of (await agentHeartbeaters(db)).values()) killQuietly(pid);
   await images?.close();
-  await api?.close();
-  await sshd?.stop();
-  await rm(dir, { recursive: true, force: true });
+  await loop?.close();
 });
 
 /** Each machine's provider ID, agent and installation, by the database's clock. */
@@ -116,35 +83,23 @@ async function machines(): Promise<
 }
 
 test('three machines installed through their agents’ heartbeats; a wrong checksum fails visibly and is requested again', async () => {
-  const port = await freePort();
-  const serverDir = path.join(dir, 'server');
-  const server = start(['server', '--bmdb-url', db.url, '--data-dir', serverDir, '--listen', `127.0.0.1:${port}`]);
-  running.push(server);
-  await server.logged(/BMaaS server listening/);
+  const server = await loop.startServer();
   // The image server's certificate is the server's: the CA every agent was given at takeover.
   images = await ImageServer.start({
-    cert: await readFile(path.join(serverDir, 'server.crt'), 'utf8'),
-    key: await readFile(path.join(serverDir, 'server.key'), 'utf8'),
+    cert: await readFile(path.join(server.dir, 'server.crt'), 'utf8'),
+    key: await readFile(path.join(server.dir, 'server.key'), 'utf8'),
   });
   images.serve('debian.img.gz', { bytes: GZIPPED });
-  const run = start(
-    runEquinixArgs(
-      api,
-      { label: 'install', devicePrefix: 'inst-' },
-      {
-        ...agentLoopFlags({ bmdbUrl: db.url, dir, keyPath, sshPort: sshd.port, serverPort: port, serverDir }),
-        'recoverer-first-heartbeat-timeout': '5s',
-        'recoverer-heartbeat-timeout': '8s',
-      },
-    ),
-    { SHEPHERD_EQUINIX_API_KEY: api.apiKey },
+  const run = loop.startRun(
+    server,
+    { label: 'install', devicePrefix: 'inst-' },
+    { 'recoverer-first-heartbeat-timeout': '5s', 'recoverer-heartbeat-timeout': '8s' },
   );
-  running.push(run);
   const diagnostics = async () =>
     [
       `shepherd run:\n${run.stderr.slice(-3000)}`,
-      `shepherd server:\n${server.stderr.slice(-2000)}`,
-      `agents:\n${(await readFile(path.join(dir, 'agents.log'), 'utf8').catch(() => '')).slice(-3000)}`,
+      `shepherd server:\n${server.process.stderr.slice(-2000)}`,
+      `agents:\n${(await readFile(path.join(loop.dir, 'agents.log'), 'utf8').catch(() => '')).slice(-3000)}`,
       `BMDB: ${JSON.stringify(await machines())}`,
     ].join('\n');
   const within = async <T>(what: string, check: () => Promise<T | undefined>): Promise<T> => {
@@ -160,10 +115,10 @@ test('three machines installed through their agents’ heartbeats; a wrong check
     const now = await machines();
     return now.length === MACHINES && now.every((m) => m.heartbeatAgo !== null && m.heartbeatAgo < 2) ? now : undefined;
   });
-  expect(await readFile(path.join(dir, 'agents.log'), 'utf8')).toContain('(cloud.agent.api)');
+  expect(await readFile(path.join(loop.dir, 'agents.log'), 'utf8')).toContain('(cloud.agent.api)');
   const [good1, good2, bad] = fleet as [(typeof fleet)[0], (typeof fleet)[0], (typeof fleet)[0]];
   // Each machine's disk: a file of the image's size (all three machines are this host).
-  const disk = (m: { deviceId: string }) => path.join(dir, `disk-${m.deviceId}`);
+  const disk = (m: { deviceId: string }) => path.join(loop.dir, `disk-${m.deviceId}`);
   for (const m of fleet) {
     await writeFile(disk(m), '');
     await truncate(disk(m), IMAGE.length);
@@ -219,7 +174,7 @@ test('three machines installed through their agents’ heartbeats; a wrong check
   });
   expect(fixed.generation).toBe(2);
   expect((await readFile(disk(bad))).equals(IMAGE)).toBe(true);
-  expect((await readFile(path.join(dir, 'reboots.log'), 'utf8')).trim().split('\n')).toHaveLength(3);
+  expect((await readFile(path.join(loop.dir, 'reboots.log'), 'utf8')).trim().split('\n')).toHaveLength(3);
   const timings = [...settled.filter((m) => m.state === 'Succeeded'), fixed].map((m) => (m.seconds ?? 0).toFixed(2));
   console.log(
     `install loop: request to reported success ${timings.join(', ')} s (4 MiB image, gzip, heartbeats every 300 ms); load ${loadavg()[0]?.toFixed(2)}`,
@@ -244,10 +199,10 @@ test('three machines installed through their agents’ heartbeats; a wrong check
   expect(starts(bad.deviceId, 'ShepherdAgentStart')).toBe(1);
   for (const m of fleet) {
     expect(starts(m.deviceId, 'ShepherdRecovery'), m.deviceId).toBe(0);
-    expect(api.reboots(m.deviceId), m.deviceId).toBe(0);
+    expect(loop.api.reboots(m.deviceId), m.deviceId).toBe(0);
   }
 
-  for (const process of [run, server]) process.child.kill('SIGTERM');
+  for (const process of [run, server.process]) process.child.kill('SIGTERM');
   expect((await run.exited).code, run.stderr.slice(-3000)).toBe(0);
-  expect((await server.exited).code, server.stderr.slice(-3000)).toBe(0);
+  expect((await server.process.exited).code, server.process.stderr.slice(-3000)).toBe(0);
 }, 240_000);

@@ -27,6 +27,7 @@ import { gzipSync } from 'node:zlib';
 import { IpmiClient, Secret } from '@bmaas/provider-static';
 import { Ssh2Client, SshKey } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { startedAgents } from '../../../test/support/agents.js';
 import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
 import { freePort } from '../../../test/support/ports.js';
 import { eventually } from '../../../test/support/wait.js';
@@ -99,23 +100,8 @@ describe.skipIf(missing.length > 0)('the lab', () => {
     }
   }
 
-  /** Per VM (provider ID): its agent's key, and how long ago it started and last heartbeated (the database's clock). */
-  async function agents(): Promise<
-    Map<string, { machineId: string; key: string; startedAgo: number; heartbeatAgo: number | null }>
-  > {
-    const { rows } = await db.admin(`
-      SELECT p.machine_id, p.provider_id, encode(a.agent_public_key, 'hex') AS key,
-             extract(epoch FROM now() - a.agent_started_at)::float8 AS started_ago,
-             extract(epoch FROM now() - h.agent_heartbeat_at)::float8 AS heartbeat_ago
-      FROM machine_provided p JOIN machine_agent_started a USING (machine_id)
-      LEFT JOIN machine_agent_heartbeat h USING (machine_id)`);
-    return new Map(
-      rows.map((row) => [
-        row.provider_id,
-        { machineId: row.machine_id, key: row.key, startedAgo: row.started_ago, heartbeatAgo: row.heartbeat_ago },
-      ]),
-    );
-  }
+  /** Per VM (provider ID): its started agent. */
+  const agents = () => startedAgents(db, 'providerId');
 
   async function within<T>(what: string, check: () => Promise<T | undefined>): Promise<T> {
     try {
