@@ -125,7 +125,7 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       IF EXISTS (SELECT 1 FROM machine_os_installation_request
                  WHERE machine_id = NEW.machine_id AND installation_state = 'Succeeded') THEN
         RAISE EXCEPTION 'machine % is installed (its OS installation succeeded): request an installation again before starting its agent', NEW.machine_id
-          USING ERRCODE = 'check_violation';
+          USING ERRCODE = 'check_violation', CONSTRAINT = 'machine_agent_started_not_installed';
       END IF;
       RETURN NEW;
     END $$`.execute(db);

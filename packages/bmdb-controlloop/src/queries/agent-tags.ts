@@ -43,11 +43,7 @@ export async function setAgentStarted(
 }
 
 function isInstalledRefusal(error: unknown): error is Error {
-  return (
-    error instanceof Error &&
-    (error as { code?: unknown }).code === '23514' &&
-    / is installed \(its OS installation succeeded\)/.test(error.message)
-  );
+  return error instanceof Error && (error as { constraint?: unknown }).constraint === 'machine_agent_started_not_installed';
 }
 
 export async function deleteAgentStarted(db: Kysely<Database>, machineId: string): Promise<void> {
