@@ -181,7 +181,8 @@ export async function fleetStages(
   // Machines are unprovided or provided (machine_unprovided is kept by
   // triggers), provided ones pending (no AgentStarted; machine_agent_pending
   // likewise) or started: one count of every machine, the rest read from
-  // the small sets of unprovided, pending, silent, stale and starting ones.
+  // the small sets of unprovided, pending, silent, stale and starting ones,
+  // and the installed ones from fleet_location_totals.
   const { rows } = await sql<{
     machines: number;
     unprovided: number;
@@ -202,9 +203,8 @@ export async function fleetStages(
       (SELECT count(*)::int FROM machines) AS machines,
       (SELECT count(*)::int FROM machine_unprovided) AS unprovided,
       (SELECT count(*)::int FROM machine_agent_pending) AS pending,
-      (SELECT count(*)::int FROM machine_os_installation_request q WHERE q.installation_state = 'Succeeded'
-          AND NOT EXISTS (SELECT 1 FROM machine_agent_started a WHERE a.machine_id = q.machine_id)
-          AND EXISTS (SELECT 1 FROM machine_provided mp WHERE mp.machine_id = q.machine_id)) AS installed,
+      -- Installed and provided (an installed machine carries no agent tags: 0009 refuses them).
+      (SELECT coalesce(sum(installed), 0)::int FROM fleet_location_totals WHERE provider <> '') AS installed,
       (SELECT count(*)::int FROM work w JOIN sessions s ON s.session_id = w.session_id
         WHERE w.process = 'ShepherdAgentStart' AND s.deadline > now()
           AND EXISTS (SELECT 1 FROM machine_agent_pending p WHERE p.machine_id = w.machine_id)) AS starting,
