@@ -43,7 +43,9 @@ export async function setAgentStarted(
 }
 
 function isInstalledRefusal(error: unknown): error is Error {
-  return error instanceof Error && (error as { constraint?: unknown }).constraint === 'machine_agent_started_not_installed';
+  return (
+    error instanceof Error && (error as { constraint?: unknown }).constraint === 'machine_agent_started_not_installed'
+  );
 }
 
 export async function deleteAgentStarted(db: Kysely<Database>, machineId: string): Promise<void> {
