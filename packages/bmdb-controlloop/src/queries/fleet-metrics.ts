@@ -4,8 +4,8 @@
  * 100,000 machines; `npm run bench` (section `fleet`) prints their plans.
  */
 import { type Kysely, sql } from 'kysely';
-import { type Database, type FleetLocationTotalsTable, type PowerState, SHEPHERD_PROCESSES } from '../schema.js';
-import type { FleetStages } from './fleet-stats.js';
+import { type Database, type FleetLocationTotalsTable, SHEPHERD_PROCESSES } from '../schema.js';
+import { type FleetControl, type FleetStages, MACHINE_STAGES, type PowerStateCounts } from './fleet-stats.js';
 import { type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
 
 /** Where machines are: a provider and one of its locations (`''`: none recorded). */
@@ -40,7 +40,7 @@ export interface LocationHardware extends MachineLocation {
 export interface LocationControl extends MachineLocation {
   readonly held: number;
   /** Provided machines per power state as last read; `Unread` for those never read. */
-  readonly powerStates: Readonly<Record<PowerState | 'Unread', number>>;
+  readonly powerStates: PowerStateCounts;
   readonly powerReadFailed: number;
 }
 
@@ -148,6 +148,38 @@ export async function fleetStagesByLocation(
       };
     });
   return { unprovided, locations: locations.sort(byLocation) };
+}
+
+/**
+ * Machines per lifecycle stage for the whole fleet, with the held ones and
+ * the provided ones per power state: the sums of {@link fleetStagesByLocation}
+ * and {@link controlByLocation} over every place, so the fleet and its places
+ * are counted one way.
+ */
+export async function fleetStages(
+  db: Kysely<Database>,
+  thresholds: RecoveryThresholds = {},
+): Promise<{ machines: number; stages: FleetStages } & FleetControl> {
+  const { unprovided, locations } = await fleetStagesByLocation(db, thresholds);
+  const control = await controlByLocation(db);
+  const stages = Object.fromEntries(
+    MACHINE_STAGES.map((stage) => [stage, locations.reduce((sum, place) => sum + place.stages[stage], 0)]),
+  ) as Record<keyof FleetStages, number>;
+  const total = (count: (place: LocationControl) => number) => control.reduce((sum, place) => sum + count(place), 0);
+  return {
+    machines: MACHINE_STAGES.reduce((sum, stage) => sum + stages[stage], unprovided),
+    held: total((place) => place.held),
+    powerStates: {
+      On: total((place) => place.powerStates.On),
+      Off: total((place) => place.powerStates.Off),
+      PoweringOn: total((place) => place.powerStates.PoweringOn),
+      PoweringOff: total((place) => place.powerStates.PoweringOff),
+      Unknown: total((place) => place.powerStates.Unknown),
+      Unread: total((place) => place.powerStates.Unread),
+    },
+    powerReadFailed: total((place) => place.powerReadFailed),
+    stages: { ...stages, unprovided },
+  };
 }
 
 /**

@@ -2,7 +2,7 @@
 import { type Kysely, type RawBuilder, sql } from 'kysely';
 import type { Database, PowerState } from '../schema.js';
 import { hasLiveWork } from './conditions.js';
-import { lostAgent, type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
+import { lostAgent, type RecoveryThresholds } from './recovery-thresholds.js';
 
 /** Machines per lifecycle stage; each machine counts in exactly one stage. */
 export interface FleetStages {
@@ -171,89 +171,6 @@ const NO_POWER_STATES: Record<PowerState | 'Unread', number> = {
 export async function databaseNow(db: Kysely<Database>): Promise<Date> {
   const row = await db.selectNoFrom(sql<Date>`now()`.as('now')).executeTakeFirstOrThrow();
   return row.now;
-}
-
-export async function fleetStages(
-  db: Kysely<Database>,
-  thresholds: RecoveryThresholds = {},
-): Promise<{ machines: number; stages: FleetStages } & FleetControl> {
-  const { firstWithin, within } = thresholdSeconds(thresholds);
-  // Machines are unprovided or provided (machine_unprovided is kept by
-  // triggers), provided ones pending (no AgentStarted; machine_agent_pending
-  // likewise) or started: one count of every machine, the rest read from
-  // the small sets of unprovided, pending, silent, stale and starting ones,
-  // and the installed ones from fleet_location_totals.
-  const { rows } = await sql<{
-    machines: number;
-    unprovided: number;
-    pending: number;
-    installed: number;
-    starting: number;
-    silent: number;
-    silent_lost: number;
-    stale: number;
-    held: number;
-    power_off: number;
-    powering_on: number;
-    powering_off: number;
-    power_unknown: number;
-    power_unread: number;
-    power_read_failed: number;
-  }>`SELECT
-      (SELECT count(*)::int FROM machines) AS machines,
-      (SELECT count(*)::int FROM machine_unprovided) AS unprovided,
-      (SELECT count(*)::int FROM machine_agent_pending) AS pending,
-      -- Installed and provided (an installed machine carries no agent tags: 0009 refuses them).
-      (SELECT coalesce(sum(installed), 0)::int FROM fleet_location_totals WHERE provider <> '') AS installed,
-      (SELECT count(*)::int FROM work w JOIN sessions s ON s.session_id = w.session_id
-        WHERE w.process = 'ShepherdAgentStart' AND s.deadline > now()
-          AND EXISTS (SELECT 1 FROM machine_agent_pending p WHERE p.machine_id = w.machine_id)) AS starting,
-      (SELECT count(*)::int FROM machine_agent_started a WHERE NOT a.has_heartbeat
-          AND EXISTS (SELECT 1 FROM machine_provided mp WHERE mp.machine_id = a.machine_id)) AS silent,
-      (SELECT count(*)::int FROM machine_agent_started a WHERE NOT a.has_heartbeat
-          AND a.agent_started_at < now() - make_interval(secs => ${firstWithin})
-          AND EXISTS (SELECT 1 FROM machine_provided mp WHERE mp.machine_id = a.machine_id)) AS silent_lost,
-      (SELECT count(*)::int FROM machine_agent_heartbeat h
-        WHERE h.agent_heartbeat_at < now() - make_interval(secs => ${within})
-          AND EXISTS (SELECT 1 FROM machine_agent_started a WHERE a.machine_id = h.machine_id)
-          AND EXISTS (SELECT 1 FROM machine_provided mp WHERE mp.machine_id = h.machine_id)) AS stale,
-      (SELECT count(*)::int FROM machine_hold) AS held,
-      (SELECT count(*)::int FROM machine_power_state WHERE power_state = 'Off') AS power_off,
-      (SELECT count(*)::int FROM machine_power_state WHERE power_state = 'PoweringOn') AS powering_on,
-      (SELECT count(*)::int FROM machine_power_state WHERE power_state = 'PoweringOff') AS powering_off,
-      (SELECT count(*)::int FROM machine_power_state WHERE power_state = 'Unknown') AS power_unknown,
-      (SELECT count(*)::int FROM machine_power_state WHERE power_state IS NULL) AS power_unread,
-      (SELECT count(*)::int FROM machine_power_state WHERE power_read_failed_at IS NOT NULL) AS power_read_failed`.execute(
-    db,
-  );
-  const row = rows[0];
-  if (row === undefined) throw new Error('fleetStages: the count query returned no row');
-  const started = row.machines - row.unprovided - row.pending - row.installed;
-  // Every provided machine has a power state row (kept by a trigger): those
-  // not in a rarer state are On, without counting the many that are.
-  const rarer = row.power_off + row.powering_on + row.powering_off + row.power_unknown + row.power_unread;
-  return {
-    machines: row.machines,
-    held: row.held,
-    powerStates: {
-      On: Math.max(0, row.machines - row.unprovided - rarer),
-      Off: row.power_off,
-      PoweringOn: row.powering_on,
-      PoweringOff: row.powering_off,
-      Unknown: row.power_unknown,
-      Unread: row.power_unread,
-    },
-    powerReadFailed: row.power_read_failed,
-    stages: {
-      unprovided: row.unprovided,
-      provided: row.pending - row.starting,
-      agentStarting: row.starting,
-      agentStarted: row.silent - row.silent_lost,
-      heartbeating: started - row.silent - row.stale,
-      awaitingRecovery: row.silent_lost + row.stale,
-      installed: row.installed,
-    },
-  };
 }
 
 export async function providers(db: Kysely<Database>): Promise<string[]> {
