@@ -2,7 +2,7 @@
 import { type Kysely, sql } from 'kysely';
 import { BMDBError } from '../errors.js';
 import { type Database, OperatorAction, OperatorOutcome } from '../schema.js';
-import { checkActor, recordOperatorAction } from './operator-history.js';
+import { checkActor, checkReason, recordOperatorAction } from './operator-history.js';
 
 /** An operator's hold on a machine. */
 export interface MachineHold {
@@ -35,9 +35,7 @@ export async function holdMachine(
   request: HoldRequest,
 ): Promise<{ readonly hold: MachineHold; readonly placed: boolean }> {
   const what = `hold of machine ${machineId}`;
-  if (typeof request.reason !== 'string' || request.reason.trim() === '') {
-    throw new BMDBError(`${what}: a reason is needed (what is being done to the machine)`);
-  }
+  checkReason(request.reason, what, 'what is being done to the machine');
   checkActor(request.actor, what);
   const placed = await db
     .insertInto('machine_hold')

@@ -61,6 +61,11 @@ export function checkActor(actor: unknown, what: string): void {
   if (typeof actor !== 'string' || actor.trim() === '') throw new BMDBError(`${what}: the actor must be named`);
 }
 
+/** The reason of an operator action: `why` says what it must tell. */
+export function checkReason(reason: unknown, what: string, why: string): void {
+  if (typeof reason !== 'string' || reason.trim() === '') throw new BMDBError(`${what}: a reason is needed (${why})`);
+}
+
 export async function operatorHistory(
   db: Kysely<Database>,
   machineId: string,

@@ -9,7 +9,7 @@ import {
   type OSImageCompression,
   OSInstallationState,
 } from '../schema.js';
-import { checkActor, recordOperatorAction } from './operator-history.js';
+import { checkActor, checkReason, recordOperatorAction } from './operator-history.js';
 
 /** The disk image an installation writes, as an operator asks for it. */
 export interface OSImage {
@@ -114,9 +114,7 @@ export async function requestOSInstallation(
   const what = `OS installation request for machine ${machineId}`;
   checkOSImage(request, what);
   checkActor(request.actor, what);
-  if (typeof request.reason !== 'string' || request.reason.trim() === '') {
-    throw new BMDBError(`${what}: a reason is needed (why the machine is installed)`);
-  }
+  checkReason(request.reason, what, 'why the machine is installed');
   const machine = await db.selectFrom('machines').select('machine_id').where('machine_id', '=', machineId).execute();
   if (machine.length === 0) throw new BMDBError(`${what}: no such machine in the BMDB`);
   const values = {
@@ -177,9 +175,7 @@ export async function cancelOSInstallation(
 ): Promise<OSInstallationCancel> {
   const what = `cancel of the OS installation of machine ${machineId}`;
   checkActor(request.actor, what);
-  if (typeof request.reason !== 'string' || request.reason.trim() === '') {
-    throw new BMDBError(`${what}: a reason is needed (why the installation is withdrawn)`);
-  }
+  checkReason(request.reason, what, 'why the installation is withdrawn');
   const previous = await osInstallation(db, machineId);
   const row = await db
     .updateTable('machine_os_installation_request')
@@ -248,12 +244,18 @@ export async function osInstallations(
   return rows.map((row) => ({ ...toOSInstallation(row), provider: row.provider, providerId: row.provider_id }));
 }
 
+/**
+ * Machines per installation state. `Succeeded`, most of a serving fleet, is
+ * the sum of `fleet_location_totals.installed` (kept by triggers); the other
+ * states are each a range of `machine_os_installation_request_state_idx`.
+ */
 export async function osInstallationCounts(db: Kysely<Database>): Promise<OSInstallationCounts> {
-  const rows = await db
-    .selectFrom('machine_os_installation_request')
-    .select(['installation_state', sql<number>`count(*)::int`.as('count')])
-    .groupBy('installation_state')
-    .execute();
+  const { rows } = await sql<{ installation_state: OSInstallationState; count: number }>`
+    SELECT installation_state, count(*)::int AS count FROM machine_os_installation_request
+    WHERE installation_state IN ('Requested', 'Delivered', 'Failed', 'Canceled')
+    GROUP BY installation_state
+    UNION ALL
+    SELECT 'Succeeded', coalesce(sum(installed), 0)::int FROM fleet_location_totals`.execute(db);
   const counts: Record<OSInstallationState, number> = { ...NO_INSTALLATIONS };
   for (const row of rows) counts[row.installation_state] = row.count;
   return counts;
