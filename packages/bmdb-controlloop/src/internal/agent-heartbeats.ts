@@ -66,6 +66,8 @@ const HEARTBEAT_SQL = `
     SELECT a.ord, a.machine_id, a.installation_report, a.installation_error, q.generation, q.installation_state,
       q.image_url, q.image_sha256, q.root_device, q.compression, q.user_data,
       CASE WHEN a.generation = q.generation THEN a.result END AS result,
+      -- Not held, not under recovery: queries/conditions.ts's isHeld and
+      -- hasLiveWork, written out in this statement's raw text.
       NOT EXISTS (SELECT 1 FROM machine_hold hd WHERE hd.machine_id = a.machine_id)
         AND NOT EXISTS (SELECT 1 FROM work w JOIN sessions s ON s.session_id = w.session_id
           WHERE w.machine_id = a.machine_id AND w.process = 'ShepherdRecovery' AND s.deadline > now())

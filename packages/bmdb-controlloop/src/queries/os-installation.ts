@@ -189,7 +189,8 @@ export async function cancelOSInstallation(
     .returningAll()
     .executeTakeFirst();
   const canceled = row && toOSInstallation(row);
-  const installation = canceled ?? (await osInstallation(db, machineId));
+  // Nothing canceled: the request as read before says why.
+  const installation = canceled ?? previous;
   const cause =
     canceled !== undefined
       ? undefined
