@@ -8,6 +8,7 @@ import {
   type HeartbeatRequest,
   type HeartbeatResponse,
   HeartbeatResponseSchema,
+  type OSInstallationReport as OSInstallationReportMessage,
   OSInstallationReportSchema,
 } from './gen/cloud/bmaas/server/api/agent_pb.js';
 import { log } from './log.js';
@@ -76,7 +77,7 @@ async function heartbeat(
   if (!isMachineId(request.machineId)) {
     throw new ConnectError(`machine_id ${JSON.stringify(request.machineId)} is not a UUID`, Code.InvalidArgument);
   }
-  const report = request.installationReport && installationReport(request);
+  const report = request.installationReport && installationReport(request.machineId, request.installationReport);
   let answer: Awaited<ReturnType<BMDB['answerAgentHeartbeat']>>;
   try {
     answer = await bmdb.answerAgentHeartbeat({
@@ -138,13 +139,11 @@ function codeName(code: Code): string {
   return Code[code].replace(/([a-z])([A-Z])/g, '$1_$2').toLowerCase();
 }
 
-function installationReport(request: HeartbeatRequest): OSInstallationReport {
-  const report = request.installationReport;
-  if (report === undefined) throw new Error('unreachable: no installation report');
+function installationReport(machineId: string, report: OSInstallationReportMessage): OSInstallationReport {
   const result = report.result;
   if (result.case === undefined) {
     throw new ConnectError(
-      `installation_report of machine ${request.machineId} has neither success nor error`,
+      `installation_report of machine ${machineId} has neither success nor error`,
       Code.InvalidArgument,
     );
   }

@@ -72,17 +72,18 @@ export function serveUnaryCall<Request, Response>(
   let received = 0;
   let messageLength = -1;
 
-  const refuse = (error: unknown) => {
-    if (answered) return;
+  /** Whether this is the call's first answer (the deadline then stops); later ones are dropped. */
+  const settle = (): boolean => {
+    if (answered) return false;
     answered = true;
     if (deadline !== undefined) clearTimeout(deadline);
-    respondWithError(stream, error);
+    return true;
+  };
+  const refuse = (error: unknown) => {
+    if (settle()) respondWithError(stream, error);
   };
   const respond = (response: Response) => {
-    if (answered) return;
-    answered = true;
-    if (deadline !== undefined) clearTimeout(deadline);
-    if (stream.closed) return;
+    if (!settle() || stream.closed) return;
     try {
       const message = route.encode(response);
       const framed = Buffer.allocUnsafe(5 + message.length);
@@ -203,10 +204,7 @@ function writeRefusal(stream: ServerHttp2Stream, error: unknown): void {
     error instanceof ConnectError
       ? error
       : new ConnectError('internal error', Code.Internal, undefined, undefined, error);
-  const headers: Record<string, string | number> = {
-    [constants.HTTP2_HEADER_STATUS]: 200,
-    [constants.HTTP2_HEADER_CONTENT_TYPE]: 'application/grpc+proto',
-  };
+  const headers: Record<string, string | number> = { ...OK_HEADERS };
   refusal.metadata.forEach((value, key) => {
     headers[key] = value;
   });
