@@ -1,4 +1,3 @@
-import { sleep } from '@bmaas/bmdb-controlloop';
 import { Semaphore } from '@bmaas/shepherd-manager';
 import {
   IpmiCommandError,
@@ -9,10 +8,11 @@ import {
   IpmiUnsupportedError,
 } from '../errors.js';
 import { log } from '../internal/log.js';
+import { RetryableError, withRetries } from '../internal/retry.js';
 import { type IpmiClientOptions, type IpmiClientSettings, ipmiClientSettings } from './client-settings.js';
 import { classifyFailure } from './failure.js';
 import { runIpmitool } from './ipmitool.js';
-import { bmcName, type IpmiTarget } from './target.js';
+import { bmcName, IPMI_DEFAULT_CIPHER_SUITE, type IpmiTarget } from './target.js';
 
 /** Chassis power as IPMI reports it: on or off, nothing in between. */
 export type IpmiPowerState = 'On' | 'Off';
@@ -120,25 +120,25 @@ export class IpmiClient {
   async #command(target: IpmiTarget, command: readonly string[], signal: AbortSignal | undefined): Promise<string> {
     const release = await this.#slots.acquire(signal);
     try {
-      const { maxAttempts, retryDelay } = this.settings;
-      for (let attempt = 1; ; attempt++) {
-        const outcome = await this.#attempt(target, command, signal);
-        if (typeof outcome === 'string') return outcome;
-        if (!outcome.retry || attempt >= maxAttempts) throw outcome.error;
-        // Exponential with "equal jitter": BMCs failing together are not all asked again together.
-        const ceiling = retryDelay * 2 ** (attempt - 1);
-        const pause = ceiling / 2 + Math.random() * (ceiling / 2);
-        log.ipmi(
-          'machine %s: %s failed (%s); attempt %d of %d in %d ms',
-          target.machine,
-          command.join(' '),
-          outcome.error.message,
-          attempt + 1,
-          maxAttempts,
-          Math.round(pause),
-        );
-        await sleep(pause, signal);
-      }
+      return await withRetries(
+        this.settings,
+        async () => {
+          const outcome = await this.#attempt(target, command, signal);
+          if (typeof outcome === 'string') return outcome;
+          throw outcome.retry ? new RetryableError(outcome.error) : outcome.error;
+        },
+        (failure, next, pause) =>
+          log.ipmi(
+            'machine %s: %s failed (%s); attempt %d of %d in %d ms',
+            target.machine,
+            command.join(' '),
+            failure.message,
+            next,
+            this.settings.maxAttempts,
+            pause,
+          ),
+        signal,
+      );
     } finally {
       release();
     }
@@ -156,7 +156,10 @@ export class IpmiClient {
       return { error: new IpmiTimeoutError(target.machine, bmc, what, this.settings.timeout), retry: true };
     }
     if (output.code === 0) return output.stdout;
-    const failure = classifyFailure(target.password.scrub(output.stderr), target.cipherSuite ?? 17);
+    const failure = classifyFailure(
+      target.password.scrub(output.stderr),
+      target.cipherSuite ?? IPMI_DEFAULT_CIPHER_SUITE,
+    );
     const problem = `${what}: ${failure.detail}`;
     switch (failure.kind) {
       case 'credentials':

@@ -1,14 +1,14 @@
-import { describeError, sleep } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/bmdb-controlloop';
 import { Agent, type Dispatcher, request } from 'undici';
 import {
   RedfishCredentialsError,
-  type RedfishError,
   RedfishHttpError,
   RedfishNetworkError,
   RedfishResponseError,
   RedfishTimeoutError,
 } from '../errors.js';
 import { log } from '../internal/log.js';
+import { RetryableError, withRetries } from '../internal/retry.js';
 import type { RedfishClientSettings } from './client-settings.js';
 import { isRecord } from './json.js';
 import type { RedfishTarget } from './target.js';
@@ -49,32 +49,22 @@ export class RedfishTransport {
     signal: AbortSignal | undefined,
   ): Promise<{ status: number; body: unknown }> {
     const dispatcher = this.#dispatcher(target, url);
-    const { maxAttempts, retryDelay } = this.#settings;
-    for (let attempt = 1; ; attempt++) {
-      let failure: RedfishError;
-      try {
-        return await this.#attempt(target, dispatcher, method, url, payload, signal);
-      } catch (error) {
-        if (signal?.aborted) throw signal.reason;
-        if (!(error instanceof RetryableError)) throw error;
-        failure = error.failure;
-      }
-      if (attempt >= maxAttempts) throw failure;
-      // Exponential with "equal jitter": BMCs failing together are not all asked again together.
-      const ceiling = retryDelay * 2 ** (attempt - 1);
-      const pause = ceiling / 2 + Math.random() * (ceiling / 2);
-      log.redfish(
-        'machine %s: %s %s failed (%s); attempt %d of %d in %d ms',
-        target.machine,
-        method,
-        url,
-        failure.message,
-        attempt + 1,
-        maxAttempts,
-        Math.round(pause),
-      );
-      await sleep(pause, signal);
-    }
+    return withRetries(
+      this.#settings,
+      () => this.#attempt(target, dispatcher, method, url, payload, signal),
+      (failure, next, pause) =>
+        log.redfish(
+          'machine %s: %s %s failed (%s); attempt %d of %d in %d ms',
+          target.machine,
+          method,
+          url,
+          failure.message,
+          next,
+          this.#settings.maxAttempts,
+          pause,
+        ),
+      signal,
+    );
   }
 
   async #attempt(
@@ -161,13 +151,6 @@ export class RedfishTransport {
     if (this.#warned.has(key)) return;
     this.#warned.add(key);
     log.redfish(`warning: ${format}`, ...args);
-  }
-}
-
-/** A failure worth another attempt: network errors, timeouts, 5xx. */
-class RetryableError extends Error {
-  constructor(readonly failure: RedfishError) {
-    super(failure.message);
   }
 }
 
