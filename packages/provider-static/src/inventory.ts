@@ -4,6 +4,7 @@ import path from 'node:path';
 import { describeError, redactUrl } from '@bmaas/bmdb-controlloop';
 import { Secret } from '@bmaas/shepherd-manager';
 import { InventoryError } from './errors.js';
+import { IPMI_DEFAULT_CIPHER_SUITE, IPMI_DEFAULT_PORT } from './ipmi/target.js';
 
 /** How a machine's BMC password is had: in the inventory itself, or in a file read at each reset. */
 export type BmcPassword =
@@ -224,9 +225,9 @@ function parseIpmiBmc(
   return {
     protocol: 'ipmi',
     host,
-    port: (port as number | undefined) ?? 623,
+    port: (port as number | undefined) ?? IPMI_DEFAULT_PORT,
     ...parseCredentials(value, fail),
-    cipherSuite: (cipherSuite as number | undefined) ?? 17,
+    cipherSuite: (cipherSuite as number | undefined) ?? IPMI_DEFAULT_CIPHER_SUITE,
   };
 }
 

@@ -1,7 +1,7 @@
 import { spawn } from 'node:child_process';
 import { IpmitoolMissingError } from '../errors.js';
 import type { IpmiClientSettings } from './client-settings.js';
-import type { IpmiTarget } from './target.js';
+import { IPMI_DEFAULT_CIPHER_SUITE, IPMI_DEFAULT_PORT, type IpmiTarget } from './target.js';
 
 /** What one ipmitool run left behind. */
 export interface IpmitoolOutput {
@@ -46,12 +46,12 @@ export function runIpmitool(
     '-H',
     target.host,
     '-p',
-    String(target.port ?? 623),
+    String(target.port ?? IPMI_DEFAULT_PORT),
     '-U',
     target.username,
     '-E',
     '-C',
-    String(target.cipherSuite ?? 17),
+    String(target.cipherSuite ?? IPMI_DEFAULT_CIPHER_SUITE),
     // Verbose: without it a refused password and a silent BMC both read "Unable to establish … session".
     '-v',
     ...(settings.messageTimeout === undefined ? [] : ['-N', String(settings.messageTimeout)]),

@@ -1,5 +1,10 @@
 import type { Secret } from '@bmaas/shepherd-manager';
 
+/** The RMCP+ UDP port of a BMC that names none. */
+export const IPMI_DEFAULT_PORT = 623;
+/** The cipher suite of a BMC that names none: 17 (HMAC-SHA256, AES-CBC-128), as current BMCs offer. */
+export const IPMI_DEFAULT_CIPHER_SUITE = 17;
+
 /** An IPMI BMC to talk to, and the credentials for it. */
 export interface IpmiTarget {
   /** The machine's name in messages and logs (its provider ID). */
@@ -20,5 +25,5 @@ export interface IpmiTarget {
 /** The BMC as named in messages: `host:port`. */
 export function bmcName(target: Pick<IpmiTarget, 'host' | 'port'>): string {
   const host = target.host.includes(':') ? `[${target.host}]` : target.host;
-  return `${host}:${target.port ?? 623}`;
+  return `${host}:${target.port ?? IPMI_DEFAULT_PORT}`;
 }
