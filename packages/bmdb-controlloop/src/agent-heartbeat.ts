@@ -32,19 +32,41 @@ export interface OSInstallationReport {
 
 /**
  * What became of a heartbeat: `recorded` (AgentHeartbeat set to the
- * database's now, reports stored), or `unauthenticated` (no such machine, no
- * AgentStarted tag, or another key: nothing written).
+ * database's now, reports stored; or a `Success` report repeated by the
+ * agent that sent it, see {@link OSInstallationReportOutcome}), or
+ * `unauthenticated` (no such machine, no AgentStarted tag, or another key:
+ * nothing written).
  */
 export type AgentHeartbeatResult = 'recorded' | 'unauthenticated';
 
 /**
+ * What became of a heartbeat's OS installation report:
+ * - `stored`: it was of the machine's current request, and settled it
+ *   (`Succeeded` or `Failed`).
+ * - `repeated`: the `Success` report stored before, sent again by the agent
+ *   that sent it (it never got the answer): answered as then, nothing
+ *   written. Its agent may reboot.
+ * - `ignored`: of no request the machine waits on (an older generation, one
+ *   canceled or replaced meanwhile): nothing settled. Its agent must not act
+ *   on it as if it were accepted (reboot into the image it reported).
+ */
+export type OSInstallationReportOutcome = 'stored' | 'repeated' | 'ignored';
+
+/**
  * What became of a heartbeat, with what the server answers the agent: the
  * machine's pending OS installation request (one without a report of its
- * generation yet), if any, whenever the heartbeat was recorded.
+ * generation yet), if any, whenever the heartbeat was recorded; and what
+ * became of the installation report it carried, if any. A `repeated` report
+ * is `recorded` too (answered as the first was), though it writes nothing:
+ * the machine runs its OS, and sets no AgentHeartbeat.
  */
 export type AgentHeartbeatAnswer =
   | { readonly result: 'unauthenticated' }
-  | { readonly result: 'recorded'; readonly installationRequest: PendingOSInstallation | undefined };
+  | {
+      readonly result: 'recorded';
+      readonly installationRequest: PendingOSInstallation | undefined;
+      readonly report: OSInstallationReportOutcome | undefined;
+    };
 
 /** A machine's last hardware report. */
 export interface HardwareReportEntry {

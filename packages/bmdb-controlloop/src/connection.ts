@@ -324,8 +324,14 @@ export class BMDB {
    * heartbeat. An installation report of the request's generation is
    * stored and settles it (`Succeeded`: the machine's agent tags go, as it
    * now runs its OS; `Failed`: with the agent's error); a report of any
-   * other generation is ignored. No request is handed out while an operator
-   * holds the machine or a recovery of it is under way.
+   * other generation is ignored, and the answer says which (`report`). A
+   * `Success` report sent again by the agent that sent it (its answer was
+   * lost) is answered as the first was, until the machine's next request.
+   * No request is handed out while a recovery of the machine is under way,
+   * nor while an operator holds it unless delivered already (a hold keeps an
+   * installation from starting, not from finishing), nor to a heartbeat
+   * reporting `Success` of another generation (its agent may reboot into
+   * that image whatever the answer).
    *
    * @throws {@link BMDBError} as recordAgentHeartbeat
    */

@@ -142,6 +142,12 @@ export interface MachineOsInstallationReportTable {
   os_installation_result: OSInstallationResult;
   os_installation_report_raw: Uint8Array;
   os_installation_reported_at: Timestamp;
+  /**
+   * The key of the agent that sent it (migration 0010), against which a
+   * repeat of a `Success` report is checked once the AgentStarted tag went;
+   * null for reports stored before.
+   */
+  agent_public_key: Generated<Uint8Array | null>;
 }
 
 /** Where a machine's OS installation request stands (migration 0009). */

@@ -33,6 +33,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0006_operator_control',
     '0008_fleet_metrics',
     '0009_os_installation',
+    '0010_installation_report_key',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
@@ -94,6 +95,7 @@ test('migrations create the schema once; running them again is a no-op', async (
       'os_installation_result',
       'os_installation_report_raw',
       'os_installation_reported_at',
+      'agent_public_key',
     ],
     machine_os_installation_request: [
       'machine_id',
@@ -201,6 +203,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0006_operator_control',
     '0008_fleet_metrics',
     '0009_os_installation',
+    '0010_installation_report_key',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // 0006 backfills a power state row for each provided machine.
@@ -293,7 +296,7 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     FROM machine_provided mp WHERE mp.machine_id = ps.machine_id`);
 
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0008_fleet_metrics', '0009_os_installation']);
+  expect(await bmdb.migrate()).toEqual(['0008_fleet_metrics', '0009_os_installation', '0010_installation_report_key']);
   expect(await new Queries(bmdb.db).controlByLocation()).toEqual([
     {
       provider: '',
@@ -366,7 +369,7 @@ test('a database migrated to 0008, as released before OS installation, takes 000
   const db = await createTestDatabase();
   await migrateTo(db, { ...THROUGH_0006, '0008_fleet_metrics': fleetMetrics });
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0009_os_installation']);
+  expect(await bmdb.migrate()).toEqual(['0009_os_installation', '0010_installation_report_key']);
   expect((await db.admin('SELECT count(*)::int AS n FROM machine_os_installation_request')).rows).toEqual([{ n: 0 }]);
 });
 

@@ -147,7 +147,7 @@ describe('through the heartbeat', () => {
       publicKey: key,
       installationReport: report(1n, 'Error', 'sha256 mismatch: got 00…, want ab…'),
     });
-    expect(answer).toEqual({ result: 'recorded', installationRequest: undefined });
+    expect(answer).toEqual({ result: 'recorded', installationRequest: undefined, report: 'stored' });
     expect(await q.osInstallation(machineId)).toMatchObject({
       state: 'Failed',
       error: 'sha256 mismatch: got 00…, want ab…',
@@ -220,6 +220,105 @@ describe('through the heartbeat', () => {
       await listener.end();
     }
     expect((await q.machineDetail(machineId))?.stage).toBe('provided');
+  });
+
+  test('a Success report sent again by its agent (the answer lost) is answered as the first was, until the next request', async () => {
+    const { machineId, key } = await machineWithAgent();
+    await q.requestOSInstallation(machineId, IMAGE);
+    await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    const success = { machineId, publicKey: key, installationReport: report(1n, 'Success') };
+    expect(await bmdb.answerAgentHeartbeat(success)).toEqual({
+      result: 'recorded',
+      installationRequest: undefined,
+      report: 'stored',
+    });
+    const installed = await q.osInstallation(machineId);
+    const stored = await q.osInstallationReport(machineId);
+    const stages = await q.fleetStages();
+    // The agent never got that answer and sends the same report again: the same answer, nothing written.
+    for (let i = 0; i < 2; i++) {
+      expect(await bmdb.answerAgentHeartbeat(success)).toEqual({
+        result: 'recorded',
+        installationRequest: undefined,
+        report: 'repeated',
+      });
+    }
+    expect(await q.osInstallation(machineId)).toEqual(installed);
+    expect(await q.osInstallationReport(machineId)).toEqual(stored);
+    expect(await q.fleetStages()).toEqual(stages);
+    const tags = await db.admin(
+      `SELECT (SELECT count(*) FROM machine_agent_started WHERE machine_id = $1)::int AS started,
+              (SELECT count(*) FROM machine_agent_heartbeat WHERE machine_id = $1)::int AS heartbeats`,
+      [machineId],
+    );
+    expect(tags.rows[0]).toEqual({ started: 0, heartbeats: 0 });
+    // Only that report, from that key: anything else is refused as before.
+    const refused = { result: 'unauthenticated' };
+    expect(await bmdb.answerAgentHeartbeat({ machineId, publicKey: key })).toEqual(refused);
+    expect(await bmdb.answerAgentHeartbeat({ ...success, publicKey: new Uint8Array(randomBytes(32)) })).toEqual(
+      refused,
+    );
+    expect(await bmdb.answerAgentHeartbeat({ ...success, installationReport: report(1n, 'Error', 'x') })).toEqual(
+      refused,
+    );
+    expect(await bmdb.answerAgentHeartbeat({ ...success, installationReport: report(2n, 'Success') })).toEqual(refused);
+    // A new request (the machine's next agent) ends it.
+    await q.requestOSInstallation(machineId, { ...IMAGE, reason: 'reinstall' });
+    expect(await bmdb.answerAgentHeartbeat(success)).toEqual(refused);
+    expect((await q.osInstallation(machineId))?.state).toBe('Requested');
+  });
+
+  test('a Success report of an older generation is ignored, said so, and the newer request waits for the next heartbeat', async () => {
+    const { machineId, key } = await machineWithAgent();
+    await q.requestOSInstallation(machineId, IMAGE);
+    await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    // An operator asks for another image while the agent finishes the first.
+    await q.requestOSInstallation(machineId, { ...IMAGE, imageUrl: 'https://images.example.com/newer.img' });
+    expect(
+      await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(1n, 'Success') }),
+    ).toEqual({ result: 'recorded', installationRequest: undefined, report: 'ignored' });
+    // Not Delivered: that agent may have rebooted into the first image whatever it was told.
+    expect(await q.osInstallation(machineId)).toMatchObject({ generation: 2n, state: 'Requested', deliveredAt: null });
+    expect(await q.osInstallationReport(machineId)).toBeUndefined();
+    expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key })).toBe('recorded');
+    // An agent that goes on heartbeating gets it with its next heartbeat.
+    await q.setAgentHeartbeat(machineId);
+    const next = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    expect(next).toMatchObject({
+      result: 'recorded',
+      report: undefined,
+      installationRequest: { generation: 2n, imageUrl: 'https://images.example.com/newer.img' },
+    });
+    expect((await q.osInstallation(machineId))?.state).toBe('Delivered');
+    // An Error report of the older one is ignored too, and stops nothing.
+    expect(
+      await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(1n, 'Error', 'x') }),
+    ).toMatchObject({ report: 'ignored', installationRequest: { generation: 2n } });
+    expect(
+      await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(2n, 'Success') }),
+    ).toEqual({ result: 'recorded', installationRequest: undefined, report: 'stored' });
+    expect((await q.osInstallation(machineId))?.state).toBe('Succeeded');
+  });
+
+  test('a hold keeps a request from being handed out, not a Delivered one from its agent: it installs and reports', async () => {
+    const { machineId, key } = await machineWithAgent();
+    await q.requestOSInstallation(machineId, IMAGE);
+    const delivered = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    expect(delivered.result === 'recorded' && delivered.installationRequest?.generation).toBe(1n);
+    await q.holdMachine(machineId, { reason: 'disk swap next door', actor: 'tech@dc' });
+    // An answer without it would tell the agent to stop, and zero the disk's start.
+    for (let i = 0; i < 2; i++) {
+      const held = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+      expect(held).toMatchObject({
+        result: 'recorded',
+        installationRequest: { generation: 1n, imageUrl: IMAGE.imageUrl },
+      });
+    }
+    expect((await q.osInstallation(machineId))?.state).toBe('Delivered');
+    expect(
+      await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(1n, 'Success') }),
+    ).toEqual({ result: 'recorded', installationRequest: undefined, report: 'stored' });
+    expect(await q.osInstallation(machineId)).toMatchObject({ state: 'Succeeded', generation: 1n });
   });
 
   test('no request is handed out while the machine is held or a recovery of it runs', async () => {

@@ -6,9 +6,10 @@ import { onePerMachine } from './machine-batches.js';
 import type { PreparedStatements } from './prepared.js';
 import type { RunStatement } from './retry.js';
 
-/** The answers without a request: most heartbeats get one of these two, shared. */
+/** The answers without a request: most heartbeats get one of these, shared. */
 const UNAUTHENTICATED: AgentHeartbeatAnswer = { result: 'unauthenticated' };
-const RECORDED: AgentHeartbeatAnswer = { result: 'recorded', installationRequest: undefined };
+const RECORDED: AgentHeartbeatAnswer = { result: 'recorded', installationRequest: undefined, report: undefined };
+const REPEATED: AgentHeartbeatAnswer = { result: 'recorded', installationRequest: undefined, report: 'repeated' };
 
 /** Most heartbeats in one statement. */
 const MAX_BATCH = 256;
@@ -24,23 +25,44 @@ const PROCESSOR = 'agent-callback';
  * their positions, and the installation request each one's machine is to be
  * handed. A heartbeat with an unknown machine or another key writes nothing.
  *
- * The OS installation part (migration 0009) costs a key probe per heartbeat
- * into `machine_os_installation_request`, and writes only when something
- * changes:
+ * The OS installation part (migrations 0009, 0010) costs a key probe per
+ * heartbeat into `machine_os_installation_request`, and writes only when
+ * something changes:
  * - `open`: the machine's request still waiting for its report (`Requested`
  *   or `Delivered`), with whether this heartbeat reports on its generation
- *   (`result`), and whether it may be handed out: not while an operator
- *   holds the machine, nor while a recovery of it is under way (the reboot
- *   would cut the installation short).
- * - A report of that generation is stored, and the request marked
- *   `Succeeded` or `Failed` (with the agent's error); a report of any other
- *   generation is ignored. A request handed out for the first time is marked
- *   `Delivered`. The UPDATE re-checks the generation on the row's latest
- *   version, so a new request committed meanwhile is left as it is.
+ *   (`result`), and whether it may be handed out (`deliverable`): not while
+ *   a recovery of the machine is under way (the reboot would cut the
+ *   installation short); not while an operator holds the machine, unless it
+ *   is `Delivered` already (a hold keeps new work from starting; answering
+ *   without the request the agent is installing would tell it to stop, and
+ *   zero its disk's start); and never to a heartbeat reporting `Success` of
+ *   another generation (an older request finished while this one was
+ *   requested): its agent may reboot into that image whatever the answer,
+ *   and the request would then show `Delivered` on a machine that runs
+ *   another image. It goes to the agent's next heartbeat.
+ * - A report of that generation is stored with the key that sent it, and
+ *   the request marked `Succeeded` or `Failed` (with the agent's error); a
+ *   report of any other generation is ignored. A request handed out for the
+ *   first time is marked `Delivered`. The UPDATE re-checks the generation on
+ *   the row's latest version, so a new request committed meanwhile is left
+ *   as it is (and the report counts as ignored).
  * - On `Succeeded` the machine runs its OS, not the agent: its AgentStarted
  *   and AgentHeartbeat go (as after a recovery), and migration 0009's
  *   triggers keep it out of the machines pending an agent start; its
  *   heartbeat is not upserted, so no row is written twice by one statement.
+ * - `repeated`: the same `Success` report sent again by the key that sent it
+ *   (the agent never got the first answer), while the machine's request is
+ *   still that generation, `Succeeded`. Its AgentStarted tag went with the
+ *   first, so it is checked against the report's key instead; it writes
+ *   nothing and is answered as the first was, so the agent goes on to
+ *   reboot. The key stays good for it until the machine's next request, and
+ *   no longer bound: an agent cut off from the server for longer than any
+ *   bound would otherwise never reboot, while the BMDB, counting the machine
+ *   installed, looks at it no more. It cannot outlive the machine's agent:
+ *   a machine is started an agent again only after a new request (0009's
+ *   trigger), which ends it.
+ * - `stored`: the heartbeats whose report settled the request. Any report
+ *   neither stored nor `repeated` was ignored, which the agent is told.
  * - `pending`: what the answer carries, every heartbeat until the report
  *   (the agent recognizes a generation it is already installing).
  *
@@ -62,26 +84,38 @@ const HEARTBEAT_SQL = `
     SELECT r.* FROM requests r JOIN machine_agent_started a ON a.machine_id = r.machine_id
     WHERE a.machine_id = ANY ($1::uuid[]) AND a.agent_public_key = r.public_key
     FOR KEY SHARE OF a),
+  repeated AS (
+    SELECT r.ord FROM requests r
+    JOIN machine_os_installation_report p ON p.machine_id = r.machine_id
+    JOIN machine_os_installation_request q ON q.machine_id = r.machine_id
+    WHERE r.result = 'Success' AND p.machine_id = ANY ($1::uuid[])
+      AND p.os_installation_result = 'Success' AND p.generation = r.generation AND p.agent_public_key = r.public_key
+      AND q.installation_state = 'Succeeded' AND q.generation = r.generation
+      AND r.ord NOT IN (SELECT ord FROM authenticated)),
   open AS (
-    SELECT a.ord, a.machine_id, a.installation_report, a.installation_error, q.generation, q.installation_state,
-      q.image_url, q.image_sha256, q.root_device, q.compression, q.user_data,
+    SELECT a.ord, a.machine_id, a.public_key, a.installation_report, a.installation_error, q.generation,
+      q.installation_state, q.image_url, q.image_sha256, q.root_device, q.compression, q.user_data,
       CASE WHEN a.generation = q.generation THEN a.result END AS result,
-      -- Not held, not under recovery: queries/conditions.ts's isHeld and
-      -- hasLiveWork, written out in this statement's raw text.
-      NOT EXISTS (SELECT 1 FROM machine_hold hd WHERE hd.machine_id = a.machine_id)
+      -- Not held unless delivered, not under recovery: queries/conditions.ts's
+      -- isHeld and hasLiveWork, written out in this statement's raw text.
+      (q.installation_state = 'Delivered'
+        OR NOT EXISTS (SELECT 1 FROM machine_hold hd WHERE hd.machine_id = a.machine_id))
         AND NOT EXISTS (SELECT 1 FROM work w JOIN sessions s ON s.session_id = w.session_id
           WHERE w.machine_id = a.machine_id AND w.process = 'ShepherdRecovery' AND s.deadline > now())
+        AND a.result IS DISTINCT FROM 'Success'
         AS deliverable
     FROM authenticated a JOIN machine_os_installation_request q ON q.machine_id = a.machine_id
     WHERE q.installation_state IN ('Requested', 'Delivered')),
   installation AS (
     INSERT INTO machine_os_installation_report
-      (machine_id, generation, os_installation_result, os_installation_report_raw, os_installation_reported_at)
-    SELECT machine_id, generation, result, installation_report, now() FROM open WHERE result IS NOT NULL
+      (machine_id, generation, os_installation_result, os_installation_report_raw, os_installation_reported_at,
+       agent_public_key)
+    SELECT machine_id, generation, result, installation_report, now(), public_key FROM open WHERE result IS NOT NULL
     ON CONFLICT (machine_id) DO UPDATE
     SET generation = excluded.generation, os_installation_result = excluded.os_installation_result,
         os_installation_report_raw = excluded.os_installation_report_raw,
-        os_installation_reported_at = excluded.os_installation_reported_at),
+        os_installation_reported_at = excluded.os_installation_reported_at,
+        agent_public_key = excluded.agent_public_key),
   marked AS (
     UPDATE machine_os_installation_request q
     SET installation_state = CASE o.result WHEN 'Success' THEN 'Succeeded' WHEN 'Error' THEN 'Failed'
@@ -112,6 +146,9 @@ const HEARTBEAT_SQL = `
         cpu_threads = excluded.cpu_threads, memory_bytes = excluded.memory_bytes, disks = excluded.disks,
         disk_bytes = excluded.disk_bytes)
   SELECT coalesce(array_agg(ord::int), '{}') AS authenticated,
+    (SELECT coalesce(array_agg(ord::int), '{}') FROM repeated) AS repeated,
+    (SELECT coalesce(array_agg(o.ord::int), '{}') FROM open o JOIN marked m ON m.machine_id = o.machine_id
+     WHERE o.result IS NOT NULL) AS stored,
     (SELECT json_agg(json_build_object('ord', o.ord, 'generation', o.generation::text, 'imageUrl', o.image_url,
         'imageSha256', o.image_sha256, 'rootDevice', o.root_device, 'compression', o.compression,
         'userData', encode(o.user_data, 'base64')))
@@ -173,19 +210,29 @@ export class AgentHeartbeats {
       totals.map((t) => t?.diskBytes ?? null),
     ];
     const [row] = await this.run([PROCESSOR], () =>
-      this.prepared.query<{ authenticated: number[]; pending: PendingRow[] | null }>({
+      this.prepared.query<{
+        authenticated: number[];
+        repeated: number[];
+        stored: number[];
+        pending: PendingRow[] | null;
+      }>({
         sql: HEARTBEAT_SQL,
         parameters,
       }),
     );
     const authenticated = new Set(row?.authenticated ?? []);
+    const repeated = new Set(row?.repeated ?? []);
+    const stored = new Set(row?.stored ?? []);
     const pending = new Map((row?.pending ?? []).map((p) => [p.ord, p]));
-    return heartbeats.map((_, i) => {
+    return heartbeats.map((heartbeat, i) => {
+      if (repeated.has(i + 1)) return REPEATED;
       if (!authenticated.has(i + 1)) return UNAUTHENTICATED;
+      const report = heartbeat.installationReport === undefined ? undefined : stored.has(i + 1) ? 'stored' : 'ignored';
       const request = pending.get(i + 1);
-      if (request === undefined) return RECORDED;
+      if (request === undefined) return report === undefined ? RECORDED : { ...RECORDED, report };
       return {
         result: 'recorded',
+        report,
         installationRequest: {
           generation: BigInt(request.generation),
           imageUrl: request.imageUrl,

@@ -10,6 +10,7 @@ import * as leanTriggers from './0005_lean_triggers.js';
 import * as operatorControl from './0006_operator_control.js';
 import * as fleetMetrics from './0008_fleet_metrics.js';
 import * as osInstallation from './0009_os_installation.js';
+import * as installationReportKey from './0010_installation_report_key.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -26,6 +27,7 @@ const MIGRATIONS: Record<string, Migration> = {
   // 0008, so it runs after it as 0009.
   '0008_fleet_metrics': fleetMetrics,
   '0009_os_installation': osInstallation,
+  '0010_installation_report_key': installationReportKey,
 };
 
 /** Migration bookkeeping tables; prefixed so they sit apart from other tools'. */
