@@ -3,6 +3,7 @@ import { type BMDB, isMachineId, type OSInstallationReport, type PendingOSInstal
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
 import { DiskImageInstallationRequest_Compression as Compression } from './gen/cloud/agent/api/disk_image_pb.js';
+import { OSInstallationReportOutcome as ReportOutcome } from './gen/cloud/agent/api/installation_report_outcome_pb.js';
 import {
   AgentHardwareReportSchema,
   type HeartbeatRequest,
@@ -35,8 +36,10 @@ export type HeartbeatHandler = (request: HeartbeatRequest, key: Uint8Array | und
  * Heartbeat over the BMDB. A heartbeat is accepted only from the agent
  * holding the key of its machine's AgentStarted tag; it sets AgentHeartbeat
  * to the database's now and stores the reports it carries, and the answer
- * carries the machine's pending OS installation request (see
- * `BMDB.answerAgentHeartbeat`). Each heartbeat is counted, by the status it
+ * carries the machine's pending OS installation request and, when it
+ * reported on an installation, whether that report was accepted or ignored
+ * (see `BMDB.answerAgentHeartbeat`). A `Success` report its agent sends
+ * again, having lost the answer, is answered as the first was. Each heartbeat is counted, by the status it
  * settles with, and timed, when it settles.
  */
 export function heartbeatHandler(bmdb: BMDB, metrics: ServerMetrics | undefined): HeartbeatHandler {
@@ -62,8 +65,25 @@ export function heartbeatHandler(bmdb: BMDB, metrics: ServerMetrics | undefined)
   };
 }
 
-/** The answer without an installation request, never changed, so shared: nearly every heartbeat gets it. */
+/** The answer without an installation request or report, never changed, so shared: nearly every heartbeat gets it. */
 const EMPTY_RESPONSE: HeartbeatResponse = create(HeartbeatResponseSchema);
+
+/**
+ * What the agent is told of its report, by what the BMDB made of it: a
+ * repeat is accepted, as the report it repeats was, so the agent reboots.
+ */
+const REPORT_OUTCOMES = {
+  stored: ReportOutcome.OS_INSTALLATION_REPORT_OUTCOME_ACCEPTED,
+  repeated: ReportOutcome.OS_INSTALLATION_REPORT_OUTCOME_ACCEPTED,
+  ignored: ReportOutcome.OS_INSTALLATION_REPORT_OUTCOME_IGNORED,
+} as const;
+
+/** The answers to a report without an installation request, shared as EMPTY_RESPONSE is. */
+const REPORTED_RESPONSES = {
+  stored: create(HeartbeatResponseSchema, { installationReportOutcome: REPORT_OUTCOMES.stored }),
+  repeated: create(HeartbeatResponseSchema, { installationReportOutcome: REPORT_OUTCOMES.repeated }),
+  ignored: create(HeartbeatResponseSchema, { installationReportOutcome: REPORT_OUTCOMES.ignored }),
+} as const;
 
 async function heartbeat(
   bmdb: BMDB,
@@ -103,21 +123,34 @@ async function heartbeat(
   }
   if (report) {
     log.heartbeat(
-      'machine %s reported its installation of generation %s: %s',
+      'machine %s reported its installation of generation %s: %s (%s)',
       request.machineId,
-      report.generation,
+      report.generation.toString(),
       report.result === 'Success' ? 'success' : `error: ${report.error ?? ''}`,
+      answer.report,
     );
   }
-  return answer.installationRequest === undefined ? EMPTY_RESPONSE : installationResponse(answer.installationRequest);
+  if (answer.installationRequest !== undefined) {
+    const outcome = answer.report === undefined ? undefined : REPORT_OUTCOMES[answer.report];
+    return installationResponse(answer.installationRequest, outcome);
+  }
+  return answer.report === undefined ? EMPTY_RESPONSE : REPORTED_RESPONSES[answer.report];
 }
 
 /**
  * The answer handing out a pending request: `installation_request` with its
- * generation and this project's `disk_image` member (field 100).
+ * generation and this project's `disk_image` member (field 100), and what
+ * became of the report the heartbeat carried (`installation_report_outcome`,
+ * this project's field 100 of the answer; none when it carried none): an
+ * agent reboots into the image it reported only when told ACCEPTED (or,
+ * from a server that predates the field, UNSPECIFIED).
  */
-export function installationResponse(pending: PendingOSInstallation): HeartbeatResponse {
+export function installationResponse(
+  pending: PendingOSInstallation,
+  outcome: ReportOutcome | undefined,
+): HeartbeatResponse {
   return create(HeartbeatResponseSchema, {
+    ...(outcome !== undefined && { installationReportOutcome: outcome }),
     installationRequest: {
       generation: pending.generation,
       type: {

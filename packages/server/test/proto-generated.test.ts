@@ -52,6 +52,13 @@ describe('generated BMaaS server API code', () => {
     ]);
     expect(shape(HeartbeatResponseSchema)).toEqual([
       [1, 'installation_request', 'cloud.bmaas.server.api.OSInstallationRequest', ''],
+      [100, 'installation_report_outcome', 'enum', ''],
+    ]);
+    expect(HeartbeatResponseSchema.fields[1]?.enum?.typeName).toBe('cloud.agent.api.OSInstallationReportOutcome');
+    expect(HeartbeatResponseSchema.fields[1]?.enum?.values.map((v) => [v.number, v.name])).toEqual([
+      [0, 'OS_INSTALLATION_REPORT_OUTCOME_UNSPECIFIED'],
+      [1, 'OS_INSTALLATION_REPORT_OUTCOME_ACCEPTED'],
+      [2, 'OS_INSTALLATION_REPORT_OUTCOME_IGNORED'],
     ]);
     expect(shape(AgentHardwareReportSchema)).toEqual([
       [1, 'report', 'cloud.agent.api.Node', ''],

@@ -7,7 +7,9 @@
 // Monogon's cloud/bmaas/server/api/agent.proto as of its last version
 // (before cloud/bmaas was removed in 2025): same package, service, message
 // names and field numbers, plus this project's disk_image member of
-// OSInstallationRequest.type (cloud/agent/api/disk_image.proto). The same API
+// OSInstallationRequest.type (cloud/agent/api/disk_image.proto) and
+// HeartbeatResponse.installation_report_outcome
+// (cloud/agent/api/installation_report_outcome.proto). The same API
 // under the current upstream names is cloud/agent/api/agent.proto; the server
 // answers on both.
 
@@ -17,13 +19,15 @@ import type { DiskImageInstallationRequest } from "../../../agent/api/disk_image
 import { file_cloud_agent_api_disk_image } from "../../../agent/api/disk_image_pb.js";
 import type { Node } from "../../../agent/api/hwreport_pb.js";
 import { file_cloud_agent_api_hwreport } from "../../../agent/api/hwreport_pb.js";
+import type { OSInstallationReportOutcome } from "../../../agent/api/installation_report_outcome_pb.js";
+import { file_cloud_agent_api_installation_report_outcome } from "../../../agent/api/installation_report_outcome_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file cloud/bmaas/server/api/agent.proto.
  */
 export const file_cloud_bmaas_server_api_agent: GenFile = /*@__PURE__*/
-  fileDesc("CiJjbG91ZC9ibWFhcy9zZXJ2ZXIvYXBpL2FnZW50LnByb3RvEhZjbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpIk0KE0FnZW50SGFyZHdhcmVSZXBvcnQSJQoGcmVwb3J0GAEgASgLMhUuY2xvdWQuYWdlbnQuYXBpLk5vZGUSDwoHd2FybmluZxgCIAMoCSLlAQoUT1NJbnN0YWxsYXRpb25SZXBvcnQSEgoKZ2VuZXJhdGlvbhgBIAEoAxJHCgdzdWNjZXNzGAIgASgLMjQuY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5PU0luc3RhbGxhdGlvblJlcG9ydC5TdWNjZXNzSAASQwoFZXJyb3IYAyABKAsyMi5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk9TSW5zdGFsbGF0aW9uUmVwb3J0LkVycm9ySAAaCQoHU3VjY2VzcxoWCgVFcnJvchINCgVlcnJvchgBIAEoCUIICgZyZXN1bHQitwEKEEhlYXJ0YmVhdFJlcXVlc3QSEgoKbWFjaGluZV9pZBgBIAEoCRJECg9oYXJkd2FyZV9yZXBvcnQYAiABKAsyKy5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLkFnZW50SGFyZHdhcmVSZXBvcnQSSQoTaW5zdGFsbGF0aW9uX3JlcG9ydBgDIAEoCzIsLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuT1NJbnN0YWxsYXRpb25SZXBvcnQiOgodTWV0cm9wb2xpc0luc3RhbGxhdGlvblJlcXVlc3QSEwoLcm9vdF9kZXZpY2UYAyABKAlKBAgBEAIixQEKFU9TSW5zdGFsbGF0aW9uUmVxdWVzdBISCgpnZW5lcmF0aW9uGAEgASgDEksKCm1ldHJvcG9saXMYAiABKAsyNS5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk1ldHJvcG9saXNJbnN0YWxsYXRpb25SZXF1ZXN0SAASQwoKZGlza19pbWFnZRhkIAEoCzItLmNsb3VkLmFnZW50LmFwaS5EaXNrSW1hZ2VJbnN0YWxsYXRpb25SZXF1ZXN0SABCBgoEdHlwZSJgChFIZWFydGJlYXRSZXNwb25zZRJLChRpbnN0YWxsYXRpb25fcmVxdWVzdBgBIAEoCzItLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuT1NJbnN0YWxsYXRpb25SZXF1ZXN0MnEKDUFnZW50Q2FsbGJhY2sSYAoJSGVhcnRiZWF0EiguY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5IZWFydGJlYXRSZXF1ZXN0GikuY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5IZWFydGJlYXRSZXNwb25zZUIrWilzb3VyY2UubW9ub2dvbi5kZXYvY2xvdWQvYm1hYXMvc2VydmVyL2FwaWIGcHJvdG8z", [file_cloud_agent_api_disk_image, file_cloud_agent_api_hwreport]);
+  fileDesc("CiJjbG91ZC9ibWFhcy9zZXJ2ZXIvYXBpL2FnZW50LnByb3RvEhZjbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpIk0KE0FnZW50SGFyZHdhcmVSZXBvcnQSJQoGcmVwb3J0GAEgASgLMhUuY2xvdWQuYWdlbnQuYXBpLk5vZGUSDwoHd2FybmluZxgCIAMoCSLlAQoUT1NJbnN0YWxsYXRpb25SZXBvcnQSEgoKZ2VuZXJhdGlvbhgBIAEoAxJHCgdzdWNjZXNzGAIgASgLMjQuY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5PU0luc3RhbGxhdGlvblJlcG9ydC5TdWNjZXNzSAASQwoFZXJyb3IYAyABKAsyMi5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk9TSW5zdGFsbGF0aW9uUmVwb3J0LkVycm9ySAAaCQoHU3VjY2VzcxoWCgVFcnJvchINCgVlcnJvchgBIAEoCUIICgZyZXN1bHQitwEKEEhlYXJ0YmVhdFJlcXVlc3QSEgoKbWFjaGluZV9pZBgBIAEoCRJECg9oYXJkd2FyZV9yZXBvcnQYAiABKAsyKy5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLkFnZW50SGFyZHdhcmVSZXBvcnQSSQoTaW5zdGFsbGF0aW9uX3JlcG9ydBgDIAEoCzIsLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuT1NJbnN0YWxsYXRpb25SZXBvcnQiOgodTWV0cm9wb2xpc0luc3RhbGxhdGlvblJlcXVlc3QSEwoLcm9vdF9kZXZpY2UYAyABKAlKBAgBEAIixQEKFU9TSW5zdGFsbGF0aW9uUmVxdWVzdBISCgpnZW5lcmF0aW9uGAEgASgDEksKCm1ldHJvcG9saXMYAiABKAsyNS5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk1ldHJvcG9saXNJbnN0YWxsYXRpb25SZXF1ZXN0SAASQwoKZGlza19pbWFnZRhkIAEoCzItLmNsb3VkLmFnZW50LmFwaS5EaXNrSW1hZ2VJbnN0YWxsYXRpb25SZXF1ZXN0SABCBgoEdHlwZSKzAQoRSGVhcnRiZWF0UmVzcG9uc2USSwoUaW5zdGFsbGF0aW9uX3JlcXVlc3QYASABKAsyLS5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk9TSW5zdGFsbGF0aW9uUmVxdWVzdBJRChtpbnN0YWxsYXRpb25fcmVwb3J0X291dGNvbWUYZCABKA4yLC5jbG91ZC5hZ2VudC5hcGkuT1NJbnN0YWxsYXRpb25SZXBvcnRPdXRjb21lMnEKDUFnZW50Q2FsbGJhY2sSYAoJSGVhcnRiZWF0EiguY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5IZWFydGJlYXRSZXF1ZXN0GikuY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5IZWFydGJlYXRSZXNwb25zZUIrWilzb3VyY2UubW9ub2dvbi5kZXYvY2xvdWQvYm1hYXMvc2VydmVyL2FwaWIGcHJvdG8z", [file_cloud_agent_api_disk_image, file_cloud_agent_api_hwreport, file_cloud_agent_api_installation_report_outcome]);
 
 /**
  * @generated from message cloud.bmaas.server.api.AgentHardwareReport
@@ -253,6 +257,15 @@ export type HeartbeatResponse = Message<"cloud.bmaas.server.api.HeartbeatRespons
    * @generated from field: cloud.bmaas.server.api.OSInstallationRequest installation_request = 1;
    */
   installationRequest?: OSInstallationRequest | undefined;
+
+  /**
+   * This project's extension (cloud/agent/api/installation_report_outcome.proto),
+   * under a number upstream never used: what became of the request's
+   * installation_report, if it carried one.
+   *
+   * @generated from field: cloud.agent.api.OSInstallationReportOutcome installation_report_outcome = 100;
+   */
+  installationReportOutcome: OSInstallationReportOutcome;
 };
 
 /**
