@@ -8,6 +8,8 @@ export interface ServedImage {
   readonly chunkBytes?: number;
   /** …each this many milliseconds after the last. */
   readonly chunkDelayMs?: number;
+  /** Send the last chunk only once this settles: a download the test lets finish when it chooses. */
+  readonly lastChunkAfter?: Promise<unknown>;
 }
 
 /**
@@ -36,9 +38,15 @@ export class ImageServer {
       response.writeHead(200, { 'content-length': image.bytes.length, 'content-type': 'application/octet-stream' });
       const chunk = image.chunkBytes ?? image.bytes.length;
       let offset = 0;
+      let waited = image.lastChunkAfter === undefined;
       const send = () => {
         if (response.destroyed) return;
         const end = Math.min(offset + chunk, image.bytes.length);
+        if (end >= image.bytes.length && !waited) {
+          waited = true;
+          void image.lastChunkAfter?.then(send, send);
+          return;
+        }
         response.write(image.bytes.subarray(offset, end));
         offset = end;
         if (offset >= image.bytes.length) response.end();

@@ -16,6 +16,7 @@ import { gzipSync } from 'node:zlib';
 import { type OSInstallation, Queries } from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { encodeTakeoverInit, parseTakeoverResponse, type TakeoverInitParams } from '@bmaas/shepherd-manager';
+import pg from 'pg';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { ImageServer } from '../../../test/support/image-server.js';
@@ -202,4 +203,83 @@ test('a canceled request stops the installation under way; asked again, it insta
   expect((await q.osInstallation(machineId))?.state).toBe('Canceled');
   const asked = await request(machineId, { rootDevice: disk });
   expect(await settled(machineId, asked.generation, log)).toMatchObject({ state: 'Succeeded' });
+});
+
+/** A promise and the function that resolves it: a download's last chunk, let go when the test says. */
+function gate(): { opened: Promise<void>; open: () => void } {
+  let open = () => {};
+  const opened = new Promise<void>((resolve) => {
+    open = resolve;
+  });
+  return { opened, open };
+}
+
+test('a hold lets the installation under way finish: its agent is still answered the request, installs and reboots', async () => {
+  const { machineId, disk, log } = await machineWithAgent('held');
+  const last = gate();
+  images.serve('held.img', { bytes: image, chunkBytes: 256 * 1024, lastChunkAfter: last.opened });
+  const asked = await request(machineId, { imageUrl: images.url('held.img'), rootDevice: disk });
+  await eventually(async () => ((await q.osInstallation(machineId))?.state === 'Delivered' ? true : undefined));
+  await eventually(async () => (images.requests.includes('held.img') ? true : undefined));
+  await q.holdMachine(machineId, { reason: 'rack work next door', actor: 'test' });
+  // A heartbeat whose statement began after the hold: its answer was made under it.
+  const heldSince = (await db.admin('SELECT now() AS now')).rows[0].now as Date;
+  await eventually(async () => ((await heartbeatAt(machineId))?.getTime() ?? 0) > heldSince.getTime() || undefined);
+  last.open();
+  expect(await settled(machineId, asked.generation, log)).toMatchObject({ state: 'Succeeded' });
+  expect((await readFile(disk)).subarray(0, image.length).equals(image)).toBe(true);
+  expect(await log()).not.toContain('no longer asked for');
+  expect(images.brokenOff).not.toContain('held.img');
+  await eventually(async () => await readFile(path.join(dir, 'held.rebooted'), 'utf8').catch(() => undefined));
+  await q.unholdMachine(machineId, { actor: 'test' });
+});
+
+test('a Success report of a request replaced while it finished is ignored: the agent installs the newer one instead of rebooting', async () => {
+  const { machineId, disk, log } = await machineWithAgent('replaced');
+  const older = randomBytes(2 * MiB);
+  const last = gate();
+  images.serve('older.img', { bytes: older, chunkBytes: 256 * 1024, lastChunkAfter: last.opened });
+  const first = await request(machineId, {
+    imageUrl: images.url('older.img'),
+    imageSha256: sha256(older),
+    rootDevice: disk,
+  });
+  await eventually(async () => ((await q.osInstallation(machineId))?.state === 'Delivered' ? true : undefined));
+  await eventually(async () => (images.requests.includes('older.img') ? true : undefined));
+  // The agent's next heartbeat waits on its AgentStarted row, its statement begun before the newer request:
+  // it answers the older one, so the agent finishes it and reports it with the heartbeat after.
+  const blocker = new pg.Client({ connectionString: db.url });
+  await blocker.connect();
+  let newer: OSInstallation;
+  try {
+    await blocker.query('BEGIN');
+    await blocker.query('SELECT 1 FROM machine_agent_started WHERE machine_id = $1 FOR UPDATE', [machineId]);
+    await eventually('a heartbeat waiting on the AgentStarted row', async () => {
+      const { rowCount } = await db.admin(
+        `SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`,
+      );
+      return rowCount ? true : undefined;
+    });
+    newer = await request(machineId, { rootDevice: disk });
+    last.open();
+    await eventually(async () =>
+      (await log()).includes(`installed generation ${first.generation}:`) ? true : undefined,
+    );
+    await blocker.query('COMMIT');
+  } finally {
+    await blocker.end();
+  }
+  await eventually(async () =>
+    (await log()).includes(`installation report of generation ${first.generation} ignored`) ? true : undefined,
+  );
+  expect(await settled(machineId, newer.generation, log)).toMatchObject({ state: 'Succeeded' });
+  // The newer image is on the disk, and the agent rebooted once, into it.
+  expect((await readFile(disk)).subarray(0, image.length).equals(image)).toBe(true);
+  await eventually(async () => ((await log()).endsWith('stopped\n') ? true : undefined));
+  const lines = (await log()).split('\n');
+  expect(lines.filter((line) => line.includes('rebooting')).length).toBe(1);
+  expect(lines.findIndex((line) => line.includes(`generation ${newer.generation} accepted`))).toBeGreaterThan(
+    lines.findIndex((line) => line.includes(`generation ${first.generation} ignored`)),
+  );
+  expect(await q.osInstallationReport(machineId)).toMatchObject({ generation: newer.generation, result: 'Success' });
 });

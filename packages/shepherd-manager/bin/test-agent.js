@@ -31,9 +31,13 @@
 //    that failed its check); then it keeps heartbeating, to be asked again.
 //    After Success is accepted it runs SHEPHERD_TEST_AGENT_REBOOT_COMMAND
 //    (`sh -c`; in a VM `reboot -f`) and stops, as its machine reboots into
-//    the installed OS. An answer without the request it is installing (the
-//    request canceled, or replaced by a newer generation) stops that
-//    installation. With SHEPHERD_TEST_AGENT_USER_DATA_DIR set, the request's
+//    the installed OS (a report whose answer was lost is sent again until
+//    answered). A report the answer says was ignored
+//    (installation_report_outcome IGNORED: a newer request was made, or the
+//    request canceled, while it finished) is not acted on: no reboot, and it
+//    installs what the next answers ask for. An answer without the request
+//    it is installing (the request canceled, or replaced by a newer
+//    generation) stops that installation. With SHEPHERD_TEST_AGENT_USER_DATA_DIR set, the request's
 //    cloud-init user-data is written there as <machine ID>.user-data.
 //
 // Endpoints under names reserved never to resolve (RFC 2606, 6761: .invalid,
@@ -58,6 +62,9 @@ import { Transform, Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { rootCertificates } from 'node:tls';
 import { createGunzip } from 'node:zlib';
+
+/** HeartbeatResponse.installation_report_outcome (100) telling a report was ignored (installation_report_outcome.proto). */
+const REPORT_IGNORED = 2;
 
 const LEN = 2; // protobuf wire type of strings, bytes and messages
 const VARINT = 0;
@@ -196,7 +203,12 @@ async function heartbeatForever(settings) {
       if (!reportSent || failures > 0) log(`heartbeat accepted${reportSent ? '' : ' with a hardware report'}`);
       reportSent = true;
       failures = 0;
-      if (report) {
+      if (report && reportOutcome(answer) === REPORT_IGNORED) {
+        // Of no request the machine waits on (a newer one was asked for meanwhile, or it was canceled):
+        // not rebooting into that image, but installing what the answers ask for next.
+        log(`installation report of generation ${report.generation} ignored: not acting on it`);
+        installation = undefined;
+      } else if (report) {
         log(`installation report of generation ${report.generation} accepted`);
         reported.add(report.generation);
         installation = undefined;
@@ -391,6 +403,15 @@ function installationRequest(answer) {
       userData: d.get(5)?.at(-1) ?? Buffer.alloc(0),
     },
   };
+}
+
+/**
+ * HeartbeatResponse.installation_report_outcome (100), this project's
+ * extension: 1 accepted, 2 ignored; 0 when the server does not say (one that
+ * predates it), taken as accepted, as upstream's agent does.
+ */
+function reportOutcome(answer) {
+  return parseMessage(answer).get(100)?.at(-1) ?? 0;
 }
 
 /** A message's fields by number: varints as numbers, length-delimited ones as buffers. */
