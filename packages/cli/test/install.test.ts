@@ -152,6 +152,23 @@ describe('install', () => {
   });
 });
 
+describe('install logs', () => {
+  test('name the generation as a number', async () => {
+    const env = { SHEPHERD_BMDB_URL: db.url, DEBUG: 'shepherd:cli' };
+    const target = ['--provider', 'Static', '--provider-id', 'rack1-node3'];
+    const requested = await shepherd(['install', ...target, ...image, '--reason', 'logged'], env);
+    expect(requested.code).toBe(0);
+    expect(requested.stderr).toContain(
+      `shepherd:cli requested installation of Static rack1-node3 (machine ${ids['rack1-node3']}), generation 1: https://images.example.com/debian-12.img.gz\n`,
+    );
+    const canceled = await shepherd(['install', '--cancel', ...target, '--reason', 'logged'], env);
+    expect(canceled.code).toBe(0);
+    expect(canceled.stderr).toContain(
+      `shepherd:cli canceled the installation of Static rack1-node3 (machine ${ids['rack1-node3']}), generation 1\n`,
+    );
+  });
+});
+
 describe('bad input exits 2 with one line naming the flag, before anything is touched', () => {
   const targets = ['--provider', 'Static', '--provider-id', 'rack1-node3'];
   const withImage = (...change: string[]) => {

@@ -9,6 +9,7 @@ import { Code, ConnectError } from '@connectrpc/connect';
 import pg from 'pg';
 import { Registry } from 'prom-client';
 import { beforeAll, describe, expect, test } from 'vitest';
+import { captureDebugLog } from '../../../test/support/debug-log.js';
 import { eventually } from '../../../test/support/wait.js';
 import { OSInstallationReportOutcome as Outcome } from '../src/gen/cloud/agent/api/installation_report_outcome_pb.js';
 import {
@@ -112,7 +113,17 @@ describe('installation reports', () => {
       reason: 'a newer image',
     });
     const client = currentAgentClient(t.server.port, t.ca, agent);
-    const ignored = await client.heartbeat(success(machineId, 1n));
+    const logged = captureDebugLog('bmaas:server:heartbeat');
+    let ignored: Awaited<ReturnType<typeof client.heartbeat>>;
+    try {
+      ignored = await client.heartbeat(success(machineId, 1n));
+    } finally {
+      logged.restore();
+    }
+    // Its generation logged as a number (a bigint through %s would read `1n`).
+    expect(logged.lines.join('\n')).toContain(
+      `machine ${machineId} reported its installation of generation 1: success (ignored)`,
+    );
     expect(ignored.installationReportOutcome).toBe(Outcome.OS_INSTALLATION_REPORT_OUTCOME_IGNORED);
     expect(ignored.installationRequest).toBeUndefined();
     expect((await q.osInstallation(machineId))?.state).toBe('Requested');

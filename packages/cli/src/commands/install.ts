@@ -37,7 +37,8 @@ export async function install(argv: Argv, write: (text: string) => void): Promis
         const requested = await session.transact((q) =>
           q.requestOSInstallation(machine.machineId, { ...image, reason: settings.reason, actor: settings.actor }),
         );
-        log('requested installation of %s, generation %s: %s', name, requested.generation, requested.imageUrl);
+        // A bigint: as a plain number (debug's %s writes one as `1n`).
+        log('requested installation of %s, generation %s: %s', name, String(requested.generation), requested.imageUrl);
         write(
           `requested installation of ${name}: generation ${requested.generation}, ${requested.imageUrl} onto ${requested.rootDevice}\n`,
         );
@@ -47,7 +48,7 @@ export async function install(argv: Argv, write: (text: string) => void): Promis
         q.cancelOSInstallation(machine.machineId, { reason: settings.reason, actor: settings.actor }),
       );
       if (result.canceled) {
-        log('canceled the installation of %s, generation %s', name, result.installation?.generation);
+        log('canceled the installation of %s, generation %s', name, String(result.installation?.generation));
         write(`canceled the installation of ${name}, generation ${result.installation?.generation}\n`);
       } else {
         refused.push(`${name}: ${result.cause}`);
