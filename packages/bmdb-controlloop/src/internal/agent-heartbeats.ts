@@ -55,12 +55,13 @@ const PROCESSOR = 'agent-callback';
  *   still that generation, `Succeeded`. Its AgentStarted tag went with the
  *   first, so it is checked against the report's key instead; it writes
  *   nothing and is answered as the first was, so the agent goes on to
- *   reboot. The key stays good for it until the machine's next request, and
- *   no longer bound: an agent cut off from the server for longer than any
- *   bound would otherwise never reboot, while the BMDB, counting the machine
+ *   reboot. The key stays good for it until the machine's next request,
+ *   with no time bound: an agent cut off from the server for longer than any
+ *   bound would never reboot, while the BMDB, counting the machine
  *   installed, looks at it no more. It cannot outlive the machine's agent:
  *   a machine is started an agent again only after a new request (0009's
- *   trigger), which ends it.
+ *   trigger), which ends it. Only heartbeats carrying a `Success` report
+ *   probe the report and request rows for it.
  * - `stored`: the heartbeats whose report settled the request. Any report
  *   neither stored nor `repeated` was ignored, which the agent is told.
  * - `pending`: what the answer carries, every heartbeat until the report
@@ -86,12 +87,11 @@ const HEARTBEAT_SQL = `
     FOR KEY SHARE OF a),
   repeated AS (
     SELECT r.ord FROM requests r
-    JOIN machine_os_installation_report p ON p.machine_id = r.machine_id
-    JOIN machine_os_installation_request q ON q.machine_id = r.machine_id
-    WHERE r.result = 'Success' AND p.machine_id = ANY ($1::uuid[])
-      AND p.os_installation_result = 'Success' AND p.generation = r.generation AND p.agent_public_key = r.public_key
-      AND q.installation_state = 'Succeeded' AND q.generation = r.generation
-      AND r.ord NOT IN (SELECT ord FROM authenticated)),
+    JOIN machine_os_installation_report p ON p.machine_id = r.machine_id AND p.generation = r.generation
+    JOIN machine_os_installation_request q ON q.machine_id = r.machine_id AND q.generation = r.generation
+    WHERE r.result = 'Success' AND p.machine_id = ANY ($1::uuid[]) AND q.machine_id = ANY ($1::uuid[])
+      AND p.os_installation_result = 'Success' AND p.agent_public_key = r.public_key
+      AND q.installation_state = 'Succeeded' AND r.ord NOT IN (SELECT ord FROM authenticated)),
   open AS (
     SELECT a.ord, a.machine_id, a.public_key, a.installation_report, a.installation_error, q.generation,
       q.installation_state, q.image_url, q.image_sha256, q.root_device, q.compression, q.user_data,
