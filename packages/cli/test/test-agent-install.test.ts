@@ -5,7 +5,10 @@
  * device (a file the size of a disk), flushed, the outcome reported with its
  * generation, the reboot command run; heartbeats go on while it installs.
  * Every way it fails is an Error shown with its cause, and the machine is
- * asked again and installs.
+ * asked again and installs. The edges: a hold lets an installation under way
+ * finish; a report ignored (a newer request made while it finished) makes it
+ * install the newer one instead of rebooting; a Success report whose answer
+ * was lost is answered when sent again, and it reboots.
  */
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes, X509Certificate } from 'node:crypto';
@@ -283,3 +286,42 @@ test('a Success report of a request replaced while it finished is ignored: the a
   );
   expect(await q.osInstallationReport(machineId)).toMatchObject({ generation: newer.generation, result: 'Success' });
 });
+
+test('a Success report whose answer was lost (the agent gave up waiting while it committed) is answered when sent again: the agent reboots', async () => {
+  const { machineId, disk, log } = await machineWithAgent('lost');
+  const last = gate();
+  images.serve('lost.img', { bytes: image, chunkBytes: 256 * 1024, lastChunkAfter: last.opened });
+  const asked = await request(machineId, { imageUrl: images.url('lost.img'), rootDevice: disk });
+  await eventually(async () => ((await q.osInstallation(machineId))?.state === 'Delivered' ? true : undefined));
+  await eventually(async () => (images.requests.includes('lost.img') ? true : undefined));
+  // Every heartbeat of the machine waits on its AgentStarted row, so the agent's calls time out (10 s each):
+  // the one waiting as the installation ends, then the one carrying its Success report.
+  const blocker = new pg.Client({ connectionString: db.url });
+  await blocker.connect();
+  try {
+    await blocker.query('BEGIN');
+    await blocker.query('SELECT 1 FROM machine_agent_started WHERE machine_id = $1 FOR UPDATE', [machineId]);
+    await eventually('a heartbeat waiting on the AgentStarted row', async () => {
+      const { rowCount } = await db.admin(
+        `SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`,
+      );
+      return rowCount ? true : undefined;
+    });
+    last.open();
+    const failuresAfterInstall = async () => {
+      const text = await log();
+      const installed = text.indexOf(`installed generation ${asked.generation}:`);
+      return installed < 0 ? 0 : text.slice(installed).split('heartbeat failed').length - 1;
+    };
+    await eventually(async () => ((await failuresAfterInstall()) >= 2 ? true : undefined), 60_000);
+    await blocker.query('COMMIT');
+  } finally {
+    await blocker.end();
+  }
+  // The report sent while the row was locked is stored once the lock goes, its answer lost: the agent sends it again.
+  expect(await settled(machineId, asked.generation, log)).toMatchObject({ state: 'Succeeded' });
+  await eventually(async () => await readFile(path.join(dir, 'lost.rebooted'), 'utf8').catch(() => undefined));
+  await eventually(async () => ((await log()).endsWith('stopped\n') ? true : undefined));
+  expect(await log()).toContain(`installation report of generation ${asked.generation} accepted`);
+  expect(await log()).not.toMatch(/gRPC status 16/);
+}, 120_000);
