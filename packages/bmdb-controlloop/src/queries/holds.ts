@@ -54,8 +54,8 @@ export interface PlacedHold {
  * every claim whose snapshot is older and not yet locked skips the machine
  * (claims re-check the version under their lock; see sql/claim.ts). Then,
  * with the row locked, one statement places the hold (`held_at` is that
- * moment) and reads the work running, so every claim committed before the
- * hold is named. At REPEATABLE READ or SERIALIZABLE, a claim committed since
+ * moment), records it in the operator history and reads the work running,
+ * so every claim committed before the hold is named. At REPEATABLE READ or SERIALIZABLE, a claim committed since
  * the transaction's snapshot fails the update with a serialization error,
  * and the caller's retry reads it.
  */
@@ -87,7 +87,13 @@ async function placeHold(
       INSERT INTO machine_hold (machine_id, hold_reason, hold_actor, held_at)
       VALUES (${machineId}, ${request.reason}, ${request.actor}, clock_timestamp())
       ON CONFLICT (machine_id) DO NOTHING
-      RETURNING machine_id, hold_reason, hold_actor, held_at)
+      RETURNING machine_id, hold_reason, hold_actor, held_at),
+    -- Its history entry is dated as the hold is: the moment it took effect.
+    recorded AS (
+      INSERT INTO operator_history (machine_id, action, outcome, reason, actor, "timestamp", detail)
+      SELECT machine_id, ${OperatorAction.Hold}, ${OperatorOutcome.Succeeded}, hold_reason, hold_actor, held_at,
+             ${request.detail === undefined ? null : JSON.stringify(request.detail)}::jsonb
+      FROM placed)
     SELECT h.machine_id IS NULL AS placed,
            coalesce(h.machine_id, p.machine_id) AS machine_id,
            coalesce(h.hold_reason, p.hold_reason) AS hold_reason,
@@ -106,16 +112,6 @@ async function placeHold(
   }
   const installation = await osInstallation(trx, machineId);
   const installing = installation?.state === OSInstallationState.Delivered ? installation : undefined;
-  if (row.placed) {
-    await recordOperatorAction(trx, {
-      machineId,
-      action: OperatorAction.Hold,
-      outcome: OperatorOutcome.Succeeded,
-      reason: request.reason,
-      actor: request.actor,
-      detail: request.detail,
-    });
-  }
   return { hold: toHold(row), placed: row.placed, liveWork: row.live_work, installing };
 }
 
