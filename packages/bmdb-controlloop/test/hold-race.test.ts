@@ -1,6 +1,7 @@
 /**
  * Holds placed while claims are being taken: sessions claim from selections
- * (batched, and a lone worker's claim) as fast as they can, finishing each
+ * (batched, and a lone worker's claim) and through a retriever that leaves
+ * held machines out, as fast as they can, finishing each
  * claim at once, while holds are placed on the same machines through
  * `Queries.holdMachine`, in `Session.transact` and in a transaction of its
  * own. The work history must show no claim that started after a hold on its
@@ -8,11 +9,14 @@
  * names beside claims: an OS installation under way.
  */
 import { randomBytes } from 'node:crypto';
+import { sql } from 'kysely';
 import { afterAll, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { holdsMeetingClaims, holdViolations, type ToldHold } from '../../../test/support/holds.js';
 import {
   BMDBError,
+  hasLiveWork,
+  isHeld,
   NothingToDoError,
   Process,
   Queries,
@@ -40,6 +44,18 @@ const race = (order: 'asc' | 'desc') =>
     toCandidate: (row) => row.machine_id,
   });
 
+/** A retriever's candidates: the race's machines free of the process's work and not held, in random order. */
+const retrieveFree = (q: Queries) =>
+  q.db
+    .selectFrom('machine_provided as mp')
+    .select('mp.machine_id')
+    .where('mp.provider', '=', 'HoldRace')
+    .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', [PROCESS])} AND NOT ${isHeld('mp.machine_id')}`)
+    .orderBy(sql`random()`)
+    .limit(1)
+    .execute()
+    .then((rows) => rows.map((row) => row.machine_id));
+
 test('no claim committed after a hold is on its machine, and each one before it is named, under contention', async () => {
   const start = async () => {
     const s = await bmdb.startSession({ processor: 'hold-race' });
@@ -55,7 +71,8 @@ test('no claim committed after a hold is on its machine, and each one before it 
     const selection = race(i === 0 ? 'desc' : 'asc');
     while (holding) {
       try {
-        const work = await s.work(PROCESS, selection);
+        // One claims through a retriever that leaves held machines out, in its SERIALIZABLE transaction.
+        const work = i === 1 ? await s.work(PROCESS, retrieveFree) : await s.work(PROCESS, selection);
         claims++;
         await work.finish();
       } catch (error) {
