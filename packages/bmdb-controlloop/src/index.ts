@@ -47,7 +47,7 @@ export {
   type MachineStage,
 } from './queries/fleet-stats.js';
 export type { RecentFailure } from './queries/history.js';
-export type { HoldRequest } from './queries/holds.js';
+export type { HoldRequest, PlacedHold } from './queries/holds.js';
 export type { MachineFilter } from './queries/machine-filter.js';
 export type { MachineLookup, MachineNames, MachineRef } from './queries/machine-lookup.js';
 export type { NewOperatorAction } from './queries/operator-history.js';

@@ -63,6 +63,7 @@ import {
   holdMachine,
   type MachineHold,
   machineHold,
+  type PlacedHold,
   unholdMachine,
 } from './queries/holds.js';
 import type { MachineFilter } from './queries/machine-filter.js';
@@ -277,17 +278,23 @@ export class Queries {
 
   /**
    * Holds the machine: from now on no selection the library builds offers
-   * it (unless it opts in, as power actions do), so no loop claims it. Work
-   * already running on it ends on its own. Records `Hold` in the operator
+   * it (unless it opts in, as power actions do), so no loop claims it: no
+   * claim committed after the hold is on the machine, however close they
+   * came. Work already running on it ends on its own, and is named
+   * (`liveWork`: every claim committed before the hold), as is an OS
+   * installation under way (`installing`). Records `Hold` in the operator
    * history. A machine already held keeps its hold (reason, actor, since):
    * `placed` is false and nothing is recorded.
    *
-   * @throws {@link BMDBError} without a reason or an actor
+   * It runs in this `Queries`' transaction, or in one of its own, and waits
+   * for the claims in flight on the machine to commit. At REPEATABLE READ or
+   * SERIALIZABLE (as in `Session.transact`), a claim committed since the
+   * transaction began fails it with a serialization error, which
+   * `Session.transact` retries.
+   *
+   * @throws {@link BMDBError} without a reason or an actor, or for a machine not in the BMDB
    */
-  async holdMachine(
-    machineId: string,
-    request: HoldRequest,
-  ): Promise<{ readonly hold: MachineHold; readonly placed: boolean }> {
+  async holdMachine(machineId: string, request: HoldRequest): Promise<PlacedHold> {
     return holdMachine(this.db, machineId, request);
   }
 

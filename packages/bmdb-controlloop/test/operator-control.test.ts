@@ -37,7 +37,7 @@ describe('holds', () => {
 
     // Held again: the first hold stays as it was, and nothing is recorded.
     const again = await session.transact((q) => q.holdMachine(machineId, { reason: 'other', actor: 'bob@ops2' }));
-    expect(again).toEqual({ hold, placed: false });
+    expect(again).toEqual({ hold, placed: false, liveWork: [], installing: undefined });
 
     const released = await session.transact((q) => q.unholdMachine(machineId, { actor: 'bob@ops2' }));
     expect(released).toEqual(hold);

@@ -302,7 +302,7 @@ const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
 /** The recoverer's thresholds decide who is awaiting recovery on the page too. */
 const WEB_RECOVERER_FLAGS = ['recoverer-first-heartbeat-timeout', 'recoverer-heartbeat-timeout'];
 const COMMAND_FLAGS: Record<string, string[]> = {
-  hold: ['machine-id', 'reason', 'actor'],
+  hold: ['machine-id', 'reason', 'actor', 'json'],
   unhold: ['machine-id', 'reason', 'actor'],
   install: ['machine-id', 'reason', 'actor'],
   power: ['reason', 'actor', 'graceful'],
