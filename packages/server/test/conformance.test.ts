@@ -22,6 +22,7 @@ import { eventually } from '../../../test/support/wait.js';
 import {
   AgentCallback,
   BmaasServer,
+  BmaasServerError,
   type BmaasServerOptions,
   HeartbeatRequestSchema,
   HeartbeatResponseSchema,
@@ -601,6 +602,23 @@ describe('limits: what a client may hold of the server', () => {
     calls[1]?.stream.close();
     await eventually('the waiting two held', async () => ((await buffered(own)) === 4 * 1029 ? true : undefined));
     expect(calls.slice(2).every((call) => call.stream.id !== undefined)).toBe(true);
+  });
+
+  test('limits that cannot hold are refused, naming the option', async () => {
+    const start = (limits: BmaasServerOptions['limits']) =>
+      BmaasServer.start({
+        bmdb: t.bmdb,
+        listen: { host: '127.0.0.1', port: 0 },
+        tls: { cert: t.ca, key: 'unused' },
+        ...(limits && { limits }),
+      });
+    await expect(start({ bufferedBytes: 1024, bufferedBytesPerConnection: 2048 })).rejects.toThrow(
+      new BmaasServerError('server limits: bufferedBytesPerConnection (2048) is more than bufferedBytes (1024)'),
+    );
+    await expect(start({ requestTimeout: 0 })).rejects.toThrow(
+      'server limits: requestTimeout must be a whole number above zero, got 0',
+    );
+    await expect(start({ streamsPerConnection: 1.5 })).rejects.toThrow(BmaasServerError);
   });
 
   test('a request not whole within requestTimeout is cut off, naming it; a connection without a frame for idleTimeout is closed', async () => {
