@@ -3,11 +3,13 @@ import { connect, createServer, type Server, type Socket } from 'node:net';
 /**
  * A TCP proxy in front of the test database, to cut a client off the way a
  * network partition or a dead host would: `cut()` drops every connection and
- * refuses new ones until `restore()`.
+ * refuses new ones until `restore()`; `stall()` closes nothing and forwards
+ * nothing more (half-open connections).
  */
 export class TcpProxy {
   #sockets = new Set<Socket>();
   #cut = false;
+  #stalled = false;
 
   private constructor(
     private readonly server: Server,
@@ -20,6 +22,15 @@ export class TcpProxy {
     const server = createServer((client) => {
       if (!proxy || proxy.#cut) {
         client.destroy();
+        return;
+      }
+      if (proxy.#stalled) {
+        // Taken, never forwarded nor closed: closed with the proxy.
+        const sockets = proxy.#sockets;
+        sockets.add(client);
+        client.pause();
+        client.on('close', () => sockets.delete(client));
+        client.on('error', () => client.destroy());
         return;
       }
       const upstream = connect(targetPort, targetHost);
@@ -56,9 +67,25 @@ export class TcpProxy {
     for (const socket of this.#sockets) socket.destroy();
   }
 
-  /** Accepts connections again. */
+  /**
+   * Stops forwarding without closing anything, as a path whose far end
+   * vanished without a word (a half-open connection): every connection stays
+   * open and nothing more gets through it, either way; new ones are taken
+   * and never answered. Until {@link restore}, for new connections; those
+   * stalled stay so until closed.
+   */
+  stall(): void {
+    this.#stalled = true;
+    for (const socket of this.#sockets) {
+      socket.unpipe();
+      socket.pause();
+    }
+  }
+
+  /** Accepts (and forwards) connections again. */
   restore(): void {
     this.#cut = false;
+    this.#stalled = false;
   }
 
   async close(): Promise<void> {

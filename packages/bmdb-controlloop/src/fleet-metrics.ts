@@ -72,8 +72,9 @@ class ReaderMetrics {
  * series comes from one of them (queries `max without (instance)` across a
  * hand-over). When the holder stops or dies its connection closes and the
  * lock is free; the next attempt of another process takes it. A reading that
- * fails ends the connection (and the lock): the gauges are cleared at once,
- * never left stale.
+ * fails, or has not finished within its interval, ends the connection (and
+ * the lock): the gauges are cleared and `bmdb_up` is 0 at once, never left
+ * stale, even on a connection gone half-open that nothing answers.
  *
  * Each reading is one REPEATABLE READ, READ ONLY transaction: one snapshot,
  * no predicate locks on the shepherds' tables, nothing written (the page's
@@ -132,23 +133,35 @@ export class FleetMetrics {
     await this.#disconnect();
   }
 
-  /** One attempt: become the reader if no one is, and read if this process is. */
+  /**
+   * One attempt, given up once it has taken `interval` (or the reader
+   * stops): a reading slower than its interval is of no use, and one that
+   * hangs is a connection gone half-open (the BMDB's host or the path to it
+   * gone without a word), on which nothing would answer until TCP gives up,
+   * a quarter of an hour later. Meanwhile the BMDB may end the backend,
+   * free the lock, and another process read: this one drops the connection
+   * and clears its gauges, as for any failed reading.
+   */
   async #tick(interval: number): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    let onStop: (() => void) | undefined;
+    const givenUp = new Promise<never>((_, reject) => {
+      const giveUp = (error: Error) => {
+        this.#connection?.destroy(error);
+        reject(error);
+      };
+      timer = setTimeout(
+        () => giveUp(new BMDBError(`fleet metrics: no reading within ${interval / 1000}s: dropped its connection`)),
+        interval,
+      );
+      onStop = () => giveUp(new BMDBError('fleet metrics: stopped'));
+      this.#stop.signal.addEventListener('abort', onStop, { once: true });
+    });
+    const attempt = this.#attempt(interval);
+    // Once given up, the attempt fails with its connection; nothing waits for it.
+    attempt.catch(() => {});
     try {
-      const db = await this.#connect(interval);
-      if (!this.#leading) {
-        const { rows } = await sql<{ locked: boolean }>`
-          SELECT pg_try_advisory_lock(${FLEET_READER_LOCK}) AS locked`.execute(db);
-        this.#setLeading(rows[0]?.locked === true);
-      }
-      if (this.#leading) {
-        const started = performance.now();
-        const samples = await readFleet(db, this.#gauges, this.options.thresholds ?? {});
-        // The lock lives with the connection: had it dropped, another process may read now.
-        if (this.#connection?.lost) throw this.#connection.lost;
-        this.#gauges.set(samples);
-        this.#metrics.duration.observe((performance.now() - started) / 1000);
-      }
+      await Promise.race([attempt, givenUp]);
       this.#metrics.up.set(1);
       if (this.#failing) log.fleet('the BMDB answers again');
       this.#failing = false;
@@ -167,6 +180,27 @@ export class FleetMetrics {
       this.#failing = true;
       this.#setLeading(false);
       await this.#disconnect();
+    } finally {
+      clearTimeout(timer);
+      if (onStop) this.#stop.signal.removeEventListener('abort', onStop);
+    }
+  }
+
+  /** Becomes the reader if no one is, and reads if this process is. */
+  async #attempt(interval: number): Promise<void> {
+    const db = await this.#connect(interval);
+    if (!this.#leading) {
+      const { rows } = await sql<{ locked: boolean }>`
+        SELECT pg_try_advisory_lock(${FLEET_READER_LOCK}) AS locked`.execute(db);
+      this.#setLeading(rows[0]?.locked === true);
+    }
+    if (this.#leading) {
+      const started = performance.now();
+      const samples = await readFleet(db, this.#gauges, this.options.thresholds ?? {});
+      // The lock lives with the connection: had it dropped, another process may read now.
+      if (this.#connection?.lost) throw this.#connection.lost;
+      this.#gauges.set(samples);
+      this.#metrics.duration.observe((performance.now() - started) / 1000);
     }
   }
 

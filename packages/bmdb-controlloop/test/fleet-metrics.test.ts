@@ -334,6 +334,17 @@ describe('FleetMetrics', () => {
   afterEach(async () => {
     await Promise.all(readers.splice(0).map((reader) => reader.close()));
   });
+  /** The backend holding the reader lock, if one does. */
+  const holder = async () =>
+    (
+      await db.admin(
+        `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = $1`,
+        [
+          // The low half of the reader's lock key.
+          0x5f666c74,
+        ],
+      )
+    ).rows[0]?.pid as number | undefined;
 
   test('one of two readers reads and exports the fleet; the other only its own state, until it takes over', async () => {
     const first = new Registry();
@@ -449,16 +460,6 @@ describe('FleetMetrics', () => {
     const unprovided = async () =>
       (await samples(registry, 'bmdb_fleet_machines'))?.['location=,provider=,stage=unprovided'];
     await eventually('leading and read', async () => (reader.leading ? unprovided() : undefined));
-    const holder = async () =>
-      (
-        await db.admin(
-          `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = $1`,
-          [
-            // The low half of the reader's lock key.
-            0x5f666c74,
-          ],
-        )
-      ).rows[0]?.pid as number | undefined;
     const pid = await holder();
     expect(pid).toBeDefined();
     await db.admin('SELECT pg_terminate_backend($1)', [pid]);
@@ -488,6 +489,49 @@ describe('FleetMetrics', () => {
         (await samples(registry, 'bmdb_up'))?.[''] === 1 ? true : undefined,
       );
       await reader.close();
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  test('a reader whose connection goes half-open stops exporting within its interval; the one taking over exports alone', async () => {
+    const { proxy, url } = await TcpProxy.for(db.url);
+    try {
+      const stalledRegistry = new Registry();
+      const stalled = start(stalledRegistry, await openTestBMDB(db, { url }));
+      const unprovided = async (registry: Registry) =>
+        (await samples(registry, 'bmdb_fleet_machines'))?.['location=,provider=,stage=unprovided'];
+      await eventually('leading and read', async () => (stalled.leading ? unprovided(stalledRegistry) : undefined));
+      const otherRegistry = new Registry();
+      const other = start(otherRegistry);
+      await eventually('the other reached the BMDB', async () =>
+        (await samples(otherRegistry, 'bmdb_up'))?.[''] === 1 ? true : undefined,
+      );
+      expect(other.leading).toBe(false);
+      const pid = await holder();
+      expect(pid).toBeDefined();
+
+      // The path to the BMDB stops answering without closing; the BMDB ends the backend (as its keepalives
+      // would), which frees the lock.
+      proxy.stall();
+      await db.admin('SELECT pg_terminate_backend($1)', [pid]);
+      await eventually('the other reading', async () => (other.leading ? unprovided(otherRegistry) : undefined));
+      await eventually('the stalled reader given up', async () =>
+        (await samples(stalledRegistry, 'bmdb_up'))?.[''] === 0 ? true : undefined,
+      );
+      expect(stalled.leading).toBe(false);
+      expect(await samples(stalledRegistry, 'bmdb_fleet_reader_leading')).toEqual({ '': 0 });
+      expect(await samples(stalledRegistry, 'bmdb_fleet_machines')).toEqual({});
+
+      // The path answers again: the reader is back, and follows.
+      proxy.restore();
+      await eventually('reached again', async () =>
+        (await samples(stalledRegistry, 'bmdb_up'))?.[''] === 1 ? true : undefined,
+      );
+      expect(stalled.leading).toBe(false);
+      expect(await samples(stalledRegistry, 'bmdb_fleet_machines')).toEqual({});
+      expect(other.leading).toBe(true);
+      await stalled.close();
     } finally {
       await proxy.close();
     }

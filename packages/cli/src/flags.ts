@@ -203,6 +203,31 @@ const flags = {
         'Processes taking heartbeats, sharing the listen socket, each batching its own (1: one process; set it to the cores the server may use)',
       default: '1',
     },
+    'max-streams-per-connection': {
+      kind: 'number',
+      describe: 'Requests one agent connection may have open at once (HTTP/2 streams; the client is told, and waits)',
+      default: '100',
+    },
+    'max-buffered-bytes-per-connection': {
+      describe:
+        'Bytes of requests not yet whole one connection may make the server hold (e.g. 16MiB); the request that would pass it is cut off',
+      default: '16MiB',
+    },
+    'max-buffered-bytes': {
+      describe:
+        'Bytes of requests not yet whole all connections together (of each worker) may make the server hold (e.g. 256MiB); the request that would pass it is cut off',
+      default: '256MiB',
+    },
+    'request-timeout': {
+      kind: 'duration',
+      describe: 'How long a request may take to arrive whole; one slower is cut off',
+      default: '30s',
+    },
+    'idle-timeout': {
+      kind: 'duration',
+      describe: 'How long a connection may stay without a frame before it is closed (agents connect again)',
+      default: '5m',
+    },
   },
   static: {
     inventory: {

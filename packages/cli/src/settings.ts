@@ -75,6 +75,19 @@ export function integer(argv: Argv, flag: string, min: number, max = Number.MAX_
   return Number(value);
 }
 
+const BYTE_UNITS: Record<string, number> = { '': 1, B: 1, KiB: 1024, MiB: 1024 ** 2, GiB: 1024 ** 3 };
+
+/** A number of bytes, whole or with a binary unit (`65536`, `64KiB`, `16MiB`, `1GiB`), at least `min`. */
+export function byteSize(argv: Argv, flag: string, min: number): number {
+  const value = required(argv, flag, 'this command');
+  const match = /^(\d+)\s*(B|KiB|MiB|GiB)?$/.exec(value.trim());
+  const bytes = match ? Number(match[1]) * (BYTE_UNITS[match[2] ?? ''] ?? 1) : Number.NaN;
+  if (!Number.isSafeInteger(bytes) || bytes < min) {
+    throw UsageError.invalid(flag, value, `a size of at least ${min} bytes, such as 65536, 64KiB, 16MiB or 1GiB`);
+  }
+  return bytes;
+}
+
 /** A share from 0 to 1. */
 export function share(argv: Argv, flag: string): number {
   const value = required(argv, flag, 'this command');

@@ -4,6 +4,7 @@
  */
 import { generateKeyPairSync } from 'node:crypto';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { connect, type IncomingHttpHeaders } from 'node:http2';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { Queries } from '@bmaas/bmdb-controlloop';
@@ -46,6 +47,27 @@ describe('shepherd server', () => {
       [['--agent-ssh-user', 'root'], /^shepherd: --agent-ssh-user: unknown flag for server/],
       [['--workers', '0'], /^shepherd: --workers: invalid value "0": want a whole number from 1 to 64/],
       [['--workers', 'two'], /^shepherd: --workers: invalid value "two"/],
+      [
+        ['--max-streams-per-connection', '0'],
+        /^shepherd: --max-streams-per-connection: invalid value "0": want a whole number from 1 to 4294967295/,
+      ],
+      [
+        ['--max-buffered-bytes', 'lots'],
+        /^shepherd: --max-buffered-bytes: invalid value "lots": want a size of at least 1024 bytes, such as 65536, 64KiB, 16MiB or 1GiB/,
+      ],
+      [
+        ['--max-buffered-bytes-per-connection', '1GiB'],
+        /^shepherd: --max-buffered-bytes-per-connection: 1GiB is more than --max-buffered-bytes \(256MiB\)/,
+      ],
+      [
+        ['--request-timeout', '0s'],
+        /^shepherd: --request-timeout: invalid value "0s": want a duration greater than zero/,
+      ],
+      [['--idle-timeout', 'soon'], /^shepherd: --idle-timeout: invalid value "soon": want a duration/],
+      [
+        ['--idle-timeout', '1000h'],
+        /^shepherd: --idle-timeout: invalid value "1000h": want a duration of at most 596h/,
+      ],
     ];
     for (const [args, message] of cases) {
       const result = await shepherd(['server', '--bmdb-url', db.url, '--data-dir', path.join(dir, 'bad'), ...args]);
@@ -105,6 +127,54 @@ describe('shepherd server', () => {
     expect(await readFile(certPath, 'utf8')).toBe(ca);
     second.child.kill('SIGINT');
     expect((await second.exited).code).toBe(0);
+  });
+
+  test('--max-streams-per-connection and --request-timeout hold its clients: told the cap, a slow body cut off naming the time', async () => {
+    const port = await freePort();
+    const dataDir = path.join(dir, 'limits');
+    const server = start([
+      'server',
+      '--data-dir',
+      dataDir,
+      '--bmdb-url',
+      db.url,
+      '--listen',
+      `127.0.0.1:${port}`,
+      '--max-streams-per-connection',
+      '3',
+      '--request-timeout',
+      '300ms',
+    ]);
+    try {
+      await server.logged(/BMaaS server listening/);
+      const { privateKey } = generateKeyPairSync('ed25519');
+      const session = connect(`https://localhost:${port}`, {
+        ca: await readFile(path.join(dataDir, 'server.crt'), 'utf8'),
+        cert: certificatePem(selfSignedCertificate(privateKey, { commonName: 'agent' })),
+        key: privateKey.export({ type: 'pkcs8', format: 'pem' }),
+      });
+      try {
+        const stream = session.request({
+          ':method': 'POST',
+          ':path': '/cloud.bmaas.server.api.AgentCallback/Heartbeat',
+          'content-type': 'application/grpc',
+          te: 'trailers',
+        });
+        const headers = new Promise<IncomingHttpHeaders>((resolve) => stream.on('response', resolve));
+        // A length prefix promising 100 bytes, and 10 of them.
+        stream.write(Buffer.concat([Buffer.from([0, 0, 0, 0, 100]), Buffer.alloc(10)]));
+        expect(await headers).toMatchObject({
+          'grpc-status': '4',
+          'grpc-message': 'request cut off: not whole within 300 ms',
+        });
+        expect(session.remoteSettings.maxConcurrentStreams).toBe(3);
+      } finally {
+        session.destroy();
+      }
+    } finally {
+      server.child.kill('SIGTERM');
+    }
+    expect((await server.exited).code).toBe(0);
   });
 
   test('--web-listen serves the fleet page beside the heartbeats; beyond loopback it wants --web-token and TLS', async () => {

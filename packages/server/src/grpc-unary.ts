@@ -2,6 +2,7 @@ import { constants, type IncomingHttpHeaders, type ServerHttp2Stream } from 'nod
 import { Code, ConnectError } from '@connectrpc/connect';
 import { compressionGzip } from '@connectrpc/connect-node';
 import { encodeGrpcMessage, parseGrpcTimeout } from './grpc-headers.js';
+import { type HeldBody, type Overrun, overrunMessage, type RequestBudget } from './limits.js';
 import { log } from './log.js';
 
 /** Upstream gRPC's default ceiling on a received message, before and after decompression. */
@@ -16,12 +17,14 @@ const LONGEST_TIMER_MS = 2 ** 31 - 1;
 /**
  * A unary method served by {@link serveUnaryCall}: how its request is read,
  * its answer written, and who answers (given the call's stream, for what
- * its connection proves).
+ * its connection proves); `admit` may answer a call before its body is
+ * read (a refusal of what its connection lacks), or leave it (`undefined`).
  */
 export interface UnaryRoute<Request, Response> {
   decode(message: Uint8Array): Request;
   encode(response: Response): Uint8Array;
   answer(request: Request, stream: ServerHttp2Stream): Promise<Response>;
+  admit(stream: ServerHttp2Stream): Promise<Response> | undefined;
 }
 
 const OK_HEADERS = {
@@ -54,6 +57,13 @@ const OK_TRAILERS = { 'grpc-status': '0' };
  *   decode INTERNAL.
  * - A client that resets its stream, or whose connection drops, is not
  *   answered; its request, if whole, was handed to the route regardless.
+ * - The route's `admit` answering: that answer, before a byte of the body
+ *   is read (the rest is never read).
+ * - Bytes of the body are held against `budget` until it is whole: a chunk
+ *   that would pass its connection's share, or the server's, is
+ *   RESOURCE_EXHAUSTED; a body not whole within its `requestTimeout` is
+ *   DEADLINE_EXCEEDED. Either names the limit, and the stream is reset
+ *   after the answer.
  *
  * The codes and messages are those `@connectrpc/connect` answers with, so a
  * call answers the same here as through the library; `grpc-message` is
@@ -63,9 +73,13 @@ export function serveUnaryCall<Request, Response>(
   stream: ServerHttp2Stream,
   headers: IncomingHttpHeaders,
   route: UnaryRoute<Request, Response>,
+  budget: RequestBudget,
 ): void {
   let answered = false;
   let deadline: NodeJS.Timeout | undefined;
+  let incomplete: NodeJS.Timeout | undefined;
+  // The body's bytes held against the budget, from the first one read.
+  let held: HeldBody | undefined;
   // The request's bytes: the first chunk alone, which usually holds the whole message, or all of them.
   let first: Buffer | undefined;
   let chunks: Buffer[] | undefined;
@@ -77,6 +91,8 @@ export function serveUnaryCall<Request, Response>(
     if (answered) return false;
     answered = true;
     if (deadline !== undefined) clearTimeout(deadline);
+    clearTimeout(incomplete);
+    held?.release();
     return true;
   };
   const refuse = (error: unknown) => {
@@ -134,8 +150,32 @@ export function serveUnaryCall<Request, Response>(
     }
   }
 
+  const early = route.admit(stream);
+  if (early !== undefined) {
+    early.then(respond, refuse);
+    return;
+  }
+  // The session is there while its stream is open; a stream whose session went is not served.
+  const body = budget.hold(stream.session ?? stream);
+  held = body;
+  const cutOff = (overrun: Overrun) =>
+    refuse(
+      new ConnectError(
+        overrunMessage(overrun, budget.limits),
+        overrun === 'requestTimeout' ? Code.DeadlineExceeded : Code.ResourceExhausted,
+      ),
+    );
+  incomplete = setTimeout(() => cutOff(budget.overrun('requestTimeout')), budget.limits.requestTimeout);
+  incomplete.unref();
+  stream.on('close', () => {
+    clearTimeout(incomplete);
+    body.release();
+  });
+
   stream.on('data', (chunk: Buffer) => {
     if (answered) return;
+    const overrun = body.take(chunk.length);
+    if (overrun !== undefined) return cutOff(overrun);
     received += chunk.length;
     if (first === undefined) first = chunk;
     else if (chunks === undefined) chunks = [first, chunk];
@@ -155,6 +195,8 @@ export function serveUnaryCall<Request, Response>(
     }
   });
   stream.on('end', () => {
+    clearTimeout(incomplete);
+    body.release();
     if (answered) return;
     if (first === undefined) {
       return refuse(new ConnectError('protocol error: missing input message for unary method', Code.Unimplemented));

@@ -34,6 +34,7 @@ export {
   type OSInstallationRequest,
   OSInstallationRequestSchema,
 } from './gen/cloud/bmaas/server/api/agent_pb.js';
+export type { ServerLimits } from './limits.js';
 export { BmaasServer, type BmaasServerOptions } from './server.js';
 export { loadServerTls, type SelfSignedTlsOptions, type ServerTls, selfSignedServerTls } from './tls.js';
 export { certificatePem, type SelfSignedOptions, selfSignedCertificate } from './x509.js';

@@ -1,13 +1,16 @@
-import { Counter, Histogram, type Registry } from 'prom-client';
+import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 
 /**
  * The server's Prometheus metrics: heartbeats by gRPC status and their
- * latency. Batch sizes are the library's `bmdb_agent_heartbeat_batch_size`,
+ * latency; the bytes of requests not yet whole it holds, and the requests
+ * it cut off for a limit (`limits.ts`). Batch sizes are the library's `bmdb_agent_heartbeat_batch_size`,
  * on the registry given to `BMDB.open`.
  */
 export class ServerMetrics {
   readonly requests: Counter<'method' | 'code'>;
   readonly duration: Histogram<'method'>;
+  readonly buffered: Gauge;
+  readonly cutOff: Counter<'limit'>;
 
   constructor(registry: Registry) {
     this.requests = new Counter({
@@ -21,6 +24,17 @@ export class ServerMetrics {
       help: 'Time from a request’s arrival to its answer, by method.',
       labelNames: ['method'],
       buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+      registers: [registry],
+    });
+    this.buffered = new Gauge({
+      name: 'bmaas_server_buffered_request_bytes',
+      help: 'Bytes of requests not yet whole the server holds, of every connection.',
+      registers: [registry],
+    });
+    this.cutOff = new Counter({
+      name: 'bmaas_server_requests_cut_off_total',
+      help: 'Requests cut off before they were whole, by the limit they passed (bufferedBytesPerConnection, bufferedBytes, requestTimeout).',
+      labelNames: ['limit'],
       registers: [registry],
     });
   }

@@ -1,5 +1,5 @@
 import type { IncomingHttpHeaders } from 'node:http2';
-import { fromBinary, toBinary } from '@bufbuild/protobuf';
+import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import type { GenService } from '@bufbuild/protobuf/codegenv2';
 import type { ConnectRouter } from '@connectrpc/connect';
 import type { HeartbeatHandler } from './agent-callback.js';
@@ -46,6 +46,10 @@ export function grpcRoutes(
     // Whatever the handler answers, installation requests included, is encoded here: nothing is pre-built.
     encode: (response) => toBinary(HeartbeatResponseSchema, response),
     answer: (request, stream) => handler(request, sessionPeerKey(stream.session)),
+    // A connection without a key is refused before its body is read: the handler refuses any call without
+    // one (and counts it) whatever it asks, so it is asked with an empty request.
+    admit: (stream) =>
+      sessionPeerKey(stream.session) === undefined ? handler(create(HeartbeatRequestSchema), undefined) : undefined,
   };
   return new Map(HEARTBEAT_SERVICES.map((service) => [`/${service.typeName}/${service.method.heartbeat.name}`, route]));
 }

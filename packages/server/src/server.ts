@@ -13,6 +13,8 @@ import type { Registry } from 'prom-client';
 import { heartbeatHandler } from './agent-callback.js';
 import { ListenError } from './errors.js';
 import { READ_MAX_BYTES, serveUnaryCall } from './grpc-unary.js';
+import { libraryRequests } from './library-requests.js';
+import { RequestBudget, type ServerLimits, serverLimits } from './limits.js';
 import { log } from './log.js';
 import { ServerMetrics } from './metrics.js';
 import { peerKey, peerKeyOf } from './peer-key.js';
@@ -26,7 +28,7 @@ import type { ServerTls } from './tls.js';
  * is taken off and called for the streams the lean path does not take.
  * HTTP/1.1 requests never are streams and go to the library directly.
  */
-function routeStreams(server: Http2SecureServer, routes: ReturnType<typeof grpcRoutes>): void {
+function routeStreams(server: Http2SecureServer, routes: ReturnType<typeof grpcRoutes>, budget: RequestBudget): void {
   const listeners = server.listeners('stream');
   const [toLibrary] = listeners;
   if (listeners.length !== 1 || toLibrary === undefined) {
@@ -37,7 +39,7 @@ function routeStreams(server: Http2SecureServer, routes: ReturnType<typeof grpcR
     'stream',
     (stream: ServerHttp2Stream, headers: IncomingHttpHeaders, flags: number, rawHeaders: string[]) => {
       const route = leanRoute(routes, headers);
-      if (route !== undefined) serveUnaryCall(stream, headers, route);
+      if (route !== undefined) serveUnaryCall(stream, headers, route, budget);
       else toLibrary.call(server, stream, headers, flags, rawHeaders);
     },
   );
@@ -53,6 +55,8 @@ export interface BmaasServerOptions {
   readonly tls: Pick<ServerTls, 'cert' | 'key'>;
   /** Register request metrics here. */
   readonly metrics?: Registry;
+  /** What clients may hold of the server (streams, bytes of requests not yet whole, time); the rest default. */
+  readonly limits?: Partial<ServerLimits>;
 }
 
 /**
@@ -64,8 +68,15 @@ export interface BmaasServerOptions {
  *
  * Heartbeats over gRPC with protobuf, which is how agents call, take a lean
  * path on `node:http2`'s streams (`grpc-unary.ts`); everything else goes
- * to `@connectrpc/connect-node` as it arrives. Both answer through the same
- * handler, from the same table of service names (`routes.ts`).
+ * to `@connectrpc/connect-node` as it arrives (`library-requests.ts`). Both
+ * answer through the same handler, from the same table of service names
+ * (`routes.ts`), and both hold clients to the same {@link ServerLimits}: a
+ * connection without a certificate is refused before a request's body is
+ * read; a connection has at most `streamsPerConnection` streams open (as
+ * HTTP/2 tells the client), and its requests' bodies are held against its
+ * share and the server's of bytes buffered, and cut off if not whole in
+ * `requestTimeout`; a connection without a frame for `idleTimeout` is
+ * closed.
  *
  * @example
  * ```ts
@@ -89,7 +100,9 @@ export class BmaasServer {
 
   /** Starts listening; resolves once it does. */
   static async start(options: BmaasServerOptions): Promise<BmaasServer> {
+    const limits = serverLimits(options.limits);
     const metrics = options.metrics ? new ServerMetrics(options.metrics) : undefined;
+    const budget = new RequestBudget(limits, metrics);
     const heartbeat = heartbeatHandler(options.bmdb, metrics);
     const library = connectNodeAdapter({
       routes: libraryRoutes(heartbeat),
@@ -106,10 +119,15 @@ export class BmaasServer {
         requestCert: true,
         rejectUnauthorized: false,
         allowHTTP1: true,
+        settings: { maxConcurrentStreams: limits.streamsPerConnection },
       },
-      library,
+      libraryRequests(library, heartbeat, budget),
     );
-    routeStreams(server, grpcRoutes(heartbeat));
+    routeStreams(server, grpcRoutes(heartbeat), budget);
+    server.on('session', (session: ServerHttp2Session) => {
+      // Closed as an agent would close it between heartbeats: a GOAWAY, after which it connects again.
+      session.setTimeout(limits.idleTimeout, () => session.close());
+    });
     // A client that breaks off its handshake or connection is its own business.
     server.on('tlsClientError', (error) => log.server('TLS handshake failed: %s', error.message));
     server.on('sessionError', (error) => log.server('HTTP/2 session failed: %s', error.message));

@@ -8,6 +8,7 @@
  * library still serves; authentication, batching and metrics.
  */
 
+import { constants } from 'node:http2';
 import { gzipSync } from 'node:zlib';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError, createClient } from '@connectrpc/connect';
@@ -21,6 +22,8 @@ import { eventually } from '../../../test/support/wait.js';
 import {
   AgentCallback,
   BmaasServer,
+  BmaasServerError,
+  type BmaasServerOptions,
   HeartbeatRequestSchema,
   HeartbeatResponseSchema,
   selfSignedServerTls,
@@ -341,7 +344,7 @@ describe('malformed frames', () => {
 });
 
 describe('a slow client', () => {
-  test('holding its stream half-sent holds up no one; its heartbeat is answered once its body is whole', async () => {
+  test('holding its stream half-sent holds up no one; its heartbeat is answered once its body is whole (within the request timeout, 30 s)', async () => {
     const slow = await agentWithMachine();
     const { stream, answer } = raw(slow.agent).open();
     const whole = grpcFrame(heartbeatMessage(slow.machineId));
@@ -457,5 +460,187 @@ describe('batching and metrics', () => {
     expect(after.codes.unauthenticated).toBe((before.codes.unauthenticated ?? 0) + 1);
     expect(after.codes.invalid_argument).toBe((before.codes.invalid_argument ?? 0) + 1);
     expect(after.durations).toBe(before.durations + 4);
+  });
+});
+
+/** Another server on the file's BMDB, with `limits` and its own metrics. */
+async function limitedServer(
+  limits: BmaasServerOptions['limits'],
+): Promise<{ server: BmaasServer; registry: Registry; client: (identity?: AgentIdentity) => RawGrpcClient }> {
+  const own = new Registry();
+  const server = await BmaasServer.start({
+    bmdb: t.bmdb,
+    listen: { host: '127.0.0.1', port: 0 },
+    tls: { cert: t.ca, key: await serverKey() },
+    metrics: own,
+    ...(limits && { limits }),
+  });
+  closing.push({ close: () => void server.close(0) });
+  const client = (identity?: AgentIdentity) => {
+    const raw = new RawGrpcClient(server.port, t.ca, identity);
+    closing.push(raw);
+    return raw;
+  };
+  return { server, registry: own, client };
+}
+
+/** `bmaas_server_buffered_request_bytes` of `registry`. */
+async function buffered(registry: Registry): Promise<number | undefined> {
+  return (await registry.getSingleMetric('bmaas_server_buffered_request_bytes')?.get())?.values[0]?.value;
+}
+
+/** A gRPC frame's length prefix promising `length` bytes, and `sent` bytes of them. */
+function unfinished(length: number, sent: number): Buffer {
+  const frame = Buffer.alloc(5 + sent, 0x61);
+  frame[0] = 0;
+  frame.writeUInt32BE(length, 1);
+  return frame;
+}
+
+const NO_CERTIFICATE = 'machine id or public key unknown: no client certificate over an ed25519 key';
+
+describe('limits: what a client may hold of the server', () => {
+  test('a connection without a client certificate is refused before its body is read, on the lean path and the library’s', async () => {
+    const { server, registry: own, client } = await limitedServer(undefined);
+    const anonymous = client();
+    const { stream, answer } = anonymous.open();
+    // A body that announces 4 MiB and never ends: the answer comes regardless.
+    stream.write(unfinished(4 * 1024 * 1024, 16 * 1024));
+    const wire = await answer;
+    expect(wire.grpcStatus).toBe(Code.Unauthenticated);
+    expect(wire.grpcMessage).toBe(NO_CERTIFICATE);
+    const connect = anonymous.open({ 'content-type': 'application/proto', 'connect-protocol-version': '1' });
+    connect.stream.write(Buffer.alloc(16 * 1024));
+    const refused = await connect.answer;
+    expect(refused.headers[':status']).toBe(401);
+    expect(JSON.parse(refused.body.toString())).toEqual({ code: 'unauthenticated', message: NO_CERTIFICATE });
+    expect(await buffered(own)).toBe(0);
+    // Connect and gRPC-Web clients, over HTTP/1.1 and HTTP/2, read the refusal as theirs.
+    for (const transport of [createConnectTransport, createGrpcWebTransport]) {
+      for (const httpVersion of ['2', '1.1'] as const) {
+        const error = await createClient(
+          AgentCallback,
+          transport({ baseUrl: `https://localhost:${server.port}`, httpVersion, nodeOptions: { ca: t.ca } }),
+        )
+          .heartbeat({ machineId: '6f1c1c3e-0000-4000-8000-000000000004' })
+          .catch((e: unknown) => e);
+        expect((error as ConnectError).code, `${transport.name} over HTTP/${httpVersion}`).toBe(Code.Unauthenticated);
+      }
+    }
+    // Each was counted as the handler's refusals are.
+    expect(await own.getSingleMetricAsString('bmaas_server_requests_total')).toMatch(
+      /bmaas_server_requests_total\{method="Heartbeat",code="unauthenticated"\} 6/,
+    );
+  });
+
+  test('bytes buffered per connection and in all are bounded: the request that would pass either is cut off, naming the limit; the others go on', async () => {
+    const perConnection = 64 * 1024;
+    const overall = 160 * 1024;
+    const chunk = 40 * 1024;
+    const { registry: own, client } = await limitedServer({
+      bufferedBytesPerConnection: perConnection,
+      bufferedBytes: overall,
+    });
+    const { agent, machineId } = await agentWithMachine();
+    const first = client(agent);
+    const held = first.open();
+    held.stream.write(unfinished(1024 * 1024, chunk));
+    await eventually('the first body held', async () => ((await buffered(own)) === chunk + 5 ? true : undefined));
+    // A second request on the same connection would pass its share.
+    const second = first.open();
+    second.stream.write(unfinished(1024 * 1024, chunk));
+    const cut = await second.answer;
+    expect(cut.grpcStatus).toBe(Code.ResourceExhausted);
+    expect(cut.grpcMessage).toBe(
+      `request cut off: this connection's requests not yet whole passed ${perConnection} bytes`,
+    );
+    // The library's requests are held to the same shares: one passing the connection's is reset.
+    const library = first.open({ 'content-type': 'application/proto', 'connect-protocol-version': '1' });
+    library.stream.write(Buffer.alloc(perConnection - chunk));
+    await expect(library.answer).rejects.toThrow();
+    expect(library.stream.rstCode).toBe(constants.NGHTTP2_ENHANCE_YOUR_CALM);
+    expect(await own.getSingleMetricAsString('bmaas_server_requests_cut_off_total')).toMatch(
+      /limit="bufferedBytesPerConnection"\} 2/,
+    );
+    await eventually('the library’s request let go', async () =>
+      (await buffered(own)) === chunk + 5 ? true : undefined,
+    );
+    // Two more connections hold as much each; a fourth would pass the server's whole.
+    for (let i = 0; i < 2; i++)
+      client(agent)
+        .open()
+        .stream.write(unfinished(1024 * 1024, chunk));
+    await eventually('three bodies held', async () => ((await buffered(own)) === 3 * (chunk + 5) ? true : undefined));
+    const fourth = client(agent).open();
+    fourth.stream.write(unfinished(1024 * 1024, chunk));
+    const over = await fourth.answer;
+    expect(over.grpcStatus).toBe(Code.ResourceExhausted);
+    expect(over.grpcMessage).toBe(`request cut off: the server holds ${overall} bytes of requests not yet whole`);
+    expect(await buffered(own)).toBe(3 * (chunk + 5));
+    // An agent's heartbeat fits beside them.
+    expect((await client(agent).call(grpcFrame(heartbeatMessage(machineId)))).grpcStatus).toBe(status.OK);
+    expect(await heartbeatRecorded(machineId)).toBe(true);
+    // What a connection held goes with it.
+    held.stream.close();
+    await eventually('the first body let go', async () =>
+      (await buffered(own)) === 2 * (chunk + 5) ? true : undefined,
+    );
+  });
+
+  test('a connection has at most streamsPerConnection streams open, as HTTP/2 tells its client', async () => {
+    const { registry: own, client } = await limitedServer({ streamsPerConnection: 4 });
+    const { agent } = await agentWithMachine();
+    const raw = client(agent);
+    await eventually('the server’s settings', async () =>
+      raw.session.remoteSettings.maxConcurrentStreams === 4 ? true : undefined,
+    );
+    const calls = Array.from({ length: 6 }, () => raw.open());
+    for (const call of calls) call.stream.write(unfinished(1024 * 1024, 1024));
+    await eventually('four bodies held', async () => ((await buffered(own)) === 4 * 1029 ? true : undefined));
+    // As streams end, those waiting open.
+    calls[0]?.stream.close();
+    calls[1]?.stream.close();
+    await eventually('the waiting two held', async () => ((await buffered(own)) === 4 * 1029 ? true : undefined));
+    expect(calls.slice(2).every((call) => call.stream.id !== undefined)).toBe(true);
+  });
+
+  test('limits that cannot hold are refused, naming the option', async () => {
+    const start = (limits: BmaasServerOptions['limits']) =>
+      BmaasServer.start({
+        bmdb: t.bmdb,
+        listen: { host: '127.0.0.1', port: 0 },
+        tls: { cert: t.ca, key: 'unused' },
+        ...(limits && { limits }),
+      });
+    await expect(start({ bufferedBytes: 1024, bufferedBytesPerConnection: 2048 })).rejects.toThrow(
+      new BmaasServerError('server limits: bufferedBytesPerConnection (2048) is more than bufferedBytes (1024)'),
+    );
+    await expect(start({ requestTimeout: 0 })).rejects.toThrow(
+      'server limits: requestTimeout must be a whole number above zero, got 0',
+    );
+    await expect(start({ streamsPerConnection: 1.5 })).rejects.toThrow(BmaasServerError);
+  });
+
+  test('a request not whole within requestTimeout is cut off, naming it; a connection without a frame for idleTimeout is closed', async () => {
+    const { registry: own, client } = await limitedServer({ requestTimeout: 500, idleTimeout: 1000 });
+    const { agent, machineId } = await agentWithMachine();
+    const raw = client(agent);
+    const { stream, answer } = raw.open();
+    stream.write(grpcFrame(heartbeatMessage(machineId)).subarray(0, 10));
+    const wire = await answer;
+    expect(wire.grpcStatus).toBe(Code.DeadlineExceeded);
+    expect(wire.grpcMessage).toBe('request cut off: not whole within 500 ms');
+    expect(await heartbeatRecorded(machineId)).toBe(false);
+    // The library's: reset.
+    const library = raw.open({ 'content-type': 'application/proto', 'connect-protocol-version': '1' });
+    library.stream.write(Buffer.alloc(10));
+    await expect(library.answer).rejects.toThrow();
+    expect(library.stream.rstCode).toBe(constants.NGHTTP2_ENHANCE_YOUR_CALM);
+    expect(await own.getSingleMetricAsString('bmaas_server_requests_cut_off_total')).toMatch(
+      /limit="requestTimeout"\} 2/,
+    );
+    expect(await buffered(own)).toBe(0);
+    // Left idle, the connection is asked to go.
+    await eventually('the connection closed', async () => (raw.session.closed ? true : undefined));
   });
 });

@@ -1,3 +1,4 @@
+import { Socket } from 'node:net';
 import type { PostgresPool, PostgresPoolClient } from 'kysely';
 import pg from 'pg';
 
@@ -8,19 +9,25 @@ import pg from 'pg';
  */
 export class SingleConnection implements PostgresPool {
   readonly #client: pg.Client;
+  /** The connection's TCP socket (under TLS, if any), made here so it can be destroyed whatever the protocol's state. */
+  #socket: Socket | undefined;
   #lost: Error | undefined;
   #ended = false;
 
   /** `onLost` is told once when the connection fails or ends, unless {@link end} ended it. */
-  constructor(config: pg.ClientConfig, onLost: (error: Error) => void) {
-    this.#client = new pg.Client(config);
-    const lost = (error: Error) => {
-      if (this.#lost !== undefined) return;
-      this.#lost = error;
-      if (!this.#ended) onLost(error);
-    };
-    this.#client.on('error', lost);
-    this.#client.on('end', () => lost(new Error('the connection ended')));
+  constructor(
+    config: pg.ClientConfig,
+    private readonly onLost: (error: Error) => void,
+  ) {
+    this.#client = new pg.Client({
+      ...config,
+      stream: () => {
+        this.#socket = new Socket();
+        return this.#socket;
+      },
+    });
+    this.#client.on('error', (error) => this.#lose(error));
+    this.#client.on('end', () => this.#lose(new Error('the connection ended')));
   }
 
   /** Why the connection is gone, if it is. */
@@ -47,5 +54,24 @@ export class SingleConnection implements PostgresPool {
     this.#ended = true;
     this.#lost ??= new Error('the connection was closed');
     await this.#client.end().catch(() => {});
+  }
+
+  /**
+   * Drops the connection at once for `reason`, without the goodbye
+   * {@link end} waits for: on a half-open connection (the server or the
+   * path to it gone without a word) nothing would ever answer it. What is
+   * under way on it fails; `onLost` is told `reason`. The server frees what
+   * the connection held when it notices (its keepalives), not before.
+   */
+  destroy(reason: Error): void {
+    this.#lose(reason);
+    this.#ended = true;
+    this.#socket?.destroy();
+  }
+
+  #lose(error: Error): void {
+    if (this.#lost !== undefined) return;
+    this.#lost = error;
+    if (!this.#ended) this.onLost(error);
   }
 }

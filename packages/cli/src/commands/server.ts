@@ -1,13 +1,22 @@
 import cluster from 'node:cluster';
 import type { Server } from 'node:http';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
-import { BmaasServer, ListenError } from '@bmaas/server';
+import { BmaasServer, ListenError, type ServerLimits } from '@bmaas/server';
 import type { FleetPageServer } from '@bmaas/web';
 import { AggregatorRegistry, collectDefaultMetrics, Registry } from 'prom-client';
 import { openBMDB } from '../database.js';
 import { log } from '../logging.js';
 import { closeServer, readFleet, serveMetrics } from '../metrics-server.js';
-import { type Argv, databaseSettings, duration, hostPort, integer, metricsSettings, UsageError } from '../settings.js';
+import {
+  type Argv,
+  byteSize,
+  databaseSettings,
+  duration,
+  hostPort,
+  integer,
+  metricsSettings,
+  UsageError,
+} from '../settings.js';
 import { loadTls, type TlsSource, tlsFiles } from '../tls.js';
 import { webSettings } from '../web-settings.js';
 import { type FleetThresholds, onStopRequest, reportListening, superviseWorkers } from './server-workers.js';
@@ -33,6 +42,7 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
     name: 'server',
   };
   const workers = integer(argv, 'workers', 1, 64);
+  const limits = serverLimits(argv);
   const worker = cluster.isWorker ? cluster.worker : undefined;
   // The fleet page, when asked for, is served by the primary alone.
   const webPage = webSettings(argv);
@@ -93,7 +103,7 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
     bmdb = await openBMDB(database, { migrate: worker === undefined, metrics: registry, attach: true });
     if (metrics && worker === undefined) readFleet(bmdb, registry, metrics, thresholds);
     try {
-      bmaas = await BmaasServer.start({ bmdb, listen, tls, metrics: registry });
+      bmaas = await BmaasServer.start({ bmdb, listen, tls, metrics: registry, limits });
     } catch (error) {
       if (error instanceof ListenError) throw new UsageError('listen', error.message);
       throw error;
@@ -114,4 +124,34 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
     process.off('SIGTERM', onSignal);
     offStopRequest();
   }
+}
+
+/**
+ * What a client may hold of the server, from its flags: streams per
+ * connection, bytes of requests not yet whole per connection and in all
+ * (a connection's share at most the whole), the time a request may take,
+ * a connection's idle time.
+ */
+function serverLimits(argv: Argv): ServerLimits {
+  const bufferedBytes = byteSize(argv, 'max-buffered-bytes', 1024);
+  const bufferedBytesPerConnection = byteSize(argv, 'max-buffered-bytes-per-connection', 1024);
+  if (bufferedBytesPerConnection > bufferedBytes) {
+    throw new UsageError(
+      'max-buffered-bytes-per-connection',
+      `${argv['max-buffered-bytes-per-connection']} is more than --max-buffered-bytes (${argv['max-buffered-bytes']})`,
+    );
+  }
+  const longest = 2 ** 31 - 1;
+  const timeout = (flag: string) => {
+    const ms = duration(argv, flag);
+    if (ms > longest) throw UsageError.invalid(flag, String(argv[flag]), 'a duration of at most 596h');
+    return ms;
+  };
+  return {
+    streamsPerConnection: integer(argv, 'max-streams-per-connection', 1, 2 ** 32 - 1),
+    bufferedBytesPerConnection,
+    bufferedBytes,
+    requestTimeout: timeout('request-timeout'),
+    idleTimeout: timeout('idle-timeout'),
+  };
 }
