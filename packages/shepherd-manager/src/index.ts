@@ -29,6 +29,7 @@ export {
 export { type PowerCommand, type PowerControl, PowerOutcomeUnknownError } from './power.js';
 export {
   type PowerActionKind,
+  PowerActionNotRecordedError,
   type PowerActionRequest,
   type PowerActionResult,
   PowerActions,
