@@ -356,6 +356,48 @@ describe('power actions settle each on its own', () => {
   });
 });
 
+describe('power status beside a power action', () => {
+  test('a slow status read does not record the state it read over a power off that completed meanwhile', async () => {
+    const node2 = await machineOf('node2');
+    let release = () => {};
+    // The BMC reads the system at once (On) and answers only once the power off below completed.
+    bmc.fail('node2', {
+      method: 'GET',
+      afterActing: true,
+      until: new Promise<void>((resolve) => {
+        release = resolve;
+      }),
+    });
+    const env = { ...staticEnv, SHEPHERD_REDFISH_TIMEOUT: '60s' };
+    try {
+      const status = shepherd(['power', 'status', '--provider', 'Static', '--provider-id', 'node2'], env);
+      await eventually(
+        'the status read at the BMC',
+        async () => bmc.requests.some((r) => r.system === 'node2' && r.method === 'GET') || undefined,
+      );
+      const off = await shepherd(
+        ['power', 'off', '--provider', 'Static', '--provider-id', 'node2', '--reason', 'cabling'],
+        env,
+      );
+      expect(off.stdout).toContain(`powered off Static node2 (machine ${node2}): ForceOff`);
+      release();
+      const read = await status;
+      // What the BMC said when asked, shown; not recorded: a state may have been recorded since it began.
+      expect(read.stdout).toBe(`Static node2 (machine ${node2}): On\n`);
+      expect((await q().powerState(node2))?.state).not.toBe('On');
+      // The power sync reads the machine next, rather than an interval later.
+      const { rows } = await db.admin('SELECT power_checked_at FROM machine_power_state WHERE machine_id = $1', [
+        node2,
+      ]);
+      expect(rows).toEqual([{ power_checked_at: null }]);
+    } finally {
+      release();
+      bmc.clearFaults();
+    }
+    expect(await bmc.powerState('node2')).toBe('Off');
+  });
+});
+
 describe('power through the other providers', () => {
   test('Equinix: device actions through the API; no graceful power off, said by name', async () => {
     const api = await FakeEquinixApi.start();

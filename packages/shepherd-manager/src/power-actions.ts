@@ -220,17 +220,22 @@ export class PowerActions {
 
   /**
    * Reads the machine's power state from the provider now and records it
-   * (or the failure with its cause), as a power sync does. Takes no claim:
-   * a read acts on nothing.
+   * (or the failure with its cause), as a power sync does: leased first, so
+   * a power action or another read that came while the BMC answered keeps
+   * its newer state (this one is then not recorded). Takes no claim: a read
+   * acts on nothing.
    */
   async read(session: Session, machine: Pick<ProvidedMachine, 'machineId' | 'providerId'>): Promise<PowerReading> {
+    const lease = await session.transact((q) => q.leasePowerRead(machine.machineId));
     let reading: PowerReading;
     try {
       reading = { state: await this.power.readPowerState(machine.providerId, session.signal) };
     } catch (error) {
       reading = { failure: describeError(error) };
     }
-    await session.transact((q) => q.recordPowerState(machine.machineId, reading));
+    if (lease !== undefined && (await session.transact((q) => q.recordPowerRead(lease, reading))) === undefined) {
+      log.power('machine %s: power read overtaken by a newer one or a power action; not recorded', machine.machineId);
+    }
     return reading;
   }
 
