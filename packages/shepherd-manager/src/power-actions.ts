@@ -183,7 +183,9 @@ export class PowerActions {
     try {
       if (stop.aborted) {
         // The session may be gone with the claim: the outcome is recorded without it.
-        await work.cancel();
+        await work.cancel().catch((error: unknown) => {
+          log.power('machine %s: claim not canceled (%s); it ends with its session', machineId, describeError(error));
+        });
         const q = new Queries(this.bmdb.db);
         await q.recordOperatorAction(entry);
         await q.forgetPowerRead(machineId);
