@@ -301,6 +301,7 @@ describe('power actions settle each on its own', () => {
       }),
     });
     const resets = { node1: bmc.resetsOf('node1').length, node5: bmc.resetsOf('node5').length };
+    const earlier = bmc.requests.length;
     try {
       const running = shepherd(
         [
@@ -324,7 +325,7 @@ describe('power actions settle each on its own', () => {
       });
       await eventually(
         'the other machine’s reset at its BMC',
-        async () => bmc.requests.some((r) => r.system === 'node5' && r.method === 'POST') || undefined,
+        async () => bmc.requests.slice(earlier).some((r) => r.system === 'node5' && r.method === 'POST') || undefined,
       );
       release();
       const result = await running;
@@ -369,11 +370,12 @@ describe('power status beside a power action', () => {
       }),
     });
     const env = { ...staticEnv, SHEPHERD_REDFISH_TIMEOUT: '60s' };
+    const earlier = bmc.requests.length;
     try {
       const status = shepherd(['power', 'status', '--provider', 'Static', '--provider-id', 'node2'], env);
       await eventually(
         'the status read at the BMC',
-        async () => bmc.requests.some((r) => r.system === 'node2' && r.method === 'GET') || undefined,
+        async () => bmc.requests.slice(earlier).some((r) => r.system === 'node2' && r.method === 'GET') || undefined,
       );
       const off = await shepherd(
         ['power', 'off', '--provider', 'Static', '--provider-id', 'node2', '--reason', 'cabling'],

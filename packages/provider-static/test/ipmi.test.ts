@@ -235,7 +235,7 @@ exec ipmitool "$@"
 
   /**
    * ipmi_sim behind a chassis control that does the first reset, then takes
-   * 2.5 s to return (ipmi_sim answers nothing meanwhile): a BMC that reset
+   * 5 s to return (ipmi_sim answers nothing meanwhile): a BMC that reset
    * the machine but answered late. Later resets return at once.
    */
   async function lateBmc(): Promise<IpmiSimulator> {
@@ -247,7 +247,7 @@ exec ipmitool "$@"
 echo "$*" >> ${lateDir}/calls
 case "$*" in
   "get power") echo "power:1" ;;
-  *reset*) [ -e ${lateDir}/reset ] || { touch ${lateDir}/reset; sleep 2.5; } ;;
+  *reset*) [ -e ${lateDir}/reset ] || { touch ${lateDir}/reset; sleep 5; } ;;
 esac
 `,
       { mode: 0o755 },
@@ -267,7 +267,7 @@ esac
 
   test.each([
     ['ipmitool sends it again', { messageTimeout: 1, messageRetries: 4, timeout: 20_000 }, IpmiUnreachableError],
-    ['the client runs ipmitool again', { messageTimeout: 10, messageRetries: 1, timeout: 2_000 }, IpmiTimeoutError],
+    ['the client runs ipmitool again', { messageTimeout: 20, messageRetries: 1, timeout: 4_000 }, IpmiTimeoutError],
   ] as const)(
     'a reset the BMC did but answered late is not sent again (%s): its outcome is unknown',
     async (_, options, cause) => {

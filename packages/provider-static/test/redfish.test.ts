@@ -218,11 +218,11 @@ describe.each([
     const resetUrl = `${bmc.systemUrl('late')}/Actions/ComputerSystem.Reset`;
     const unknown = `the BMC may have acted on ForceRestart: not sent again (a second one would act twice); read the power state before trying again`;
     bmc.fail('late', { method: 'POST', afterActing: true, delay: 60_000 });
-    const late = await failure(client({ timeout: 1_000, maxAttempts: 3 }).resetSystem(target(bmc, 'late')));
+    const late = await failure(client({ maxAttempts: 3 }).resetSystem(target(bmc, 'late')));
     expect(late).toBeInstanceOf(PowerOutcomeUnknownError);
     expect(late.cause).toBeInstanceOf(RedfishTimeoutError);
     expect(late.message).toBe(
-      `machine machine-late: BMC ${resetUrl}: POST got no answer within 1000 ms (timeout); ${unknown}`,
+      `machine machine-late: BMC ${resetUrl}: POST got no answer within 2000 ms (timeout); ${unknown}`,
     );
     expect(bmc.resetsOf('late')).toHaveLength(1);
     // The connection cut once the reset was done: the same.
@@ -234,11 +234,7 @@ describe.each([
     expect(bmc.resetsOf('late')).toHaveLength(2);
     // A power off leaves the system as one did: posted again after a late answer.
     bmc.fail('late', { method: 'POST', afterActing: true, delay: 60_000 });
-    const off = await client({ timeout: 1_000, maxAttempts: 3 }).powerSystem(
-      target(bmc, 'late'),
-      ['ForceOff'],
-      'power off',
-    );
+    const off = await client({ maxAttempts: 3 }).powerSystem(target(bmc, 'late'), ['ForceOff'], 'power off');
     expect(off.resetType).toBe('ForceOff');
     expect(bmc.resetsOf('late').map((reset) => reset.resetType)).toEqual([
       'ForceRestart',
