@@ -88,6 +88,7 @@ import {
 } from './queries/os-installation.js';
 import {
   forgetPowerRead,
+  leasePowerRead,
   leasePowerReads,
   type PowerReadLease,
   type PowerReadResult,
@@ -408,10 +409,23 @@ export class Queries {
   }
 
   /**
+   * Takes up the machine for a read now, due or not, as `shepherd power
+   * status` does before it asks the BMC: a read under way that began before
+   * no longer counts, and this one does not once a power action or another
+   * read came after it ({@link Queries.recordPowerRead} refuses it).
+   * `undefined` for an unprovided machine.
+   */
+  async leasePowerRead(machineId: string): Promise<PowerReadLease | undefined> {
+    return leasePowerRead(this.db, machineId);
+  }
+
+  /**
    * Records a leased read's state (with the time read) or failure (with its
    * cause; the last state read stays), and returns the record it replaced.
    * Returns `undefined`, recording nothing, when the machine was taken up
-   * again since: a power action since the read began asked for a fresh one.
+   * again since: a power action since the read began asked for a fresh one,
+   * or another read began after it. A read never overwrites a state
+   * recorded after it began.
    */
   async recordPowerRead(
     lease: Pick<PowerReadLease, 'machineId' | 'token'>,
@@ -420,7 +434,12 @@ export class Queries {
     return recordPowerRead(this.db, lease, result);
   }
 
-  /** Records a read made outside a power sync (`shepherd power status`). False for an unprovided machine. */
+  /**
+   * Records a state known as of now, with nothing read for it that took
+   * time (a fixture, a provider that pushes states); a read that takes time
+   * leases first ({@link Queries.leasePowerRead}). False for an unprovided
+   * machine.
+   */
   async recordPowerState(machineId: string, result: PowerReadResult): Promise<boolean> {
     return recordPowerState(this.db, machineId, result);
   }

@@ -6,6 +6,7 @@ import {
   BMDBError,
   isHeld,
   NothingToDoError,
+  type PowerReadLease,
   Process,
   Queries,
   readyFor,
@@ -401,6 +402,35 @@ describe('power state', () => {
     expect(
       (await q().leasePowerReads({ provider: 'PowerStale', limit: 1, intervalSeconds: 60 })).map((l) => l.machineId),
     ).toEqual([machineId]);
+  });
+
+  test('a read on demand never overwrites a state recorded after it began: a power action’s, or a later read’s', async () => {
+    const [machineId] = (await provideMachines(session, 1, 'PowerOnDemand')) as [string];
+    const sync = () => q().leasePowerReads({ provider: 'PowerOnDemand', limit: 1, intervalSeconds: 60 });
+    expect(await q().leasePowerRead(machineId)).toMatchObject({ machineId, providerId: expect.any(String) });
+
+    // A status read began, then a power off completed (it asks for a fresh read): the old state is not recorded.
+    const slow = (await q().leasePowerRead(machineId)) as PowerReadLease;
+    await q().forgetPowerRead(machineId);
+    expect(await q().recordPowerRead(slow, { state: 'On' })).toBeUndefined();
+    expect(await q().powerState(machineId)).toMatchObject({ state: null, readAt: null });
+    // ... and the power sync still reads the machine next, not a whole interval later.
+    const [fresh] = await sync();
+    expect(fresh?.machineId).toBe(machineId);
+
+    // A read on demand that began after the sync's: the sync's older read is not recorded over it.
+    const status = (await q().leasePowerRead(machineId)) as PowerReadLease;
+    expect(await q().recordPowerRead(status, { state: 'Off' })).toMatchObject({ state: null });
+    expect(await q().recordPowerRead(fresh as PowerReadLease, { state: 'On' })).toBeUndefined();
+    expect(await q().powerState(machineId)).toMatchObject({ state: 'Off' });
+    // Nor is a read on demand that began before another one was recorded.
+    const older = (await q().leasePowerRead(machineId)) as PowerReadLease;
+    const newer = (await q().leasePowerRead(machineId)) as PowerReadLease;
+    expect(await q().recordPowerRead(newer, { failure: 'BMC timeout' })).toMatchObject({ state: 'Off' });
+    expect(await q().recordPowerRead(older, { state: 'On' })).toBeUndefined();
+    expect(await q().powerState(machineId)).toMatchObject({ state: 'Off', failedCause: 'BMC timeout' });
+    // An unprovided machine has nothing to lease.
+    expect(await q().leasePowerRead(await session.transact((q) => q.newMachine()))).toBeUndefined();
   });
 
   test('concurrent syncs take up different machines', async () => {

@@ -14,6 +14,7 @@ import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
 import { FakeRedfishServer, selfSignedCertificate } from '@bmaas/provider-static/testing';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
+import { eventually } from '../../../test/support/wait.js';
 import { buildOnce, expectUsageError, shepherd } from './helpers.js';
 
 let session: Session;
@@ -272,6 +273,130 @@ describe('power through the static provider, over HTTPS', () => {
       action: 'PowerCycle',
       outcome: 'Refused',
     });
+  });
+});
+
+describe('power actions settle each on its own', () => {
+  test('a database error of one machine stops no other action: each gets its line and its history', async () => {
+    const [failing, slow] = [await machineOf('node1'), await machineOf('node5')];
+    // The first machine's outcome cannot be written; the sequence, outside any transaction, says when that happened.
+    await db.admin(`
+      CREATE SEQUENCE injected_failures;
+      CREATE FUNCTION injected_failure() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF NEW.machine_id = '${failing}' AND NEW.action = 'PowerCycle' THEN
+          PERFORM nextval('injected_failures');
+          RAISE EXCEPTION 'injected: no room for the operator history';
+        END IF;
+        RETURN NEW;
+      END $$;
+      CREATE TRIGGER injected_failure BEFORE INSERT ON operator_history
+        FOR EACH ROW EXECUTE FUNCTION injected_failure();`);
+    let release = () => {};
+    // The other machine's BMC holds its reset until the first has failed.
+    bmc.fail('node5', {
+      method: 'POST',
+      until: new Promise<void>((resolve) => {
+        release = resolve;
+      }),
+    });
+    const resets = { node1: bmc.resetsOf('node1').length, node5: bmc.resetsOf('node5').length };
+    const earlier = bmc.requests.length;
+    try {
+      const running = shepherd(
+        [
+          'power',
+          'cycle',
+          '--provider',
+          'Static',
+          '--provider-id',
+          'node1',
+          'node5',
+          '--reason',
+          'hung',
+          '--actor',
+          'dave@ops4',
+        ],
+        { ...staticEnv, SHEPHERD_REDFISH_TIMEOUT: '60s' },
+      );
+      await eventually('the first machine’s failure', async () => {
+        const { rows } = await db.admin('SELECT is_called FROM injected_failures');
+        return rows[0].is_called === true || undefined;
+      });
+      await eventually(
+        'the other machine’s reset at its BMC',
+        async () => bmc.requests.slice(earlier).some((r) => r.system === 'node5' && r.method === 'POST') || undefined,
+      );
+      release();
+      const result = await running;
+      expect(result.code).toBe(1);
+      expect(result.stdout).toBe(`power-cycled Static node5 (machine ${slow}): ForceRestart\n`);
+      expect(result.stderr).toMatch(
+        new RegExp(
+          `^shepherd: power cycle: not done on 1 machine\\(s\\):\\n  Static node1 \\(machine ${failing}\\): power cycle: machine ${failing}: PowerCycle \\(ForceRestart\\) could not be recorded: injected: no room for the operator history \\(P0001\\); the provider may have acted\\n$`,
+        ),
+      );
+      expect(bmc.resetsOf('node1')).toHaveLength(resets.node1 + 1);
+      expect(bmc.resetsOf('node5')).toHaveLength(resets.node5 + 1);
+      expect((await q().operatorHistory(slow)).at(-1)).toMatchObject({
+        action: 'PowerCycle',
+        outcome: 'Succeeded',
+        actor: 'dave@ops4',
+      });
+      // Neither claim is left behind.
+      const { rowCount } = await db.admin('SELECT 1 FROM work WHERE machine_id = ANY ($1::uuid[])', [[failing, slow]]);
+      expect(rowCount).toBe(0);
+    } finally {
+      release();
+      bmc.clearFaults();
+      await db.admin(`
+        DROP TRIGGER injected_failure ON operator_history;
+        DROP FUNCTION injected_failure();
+        DROP SEQUENCE injected_failures;`);
+    }
+  });
+});
+
+describe('power status beside a power action', () => {
+  test('a slow status read does not record the state it read over a power off that completed meanwhile', async () => {
+    const node2 = await machineOf('node2');
+    let release = () => {};
+    // The BMC reads the system at once (On) and answers only once the power off below completed.
+    bmc.fail('node2', {
+      method: 'GET',
+      afterActing: true,
+      until: new Promise<void>((resolve) => {
+        release = resolve;
+      }),
+    });
+    const env = { ...staticEnv, SHEPHERD_REDFISH_TIMEOUT: '60s' };
+    const earlier = bmc.requests.length;
+    try {
+      const status = shepherd(['power', 'status', '--provider', 'Static', '--provider-id', 'node2'], env);
+      await eventually(
+        'the status read at the BMC',
+        async () => bmc.requests.slice(earlier).some((r) => r.system === 'node2' && r.method === 'GET') || undefined,
+      );
+      const off = await shepherd(
+        ['power', 'off', '--provider', 'Static', '--provider-id', 'node2', '--reason', 'cabling'],
+        env,
+      );
+      expect(off.stdout).toContain(`powered off Static node2 (machine ${node2}): ForceOff`);
+      release();
+      const read = await status;
+      // What the BMC said when asked, shown; not recorded: a state may have been recorded since it began.
+      expect(read.stdout).toBe(`Static node2 (machine ${node2}): On\n`);
+      expect((await q().powerState(node2))?.state).not.toBe('On');
+      // The power sync reads the machine next, rather than an interval later.
+      const { rows } = await db.admin('SELECT power_checked_at FROM machine_power_state WHERE machine_id = $1', [
+        node2,
+      ]);
+      expect(rows).toEqual([{ power_checked_at: null }]);
+    } finally {
+      release();
+      bmc.clearFaults();
+    }
+    expect(await bmc.powerState('node2')).toBe('Off');
   });
 });
 

@@ -16,6 +16,10 @@ export interface Bmc {
   powerOn(signal?: AbortSignal): Promise<PowerCommand>;
   /** Cuts the system's power, or (`graceful`) asks its OS to shut down. */
   powerOff(options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<PowerCommand>;
-  /** Power-cycles the system: a hard restart where the BMC allows one (or the reset configured for it). */
+  /**
+   * Power-cycles the system: a hard restart where the BMC allows one (or the
+   * reset configured for it). Sent once: without an answer it throws
+   * `PowerOutcomeUnknownError` (a second one could reset the machine twice).
+   */
   reset(signal?: AbortSignal): Promise<PowerCommand>;
 }

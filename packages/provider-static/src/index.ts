@@ -8,7 +8,7 @@
  * @packageDocumentation
  */
 
-export { Secret } from '@bmaas/shepherd-manager';
+export { PowerOutcomeUnknownError, Secret } from '@bmaas/shepherd-manager';
 export {
   BmcCredentialsError,
   InventoryError,

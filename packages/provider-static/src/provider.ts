@@ -184,6 +184,7 @@ export class StaticProvider implements RebootingProvider, PowerControl {
    * @throws {@link NoBmcError} when its entry has no `bmc`
    * @throws {@link BmcCredentialsError} when no user name or password can be had
    * @throws {@link RedfishError} or {@link IpmiError} subclasses when the BMC does not reset it
+   * @throws {@link PowerOutcomeUnknownError} when the reset went out and no answer came: it is not sent again
    */
   async rebootMachine(id: string, signal?: AbortSignal): Promise<void> {
     const reset = await this.resetMachine(id, signal);

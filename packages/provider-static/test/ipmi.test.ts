@@ -22,6 +22,7 @@ import {
   IpmitoolMissingError,
   IpmiUnreachableError,
   IpmiUnsupportedError,
+  PowerOutcomeUnknownError,
   RedfishClient,
   Secret,
   StaticProvider,
@@ -230,6 +231,73 @@ exec ipmitool "$@"
     controller.abort(new Error('stopping'));
     await expect(pending).rejects.toThrow('stopping');
     expect(() => process.kill(pid, 0)).toThrow();
+  });
+
+  /**
+   * ipmi_sim behind a chassis control that does the first reset, then takes
+   * 5 s to return (ipmi_sim answers nothing meanwhile): a BMC that reset
+   * the machine but answered late. Later resets return at once.
+   */
+  async function lateBmc(): Promise<IpmiSimulator> {
+    const lateDir = await mkdtemp(path.join(dir, 'late-'));
+    const script = path.join(lateDir, 'chassis-control');
+    await writeFile(
+      script,
+      `#!/bin/sh
+echo "$*" >> ${lateDir}/calls
+case "$*" in
+  "get power") echo "power:1" ;;
+  *reset*) [ -e ${lateDir}/reset ] || { touch ${lateDir}/reset; sleep 5; } ;;
+esac
+`,
+      { mode: 0o755 },
+    );
+    const late = await IpmiSimulator.start({ password: PASSWORD, chassisControl: script });
+    resets.set(late, path.join(lateDir, 'calls'));
+    return late;
+  }
+  const resets = new Map<IpmiSimulator, string>();
+
+  /** The resets `late` did, once every message sent to it before was handled (it answers in order). */
+  async function resetsDone(late: IpmiSimulator): Promise<number> {
+    expect(await client({ maxAttempts: 20 }).powerState(target({ port: late.port }))).toBe('On');
+    const calls = await readFile(resets.get(late) as string, 'utf8');
+    return calls.split('\n').filter((line) => line === 'set reset 1').length;
+  }
+
+  test.each([
+    ['ipmitool sends it again', { messageTimeout: 1, messageRetries: 4, timeout: 20_000 }, IpmiUnreachableError],
+    ['the client runs ipmitool again', { messageTimeout: 20, messageRetries: 1, timeout: 4_000 }, IpmiTimeoutError],
+  ] as const)(
+    'a reset the BMC did but answered late is not sent again (%s): its outcome is unknown',
+    async (_, options, cause) => {
+      const late = await lateBmc();
+      try {
+        const error = await failure(client({ ...options, maxAttempts: 3 }).power(target({ port: late.port }), 'reset'));
+        expect(error).toBeInstanceOf(PowerOutcomeUnknownError);
+        expect(error.cause).toBeInstanceOf(cause);
+        expect(error.message).toMatch(
+          new RegExp(
+            `^machine node07: IPMI BMC 127\\.0\\.0\\.1:${late.port}: chassis power reset: .*; the BMC may have acted on chassis power reset: not sent again \\(a second one would act twice\\); read the power state before trying again$`,
+          ),
+        );
+        expect(await resetsDone(late)).toBe(1);
+      } finally {
+        await late.close();
+      }
+    },
+  );
+
+  test('a reset or cycle that reached no BMC (no session was set up) is retried', async () => {
+    const silent = await IpmiSimulator.start({ password: PASSWORD });
+    const port = silent.port;
+    await silent.close();
+    for (const action of ['reset', 'cycle'] as const) {
+      const before = (await runs()).length;
+      const error = await failure(client({ maxAttempts: 2 }).power(target({ machine: 'node08', port }), action));
+      expect(error).toBeInstanceOf(IpmiUnreachableError);
+      expect((await runs()).length - before).toBe(2);
+    }
   });
 
   test('the static provider drives an inventory machine whose bmc is IPMI: state, off, on, the reset', async () => {

@@ -235,4 +235,56 @@ describe('the static provider’s power control', () => {
     await eventually(async () => ((await q().machineHold(op1)) ? true : undefined));
     await db.admin('DELETE FROM machines');
   });
+
+  test('a cycle the BMC did but answered late, or one cut short once asked, is recorded as one that may have acted', async () => {
+    const provider = await staticFleet('unknown', {
+      'late-1': bmc.addSystem('late-1'),
+      'cut-1': bmc.addSystem('cut-1'),
+    });
+    const machines = await provision(provider);
+    // Both read (as far as the power sync knows): due again only once an action asks for a fresh read.
+    expect(await q().leasePowerReads({ provider: STATIC_PROVIDER, limit: 10, intervalSeconds: 60 })).toHaveLength(2);
+    const session = await bmdb.startSession();
+    const actions = new PowerActions(bmdb, provider);
+    const cycle = { action: 'cycle', reason: 'hung', actor: 'alice@ops1' } as const;
+    const recorded = async (machineId: string) => {
+      const last = (await q().operatorHistory(machineId)).at(-1);
+      return last && [last.action, last.outcome, last.cause, last.detail];
+    };
+
+    // The BMC restarts the machine and answers after the client's timeout: posted once, the outcome unknown.
+    const late = machines.get('late-1') as string;
+    bmc.fail('late-1', { method: 'POST', afterActing: true, delay: 60_000 });
+    const unanswered = await actions.take(session, late, cycle);
+    const cause = `machine late-1: BMC ${bmc.systemUrl('late-1')}/Actions/ComputerSystem.Reset: POST got no answer within 2000 ms (timeout); the BMC may have acted on ForceRestart: not sent again (a second one would act twice); read the power state before trying again`;
+    expect(unanswered).toEqual({ outcome: 'Unknown', cause, held: false });
+    expect(bmc.resetsOf('late-1')).toHaveLength(1);
+    expect(await recorded(late)).toEqual(['PowerCycle', 'Failed', cause, { mayHaveActed: true }]);
+
+    // Stopped by its caller while the BMC holds the reset.
+    const cut = machines.get('cut-1') as string;
+    let release = () => {};
+    bmc.fail('cut-1', {
+      method: 'POST',
+      until: new Promise<void>((resolve) => {
+        release = resolve;
+      }),
+    });
+    const stop = new AbortController();
+    const taking = actions.take(session, cut, cycle, stop.signal);
+    await eventually(async () => bmc.requests.some((r) => r.system === 'cut-1' && r.method === 'POST') || undefined);
+    stop.abort(new Error('the operator pressed Ctrl-C'));
+    const cutShort =
+      'cut short (the operator pressed Ctrl-C) once the provider was asked: it may have acted; read the power state before trying again';
+    expect(await taking).toEqual({ outcome: 'Unknown', cause: cutShort, held: false });
+    release();
+    expect(await recorded(cut)).toEqual(['PowerCycle', 'Failed', cutShort, { mayHaveActed: true }]);
+
+    // Both claims ended; both machines are the power sync's next reads.
+    expect((await db.admin('SELECT 1 FROM work WHERE machine_id = ANY ($1::uuid[])', [[late, cut]])).rowCount).toBe(0);
+    const leased = await q().leasePowerReads({ provider: STATIC_PROVIDER, limit: 10, intervalSeconds: 60 });
+    expect(leased.map((lease) => lease.machineId).sort()).toEqual([late, cut].sort());
+    await session.close();
+    await db.admin('DELETE FROM machines');
+  });
 });

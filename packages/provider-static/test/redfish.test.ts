@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { captureDebugLog } from '../../../test/support/debug-log.js';
 import {
+  PowerOutcomeUnknownError,
   RedfishClient,
   type RedfishClientOptions,
   RedfishCredentialsError,
@@ -210,6 +211,37 @@ describe.each([
     expect((await client({ timeout: 300, maxAttempts: 2 }).resetSystem(target(bmc, 'slow'))).resetType).toBe(
       'ForceRestart',
     );
+  });
+
+  test('a reset the BMC did but answered late, or not at all, is not posted again: its outcome is unknown', async () => {
+    bmc.addSystem('late');
+    const resetUrl = `${bmc.systemUrl('late')}/Actions/ComputerSystem.Reset`;
+    const unknown = `the BMC may have acted on ForceRestart: not sent again (a second one would act twice); read the power state before trying again`;
+    bmc.fail('late', { method: 'POST', afterActing: true, delay: 60_000 });
+    const late = await failure(client({ maxAttempts: 3 }).resetSystem(target(bmc, 'late')));
+    expect(late).toBeInstanceOf(PowerOutcomeUnknownError);
+    expect(late.cause).toBeInstanceOf(RedfishTimeoutError);
+    expect(late.message).toBe(
+      `machine machine-late: BMC ${resetUrl}: POST got no answer within 2000 ms (timeout); ${unknown}`,
+    );
+    expect(bmc.resetsOf('late')).toHaveLength(1);
+    // The connection cut once the reset was done: the same.
+    bmc.fail('late', { method: 'POST', afterActing: true, drop: true });
+    const dropped = await failure(client({ maxAttempts: 3 }).resetSystem(target(bmc, 'late')));
+    expect(dropped).toBeInstanceOf(PowerOutcomeUnknownError);
+    expect(dropped.cause).toBeInstanceOf(RedfishNetworkError);
+    expect(dropped.message).toMatch(new RegExp(`; ${unknown.replace(/[()]/g, '\\$&')}$`));
+    expect(bmc.resetsOf('late')).toHaveLength(2);
+    // A power off leaves the system as one did: posted again after a late answer.
+    bmc.fail('late', { method: 'POST', afterActing: true, delay: 60_000 });
+    const off = await client({ maxAttempts: 3 }).powerSystem(target(bmc, 'late'), ['ForceOff'], 'power off');
+    expect(off.resetType).toBe('ForceOff');
+    expect(bmc.resetsOf('late').map((reset) => reset.resetType)).toEqual([
+      'ForceRestart',
+      'ForceRestart',
+      'ForceOff',
+      'ForceOff',
+    ]);
   });
 
   test('the concurrency bound holds across machines', async () => {

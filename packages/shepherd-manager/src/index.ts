@@ -26,9 +26,10 @@ export {
   type InitializerOptions,
   NoAddressError,
 } from './initializer.js';
-export type { PowerCommand, PowerControl } from './power.js';
+export { type PowerCommand, type PowerControl, PowerOutcomeUnknownError } from './power.js';
 export {
   type PowerActionKind,
+  PowerActionNotRecordedError,
   type PowerActionRequest,
   type PowerActionResult,
   PowerActions,

@@ -13,7 +13,8 @@ import {
   WorkConflictError,
 } from '@bmaas/bmdb-controlloop';
 import { log } from './internal.js';
-import type { PowerCommand, PowerControl } from './power.js';
+import { type PowerCommand, type PowerControl, PowerOutcomeUnknownError } from './power.js';
+import { ShepherdError } from './provider.js';
 
 /** What an operator asks of a machine's power. */
 export type PowerActionKind = 'on' | 'off' | 'cycle';
@@ -40,6 +41,17 @@ export type PowerActionResult =
     }
   | { readonly outcome: 'Failed'; readonly cause: string; readonly held: boolean }
   | {
+      /**
+       * The provider may have acted: the BMC did not answer a power cycle,
+       * or the action was cut short (its session ended, the caller stopped
+       * it) once the BMC was asked. Recorded as `Failed`, with
+       * `mayHaveActed` in the detail; the power sync reads the machine next.
+       */
+      readonly outcome: 'Unknown';
+      readonly cause: string;
+      readonly held: boolean;
+    }
+  | {
       readonly outcome: 'Refused';
       readonly cause: string;
       /** The processes whose live work kept the action out. */
@@ -54,6 +66,30 @@ const ACTIONS: Record<PowerActionKind, string> = {
   off: OperatorAction.PowerOff,
   cycle: OperatorAction.PowerCycle,
 };
+
+/**
+ * A power action was taken but its outcome could not be recorded (the BMDB
+ * refused the write, or could not be reached): the provider may have acted.
+ * Names the machine, the action and what the provider answered.
+ */
+export class PowerActionNotRecordedError extends ShepherdError {
+  override name = 'PowerActionNotRecordedError';
+  constructor(
+    readonly machineId: string,
+    readonly action: string,
+    /** What the provider answered: its command, or why it failed. */
+    readonly answer: string,
+    cause: unknown,
+  ) {
+    super(
+      `machine ${machineId}: ${action} (${answer}) could not be recorded: ${describeError(cause)}; the provider may have acted`,
+      { cause },
+    );
+  }
+}
+
+/** What the provider answered an action: the command it took, why it failed, or why its outcome is unknown. */
+type Answer = PowerCommand | { readonly failure: string } | { readonly unknown: string };
 
 /** Claims raced away (the machine's last work ending as we looked) before refusing for good. */
 const CLAIM_ATTEMPTS = 3;
@@ -71,7 +107,9 @@ const CLAIM_ATTEMPTS = 3;
  *
  * Every action, whatever its outcome, lands in the machine's operator
  * history with reason, actor and outcome (and the cause of a failure or
- * refusal); a succeeded one makes the machine the power sync's next read.
+ * refusal); one that may have acted (succeeded, or its outcome unknown)
+ * makes the machine the power sync's next read. Each action settles on its
+ * own: one machine's failure stops no other.
  */
 export class PowerActions {
   constructor(
@@ -81,8 +119,13 @@ export class PowerActions {
 
   /**
    * Takes `request` on the provided machine `machineId` through `session`.
-   * Resolves with the outcome; throws only when the BMDB cannot be written
-   * (the provider may have acted then: the error says so).
+   * Resolves with the outcome, `Unknown` when the provider may have acted
+   * without saying so: it did not answer a power cycle, or `signal` or the
+   * session's end cut the action short once the provider was asked (recorded
+   * all the same, without the session if it is gone).
+   *
+   * @throws {@link PowerActionNotRecordedError} when the outcome cannot be recorded (the provider may have acted)
+   * @throws the BMDB's error when the claim, its refusal or the hold of a power off cannot be written (nothing was asked)
    */
   async take(
     session: Session,
@@ -109,8 +152,9 @@ export class PowerActions {
     }
     const work = claimed;
     const { providerId } = work.candidate;
+    const stop = AbortSignal.any([session.signal, ...(signal ? [signal] : [])]);
     let held = false;
-    let result: PowerCommand | { failure: string };
+    let answer: Answer;
     try {
       if (request.action === 'off') {
         ({ placed: held } = await session.transact((q) =>
@@ -118,27 +162,51 @@ export class PowerActions {
         ));
         if (held) log.power('machine %s (provider ID %s): held for the power off', machineId, providerId);
       }
-      result = await this.#act(providerId, request, AbortSignal.any([session.signal, ...(signal ? [signal] : [])]));
+      answer = await this.#act(providerId, request, stop);
     } catch (error) {
       await work.cancel();
       throw error;
     }
-    const outcome: { failure: string } | PowerCommand = result;
-    await work.finish(async (q) => {
-      await q.recordOperatorAction({
-        machineId,
-        action,
-        outcome: 'failure' in outcome ? OperatorOutcome.Failed : OperatorOutcome.Succeeded,
-        reason: request.reason,
-        actor: request.actor,
-        cause: 'failure' in outcome ? outcome.failure : null,
-        detail: { ...details(request), ...('command' in outcome ? { command: outcome.command } : {}) },
-      });
-      if ('command' in outcome) await q.forgetPowerRead(machineId);
-    });
-    if ('failure' in outcome) {
-      log.power('machine %s (provider ID %s): %s failed: %s', machineId, providerId, action, outcome.failure);
-      return { outcome: 'Failed', cause: outcome.failure, held };
+    const entry = {
+      machineId,
+      action,
+      outcome: 'command' in answer ? OperatorOutcome.Succeeded : OperatorOutcome.Failed,
+      reason: request.reason,
+      actor: request.actor,
+      cause: 'failure' in answer ? answer.failure : 'unknown' in answer ? answer.unknown : null,
+      detail: {
+        ...details(request),
+        ...('command' in answer ? { command: answer.command } : {}),
+        ...('unknown' in answer ? { mayHaveActed: true } : {}),
+      },
+    };
+    try {
+      if (stop.aborted) {
+        // The session may be gone with the claim: the outcome is recorded without it.
+        await work.cancel().catch((error: unknown) => {
+          log.power('machine %s: claim not canceled (%s); it ends with its session', machineId, describeError(error));
+        });
+        const q = new Queries(this.bmdb.db);
+        await q.recordOperatorAction(entry);
+        await q.forgetPowerRead(machineId);
+      } else {
+        await work.finish(async (q) => {
+          await q.recordOperatorAction(entry);
+          if (!('failure' in answer)) await q.forgetPowerRead(machineId);
+        });
+      }
+    } catch (error) {
+      await work.cancel().catch(() => undefined);
+      const said = 'command' in answer ? answer.command : 'failure' in answer ? answer.failure : answer.unknown;
+      throw new PowerActionNotRecordedError(machineId, action, said, error);
+    }
+    if ('failure' in answer) {
+      log.power('machine %s (provider ID %s): %s failed: %s', machineId, providerId, action, answer.failure);
+      return { outcome: 'Failed', cause: answer.failure, held };
+    }
+    if ('unknown' in answer) {
+      log.power('machine %s (provider ID %s): %s outcome unknown: %s', machineId, providerId, action, answer.unknown);
+      return { outcome: 'Unknown', cause: answer.unknown, held };
     }
     log.power(
       'machine %s (provider ID %s): %s by %s (%s): %s',
@@ -147,24 +215,29 @@ export class PowerActions {
       action,
       request.actor,
       request.reason,
-      outcome.command,
+      answer.command,
     );
-    return { outcome: 'Succeeded', command: outcome.command, held };
+    return { outcome: 'Succeeded', command: answer.command, held };
   }
 
   /**
    * Reads the machine's power state from the provider now and records it
-   * (or the failure with its cause), as a power sync does. Takes no claim:
-   * a read acts on nothing.
+   * (or the failure with its cause), as a power sync does: leased first, so
+   * a power action or another read that came while the BMC answered keeps
+   * its newer state (this one is then not recorded). Takes no claim: a read
+   * acts on nothing.
    */
   async read(session: Session, machine: Pick<ProvidedMachine, 'machineId' | 'providerId'>): Promise<PowerReading> {
+    const lease = await session.transact((q) => q.leasePowerRead(machine.machineId));
     let reading: PowerReading;
     try {
       reading = { state: await this.power.readPowerState(machine.providerId, session.signal) };
     } catch (error) {
       reading = { failure: describeError(error) };
     }
-    await session.transact((q) => q.recordPowerState(machine.machineId, reading));
+    if (lease !== undefined && (await session.transact((q) => q.recordPowerRead(lease, reading))) === undefined) {
+      log.power('machine %s: power read overtaken by a newer one or a power action; not recorded', machine.machineId);
+    }
     return reading;
   }
 
@@ -195,22 +268,28 @@ export class PowerActions {
     }
   }
 
-  async #act(
-    providerId: string,
-    request: PowerActionRequest,
-    signal: AbortSignal,
-  ): Promise<PowerCommand | { failure: string }> {
+  /**
+   * Asks the provider; its refusal or failure is an answer. Stopped (by
+   * `stop`) once the provider was asked, or told by the provider that its
+   * answer did not come, the outcome is unknown: the provider may have acted.
+   */
+  async #act(providerId: string, request: PowerActionRequest, stop: AbortSignal): Promise<Answer> {
     try {
       switch (request.action) {
         case 'on':
-          return await this.power.powerOn(providerId, signal);
+          return await this.power.powerOn(providerId, stop);
         case 'off':
-          return await this.power.powerOff(providerId, { graceful: request.graceful ?? false }, signal);
+          return await this.power.powerOff(providerId, { graceful: request.graceful ?? false }, stop);
         case 'cycle':
-          return await this.power.powerCycle(providerId, signal);
+          return await this.power.powerCycle(providerId, stop);
       }
     } catch (error) {
-      if (signal.aborted) throw error;
+      if (stop.aborted) {
+        return {
+          unknown: `cut short (${describeError(stop.reason)}) once the provider was asked: it may have acted; read the power state before trying again`,
+        };
+      }
+      if (error instanceof PowerOutcomeUnknownError) return { unknown: error.message };
       return { failure: describeError(error) };
     }
   }

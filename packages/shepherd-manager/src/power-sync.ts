@@ -39,7 +39,8 @@ export interface PowerSyncOptions {
  *
  * A read acts on nothing, so held machines are read too. It takes no claim:
  * it never keeps a power action or a recovery out. A read that a power
- * action overtook (the action asked for a fresh one) is not recorded.
+ * action or a newer read overtook (a state recorded after it began) is not
+ * recorded.
  */
 export class PowerSync {
   readonly #limiter: RateLimiter;
@@ -112,7 +113,7 @@ export class PowerSync {
     const before = await q.recordPowerRead(lease, result);
     const machine = `machine ${lease.machineId} (provider ID ${lease.providerId})`;
     if (before === undefined) {
-      detail.power('%s: read overtaken by a power action; not recorded', machine);
+      detail.power('%s: read overtaken by a power action or a newer read; not recorded', machine);
     } else if ('failure' in result) {
       // Each new cause once, not every read of a BMC that stays down.
       (before.failedCause === result.failure ? detail.power : log.power)(

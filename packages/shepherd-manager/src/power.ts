@@ -1,4 +1,5 @@
 import type { PowerState } from '@bmaas/bmdb-controlloop';
+import { ShepherdError } from './provider.js';
 
 /**
  * What a provider did for a power action, in its own words (Redfish
@@ -18,7 +19,8 @@ export interface PowerCommand {
  * provider (each machine's BMC) implement it.
  *
  * A provider that cannot do an action throws {@link NotImplementedError}
- * naming it; a machine it does not know, {@link MachineNotFoundError}.
+ * naming it; a machine it does not know, {@link MachineNotFoundError}; a
+ * power cycle it sent but got no answer to, {@link PowerOutcomeUnknownError}.
  */
 export interface PowerControl {
   /** The provider's name, as stored in `machine_provided.provider`. */
@@ -29,6 +31,33 @@ export interface PowerControl {
   powerOn(id: string, signal?: AbortSignal): Promise<PowerCommand>;
   /** Powers the machine off, at once or (`graceful`) by asking its OS to shut down. */
   powerOff(id: string, options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<PowerCommand>;
-  /** Power-cycles the machine as the recoverer would reset it, without waiting for it to come back. */
+  /**
+   * Power-cycles the machine as the recoverer would reset it, without waiting
+   * for it to come back. Never sent twice: a cycle whose answer did not come
+   * throws {@link PowerOutcomeUnknownError}.
+   */
   powerCycle(id: string, signal?: AbortSignal): Promise<PowerCommand>;
+}
+
+/**
+ * A power action went out and no answer came back (a timeout, or a
+ * connection that broke once the request was sent): the BMC may have acted.
+ * Thrown instead of sending again an action that acts again when repeated (a
+ * reset, a power cycle), which would reset the machine twice. The cause is
+ * the protocol's own error, naming the machine and BMC.
+ */
+export class PowerOutcomeUnknownError extends ShepherdError {
+  override name = 'PowerOutcomeUnknownError';
+  constructor(
+    /** The machine's provider ID. */
+    readonly machine: string,
+    /** What the BMC was told (`ForceRestart`, `chassis power reset`). */
+    readonly command: string,
+    cause: Error,
+  ) {
+    super(
+      `${cause.message}; the BMC may have acted on ${command}: not sent again (a second one would act twice); read the power state before trying again`,
+      { cause },
+    );
+  }
 }

@@ -70,6 +70,23 @@ export async function leasePowerReads(
 }
 
 /**
+ * Takes up one machine for a read now, due or not (`shepherd power status`):
+ * as {@link leasePowerReads} does, it marks the machine taken up, so a read
+ * under way that began before does not count, and this one does not once a
+ * power action or another read came after it. `undefined` for a machine
+ * without a power state row (unprovided).
+ */
+export async function leasePowerRead(db: Kysely<Database>, machineId: string): Promise<PowerReadLease | undefined> {
+  const { rows } = await sql<{ machine_id: string; provider_id: string; token: string }>`
+    UPDATE machine_power_state ps SET power_checked_at = now()
+    FROM machine_provided mp
+    WHERE ps.machine_id = ${machineId} AND mp.machine_id = ps.machine_id
+    RETURNING ps.machine_id, mp.provider_id, ps.power_checked_at::text AS token`.execute(db);
+  const row = rows[0];
+  return row && { machineId: row.machine_id, providerId: row.provider_id, token: row.token };
+}
+
+/**
  * Records a leased read and returns the record it replaced. Refused
  * (`undefined`) when the machine was taken up again since (a power action
  * asked for a fresh read): the result may predate it. Outside a
@@ -99,7 +116,13 @@ export async function recordPowerRead(
   return rows[0] && toPowerStateRecord(rows[0]);
 }
 
-/** Records a read made outside a power sync (`shepherd power status`): it also counts as the latest. */
+/**
+ * Records a state known as of now, with nothing read for it that took time
+ * (a fixture, a provider that pushes states): it counts as the latest read,
+ * and one under way does not. A read that takes time leases the machine
+ * first ({@link leasePowerRead}) and records with {@link recordPowerRead},
+ * so it never overwrites a state recorded after it began.
+ */
 export async function recordPowerState(
   db: Kysely<Database>,
   machineId: string,

@@ -1,4 +1,4 @@
-import type { MachineRef, Session } from '@bmaas/bmdb-controlloop';
+import { describeError, type MachineRef, type Session } from '@bmaas/bmdb-controlloop';
 import { type PowerActionKind, type PowerActionResult, PowerActions, Semaphore } from '@bmaas/shepherd-manager';
 import { type Argv, actor, databaseSettings, reason, UsageError } from '../settings.js';
 import { withSession } from './hold.js';
@@ -27,8 +27,10 @@ const DONE: Record<PowerActionKind, string> = { on: 'powered on', off: 'powered 
  * and records it; `on`, `off` (`--graceful`: ask the OS) and `cycle` are
  * power actions, each a claim of its own, refused while other shepherd work
  * runs on the machine, and recorded in its history. A power off holds the
- * machine. Every machine is tried; exits 1 naming each that was refused,
- * failed (with the provider's cause) or unknown.
+ * machine. Every machine is tried, each on its own (one's database error
+ * stops no other's action); exits 1 naming each that was refused, failed
+ * (with the provider's cause), whose outcome is unknown (the BMC may have
+ * acted), or that the BMDB does not know.
  */
 export async function power(argv: Argv, command: PowerCommand, write: (text: string) => void): Promise<void> {
   const context = `power ${command}`;
@@ -56,13 +58,17 @@ export async function power(argv: Argv, command: PowerCommand, write: (text: str
       const lookup = await session.transact((q) => q.lookUpMachines(names));
       const actions = new PowerActions(bmdb, control);
       const slots = new Semaphore(CONCURRENCY);
+      // Each machine settles on its own: a failure (a database error) of one
+      // must not end the session, and with it the others' actions mid-command.
       const lines = await Promise.all(
-        lookup.found.map(async (machine) => {
+        lookup.found.map(async (machine): Promise<Line> => {
           const release = await slots.acquire();
           try {
             if (command === 'status') return await status(actions, session, machine);
             const request = { action: command, reason: why as string, actor: who, graceful };
             return described(command, machine, await actions.take(session, machine.machineId, request));
+          } catch (error) {
+            return { failed: `${describeMachine(machine)}: ${context}: ${describeError(error)}` };
           } finally {
             release();
           }
@@ -98,6 +104,8 @@ function described(command: PowerActionKind, machine: MachineRef, result: PowerA
       return { done: `${DONE[command]} ${name}: ${result.command}${held}` };
     case 'Failed':
       return { failed: `${name}: power ${command} failed: ${result.cause}${held}` };
+    case 'Unknown':
+      return { failed: `${name}: power ${command} outcome unknown: ${result.cause}${held}` };
     case 'Refused':
       return { failed: `${name}: power ${command} refused: ${result.cause}` };
   }

@@ -10,7 +10,11 @@ export interface IpmiClientOptions {
   readonly ipmitool?: string | undefined;
   /** Time for one ipmitool run, session included; the child is killed after it. Default 30 s. */
   readonly timeout?: number | undefined;
-  /** Runs per command, the first included; only an unreachable BMC and timeouts are retried. Default 3. */
+  /**
+   * Runs per command, the first included; only an unreachable BMC, an
+   * unanswered command and timeouts are retried, a reset or cycle only when
+   * no session was set up. Default 3.
+   */
   readonly maxAttempts?: number | undefined;
   /** Pause before the first retry, doubling after (with jitter). Default 1 s. */
   readonly retryDelay?: number | undefined;
@@ -18,7 +22,8 @@ export interface IpmiClientOptions {
   readonly concurrency?: number | undefined;
   /**
    * ipmitool's own wait for each RMCP+ message in seconds (`-N`), and its
-   * retransmissions (`-R`). Default: ipmitool's (about 20 s for a silent BMC).
+   * retransmissions (`-R`; a reset or cycle is never retransmitted: `-R 1`).
+   * Default: ipmitool's (about 20 s for a silent BMC).
    */
   readonly messageTimeout?: number | undefined;
   readonly messageRetries?: number | undefined;

@@ -1,4 +1,4 @@
-import { Semaphore } from '@bmaas/shepherd-manager';
+import { PowerOutcomeUnknownError, Semaphore } from '@bmaas/shepherd-manager';
 import {
   IpmiCommandError,
   IpmiCredentialsError,
@@ -29,6 +29,14 @@ export type IpmiPowerAction =
   | 'cycle'
   /** Hard reset: the machine restarts at once, power stays on. */
   | 'reset';
+
+/**
+ * Actions that act again when sent twice (a second reset restarts the
+ * machine again): ipmitool sends them once (`-R 1`), and a run is repeated
+ * only when no session was set up. `on`, `off` and `soft` leave the machine
+ * as one did.
+ */
+const ACTS_TWICE: ReadonlySet<IpmiPowerAction> = new Set(['reset', 'cycle']);
 
 /** Boot devices of `chassis bootdev`. */
 export const IPMI_BOOT_DEVICES = ['none', 'pxe', 'disk', 'cdrom', 'bios', 'safe', 'diag', 'floppy'] as const;
@@ -82,13 +90,16 @@ export class IpmiClient {
 
   /**
    * `chassis power <action>`: resolves once the BMC accepted it (the machine
-   * may take a while to get there).
+   * may take a while to get there). A `reset` or `cycle` goes out once: if
+   * its answer does not come, the BMC may have acted, and another would
+   * reset the machine twice.
    *
    * @throws {@link IpmiError} subclasses naming the machine and cause
+   * @throws {@link PowerOutcomeUnknownError} for a reset or cycle sent and not answered (in time)
    * @throws {@link IpmitoolMissingError} without ipmitool
    */
   async power(target: IpmiTarget, action: IpmiPowerAction, signal?: AbortSignal): Promise<void> {
-    await this.#command(target, ['chassis', 'power', action], signal);
+    await this.#command(target, ['chassis', 'power', action], signal, ACTS_TWICE.has(action));
     log.ipmi('machine %s: chassis power %s accepted by %s', target.machine, action, bmcName(target));
   }
 
@@ -116,14 +127,23 @@ export class IpmiClient {
     log.ipmi('machine %s: boot device %s set on %s', target.machine, device, bmcName(target));
   }
 
-  /** One command under the fleet-wide bound, with retries; resolves with ipmitool's stdout. */
-  async #command(target: IpmiTarget, command: readonly string[], signal: AbortSignal | undefined): Promise<string> {
+  /**
+   * One command under the fleet-wide bound, with retries; resolves with
+   * ipmitool's stdout. A command that `actsTwice` is sent once per run and
+   * run again only when no session was set up.
+   */
+  async #command(
+    target: IpmiTarget,
+    command: readonly string[],
+    signal: AbortSignal | undefined,
+    actsTwice = false,
+  ): Promise<string> {
     const release = await this.#slots.acquire(signal);
     try {
       return await withRetries(
         this.settings,
         async () => {
-          const outcome = await this.#attempt(target, command, signal);
+          const outcome = await this.#attempt(target, command, signal, actsTwice);
           if (typeof outcome === 'string') return outcome;
           throw outcome.retry ? new RetryableError(outcome.error) : outcome.error;
         },
@@ -148,18 +168,24 @@ export class IpmiClient {
     target: IpmiTarget,
     command: readonly string[],
     signal: AbortSignal | undefined,
+    actsTwice: boolean,
   ): Promise<string | { error: IpmiError; retry: boolean }> {
     const bmc = bmcName(target);
     const what = command.join(' ');
-    const output = await runIpmitool(this.settings, target, command, signal);
+    // ipmitool's own retransmissions of the command are acts too: ipmi_sim resets once for each.
+    const settings = actsTwice ? { ...this.settings, messageRetries: 1 } : this.settings;
+    const output = await runIpmitool(settings, target, command, signal);
+    const scrubbed = target.password.scrub(output.stderr);
+    const failure =
+      output.code === 0 && !output.timedOut
+        ? undefined
+        : classifyFailure(scrubbed, target.cipherSuite ?? IPMI_DEFAULT_CIPHER_SUITE);
     if (output.timedOut) {
-      return { error: new IpmiTimeoutError(target.machine, bmc, what, this.settings.timeout), retry: true };
+      const error = new IpmiTimeoutError(target.machine, bmc, what, this.settings.timeout);
+      if (actsTwice && failure?.sent !== false) throw new PowerOutcomeUnknownError(target.machine, what, error);
+      return { error, retry: true };
     }
-    if (output.code === 0) return output.stdout;
-    const failure = classifyFailure(
-      target.password.scrub(output.stderr),
-      target.cipherSuite ?? IPMI_DEFAULT_CIPHER_SUITE,
-    );
+    if (failure === undefined) return output.stdout;
     const problem = `${what}: ${failure.detail}`;
     switch (failure.kind) {
       case 'credentials':
@@ -172,7 +198,11 @@ export class IpmiClient {
           retry: false,
         };
       case 'unreachable':
-        return { error: new IpmiUnreachableError(target.machine, bmc, problem), retry: true };
+      case 'unanswered': {
+        const error = new IpmiUnreachableError(target.machine, bmc, problem);
+        if (actsTwice && failure.sent) throw new PowerOutcomeUnknownError(target.machine, what, error);
+        return { error, retry: true };
+      }
       case 'unsupported':
         return { error: new IpmiUnsupportedError(target.machine, bmc, `${problem} (not supported)`), retry: false };
       default:

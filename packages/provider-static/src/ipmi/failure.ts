@@ -1,12 +1,18 @@
 // What a failed ipmitool run means, read from its verbose output.
 
 /** The cause of a failed run, as far as ipmitool's words tell. */
-export type IpmiFailureKind = 'credentials' | 'unreachable' | 'unsupported' | 'other';
+export type IpmiFailureKind = 'credentials' | 'unreachable' | 'unanswered' | 'unsupported' | 'other';
 
 export interface IpmiFailure {
   readonly kind: IpmiFailureKind;
   /** The line(s) that tell, for the operator. */
   readonly detail: string;
+  /**
+   * Whether the command may have reached the BMC: false only when no session
+   * was set up (nothing answered, the name did not resolve, the credentials
+   * were refused), so nothing was asked of it.
+   */
+  readonly sent: boolean;
 }
 
 /** Lines `-v` prints on every run, failed or not: probes of optional features. */
@@ -33,6 +39,11 @@ const CIPHER =
 const UNREACHABLE =
   /Get Auth Capabilities error|Error issuing Get Channel Authentication Capabilities|No response from remote controller|no response from RAKP|Address lookup for .* failed|Could not open socket|Insufficient resources for session/i;
 
+/** A session set up, then no answer to the command: ipmitool's "Unable to set Chassis Power Control to Reset". */
+const UNANSWERED = /^Unable to (?!establish)/i;
+/** The session was never set up: ipmitool stopped before asking anything of the BMC. */
+const NO_SESSION = /Unable to establish IPMI v2 \/ RMCP\+ session/i;
+
 /**
  * Reads a failed run's stderr. A command that failed says so on a line
  * `<what> failed: <reason>` and the reason decides; a session that could
@@ -44,6 +55,11 @@ export function classifyFailure(stderr: string, cipherSuite: number): IpmiFailur
     .split(/\r?\n/)
     .map((line) => line.replace(/^>\s*/, '').trim())
     .filter((line) => line !== '' && !NOISE.some((noise) => noise.test(line)));
+  const sent = !NO_SESSION.test(lines.join('\n'));
+  return { ...reading(lines, cipherSuite), sent };
+}
+
+function reading(lines: readonly string[], cipherSuite: number): Omit<IpmiFailure, 'sent'> {
   const failed = lines.findLast((line) => / failed: /.test(line));
   if (failed !== undefined) {
     const reason = failed.slice(failed.lastIndexOf(' failed: ') + ' failed: '.length);
@@ -65,8 +81,10 @@ export function classifyFailure(stderr: string, cipherSuite: number): IpmiFailur
   }
   const unreachable = lines.find((line) => UNREACHABLE.test(line));
   if (unreachable !== undefined) return { kind: 'unreachable', detail: `no answer from the BMC (${unreachable})` };
-  if (/Unable to establish IPMI v2 \/ RMCP\+ session/i.test(text)) {
+  if (NO_SESSION.test(text)) {
     return { kind: 'unreachable', detail: 'no RMCP+ session could be set up (no answer from the BMC)' };
   }
+  const unanswered = lines.find((line) => UNANSWERED.test(line));
+  if (unanswered !== undefined) return { kind: 'unanswered', detail: `no answer to the command (${unanswered})` };
   return { kind: 'other', detail: lines.slice(-3).join('; ') || 'ipmitool failed without a message' };
 }

@@ -10,7 +10,11 @@ export interface RedfishClientOptions {
   readonly ca?: string | Buffer | undefined;
   /** Time for each request, connection to last byte. Default 30 s. */
   readonly timeout?: number | undefined;
-  /** Attempts per request, the first included; only network errors, timeouts and 5xx are retried. Default 3. */
+  /**
+   * Attempts per request, the first included; only network errors, timeouts
+   * and 5xx are retried, a restart only when it never went out or got 5xx.
+   * Default 3.
+   */
   readonly maxAttempts?: number | undefined;
   /** Pause before the first retry, doubling after (with jitter). Default 1 s. */
   readonly retryDelay?: number | undefined;

@@ -2,7 +2,7 @@ import { Semaphore } from '@bmaas/shepherd-manager';
 import { RedfishResetUnsupportedError } from '../errors.js';
 import { log } from '../internal/log.js';
 import { clientSettings, type RedfishClientOptions, type RedfishClientSettings } from './client-settings.js';
-import { chooseAllowed, chooseResetType, type ResetType } from './reset-types.js';
+import { actsTwice, chooseAllowed, chooseResetType, type ResetType } from './reset-types.js';
 import { type RedfishSystem, readSystem } from './system.js';
 import type { RedfishTarget } from './target.js';
 import { RedfishTransport } from './transport.js';
@@ -21,8 +21,9 @@ export interface RedfishReset {
  * BMC takes (its power state, power on, off, and the reset that power-cycles
  * it). HTTP basic authentication; TLS verified against the system trust
  * store or the given CA; timeouts on every request; retries with jitter for
- * network errors, timeouts and 5xx (never 4xx); a bound on resets in flight
- * across the fleet.
+ * network errors, timeouts and 5xx (never 4xx), except that a restart is
+ * posted again only when it never went out or the BMC answered 5xx; a bound
+ * on resets in flight across the fleet.
  *
  * @example
  * ```ts
@@ -52,6 +53,8 @@ export class RedfishClient {
    * @throws {@link RedfishCredentialsError} on 401/403
    * @throws {@link RedfishResetUnsupportedError} without a reset action or a usable reset type
    * @throws {@link RedfishTimeoutError}, {@link RedfishNetworkError}, {@link RedfishHttpError} after retries
+   * @throws {@link PowerOutcomeUnknownError} when the reset went out and no answer came (a timeout, a broken
+   *   connection): the BMC may have reset the machine, so it is not posted again
    */
   async resetSystem(
     target: RedfishTarget,
@@ -95,7 +98,14 @@ export class RedfishClient {
         );
       }
       const resetType = choose(system.allowableResetTypes);
-      const status = await this.#transport.send(target, 'POST', system.resetTarget, { ResetType: resetType }, signal);
+      const status = await this.#transport.send(
+        target,
+        'POST',
+        system.resetTarget,
+        { ResetType: resetType },
+        signal,
+        actsTwice(resetType) ? resetType : undefined,
+      );
       log.redfish(
         'machine %s: %s accepted by %s (HTTP %d)',
         target.machine,

@@ -55,6 +55,18 @@ export function chooseResetType(
   return chosen;
 }
 
+/**
+ * Reset types that leave the system as one did when sent twice (on stays on,
+ * off stays off): sent again after a timeout. Any other (a restart, a power
+ * cycle, the power button) would act twice.
+ */
+const REPEATABLE: ReadonlySet<string> = new Set<ResetType>(['On', 'ForceOn', 'ForceOff', 'GracefulShutdown']);
+
+/** Whether sending `resetType` again could act again (restart the system twice). */
+export function actsTwice(resetType: ResetType): boolean {
+  return !REPEATABLE.has(resetType);
+}
+
 /** Reset types that power a system on, best first. */
 export const POWER_ON_TYPES: readonly ResetType[] = ['On', 'ForceOn'];
 /** The reset type that cuts a system's power. */

@@ -1,4 +1,5 @@
 import { describeError } from '@bmaas/bmdb-controlloop';
+import { PowerOutcomeUnknownError } from '@bmaas/shepherd-manager';
 import { Agent, type Dispatcher, request } from 'undici';
 import {
   RedfishCredentialsError,
@@ -14,6 +15,15 @@ import { isRecord } from './json.js';
 import type { RedfishTarget } from './target.js';
 
 const ACCEPTED = new Set([200, 202, 204]);
+/** Network errors raised before a request went out: the connection was never made. */
+const NOT_SENT = new Set([
+  'ECONNREFUSED',
+  'ENOTFOUND',
+  'EAI_AGAIN',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'UND_ERR_CONNECT_TIMEOUT',
+]);
 /** Longest body read from a BMC: a ComputerSystem is a few KiB. */
 const MAX_BODY_BYTES = 1024 * 1024;
 
@@ -21,7 +31,10 @@ const MAX_BODY_BYTES = 1024 * 1024;
  * HTTP to the BMCs: basic authentication, TLS verified against the system
  * trust store or the given CA (or not at all for an `insecure` target, said
  * once per machine), a timeout on every request and retries with jitter for
- * network errors, timeouts and 5xx (never 4xx).
+ * network errors, timeouts and 5xx (never 4xx). A request that acts again
+ * when repeated (a reset) is sent again only when it never went out (the
+ * connection failed) or the BMC answered 5xx; after a timeout or a broken
+ * connection its outcome is unknown ({@link PowerOutcomeUnknownError}).
  */
 export class RedfishTransport {
   readonly #settings: Pick<RedfishClientSettings, 'timeout' | 'maxAttempts' | 'retryDelay'>;
@@ -40,18 +53,24 @@ export class RedfishTransport {
     await Promise.all([this.#verified.close(), this.#insecure?.close()]);
   }
 
-  /** One request with retries; resolves with the parsed body of an accepted answer. */
+  /**
+   * One request with retries; resolves with the parsed body of an accepted
+   * answer. `actsTwice` names what a POST tells the BMC when sending it again
+   * would act again (a `ForceRestart`): it is not sent again once it may
+   * have reached the BMC.
+   */
   async send(
     target: RedfishTarget,
     method: 'GET' | 'POST',
     url: string,
     payload: unknown,
     signal: AbortSignal | undefined,
+    actsTwice?: string,
   ): Promise<{ status: number; body: unknown }> {
     const dispatcher = this.#dispatcher(target, url);
     return withRetries(
       this.#settings,
-      () => this.#attempt(target, dispatcher, method, url, payload, signal),
+      () => this.#attempt(target, dispatcher, method, url, payload, signal, actsTwice),
       (failure, next, pause) =>
         log.redfish(
           'machine %s: %s %s failed (%s); attempt %d of %d in %d ms',
@@ -74,6 +93,7 @@ export class RedfishTransport {
     url: string,
     payload: unknown,
     signal: AbortSignal | undefined,
+    actsTwice: string | undefined,
   ): Promise<{ status: number; body: unknown }> {
     const timeout = this.#settings.timeout;
     const timer = AbortSignal.timeout(timeout);
@@ -97,11 +117,18 @@ export class RedfishTransport {
       text = await readBody(response.body);
     } catch (error) {
       if (signal?.aborted) throw signal.reason;
-      if (timer.aborted) throw new RetryableError(new RedfishTimeoutError(target.machine, url, method, timeout));
-      const problem = target.password.scrub(describeError(error));
-      throw new RetryableError(
-        new RedfishNetworkError(target.machine, url, `${method} failed: ${problem}`, { cause: error }),
-      );
+      const failure = timer.aborted
+        ? new RedfishTimeoutError(target.machine, url, method, timeout)
+        : new RedfishNetworkError(
+            target.machine,
+            url,
+            `${method} failed: ${target.password.scrub(describeError(error))}`,
+            { cause: error },
+          );
+      if (actsTwice !== undefined && (timer.aborted || !neverSent(error))) {
+        throw new PowerOutcomeUnknownError(target.machine, actsTwice, failure);
+      }
+      throw new RetryableError(failure);
     }
     if (statusCode === 401 || statusCode === 403) {
       throw new RedfishCredentialsError(target.machine, url, statusCode, target.username);
@@ -152,6 +179,12 @@ export class RedfishTransport {
     this.#warned.add(key);
     log.redfish(`warning: ${format}`, ...args);
   }
+}
+
+/** Whether a failed request never left: the connection could not be made. */
+function neverSent(error: unknown): boolean {
+  const code = error instanceof Error && 'code' in error ? error.code : undefined;
+  return typeof code === 'string' && NOT_SENT.has(code);
 }
 
 async function readBody(body: Dispatcher.ResponseData['body']): Promise<string> {

@@ -43,6 +43,14 @@ export interface FakeRedfishFault {
   readonly drop?: boolean;
   /** Wait this long (ms) before doing anything: a slow BMC. */
   readonly delay?: number;
+  /** Wait until this settles before doing anything: a BMC as slow as the test wants. */
+  readonly until?: Promise<unknown>;
+  /**
+   * Do what was asked first (the reset happens), then wait and drop or
+   * answer: a BMC that acted but answered late, or never. A wait ends early
+   * when the client hangs up.
+   */
+  readonly afterActing?: boolean;
   /** Only requests of this method. Default both. */
   readonly method?: 'GET' | 'POST';
   /** How many requests the fault applies to. Default 1. */
@@ -263,17 +271,26 @@ export class FakeRedfishServer {
     this.#peak = Math.max(this.#peak, this.#inFlight);
     res.once('close', () => this.#inFlight--);
     const body = await readBody(req);
-    const answer = (status: number, json?: unknown) => {
+    const fault = systemId === undefined ? undefined : this.#takeFault(systemId, method);
+    const write = (status: number, json?: unknown) => {
       record.status = status;
       if (json === undefined) res.writeHead(status).end();
       else res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(json));
     };
+    const answer = async (status: number, json?: unknown) => {
+      if (fault?.afterActing) {
+        await slowly(fault, res);
+        if (fault.drop) return void req.socket.destroy();
+      }
+      write(status, json);
+    };
 
-    const fault = systemId === undefined ? undefined : this.#takeFault(systemId, method);
-    if (fault?.delay) await new Promise((resolve) => setTimeout(resolve, fault.delay));
-    if (fault?.drop) {
-      req.socket.destroy();
-      return;
+    if (fault && !fault.afterActing) {
+      await slowly(fault, res);
+      if (fault.drop) {
+        req.socket.destroy();
+        return;
+      }
     }
     if (fault?.status !== undefined) return answer(fault.status, redfishError(`injected HTTP ${fault.status}`));
 
@@ -368,6 +385,18 @@ export class FakeRedfishServer {
     }
     return undefined;
   }
+}
+
+/** A fault's wait: its delay and what it waits for, cut short when the client hangs up. */
+async function slowly(fault: FakeRedfishFault, res: ServerResponse): Promise<void> {
+  if (!fault.delay && fault.until === undefined) return;
+  let timer: NodeJS.Timeout | undefined;
+  const hungUp = new Promise<void>((resolve) => res.once('close', () => resolve()));
+  const waits: Promise<unknown>[] = [];
+  if (fault.delay) waits.push(new Promise((resolve) => (timer = setTimeout(resolve, fault.delay))));
+  if (fault.until !== undefined) waits.push(fault.until);
+  await Promise.race([Promise.all(waits), ...(fault.afterActing ? [hungUp] : [])]);
+  clearTimeout(timer);
 }
 
 /** What a reset type does to a system's power. */
