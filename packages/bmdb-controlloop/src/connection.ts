@@ -15,6 +15,7 @@ import { BMDBError, ConnectionClosedError, DatabaseUnreachableError, EmbeddedDat
 import { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
 import { AgentHeartbeats } from './internal/agent-heartbeats.js';
 import { MachineChanges } from './internal/changes.js';
+import { droppingLostConnections } from './internal/dropping-pool.js';
 import { Ends } from './internal/ends.js';
 import { LiveSessions } from './internal/live-sessions.js';
 import { describeError, detail, log } from './internal/log.js';
@@ -181,7 +182,7 @@ export class BMDB {
         client.once('end', () => this.#connected.delete(client));
       });
     }
-    this.#db = new Kysely<Database>({ dialect: new PostgresDialect({ pool: this.#pool }) });
+    this.#db = new Kysely<Database>({ dialect: new PostgresDialect({ pool: droppingLostConnections(this.#pool) }) });
     this.#changes = new MachineChanges({ ...pools.base, keepAlive: true });
     this.#metrics = options.metrics ? new BMDBMetrics(options.metrics) : undefined;
     const metrics = this.#metrics;
@@ -196,6 +197,9 @@ export class BMDB {
         },
         onFailure: () => {
           for (const processor of processors) metrics?.transactionsFailed.inc({ processor });
+        },
+        onConnectionLoss: (cause) => {
+          for (const processor of processors) metrics?.connectionLost.inc({ processor, cause });
         },
       });
     const prepared = new PreparedStatements(this.#claimPool);

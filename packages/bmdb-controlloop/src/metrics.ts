@@ -13,6 +13,8 @@ export class BMDBMetrics {
   readonly transactionsExecuted: Counter<'processor'>;
   readonly transactionsRetried: Counter<'processor'>;
   readonly transactionsFailed: Counter<'processor'>;
+  /** Statements and heartbeats failed by a failover or outage, by its `ConnectionLoss` (internal/connection-lost.ts). */
+  readonly connectionLost: Counter<'processor' | 'cause'>;
   readonly workStarted: Counter<'processor' | 'process'>;
   readonly workFinished: Counter<'processor' | 'process' | 'result'>;
   readonly heartbeats: Counter<'processor'>;
@@ -35,12 +37,19 @@ export class BMDBMetrics {
     );
     this.transactionsRetried = counter(
       'bmdb_transaction_retried_total',
-      'BMDB transactions retried after a serialization failure or deadlock.',
+      'BMDB transactions retried after a serialization failure, a deadlock, or a failover error after which nothing ran (a read-only node, a server starting up).',
       ['processor'],
     );
     this.transactionsFailed = counter('bmdb_transaction_failed_total', 'BMDB transactions that failed for good.', [
       'processor',
     ]);
+    this.connectionLost = counter(
+      'bmdb_connection_lost_total',
+      'BMDB statements and session heartbeats that failed because the connection was lost or reached a node that ' +
+        'is not a writable primary (a failover or an outage), by cause: connection_lost, admin_shutdown, ' +
+        'starting_up, read_only, too_many_connections.',
+      ['processor', 'cause'],
+    );
     this.workStarted = counter('bmdb_work_started_total', 'Work items claimed.', ['processor', 'process']);
     this.workFinished = counter('bmdb_work_finished_total', 'Work items ended, by result.', [
       'processor',

@@ -10,7 +10,7 @@ import {
   WorkConflictError,
   type WorkOutcome,
 } from './errors.js';
-import { isConnectionLost } from './internal/connection-lost.js';
+import { connectionLoss, describeConnectionLoss, isConnectionLost } from './internal/connection-lost.js';
 import type { Ends } from './internal/ends.js';
 import { describeError, detail, log } from './internal/log.js';
 import type { RunStatement } from './internal/retry.js';
@@ -195,7 +195,10 @@ export class Session {
       // The claim may have committed with nobody to know of it: a claim the
       // session would hold for as long as it lives. Give the session up; the
       // database ends what it holds within one interval.
-      throw this.#giveUp(`the connection was lost during a claim for ${process} (${describeError(error)})`);
+      const loss = connectionLoss(error);
+      throw this.#giveUp(
+        `the connection was lost during a claim for ${process} (${loss ? `${describeConnectionLoss(loss)}: ` : ''}${describeError(error)})`,
+      );
     }
     const work = Work.claimed(
       this,

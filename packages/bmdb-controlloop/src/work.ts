@@ -1,7 +1,7 @@
 import { CompiledQuery, type Kysely, type RawBuilder } from 'kysely';
 import { type Backoff, nextBackoffSeconds } from './backoff.js';
 import { BMDBError, WorkEndedError, type WorkEndState, WorkLostError, type WorkOutcome } from './errors.js';
-import { isConnectionLost } from './internal/connection-lost.js';
+import { connectionLoss, describeConnectionLoss, isConnectionLost } from './internal/connection-lost.js';
 import { describeError, log } from './internal/log.js';
 import { sleep } from './internal/sleep.js';
 import { Queries } from './queries.js';
@@ -196,10 +196,12 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
         }
         if (this.session.signal.aborted) throw error;
         uncertain = true;
+        const loss = connectionLoss(error);
         log.work(
-          'machine %s %s: the BMDB is unreachable (%s); trying again in %d ms',
+          'machine %s %s: the BMDB is unreachable (%s%s); trying again in %d ms',
           this.machineId,
           this.process,
+          loss ? `${describeConnectionLoss(loss)}: ` : '',
           describeError(error),
           pause,
         );

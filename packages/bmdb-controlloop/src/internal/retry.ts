@@ -1,4 +1,5 @@
-import { detail } from './log.js';
+import { type ConnectionLoss, connectionLoss, describeConnectionLoss, isNotExecuted } from './connection-lost.js';
+import { detail, log } from './log.js';
 import { sleep } from './sleep.js';
 
 /** SQLSTATEs after which the whole transaction can simply run again. */
@@ -20,6 +21,8 @@ export interface RetryHooks {
   onAttempt(): void;
   onRetry(error: unknown, attempt: number): void;
   onFailure(error: unknown): void;
+  /** An attempt failed for a lost connection or a node that is not the primary (retried or not). */
+  onConnectionLoss(loss: ConnectionLoss): void;
 }
 
 /** Enough for heavy contention; each wait is short and jittered. */
@@ -27,7 +30,14 @@ const MAX_ATTEMPTS = 30;
 
 /**
  * Runs `attempt` until it succeeds, retrying serialization failures and
- * deadlocks with a jittered exponential pause (5 ms doubling to 500 ms).
+ * deadlocks, and the failover errors after which nothing ran (a read-only
+ * node, a server starting up), with a jittered exponential pause (5 ms
+ * doubling to 500 ms, so about 12 s in all). The failed attempt's
+ * connection is not reused (the pools drop a connection whose query
+ * failed), so the next goes to whichever node HAProxy routes to now. A
+ * connection lost mid-statement is not retried here: whether it committed
+ * is unknown, and the callers decide (an end is made again, a claim gives
+ * its session up).
  */
 export async function withRetry<T>(attempt: () => Promise<T>, hooks: RetryHooks): Promise<T> {
   for (let n = 1; ; n++) {
@@ -35,13 +45,16 @@ export async function withRetry<T>(attempt: () => Promise<T>, hooks: RetryHooks)
     try {
       return await attempt();
     } catch (error) {
-      if (!isRetryable(error) || n >= MAX_ATTEMPTS) {
+      const loss = connectionLoss(error);
+      if (loss) hooks.onConnectionLoss(loss);
+      if (!(isRetryable(error) || isNotExecuted(loss)) || n >= MAX_ATTEMPTS) {
         hooks.onFailure(error);
         throw error;
       }
       hooks.onRetry(error, n);
       const ceiling = Math.min(500, 5 * 2 ** (n - 1));
-      detail.connection('retrying transaction after %s (attempt %d)', (error as { code?: string }).code, n);
+      if (loss) log.connection('%s; retrying on a fresh connection (attempt %d)', describeConnectionLoss(loss), n);
+      else detail.connection('retrying transaction after %s (attempt %d)', (error as { code?: string }).code, n);
       await sleep(ceiling / 2 + Math.random() * (ceiling / 2));
     }
   }

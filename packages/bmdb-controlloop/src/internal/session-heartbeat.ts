@@ -1,4 +1,5 @@
 import type { BMDBMetrics } from '../metrics.js';
+import { connectionLoss, describeConnectionLoss } from './connection-lost.js';
 import { describeError, log } from './log.js';
 
 /** How often a failed heartbeat is retried, as a fraction of the interval. */
@@ -24,13 +25,16 @@ export function reportHeartbeatFailure(failure: HeartbeatFailure, metrics: BMDBM
   const { sessionId, processor, interval, left, error } = failure;
   const code = (error as { code?: unknown }).code;
   metrics?.heartbeatsFailed.inc({ processor, code: typeof code === 'string' ? code : 'none' });
+  const loss = connectionLoss(error);
+  if (loss) metrics?.connectionLost.inc({ processor, cause: loss });
   // Retries come every tenth of the interval; only a deadline close enough to miss is worth a person's notice.
   const atRisk = left < interval / HEARTBEAT_AT_RISK_FRACTION;
   (atRisk ? log.session : log.heartbeat)(
-    '%ssession %s heartbeat failed, retrying (%dms to deadline): %s',
+    '%ssession %s heartbeat failed, retrying (%dms to deadline): %s%s',
     atRisk ? 'warning: deadline at risk: ' : '',
     sessionId,
     Math.round(left),
+    loss ? `${describeConnectionLoss(loss)}: ` : '',
     describeError(error),
   );
   return Math.min(left, interval / HEARTBEAT_RETRY_FRACTION);
