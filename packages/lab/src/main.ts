@@ -10,7 +10,8 @@ const USAGE = `usage: npm run lab -- [--vms N] [--web-listen HOST:PORT] [--cache
 Starts N QEMU virtual machines (default 3) booting Debian's kernel, a BMC for
 each (ipmi_sim for odd-numbered VMs, the fake Redfish BMC for even ones), and
 the shepherd around them: shepherd run static, shepherd server and the fleet
-page. Ctrl-C stops everything and removes the lab's files (--keep leaves them).`;
+page. Ctrl-C (or SIGINT/SIGTERM to the lab's process) stops everything and
+removes the lab's files (--keep leaves them).`;
 
 /** `npm run lab`: exit code 0 after a clean stop, 2 for a bad flag, 1 when the lab cannot start. */
 export async function main(argv: readonly string[]): Promise<number> {
