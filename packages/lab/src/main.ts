@@ -59,10 +59,16 @@ export async function main(argv: readonly string[]): Promise<number> {
   );
   const dir = path.resolve(values.dir ?? (await mkdtemp(path.join(tmpdir(), 'shepherd-lab-'))));
   const stop = new AbortController();
+  let repeated = false;
+  // Under `npm run lab` one Ctrl-C arrives twice (the terminal's SIGINT, and npm's copy of it), so a
+  // second signal cannot mean "exit at once"; exiting midway would leave the VMs, the BMDB and the
+  // lab's directory behind. The stop is bounded instead: each process is killed after its grace.
   const onSignal = () => {
     if (stop.signal.aborted) {
-      process.stderr.write('lab: second signal, exiting at once (files may be left in the lab directory)\n');
-      process.exit(130);
+      if (!repeated)
+        process.stderr.write('lab: already stopping (each process is killed if it does not stop in time)\n');
+      repeated = true;
+      return;
     }
     process.stderr.write('lab: stopping (the shepherd, its server, the BMCs and the VMs)…\n');
     stop.abort();
