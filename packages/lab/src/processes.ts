@@ -1,5 +1,6 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createWriteStream } from 'node:fs';
+import { LabProcessError } from './errors.js';
 
 /**
  * A `shepherd` process of the lab: its output appended to a log file of the
@@ -36,7 +37,7 @@ export class LabProcess {
         resolve({ code, signal });
       }),
     );
-    // Out of the terminal's reach, it would outlive a lab that exits without stop() (a second signal).
+    // Out of the terminal's reach, it would outlive a lab that exits without stop() (an uncaught error).
     process.once('exit', this.#onExit);
   }
 
@@ -85,7 +86,7 @@ export class LabProcess {
   /**
    * SIGTERM, then SIGKILL after `grace` ms.
    *
-   * @throws Error naming it and its log when it did not stop cleanly (exit 0)
+   * @throws {@link LabProcessError} naming it and its log when it did not stop cleanly (exit 0)
    */
   async stop(grace = 15_000): Promise<void> {
     if (this.running) {
@@ -96,7 +97,10 @@ export class LabProcess {
     }
     const { code, signal } = await this.exited;
     if (code !== 0) {
-      throw new Error(`${this.name} did not stop cleanly (${signal ?? `exit ${code}`}); its log: ${this.logFile}`);
+      throw new LabProcessError(
+        this.name,
+        `did not stop cleanly (${signal ?? `exit ${code}`}); its log: ${this.logFile}`,
+      );
     }
   }
 }
