@@ -3,9 +3,9 @@ import { defineConfig } from 'vitest/config';
 
 /**
  * The lab's tests (packages/lab): QEMU VMs booting Debian's kernel, their
- * BMCs and the shepherd around them, about three and a half minutes on two
- * cores. Kept out of `npm test` (vitest.config.ts) so the suite stays under
- * ten minutes; `npm run test:lab` runs them, and `.ci/run` right after
+ * BMCs and the shepherd around them, about five minutes on two cores.
+ * Kept out of `npm test` (vitest.config.ts) so the suite stays under ten
+ * minutes; `npm run test:lab` runs them, and `.ci/run` right after
  * `npm test`, counting them in its closing line.
  */
 export default defineConfig({

@@ -15,3 +15,15 @@ export class VmError extends Error {
     super(`VM ${vm}: ${problem}`, options);
   }
 }
+
+/** A shepherd process of the lab did not stop cleanly (exit 0) when stopped. Names it and its log. */
+export class LabProcessError extends Error {
+  override name = 'LabProcessError';
+  constructor(
+    /** The process's name (`shepherd run static`, `shepherd server`). */
+    readonly process: string,
+    problem: string,
+  ) {
+    super(`${process} ${problem}`);
+  }
+}

@@ -3,6 +3,7 @@ import { createServer } from 'node:net';
 import { hostname, loadavg } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { describeError } from '@bmaas/bmdb-controlloop';
 import { FakeRedfishServer, IpmiSimulator, selfSignedCertificate } from '@bmaas/provider-static/testing';
 import { selfSignedServerTls } from '@bmaas/server';
 import { SshKey } from '@bmaas/shepherd-manager';
@@ -300,10 +301,14 @@ export class Lab {
     return lines.join('\n');
   }
 
-  /** Stops the shepherd, the server, the BMCs and the VMs, and removes the lab's files (unless `keep`). */
+  /**
+   * Stops the shepherd, the server, the BMCs and the VMs, and removes the
+   * lab's files (unless `keep`). What did not stop cleanly is reported, and
+   * the rest is stopped all the same.
+   */
   async stop(): Promise<void> {
     for (const close of this.#closers.splice(0).reverse()) {
-      await close().catch((error: unknown) => log('stopping: %s', error instanceof Error ? error.message : error));
+      await close().catch((error: unknown) => this.#report(`stopping: ${describeError(error)}`));
     }
   }
 }

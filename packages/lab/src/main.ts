@@ -10,7 +10,8 @@ const USAGE = `usage: npm run lab -- [--vms N] [--web-listen HOST:PORT] [--cache
 Starts N QEMU virtual machines (default 3) booting Debian's kernel, a BMC for
 each (ipmi_sim for odd-numbered VMs, the fake Redfish BMC for even ones), and
 the shepherd around them: shepherd run static, shepherd server and the fleet
-page. Ctrl-C stops everything and removes the lab's files (--keep leaves them).`;
+page. Ctrl-C (or SIGINT/SIGTERM to the lab's process) stops everything and
+removes the lab's files (--keep leaves them).`;
 
 /** `npm run lab`: exit code 0 after a clean stop, 2 for a bad flag, 1 when the lab cannot start. */
 export async function main(argv: readonly string[]): Promise<number> {
@@ -58,10 +59,16 @@ export async function main(argv: readonly string[]): Promise<number> {
   );
   const dir = path.resolve(values.dir ?? (await mkdtemp(path.join(tmpdir(), 'shepherd-lab-'))));
   const stop = new AbortController();
+  let repeated = false;
+  // Under `npm run lab` one Ctrl-C arrives twice (the terminal's SIGINT, and npm's copy of it), so a
+  // second signal cannot mean "exit at once"; exiting midway would leave the VMs, the BMDB and the
+  // lab's directory behind. The stop is bounded instead: each process is killed after its grace.
   const onSignal = () => {
     if (stop.signal.aborted) {
-      process.stderr.write('lab: second signal, exiting at once (files may be left in the lab directory)\n');
-      process.exit(130);
+      if (!repeated)
+        process.stderr.write('lab: already stopping (each process is killed if it does not stop in time)\n');
+      repeated = true;
+      return;
     }
     process.stderr.write('lab: stopping (the shepherd, its server, the BMCs and the VMs)…\n');
     stop.abort();

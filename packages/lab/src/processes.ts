@@ -1,10 +1,18 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createWriteStream } from 'node:fs';
+import { LabProcessError } from './errors.js';
 
 /**
  * A `shepherd` process of the lab: its output appended to a log file of the
  * lab's directory and kept (the end of it) for messages; stopped with
  * SIGTERM, then SIGKILL if it does not end.
+ *
+ * It runs in a process group of its own, as the embedded PostgreSQL does, so
+ * a terminal's Ctrl-C (sent to the whole foreground group) reaches only the
+ * lab, which stops it once, in order. Reached by the terminal's signal and
+ * then by the lab's, a shepherd process took the second for "exit at once",
+ * and its PostgreSQL was still shutting down when the lab removed its
+ * directory.
  */
 export class LabProcess {
   readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
@@ -25,10 +33,17 @@ export class LabProcess {
     this.exited = new Promise((resolve) =>
       child.once('close', (code, signal) => {
         log.end();
+        process.off('exit', this.#onExit);
         resolve({ code, signal });
       }),
     );
+    // Out of the terminal's reach, it would outlive a lab that exits without stop() (an uncaught error).
+    process.once('exit', this.#onExit);
   }
+
+  readonly #onExit = () => {
+    if (this.running) this.child.kill('SIGTERM');
+  };
 
   /** Starts `node <script> <args>` with `env` over a clean environment (no inherited SHEPHERD_*). */
   static start(
@@ -42,6 +57,7 @@ export class LabProcess {
     const child = spawn(process.execPath, [script, ...args], {
       stdio: ['ignore', 'pipe', 'pipe'],
       env: { ...inherited, ...env },
+      detached: true,
     });
     return new LabProcess(name, child, logFile);
   }
@@ -67,12 +83,24 @@ export class LabProcess {
     }
   }
 
-  /** SIGTERM, then SIGKILL after `grace` ms. */
+  /**
+   * SIGTERM, then SIGKILL after `grace` ms.
+   *
+   * @throws {@link LabProcessError} naming it and its log when it did not stop cleanly (exit 0)
+   */
   async stop(grace = 15_000): Promise<void> {
-    if (!this.running) return;
-    this.child.kill('SIGTERM');
-    const timer = setTimeout(() => this.child.kill('SIGKILL'), grace);
-    await this.exited;
-    clearTimeout(timer);
+    if (this.running) {
+      this.child.kill('SIGTERM');
+      const timer = setTimeout(() => this.child.kill('SIGKILL'), grace);
+      await this.exited;
+      clearTimeout(timer);
+    }
+    const { code, signal } = await this.exited;
+    if (code !== 0) {
+      throw new LabProcessError(
+        this.name,
+        `did not stop cleanly (${signal ?? `exit ${code}`}); its log: ${this.logFile}`,
+      );
+    }
   }
 }

@@ -1,4 +1,4 @@
-import { existsSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { IpmiSimulator, onPath } from '@bmaas/provider-static/testing';
 
 /** What the lab's tests need from Debian, and the package of each; the tests skip, saying so, without them. */
@@ -18,4 +18,58 @@ export async function missingForLab(): Promise<string[]> {
     missing.push('linux-image-amd64');
   }
   return missing;
+}
+
+/** A process as `/proc` shows it: its ID with its start time, so a reused ID is not taken for it. */
+export interface ProcessRecord {
+  readonly pid: number;
+  readonly startTime: string;
+  readonly command: string;
+}
+
+/** `pid`'s descendants, all generations, read from `/proc`. */
+export function descendants(pid: number): ProcessRecord[] {
+  const children = new Map<number, ProcessRecord[]>();
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    const stat = statOf(Number(entry));
+    if (stat === undefined) continue;
+    const record = { pid: Number(entry), startTime: stat.startTime, command: commandOf(Number(entry)) };
+    children.set(stat.ppid, [...(children.get(stat.ppid) ?? []), record]);
+  }
+  const found: ProcessRecord[] = [];
+  const walk = (parent: number) => {
+    for (const child of children.get(parent) ?? []) {
+      found.push(child);
+      walk(child.pid);
+    }
+  };
+  walk(pid);
+  return found;
+}
+
+/** Whether the process still runs: the same start time under its ID, and not a zombie. */
+export function isRunning(process: ProcessRecord): boolean {
+  const stat = statOf(process.pid);
+  return stat !== undefined && stat.startTime === process.startTime && stat.state !== 'Z';
+}
+
+function statOf(pid: number): { state: string; ppid: number; startTime: string } | undefined {
+  let text: string;
+  try {
+    text = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  } catch {
+    return undefined;
+  }
+  // After the command's closing parenthesis (the command may hold any character): state, ppid, … starttime (22nd).
+  const fields = text.slice(text.lastIndexOf(')') + 2).split(' ');
+  return { state: fields[0] ?? '', ppid: Number(fields[1]), startTime: fields[19] ?? '' };
+}
+
+function commandOf(pid: number): string {
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\0', ' ').trim();
+  } catch {
+    return '';
+  }
 }

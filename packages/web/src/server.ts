@@ -31,7 +31,7 @@ export interface FleetPageOptions {
   readonly thresholds?: RecoveryThresholds | undefined;
   /** Seconds between a page's automatic refreshes, unless the viewer turned them off. Default 10. */
   readonly refreshSeconds?: number | undefined;
-  /** Told about requests that failed on the database side (answered 503). */
+  /** Told about requests that failed on the database side (answered 503); never about bad input (400). */
   readonly onError?: ((error: unknown, path: string) => void) | undefined;
   /**
    * Browsers reach the page over HTTPS (it is served with TLS, or a TLS proxy
@@ -55,6 +55,8 @@ const HSTS = 'max-age=31536000';
 class BadRequest extends Error {}
 
 const REFRESH_COOKIE = 'shepherd_web_refresh';
+/** The origin request targets are read against: only their path and query matter. */
+const SITE = 'http://fleet.invalid';
 const MACHINE_PATH = /^\/(api\/)?machines\/([^/]+)$/;
 const SECURITY_HEADERS = {
   'content-security-policy':
@@ -123,7 +125,7 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
   }
 
   async function handle(request: IncomingMessage, response: ServerResponse): Promise<void> {
-    const url = new URL(request.url ?? '/', 'http://fleet.invalid');
+    const url = requestUrl(request.url ?? '/');
     const path = url.pathname;
     const method = request.method ?? 'GET';
 
@@ -213,7 +215,7 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
     const match = MACHINE_PATH.exec(path);
     if (match) {
       const api = match[1] !== undefined;
-      const id = decodeURIComponent(match[2] ?? '');
+      const id = machineIdOf(match[2] ?? '');
       const machine = await readMachine(options.db, id, thresholds);
       if (machine === undefined) {
         const message = `no machine ${JSON.stringify(id)} in the BMDB`;
@@ -283,11 +285,37 @@ function readBody(request: IncomingMessage, limit: number): Promise<string> {
   });
 }
 
+/** The request's target as a URL of this site; a target that is no URL is a {@link BadRequest} naming it. */
+function requestUrl(target: string): URL {
+  try {
+    // An origin-form target is a path even when it starts with `//`, which on its own would read as a host.
+    return target.startsWith('/') ? new URL(`${SITE}${target}`) : new URL(target, SITE);
+  } catch {
+    throw new BadRequest(`the request target ${JSON.stringify(target)} is not a URL`);
+  }
+}
+
+/** The machine ID of a `/machines/<id>` path, decoded; malformed percent-encoding is a {@link BadRequest} naming it. */
+function machineIdOf(segment: string): string {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    throw new BadRequest(`machine ID ${JSON.stringify(segment)} is not valid percent-encoding`);
+  }
+}
+
+/** The longest value a filter takes: longer ones name no machine, provider or process. */
+const MAX_FILTER_LENGTH = 200;
+
 /** The filter of a `/machines` or `/api/machines` query; a bad value is a {@link BadRequest} naming it. */
 function parseFilter(params: URLSearchParams, api: boolean): MachineFilter {
   const value = (name: string) => {
     const v = params.get(name)?.trim();
-    return v === undefined || v === '' ? undefined : v;
+    if (v === undefined || v === '') return undefined;
+    if (v.length > MAX_FILTER_LENGTH) throw new BadRequest(`${name} is at most ${MAX_FILTER_LENGTH} characters`);
+    // PostgreSQL takes no NUL in text, and no ID or name holds a control character.
+    if (/\p{Cc}/u.test(v)) throw new BadRequest(`${name} ${JSON.stringify(v)} holds a control character`);
+    return v;
   };
   const stage = value('stage');
   if (stage !== undefined && !MACHINE_STAGES.includes(stage as MachineStage)) {
@@ -307,7 +335,6 @@ function parseFilter(params: URLSearchParams, api: boolean): MachineFilter {
   }
   const backoff = value('backoff');
   const search = value('q');
-  if (search !== undefined && search.length > 200) throw new BadRequest('q is at most 200 characters');
   const filter: { -readonly [K in keyof MachineFilter]: MachineFilter[K] } = { limit };
   if (stage !== undefined) filter.stage = stage as MachineStage;
   const provider = value('provider');

@@ -1,10 +1,10 @@
 import { mkdtemp, rm } from 'node:fs/promises';
-import type { IncomingHttpHeaders } from 'node:http';
+import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { type ServerTls, selfSignedServerTls } from '@bmaas/server';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, testBMDB } from '../../../test/support/database.js';
 import { HOSTILE_CAUSE, HOSTILE_REASON, type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
 import { escapeHtml, html } from '../src/html.js';
@@ -564,6 +564,98 @@ test('html escapes every value it is given, and only once', () => {
   );
   expect(html`<p>${html`<b>${'&'}</b>`}${[1, '<', null, undefined, false]}</p>`.value).toBe('<p><b>&amp;</b>1&lt;</p>');
   expect(escapeHtml(`"'`).value).toBe('&quot;&#39;');
+});
+
+describe('bad input', () => {
+  let counted: FleetPageServer;
+  const failures: string[] = [];
+  beforeAll(async () => {
+    counted = await serveFleetPage({
+      db: bmdb.db,
+      host: '127.0.0.1',
+      port: 0,
+      onError: (_, path) => failures.push(path),
+    });
+  });
+  afterAll(() => counted?.close());
+  beforeEach(() => {
+    failures.length = 0;
+  });
+
+  /** One request with `target` exactly as the request line's target (fetch would normalise `//`). */
+  const raw = (target: string) =>
+    new Promise<{ status: number; type: string | undefined; body: string }>((resolve, reject) => {
+      const req = httpRequest({ host: '127.0.0.1', port: counted.port, path: target }, (res) => {
+        let body = '';
+        res.setEncoding('utf8').on('data', (chunk: string) => {
+          body += chunk;
+        });
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, type: res.headers['content-type'], body }));
+      });
+      req.on('error', reject);
+      req.end();
+    });
+
+  test('a machine path that is not valid percent-encoding is a 400 naming it, not a database failure', async () => {
+    const page = await raw('/machines/%E0%A4%A');
+    expect(page.status).toBe(400);
+    expect(page.type).toBe('text/html; charset=utf-8');
+    expect(page.body).toContain('machine ID &quot;%E0%A4%A&quot; is not valid percent-encoding');
+    const api = await raw('/api/machines/%E0%A4%A');
+    expect(api.status).toBe(400);
+    expect(JSON.parse(api.body)).toEqual({ error: 'machine ID "%E0%A4%A" is not valid percent-encoding' });
+    // UTF-8 that encodes a surrogate half, and a lone `%`.
+    expect((await raw('/machines/%ED%A0%80')).status).toBe(400);
+    expect((await raw('/api/machines/%')).status).toBe(400);
+    expect(failures).toEqual([]);
+  });
+
+  test('two leading slashes are a path, not a host; a target that is no URL is a 400 naming it', async () => {
+    // Read as a URL with a host, `//` is no URL and `//x/machines` is `/machines` of host x.
+    const empty = await raw('//');
+    expect(empty.status).toBe(404);
+    expect(empty.body).toContain('nothing at &quot;//&quot;');
+    const doubled = await raw('//x/machines');
+    expect(doubled.status).toBe(404);
+    expect(doubled.body).toContain('nothing at &quot;//x/machines&quot;');
+    // The absolute form (as to a proxy) is read as the URL it is, and refused when it is none.
+    expect((await raw(`http://127.0.0.1:${counted.port}/api/overview`)).status).toBe(200);
+    const noUrl = await raw('http://[/');
+    expect(noUrl.status).toBe(400);
+    expect(noUrl.body).toContain('the request target &quot;http://[/&quot; is not a URL');
+    expect(failures).toEqual([]);
+  });
+
+  test('a filter with a control character or longer than 200 characters is a 400 naming the parameter', async () => {
+    for (const name of ['provider', 'work', 'backoff', 'q']) {
+      const nul = await raw(`/api/machines?${name}=a%00b`);
+      expect(nul.status, name).toBe(400);
+      expect(JSON.parse(nul.body), name).toEqual({ error: `${name} "a\\u0000b" holds a control character` });
+      const long = await raw(`/api/machines?${name}=${'x'.repeat(201)}`);
+      expect(long.status, name).toBe(400);
+      expect(JSON.parse(long.body), name).toEqual({ error: `${name} is at most 200 characters` });
+    }
+    // The page's search, which looks for an exact ID first, refuses it too.
+    const search = await raw('/machines?q=%00');
+    expect(search.status).toBe(400);
+    expect(search.body).toContain('q &quot;\\u0000&quot; holds a control character');
+    // 200 characters are a filter like any other.
+    expect((await raw(`/api/machines?provider=${'x'.repeat(200)}`)).status).toBe(200);
+    expect(failures).toEqual([]);
+  });
+
+  test('IDs that are no machine ID, however long, and bytes that are no UTF-8 in a filter, are no database failure', async () => {
+    const notUuid = await raw('/api/machines/not-a-machine');
+    expect(notUuid.status).toBe(404);
+    expect(JSON.parse(notUuid.body)).toEqual({ error: 'no machine "not-a-machine" in the BMDB' });
+    expect((await raw(`/machines/${'a'.repeat(4000)}`)).status).toBe(404);
+    expect((await raw('/api/machines?provider=%E0%A4%A')).status).toBe(200);
+    expect((await raw('/api/machines?after=%E0%A4%A')).status).toBe(400);
+    expect((await raw('/api/machines?limit=99999999999999999999')).status).toBe(400);
+    // Past Node's header limit (16 KiB), Node itself refuses it.
+    expect((await raw(`/machines?q=${'x'.repeat(20_000)}`)).status).toBe(431);
+    expect(failures).toEqual([]);
+  });
 });
 
 test('a BMDB without the schema the page reads answers 503 saying to migrate', async () => {
