@@ -10,7 +10,7 @@ const USAGE = `usage: npm run lab -- [--vms N] [--web-listen HOST:PORT] [--cache
 Starts N QEMU virtual machines (default 3) booting Debian's kernel, a BMC for
 each (ipmi_sim for odd-numbered VMs, the fake Redfish BMC for even ones), and
 the shepherd around them: shepherd run static, shepherd server and the fleet
-page. Ctrl-C (or SIGINT/SIGTERM to the lab's process) stops everything and
+page. Ctrl-C (or SIGINT, SIGTERM or SIGHUP to the lab's process) stops everything and
 removes the lab's files (--keep leaves them).`;
 
 /** `npm run lab`: exit code 0 after a clean stop, 2 for a bad flag, 1 when the lab cannot start. */
@@ -75,6 +75,10 @@ export async function main(argv: readonly string[]): Promise<number> {
   };
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
+  // A closed terminal: the shepherd's processes run in groups of their own, so only the lab can stop them.
+  process.on('SIGHUP', onSignal);
+  // After a hangup the terminal is gone: a line written to it fails (EIO), and must not end the stop midway.
+  for (const stream of [process.stdout, process.stderr]) stream.on('error', () => {});
   const say = (line: string) => process.stdout.write(`lab: ${line}\n`);
   let lab: Lab | undefined;
   try {

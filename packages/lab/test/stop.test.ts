@@ -45,17 +45,26 @@ test.skipIf(missing.length > 0)(
   600_000,
 );
 
+test.skipIf(missing.length > 0)(
+  'its terminal closed, SIGHUP to the whole process group (npm dies of it, and passes nothing on), stops the lab as cleanly',
+  async () => {
+    await stopsCleanly((npm) => process.kill(-npm, 'SIGHUP'), 'SIGHUP to its group', { group: true, hangup: true });
+  },
+  600_000,
+);
+
 /**
  * Starts `npm run lab` with one VM, waits until it runs, signals it with
  * `signal` (given npm's PID), and checks that npm exits 0 within
  * {@link STOP_BOUND}, no process of its tree survives and the lab's directory
  * is gone. `group`: npm leads a process group of its own, as a terminal's job;
- * `again`: the lab gets SIGINT once more while it stops.
+ * `again`: the lab gets SIGINT once more while it stops; `hangup`: npm dies of
+ * the signal, so the lab's own exit is what is waited for.
  */
 async function stopsCleanly(
   signal: (npm: number) => void,
   what: string,
-  options: { group?: boolean; again?: boolean } = {},
+  options: { group?: boolean; again?: boolean; hangup?: boolean } = {},
 ): Promise<void> {
   const parent = await mkdtemp(path.join(tmpdir(), 'lab-stop-test-'));
   const dir = path.join(parent, 'lab');
@@ -118,11 +127,21 @@ async function stopsCleanly(
       const lab = tree.find((p) => p.command.includes('packages/lab/bin/lab.js'));
       process.kill(lab?.pid as number, 'SIGINT');
     }
-    const ended = await eventually(`npm run lab exited after ${what}`, async () => exit, STOP_BOUND, 100);
+    if (options.hangup) {
+      await eventually(
+        `every process of the lab exited after ${what}`,
+        async () => tree.every((p) => !isRunning(p)) || undefined,
+        STOP_BOUND,
+        100,
+      );
+      expect(exit, output.slice(-3000)).toEqual({ code: null, signal: 'SIGHUP' });
+    } else {
+      const ended = await eventually(`npm run lab exited after ${what}`, async () => exit, STOP_BOUND, 100);
+      expect(ended, output.slice(-3000)).toEqual({ code: 0, signal: null });
+    }
     console.log(
       `lab timing: stopped by ${what} in ${((Date.now() - signaled) / 1000).toFixed(1)} s (load ${loadavg()[0]?.toFixed(2)})`,
     );
-    expect(ended, output.slice(-3000)).toEqual({ code: 0, signal: null });
     expect(output).toContain('lab: stopped; files removed');
     expect(output).not.toContain('exiting at once');
     // Each shepherd process stopped cleanly, once, and every closer succeeded.
