@@ -5,7 +5,7 @@ import {
   type ServerHttp2Session,
   type ServerHttp2Stream,
 } from 'node:http2';
-import type { AddressInfo } from 'node:net';
+import type { AddressInfo, Socket } from 'node:net';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
 import { createContextValues } from '@connectrpc/connect';
 import { compressionGzip, connectNodeAdapter } from '@connectrpc/connect-node';
@@ -89,12 +89,19 @@ export class BmaasServer {
   readonly #server: Http2SecureServer;
   /** Open HTTP/2 sessions: agents keep theirs between heartbeats. */
   readonly #sessions = new Set<ServerHttp2Session>();
+  readonly #sockets = new Set<Socket>();
 
   private constructor(server: Http2SecureServer) {
     this.#server = server;
     server.on('session', (session) => {
       this.#sessions.add(session);
       session.once('close', () => this.#sessions.delete(session));
+    });
+    // A connection still in its TLS handshake, or speaking HTTP/1.1, has no HTTP/2 session, yet
+    // `close` waits for it: past the grace it is destroyed with the sessions.
+    server.on('connection', (socket: Socket) => {
+      this.#sockets.add(socket);
+      socket.once('close', () => this.#sockets.delete(socket));
     });
   }
 
@@ -159,6 +166,7 @@ export class BmaasServer {
     const closed = new Promise<void>((resolve) => this.#server.close(() => resolve()));
     const timer = setTimeout(() => {
       for (const session of this.#sessions) session.destroy();
+      for (const socket of this.#sockets) socket.destroy();
     }, grace);
     // Idle agents keep their sessions open between heartbeats: ask them to go.
     for (const session of this.#sessions) session.close();

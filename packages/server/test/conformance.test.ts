@@ -9,6 +9,7 @@
  */
 
 import { constants } from 'node:http2';
+import { connect } from 'node:net';
 import { gzipSync } from 'node:zlib';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError, createClient } from '@connectrpc/connect';
@@ -188,6 +189,26 @@ describe('status codes, messages and trailers (@grpc/grpc-js)', () => {
       await own.close();
     }
   });
+});
+
+test('close ends, past its grace, connections that never became an HTTP/2 session (a handshake never begun)', async () => {
+  const own = await BmaasServer.start({
+    bmdb: t.bmdb,
+    listen: { host: '127.0.0.1', port: 0 },
+    tls: { cert: t.ca, key: await serverKey() },
+  });
+  // A TCP connection that sends nothing: no TLS handshake, so no session, yet the listener waits for it.
+  const silent = connect(own.port, '127.0.0.1');
+  await new Promise<void>((resolve, reject) => silent.once('connect', resolve).once('error', reject));
+  const socketClosed = new Promise<void>((resolve) => silent.once('close', () => resolve()));
+  silent.on('error', () => {});
+  let closed = false;
+  const closing = own.close(50).then(() => {
+    closed = true;
+  });
+  await eventually('the server closed with the silent connection still open', async () => closed || undefined, 10_000);
+  await closing;
+  await socketClosed;
 });
 
 async function serverKey(): Promise<string> {
