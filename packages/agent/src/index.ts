@@ -1,0 +1,13 @@
+/**
+ * The BMaaS agent: reads the machine's hardware for its hardware report
+ * (sysfs, procfs and the SMBIOS table, one reader per kind of device).
+ *
+ * @packageDocumentation
+ */
+
+export type { CpuRecord } from './hardware/cpu.js';
+export type { DiskHealth, DiskProtocol, DiskRecord } from './hardware/disks.js';
+export { type HardwareInventory, hardwareNode, readHardware } from './hardware/inventory.js';
+export type { MemoryRecord } from './hardware/memory.js';
+export type { NicRecord } from './hardware/nics.js';
+export type { EfiSupport, SystemRecord } from './hardware/system.js';
