@@ -1,6 +1,7 @@
 /**
  * The BMaaS agent: reads the machine's hardware for its hardware report
- * (sysfs, procfs and the SMBIOS table, one reader per kind of device).
+ * (sysfs, procfs and the SMBIOS table, one reader per kind of device), and
+ * chooses its install disk by root-device hints.
  *
  * @packageDocumentation
  */
@@ -11,3 +12,11 @@ export { type HardwareInventory, hardwareNode, readHardware } from './hardware/i
 export type { MemoryRecord } from './hardware/memory.js';
 export type { NicRecord } from './hardware/nics.js';
 export type { EfiSupport, SystemRecord } from './hardware/system.js';
+export {
+  chooseRootDevice,
+  parseRootDeviceHints,
+  RootDeviceHintError,
+  type RootDeviceHintProblem,
+  type RootDeviceHints,
+  RootDeviceNotFoundError,
+} from './root-device-hints.js';
