@@ -1,7 +1,8 @@
 /**
  * The BMaaS agent: reads the machine's hardware for its hardware report
  * (sysfs, procfs and the SMBIOS table, one reader per kind of device), and
- * chooses its install disk by root-device hints.
+ * chooses its install disk by root-device hints, and installs a disk image
+ * on it safely (its first MiB last, after the checksum; a UEFI boot entry).
  *
  * @packageDocumentation
  */
@@ -12,6 +13,9 @@ export { type HardwareInventory, hardwareNode, readHardware } from './hardware/i
 export type { MemoryRecord } from './hardware/memory.js';
 export type { NicRecord } from './hardware/nics.js';
 export type { EfiSupport, SystemRecord } from './hardware/system.js';
+export { InstallationError, type InstallationProblem } from './install/errors.js';
+export { type Installed, type InstallOptions, install } from './install/install.js';
+export { type DiskImage, type WriteImageOptions, type WrittenImage, writeDiskImage } from './install/write-image.js';
 export {
   chooseRootDevice,
   parseRootDeviceHints,
