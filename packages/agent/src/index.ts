@@ -1,5 +1,5 @@
 /**
- * The BMaaS agent: reads the machine's hardware for its hardware report
+ * The BMaaS agent: heartbeats to the BMaaS server (`runAgent`), reads the machine's hardware for its hardware report
  * (sysfs, procfs and the SMBIOS table, one reader per kind of device), and
  * chooses its install disk by root-device hints, and installs a disk image
  * on it safely (its first MiB last, after the checksum; a UEFI boot entry).
@@ -7,6 +7,8 @@
  * @packageDocumentation
  */
 
+export { type AgentEnd, type AgentOptions, runAgent } from './agent.js';
+export type { AgentService } from './callback/heartbeat-client.js';
 export type { CpuRecord } from './hardware/cpu.js';
 export type { DiskHealth, DiskProtocol, DiskRecord } from './hardware/disks.js';
 export { type HardwareInventory, hardwareNode, readHardware } from './hardware/inventory.js';
