@@ -156,6 +156,18 @@ describe('a two-socket server: NVMe, SATA and SAS disks, four NICs, two in a bon
     ]);
   });
 
+  test("an NVMe controller's raised temperature alarm is its critical warning", async () => {
+    const root = await twoSocketServer();
+    await writeFile(path.join(root, 'sys/class/block/nvme0n1/device/hwmon/hwmon2/temp1_alarm'), '1\n');
+    const disks = await readDisks(root, []);
+    expect(disks.map((disk) => [disk.name, disk.health])).toEqual([
+      ['nvme0n1', { criticalWarning: true }],
+      ['sda', {}],
+      ['sdb', {}],
+    ]);
+    expect(hardwareNode({ ...(await readHardware(root)) }).blockDevice[0]?.criticalWarning).toBe(true);
+  });
+
   test('NICs: the physical ones, a bond member by its permanent MAC, speed only with a link', async () => {
     const nics = await readNics(path.join(fixtures, 'two-socket-server'));
     expect(nics).toEqual([

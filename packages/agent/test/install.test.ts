@@ -1,10 +1,12 @@
 import { createHash } from 'node:crypto';
 import { mkdir, mkdtemp, readdir, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import { createServer, type Server } from 'node:http';
+import { createServer as createHttpsServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { gzipSync } from 'node:zlib';
+import { selfSignedServerTls } from '@bmaas/server';
 import { create } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { OSInstallationRequestSchema } from '../src/gen/cloud/agent/api/agent_pb.js';
@@ -139,6 +141,24 @@ describe('writing a disk image', () => {
     const contents = await readFile(disk);
     expect(zeros(contents.subarray(0, MiB))).toBe(true);
     expect(zeros(contents.subarray(contents.length - MiB))).toBe(true);
+  });
+
+  test('over https, trusting the CA it is given beside the system CAs; refused without it', async () => {
+    const tls = await selfSignedServerTls(await mkdtemp(path.join(dir, 'tls-')));
+    const secure = createHttpsServer({ cert: tls.cert, key: tls.key }, (_request, response) => response.end(image));
+    await new Promise<void>((resolve) => secure.listen(0, '127.0.0.1', resolve));
+    try {
+      const url = `https://localhost:${(secure.address() as AddressInfo).port}/image.raw`;
+      const disk = await oldDisk();
+      await writeDiskImage({ url, sha256: imageSha256, compression: 'none' }, disk, { ca: tls.cert });
+      expect((await readFile(disk)).subarray(0, image.length).equals(image)).toBe(true);
+      await expect(
+        writeDiskImage({ url, sha256: imageSha256, compression: 'none' }, await oldDisk()),
+      ).rejects.toMatchObject({ problem: 'download', message: expect.stringContaining(`download of ${url} failed`) });
+    } finally {
+      secure.closeAllConnections();
+      await new Promise((resolve) => secure.close(resolve));
+    }
   });
 
   test('a stop is its own error, not a timeout', async () => {

@@ -122,25 +122,34 @@ async function writeImage(writing: Writing): Promise<WrittenImage> {
       done(null, chunk);
     },
   });
+  // The chunks waiting while a write is under way arrive together (writev) and go to the disk in one write.
+  const store = (chunks: readonly Buffer[], done: (error?: Error | null) => void) => {
+    const length = chunks.reduce((sum, chunk) => sum + chunk.length, 0);
+    if (position + length > capacity) {
+      done(new InstallationError('too-large', `root device ${device} holds ${capacity} bytes; the image is larger`));
+      return;
+    }
+    const bytes = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, length);
+    // The first MiB goes to memory; the rest to the disk, at its place.
+    const intoHead = Math.max(0, Math.min(length, HEAD_BYTES - position));
+    if (intoHead > 0) {
+      bytes.copy(head, position, 0, intoHead);
+      headLength = position + intoHead;
+    }
+    const rest = bytes.subarray(intoHead);
+    const at = position + intoHead;
+    position += length;
+    if (rest.length === 0) done();
+    else writeFully(handle, rest, at).then(() => done(), done);
+  };
   const disk = new Writable({
     highWaterMark: 4 << 20,
-    write(chunk: Buffer, _encoding, done) {
-      if (position + chunk.length > capacity) {
-        done(new InstallationError('too-large', `root device ${device} holds ${capacity} bytes; the image is larger`));
-        return;
-      }
-      // The first MiB goes to memory; the rest to the disk, at its place.
-      const intoHead = Math.max(0, Math.min(chunk.length, HEAD_BYTES - position));
-      if (intoHead > 0) {
-        chunk.copy(head, position, 0, intoHead);
-        headLength = position + intoHead;
-      }
-      const rest = chunk.subarray(intoHead);
-      const at = position + intoHead;
-      position += chunk.length;
-      if (rest.length === 0) done();
-      else writeFully(handle, rest, at).then(() => done(), done);
-    },
+    write: (chunk: Buffer, _encoding, done) => store([chunk], done),
+    writev: (chunks, done) =>
+      store(
+        chunks.map(({ chunk }) => chunk as Buffer),
+        done,
+      ),
   });
   try {
     const response = await download(image.url, ca, signal);
