@@ -117,7 +117,7 @@ async function takeoverCommand(argv: readonly string[], values: Values): Promise
   // The agent runs on in a process of its own, detached, so that the SSH command returns;
   // its key goes over a pipe, never on a command line.
   const script = process.argv[1] as string;
-  const args = argv.filter((arg) => arg !== 'takeover');
+  const args = argv.filter((_, index) => index !== argv.indexOf('takeover'));
   const child = spawn(process.execPath, [script, 'run', ...args], {
     detached: true,
     stdio: ['pipe', 'ignore', 'ignore'],

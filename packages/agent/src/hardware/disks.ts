@@ -30,8 +30,11 @@ export interface DiskRecord {
   readonly health: DiskHealth;
 }
 
+/** How a disk's identity is read: sd disks are SCSI or ATA (behind libata), told apart by their vendor. */
+type DiskKind = 'sd' | 'nvme' | 'virtio' | 'mmc';
+
 /** Kernel names of the disks the report covers; loop, ram, zram, dm, md, sr, nbd devices are not disks to install on. */
-const DISK_NAMES: readonly [RegExp, DiskProtocol | 'sd'][] = [
+const DISK_NAMES: readonly [RegExp, DiskKind][] = [
   [/^sd[a-z]+$/, 'sd'],
   [/^nvme\d+n\d+$/, 'nvme'],
   [/^vd[a-z]+$/, 'virtio'],
@@ -71,7 +74,7 @@ export async function readDisks(root: string, warnings: string[]): Promise<DiskR
 async function identityOf(
   root: string,
   name: string,
-  kind: DiskProtocol | 'sd',
+  kind: DiskKind,
 ): Promise<Pick<DiskRecord, 'protocol' | 'vendor' | 'model' | 'serialNumber' | 'wwn' | 'health'>> {
   const device = `sys/class/block/${name}/device`;
   switch (kind) {
@@ -110,10 +113,8 @@ async function identityOf(
         health: {},
       };
     case 'mmc':
-    case 'scsi':
-    case 'ata':
       return {
-        protocol: kind,
+        protocol: 'mmc',
         vendor: '',
         model: (await readText(root, `${device}/name`)) ?? '',
         serialNumber: (await readText(root, `${device}/serial`)) ?? '',

@@ -1,7 +1,10 @@
 import { access, readFile, realpath, stat } from 'node:fs/promises';
 import path from 'node:path';
 import type { OSInstallationRequest } from '../gen/cloud/agent/api/agent_pb.js';
-import { DiskImageInstallationRequest_Compression as Compression } from '../gen/cloud/agent/api/disk_image_pb.js';
+import {
+  DiskImageInstallationRequest_Compression as Compression,
+  type RootDeviceHints as RootDeviceHintsMessage,
+} from '../gen/cloud/agent/api/disk_image_pb.js';
 import type { DiskRecord } from '../hardware/disks.js';
 import { readDisks } from '../hardware/disks.js';
 import { chooseRootDevice, noHints, parseRootDeviceHints, type RootDeviceHints } from '../root-device-hints.js';
@@ -78,7 +81,7 @@ export async function install(request: OSInstallationRequest, options: InstallOp
 /** The device to write: the request's path as it is, or the one disk its hints (and path) match. */
 async function rootDevice(
   devicePath: string,
-  given: Parameters<typeof hintsOf>[0],
+  given: RootDeviceHintsMessage | undefined,
   root: string,
   generation: bigint,
 ): Promise<Pick<DiskRecord, 'path' | 'logicalBlockSize'>> {
@@ -117,23 +120,11 @@ async function logicalBlockSize(device: string): Promise<number> {
 }
 
 /** The request's hints, checked, with its root_device as the device_name hint when given. */
-function hintsOf(
-  given:
-    | {
-        deviceName: string;
-        model: string;
-        vendor: string;
-        serialNumber: string;
-        wwn: string;
-        minSizeGigabytes: number;
-        rotational?: boolean | undefined;
-      }
-    | undefined,
-  devicePath: string,
-): RootDeviceHints {
+function hintsOf(given: RootDeviceHintsMessage, devicePath: string): RootDeviceHints {
+  const { $typeName: _, ...fields } = given;
   const set = Object.fromEntries(
-    Object.entries({ ...given, ...(devicePath !== '' && { deviceName: devicePath }) }).filter(
-      ([field, value]) => field !== '$typeName' && value !== '' && value !== 0 && value !== undefined,
+    Object.entries({ ...fields, ...(devicePath !== '' && { deviceName: devicePath }) }).filter(
+      ([, value]) => value !== '' && value !== 0 && value !== undefined,
     ),
   );
   try {
