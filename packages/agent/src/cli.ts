@@ -2,11 +2,12 @@ import { spawn } from 'node:child_process';
 import { createPrivateKey } from 'node:crypto';
 import { appendFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
-import { fromBinary, toBinary } from '@bufbuild/protobuf';
+import { fromBinary } from '@bufbuild/protobuf';
 import { runAgent } from './agent.js';
 import type { AgentService } from './callback/heartbeat-client.js';
 import { TakeoverInitSchema } from './gen/cloud/agent/api/takeover_pb.js';
 import { readHardware } from './hardware/inventory.js';
+import { handOverText } from './image/config.js';
 import { takeover } from './takeover.js';
 
 const USAGE = `Usage: bmaas-agent <command> [flags]
@@ -106,10 +107,7 @@ async function takeoverCommand(argv: readonly string[], values: Values): Promise
     process.stderr.write(`bmaas-agent: ${answer.message}\n`);
     return 1;
   }
-  const handOver = JSON.stringify({
-    init: Buffer.from(toBinary(TakeoverInitSchema, answer.init)).toString('base64'),
-    privateKey: answer.privateKey.export({ type: 'pkcs8', format: 'pem' }).toString(),
-  });
+  const handOver = handOverText(answer.init, answer.privateKey);
   if (values.foreground) {
     process.stdout.end();
     return runWith(values, handOver);
