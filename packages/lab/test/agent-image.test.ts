@@ -75,68 +75,79 @@ describe.skipIf(missing.length > 0)('the agent image in QEMU', () => {
     await rm(dir, { recursive: true, force: true });
   });
 
+  /** QEMU's user network: its DHCP hands out 10.0.2.15, the same address a static configuration can take. */
+  const STATIC = { interface: '52:54:00:12:34:56', address: '10.0.2.15/24', gateway: '10.0.2.2', dns: ['10.0.2.3'] };
   test.each([
-    ['BIOS', []],
-    ['UEFI', ['-bios', OVMF]],
-  ] as const)('the agent ISO boots under %s and its agent heartbeats to the server', async (firmware, args) => {
-    const machineId = await q.newMachine();
-    const { publicKey, privateKey } = generateKeyPairSync('ed25519');
-    await q.setAgentStarted(machineId, { publicKey: publicKey.export({ format: 'der', type: 'spki' }).subarray(-32) });
-    const init = create(TakeoverInitSchema, {
-      machineId,
-      bmaasEndpoint: `10.0.2.2:${server.port}`,
-      caCertificate: caDer,
-    });
-    const config = path.join(dir, `${machineId}.cpio`);
-    await writeFile(config, agentConfigArchive({ init, privateKey, flags: ['--interval=2s'] }));
-    const machineIso = path.join(dir, `${machineId}.iso`);
-    await configureAgentIso(iso, config, machineIso);
-    const serial = path.join(dir, `${machineId}.serial`);
-    const started = performance.now();
-    const vm = spawn(
-      'qemu-system-x86_64',
-      [
-        '-m',
-        '1024',
-        ...args,
-        '-cdrom',
-        machineIso,
-        '-display',
-        'none',
-        '-serial',
-        `file:${serial}`,
-        '-nic',
-        'user,model=virtio-net-pci',
-        '-no-reboot',
-      ],
-      { stdio: 'ignore' },
-    );
-    vms.add(vm);
-    const serialText = () => readFile(serial, 'utf8').catch(() => '');
-    await eventually(
-      'the agent started',
-      async () => ((await serialText()).includes('bmaas-init: starting the agent') ? true : undefined),
-      400_000,
-    );
-    await eventually(
-      'a heartbeat recorded',
-      async () =>
-        (
-          await bmdb.db
-            .selectFrom('machine_agent_heartbeat')
-            .select('agent_heartbeat_at')
-            .where('machine_id', '=', machineId)
-            .executeTakeFirst()
-        )?.agent_heartbeat_at,
-      300_000,
-    );
-    const seconds = ((performance.now() - started) / 1000).toFixed(0);
-    process.stdout.write(
-      `agent ISO, ${firmware}: first heartbeat ${seconds} s after QEMU started (load average ${loadavg()[0]?.toFixed(1)})\n`,
-    );
-    expect(await serialText()).toMatch(/eth0: 10\.0\.2\.15\/24 \(DHCP\)|inet 10\.0\.2\.15\/24/);
-    expect(await q.hardwareReport(machineId)).toBeDefined();
-    vm.kill('SIGKILL');
-    vms.delete(vm);
-  });
+    ['BIOS', 'DHCP', []],
+    ['UEFI', 'DHCP', ['-bios', OVMF]],
+    ['BIOS', 'a static network handed over', []],
+  ] as const)(
+    'the agent ISO boots under %s with %s and its agent heartbeats to the server',
+    async (firmware, network, args) => {
+      const machineId = await q.newMachine();
+      const { publicKey, privateKey } = generateKeyPairSync('ed25519');
+      await q.setAgentStarted(machineId, {
+        publicKey: publicKey.export({ format: 'der', type: 'spki' }).subarray(-32),
+      });
+      const init = create(TakeoverInitSchema, {
+        machineId,
+        bmaasEndpoint: `10.0.2.2:${server.port}`,
+        caCertificate: caDer,
+      });
+      const config = path.join(dir, `${machineId}.cpio`);
+      const handedOver = network === 'DHCP' ? {} : { network: STATIC };
+      await writeFile(config, agentConfigArchive({ init, privateKey, flags: ['--interval=2s'], ...handedOver }));
+      const machineIso = path.join(dir, `${machineId}.iso`);
+      await configureAgentIso(iso, config, machineIso);
+      const serial = path.join(dir, `${machineId}.serial`);
+      const started = performance.now();
+      const vm = spawn(
+        'qemu-system-x86_64',
+        [
+          '-m',
+          '1024',
+          ...args,
+          '-cdrom',
+          machineIso,
+          '-display',
+          'none',
+          '-serial',
+          `file:${serial}`,
+          '-nic',
+          'user,model=virtio-net-pci',
+          '-no-reboot',
+        ],
+        { stdio: 'ignore' },
+      );
+      vms.add(vm);
+      const serialText = () => readFile(serial, 'utf8').catch(() => '');
+      await eventually(
+        'the agent started',
+        async () => ((await serialText()).includes('bmaas-init: starting the agent') ? true : undefined),
+        400_000,
+      );
+      await eventually(
+        'a heartbeat recorded',
+        async () =>
+          (
+            await bmdb.db
+              .selectFrom('machine_agent_heartbeat')
+              .select('agent_heartbeat_at')
+              .where('machine_id', '=', machineId)
+              .executeTakeFirst()
+          )?.agent_heartbeat_at,
+        300_000,
+      );
+      const seconds = ((performance.now() - started) / 1000).toFixed(0);
+      process.stdout.write(
+        `agent ISO, ${firmware}, ${network}: first heartbeat ${seconds} s after QEMU started (load average ${loadavg()[0]?.toFixed(1)})\n`,
+      );
+      expect(await serialText()).toContain(
+        network === 'DHCP' ? 'eth0: 10.0.2.15/24 (DHCP)' : 'bmaas-init: eth0: 10.0.2.15/24 (handed over)',
+      );
+      expect(await q.hardwareReport(machineId)).toBeDefined();
+      vm.kill('SIGKILL');
+      vms.delete(vm);
+    },
+  );
 });

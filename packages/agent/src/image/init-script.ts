@@ -55,8 +55,10 @@ for path in /sys/class/net/*; do
 done
 for nic in $nics; do ip link set "$nic" up; done
 if [ -n "$BMAAS_ADDRESS" ]; then
-  nic="$BMAAS_INTERFACE"
+  # The NIC by name or by MAC; none given (or none matching), the first.
+  nic=""
   for candidate in $nics; do
+    [ "$candidate" = "$BMAAS_INTERFACE" ] && nic="$candidate"
     [ "$(cat /sys/class/net/$candidate/address)" = "$BMAAS_INTERFACE" ] && nic="$candidate"
   done
   [ -n "$nic" ] || nic=$(echo $nics | cut -d' ' -f1)
@@ -73,7 +75,8 @@ else
     tries=$((tries + 1)); sleep 0.5
   done
   for nic in $linked; do
-    udhcpc -i "$nic" -s ${UDHCPC_SCRIPT} -t 5 -T 2 -n -q -b >/dev/null 2>&1 || say "$nic: no DHCP lease"
+    # Five tries in the foreground, then on in the background (-b) until a lease, kept without renewal (-q).
+    udhcpc -i "$nic" -s ${UDHCPC_SCRIPT} -t 5 -T 2 -q -b >/dev/null 2>&1 || say "$nic: no DHCP lease"
   done
 fi
 ip -4 addr show | grep inet | tee -a ${AGENT_LOG}
@@ -101,7 +104,8 @@ case "$1" in
     ip addr add "$ip/\${mask:-24}" dev "$interface"
     for gateway in $router; do ip route add default via "$gateway" dev "$interface" && break; done
     [ -n "$dns" ] && for server in $dns; do echo "nameserver $server"; done >/etc/resolv.conf
-    echo "bmaas-init: $interface: $ip/\${mask:-24} (DHCP)"
+    # udhcpc's own output is discarded; this line goes to the console and the log.
+    echo "bmaas-init: $interface: $ip/\${mask:-24} (DHCP)" | tee -a ${AGENT_LOG} >/dev/console
     ;;
 esac
 exit 0
