@@ -7,7 +7,7 @@
  */
 import { execFile } from 'node:child_process';
 import { createHash, generateKeyPairSync } from 'node:crypto';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, stat, utimes, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -143,7 +143,13 @@ test('the ISO holds the kernel, the initramfs, isolinux for BIOS and an EFI syst
   expect(image.isoBytes).toBeLessThan(128 * 2 ** 20);
 });
 
-test('a second build with the same inputs comes from the cache, byte for byte', async () => {
+test('a second build with the same inputs comes from the cache, byte for byte, and older builds are removed from it', async () => {
+  // Builds of other inputs: the newest other stays (another build may be reading it), older ones go.
+  const older = path.join(cacheDir, 'initramfs-0000000000000000.zst');
+  const newer = path.join(cacheDir, 'initramfs-1111111111111111.zst');
+  await writeFile(older, 'older build');
+  await writeFile(newer, 'newer build');
+  await utimes(older, new Date(1000), new Date(1000));
   const again = await buildAgentImage({
     out: path.join(dir, 'again'),
     cacheDir,
@@ -151,6 +157,9 @@ test('a second build with the same inputs comes from the cache, byte for byte', 
   });
   expect(again.cached).toEqual({ initramfs: true, iso: true });
   expect(await sha256(again.initramfs)).toBe(await sha256(image.initramfs));
+  await expect(stat(older)).rejects.toThrow(/ENOENT/);
+  expect(await readFile(newer, 'utf8')).toBe('newer build');
+  await rm(newer);
 });
 
 test('one machine’s config is an initramfs of its own, and in a copy of the ISO replaces the empty one', async () => {

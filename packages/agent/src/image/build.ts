@@ -1,7 +1,7 @@
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
-import { copyFile, mkdir, mkdtemp, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, mkdtemp, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { homedir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -147,6 +147,8 @@ export async function buildAgentImage(options: AgentImageOptions): Promise<Agent
     initramfs: path.join(options.out, 'initramfs'),
     iso: path.join(options.out, 'agent.iso'),
   };
+  await pruneCache(cacheDir, 'initramfs-', '.zst', initramfs);
+  await pruneCache(cacheDir, 'agent-', '.iso', iso);
   await copyFile(kernel.image, result.vmlinuz);
   await copyFile(initramfs, result.initramfs);
   await copyFile(iso, result.iso);
@@ -236,6 +238,27 @@ async function loadEntries(planned: readonly Planned[], kernel: BootKernel): Pro
     entries.push({ kind: 'file', path: entry.path, data: await readFile(source), mode: s.mode & 0o7777 });
   }
   return entries;
+}
+
+/**
+ * Removes the cache's older builds of a kind (`prefix`...`suffix`): each is tens of
+ * MiB, and every change of an input makes a new one. `current` and the
+ * newest other stay (a build with other inputs may be reading it).
+ */
+async function pruneCache(cacheDir: string, prefix: string, suffix: string, current: string): Promise<void> {
+  const others = [];
+  for (const name of await readdir(cacheDir)) {
+    const file = path.join(cacheDir, name);
+    // Files being written end otherwise (.tmp, .cpio).
+    if (!name.startsWith(prefix) || !name.endsWith(suffix) || file === current) continue;
+    const modified = await stat(file).then(
+      (s) => s.mtimeMs,
+      () => undefined,
+    );
+    if (modified !== undefined) others.push({ file, modified });
+  }
+  others.sort((a, b) => b.modified - a.modified);
+  for (const { file } of others.slice(1)) await rm(file, { force: true });
 }
 
 async function contentHash(file: string): Promise<string> {
