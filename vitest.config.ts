@@ -15,6 +15,7 @@ const packages = [
   'server',
   'web',
   'cli',
+  'agent',
 ];
 
 export default defineConfig({

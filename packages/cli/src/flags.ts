@@ -302,6 +302,19 @@ const flags = {
       boolean: true,
     },
   },
+  'agent-image': {
+    out: { kind: 'path', describe: 'Directory the agent image is written to (vmlinuz, initramfs, agent.iso)' },
+    'cache-dir': {
+      kind: 'path',
+      describe: 'Where built parts are kept by their inputs’ hash, so a build reuses what did not change',
+      defaultDescription: '~/.cache/bmaas/agent-image',
+    },
+    'agent-bundle': {
+      kind: 'path',
+      describe: 'The bundled agent put in the image',
+      defaultDescription: '@bmaas/agent’s dist/agent.cjs (npm run bundle -w @bmaas/agent)',
+    },
+  },
   'power-sync': {
     'power-sync-rate': {
       kind: 'rate',
@@ -366,6 +379,7 @@ const GROUP_TITLES: Record<FlagGroup, string> = {
   decommission: 'Machines (decommission, hold, unhold, power, install)',
   operator: 'Holds and power actions (hold, unhold, power)',
   install: 'OS installation (install)',
+  'agent-image': 'Agent image (agent-image build)',
   'power-sync': 'Power sync (run)',
   web: 'Fleet page (web, run, server)',
 };
@@ -461,7 +475,7 @@ export const SERVER_GROUPS: FlagGroup[] = ['database', 'observability', 'server'
 
 /** Every group `run` takes, in --help order. */
 /** Groups of one command other than `run`. */
-const OTHER_COMMAND_GROUPS: readonly FlagGroup[] = ['server', 'decommission', 'operator', 'install'];
+const OTHER_COMMAND_GROUPS: readonly FlagGroup[] = ['server', 'decommission', 'operator', 'install', 'agent-image'];
 
 /** Every group `run` takes, in --help order. */
 export const FLAG_GROUPS = ALL_GROUPS.filter((group) => !OTHER_COMMAND_GROUPS.includes(group));

@@ -6,6 +6,7 @@
 
 import { describeError } from '@bmaas/bmdb-controlloop';
 import yargs, { type Options, type Argv as Yargs } from 'yargs';
+import { AGENT_IMAGE_ACTIONS, agentImage } from './commands/agent-image.js';
 import { decommission } from './commands/decommission.js';
 import { hold, unhold } from './commands/hold.js';
 import { install } from './commands/install.js';
@@ -95,6 +96,15 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
       powerWord === undefined
         ? `shepherd: power: say what to do: ${POWER_LIST} (e.g. shepherd power status --provider Static --provider-id node1)\n`
         : `shepherd: power: unknown command ${JSON.stringify(powerWord)}: want ${POWER_LIST}\n`,
+    );
+    return EXIT.usage;
+  }
+  const imageAction = command === 'agent-image' ? positionals(args)[1] : undefined;
+  if (command === 'agent-image' && !wantsHelp && !AGENT_IMAGE_ACTIONS.some((action) => action === imageAction)) {
+    io.stderr(
+      imageAction === undefined
+        ? 'shepherd: agent-image: say what to do: build (e.g. shepherd agent-image build --out dist/agent-image)\n'
+        : `shepherd: agent-image: unknown command ${JSON.stringify(imageAction)}: want build\n`,
     );
     return EXIT.usage;
   }
@@ -225,6 +235,22 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
       },
     )
     .command(
+      'agent-image <command>',
+      'Build the agent environment (kernel, initramfs, an ISO booting under BIOS and UEFI) from this machine’s Debian packages',
+      (y) =>
+        y
+          .positional('command', {
+            describe: 'build: write vmlinuz, initramfs and agent.iso into --out',
+            choices: AGENT_IMAGE_ACTIONS,
+          })
+          .options(optionsOf('agent-image'))
+          .strict(),
+      async (argv) => {
+        enableLogs();
+        await agentImage(argv, io.stdout);
+      },
+    )
+    .command(
       'web',
       'Serve the read-only fleet page (machines, work, backoffs, each machine’s story) until SIGINT/SIGTERM',
       (y) => y.options(optionsOf('web')).strict(),
@@ -235,7 +261,7 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
     )
     .demandCommand(
       1,
-      'say which command to run: run, migrate, status, ssh-key, server, decommission, hold, unhold, install, power or web',
+      'say which command to run: run, migrate, status, ssh-key, server, decommission, hold, unhold, install, power, web or agent-image',
     )
     .fail((message, error) => {
       // Our handlers' errors and yargs' own validation (unknown flag, missing command) end here.
@@ -267,6 +293,7 @@ const COMMAND_ARGUMENTS: Record<string, number> = {
   unhold: 0,
   install: 0,
   power: 1,
+  'agent-image': 1,
 };
 
 /** The first word after a command beyond those it takes; commands not in the table are left to yargs. */
@@ -298,6 +325,7 @@ const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
   install: ['database', 'decommission', 'install'],
   // The provider's own flags, as `run <provider>` takes them: one environment serves both.
   power: ['database', 'decommission', 'dummy', 'equinix', 'static'],
+  'agent-image': ['agent-image'],
 };
 /** The recoverer's thresholds decide who is awaiting recovery on the page too. */
 const WEB_RECOVERER_FLAGS = ['recoverer-first-heartbeat-timeout', 'recoverer-heartbeat-timeout'];

@@ -2,7 +2,7 @@ import { execFile } from 'node:child_process';
 import { readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { cpioArchive } from './cpio.js';
+import { cpioArchive } from '@bmaas/agent';
 import { LabSetupError } from './errors.js';
 import type { GuestKernel } from './kernel.js';
 

@@ -5,8 +5,8 @@
  * @packageDocumentation
  */
 
+export { type CpioEntry, cpioArchive } from '@bmaas/agent';
 export { type BootImage, buildBootImage } from './boot-image.js';
-export { type CpioEntry, cpioArchive } from './cpio.js';
 export { LabSetupError, VmError } from './errors.js';
 export { type GuestShare, prepareGuestShare } from './guest-share.js';
 export { buildInitramfs, type Initramfs } from './initramfs.js';

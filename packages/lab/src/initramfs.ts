@@ -3,7 +3,7 @@ import { createHash } from 'node:crypto';
 import { mkdir, readFile, rename, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { type CpioEntry, cpioArchive } from './cpio.js';
+import { type CpioEntry, cpioArchive, moduleOrder, sharedLibraries } from '@bmaas/agent';
 import { LabSetupError } from './errors.js';
 import { GUEST_MODULES, guestFiles } from './guest-files.js';
 import type { GuestKernel } from './kernel.js';
@@ -129,56 +129,4 @@ function dedupe(entries: CpioEntry[]): CpioEntry[] {
     seen.add(entry.path);
     return true;
   });
-}
-
-/** The shared libraries `programs` load, by the paths the loader looks them up at (ldd's answer). */
-async function sharedLibraries(programs: readonly string[]): Promise<string[]> {
-  const found = new Set<string>();
-  for (const program of programs) {
-    const { stdout } = await run('ldd', [program]).catch((error: { stdout?: string }) => ({
-      stdout: error.stdout ?? '',
-    }));
-    for (const line of stdout.split('\n')) {
-      const match = /=>\s*(\/\S+)/.exec(line) ?? /^\s*(\/\S+)\s+\(0x/.exec(line);
-      if (match?.[1]) found.add(match[1]);
-    }
-  }
-  // Each goes in as a file at the path the loader asks for (a link on the host, such as the loader's own
-  // /lib64/ld-linux-x86-64.so.2, is copied as the file it points to).
-  return [...found].sort();
-}
-
-/**
- * `wanted` modules and their dependencies from modules.dep, each after what
- * it needs, as paths relative to the modules directory.
- */
-export async function moduleOrder(kernel: GuestKernel, wanted: readonly string[]): Promise<string[]> {
-  const dep = await readFile(path.join(kernel.modules, 'modules.dep'), 'utf8');
-  const needs = new Map<string, string[]>();
-  const byName = new Map<string, string>();
-  for (const line of dep.split('\n')) {
-    const [module, rest] = line.split(':');
-    if (!module || rest === undefined) continue;
-    needs.set(module, rest.trim() === '' ? [] : rest.trim().split(/\s+/));
-    byName.set(path.basename(module).replace(/\.ko(\.\w+)?$/, ''), module);
-  }
-  const order: string[] = [];
-  const visit = (module: string) => {
-    if (order.includes(module)) return;
-    for (const dependency of needs.get(module) ?? []) visit(dependency);
-    order.push(module);
-  };
-  for (const name of wanted) {
-    const module = byName.get(name);
-    if (module === undefined) {
-      // Built into this kernel, or not there at all: the guest's boot says which.
-      log('module %s is not in %s/modules.dep (built in?)', name, kernel.modules);
-      continue;
-    }
-    visit(module);
-  }
-  if (order.some((module) => /\.ko\.\w+$/.test(module))) {
-    throw new LabSetupError(`${kernel.modules} has compressed modules, which busybox's insmod cannot load`);
-  }
-  return order;
 }

@@ -73,3 +73,23 @@ function commandOf(pid: number): string {
     return '';
   }
 }
+
+/** What booting the agent image in QEMU needs from Debian (the image's own tools, QEMU, OVMF for UEFI). */
+export async function missingForAgentImage(): Promise<string[]> {
+  const missing: string[] = [];
+  if (!(await onPath('qemu-system-x86_64'))) missing.push('qemu-system-x86');
+  if (!(await onPath('xorriso'))) missing.push('xorriso');
+  if (!(await onPath('zstd'))) missing.push('zstd');
+  if (!(await onPath('grub-mkimage'))) missing.push('grub-common');
+  if (!(await onPath('mcopy'))) missing.push('mtools');
+  if (!(await onPath('mkfs.fat'))) missing.push('dosfstools');
+  if (!existsSync('/usr/lib/ISOLINUX/isolinux.bin')) missing.push('isolinux');
+  if (!existsSync('/usr/lib/syslinux/modules/bios')) missing.push('syslinux-common');
+  if (!existsSync('/usr/lib/grub/x86_64-efi/kernel.img')) missing.push('grub-efi-amd64-bin');
+  if (!existsSync('/bin/busybox')) missing.push('busybox-static');
+  if (!existsSync('/usr/share/OVMF/OVMF_CODE.fd')) missing.push('ovmf');
+  if (!existsSync('/boot') || !(await import('node:fs')).readdirSync('/boot').some((f) => f.startsWith('vmlinuz-'))) {
+    missing.push('linux-image-amd64');
+  }
+  return missing;
+}

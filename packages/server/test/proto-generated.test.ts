@@ -80,6 +80,7 @@ describe('generated BMaaS server API code', () => {
       [3, 'root_device', 9, ''],
       [4, 'compression', 'enum', ''],
       [5, 'user_data', 12, ''],
+      [6, 'root_device_hints', 'cloud.agent.api.RootDeviceHints', ''],
     ]);
     expect(shape(MetropolisInstallationRequestSchema)).toEqual([[3, 'root_device', 9, '']]);
     expect(NodeSchema.typeName).toBe('cloud.agent.api.Node');

@@ -20,7 +20,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cloud/agent/api/disk_image.proto.
  */
 export const file_cloud_agent_api_disk_image: GenFile = /*@__PURE__*/
-  fileDesc("CiBjbG91ZC9hZ2VudC9hcGkvZGlza19pbWFnZS5wcm90bxIPY2xvdWQuYWdlbnQuYXBpIvUBChxEaXNrSW1hZ2VJbnN0YWxsYXRpb25SZXF1ZXN0EgsKA3VybBgBIAEoCRIOCgZzaGEyNTYYAiABKAkSEwoLcm9vdF9kZXZpY2UYAyABKAkSTgoLY29tcHJlc3Npb24YBCABKA4yOS5jbG91ZC5hZ2VudC5hcGkuRGlza0ltYWdlSW5zdGFsbGF0aW9uUmVxdWVzdC5Db21wcmVzc2lvbhIRCgl1c2VyX2RhdGEYBSABKAwiQAoLQ29tcHJlc3Npb24SGwoXQ09NUFJFU1NJT05fVU5TUEVDSUZJRUQQABIUChBDT01QUkVTU0lPTl9HWklQEAFCJFoic291cmNlLm1vbm9nb24uZGV2L2Nsb3VkL2FnZW50L2FwaWIGcHJvdG8z");
+  fileDesc("CiBjbG91ZC9hZ2VudC9hcGkvZGlza19pbWFnZS5wcm90bxIPY2xvdWQuYWdlbnQuYXBpIrICChxEaXNrSW1hZ2VJbnN0YWxsYXRpb25SZXF1ZXN0EgsKA3VybBgBIAEoCRIOCgZzaGEyNTYYAiABKAkSEwoLcm9vdF9kZXZpY2UYAyABKAkSTgoLY29tcHJlc3Npb24YBCABKA4yOS5jbG91ZC5hZ2VudC5hcGkuRGlza0ltYWdlSW5zdGFsbGF0aW9uUmVxdWVzdC5Db21wcmVzc2lvbhIRCgl1c2VyX2RhdGEYBSABKAwSOwoRcm9vdF9kZXZpY2VfaGludHMYBiABKAsyIC5jbG91ZC5hZ2VudC5hcGkuUm9vdERldmljZUhpbnRzIkAKC0NvbXByZXNzaW9uEhsKF0NPTVBSRVNTSU9OX1VOU1BFQ0lGSUVEEAASFAoQQ09NUFJFU1NJT05fR1pJUBABIq0BCg9Sb290RGV2aWNlSGludHMSEwoLZGV2aWNlX25hbWUYASABKAkSDQoFbW9kZWwYAiABKAkSDgoGdmVuZG9yGAMgASgJEhUKDXNlcmlhbF9udW1iZXIYBCABKAkSCwoDd3duGAUgASgJEhoKEm1pbl9zaXplX2dpZ2FieXRlcxgGIAEoBRIXCgpyb3RhdGlvbmFsGAcgASgISACIAQFCDQoLX3JvdGF0aW9uYWxCJFoic291cmNlLm1vbm9nb24uZGV2L2Nsb3VkL2FnZW50L2FwaWIGcHJvdG8z");
 
 /**
  * DiskImageInstallationRequest asks the agent to write a disk image to the
@@ -69,6 +69,19 @@ export type DiskImageInstallationRequest = Message<"cloud.agent.api.DiskImageIns
    * @generated from field: bytes user_data = 5;
    */
   userData: Uint8Array;
+
+  /**
+   * Which disk to write, chosen among the machine's disks by what they are
+   * rather than by a path the kernel may number differently on each boot
+   * (Metal3's rootDeviceHints). Unset: root_device alone names the disk. Set:
+   * the disk is the one that matches every hint given, and root_device, when
+   * also given, is one more hint (as device_name). A set of hints that
+   * matches no disk, or several, is an Error naming the disks seen. Used by
+   * @bmaas/agent only so far: the server does not send it yet.
+   *
+   * @generated from field: cloud.agent.api.RootDeviceHints root_device_hints = 6;
+   */
+  rootDeviceHints?: RootDeviceHints | undefined;
 };
 
 /**
@@ -104,4 +117,70 @@ export enum DiskImageInstallationRequest_Compression {
  */
 export const DiskImageInstallationRequest_CompressionSchema: GenEnum<DiskImageInstallationRequest_Compression> = /*@__PURE__*/
   enumDesc(file_cloud_agent_api_disk_image, 0, 0);
+
+/**
+ * RootDeviceHints names the install disk by its properties, as Metal3's
+ * BareMetalHost rootDeviceHints do (the same names, in snake case). Empty
+ * strings and zero mean "no hint".
+ *
+ * @generated from message cloud.agent.api.RootDeviceHints
+ */
+export type RootDeviceHints = Message<"cloud.agent.api.RootDeviceHints"> & {
+  /**
+   * A device path: /dev/sda, or a udev link such as
+   * /dev/disk/by-path/pci-0000:00:1f.2-ata-1.
+   *
+   * @generated from field: string device_name = 1;
+   */
+  deviceName: string;
+
+  /**
+   * The disk's model, as the kernel reports it (case-insensitive).
+   *
+   * @generated from field: string model = 2;
+   */
+  model: string;
+
+  /**
+   * The disk's vendor, as the kernel reports it (case-insensitive).
+   *
+   * @generated from field: string vendor = 3;
+   */
+  vendor: string;
+
+  /**
+   * The disk's serial number, exactly.
+   *
+   * @generated from field: string serial_number = 4;
+   */
+  serialNumber: string;
+
+  /**
+   * The disk's World Wide Name, as 0x followed by hex digits (0x5000c500a1b2c3d4).
+   *
+   * @generated from field: string wwn = 5;
+   */
+  wwn: string;
+
+  /**
+   * The smallest disk to take, in GiB (2^30 bytes).
+   *
+   * @generated from field: int32 min_size_gigabytes = 6;
+   */
+  minSizeGigabytes: number;
+
+  /**
+   * Set: only a rotational disk (true) or only a non-rotational one (false).
+   *
+   * @generated from field: optional bool rotational = 7;
+   */
+  rotational?: boolean | undefined;
+};
+
+/**
+ * Describes the message cloud.agent.api.RootDeviceHints.
+ * Use `create(RootDeviceHintsSchema)` to create a new message.
+ */
+export const RootDeviceHintsSchema: GenMessage<RootDeviceHints> = /*@__PURE__*/
+  messageDesc(file_cloud_agent_api_disk_image, 1);
 

@@ -1,0 +1,217 @@
+import { spawn } from 'node:child_process';
+import type { KeyObject } from 'node:crypto';
+import { create } from '@bufbuild/protobuf';
+import { pem } from './callback/client-certificate.js';
+import { type AgentService, HeartbeatClient } from './callback/heartbeat-client.js';
+import {
+  AgentHardwareReportSchema,
+  type HeartbeatRequest,
+  HeartbeatRequestSchema,
+  type OSInstallationReport,
+  OSInstallationReportSchema,
+  type OSInstallationRequest,
+} from './gen/cloud/agent/api/agent_pb.js';
+import type { TakeoverInit } from './gen/cloud/agent/api/takeover_pb.js';
+import { hardwareNode, readHardware } from './hardware/inventory.js';
+import { install } from './install/install.js';
+
+/** What the agent runs with. */
+export interface AgentOptions {
+  /** The takeover's init: the machine, the server and its CA. */
+  readonly init: TakeoverInit;
+  /** The key whose public half the takeover returned. */
+  readonly privateKey: KeyObject;
+  /** Between two heartbeats, in milliseconds; 30 s unless given (upstream's pause). */
+  readonly intervalMs?: number | undefined;
+  readonly service?: AgentService | undefined;
+  /** Where the machine's sysfs, procfs and /dev are (`/`). */
+  readonly root?: string | undefined;
+  /** efivarfs, for the boot entry after an installation (`/sys/firmware/efi/efivars`). */
+  readonly efivars?: string | undefined;
+  /** The bound of one installation, in milliseconds (15 minutes unless given). */
+  readonly installTimeoutMs?: number | undefined;
+  /**
+   * Run with `sh -c` once a successful installation's report was accepted,
+   * to boot the installed OS (`reboot -f`). Absent: the agent stops instead.
+   */
+  readonly rebootCommand?: string | undefined;
+  /** Stops the agent, and any installation under way. */
+  readonly signal?: AbortSignal | undefined;
+  /** Where the agent says what it does, one line at a time. */
+  readonly log?: ((line: string) => void) | undefined;
+}
+
+/** Why the agent stopped. */
+export type AgentEnd = 'stopped' | 'installed';
+
+/** An installation under way, or finished and not yet reported. */
+interface Installation {
+  readonly generation: bigint;
+  readonly stop: AbortController;
+  report?: OSInstallationReport;
+}
+
+/**
+ * Runs the agent: heartbeats to the server every interval, the first ones
+ * with the hardware report until one is accepted, retrying with backoff
+ * (0.5 s doubling up to the interval) while the server is down or refuses
+ * it; installs what an answer asks for while it keeps heartbeating, and
+ * reports the outcome with the request's generation. As the server does:
+ * an answer no longer carrying the generation being installed (canceled, or
+ * replaced by a newer one) stops that installation; a generation reported
+ * and accepted is not installed again when its request comes back before
+ * the report is stored. After a Success is accepted, it runs the reboot
+ * command and resolves `installed`; on `signal`, `stopped`.
+ */
+export async function runAgent(options: AgentOptions): Promise<AgentEnd> {
+  const { init, signal } = options;
+  const interval = options.intervalMs ?? 30_000;
+  const log = options.log ?? (() => {});
+  const ca = init.caCertificate.length > 0 ? pem(init.caCertificate) : undefined;
+  const client = new HeartbeatClient({
+    machineId: init.machineId,
+    endpoint: init.bmaasEndpoint,
+    privateKey: options.privateKey,
+    ca,
+    service: options.service,
+  });
+  let reportAccepted = false;
+  let failures = 0;
+  let installation: Installation | undefined;
+  const reported = new Set<bigint>();
+  log(`heartbeating to ${init.bmaasEndpoint} (${options.service ?? 'cloud.agent.api'}) every ${interval} ms`);
+  try {
+    while (!signal?.aborted) {
+      const report = installation?.report;
+      const request = await heartbeatRequest(init.machineId, reportAccepted ? undefined : options.root, report, log);
+      try {
+        const answer = await client.heartbeat(request, signal);
+        if (!reportAccepted || failures > 0) {
+          log(`heartbeat accepted${request.hardwareReport ? ' with a hardware report' : ''}`);
+        }
+        reportAccepted = true;
+        failures = 0;
+        if (report) {
+          log(`installation report of generation ${report.generation} accepted`);
+          reported.add(report.generation);
+          installation = undefined;
+          if (report.result.case === 'success') {
+            await reboot(options.rebootCommand, log);
+            return 'installed';
+          }
+        }
+        const asked = answer.installationRequest;
+        if (installation && installation.generation !== asked?.generation) {
+          log(`installation of generation ${installation.generation} no longer asked for: stopping it`);
+          installation.stop.abort();
+          installation = undefined;
+        }
+        if (asked && !installation && !reported.has(asked.generation)) {
+          installation = start(asked, options, ca, log);
+        }
+        await sleep(interval, signal);
+      } catch (error) {
+        if (signal?.aborted) break;
+        failures++;
+        const delay = Math.min(interval, 500 * 2 ** Math.min(failures - 1, 16));
+        log(`heartbeat failed (${(error as Error).message}); again in ${delay} ms`);
+        await sleep(delay, signal);
+      }
+    }
+  } finally {
+    installation?.stop.abort();
+    client.close();
+  }
+  log('stopped');
+  return 'stopped';
+}
+
+async function heartbeatRequest(
+  machineId: string,
+  hardwareFrom: string | undefined,
+  installationReport: OSInstallationReport | undefined,
+  log: (line: string) => void,
+): Promise<HeartbeatRequest> {
+  const request = create(HeartbeatRequestSchema, { machineId });
+  if (installationReport) request.installationReport = installationReport;
+  if (hardwareFrom !== undefined) {
+    const inventory = await readHardware(hardwareFrom);
+    for (const warning of inventory.warnings) log(`hardware report: ${warning}`);
+    request.hardwareReport = create(AgentHardwareReportSchema, {
+      report: hardwareNode(inventory),
+      warning: [...inventory.warnings],
+    });
+  }
+  return request;
+}
+
+/** Starts installing `asked`; its outcome becomes the installation's report, unless it was stopped. */
+function start(
+  asked: OSInstallationRequest,
+  options: AgentOptions,
+  ca: string | undefined,
+  log: (line: string) => void,
+): Installation {
+  const installation: Installation = { generation: asked.generation, stop: new AbortController() };
+  log(`installing generation ${asked.generation}`);
+  if (asked.type.case === 'diskImage' && asked.type.value.userData.length > 0) {
+    log(`generation ${asked.generation}: its user_data is not handed to the installed OS (not implemented yet)`);
+  }
+  install(asked, {
+    root: options.root,
+    efivars: options.efivars,
+    ca,
+    signal: installation.stop.signal,
+    timeoutMs: options.installTimeoutMs,
+  }).then(
+    (installed) => {
+      log(
+        `installed generation ${asked.generation}: ${installed.bytes} bytes onto ${installed.device}${
+          installed.bootEntry === undefined ? '' : `, boot entry ${installed.bootEntry}`
+        }`,
+      );
+      installation.report = create(OSInstallationReportSchema, {
+        generation: asked.generation,
+        result: { case: 'success', value: {} },
+      });
+    },
+    (error: unknown) => {
+      if (installation.stop.signal.aborted) return;
+      const message = (error as Error).message;
+      log(`installation of generation ${asked.generation} failed: ${message}`);
+      installation.report = create(OSInstallationReportSchema, {
+        generation: asked.generation,
+        result: { case: 'error', value: { error: message } },
+      });
+    },
+  );
+  return installation;
+}
+
+async function reboot(command: string | undefined, log: (line: string) => void): Promise<void> {
+  if (!command) {
+    log('installed; no reboot command: stopping as if rebooted');
+    return;
+  }
+  log(`installed; rebooting: ${command}`);
+  const code = await new Promise<number | null>((resolve) => {
+    const child = spawn('sh', ['-c', command], { stdio: 'ignore' });
+    child.on('error', () => resolve(-1));
+    child.on('close', resolve);
+  });
+  log(`reboot command exited ${code}`);
+}
+
+function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise((resolve) => {
+    const wake = () => {
+      clearTimeout(timer);
+      resolve();
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener('abort', wake);
+      resolve();
+    }, ms);
+    signal?.addEventListener('abort', wake, { once: true });
+  });
+}

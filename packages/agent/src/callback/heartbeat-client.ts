@@ -1,0 +1,83 @@
+import type { KeyObject } from 'node:crypto';
+import { fromBinary, toBinary } from '@bufbuild/protobuf';
+import { type Client, createClient } from '@connectrpc/connect';
+import { createGrpcTransport, Http2SessionManager } from '@connectrpc/connect-node';
+import {
+  AgentCallback,
+  type HeartbeatRequest,
+  HeartbeatRequestSchema,
+  type HeartbeatResponse,
+  HeartbeatResponseSchema,
+} from '../gen/cloud/agent/api/agent_pb.js';
+import * as older from '../gen/cloud/bmaas/server/api/agent_pb.js';
+import { clientCertificate } from './client-certificate.js';
+
+/**
+ * The package of the AgentCallback service the agent calls: `cloud.agent.api`
+ * as the current upstream agent does, or `cloud.bmaas.server.api` as it did
+ * before 2025. The BMaaS server answers on both; the messages are the same on
+ * the wire.
+ */
+export type AgentService = 'cloud.agent.api' | 'cloud.bmaas.server.api';
+
+/** Where and how the agent calls the server. */
+export interface HeartbeatClientOptions {
+  readonly machineId: string;
+  /** host:port of the BMaaS server (TakeoverInit.bmaas_endpoint). */
+  readonly endpoint: string;
+  /** The agent's ed25519 key, whose public half the server knows from the takeover. */
+  readonly privateKey: KeyObject;
+  /** PEM CA certificate of the server; absent: the system's CAs. */
+  readonly ca?: string | undefined;
+  readonly service?: AgentService | undefined;
+  /** How long one call may take, in milliseconds; 10 s as upstream. */
+  readonly timeoutMs?: number | undefined;
+}
+
+/**
+ * AgentCallback.Heartbeat over gRPC, TLS with the agent's self-signed client
+ * certificate, through one HTTP/2 connection kept between calls.
+ */
+export class HeartbeatClient {
+  readonly #call: (request: HeartbeatRequest, signal: AbortSignal | undefined) => Promise<HeartbeatResponse>;
+  /** The connection, held here so that {@link close} can end it. */
+  readonly #session: Http2SessionManager;
+
+  constructor(options: HeartbeatClientOptions) {
+    const baseUrl = `https://${options.endpoint}`;
+    this.#session = new Http2SessionManager(baseUrl, undefined, {
+      cert: clientCertificate(options.privateKey, options.machineId),
+      key: options.privateKey.export({ type: 'pkcs8', format: 'pem' }).toString(),
+      ...(options.ca !== undefined && { ca: options.ca }),
+    });
+    const transport = createGrpcTransport({
+      baseUrl,
+      sessionManager: this.#session,
+      defaultTimeoutMs: options.timeoutMs ?? 10_000,
+    });
+    if (options.service === 'cloud.bmaas.server.api') {
+      const client: Client<typeof older.AgentCallback> = createClient(older.AgentCallback, transport);
+      // The same messages under the older package: converted through their (identical) wire form.
+      this.#call = async (request, signal) => {
+        const answer = await client.heartbeat(
+          fromBinary(older.HeartbeatRequestSchema, toBinary(HeartbeatRequestSchema, request)),
+          { signal },
+        );
+        return fromBinary(HeartbeatResponseSchema, toBinary(older.HeartbeatResponseSchema, answer));
+      };
+    } else {
+      const client = createClient(AgentCallback, transport);
+      this.#call = (request, signal) => client.heartbeat(request, { signal });
+    }
+  }
+
+  /** One heartbeat; rejects with the call's ConnectError when the server refuses it or cannot be reached. */
+  heartbeat(request: HeartbeatRequest, signal?: AbortSignal): Promise<HeartbeatResponse> {
+    return this.#call(request, signal);
+  }
+
+  /** Closes the connection, so that nothing of the client keeps the process alive. */
+  close(): void {
+    this.#session.abort();
+  }
+}

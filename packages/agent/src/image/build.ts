@@ -1,0 +1,275 @@
+import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { createReadStream } from 'node:fs';
+import { copyFile, mkdir, mkdtemp, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { homedir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { type CpioEntry, cpioArchive } from './cpio.js';
+import { AgentImageError } from './errors.js';
+import { AGENT_PATH, CONFIG_DIR, INIT_SCRIPT, MODULE_LIST, UDHCPC_SCRIPT, UDHCPC_SCRIPT_TEXT } from './init-script.js';
+import { BOOT_FILES, checkBootFiles, writeIso } from './iso.js';
+import { type BootKernel, findKernel, moduleOrder, sharedLibraries } from './kernel.js';
+import { tool } from './tools.js';
+
+/** Bump when the layout changes in a way the inputs' contents do not show. */
+const FORMAT = 1;
+/** zstd's level: 3 is seconds on two cores; 19 would save about a fifth and take minutes. */
+const ZSTD_LEVEL = 3;
+
+/**
+ * Drivers the environment loads when they are modules: disks (virtio, NVMe,
+ * AHCI, SCSI), NICs (virtio, Intel, Broadcom, Realtek) and efivarfs.
+ */
+export const AGENT_MODULES = [
+  'virtio_pci',
+  'virtio_blk',
+  'virtio_scsi',
+  'virtio_net',
+  'nvme',
+  'ahci',
+  'sd_mod',
+  'e1000',
+  'e1000e',
+  'igb',
+  'ixgbe',
+  'i40e',
+  'tg3',
+  'bnxt_en',
+  'r8169',
+  'efivarfs',
+];
+
+/** Options of {@link buildAgentImage}. */
+export interface AgentImageOptions {
+  /** Where `vmlinuz`, `initramfs` and `agent.iso` are written. */
+  readonly out: string;
+  /** Built parts, by their inputs' hash. Default `~/.cache/bmaas/agent-image`. */
+  readonly cacheDir?: string;
+  /** Default {@link findKernel}'s. */
+  readonly kernel?: BootKernel;
+  /** The node the environment runs the agent with. Default this process's. */
+  readonly node?: string;
+  /** The bundled agent. Default this package's `dist/agent.cjs` (`npm run bundle -w @bmaas/agent`). */
+  readonly agentBundle?: string;
+}
+
+/** A built agent image: its files, their sizes, and what came from the cache. */
+export interface AgentImage {
+  readonly kernel: BootKernel;
+  readonly vmlinuz: string;
+  /** zstd-compressed cpio. */
+  readonly initramfs: string;
+  readonly iso: string;
+  readonly initramfsBytes: number;
+  readonly isoBytes: number;
+  /** The initramfs and the ISO were found in the cache, not built. */
+  readonly cached: { readonly initramfs: boolean; readonly iso: boolean };
+}
+
+const BUSYBOX = { path: '/bin/busybox', pkg: 'busybox-static' };
+
+/**
+ * Builds the agent environment from this machine's Debian packages: Debian's
+ * kernel, an initramfs (busybox, node and its libraries, the agent bundle,
+ * the disk and NIC modules, /init) and a hybrid ISO booting them under BIOS
+ * and UEFI. Each part is cached under `cacheDir` by the hash of its inputs'
+ * contents, so a second build copies what did not change.
+ *
+ * @throws {@link AgentImageError} naming the missing file, its Debian package, or the failing tool
+ */
+export async function buildAgentImage(options: AgentImageOptions): Promise<AgentImage> {
+  const kernel = options.kernel ?? findKernel();
+  const node = options.node ?? process.execPath;
+  const agentBundle = options.agentBundle ?? fileURLToPath(new URL('../agent.cjs', import.meta.url));
+  const cacheDir = options.cacheDir ?? path.join(homedir(), '.cache', 'bmaas', 'agent-image');
+  await stat(agentBundle).catch(() => {
+    throw new AgentImageError(`${agentBundle} is missing: build it with npm run bundle -w @bmaas/agent`);
+  });
+  await stat(BUSYBOX.path).catch(() => {
+    throw new AgentImageError(`${BUSYBOX.path} is missing: install Debian's ${BUSYBOX.pkg} package`);
+  });
+  await checkBootFiles();
+  await mkdir(cacheDir, { recursive: true });
+  await mkdir(options.out, { recursive: true });
+
+  const modules = await moduleOrder(kernel, AGENT_MODULES);
+  const libraries = await sharedLibraries([node]);
+  const applets = (await promisify(execFile)(BUSYBOX.path, ['--list'])).stdout
+    .split('\n')
+    .filter((applet) => applet !== '' && applet !== 'busybox');
+  const inputs = [
+    BUSYBOX.path,
+    node,
+    agentBundle,
+    ...libraries,
+    ...modules.map((module) => path.join(kernel.modules, module)),
+  ];
+  const initramfsKey = createHash('sha256').update(
+    `format ${FORMAT} zstd ${ZSTD_LEVEL}\n${INIT_SCRIPT}\n${UDHCPC_SCRIPT_TEXT}\n${applets.join(' ')}\n`,
+  );
+  for (const input of inputs) initramfsKey.update(`${input} ${await contentHash(input)}\n`);
+  const initramfsHash = initramfsKey.digest('hex').slice(0, 16);
+  const initramfs = path.join(cacheDir, `initramfs-${initramfsHash}.zst`);
+  const initramfsCached = await exists(initramfs);
+  if (!initramfsCached) {
+    const entries = initramfsEntries({ node, agentBundle, libraries, applets, modules, release: kernel.release });
+    const archive = cpioArchive(await loadEntries(entries, kernel));
+    const raw = `${initramfs}.${process.pid}.cpio`;
+    await writeFile(raw, archive);
+    await tool('zstd', ['-q', '-f', `-${ZSTD_LEVEL}`, '-T0', '--rm', raw, '-o', `${initramfs}.${process.pid}.tmp`]);
+    await rename(`${initramfs}.${process.pid}.tmp`, initramfs);
+  }
+
+  const isoKey = createHash('sha256').update(`format ${FORMAT}\ninitramfs ${initramfsHash}\n`);
+  for (const input of [kernel.image, ...Object.values(BOOT_FILES).map((file) => file.path)]) {
+    isoKey.update(`${input} ${await contentHash(input)}\n`);
+  }
+  isoKey.update((await tool('grub-mkimage', ['--version'])).trim());
+  const iso = path.join(cacheDir, `agent-${isoKey.digest('hex').slice(0, 16)}.iso`);
+  const isoCached = await exists(iso);
+  if (!isoCached) {
+    const work = await mkdtemp(path.join(cacheDir, 'iso-'));
+    try {
+      const config = path.join(work, 'config.cpio');
+      // The generic ISO's config: an empty archive. A machine's copy replaces it (configureAgentIso).
+      await writeFile(config, cpioArchive([]));
+      await writeIso(work, { kernel: kernel.image, initramfs, config }, iso);
+    } finally {
+      await rm(work, { recursive: true, force: true });
+    }
+  }
+
+  const result = {
+    kernel,
+    vmlinuz: path.join(options.out, 'vmlinuz'),
+    initramfs: path.join(options.out, 'initramfs'),
+    iso: path.join(options.out, 'agent.iso'),
+  };
+  await pruneCache(cacheDir, 'initramfs-', '.zst', initramfs);
+  await pruneCache(cacheDir, 'agent-', '.iso', iso);
+  await copyFile(kernel.image, result.vmlinuz);
+  await copyFile(initramfs, result.initramfs);
+  await copyFile(iso, result.iso);
+  return {
+    ...result,
+    initramfsBytes: (await stat(result.initramfs)).size,
+    isoBytes: (await stat(result.iso)).size,
+    cached: { initramfs: initramfsCached, iso: isoCached },
+  };
+}
+
+type Planned = CpioEntry | { readonly kind: 'copy'; readonly path: string; readonly source: string };
+
+/** The initramfs's layout; files to copy are read later, in {@link loadEntries}. */
+function initramfsEntries(parts: {
+  node: string;
+  agentBundle: string;
+  libraries: readonly string[];
+  applets: readonly string[];
+  modules: readonly string[];
+  release: string;
+}): Planned[] {
+  const entries: Planned[] = [];
+  const dirs = new Set<string>();
+  const dir = (p: string) => {
+    const names = p.split('/').filter((name) => name !== '');
+    for (let i = 1; i <= names.length; i++) {
+      const d = `/${names.slice(0, i).join('/')}`;
+      if (dirs.has(d)) continue;
+      dirs.add(d);
+      entries.push({ kind: 'dir', path: d, mode: d === '/tmp' ? 0o1777 : 0o755 });
+    }
+  };
+  for (const d of [
+    '/bin',
+    '/sbin',
+    '/usr/bin',
+    '/usr/sbin',
+    '/proc',
+    '/sys',
+    '/dev',
+    '/run',
+    '/tmp',
+    '/var/log',
+    '/lib64',
+  ]) {
+    dir(d);
+  }
+  dir(CONFIG_DIR);
+  const copy = (source: string, destination = source) => {
+    dir(path.dirname(destination));
+    entries.push({ kind: 'copy', path: destination, source });
+  };
+  copy(BUSYBOX.path);
+  copy(parts.node, '/usr/bin/node');
+  copy(parts.agentBundle, AGENT_PATH);
+  for (const library of parts.libraries) copy(library);
+  const modules = parts.modules.map((module) => `${parts.release}/${module}`);
+  for (const module of modules) copy(module, `/lib/modules/${module}`);
+  for (const applet of parts.applets) entries.push({ kind: 'symlink', path: `/bin/${applet}`, target: '/bin/busybox' });
+  entries.push({ kind: 'file', path: '/init', data: Buffer.from(INIT_SCRIPT), mode: 0o755 });
+  entries.push({ kind: 'file', path: UDHCPC_SCRIPT, data: Buffer.from(UDHCPC_SCRIPT_TEXT), mode: 0o755 });
+  entries.push({
+    kind: 'file',
+    path: MODULE_LIST,
+    data: Buffer.from(modules.map((m) => `${m}\n`).join('')),
+    mode: 0o644,
+  });
+  return entries;
+}
+
+/** Reads each file to copy (modules from the kernel's tree); the first entry of a path wins. */
+async function loadEntries(planned: readonly Planned[], kernel: BootKernel): Promise<CpioEntry[]> {
+  const seen = new Set<string>();
+  const entries: CpioEntry[] = [];
+  for (const entry of planned) {
+    if (seen.has(entry.path)) continue;
+    seen.add(entry.path);
+    if (entry.kind !== 'copy') {
+      entries.push(entry);
+      continue;
+    }
+    const source = entry.path.startsWith('/lib/modules/')
+      ? path.join(kernel.modules, '..', entry.source)
+      : entry.source;
+    const s = await stat(source);
+    entries.push({ kind: 'file', path: entry.path, data: await readFile(source), mode: s.mode & 0o7777 });
+  }
+  return entries;
+}
+
+/**
+ * Removes the cache's older builds of a kind (`prefix`...`suffix`): each is tens of
+ * MiB, and every change of an input makes a new one. `current` and the
+ * newest other stay (a build with other inputs may be reading it).
+ */
+async function pruneCache(cacheDir: string, prefix: string, suffix: string, current: string): Promise<void> {
+  const others = [];
+  for (const name of await readdir(cacheDir)) {
+    const file = path.join(cacheDir, name);
+    // Files being written end otherwise (.tmp, .cpio).
+    if (!name.startsWith(prefix) || !name.endsWith(suffix) || file === current) continue;
+    const modified = await stat(file).then(
+      (s) => s.mtimeMs,
+      () => undefined,
+    );
+    if (modified !== undefined) others.push({ file, modified });
+  }
+  others.sort((a, b) => b.modified - a.modified);
+  for (const { file } of others.slice(1)) await rm(file, { force: true });
+}
+
+async function contentHash(file: string): Promise<string> {
+  const hash = createHash('sha256');
+  for await (const chunk of createReadStream(file)) hash.update(chunk as Buffer);
+  return hash.digest('hex');
+}
+
+async function exists(file: string): Promise<boolean> {
+  return stat(file).then(
+    () => true,
+    () => false,
+  );
+}

@@ -1,0 +1,95 @@
+import type { KeyObject } from 'node:crypto';
+import { isIP } from 'node:net';
+import { toBinary } from '@bufbuild/protobuf';
+import { type TakeoverInit, TakeoverInitSchema } from '../gen/cloud/agent/api/takeover_pb.js';
+import { cpioArchive } from './cpio.js';
+import { AgentImageError } from './errors.js';
+import { CONFIG_DIR } from './init-script.js';
+
+/** The machine's network as the agent environment sets it up instead of DHCP. */
+export interface AgentNetwork {
+  /** The NIC: its name (`eth0`) or MAC address; default the first NIC. */
+  readonly interface?: string;
+  /** IPv4 or IPv6 address with its prefix length (`192.0.2.10/24`). */
+  readonly address: string;
+  readonly gateway?: string;
+  readonly dns?: readonly string[];
+}
+
+/** What one machine's agent environment starts with. */
+export interface AgentBootConfig {
+  /** The takeover's settings: machine ID, BMaaS endpoint, its CA. */
+  readonly init: TakeoverInit;
+  /** The agent's ed25519 key (its public half is the one the BMDB holds). */
+  readonly privateKey: KeyObject;
+  /** The agent's flags (`--interval=30s`), one word each. */
+  readonly flags?: readonly string[];
+  /** Absent: DHCP on every NIC with link. */
+  readonly network?: AgentNetwork;
+}
+
+/**
+ * The JSON `bmaas-agent run` reads on standard input: the init (protobuf, in
+ * base64) and the key (PKCS#8 PEM). `takeover` hands it over a pipe; the
+ * agent environment reads it from `/etc/bmaas/handover.json`.
+ */
+export function handOverText(init: TakeoverInit, privateKey: KeyObject): string {
+  return JSON.stringify({
+    init: Buffer.from(toBinary(TakeoverInitSchema, init)).toString('base64'),
+    privateKey: privateKey.export({ type: 'pkcs8', format: 'pem' }).toString(),
+  });
+}
+
+/**
+ * An initramfs (uncompressed cpio) holding one machine's {@link AgentBootConfig}
+ * under /etc/bmaas, to load after the agent image's own: appended to it for
+ * kexec, or as the ISO's `/boot/config.cpio` ({@link configureAgentIso}).
+ *
+ * @throws {@link AgentImageError} naming the field of a network setting that is not an address or a NIC
+ */
+export function agentConfigArchive(config: AgentBootConfig): Buffer {
+  const files: { path: string; text: string; mode: number }[] = [
+    { path: `${CONFIG_DIR}/handover.json`, text: handOverText(config.init, config.privateKey), mode: 0o600 },
+  ];
+  if (config.flags?.length) {
+    for (const flag of config.flags) {
+      if (/[\n\0]/.test(flag)) throw new AgentImageError(`agent flag ${JSON.stringify(flag)}: one line each`);
+    }
+    files.push({ path: `${CONFIG_DIR}/agent-flags`, text: `${config.flags.join('\n')}\n`, mode: 0o644 });
+  }
+  if (config.network) files.push({ path: `${CONFIG_DIR}/network`, text: networkText(config.network), mode: 0o644 });
+  return cpioArchive([
+    { kind: 'dir', path: '/etc' },
+    { kind: 'dir', path: CONFIG_DIR },
+    ...files.map((file) => ({ kind: 'file' as const, path: file.path, data: Buffer.from(file.text), mode: file.mode })),
+  ]);
+}
+
+/** Shell assignments /init sources: every value checked here, so none can carry shell syntax. */
+function networkText(network: AgentNetwork): string {
+  const [address, prefix, ...rest] = network.address.split('/');
+  if (!address || isIP(address) === 0 || !prefix || !/^\d{1,3}$/.test(prefix) || rest.length > 0) {
+    throw new AgentImageError(
+      `network.address ${JSON.stringify(network.address)}: want an IP address and prefix length (192.0.2.10/24)`,
+    );
+  }
+  if (network.gateway !== undefined && isIP(network.gateway) === 0) {
+    throw new AgentImageError(`network.gateway ${JSON.stringify(network.gateway)}: want an IP address`);
+  }
+  for (const server of network.dns ?? []) {
+    if (isIP(server) === 0) throw new AgentImageError(`network.dns ${JSON.stringify(server)}: want an IP address`);
+  }
+  const nic = network.interface;
+  if (nic !== undefined && !/^([0-9a-f]{2}(:[0-9a-f]{2}){5}|[A-Za-z0-9_.-]{1,15})$/.test(nic)) {
+    throw new AgentImageError(
+      `network.interface ${JSON.stringify(nic)}: want a NIC name (eth0) or a lower-case MAC address`,
+    );
+  }
+  return [
+    `BMAAS_INTERFACE=${nic ?? ''}`,
+    `BMAAS_ADDRESS=${network.address}`,
+    `BMAAS_GATEWAY=${network.gateway ?? ''}`,
+    `BMAAS_DNS="${(network.dns ?? []).join(' ')}"`,
+    '',
+  ].join('\n');
+}

@@ -1,0 +1,112 @@
+// The agent environment's boot, as busybox shell scripts: /init and udhcpc's lease script.
+
+/** Where what the boot path hands over lands (an appended initramfs, the ISO's config.cpio). */
+export const CONFIG_DIR = '/etc/bmaas';
+/** The agent's log in the environment (also on the console). */
+export const AGENT_LOG = '/var/log/bmaas-agent.log';
+/** The bundled agent in the environment. */
+export const AGENT_PATH = '/opt/bmaas/agent.cjs';
+/** Modules to load, in order, one path under /lib/modules per line (`<release>/kernel/...`). */
+export const MODULE_LIST = `${CONFIG_DIR}/modules`;
+export const UDHCPC_SCRIPT = `${CONFIG_DIR}/udhcpc.script`;
+
+/**
+ * The environment's /init: mounts, modules, network (handed over, else DHCP
+ * on every NIC with link), then the agent, restarted if it ends without a
+ * reboot. Everything it prints goes to the console (the last `console=` of
+ * the command line, the serial port on the ISO) and to {@link AGENT_LOG}.
+ */
+export const INIT_SCRIPT = `#!/bin/sh
+# The BMaaS agent environment (busybox). Nothing machine-specific is in this image:
+# ${CONFIG_DIR}/handover.json, agent-flags and network come from an initramfs appended by
+# the takeover or the boot medium; bmaas.interface/address/gateway/dns on the kernel
+# command line override the network.
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /run
+mount -t tmpfs tmpfs /tmp
+mkdir -p /var/log
+exec >/dev/console 2>&1 </dev/null
+say() { echo "bmaas-init: $*" | tee -a ${AGENT_LOG}; }
+say "agent environment starting on $(uname -r)"
+
+while read -r module; do insmod "/lib/modules/$module" 2>/dev/null; done <${MODULE_LIST}
+if [ -d /sys/firmware/efi ]; then
+  mount -t efivarfs efivarfs /sys/firmware/efi/efivars || say "efivarfs not mounted: no boot entry can be added"
+fi
+
+BMAAS_INTERFACE= BMAAS_ADDRESS= BMAAS_GATEWAY= BMAAS_DNS=
+[ -f ${CONFIG_DIR}/network ] && . ${CONFIG_DIR}/network
+for word in $(cat /proc/cmdline); do
+  case "$word" in
+    bmaas.interface=*) BMAAS_INTERFACE="\${word#*=}" ;;
+    bmaas.address=*) BMAAS_ADDRESS="\${word#*=}" ;;
+    bmaas.gateway=*) BMAAS_GATEWAY="\${word#*=}" ;;
+    bmaas.dns=*) BMAAS_DNS="$(echo "\${word#*=}" | tr , ' ')" ;;
+  esac
+done
+
+ip link set lo up
+nics=""
+for path in /sys/class/net/*; do
+  [ -e "$path/device" ] && nics="$nics \${path##*/}"
+done
+for nic in $nics; do ip link set "$nic" up; done
+if [ -n "$BMAAS_ADDRESS" ]; then
+  # The NIC by name or by MAC; none given (or none matching), the first.
+  nic=""
+  for candidate in $nics; do
+    [ "$candidate" = "$BMAAS_INTERFACE" ] && nic="$candidate"
+    [ "$(cat /sys/class/net/$candidate/address)" = "$BMAAS_INTERFACE" ] && nic="$candidate"
+  done
+  [ -n "$nic" ] || nic=$(echo $nics | cut -d' ' -f1)
+  ip addr add "$BMAAS_ADDRESS" dev "$nic" && say "$nic: $BMAAS_ADDRESS (handed over)"
+  [ -n "$BMAAS_GATEWAY" ] && ip route add default via "$BMAAS_GATEWAY" dev "$nic"
+  for server in $BMAAS_DNS; do echo "nameserver $server"; done >/etc/resolv.conf
+else
+  # Carrier takes a moment after the link is set up: up to 10 s for any NIC to get one.
+  tries=0
+  while [ $tries -lt 20 ]; do
+    linked=""
+    for nic in $nics; do [ "$(cat /sys/class/net/$nic/carrier 2>/dev/null)" = 1 ] && linked="$linked $nic"; done
+    [ -n "$linked" ] && break
+    tries=$((tries + 1)); sleep 0.5
+  done
+  for nic in $linked; do
+    # Five tries in the foreground, then on in the background (-b) until a lease, kept without renewal (-q).
+    udhcpc -i "$nic" -s ${UDHCPC_SCRIPT} -t 5 -T 2 -q -b >/dev/null 2>&1 || say "$nic: no DHCP lease"
+  done
+fi
+ip -4 addr show | grep inet | tee -a ${AGENT_LOG}
+
+if [ ! -f ${CONFIG_DIR}/handover.json ]; then
+  say "no ${CONFIG_DIR}/handover.json handed over: the agent cannot start"
+  while true; do sleep 3600; done
+fi
+set --
+[ -f ${CONFIG_DIR}/agent-flags ] && while IFS= read -r flag; do [ -n "$flag" ] && set -- "$@" "$flag"; done <${CONFIG_DIR}/agent-flags
+while true; do
+  say "starting the agent"
+  node ${AGENT_PATH} run --reboot-command "reboot -f" "$@" <${CONFIG_DIR}/handover.json 2>&1 | tee -a ${AGENT_LOG}
+  say "the agent ended; starting it again in 10 s"
+  sleep 10
+done
+`;
+
+/** udhcpc's lease script: configures the NIC, its default route and resolv.conf from the lease. */
+export const UDHCPC_SCRIPT_TEXT = `#!/bin/sh
+case "$1" in
+  deconfig) ip addr flush dev "$interface"; ip link set "$interface" up ;;
+  bound|renew)
+    ip addr flush dev "$interface"
+    ip addr add "$ip/\${mask:-24}" dev "$interface"
+    for gateway in $router; do ip route add default via "$gateway" dev "$interface" && break; done
+    [ -n "$dns" ] && for server in $dns; do echo "nameserver $server"; done >/etc/resolv.conf
+    # udhcpc's own output is discarded; this line goes to the console and the log.
+    echo "bmaas-init: $interface: $ip/\${mask:-24} (DHCP)" | tee -a ${AGENT_LOG} >/dev/console
+    ;;
+esac
+exit 0
+`;

@@ -1,0 +1,23 @@
+/** What went wrong in an installation; see {@link InstallationError}. */
+export type InstallationProblem =
+  | 'device'
+  | 'download'
+  | 'too-large'
+  | 'sha256-mismatch'
+  | 'timeout'
+  | 'stopped'
+  | 'write'
+  | 'boot-entry'
+  | 'request';
+
+/** An installation failed; `problem` says at which step, the message names the device or URL. */
+export class InstallationError extends Error {
+  override name = 'InstallationError';
+  constructor(
+    readonly problem: InstallationProblem,
+    message: string,
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+  }
+}

@@ -1,0 +1,197 @@
+import { createHash, X509Certificate } from 'node:crypto';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { gzipSync } from 'node:zlib';
+import { Queries } from '@bmaas/bmdb-controlloop';
+import { AgentHardwareReportSchema, BmaasServer, selfSignedServerTls } from '@bmaas/server';
+import { parseTakeoverResponse } from '@bmaas/shepherd-manager';
+import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { testBMDB } from '../../../test/support/database.js';
+import { eventually } from '../../../test/support/wait.js';
+import { type AgentEnd, runAgent } from '../src/agent.js';
+import type { AgentService } from '../src/callback/heartbeat-client.js';
+import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
+import { IN_PLACE_WARNING, takeover } from '../src/takeover.js';
+
+const fixture = fileURLToPath(new URL('./fixtures/bios-vm/', import.meta.url));
+const { bmdb } = await testBMDB();
+const q = new Queries(bmdb.db);
+const MiB = 2 ** 20;
+/** When the machine's agent last heartbeated, as the server recorded it. */
+const lastHeartbeat = async (machineId: string): Promise<Date | undefined> =>
+  (
+    await bmdb.db
+      .selectFrom('machine_agent_heartbeat')
+      .select('agent_heartbeat_at')
+      .where('machine_id', '=', machineId)
+      .executeTakeFirst()
+  )?.agent_heartbeat_at;
+const image = Buffer.alloc(3 * MiB);
+for (let i = 0; i < image.length; i += 4) image.writeUInt32LE(i, i);
+const gzipped = gzipSync(image);
+const sha256 = createHash('sha256').update(gzipped).digest('hex');
+
+let server: BmaasServer;
+let images: Server;
+let imageUrl: string;
+let dir: string;
+let caDer: Uint8Array;
+
+beforeAll(async () => {
+  dir = await mkdtemp(path.join(tmpdir(), 'agent-loop-'));
+  const tls = await selfSignedServerTls(dir);
+  caDer = new X509Certificate(tls.cert).raw;
+  server = await BmaasServer.start({ bmdb, listen: { host: '127.0.0.1', port: 0 }, tls });
+  images = createServer((_request, response) => response.end(gzipped));
+  await new Promise<void>((resolve) => images.listen(0, '127.0.0.1', resolve));
+  imageUrl = `http://127.0.0.1:${(images.address() as AddressInfo).port}/image.raw.gz`;
+});
+
+afterAll(async () => {
+  await server?.close();
+  await new Promise((resolve) => images?.close(resolve));
+  await rm(dir, { recursive: true, force: true });
+});
+
+/**
+ * A machine whose agent took over as the shepherd's initializer sees it: the
+ * agent's answer to a TakeoverInit passes the initializer's own checks, and
+ * its key is recorded as AgentStarted. Then the agent runs, heartbeating
+ * every 100 ms with the recorded BIOS VM as its hardware.
+ */
+async function startedAgent(service: AgentService) {
+  const machineId = await q.newMachine();
+  const sent = { machineId, bmaasEndpoint: `localhost:${server.port}`, caCertificate: caDer };
+  const answer = takeover(toBinary(TakeoverInitSchema, create(TakeoverInitSchema, sent)));
+  if (!answer.ok) throw new Error(answer.message);
+  const { key, warnings } = parseTakeoverResponse(answer.response, sent);
+  expect(warnings).toEqual([IN_PLACE_WARNING]);
+  await q.setAgentStarted(machineId, { publicKey: key });
+  const lines: string[] = [];
+  const stop = new AbortController();
+  const ended: Promise<AgentEnd> = runAgent({
+    init: answer.init,
+    privateKey: answer.privateKey,
+    intervalMs: 100,
+    service,
+    root: fixture,
+    signal: stop.signal,
+    log: (line) => lines.push(line),
+  });
+  return { machineId, stop, ended, lines };
+}
+
+describe('the agent against the BMaaS server, over TLS with its client certificate', () => {
+  test.each(['cloud.agent.api', 'cloud.bmaas.server.api'] as const)(
+    'under %s: heartbeats, and its hardware report is stored',
+    async (service) => {
+      const agent = await startedAgent(service);
+      try {
+        const stored = await eventually('hardware report stored', () => q.hardwareReport(agent.machineId));
+        const report = fromBinary(AgentHardwareReportSchema, stored.raw);
+        expect(report.report?.manufacturer).toBe('QEMU');
+        expect(report.report?.blockDevice.map((disk) => disk.serialNumber)).toEqual(['0x1b2c3d4e', 'vm-disk-1']);
+        expect(report.warning).toEqual([expect.stringMatching(/^SMBIOS table .* unreadable/)]);
+        const first = await lastHeartbeat(agent.machineId);
+        await eventually('a later heartbeat', async () => {
+          const later = await lastHeartbeat(agent.machineId);
+          return later && first && later > first ? later : undefined;
+        });
+      } finally {
+        agent.stop.abort();
+      }
+      expect(await agent.ended).toBe('stopped');
+      expect(agent.lines.filter((line) => line.includes('hardware report'))).toEqual([
+        'hardware report: SMBIOS table /sys/firmware/dmi/tables/DMI unreadable: DMI names from /sys/class/dmi/id, memory from sysfs',
+        'heartbeat accepted with a hardware report',
+      ]);
+    },
+  );
+
+  test('installs what it is asked: an Error report on a bad checksum, then Success on the next request, then stops', async () => {
+    const disk = path.join(dir, 'disk');
+    await writeFile(disk, Buffer.alloc(8 * MiB, 0xaa));
+    const agent = await startedAgent('cloud.agent.api');
+    try {
+      const request = { imageUrl, rootDevice: disk, compression: 'gzip' as const, actor: 'test', reason: 'agent test' };
+      const wrong = await q.requestOSInstallation(agent.machineId, { ...request, imageSha256: '0'.repeat(64) });
+      const failed = await eventually('the first installation failed', async () => {
+        const installation = await q.osInstallation(agent.machineId);
+        return installation?.state === 'Failed' ? installation : undefined;
+      });
+      expect(failed.generation).toBe(wrong.generation);
+      expect(failed.error).toContain(`sha256 of ${imageUrl} is ${sha256}, want ${'0'.repeat(64)}`);
+      expect((await readFile(disk)).subarray(0, MiB).every((byte) => byte === 0)).toBe(true);
+
+      const right = await q.requestOSInstallation(agent.machineId, { ...request, imageSha256: sha256 });
+      expect(await agent.ended).toBe('installed');
+      const installed = await q.osInstallation(agent.machineId);
+      expect(installed).toMatchObject({ generation: right.generation, state: 'Succeeded', error: null });
+      expect((await readFile(disk)).subarray(0, image.length).equals(image)).toBe(true);
+      expect(agent.lines).toContain('installed; no reboot command: stopping as if rebooted');
+    } finally {
+      agent.stop.abort();
+    }
+  });
+
+  test('an installation whose request is canceled is stopped', async () => {
+    const agent = await startedAgent('cloud.agent.api');
+    const stall = createServer(() => {});
+    await new Promise<void>((resolve) => stall.listen(0, '127.0.0.1', resolve));
+    try {
+      const disk = path.join(dir, 'disk-canceled');
+      await writeFile(disk, Buffer.alloc(4 * MiB));
+      await q.requestOSInstallation(agent.machineId, {
+        imageUrl: `http://127.0.0.1:${(stall.address() as AddressInfo).port}/never`,
+        imageSha256: sha256,
+        rootDevice: disk,
+        actor: 'test',
+        reason: 'agent test',
+      });
+      await eventually('installing', async () =>
+        agent.lines.some((l) => l.startsWith('installing')) ? true : undefined,
+      );
+      await q.cancelOSInstallation(agent.machineId, { actor: 'test', reason: 'changed my mind' });
+      await eventually('installation stopped', async () =>
+        agent.lines.some((l) => /installation of generation \d+ no longer asked for: stopping it/.test(l))
+          ? true
+          : undefined,
+      );
+    } finally {
+      agent.stop.abort();
+      stall.closeAllConnections();
+      await new Promise((resolve) => stall.close(resolve));
+    }
+    expect(await agent.ended).toBe('stopped');
+  });
+
+  test('refused for a key that is not its machine’s, it keeps trying with backoff', async () => {
+    const machineId = await q.newMachine();
+    const sent = { machineId, bmaasEndpoint: `localhost:${server.port}`, caCertificate: caDer };
+    const answer = takeover(toBinary(TakeoverInitSchema, create(TakeoverInitSchema, sent)));
+    if (!answer.ok) throw new Error(answer.message);
+    // Another agent's key recorded: this one's heartbeats are refused.
+    await q.setAgentStarted(machineId, { publicKey: new Uint8Array(32).fill(7) });
+    const lines: string[] = [];
+    const stop = new AbortController();
+    const ended = runAgent({
+      init: answer.init,
+      privateKey: answer.privateKey,
+      intervalMs: 100,
+      root: fixture,
+      signal: stop.signal,
+      log: (l) => lines.push(l),
+    });
+    await eventually('two refusals', async () =>
+      lines.filter((l) => l.includes('machine id or public key unknown')).length >= 2 ? true : undefined,
+    );
+    stop.abort();
+    expect(await ended).toBe('stopped');
+    expect(await lastHeartbeat(machineId)).toBeUndefined();
+  });
+});
