@@ -11,6 +11,7 @@ import {
   OSInstallationReportSchema,
   type OSInstallationRequest,
 } from './gen/cloud/agent/api/agent_pb.js';
+import { OSInstallationReportOutcome } from './gen/cloud/agent/api/installation_report_outcome_pb.js';
 import type { TakeoverInit } from './gen/cloud/agent/api/takeover_pb.js';
 import { hardwareNode, readHardware } from './hardware/inventory.js';
 import { install } from './install/install.js';
@@ -61,7 +62,9 @@ interface Installation {
  * replaced by a newer one) stops that installation; a generation reported
  * and accepted is not installed again when its request comes back before
  * the report is stored. After a Success is accepted, it runs the reboot
- * command and resolves `installed`; on `signal`, `stopped`.
+ * command and resolves `installed`; a report the server ignored (its request
+ * canceled or replaced meanwhile) is not acted on, and the newer request is
+ * installed instead. On `signal`, `stopped`.
  */
 export async function runAgent(options: AgentOptions): Promise<AgentEnd> {
   const { init, signal } = options;
@@ -92,12 +95,19 @@ export async function runAgent(options: AgentOptions): Promise<AgentEnd> {
         reportAccepted = true;
         failures = 0;
         if (report) {
-          log(`installation report of generation ${report.generation} accepted`);
           reported.add(report.generation);
           installation = undefined;
-          if (report.result.case === 'success') {
-            await reboot(options.rebootCommand, log);
-            return 'installed';
+          // An older server answers without an outcome (UNSPECIFIED): every report it took was stored.
+          if (answer.installationReportOutcome === OSInstallationReportOutcome.OS_INSTALLATION_REPORT_OUTCOME_IGNORED) {
+            // Its request was canceled or replaced while it finished: the disk does not hold what
+            // the BMDB asks for, so no reboot; the newer request comes with the next answers.
+            log(`installation report of generation ${report.generation} ignored: its request is no longer current`);
+          } else {
+            log(`installation report of generation ${report.generation} accepted`);
+            if (report.result.case === 'success') {
+              await reboot(options.rebootCommand, log);
+              return 'installed';
+            }
           }
         }
         const asked = answer.installationRequest;

@@ -64,9 +64,9 @@ afterAll(async () => {
  * its key is recorded as AgentStarted. Then the agent runs, heartbeating
  * every 100 ms with the recorded BIOS VM as its hardware.
  */
-async function startedAgent(service: AgentService) {
+async function startedAgent(service: AgentService, port = server.port) {
   const machineId = await q.newMachine();
-  const sent = { machineId, bmaasEndpoint: `localhost:${server.port}`, caCertificate: caDer };
+  const sent = { machineId, bmaasEndpoint: `localhost:${port}`, caCertificate: caDer };
   const answer = takeover(toBinary(TakeoverInitSchema, create(TakeoverInitSchema, sent)));
   if (!answer.ok) throw new Error(answer.message);
   const { key, warnings } = parseTakeoverResponse(answer.response, sent);
@@ -136,6 +136,66 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
       expect(agent.lines).toContain('installed; no reboot command: stopping as if rebooted');
     } finally {
       agent.stop.abort();
+    }
+  });
+
+  test('a Success report of a request replaced while it finished is ignored: the agent installs the newer one, not reboots', async () => {
+    // A server of its own, stopped while the older image finishes and the newer is requested, so
+    // the agent's next heartbeat carries the older Success to a BMDB that already wants the newer.
+    // The same certificate as the file's server: the one the agent's TakeoverInit trusts.
+    const tls = await selfSignedServerTls(dir);
+    let own = await BmaasServer.start({ bmdb, listen: { host: '127.0.0.1', port: 0 }, tls });
+    const port = own.port;
+    const older = Buffer.alloc(3 * MiB, 0x5a);
+    const olderGzipped = gzipSync(older);
+    let release = () => {};
+    const released = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    const gate = createServer((_request, response) => {
+      response.write(olderGzipped.subarray(0, olderGzipped.length - 1));
+      void released.then(() => response.end(olderGzipped.subarray(olderGzipped.length - 1)));
+    });
+    await new Promise<void>((resolve) => gate.listen(0, '127.0.0.1', resolve));
+    const disk = path.join(dir, 'disk-replaced');
+    await writeFile(disk, Buffer.alloc(8 * MiB));
+    const agent = await startedAgent('cloud.agent.api', port);
+    try {
+      const request = { rootDevice: disk, compression: 'gzip' as const, actor: 'test', reason: 'agent test' };
+      const first = await q.requestOSInstallation(agent.machineId, {
+        ...request,
+        imageUrl: `http://127.0.0.1:${(gate.address() as AddressInfo).port}/older.raw.gz`,
+        imageSha256: createHash('sha256').update(olderGzipped).digest('hex'),
+      });
+      await eventually(
+        'installing the older image',
+        async () => agent.lines.includes(`installing generation ${first.generation}`) || undefined,
+      );
+      await own.close(0);
+      const second = await q.requestOSInstallation(agent.machineId, { ...request, imageUrl, imageSha256: sha256 });
+      release();
+      await eventually(
+        'the older image written',
+        async () => agent.lines.some((l) => l.startsWith(`installed generation ${first.generation}:`)) || undefined,
+      );
+      own = await BmaasServer.start({ bmdb, listen: { host: '127.0.0.1', port }, tls });
+      expect(await agent.ended).toBe('installed');
+      expect(agent.lines).toContain(
+        `installation report of generation ${first.generation} ignored: its request is no longer current`,
+      );
+      expect(agent.lines).toContain(`installation report of generation ${second.generation} accepted`);
+      expect(agent.lines.filter((l) => l.startsWith('installed; '))).toHaveLength(1);
+      expect(await q.osInstallation(agent.machineId)).toMatchObject({
+        generation: second.generation,
+        state: 'Succeeded',
+      });
+      expect((await readFile(disk)).subarray(0, image.length).equals(image)).toBe(true);
+    } finally {
+      agent.stop.abort();
+      release();
+      gate.closeAllConnections();
+      await new Promise((resolve) => gate.close(resolve));
+      await own.close(0);
     }
   });
 
