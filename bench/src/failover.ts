@@ -13,7 +13,11 @@
  * after they resumed; sessions expired; agent starts redone; and what the
  * failover lost of what the old primary had committed (read from it until
  * the kill), with what the shepherd then did: an agent started again because
- * its AgentStarted was lost. Prints a table, writes results/latest-failover.json
+ * its AgentStarted was lost. In asynchronous mode the leader's WAL senders
+ * are stopped BENCH_FAILOVER_REPLICATION_STOPPED_MS (default 3,000) before
+ * the kill, so the standbys miss its last commits (Patroni's
+ * `maximum_lag_on_failover` raised to 1 GiB so that one is promoted
+ * nevertheless). Prints a table, writes results/latest-failover.json
  * and .md. BENCH_FAILOVER_MODES: synchronous,asynchronous (default both).
  */
 import { type ChildProcess, spawn } from 'node:child_process';
@@ -38,6 +42,19 @@ const MODES = (process.env.BENCH_FAILOVER_MODES ?? 'synchronous,asynchronous').s
 const HEARTBEAT_CALLERS = 16;
 /** The window of the rates before the kill and after the resumption. */
 const WINDOW = 10_000;
+/**
+ * In asynchronous mode, how long the leader's commits reach no standby
+ * before it is killed (its WAL senders stopped): a standby that far behind,
+ * as across a slow or cut network. On loopback a standby is otherwise under
+ * a millisecond behind and the failover loses nothing to measure.
+ */
+const REPLICATION_STOPPED = Number(process.env.BENCH_FAILOVER_REPLICATION_STOPPED_MS ?? 3_000);
+/**
+ * Patroni's `maximum_lag_on_failover` in asynchronous mode: 1 GiB, so that
+ * a standby missing the last seconds of WAL is promoted (Patroni's 1 MiB
+ * default may leave the cluster without a primary instead).
+ */
+const MAXIMUM_LAG_ON_FAILOVER = 1024 * 1024 * 1024;
 
 interface FailoverFigure {
   readonly mode: string;
@@ -55,8 +72,14 @@ interface FailoverFigure {
   readonly agentStartsRedone: number;
   /** Agents started again although their start was recorded (committed) before the kill: their AgentStarted was lost. */
   readonly startedAgainAfterLoss: number;
+  /** How long the leader's commits reached no standby before the kill (asynchronous mode), in ms. */
+  readonly replicationStoppedMs: number;
   /** Rows the old primary had committed that the new one lacks, by kind. */
   readonly lost: Record<string, number>;
+  /** The lost history rows by process and event. */
+  readonly lostHistory: Record<string, number>;
+  /** AgentStarted tags lost and still missing once every machine was started (the others were written again). */
+  readonly agentStartedLostAtEnd: number;
   readonly committedBefore: Record<string, number>;
   readonly loadAverage: readonly [number, number];
 }
@@ -81,7 +104,9 @@ class Timeline {
 async function failover(mode: string): Promise<FailoverFigure> {
   const synchronous = mode === 'synchronous';
   const loadBefore = loadavg()[0] ?? 0;
-  const cluster = await PatroniCluster.start({ synchronous });
+  const cluster = await PatroniCluster.start(
+    synchronous ? { synchronous } : { synchronous, maximumLagOnFailover: MAXIMUM_LAG_ON_FAILOVER },
+  );
   const dir = await mkdtemp(path.join(tmpdir(), 'bench-failover-'));
   const children: ChildProcess[] = [];
   const stop = new AbortController();
@@ -187,9 +212,29 @@ async function failover(mode: string): Promise<FailoverFigure> {
     const recorder = new CommittedRecorder(url);
     await recorder.start();
     await eventually('the committed rows read', async () => recorder.last, 30_000);
+    // Asynchronous: the standbys stop receiving WAL, the load goes on committing on the leader, then it dies.
+    let replicationStopped = 0;
+    if (!synchronous) {
+      await cluster.stopReplication();
+      const stoppedAt = Date.now();
+      await eventually(
+        'commits read after the replication stopped',
+        async () => (recorder.lastAt - stoppedAt >= REPLICATION_STOPPED ? true : undefined),
+        REPLICATION_STOPPED + 60_000,
+        100,
+      );
+      replicationStopped = Date.now() - stoppedAt;
+    }
     const kill = await cluster.killLeader();
     const before = await recorder.stop();
     const newLeader = await cluster.waitForLeader({ not: kill.name, timeout: 180_000 });
+    // What the new primary had when it was promoted, before the shepherd wrote anything lost again.
+    const promoted = await eventually(
+      'the new primary read',
+      async () => readOnPrimary(url).catch(() => undefined),
+      60_000,
+      100,
+    );
     const firstClaim = await eventually('a claim after the kill', async () => claims.firstAfter(kill.at), 180_000, 250);
     const firstHeartbeat = await eventually(
       'a heartbeat after the kill',
@@ -206,8 +251,8 @@ async function failover(mode: string): Promise<FailoverFigure> {
       1_000,
     );
 
-    const after = await readOnPrimary(url);
-    const lost = lostRows(before, after);
+    const lost = lostRows(before, promoted);
+    const lostAtEnd = lostRows(before, await readOnPrimary(url));
     const starts = await agentStartsPerMachine(agentLog);
     const redone = [...starts].filter(([, n]) => n > 1).map(([machine]) => machine);
     const figure: FailoverFigure = {
@@ -225,7 +270,10 @@ async function failover(mode: string): Promise<FailoverFigure> {
       sessionsExpired: runs.reduce((sum, r) => sum + (r.log().match(/ expired: /g)?.length ?? 0), 0),
       agentStartsRedone: redone.length,
       startedAgainAfterLoss: redone.filter((machine) => before.agentStarted.has(machine)).length,
+      replicationStoppedMs: replicationStopped,
       lost: Object.fromEntries(Object.entries(lost).map(([kind, rows]) => [kind, rows.length])),
+      lostHistory: byProcessAndEvent(lost.history ?? []),
+      agentStartedLostAtEnd: lostAtEnd.agentStarted?.length ?? 0,
       committedBefore: counts(before),
       loadAverage: [loadBefore, loadavg()[0] ?? 0],
     };
@@ -243,6 +291,17 @@ async function failover(mode: string): Promise<FailoverFigure> {
     await cluster.stop();
     await rm(dir, { recursive: true, force: true });
   }
+}
+
+/** History keys (machine, process, event, time) counted by process and event. */
+function byProcessAndEvent(keys: readonly string[]): Record<string, number> {
+  const counted: Record<string, number> = {};
+  for (const key of keys) {
+    const [, process, event] = key.split(' ');
+    const kind = `${process} ${event}`;
+    counted[kind] = (counted[kind] ?? 0) + 1;
+  }
+  return counted;
 }
 
 function counts(rows: CommittedRows): Record<string, number> {
@@ -284,13 +343,26 @@ function render(figures: readonly FailoverFigure[]): string {
       `${f.lost.history ?? 0} of ${f.committedBefore.history}; ${f.lost.agentStarted ?? 0} of ${f.committedBefore.agentStarted}; ${f.lost.heartbeats ?? 0} of ${f.committedBefore.heartbeats} | ` +
       `${f.startedAgainAfterLoss} | ${n(f.loadAverage[0])} → ${n(f.loadAverage[1])} |`,
   );
+  const losses = figures
+    .filter((f) => Object.keys(f.lostHistory).length > 0)
+    .map(
+      (f) =>
+        `- ${f.mode}, the standbys ${n(f.replicationStoppedMs / 1000)} s behind at the kill: history rows lost ${Object.entries(
+          f.lostHistory,
+        )
+          .map(([kind, count]) => `${kind} ${count}`)
+          .join(
+            ', ',
+          )}; AgentStarted tags lost ${f.lost.agentStarted ?? 0}, of which ${f.agentStartedLostAtEnd} still missing once every machine was started`,
+    );
   return [
-    `**Failover**: a 3-node Patroni cluster (ttl 30 s, loop_wait 10 s) behind HAProxy on loopback, the leader's Patroni and PostgreSQL SIGKILLed once a quarter of ${n(figures[0]?.machines ?? 0)} machines had their agents started by two \`shepherd run dummy\` of 8 workers (500 ms a start), while ${n(figures[0]?.agents ?? 0)} agents heartbeat through \`BMDB.recordAgentHeartbeat\` from ${HEARTBEAT_CALLERS} callers. Rates over 10 s before the kill and 10 s after they resumed. Lost: rows the old primary had committed (read from it until the kill) that the new one lacks (history rows; AgentStarted tags; heartbeats moved back).`,
+    `**Failover**: a 3-node Patroni cluster (ttl 30 s, loop_wait 10 s) behind HAProxy on loopback, the leader's Patroni and PostgreSQL SIGKILLed once a quarter of ${n(figures[0]?.machines ?? 0)} machines had their agents started by two \`shepherd run dummy\` of 8 workers (500 ms a start), while ${n(figures[0]?.agents ?? 0)} agents heartbeat through \`BMDB.recordAgentHeartbeat\` from ${HEARTBEAT_CALLERS} callers. Rates over 10 s before the kill and 10 s after they resumed. Lost: rows the old primary had committed (read from it until the kill) that the new one lacked when it was promoted (history rows; AgentStarted tags; heartbeats moved back).`,
     '',
     '| replication | kill → first claim | kill → first heartbeat | claims/s before → after | heartbeats/s before → after | sessions expired | agent starts redone | lost (history; AgentStarted; heartbeats) | agents started again after a lost AgentStarted | load average before → after |',
     '|---|---:|---:|---|---|---:|---:|---|---:|---|',
     ...rows,
     '',
+    ...(losses.length > 0 ? [...losses, ''] : []),
   ].join('\n');
 }
 

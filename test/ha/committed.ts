@@ -8,7 +8,7 @@ import pg from 'pg';
 /**
  * The rows whose loss a failover must not cause, each as a key: claims and
  * ends (`work_history`), tags (`machine_agent_started`), holds and the
- * operator history, installation reports, and each agent's newest heartbeat
+ * operator history, installation requests and reports, and each agent's newest heartbeat
  * (a time the new primary may only have moved forward).
  */
 export interface CommittedRows {
@@ -17,6 +17,7 @@ export interface CommittedRows {
   readonly holds: ReadonlySet<string>;
   readonly operatorHistory: ReadonlySet<string>;
   readonly installationReports: ReadonlySet<string>;
+  readonly installationRequests: ReadonlySet<string>;
   /** Machine ID → its agent's last heartbeat, in ms since the epoch. */
   readonly heartbeats: ReadonlyMap<string, number>;
 }
@@ -39,11 +40,22 @@ export async function readCommitted(client: pg.Client): Promise<CommittedRows> {
     const installationReports = await keys(
       `SELECT concat_ws(' ', machine_id, generation) AS key FROM machine_os_installation_report`,
     );
+    const installationRequests = await keys(
+      `SELECT concat_ws(' ', machine_id, generation) AS key FROM machine_os_installation_request`,
+    );
     const { rows } = await client.query<{ machine_id: string; at: number }>(
       `SELECT machine_id, (extract(epoch FROM agent_heartbeat_at) * 1000)::float8 AS at FROM machine_agent_heartbeat`,
     );
     const heartbeats = new Map(rows.map((r) => [r.machine_id, r.at]));
-    return { history, agentStarted, holds, operatorHistory, installationReports, heartbeats };
+    return {
+      history,
+      agentStarted,
+      holds,
+      operatorHistory,
+      installationReports,
+      installationRequests,
+      heartbeats,
+    };
   } finally {
     await client.query('COMMIT').catch(() => {});
   }
@@ -100,6 +112,7 @@ export function lostRows(before: CommittedRows, after: CommittedRows): Record<st
     holds: missing(before.holds, after.holds),
     operatorHistory: missing(before.operatorHistory, after.operatorHistory),
     installationReports: missing(before.installationReports, after.installationReports),
+    installationRequests: missing(before.installationRequests, after.installationRequests),
     heartbeats: [...before.heartbeats]
       .filter(([machine, at]) => (after.heartbeats.get(machine) ?? 0) < at)
       .map(([machine]) => machine),

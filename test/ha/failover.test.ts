@@ -3,9 +3,11 @@
  * (test/support/patroni-cluster.ts) behind HAProxy, whose leader's Patroni
  * and PostgreSQL are SIGKILLed, as a crashed machine is, under whole shepherd
  * processes. Twice: during a burst of claims (two `shepherd run dummy` of 8
- * workers, `shepherd web` and the fleet gauges), and during agents'
- * heartbeats through `shepherd server` (`shepherd run equinix` with real test
- * agents). No process is restarted.
+ * workers, `shepherd web` and the fleet gauges, an operator's hold and
+ * `shepherd power` actions racing the kill), and during agents' heartbeats
+ * through `shepherd server` (`shepherd run equinix` with real test agents
+ * reporting on OS installations requested up to the kill). No process is
+ * restarted.
  *
  * The promises are checked against the BMDB and the agents' own records:
  * every row a reader saw committed on the old primary is on the new one,
@@ -36,7 +38,7 @@ import {
 import type { TestDatabase } from '../support/database.js';
 import { PatroniCluster, patroniClusterUnavailable } from '../support/patroni-cluster.js';
 import { freePort } from '../support/ports.js';
-import { CommittedRecorder, lostRows, readCommitted } from './committed.js';
+import { CommittedRecorder, type CommittedRows, lostRows, readCommitted } from './committed.js';
 
 /** Claims must be recorded again this soon after the kill: Patroni's ttl of 30 s, plus its loop and HAProxy's check. */
 const RESUME_WITHIN = 45_000;
@@ -205,24 +207,67 @@ test.skipIf(unavailable)(
       'claims',
       'SELECT machine_id FROM machine_agent_started LIMIT 1',
     );
-    const hold = await shepherd([
-      'hold',
-      '--bmdb-url',
-      url,
-      '--machine-id',
-      held?.machine_id ?? '',
-      '--reason',
-      'failover test',
-      '--actor',
-      'ha',
+    // Power actions on started machines (the dummy's power is simulated in the CLI's own process): one
+    // awaited, and four more started with it and the hold, the kill raced against them; each recorded in the
+    // operator history.
+    const powered = await cluster.query<{ provider_id: string }>(
+      'claims',
+      `SELECT p.provider_id FROM machine_agent_started JOIN machine_provided p USING (machine_id)
+       WHERE machine_id <> $1 ORDER BY p.provider_id LIMIT 5`,
+      [held?.machine_id],
+    );
+    const powerCycle = (ids: readonly string[], command: 'cycle' | 'on') =>
+      shepherd([
+        'power',
+        command,
+        '--bmdb-url',
+        url,
+        '--provider',
+        'Dummy',
+        '--dummy-capacity',
+        String(MACHINES),
+        '--provider-id',
+        ...ids,
+        '--reason',
+        'failover test',
+        '--actor',
+        'ha',
+      ]);
+    const racing = powered.slice(1).map((m, i) => powerCycle([m.provider_id], i % 2 === 0 ? 'cycle' : 'on'));
+    const [hold, firstPower] = await Promise.all([
+      shepherd([
+        'hold',
+        '--bmdb-url',
+        url,
+        '--machine-id',
+        held?.machine_id ?? '',
+        '--reason',
+        'failover test',
+        '--actor',
+        'ha',
+      ]),
+      powerCycle([powered[0]?.provider_id ?? ''], 'cycle'),
     ]);
     expect(hold.code, hold.stderr).toBe(0);
+    expect(firstPower.code, firstPower.stderr).toBe(0);
 
     const recorder = new CommittedRecorder(url);
     await recorder.start();
     await eventually('the committed rows read', async () => recorder.last, 30_000);
+    const powerRecordsIn = (rows: CommittedRows) =>
+      [...rows.operatorHistory].filter((key) => / Power(Cycle|On) /.test(key));
+    // Killed as soon as a raced action is committed, the others (those not done already) still under way.
+    await eventually(
+      'a raced power action recorded',
+      async () => (recorder.last && powerRecordsIn(recorder.last).length > 1 ? true : undefined),
+      60_000,
+      10,
+    );
     const kill = await cluster.killLeader();
     const before = await recorder.stop();
+    // Those the kill cut off exit 1 naming the machine; those it did not are recorded.
+    await Promise.all(racing);
+    const powerRecords = powerRecordsIn(before);
     const startedBefore = before.agentStarted.size;
     // The kill fell into the burst: most machines were still to be claimed.
     expect(startedBefore).toBeLessThan(MACHINES / 2);
@@ -273,9 +318,11 @@ test.skipIf(unavailable)(
       holds: [],
       operatorHistory: [],
       installationReports: [],
+      installationRequests: [],
       heartbeats: [],
     });
     expect(before.holds.size).toBe(1);
+    expect(powerRecords.length).toBeGreaterThanOrEqual(2);
     expect(sampler.violations).toEqual([]);
     const starts = agentStarts(readAgentLog(agentLog));
     expect(overlappingStarts(starts)).toEqual([]);
@@ -296,7 +343,8 @@ test.skipIf(unavailable)(
         `started; new leader ${newLeader}; claims recorded again ${firstClaim - kill.at} ms after the kill, the page ` +
         `${pageBack - kill.at} ms, the fleet gauges ${gaugesBack - kill.at} ms; ${startedTwice.length} agent starts ` +
         `redone (their sessions expired with the start under way), 0 of them recorded before the kill; ` +
-        `${before.history.size} history rows committed before the kill, 0 lost\n` +
+        `${before.history.size} history rows committed before the kill, 0 lost; ${powerRecords.length} power actions ` +
+        `recorded before it (1 awaited, ${powered.length - 1} raced by the kill), 0 lost\n` +
         table(runs.map((r, i) => ({ shepherd: r.name, 'failover log lines': failoverLines[i] ?? 0 }))),
     );
   },
@@ -333,11 +381,61 @@ test.skipIf(unavailable)(
       // The cluster's synchronous standby after the first test's failover, before this kill.
       await cluster.waitForLeader();
 
+      // OS installations the agents report on in their heartbeats: an image no server serves, so each
+      // agent reports its installation failed and goes on heartbeating. Two reported before the kill,
+      // two requested just before it, their reports racing it.
+      const devices = (
+        await cluster.query<{ provider_id: string }>(
+          'heartbeats',
+          'SELECT provider_id FROM machine_provided ORDER BY provider_id',
+        )
+      ).map((r) => r.provider_id);
+      const imageUrl = `http://127.0.0.1:${await freePort()}/no-such.img`;
+      const install = (ids: readonly string[]) =>
+        shepherd(
+          [
+            'install',
+            '--provider',
+            'Equinix',
+            '--provider-id',
+            ...ids,
+            '--image-url',
+            imageUrl,
+            '--image-sha256',
+            '0'.repeat(64),
+            '--root-device',
+            path.join(loop.dir, 'no-disk'),
+            '--reason',
+            'failover test',
+          ],
+          { SHEPHERD_BMDB_URL: url, DEBUG: '' },
+        );
+      const reports = async () =>
+        (
+          await cluster.query<{ n: number }>(
+            'heartbeats',
+            'SELECT count(*)::int AS n FROM machine_os_installation_report',
+          )
+        )[0]?.n ?? 0;
+      const firstInstalls = await install(devices.slice(0, 2));
+      expect(firstInstalls.code, firstInstalls.stderr).toBe(0);
+      await eventually('two installations reported', async () => ((await reports()) >= 2 ? true : undefined), 60_000);
+      const lateInstalls = await install(devices.slice(2));
+      expect(lateInstalls.code, lateInstalls.stderr).toBe(0);
+
       const recorder = new CommittedRecorder(url);
       await recorder.start();
-      await eventually('the committed rows read', async () => recorder.last, 30_000);
+      // Killed as soon as a late installation's report is committed, the other's still to come.
+      await eventually(
+        'a late installation reported',
+        async () => ((recorder.last?.installationReports.size ?? 0) > 2 ? true : undefined),
+        60_000,
+        10,
+      );
       const kill = await cluster.killLeader();
       const before = await recorder.stop();
+      expect(before.installationRequests.size).toBe(AGENTS);
+      expect(before.installationReports.size).toBeGreaterThanOrEqual(3);
 
       const recorded = await within(
         'a heartbeat recorded on the new primary',
@@ -384,6 +482,7 @@ test.skipIf(unavailable)(
         holds: [],
         operatorHistory: [],
         installationReports: [],
+        installationRequests: [],
         heartbeats: [],
       });
       // What the agents were answered while the primary was gone: retryable, never UNAUTHENTICATED (16).
@@ -402,7 +501,9 @@ test.skipIf(unavailable)(
       console.log(
         `failover during heartbeats (synchronous): leader ${kill.name} killed; new leader ${newLeader}; a heartbeat ` +
           `recorded again ${recorded - kill.at} ms after the kill; ${failures.length} heartbeats failed meanwhile ` +
-          `(${unavailableAnswers} answered UNAVAILABLE, the rest cut connections), 0 UNAUTHENTICATED; no process restarted`,
+          `(${unavailableAnswers} answered UNAVAILABLE, the rest cut connections), 0 UNAUTHENTICATED; ` +
+          `${before.installationReports.size} of ${AGENTS} installation reports committed before the kill ` +
+          `(the kill raced the last), 0 lost; no process restarted`,
       );
     } finally {
       await loop.close();

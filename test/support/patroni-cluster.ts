@@ -63,6 +63,12 @@ export interface PatroniClusterOptions {
   readonly synchronous: boolean;
   /** Members; 3 unless given. */
   readonly nodes?: number;
+  /**
+   * Patroni's `maximum_lag_on_failover` in bytes (its default 1 MiB unless
+   * given): a standby further behind the leader's last known position is
+   * not promoted.
+   */
+  readonly maximumLagOnFailover?: number;
 }
 
 /**
@@ -81,10 +87,15 @@ export class PatroniCluster {
     readonly nodes: readonly PatroniNode[],
     /** HAProxy's port: the one the BMDB's URL names. */
     readonly port: number,
-    readonly synchronous: boolean,
+    private readonly options: PatroniClusterOptions,
     private readonly user: { uid: number; gid: number } | undefined,
   ) {
     process.once('exit', this.#onExit);
+  }
+
+  /** Patroni's `synchronous_mode`. */
+  get synchronous(): boolean {
+    return this.options.synchronous;
   }
 
   /** Starts etcd, the nodes and HAProxy, and waits for a leader (and its synchronous standby) behind HAProxy. */
@@ -104,7 +115,7 @@ export class PatroniCluster {
         restPort: await freePort(),
       });
     }
-    const cluster = new PatroniCluster(dir, nodes, await freePort(), options.synchronous, user);
+    const cluster = new PatroniCluster(dir, nodes, await freePort(), options, user);
     try {
       await cluster.#startEtcd();
       for (const node of nodes) await cluster.#startNode(node);
@@ -215,6 +226,29 @@ export class PatroniCluster {
   }
 
   /**
+   * SIGSTOPs the leader's WAL senders: from now on its commits reach no
+   * standby, as when the network to them is slow or cut, until
+   * {@link killLeader} (which kills them with the rest). Returns how many
+   * were stopped.
+   *
+   * @throws Error when the leader has no WAL sender (no standby streams from it)
+   */
+  async stopReplication(): Promise<number> {
+    const leader = await this.leader();
+    const postmaster = postmasterPid(leader);
+    const senders = (postmaster === undefined ? [] : childrenOf(postmaster)).filter((pid) => {
+      try {
+        return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('walsender');
+      } catch {
+        return false;
+      }
+    });
+    if (senders.length === 0) throw new Error(`the leader ${leader.name} has no WAL sender to stop`);
+    for (const pid of senders) signal(pid, 'SIGSTOP');
+    return senders.length;
+  }
+
+  /**
    * SIGKILLs the leader's Patroni and every process of its PostgreSQL (the
    * postmaster and its backends): the node is gone as a crashed machine is.
    */
@@ -300,7 +334,7 @@ export class PatroniCluster {
 
   async #startNode(node: PatroniNode): Promise<void> {
     await mkdir(node.dir, { mode: 0o700 });
-    await writeFile(configPath(node), JSON.stringify(patroniConfig(node, this.#etcdPort, this.synchronous), null, 2));
+    await writeFile(configPath(node), JSON.stringify(patroniConfig(node, this.#etcdPort, this.options), null, 2));
     if (this.user) {
       await chown(node.dir, this.user.uid, this.user.gid);
       await chown(configPath(node), this.user.uid, this.user.gid);
@@ -332,7 +366,11 @@ export class PatroniCluster {
 }
 
 /** Patroni's configuration of one node (JSON is YAML). */
-export function patroniConfig(node: PatroniNode, etcdPort: number, synchronous: boolean): Record<string, unknown> {
+export function patroniConfig(
+  node: PatroniNode,
+  etcdPort: number,
+  options: PatroniClusterOptions,
+): Record<string, unknown> {
   return {
     scope: 'bmdb',
     name: node.name,
@@ -343,7 +381,10 @@ export function patroniConfig(node: PatroniNode, etcdPort: number, synchronous: 
         ttl: TTL_SECONDS,
         loop_wait: LOOP_WAIT_SECONDS,
         retry_timeout: RETRY_TIMEOUT_SECONDS,
-        synchronous_mode: synchronous,
+        synchronous_mode: options.synchronous,
+        ...(options.maximumLagOnFailover === undefined
+          ? {}
+          : { maximum_lag_on_failover: options.maximumLagOnFailover }),
         postgresql: {
           use_pg_rewind: true,
           parameters: { max_connections: 300, wal_level: 'replica', hot_standby: 'on', max_wal_senders: 10 },
