@@ -6,8 +6,10 @@
  * on a fresh connection until a writable node takes it, through both pools
  * (a transaction through Kysely, an end through the prepared statements).
  */
+
+import pg from 'pg';
 import { Registry } from 'prom-client';
-import { afterEach, expect, test } from 'vitest';
+import { afterEach, expect, inject, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { captureDebugLog } from '../../../test/support/debug-log.js';
 import { eventually } from '../../../test/support/wait.js';
@@ -30,10 +32,24 @@ async function lost(cause: string): Promise<number> {
 /** New connections to the database are read-only, and this BMDB's open ones are cut: a node turned standby. */
 async function becomeReadOnly(): Promise<void> {
   await db.admin(`ALTER DATABASE ${db.name} SET default_transaction_read_only = on`);
-  await db.admin(
-    'SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND application_name = $2',
+  const cut = await db.admin(
+    'SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND application_name = $2',
     [db.name, COMPONENT],
   );
+  // Until each cut backend is gone its goodbye (57P01) may still be on its way to an idle pooled
+  // connection, and a statement handed that connection gets it instead of the read-only refusal.
+  // Asked on the server's admin database: a new connection to this one would be read-only too.
+  const pids = cut.rows.map((row) => row.pid as number);
+  const admin = new pg.Client({ connectionString: inject('bmdbAdminUrl') });
+  await admin.connect();
+  try {
+    await eventually('the cut connections gone', async () => {
+      const left = await admin.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE pid = ANY($1)', [pids]);
+      return left.rows[0]?.n === 0 || undefined;
+    });
+  } finally {
+    await admin.end();
+  }
 }
 
 test('the errors a failover produces are named by cause; others are not', async () => {

@@ -277,7 +277,7 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
     [
       'no command',
       () => [],
-      /^shepherd: say which command to run: run, migrate, status, ssh-key, server, decommission, hold, unhold, install, power or web; see --help\n$/,
+      /^shepherd: say which command to run: run, migrate, status, ssh-key, server, decommission, hold, unhold, install, power, web or agent-image; see --help\n$/,
     ],
     [
       'run without a provider',
