@@ -91,3 +91,13 @@ export function checkRootDeviceHints(value: unknown, what: string): RootDeviceHi
   if (Object.keys(hints).length === 0) throw new RootDeviceHintError('(hints)', 'no hint given', what);
   return hints as RootDeviceHints;
 }
+
+/** Stored hints in the order of {@link ROOT_DEVICE_HINT_FIELDS}: jsonb keeps its own key order. */
+export function inFieldOrder(hints: RootDeviceHints): RootDeviceHints {
+  const ordered: Record<string, string | number | boolean> = {};
+  for (const field of ROOT_DEVICE_HINT_FIELDS) {
+    const value = hints[field];
+    if (value !== undefined) ordered[field] = value;
+  }
+  return ordered as RootDeviceHints;
+}

@@ -1,7 +1,7 @@
 /** OS installation requests: requested and canceled by operators, handed to agents, answered by their reports. */
 import { type Kysely, type Selectable, sql } from 'kysely';
 import { BMDBError } from '../errors.js';
-import { checkRootDeviceHints, type RootDeviceHints } from '../root-device-hints.js';
+import { checkRootDeviceHints, inFieldOrder, type RootDeviceHints } from '../root-device-hints.js';
 import {
   type Database,
   type MachineOsInstallationRequestTable,
@@ -296,7 +296,7 @@ export function toOSInstallation(row: Selectable<MachineOsInstallationRequestTab
     imageUrl: row.image_url,
     imageSha256: row.image_sha256,
     rootDevice: row.root_device ?? undefined,
-    rootDeviceHints: row.root_device_hints ?? undefined,
+    rootDeviceHints: row.root_device_hints === null ? undefined : inFieldOrder(row.root_device_hints),
     compression: row.compression,
     userData: row.user_data ?? undefined,
     state: row.installation_state,
