@@ -181,8 +181,9 @@ describe('root-device hints', () => {
     const byHints = await client.heartbeat({ machineId });
     const request = byHints.installationRequest?.type;
     expect(request?.case).toBe('diskImage');
-    expect(request?.value?.rootDevice).toBe('');
-    expect(request?.value?.rootDeviceHints).toMatchObject({
+    const disk = request?.case === 'diskImage' ? request.value : undefined;
+    expect(disk?.rootDevice).toBe('');
+    expect(disk?.rootDeviceHints).toMatchObject({
       serialNumber: 'S3Z1NX0K',
       wwn: '0x5002538e40a1b2c3',
       deviceName: '/dev/disk/by-path/pci-0000:00:1f.2-ata-1',
@@ -193,7 +194,8 @@ describe('root-device hints', () => {
     });
     await q.requestOSInstallation(machineId, { ...image, rootDevice: '/dev/vda', reason: 'by path' });
     const byPath = (await client.heartbeat({ machineId })).installationRequest?.type;
-    expect(byPath?.value?.rootDevice).toBe('/dev/vda');
-    expect(byPath?.value?.rootDeviceHints).toBeUndefined();
+    expect(byPath?.case).toBe('diskImage');
+    expect(byPath?.case === 'diskImage' && byPath.value.rootDevice).toBe('/dev/vda');
+    expect(byPath?.case === 'diskImage' && byPath.value.rootDeviceHints).toBeUndefined();
   });
 });
