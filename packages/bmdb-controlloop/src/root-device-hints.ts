@@ -41,7 +41,8 @@ export class RootDeviceHintError extends BMDBError {
   override name = 'RootDeviceHintError';
   constructor(
     readonly field: string,
-    detail: string,
+    /** What is wrong with it, without the request named (for a caller's own message). */
+    readonly detail: string,
     what: string,
   ) {
     super(`${what}: root device hint ${field}: ${detail}`);

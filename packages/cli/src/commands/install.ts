@@ -150,7 +150,7 @@ function hintsOf(argv: Argv): RootDeviceHints | undefined {
   } catch (error) {
     if (!(error instanceof RootDeviceHintError)) throw error;
     const bad = given.find((hint) => hint.slice(0, hint.indexOf('=')).trim() === error.field) ?? given.join(' ');
-    throw UsageError.invalid('root-device-hint', bad, error.message.replace(/^install: /, ''));
+    throw UsageError.invalid('root-device-hint', bad, `root device hint ${error.field}: ${error.detail}`);
   }
 }
 
