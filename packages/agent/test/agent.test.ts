@@ -1,5 +1,5 @@
 import { createHash, X509Certificate } from 'node:crypto';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -64,7 +64,7 @@ afterAll(async () => {
  * its key is recorded as AgentStarted. Then the agent runs, heartbeating
  * every 100 ms with the recorded BIOS VM as its hardware.
  */
-async function startedAgent(service: AgentService, port = server.port) {
+async function startedAgent(service: AgentService, port = server.port, root = fixture) {
   const machineId = await q.newMachine();
   const sent = { machineId, bmaasEndpoint: `localhost:${port}`, caCertificate: caDer };
   const answer = takeover(toBinary(TakeoverInitSchema, create(TakeoverInitSchema, sent)));
@@ -79,7 +79,7 @@ async function startedAgent(service: AgentService, port = server.port) {
     privateKey: answer.privateKey,
     intervalMs: 100,
     service,
-    root: fixture,
+    root,
     signal: stop.signal,
     log: (line) => lines.push(line),
   });
@@ -134,6 +134,34 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
       expect(installed).toMatchObject({ generation: right.generation, state: 'Succeeded', error: null });
       expect((await readFile(disk)).subarray(0, image.length).equals(image)).toBe(true);
       expect(agent.lines).toContain('installed; no reboot command: stopping as if rebooted');
+    } finally {
+      agent.stop.abort();
+    }
+  });
+
+  test('installs onto the disk its request names by serial number alone, from the recorded two-socket server', async () => {
+    // The recorded sysfs tree, with files standing in for its SATA (sda) and SAS (sdb) disks' nodes.
+    const root = path.join(dir, 'two-socket-server');
+    await cp(fileURLToPath(new URL('./fixtures/two-socket-server/', import.meta.url)), root, {
+      recursive: true,
+      verbatimSymlinks: true,
+    });
+    await writeFile(path.join(root, 'dev/sda'), Buffer.alloc(8 * MiB, 0xaa));
+    await writeFile(path.join(root, 'dev/sdb'), Buffer.alloc(8 * MiB, 0xaa));
+    const agent = await startedAgent('cloud.agent.api', server.port, root);
+    try {
+      await q.requestOSInstallation(agent.machineId, {
+        imageUrl,
+        imageSha256: sha256,
+        rootDeviceHints: { serialNumber: 'ZC20ABCD0000C8123456' },
+        compression: 'gzip',
+        actor: 'test',
+        reason: 'agent test by serial',
+      });
+      expect(await agent.ended).toBe('installed');
+      expect(await q.osInstallation(agent.machineId)).toMatchObject({ state: 'Succeeded', rootDevice: undefined });
+      expect((await readFile(path.join(root, 'dev/sdb'))).subarray(0, image.length).equals(image)).toBe(true);
+      expect((await readFile(path.join(root, 'dev/sda'))).every((byte) => byte === 0xaa)).toBe(true);
     } finally {
       agent.stop.abort();
     }

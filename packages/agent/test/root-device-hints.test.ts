@@ -1,9 +1,11 @@
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { checkRootDeviceHints, RootDeviceHintError as RequestHintError } from '@bmaas/bmdb-controlloop';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { type DiskRecord, readDisks } from '../src/hardware/disks.js';
 import {
   chooseRootDevice,
+  noHints,
   parseRootDeviceHints,
   RootDeviceHintError,
   RootDeviceNotFoundError,
@@ -107,5 +109,67 @@ describe('checking hints', () => {
       minSizeGigabytes: 100,
       rotational: true,
     });
+  });
+});
+
+/**
+ * The library checks the hints an installation request stores; the agent
+ * parses what it is handed. The agent depends on no workspace package, so
+ * the two are written twice: the same table through both keeps them in step.
+ */
+describe('the agent and the library take and refuse the same hints', () => {
+  const cases: readonly unknown[] = [
+    { serialNumber: 'S3Z1NX0K' },
+    { serialNumber: ' S3Z1NX0K ', minSizeGigabytes: 100 },
+    { deviceName: '/dev/disk/by-path/pci-0000:00:1f.2-ata-1' },
+    { deviceName: '/dev/sda', model: 'ST2000NM0135', vendor: 'SEAGATE' },
+    { wwn: '0x5002538e40a1b2c3' },
+    { wwn: '5002538E40A1B2C3', rotational: false },
+    { rotational: true },
+    {},
+    { serial: 'S3Z1NX0K' },
+    { model: '  ' },
+    { vendor: '' },
+    { minSizeGigabytes: 0 },
+    { minSizeGigabytes: -1 },
+    { minSizeGigabytes: 1.5 },
+    { minSizeGigabytes: '100' },
+    { minSizeGigabytes: '100GB' },
+    { minSizeGigabytes: null },
+    { wwn: 'naa.5000' },
+    { wwn: '0xZZ' },
+    { deviceName: 'sda' },
+    { rotational: 'yes' },
+    { serialNumber: 42 },
+    ['/dev/sda'],
+    null,
+    'serialNumber=S3Z1NX0K',
+  ];
+  /** The hints as taken, or the field refused; no hint at all is refused by both (the agent: noHints). */
+  const agent = (hints: unknown) => {
+    try {
+      const parsed = parseRootDeviceHints(hints);
+      return noHints(parsed) ? { refused: '(hints)' } : { taken: parsed };
+    } catch (error) {
+      if (!(error instanceof RootDeviceHintError)) throw error;
+      return { refused: error.field };
+    }
+  };
+  const library = (hints: unknown) => {
+    try {
+      return { taken: checkRootDeviceHints(hints, 'test') };
+    } catch (error) {
+      if (!(error instanceof RequestHintError)) throw error;
+      return { refused: error.field };
+    }
+  };
+  test.each(cases.map((hints) => [JSON.stringify(hints), hints]))('%s', (_name, hints) => {
+    expect(library(hints)).toEqual(agent(hints));
+  });
+
+  test('the table has both outcomes', () => {
+    const outcomes = cases.map((hints) => ('taken' in library(hints) ? 'taken' : 'refused'));
+    expect(outcomes.filter((o) => o === 'taken')).toHaveLength(7);
+    expect(outcomes.filter((o) => o === 'refused')).toHaveLength(cases.length - 7);
   });
 });

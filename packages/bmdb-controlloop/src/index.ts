@@ -64,6 +64,7 @@ export type { NewProvided, ProvidedMachine, ProviderStatusUpdate } from './queri
 export type { RecoveryThresholds } from './queries/recovery-thresholds.js';
 export { Queries } from './queries.js';
 export { redactUrl } from './redact-url.js';
+export { checkRootDeviceHints, RootDeviceHintError, type RootDeviceHints } from './root-device-hints.js';
 export { type RoundsOptions, runRounds } from './rounds.js';
 export {
   type Database,

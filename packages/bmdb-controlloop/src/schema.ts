@@ -1,4 +1,5 @@
 import type { ColumnType, Generated, Insertable, Selectable } from 'kysely';
+import type { RootDeviceHints } from './root-device-hints.js';
 
 /**
  * The BMDB schema as Kysely sees it, for callers who write their own queries
@@ -180,7 +181,10 @@ export interface MachineOsInstallationRequestTable {
   image_url: string;
   /** sha256 of the image's bytes as downloaded, 64 lower-case hex digits. */
   image_sha256: string;
-  root_device: string;
+  /** Null when the request names its disk by hints alone (migration 0011). */
+  root_device: string | null;
+  /** Metal3 root-device hints, if any (migration 0011). */
+  root_device_hints: ColumnType<RootDeviceHints | null, string | null, string | null>;
   compression: OSImageCompression;
   /** cloud-init user-data, if any. */
   user_data: Uint8Array | null;

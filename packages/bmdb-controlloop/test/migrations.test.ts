@@ -34,6 +34,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0008_fleet_metrics',
     '0009_os_installation',
     '0010_installation_report_key',
+    '0011_root_device_hints',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
@@ -113,6 +114,7 @@ test('migrations create the schema once; running them again is a no-op', async (
       'installation_error',
       'provider',
       'provider_location',
+      'root_device_hints',
     ],
     machine_unprovided: ['machine_id'],
     machine_hold: ['machine_id', 'hold_reason', 'hold_actor', 'held_at', 'provider', 'provider_location'],
@@ -204,6 +206,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0008_fleet_metrics',
     '0009_os_installation',
     '0010_installation_report_key',
+    '0011_root_device_hints',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // 0006 backfills a power state row for each provided machine.
@@ -296,7 +299,12 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     FROM machine_provided mp WHERE mp.machine_id = ps.machine_id`);
 
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0008_fleet_metrics', '0009_os_installation', '0010_installation_report_key']);
+  expect(await bmdb.migrate()).toEqual([
+    '0008_fleet_metrics',
+    '0009_os_installation',
+    '0010_installation_report_key',
+    '0011_root_device_hints',
+  ]);
   expect(await new Queries(bmdb.db).controlByLocation()).toEqual([
     {
       provider: '',
@@ -369,7 +377,11 @@ test('a database migrated to 0008, as released before OS installation, takes 000
   const db = await createTestDatabase();
   await migrateTo(db, { ...THROUGH_0006, '0008_fleet_metrics': fleetMetrics });
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0009_os_installation', '0010_installation_report_key']);
+  expect(await bmdb.migrate()).toEqual([
+    '0009_os_installation',
+    '0010_installation_report_key',
+    '0011_root_device_hints',
+  ]);
   expect((await db.admin('SELECT count(*)::int AS n FROM machine_os_installation_request')).rows).toEqual([{ n: 0 }]);
 });
 

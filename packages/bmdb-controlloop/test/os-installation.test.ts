@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import { describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
-import { BMDBError, type OSInstallationRequest, Queries } from '../src/index.js';
+import { BMDBError, type OSInstallationRequest, Queries, RootDeviceHintError } from '../src/index.js';
 
 const { db, bmdb } = await testBMDB();
 const q = new Queries(bmdb.db);
@@ -94,6 +94,75 @@ describe('requesting', () => {
     }
     await expect(q.requestOSInstallation('00000000-0000-4000-8000-000000000001', IMAGE)).rejects.toThrow(
       /no such machine/,
+    );
+    expect(await q.osInstallation(machineId)).toBeUndefined();
+    expect(await q.operatorHistory(machineId)).toEqual([]);
+  });
+
+  test('root-device hints are stored with the request, beside or instead of the path, and handed out with it', async () => {
+    const { machineId, key } = await machineWithAgent();
+    const hints = { serialNumber: ' S3Z1NX0K ', minSizeGigabytes: 100, rotational: false, wwn: '0x5002538E4' };
+    const stored = { serialNumber: 'S3Z1NX0K', minSizeGigabytes: 100, rotational: false, wwn: '0x5002538E4' };
+    const requested = await q.requestOSInstallation(machineId, {
+      ...IMAGE,
+      rootDevice: undefined,
+      rootDeviceHints: hints,
+    });
+    expect(requested).toMatchObject({ rootDevice: undefined, rootDeviceHints: stored });
+    expect(await q.osInstallation(machineId)).toMatchObject({ rootDevice: undefined, rootDeviceHints: stored });
+    expect((await q.operatorHistory(machineId))[0]?.detail).toMatchObject({ rootDeviceHints: stored });
+    const answer = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    expect(answer.result === 'recorded' && answer.installationRequest).toMatchObject({
+      generation: 1n,
+      rootDevice: undefined,
+      rootDeviceHints: stored,
+    });
+    // Both: the path and a by-path hint; a later request without hints has none.
+    const both = { deviceName: '/dev/disk/by-path/pci-0000:00:1f.2-ata-1' };
+    await q.requestOSInstallation(machineId, { ...IMAGE, rootDeviceHints: both, reason: 'both' });
+    const second = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    expect(second.result === 'recorded' && second.installationRequest).toMatchObject({
+      generation: 2n,
+      rootDevice: '/dev/sda',
+      rootDeviceHints: both,
+    });
+    await q.requestOSInstallation(machineId, { ...IMAGE, reason: 'path alone' });
+    const third = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    expect(third.result === 'recorded' && third.installationRequest).toMatchObject({
+      generation: 3n,
+      rootDevice: '/dev/sda',
+      rootDeviceHints: undefined,
+    });
+  });
+
+  test('malformed hints, or neither a path nor hints, are refused naming the field, and nothing is written', async () => {
+    const { machineId } = await machineWithAgent();
+    const bad: [unknown, string, RegExp][] = [
+      [{ serial: 'S3Z1NX0K' }, 'serial', /root device hint serial: unknown; the hints are deviceName, model/],
+      [{ model: '  ' }, 'model', /root device hint model: empty/],
+      [{ minSizeGigabytes: 0 }, 'minSizeGigabytes', /minSizeGigabytes: want a positive whole number of GiB, got 0/],
+      [{ minSizeGigabytes: 1.5 }, 'minSizeGigabytes', /got 1.5/],
+      [{ minSizeGigabytes: '100' }, 'minSizeGigabytes', /got "100"/],
+      [{ wwn: '0xZZ' }, 'wwn', /wwn: "0xZZ" is not 0x and hex digits/],
+      [{ deviceName: 'sda' }, 'deviceName', /deviceName: "sda" is not a path under \/dev\//],
+      [{ rotational: 'yes' }, 'rotational', /rotational: want true or false/],
+      [{}, '(hints)', /no hint given/],
+      [['serialNumber'], '(hints)', /want an object of hints/],
+    ];
+    for (const [hints, field, message] of bad) {
+      const request = {
+        ...IMAGE,
+        rootDevice: undefined,
+        rootDeviceHints: hints as OSInstallationRequest['rootDeviceHints'],
+      };
+      const error = await q.requestOSInstallation(machineId, request).catch((e: unknown) => e);
+      expect(error, JSON.stringify(hints)).toBeInstanceOf(RootDeviceHintError);
+      expect((error as RootDeviceHintError).field).toBe(field);
+      expect((error as Error).message).toMatch(message);
+      expect((error as Error).message).toContain(machineId);
+    }
+    await expect(q.requestOSInstallation(machineId, { ...IMAGE, rootDevice: undefined })).rejects.toThrow(
+      /neither a root device nor root device hints given/,
     );
     expect(await q.osInstallation(machineId)).toBeUndefined();
     expect(await q.operatorHistory(machineId)).toEqual([]);

@@ -152,6 +152,65 @@ describe('install', () => {
   });
 });
 
+describe('install --root-device-hint', () => {
+  test('names the root device by hints, repeated, beside or instead of --root-device; stored and shown', async () => {
+    const env = { SHEPHERD_BMDB_URL: db.url, DEBUG: '' };
+    const machineId = await q.newMachine();
+    await q.addProvided(machineId, { provider: 'Static', providerId: 'rack2-node1' });
+    const target = ['--provider', 'Static', '--provider-id', 'rack2-node1'];
+    const noPath = image.filter(
+      (_, i) => i !== image.indexOf('--root-device') && i !== image.indexOf('--root-device') + 1,
+    );
+    const hinted = await shepherd(
+      [
+        'install',
+        ...target,
+        ...noPath,
+        '--root-device-hint',
+        'serialNumber=S3Z1NX0K',
+        '--root-device-hint',
+        'minSizeGigabytes=100',
+        '--root-device-hint',
+        'deviceName=/dev/disk/by-path/pci-0000:00:1f.2-ata-1',
+        '--root-device-hint',
+        'rotational=false',
+        '--reason',
+        'by hints',
+      ],
+      env,
+    );
+    expect(hinted.stderr).toBe('');
+    expect(hinted.code).toBe(0);
+    expect(hinted.stdout).toBe(
+      `requested installation of Static rack2-node1 (machine ${machineId}): generation 1, https://images.example.com/debian-12.img.gz onto deviceName=/dev/disk/by-path/pci-0000:00:1f.2-ata-1 serialNumber=S3Z1NX0K minSizeGigabytes=100 rotational=false\n`,
+    );
+    const hints = {
+      serialNumber: 'S3Z1NX0K',
+      minSizeGigabytes: 100,
+      deviceName: '/dev/disk/by-path/pci-0000:00:1f.2-ata-1',
+      rotational: false,
+    };
+    expect(await q.osInstallation(machineId)).toMatchObject({ rootDevice: undefined, rootDeviceHints: hints });
+    const json = JSON.parse((await shepherd(['status', '--json'], env)).stdout);
+    expect(json.installationRequests).toContainEqual(
+      expect.objectContaining({ providerId: 'rack2-node1', rootDevice: null, rootDeviceHints: hints }),
+    );
+
+    const both = await shepherd(
+      ['install', ...target, ...image, '--root-device-hint', 'wwn=0x5002538e40a1b2c3', '--reason', 'both'],
+      env,
+    );
+    expect(both.code).toBe(0);
+    expect(both.stdout).toContain(
+      'generation 2, https://images.example.com/debian-12.img.gz onto /dev/sda wwn=0x5002538e40a1b2c3\n',
+    );
+    expect(await q.osInstallation(machineId)).toMatchObject({
+      rootDevice: '/dev/sda',
+      rootDeviceHints: { wwn: '0x5002538e40a1b2c3' },
+    });
+  });
+});
+
 describe('install logs', () => {
   test('name the generation as a number', async () => {
     const env = { SHEPHERD_BMDB_URL: db.url, DEBUG: 'shepherd:cli' };
@@ -222,7 +281,52 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
       /--image-url: required for install \(or withdraw a request with --cancel\)/,
     ],
     ['no sha256', without('--image-sha256'), /--image-sha256: required for install/],
-    ['no root device', without('--root-device'), /--root-device: required for install/],
+    ['no root device', without('--root-device'), /--root-device: required for install, or --root-device-hint/],
+    [
+      'a hint of an unknown field',
+      withImage('--root-device-hint', 'serial=S3Z1NX0K'),
+      /--root-device-hint: invalid value "serial=S3Z1NX0K": want root device hint serial: unknown; the hints are deviceName/,
+    ],
+    [
+      'a hint with an empty value',
+      withImage('--root-device-hint', 'model='),
+      /--root-device-hint: invalid value "model=": want root device hint model: empty/,
+    ],
+    [
+      'a size that is not one',
+      withImage('--root-device-hint', 'minSizeGigabytes=100GB'),
+      /--root-device-hint: invalid value "minSizeGigabytes=100GB": want root device hint minSizeGigabytes: want a positive whole number of GiB/,
+    ],
+    [
+      'a size of zero',
+      withImage('--root-device-hint', 'minSizeGigabytes=0'),
+      /--root-device-hint: invalid value "minSizeGigabytes=0": .*positive whole number/,
+    ],
+    [
+      'a WWN that is not hex',
+      withImage('--root-device-hint', 'wwn=naa.5000'),
+      /--root-device-hint: invalid value "wwn=naa.5000": .*not 0x and hex digits/,
+    ],
+    [
+      'rotational that is not true or false',
+      withImage('--root-device-hint', 'rotational=yes'),
+      /--root-device-hint: invalid value "rotational=yes": .*want true or false/,
+    ],
+    [
+      'a hint without =',
+      withImage('--root-device-hint', 'S3Z1NX0K'),
+      /--root-device-hint: invalid value "S3Z1NX0K": want FIELD=VALUE, such as serialNumber=S3Z1NX0K/,
+    ],
+    [
+      'a hint given twice',
+      [...withImage('--root-device-hint', 'model=a'), '--root-device-hint', 'model=b'],
+      /--root-device-hint: invalid value "model=b": want model once/,
+    ],
+    [
+      'a cancel with hints',
+      ['install', '--cancel', ...targets, '--root-device-hint', 'model=a', '--reason', 'x'],
+      /--root-device-hint: not with --cancel/,
+    ],
     ['no reason', ['install', ...targets, ...image], /--reason: required for install: say why/],
     ['no machines', ['install', ...image, '--reason', 'x'], /--provider: required for install \(or --machine-id\)/],
     [
@@ -253,6 +357,7 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
       '--image-url',
       '--image-sha256',
       '--root-device',
+      '--root-device-hint',
       '--compression',
       '--user-data',
       '--cancel',

@@ -1,8 +1,18 @@
 import { performance } from 'node:perf_hooks';
-import { type BMDB, isMachineId, type OSInstallationReport, type PendingOSInstallation } from '@bmaas/bmdb-controlloop';
+import {
+  type BMDB,
+  isMachineId,
+  type OSInstallationReport,
+  type PendingOSInstallation,
+  type RootDeviceHints,
+} from '@bmaas/bmdb-controlloop';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
-import { DiskImageInstallationRequest_Compression as Compression } from './gen/cloud/agent/api/disk_image_pb.js';
+import {
+  DiskImageInstallationRequest_Compression as Compression,
+  type RootDeviceHints as RootDeviceHintsMessage,
+  RootDeviceHintsSchema,
+} from './gen/cloud/agent/api/disk_image_pb.js';
 import { OSInstallationReportOutcome as ReportOutcome } from './gen/cloud/agent/api/installation_report_outcome_pb.js';
 import {
   AgentHardwareReportSchema,
@@ -158,12 +168,26 @@ export function installationResponse(
         value: {
           url: pending.imageUrl,
           sha256: pending.imageSha256,
-          rootDevice: pending.rootDevice,
+          rootDevice: pending.rootDevice ?? '',
+          ...(pending.rootDeviceHints && { rootDeviceHints: hintsMessage(pending.rootDeviceHints) }),
           compression: pending.compression === 'gzip' ? Compression.GZIP : Compression.UNSPECIFIED,
           ...(pending.userData && { userData: pending.userData }),
         },
       },
     },
+  });
+}
+
+/** The request's hints as the protobuf carries them: a hint left out is the empty string or zero. */
+function hintsMessage(hints: RootDeviceHints): RootDeviceHintsMessage {
+  return create(RootDeviceHintsSchema, {
+    deviceName: hints.deviceName ?? '',
+    model: hints.model ?? '',
+    vendor: hints.vendor ?? '',
+    serialNumber: hints.serialNumber ?? '',
+    wwn: hints.wwn ?? '',
+    minSizeGigabytes: hints.minSizeGigabytes ?? 0,
+    ...(hints.rotational !== undefined && { rotational: hints.rotational }),
   });
 }
 

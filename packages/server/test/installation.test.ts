@@ -160,3 +160,42 @@ describe('installation reports', () => {
     expect((await q.osInstallation(machineId))?.state).toBe('Delivered');
   });
 });
+
+describe('root-device hints', () => {
+  test('a request’s hints reach the agent as DiskImageInstallationRequest.root_device_hints; a path alone sends none', async () => {
+    const agent = agentIdentity();
+    const machineId = await startedMachine(t.bmdb, agent);
+    const image = { imageUrl: 'https://images.example.com/debian.img', imageSha256: 'ab'.repeat(32), actor: 'test' };
+    await q.requestOSInstallation(machineId, {
+      ...image,
+      rootDeviceHints: {
+        serialNumber: 'S3Z1NX0K',
+        wwn: '0x5002538e40a1b2c3',
+        deviceName: '/dev/disk/by-path/pci-0000:00:1f.2-ata-1',
+        minSizeGigabytes: 100,
+        rotational: false,
+      },
+      reason: 'by hints',
+    });
+    const client = currentAgentClient(t.server.port, t.ca, agent);
+    const byHints = await client.heartbeat({ machineId });
+    const request = byHints.installationRequest?.type;
+    expect(request?.case).toBe('diskImage');
+    const disk = request?.case === 'diskImage' ? request.value : undefined;
+    expect(disk?.rootDevice).toBe('');
+    expect(disk?.rootDeviceHints).toMatchObject({
+      serialNumber: 'S3Z1NX0K',
+      wwn: '0x5002538e40a1b2c3',
+      deviceName: '/dev/disk/by-path/pci-0000:00:1f.2-ata-1',
+      model: '',
+      vendor: '',
+      minSizeGigabytes: 100,
+      rotational: false,
+    });
+    await q.requestOSInstallation(machineId, { ...image, rootDevice: '/dev/vda', reason: 'by path' });
+    const byPath = (await client.heartbeat({ machineId })).installationRequest?.type;
+    expect(byPath?.case).toBe('diskImage');
+    expect(byPath?.case === 'diskImage' && byPath.value.rootDevice).toBe('/dev/vda');
+    expect(byPath?.case === 'diskImage' && byPath.value.rootDeviceHints).toBeUndefined();
+  });
+});

@@ -1,4 +1,5 @@
 import type { AgentHeartbeat, AgentHeartbeatAnswer } from '../agent-heartbeat.js';
+import type { RootDeviceHints } from '../root-device-hints.js';
 import type { OSImageCompression } from '../schema.js';
 import { Batcher } from './batcher.js';
 import { hardwareTotals } from './hardware-totals.js';
@@ -94,7 +95,7 @@ const HEARTBEAT_SQL = `
       AND q.installation_state = 'Succeeded' AND r.ord NOT IN (SELECT ord FROM authenticated)),
   open AS (
     SELECT a.ord, a.machine_id, a.public_key, a.installation_report, a.installation_error, q.generation,
-      q.installation_state, q.image_url, q.image_sha256, q.root_device, q.compression, q.user_data,
+      q.installation_state, q.image_url, q.image_sha256, q.root_device, q.root_device_hints, q.compression, q.user_data,
       CASE WHEN a.generation = q.generation THEN a.result END AS result,
       -- Not held unless delivered, not under recovery: queries/conditions.ts's
       -- isHeld and hasLiveWork, written out in this statement's raw text.
@@ -150,7 +151,8 @@ const HEARTBEAT_SQL = `
     (SELECT coalesce(array_agg(o.ord::int), '{}') FROM open o JOIN marked m ON m.machine_id = o.machine_id
      WHERE o.result IS NOT NULL) AS stored,
     (SELECT json_agg(json_build_object('ord', o.ord, 'generation', o.generation::text, 'imageUrl', o.image_url,
-        'imageSha256', o.image_sha256, 'rootDevice', o.root_device, 'compression', o.compression,
+        'imageSha256', o.image_sha256, 'rootDevice', o.root_device,
+        'rootDeviceHints', o.root_device_hints, 'compression', o.compression,
         'userData', encode(o.user_data, 'base64')))
      FROM open o WHERE o.result IS NULL AND o.deliverable) AS pending
   FROM authenticated`;
@@ -161,7 +163,8 @@ interface PendingRow {
   readonly generation: string;
   readonly imageUrl: string;
   readonly imageSha256: string;
-  readonly rootDevice: string;
+  readonly rootDevice: string | null;
+  readonly rootDeviceHints: RootDeviceHints | null;
   readonly compression: OSImageCompression;
   readonly userData: string | null;
 }
@@ -237,7 +240,8 @@ export class AgentHeartbeats {
           generation: BigInt(request.generation),
           imageUrl: request.imageUrl,
           imageSha256: request.imageSha256,
-          rootDevice: request.rootDevice,
+          rootDevice: request.rootDevice ?? undefined,
+          rootDeviceHints: request.rootDeviceHints ?? undefined,
           compression: request.compression,
           userData: request.userData === null ? undefined : Buffer.from(request.userData, 'base64'),
         },

@@ -11,6 +11,7 @@ import * as operatorControl from './0006_operator_control.js';
 import * as fleetMetrics from './0008_fleet_metrics.js';
 import * as osInstallation from './0009_os_installation.js';
 import * as installationReportKey from './0010_installation_report_key.js';
+import * as rootDeviceHints from './0011_root_device_hints.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -28,6 +29,7 @@ const MIGRATIONS: Record<string, Migration> = {
   '0008_fleet_metrics': fleetMetrics,
   '0009_os_installation': osInstallation,
   '0010_installation_report_key': installationReportKey,
+  '0011_root_device_hints': rootDeviceHints,
 };
 
 /** Migration bookkeeping tables; prefixed so they sit apart from other tools'. */

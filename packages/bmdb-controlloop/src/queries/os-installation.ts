@@ -1,6 +1,7 @@
 /** OS installation requests: requested and canceled by operators, handed to agents, answered by their reports. */
 import { type Kysely, type Selectable, sql } from 'kysely';
 import { BMDBError } from '../errors.js';
+import { checkRootDeviceHints, inFieldOrder, type RootDeviceHints } from '../root-device-hints.js';
 import {
   type Database,
   type MachineOsInstallationRequestTable,
@@ -17,8 +18,13 @@ export interface OSImage {
   readonly imageUrl: string;
   /** sha256 of the image's bytes as downloaded (before decompression): 64 hex digits. */
   readonly imageSha256: string;
-  /** The block device the image is written to, an absolute path (`/dev/sda`). */
-  readonly rootDevice: string;
+  /**
+   * The block device the image is written to, an absolute path (`/dev/sda`).
+   * Give it, {@link OSImage.rootDeviceHints}, or both.
+   */
+  readonly rootDevice?: string | undefined;
+  /** The block device named by what it is (serial, WWN, model, ...); the agent takes the one disk matching all. */
+  readonly rootDeviceHints?: RootDeviceHints | undefined;
   /** How the image is compressed as downloaded. Default `none`. */
   readonly compression?: OSImageCompression | undefined;
   /** cloud-init user-data for the installed OS, if any. */
@@ -38,7 +44,8 @@ export interface PendingOSInstallation {
   readonly generation: bigint;
   readonly imageUrl: string;
   readonly imageSha256: string;
-  readonly rootDevice: string;
+  readonly rootDevice: string | undefined;
+  readonly rootDeviceHints: RootDeviceHints | undefined;
   readonly compression: OSImageCompression;
   readonly userData: Uint8Array | undefined;
 }
@@ -81,10 +88,12 @@ const COMPRESSIONS: readonly string[] = ['none', 'gzip'];
 
 /**
  * Refuses an image no agent could install, naming the bad field: a URL that
- * is not http(s), a sha256 that is not 64 hex digits, a root device that is
- * not an absolute path, an unknown compression.
+ * is not http(s), a sha256 that is not 64 hex digits, neither a root device
+ * nor hints, a root device that is not an absolute path, a malformed hint
+ * ({@link RootDeviceHintError}), an unknown compression. Returns the hints
+ * as stored (trimmed).
  */
-export function checkOSImage(image: OSImage, what: string): void {
+export function checkOSImage(image: OSImage, what: string): RootDeviceHints | undefined {
   let url: URL | undefined;
   try {
     url = new URL(image.imageUrl);
@@ -95,15 +104,23 @@ export function checkOSImage(image: OSImage, what: string): void {
   if (typeof image.imageSha256 !== 'string' || !SHA256.test(image.imageSha256)) {
     throw new BMDBError(`${what}: image sha256 ${JSON.stringify(image.imageSha256)} is not 64 hex digits`);
   }
-  if (typeof image.rootDevice !== 'string' || !image.rootDevice.startsWith('/') || /[\0\n]/.test(image.rootDevice)) {
+  if (image.rootDevice === undefined && image.rootDeviceHints === undefined) {
+    throw new BMDBError(`${what}: neither a root device nor root device hints given`);
+  }
+  if (
+    image.rootDevice !== undefined &&
+    (typeof image.rootDevice !== 'string' || !image.rootDevice.startsWith('/') || /[\0\n]/.test(image.rootDevice))
+  ) {
     throw new BMDBError(`${what}: root device ${JSON.stringify(image.rootDevice)} is not an absolute path`);
   }
+  const hints = image.rootDeviceHints === undefined ? undefined : checkRootDeviceHints(image.rootDeviceHints, what);
   if (image.compression !== undefined && !COMPRESSIONS.includes(image.compression)) {
     throw new BMDBError(`${what}: compression ${JSON.stringify(image.compression)} is none of none, gzip`);
   }
   if (image.userData !== undefined && !(image.userData instanceof Uint8Array)) {
     throw new BMDBError(`${what}: user-data must be bytes`);
   }
+  return hints;
 }
 
 export async function requestOSInstallation(
@@ -112,7 +129,7 @@ export async function requestOSInstallation(
   request: OSInstallationRequest,
 ): Promise<OSInstallation> {
   const what = `OS installation request for machine ${machineId}`;
-  checkOSImage(request, what);
+  const hints = checkOSImage(request, what);
   checkActor(request.actor, what);
   checkReason(request.reason, what, 'why the machine is installed');
   const machine = await db.selectFrom('machines').select('machine_id').where('machine_id', '=', machineId).execute();
@@ -120,7 +137,8 @@ export async function requestOSInstallation(
   const values = {
     image_url: request.imageUrl,
     image_sha256: request.imageSha256.toLowerCase(),
-    root_device: request.rootDevice,
+    root_device: request.rootDevice ?? null,
+    root_device_hints: hints === undefined ? null : JSON.stringify(hints),
     compression: request.compression ?? 'none',
     user_data: request.userData === undefined ? null : Buffer.from(request.userData),
     requested_by: request.actor,
@@ -160,6 +178,7 @@ export async function requestOSInstallation(
       imageUrl: installation.imageUrl,
       imageSha256: installation.imageSha256,
       rootDevice: installation.rootDevice,
+      rootDeviceHints: installation.rootDeviceHints,
       compression: installation.compression,
       userDataBytes: installation.userData?.length ?? 0,
       ...(previous && { replaced: { generation: Number(previous.generation), state: previous.state } }),
@@ -276,7 +295,8 @@ export function toOSInstallation(row: Selectable<MachineOsInstallationRequestTab
     generation: BigInt(row.generation),
     imageUrl: row.image_url,
     imageSha256: row.image_sha256,
-    rootDevice: row.root_device,
+    rootDevice: row.root_device ?? undefined,
+    rootDeviceHints: row.root_device_hints === null ? undefined : inFieldOrder(row.root_device_hints),
     compression: row.compression,
     userData: row.user_data ?? undefined,
     state: row.installation_state,

@@ -1,4 +1,11 @@
-import type { MachineNames, OSImage, OSImageCompression } from '@bmaas/bmdb-controlloop';
+import {
+  checkRootDeviceHints,
+  type MachineNames,
+  type OSImage,
+  type OSImageCompression,
+  RootDeviceHintError,
+  type RootDeviceHints,
+} from '@bmaas/bmdb-controlloop';
 import { log } from '../logging.js';
 import { type Argv, actor, fileContents, oneOf, optional, reason, UsageError } from '../settings.js';
 import { withSession } from './hold.js';
@@ -6,7 +13,7 @@ import { describeMachine, MachinesNotDoneError, machineTargets, unknownLines } f
 
 /** The most user-data a request carries: cloud-init's own limit on most clouds is far lower. */
 const MAX_USER_DATA = 64 * 1024;
-const IMAGE_FLAGS = ['image-url', 'image-sha256', 'root-device', 'user-data'] as const;
+const IMAGE_FLAGS = ['image-url', 'image-sha256', 'root-device', 'root-device-hint', 'user-data'] as const;
 
 /** What `install` is told, checked before anything is touched. */
 type InstallSettings = {
@@ -17,7 +24,8 @@ type InstallSettings = {
 
 /**
  * `shepherd install --provider P --provider-id ID… --image-url URL
- * --image-sha256 HEX --root-device DEV [--compression none|gzip]
+ * --image-sha256 HEX (--root-device DEV | --root-device-hint FIELD=VALUE…)
+ * [--compression none|gzip]
  * [--user-data FILE] --reason TEXT` (or `--machine-id ID…`): requests an OS
  * installation of each machine, a new generation each; the machine's agent
  * gets it with its next heartbeat's answer (the initializer starts one
@@ -40,7 +48,7 @@ export async function install(argv: Argv, write: (text: string) => void): Promis
         // A bigint: as a plain number (debug's %s writes one as `1n`).
         log('requested installation of %s, generation %s: %s', name, String(requested.generation), requested.imageUrl);
         write(
-          `requested installation of ${name}: generation ${requested.generation}, ${requested.imageUrl} onto ${requested.rootDevice}\n`,
+          `requested installation of ${name}: generation ${requested.generation}, ${requested.imageUrl} onto ${describeRootDevice(requested.rootDevice, requested.rootDeviceHints)}\n`,
         );
         continue;
       }
@@ -79,8 +87,15 @@ async function installSettings(argv: Argv): Promise<InstallSettings> {
   if (!/^[0-9a-f]{64}$/i.test(imageSha256)) {
     throw UsageError.invalid('image-sha256', imageSha256, 'the image’s sha256, 64 hex digits');
   }
-  const rootDevice = need(argv, 'root-device');
-  if (!rootDevice.startsWith('/')) {
+  const rootDevice = optional(argv, 'root-device')?.trim() || undefined;
+  const rootDeviceHints = hintsOf(argv);
+  if (rootDevice === undefined && rootDeviceHints === undefined) {
+    throw new UsageError(
+      'root-device',
+      'required for install, or --root-device-hint (or withdraw a request with --cancel)',
+    );
+  }
+  if (rootDevice !== undefined && !rootDevice.startsWith('/')) {
     throw UsageError.invalid('root-device', rootDevice, 'an absolute path of a block device, such as /dev/sda');
   }
   const compression: OSImageCompression = oneOf(argv, 'compression', ['none', 'gzip'] as const) ?? 'none';
@@ -95,7 +110,7 @@ async function installSettings(argv: Argv): Promise<InstallSettings> {
     reason: why,
     actor: actor(argv),
     cancel: false,
-    image: { imageUrl, imageSha256: imageSha256.toLowerCase(), rootDevice, compression, userData },
+    image: { imageUrl, imageSha256: imageSha256.toLowerCase(), rootDevice, rootDeviceHints, compression, userData },
   };
 }
 
@@ -105,4 +120,42 @@ function need(argv: Argv, flag: string): string {
     throw new UsageError(flag, 'required for install (or withdraw a request with --cancel)');
   }
   return value;
+}
+
+/**
+ * `--root-device-hint FIELD=VALUE…` as hints, checked by the library's rules;
+ * undefined when none is given. minSizeGigabytes is read as a number and
+ * rotational as true or false, so "100GB" or "yes" is refused here.
+ */
+function hintsOf(argv: Argv): RootDeviceHints | undefined {
+  const raw = argv['root-device-hint'];
+  const given = (Array.isArray(raw) ? raw : raw === undefined ? [] : [raw]).map(String);
+  if (given.length === 0) return undefined;
+  const hints: Record<string, string | number | boolean> = {};
+  for (const hint of given) {
+    const equals = hint.indexOf('=');
+    if (equals <= 0) throw UsageError.invalid('root-device-hint', hint, 'FIELD=VALUE, such as serialNumber=S3Z1NX0K');
+    const field = hint.slice(0, equals).trim();
+    const value = hint.slice(equals + 1);
+    if (field in hints) throw UsageError.invalid('root-device-hint', hint, `${field} once`);
+    hints[field] =
+      field === 'minSizeGigabytes' && /^\s*\d+\s*$/.test(value)
+        ? Number(value)
+        : field === 'rotational' && (value === 'true' || value === 'false')
+          ? value === 'true'
+          : value;
+  }
+  try {
+    return checkRootDeviceHints(hints, 'install');
+  } catch (error) {
+    if (!(error instanceof RootDeviceHintError)) throw error;
+    const bad = given.find((hint) => hint.slice(0, hint.indexOf('=')).trim() === error.field) ?? given.join(' ');
+    throw UsageError.invalid('root-device-hint', bad, `root device hint ${error.field}: ${error.detail}`);
+  }
+}
+
+/** `/dev/sda`, `serialNumber=S3Z1NX0K`, or both. */
+export function describeRootDevice(rootDevice: string | undefined, hints: RootDeviceHints | undefined): string {
+  const named = Object.entries(hints ?? {}).map(([field, value]) => `${field}=${value}`);
+  return [...(rootDevice === undefined ? [] : [rootDevice]), ...named].join(' ');
 }

@@ -1,6 +1,7 @@
-import { type FleetStats, type OSInstallationCounts, Queries } from '@bmaas/bmdb-controlloop';
+import { type FleetStats, type OSInstallationCounts, Queries, type RootDeviceHints } from '@bmaas/bmdb-controlloop';
 import { openBMDB } from '../database.js';
 import { type Argv, databaseSettings } from '../settings.js';
+import { describeRootDevice } from './install.js';
 
 /** A machine whose work for a process is backing off. */
 interface Backoff {
@@ -32,7 +33,9 @@ interface Installation {
   readonly generation: number;
   readonly state: string;
   readonly imageUrl: string;
-  readonly rootDevice: string;
+  /** Null when the request names its disk by hints alone. */
+  readonly rootDevice: string | null;
+  readonly rootDeviceHints: RootDeviceHints | null;
   readonly requestedBy: string;
   readonly requestedAt: string;
   readonly deliveredAt: string | null;
@@ -83,7 +86,8 @@ export async function status(argv: Argv, write: (text: string) => void): Promise
         generation: Number(i.generation),
         state: i.state,
         imageUrl: i.imageUrl,
-        rootDevice: i.rootDevice,
+        rootDevice: i.rootDevice ?? null,
+        rootDeviceHints: i.rootDeviceHints ?? null,
         requestedBy: i.requestedBy,
         requestedAt: i.requestedAt.toISOString(),
         deliveredAt: i.deliveredAt?.toISOString() ?? null,
@@ -170,7 +174,7 @@ function render(status: Status): string {
           i.providerId ?? '-',
           String(i.generation),
           i.state,
-          `${i.imageUrl} onto ${i.rootDevice}`,
+          `${i.imageUrl} onto ${describeRootDevice(i.rootDevice ?? undefined, i.rootDeviceHints ?? undefined)}`,
           i.error ?? '',
         ]),
       ]),

@@ -1,4 +1,4 @@
-import type { MachineView } from '../data.js';
+import type { InstallationView, MachineView } from '../data.js';
 import { type Html, href, html } from '../html.js';
 import { relativeTime, timeTag } from '../time.js';
 import { installationBadge, powerBadge, stageBadge } from './layout.js';
@@ -11,12 +11,18 @@ function detailText(detail: Readonly<Record<string, unknown>> | null): string {
     .join(', ');
 }
 
+/** The install disk as the request names it: its path, its root-device hints (`serialNumber=…`), or both. */
+function rootDeviceText(i: InstallationView): string {
+  const hints = Object.entries(i.rootDeviceHints ?? {}).map(([field, value]) => `${field}=${value}`);
+  return [...(i.rootDevice === undefined ? [] : [i.rootDevice]), ...hints].join(' ');
+}
+
 /** The machine's OS installation request: generation, image, delivered, outcome and the agent's error. */
 function installation(m: MachineView): Html {
   const i = m.osInstallation;
   if (i === null) return html`<span class="none">–</span> never requested`;
   return html`${installationBadge(i)}
-<div class="muted">${i.imageUrl} (${i.compression === 'gzip' ? 'gzip' : 'raw'}) onto ${i.rootDevice}${i.userDataBytes > 0 ? `, ${i.userDataBytes} bytes of user-data` : ''}</div>
+<div class="muted">${i.imageUrl} (${i.compression === 'gzip' ? 'gzip' : 'raw'}) onto ${rootDeviceText(i)}${i.userDataBytes > 0 ? `, ${i.userDataBytes} bytes of user-data` : ''}</div>
 <div class="muted id">sha256 ${i.imageSha256}</div>
 <div>requested by ${i.requestedBy} ${timeTag(i.requestedAt, m.now)}; ${
     i.deliveredAt ? html`delivered to its agent ${timeTag(i.deliveredAt, m.now)}` : 'not delivered yet'
