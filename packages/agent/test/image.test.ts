@@ -10,7 +10,6 @@ import { createHash, generateKeyPairSync } from 'node:crypto';
 import { mkdtemp, readFile, rm, stat, utimes, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { create } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, expect, test } from 'vitest';
@@ -23,9 +22,9 @@ import {
   configureAgentIso,
   findKernel,
 } from '../src/index.js';
+import { bundleAgent } from './bundle-agent.js';
 
 const run = promisify(execFile);
-const packageDir = fileURLToPath(new URL('..', import.meta.url));
 /** Shared between runs, so a rerun finds the image built. */
 const cacheDir = path.join(tmpdir(), 'bmaas-agent-image-test-cache');
 
@@ -66,22 +65,8 @@ async function extract(iso: string, file: string, to: string): Promise<string> {
 
 beforeAll(async () => {
   dir = await mkdtemp(path.join(tmpdir(), 'agent-image-'));
-  // Its own bundle, as `npm run bundle` makes it, so that a bundle test running alongside is not raced.
   const bundle = path.join(dir, 'agent.cjs');
-  await run(
-    'npx',
-    [
-      'esbuild',
-      'bin/agent.js',
-      '--bundle',
-      '--platform=node',
-      '--target=node20',
-      '--format=cjs',
-      `--outfile=${bundle}`,
-      '--log-level=warning',
-    ],
-    { cwd: packageDir },
-  );
+  await bundleAgent(bundle);
   image = await buildAgentImage({ out: path.join(dir, 'out'), cacheDir, agentBundle: bundle });
 }, 300_000);
 

@@ -5,13 +5,11 @@
  * and the agent heartbeats to a real BMaaS server on the host, reached from
  * QEMU's user network at 10.0.2.2.
  */
-import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { generateKeyPairSync, X509Certificate } from 'node:crypto';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { promisify } from 'node:util';
 import { agentConfigArchive, buildAgentImage, configureAgentIso } from '@bmaas/agent';
 import { Queries } from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
@@ -20,10 +18,9 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
 import { TakeoverInitSchema } from '../../agent/src/gen/cloud/agent/api/takeover_pb.js';
+import { bundleAgent } from '../../agent/test/bundle-agent.js';
 import { missingForAgentImage } from './support.js';
 
-const run = promisify(execFile);
-const agentDir = fileURLToPath(new URL('../../agent', import.meta.url));
 const OVMF = '/usr/share/OVMF/OVMF_CODE.fd';
 const missing = await missingForAgentImage();
 if (missing.length > 0) {
@@ -44,19 +41,7 @@ describe.skipIf(missing.length > 0)('the agent image in QEMU', () => {
   beforeAll(async () => {
     dir = await mkdtemp(path.join(tmpdir(), 'lab-agent-image-'));
     const bundle = path.join(dir, 'agent.cjs');
-    await run(
-      'npx',
-      [
-        'esbuild',
-        'bin/agent.js',
-        '--bundle',
-        '--platform=node',
-        '--target=node20',
-        '--format=cjs',
-        `--outfile=${bundle}`,
-      ],
-      { cwd: agentDir },
-    );
+    await bundleAgent(bundle);
     const image = await buildAgentImage({
       out: path.join(dir, 'image'),
       cacheDir: path.join(tmpdir(), 'bmaas-agent-image-test-cache'),
