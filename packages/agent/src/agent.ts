@@ -1,5 +1,6 @@
 import { spawn } from 'node:child_process';
 import type { KeyObject } from 'node:crypto';
+import { setTimeout as wait } from 'node:timers/promises';
 import { create } from '@bufbuild/protobuf';
 import { pem } from './callback/client-certificate.js';
 import { type AgentService, HeartbeatClient } from './callback/heartbeat-client.js';
@@ -212,16 +213,7 @@ async function reboot(command: string | undefined, log: (line: string) => void):
   log(`reboot command exited ${code}`);
 }
 
+/** Node's own timer, woken early by `signal`; the loop itself sees the abort and stops. */
 function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
-  return new Promise((resolve) => {
-    const wake = () => {
-      clearTimeout(timer);
-      resolve();
-    };
-    const timer = setTimeout(() => {
-      signal?.removeEventListener('abort', wake);
-      resolve();
-    }, ms);
-    signal?.addEventListener('abort', wake, { once: true });
-  });
+  return wait(ms, undefined, { signal }).catch(() => {});
 }
