@@ -1,6 +1,7 @@
 import type { InstallationView, MachineView } from '../data.js';
 import { type Html, href, html } from '../html.js';
 import { relativeTime, timeTag } from '../time.js';
+import { hardwareSection } from './hardware.js';
 import { installationBadge, powerBadge, stageBadge } from './layout.js';
 
 /** A JSON detail of an operator action, as `key value` pairs. */
@@ -33,7 +34,8 @@ function installation(m: MachineView): Html {
 
 /**
  * `/machines/<id>`: tags with its hold and power state, live work, backoffs,
- * what operators did to it, and the work history as a timeline.
+ * its last hardware report, what operators did to it, and the work history
+ * as a timeline.
  */
 export function machinePage(m: MachineView): Html {
   const p = m.provided;
@@ -128,6 +130,8 @@ ${
 <section><h2>Tags</h2>${tags}</section>
 <section><h2>Live work</h2>${work}<h2>Backoffs</h2>${backoffs}</section>
 </div>
+<h2>Hardware</h2>
+<section class="hardware">${hardwareSection(m)}</section>
 <h2>Operator actions <span class="muted">(holds, power, installations; newest first)</span></h2>
 ${operatorActions}
 <h2>Work history <span class="muted">(newest first)</span></h2>
