@@ -205,6 +205,43 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
     }
   });
 
+  test('wipes every disk when asked: the wipe is reported Succeeded, and the agent stops rather than reboots', async () => {
+    const root = path.join(dir, 'two-socket-server-wipe');
+    await cp(fileURLToPath(new URL('./fixtures/two-socket-server/', import.meta.url)), root, {
+      recursive: true,
+      verbatimSymlinks: true,
+    });
+    for (const disk of ['nvme0n1', 'sda', 'sdb'])
+      await writeFile(path.join(root, 'dev', disk), Buffer.alloc(4 * MiB, 0xaa));
+    const agent = await startedAgent('cloud.bmaas.server.api', server.port, root);
+    try {
+      const wipe = await q.requestDiskWipe(agent.machineId, { actor: 'test', reason: 'agent wipe test' });
+      expect(wipe).toMatchObject({ kind: 'DiskWipe', imageUrl: '', rootDevice: undefined, decommission: false });
+      expect(await agent.ended).toBe('wiped');
+      expect(await q.osInstallation(agent.machineId)).toMatchObject({
+        generation: wipe.generation,
+        kind: 'DiskWipe',
+        state: 'Succeeded',
+        error: null,
+      });
+      for (const disk of ['nvme0n1', 'sda', 'sdb']) {
+        const bytes = await readFile(path.join(root, 'dev', disk));
+        expect(
+          bytes.subarray(0, MiB).every((byte) => byte === 0),
+          disk,
+        ).toBe(true);
+        expect(
+          bytes.subarray(bytes.length - MiB).every((byte) => byte === 0),
+          disk,
+        ).toBe(true);
+      }
+      expect(agent.lines).toContain(`wiping every disk for generation ${wipe.generation}`);
+      expect(agent.lines).toContain('wiped; stopping');
+    } finally {
+      agent.stop.abort();
+    }
+  });
+
   test('installs what it is asked: an Error report on a bad checksum, then Success on the next request, then stops', async () => {
     const disk = path.join(dir, 'disk');
     await writeFile(disk, Buffer.alloc(8 * MiB, 0xaa));

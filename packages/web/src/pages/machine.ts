@@ -18,13 +18,17 @@ function rootDeviceText(i: InstallationView): string {
   return [...(i.rootDevice === undefined ? [] : [i.rootDevice]), ...hints].join(' ');
 }
 
-/** The machine's OS installation request: generation, image, delivered, outcome and the agent's error. */
+/** The machine's OS installation request (or disk wipe): generation, image, delivered, outcome and the agent's error. */
 function installation(m: MachineView): Html {
   const i = m.osInstallation;
   if (i === null) return html`<span class="none">–</span> never requested`;
+  const what =
+    i.kind === 'DiskWipe'
+      ? html`<div class="muted">wipe every disk's metadata${i.decommission ? ', then decommission the machine' : ''}</div>`
+      : html`<div class="muted">${i.imageUrl} (${i.compression === 'gzip' ? 'gzip' : 'raw'}) onto ${rootDeviceText(i)}${i.userDataBytes > 0 ? `, ${i.userDataBytes} bytes of user-data` : ''}</div>
+<div class="muted id">sha256 ${i.imageSha256}</div>`;
   return html`${installationBadge(i)}
-<div class="muted">${i.imageUrl} (${i.compression === 'gzip' ? 'gzip' : 'raw'}) onto ${rootDeviceText(i)}${i.userDataBytes > 0 ? `, ${i.userDataBytes} bytes of user-data` : ''}</div>
-<div class="muted id">sha256 ${i.imageSha256}</div>
+${what}
 <div>requested by ${i.requestedBy} ${timeTag(i.requestedAt, m.now)}; ${
     i.deliveredAt ? html`delivered to its agent ${timeTag(i.deliveredAt, m.now)}` : 'not delivered yet'
   }${i.endedAt ? html`; ${i.state === 'Canceled' ? 'canceled' : 'reported'} ${timeTag(i.endedAt, m.now)}` : ''}</div>${
