@@ -16,6 +16,7 @@ import { OSInstallationReportOutcome } from './gen/cloud/agent/api/installation_
 import type { TakeoverInit } from './gen/cloud/agent/api/takeover_pb.js';
 import { hardwareNode, readHardware } from './hardware/inventory.js';
 import { install } from './install/install.js';
+import { wipeDisks } from './install/wipe.js';
 
 /** What the agent runs with. */
 export interface AgentOptions {
@@ -44,11 +45,13 @@ export interface AgentOptions {
 }
 
 /** Why the agent stopped. */
-export type AgentEnd = 'stopped' | 'installed';
+export type AgentEnd = 'stopped' | 'installed' | 'wiped';
 
 /** An installation under way, or finished and not yet reported. */
 interface Installation {
   readonly generation: bigint;
+  /** A disk wipe (disk_wipe.proto), after which the agent stops rather than reboots. */
+  readonly wipe: boolean;
   readonly stop: AbortController;
   report?: OSInstallationReport;
 }
@@ -87,6 +90,7 @@ export async function runAgent(options: AgentOptions): Promise<AgentEnd> {
   try {
     while (!signal?.aborted) {
       const report = installation?.report;
+      const wipe = installation?.wipe === true;
       const request = await heartbeatRequest(init.machineId, reportAccepted ? undefined : options.root, report, log);
       try {
         const answer = await client.heartbeat(request, signal);
@@ -105,6 +109,11 @@ export async function runAgent(options: AgentOptions): Promise<AgentEnd> {
             log(`installation report of generation ${report.generation} ignored: its request is no longer current`);
           } else {
             log(`installation report of generation ${report.generation} accepted`);
+            if (report.result.case === 'success' && wipe) {
+              // Nothing is left to boot, and the machine leaves the fleet: no reboot.
+              log('wiped; stopping');
+              return 'wiped';
+            }
             if (report.result.case === 'success') {
               await reboot(options.rebootCommand, log);
               return 'installed';
@@ -163,24 +172,36 @@ function start(
   ca: string | undefined,
   log: (line: string) => void,
 ): Installation {
-  const installation: Installation = { generation: asked.generation, stop: new AbortController() };
-  log(`installing generation ${asked.generation}`);
+  const wipe = asked.type.case === 'diskWipe';
+  const installation: Installation = { generation: asked.generation, wipe, stop: new AbortController() };
+  log(`${wipe ? 'wiping every disk for' : 'installing'} generation ${asked.generation}`);
   if (asked.type.case === 'diskImage' && asked.type.value.userData.length > 0) {
     log(`generation ${asked.generation}: its user_data is not handed to the installed OS (not implemented yet)`);
   }
-  install(asked, {
-    root: options.root,
-    efivars: options.efivars,
-    ca,
-    signal: installation.stop.signal,
-    timeoutMs: options.installTimeoutMs,
-  }).then(
-    (installed) => {
-      log(
-        `installed generation ${asked.generation}: ${installed.bytes} bytes onto ${installed.device}${
-          installed.bootEntry === undefined ? '' : `, boot entry ${installed.bootEntry}`
-        }`,
+  const done = wipe
+    ? wipeDisks({ root: options.root, signal: installation.stop.signal }).then((disks) =>
+        disks
+          .map(
+            (d) =>
+              `${d.device} (${d.sizeBytes} bytes, ${d.discarded ? 'discarded' : `not discarded: ${d.discardSkipped}`})`,
+          )
+          .join(', '),
+      )
+    : install(asked, {
+        root: options.root,
+        efivars: options.efivars,
+        ca,
+        signal: installation.stop.signal,
+        timeoutMs: options.installTimeoutMs,
+      }).then(
+        (installed) =>
+          `${installed.bytes} bytes onto ${installed.device}${
+            installed.bootEntry === undefined ? '' : `, boot entry ${installed.bootEntry}`
+          }`,
       );
+  done.then(
+    (what) => {
+      log(`${wipe ? 'wiped' : 'installed'} generation ${asked.generation}: ${what}`);
       installation.report = create(OSInstallationReportSchema, {
         generation: asked.generation,
         result: { case: 'success', value: {} },
@@ -189,7 +210,7 @@ function start(
     (error: unknown) => {
       if (installation.stop.signal.aborted) return;
       const message = (error as Error).message;
-      log(`installation of generation ${asked.generation} failed: ${message}`);
+      log(`${wipe ? 'disk wipe' : 'installation'} of generation ${asked.generation} failed: ${message}`);
       installation.report = create(OSInstallationReportSchema, {
         generation: asked.generation,
         result: { case: 'error', value: { error: message } },

@@ -1,5 +1,5 @@
 import { createHash, X509Certificate } from 'node:crypto';
-import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -10,6 +10,7 @@ import { Queries } from '@bmaas/bmdb-controlloop';
 import { AgentHardwareReportSchema, BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { parseTakeoverResponse } from '@bmaas/shepherd-manager';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
+import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
@@ -17,6 +18,7 @@ import { type AgentEnd, runAgent } from '../src/agent.js';
 import type { AgentService } from '../src/callback/heartbeat-client.js';
 import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
 import { IN_PLACE_WARNING, takeover } from '../src/takeover.js';
+import { biosInformation, endOfTable, memoryDevice, systemInformation } from './smbios-builder.js';
 
 const fixture = fileURLToPath(new URL('./fixtures/bios-vm/', import.meta.url));
 const { bmdb } = await testBMDB();
@@ -112,6 +114,133 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
       ]);
     },
   );
+
+  test("from the recorded two-socket server: its report is the machine's detail, and its totals the fleet's hardware gauges", async () => {
+    // The recorded tree with the SMBIOS table of its 12 DIMMs of 16 GiB, as the hardware tests build it.
+    const root = path.join(dir, 'two-socket-server-report');
+    await cp(fileURLToPath(new URL('./fixtures/two-socket-server/', import.meta.url)), root, {
+      recursive: true,
+      verbatimSymlinks: true,
+    });
+    await mkdir(path.join(root, 'sys/firmware/dmi/tables'), { recursive: true });
+    await writeFile(
+      path.join(root, 'sys/firmware/dmi/tables/DMI'),
+      Buffer.concat([
+        biosInformation(true),
+        systemInformation('Dell Inc.', 'PowerEdge R640', '7XQ2K93'),
+        ...Array.from({ length: 12 }, (_, i) => memoryDevice(0x1100 + i, 16384)),
+        endOfTable(),
+      ]),
+    );
+    const agent = await startedAgent('cloud.agent.api', server.port, root);
+    // A place of its own, so the gauges' labels single it out of the file's other machines.
+    await q.addProvided(agent.machineId, { provider: 'Static', providerId: 'r640-1', providerLocation: 'gauge-rack' });
+    const registry = new Registry();
+    const reader = bmdb.startFleetMetrics({ registry, interval: 1000 });
+    try {
+      await eventually('hardware report stored', () => q.hardwareReport(agent.machineId));
+      const detail = await q.machineDetail(agent.machineId);
+      expect(detail?.hardware?.unreadable).toBeUndefined();
+      expect(detail?.hardware?.report).toMatchObject({
+        system: { manufacturer: 'Dell Inc.', product: 'PowerEdge R640', serialNumber: '7XQ2K93' },
+        boot: 'EFI',
+        memory: { installedBytes: 192 * 2 ** 30 },
+        cpus: [
+          { vendor: 'GenuineIntel', model: 'Intel(R) Xeon(R) Gold 6130 CPU @ 2.10GHz', cores: 16, threads: 32 },
+          { vendor: 'GenuineIntel', model: 'Intel(R) Xeon(R) Gold 6130 CPU @ 2.10GHz', cores: 16, threads: 32 },
+        ],
+        warnings: [],
+      });
+      expect(
+        detail?.hardware?.report?.disks.map((d) => [
+          d.model,
+          d.serialNumber,
+          d.wwn,
+          d.sizeBytes,
+          d.protocol,
+          d.rotational,
+        ]),
+      ).toEqual([
+        ['SAMSUNG MZQLB960HAJR-00007', 'S437NA0M512345', '0x0025385b71b0fa2e', 1875385008 * 512, 'NVMe', false],
+        ['INTEL SSDSC2KB48', 'BTYF01234567480BGN', '0x55cd2e414f8a1b2c', 937703088 * 512, 'ATA', false],
+        ['ST2000NM0135', 'ZC20ABCD0000C8123456', '0x5000c500a1b2c3d4', 3907029168 * 512, 'SCSI', true],
+      ]);
+      expect(detail?.hardware?.report?.disks.map((d) => d.health)).toEqual([
+        { criticalWarning: false },
+        { criticalWarning: false },
+        { criticalWarning: false },
+      ]);
+      expect(detail?.hardware?.report?.nics).toEqual([
+        { mac: 'b0:26:28:1a:2b:3c', driver: 'bnxt_en', linkUp: true, speedBytesPerSecond: 25e9 / 8 },
+        { mac: 'b0:26:28:1a:2b:3d', driver: 'bnxt_en', linkUp: true, speedBytesPerSecond: 25e9 / 8 },
+        { mac: 'b0:26:28:1a:2b:3e', driver: 'igb', linkUp: true, speedBytesPerSecond: 1e9 / 8 },
+        { mac: 'b0:26:28:1a:2b:3f', driver: 'igb', linkUp: false, speedBytesPerSecond: 0 },
+      ]);
+
+      const place = 'location=gauge-rack,provider=Static';
+      const gauge = async (name: string) => {
+        const metric = registry.getSingleMetric(name);
+        const sample = (await metric?.get())?.values.find(
+          (v) => `location=${v.labels.location},provider=${v.labels.provider}` === place,
+        );
+        return sample?.value;
+      };
+      await eventually('the hardware gauges read', async () =>
+        (await gauge('bmdb_fleet_hardware_machines')) === 1 ? true : undefined,
+      );
+      expect({
+        cpuThreads: await gauge('bmdb_fleet_hardware_cpu_threads'),
+        memoryBytes: await gauge('bmdb_fleet_hardware_memory_bytes'),
+        disks: await gauge('bmdb_fleet_hardware_disks'),
+        diskBytes: await gauge('bmdb_fleet_hardware_disk_bytes'),
+      }).toEqual({
+        cpuThreads: 64,
+        memoryBytes: 192 * 2 ** 30,
+        disks: 3,
+        diskBytes: (1875385008 + 937703088 + 3907029168) * 512,
+      });
+    } finally {
+      agent.stop.abort();
+      await reader.close();
+    }
+  });
+
+  test('wipes every disk when asked: the wipe is reported Succeeded, and the agent stops rather than reboots', async () => {
+    const root = path.join(dir, 'two-socket-server-wipe');
+    await cp(fileURLToPath(new URL('./fixtures/two-socket-server/', import.meta.url)), root, {
+      recursive: true,
+      verbatimSymlinks: true,
+    });
+    for (const disk of ['nvme0n1', 'sda', 'sdb'])
+      await writeFile(path.join(root, 'dev', disk), Buffer.alloc(4 * MiB, 0xaa));
+    const agent = await startedAgent('cloud.bmaas.server.api', server.port, root);
+    try {
+      const wipe = await q.requestDiskWipe(agent.machineId, { actor: 'test', reason: 'agent wipe test' });
+      expect(wipe).toMatchObject({ kind: 'DiskWipe', imageUrl: '', rootDevice: undefined, decommission: false });
+      expect(await agent.ended).toBe('wiped');
+      expect(await q.osInstallation(agent.machineId)).toMatchObject({
+        generation: wipe.generation,
+        kind: 'DiskWipe',
+        state: 'Succeeded',
+        error: null,
+      });
+      for (const disk of ['nvme0n1', 'sda', 'sdb']) {
+        const bytes = await readFile(path.join(root, 'dev', disk));
+        expect(
+          bytes.subarray(0, MiB).every((byte) => byte === 0),
+          disk,
+        ).toBe(true);
+        expect(
+          bytes.subarray(bytes.length - MiB).every((byte) => byte === 0),
+          disk,
+        ).toBe(true);
+      }
+      expect(agent.lines).toContain(`wiping every disk for generation ${wipe.generation}`);
+      expect(agent.lines).toContain('wiped; stopping');
+    } finally {
+      agent.stop.abort();
+    }
+  });
 
   test('installs what it is asked: an Error report on a bad checksum, then Success on the next request, then stops', async () => {
     const disk = path.join(dir, 'disk');

@@ -36,7 +36,7 @@ export { parseLimiter, RateLimiter } from './limiter.js';
 export type { ComponentSchema } from './migrations/index.js';
 export type { BackoffCause } from './queries/backoffs.js';
 export { hasLiveWork, inBackoff, isHeld } from './queries/conditions.js';
-export type { DecommissionReport } from './queries/decommission.js';
+export type { DecommissionReport, WipeDecommissionReport } from './queries/decommission.js';
 export type { MachineDetail, MachineSummary } from './queries/fleet-page.js';
 export {
   type FleetControl,
@@ -52,6 +52,7 @@ export type { MachineFilter } from './queries/machine-filter.js';
 export type { MachineLookup, MachineNames, MachineRef } from './queries/machine-lookup.js';
 export type { NewOperatorAction } from './queries/operator-history.js';
 export type {
+  DiskWipeRequest,
   OSImage,
   OSInstallation,
   OSInstallationCancel,
@@ -73,6 +74,7 @@ export {
   type OSImageCompression,
   OSInstallationResult,
   OSInstallationState,
+  OSRequestKind,
   PowerState,
   Process,
   ProviderStatus,

@@ -28,7 +28,12 @@ import {
   type WorkBackoffEntry,
   workBackoffs,
 } from './queries/backoffs.js';
-import { type DecommissionReport, decommissionMachines } from './queries/decommission.js';
+import {
+  type DecommissionReport,
+  decommissionMachines,
+  decommissionWithWipe,
+  type WipeDecommissionReport,
+} from './queries/decommission.js';
 import {
   backoffsByProcess,
   controlByLocation,
@@ -76,6 +81,7 @@ import {
 } from './queries/operator-history.js';
 import {
   cancelOSInstallation,
+  type DiskWipeRequest,
   type ListedOSInstallation,
   type OSInstallation,
   type OSInstallationCancel,
@@ -84,6 +90,7 @@ import {
   osInstallation,
   osInstallationCounts,
   osInstallations,
+  requestDiskWipe,
   requestOSInstallation,
 } from './queries/os-installation.js';
 import {
@@ -269,6 +276,25 @@ export class Queries {
   }
 
   /**
+   * Decommissions the machines `providerIds` of `provider` once their disks
+   * were wiped: a machine whose decommission wipe succeeded is removed (as
+   * {@link Queries.decommissionMachines}); one with a running agent (an
+   * AgentStarted tag) and no wipe under way gets one requested
+   * ({@link Queries.requestDiskWipe} with `decommission`), and is removed by
+   * a later call once its agent reported success; one whose wipe failed is
+   * kept, with the agent's error (requested again with `retryFailed`); one
+   * with no agent is kept: nothing can wipe its disks. Run it in a
+   * transaction (`Session.transact`): the machines are locked first.
+   */
+  async decommissionWithWipe(
+    provider: string,
+    providerIds: readonly string[],
+    request: { readonly actor: string; readonly reason: string; readonly retryFailed: boolean },
+  ): Promise<WipeDecommissionReport> {
+    return decommissionWithWipe(this.db, provider, providerIds, request);
+  }
+
+  /**
    * The machines a person names, by provider and provider IDs or by machine
    * IDs, with the work running on each; and the names the BMDB does not
    * know (a machine ID that is no UUID among them).
@@ -355,6 +381,20 @@ export class Queries {
    */
   async requestOSInstallation(machineId: string, request: OSInstallationRequest): Promise<OSInstallation> {
     return requestOSInstallation(this.db, machineId, request);
+  }
+
+  /**
+   * Requests a wipe of every disk of the machine: a request of kind
+   * `DiskWipe`, handed to its agent and reported as an installation is (the
+   * next generation, replacing its current request), which discards each
+   * disk where it can and zeroes its first and last MiB. Records `WipeDisks`
+   * in the operator history. After its `Success` the agent stops (it does
+   * not reboot) and the machine counts as its installation's `Succeeded`.
+   *
+   * @throws {@link BMDBError} for a machine not in the BMDB, or without an actor or a reason
+   */
+  async requestDiskWipe(machineId: string, request: DiskWipeRequest): Promise<OSInstallation> {
+    return requestDiskWipe(this.db, machineId, request);
   }
 
   /**

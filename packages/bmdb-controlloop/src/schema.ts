@@ -169,6 +169,10 @@ export type OSInstallationState = (typeof OSInstallationState)[keyof typeof OSIn
 /** How the image is compressed as downloaded. */
 export type OSImageCompression = 'none' | 'gzip';
 
+/** What an OS installation request asks of the agent: write a disk image, or wipe every disk's metadata. */
+export const OSRequestKind = { DiskImage: 'DiskImage', DiskWipe: 'DiskWipe' } as const;
+export type OSRequestKind = (typeof OSRequestKind)[keyof typeof OSRequestKind];
+
 /**
  * A machine's current OS installation request (migration 0009): the disk
  * image to write, its generation, and where it stands. Who requested or
@@ -178,9 +182,14 @@ export interface MachineOsInstallationRequestTable {
   machine_id: string;
   /** A bigint, read as a string. */
   generation: ColumnType<string, string | bigint, string | bigint>;
-  image_url: string;
-  /** sha256 of the image's bytes as downloaded, 64 lower-case hex digits. */
-  image_sha256: string;
+  /** What is asked (migration 0012): a disk image written, or every disk wiped. */
+  request_kind: ColumnType<OSRequestKind, OSRequestKind | undefined, OSRequestKind>;
+  /** A wipe `shepherd decommission --wipe` requested: the machine is removed once it succeeded (migration 0012). */
+  decommission: ColumnType<boolean, boolean | undefined, boolean>;
+  /** Null for a disk wipe. */
+  image_url: string | null;
+  /** sha256 of the image's bytes as downloaded, 64 lower-case hex digits; null for a disk wipe. */
+  image_sha256: string | null;
   /** Null when the request names its disk by hints alone (migration 0011). */
   root_device: string | null;
   /** Metal3 root-device hints, if any (migration 0011). */
@@ -309,6 +318,8 @@ export const OperatorAction = {
   InstallOS: 'InstallOS',
   /** An OS installation request withdrawn (`shepherd install --cancel`). */
   CancelOSInstallation: 'CancelOSInstallation',
+  /** A disk wipe requested (`shepherd decommission --wipe`): `detail` has the generation. */
+  WipeDisks: 'WipeDisks',
 } as const;
 
 /**

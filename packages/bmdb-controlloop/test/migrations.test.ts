@@ -35,6 +35,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0009_os_installation',
     '0010_installation_report_key',
     '0011_root_device_hints',
+    '0012_disk_wipe',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
@@ -115,6 +116,8 @@ test('migrations create the schema once; running them again is a no-op', async (
       'provider',
       'provider_location',
       'root_device_hints',
+      'request_kind',
+      'decommission',
     ],
     machine_unprovided: ['machine_id'],
     machine_hold: ['machine_id', 'hold_reason', 'hold_actor', 'held_at', 'provider', 'provider_location'],
@@ -207,6 +210,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0009_os_installation',
     '0010_installation_report_key',
     '0011_root_device_hints',
+    '0012_disk_wipe',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // 0006 backfills a power state row for each provided machine.
@@ -304,6 +308,7 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     '0009_os_installation',
     '0010_installation_report_key',
     '0011_root_device_hints',
+    '0012_disk_wipe',
   ]);
   expect(await new Queries(bmdb.db).controlByLocation()).toEqual([
     {
@@ -381,8 +386,43 @@ test('a database migrated to 0008, as released before OS installation, takes 000
     '0009_os_installation',
     '0010_installation_report_key',
     '0011_root_device_hints',
+    '0012_disk_wipe',
   ]);
   expect((await db.admin('SELECT count(*)::int AS n FROM machine_os_installation_request')).rows).toEqual([{ n: 0 }]);
+});
+
+test('0012: a request is a disk image with its image and disk, or a disk wipe with neither; older rows are disk images', async () => {
+  const db = await createTestDatabase();
+  const bmdb = await openTestBMDB(db, { migrate: true });
+  const q = new Queries(bmdb.db);
+  const image = await q.newMachine();
+  await q.requestOSInstallation(image, {
+    imageUrl: 'http://images.example/os.raw',
+    imageSha256: 'a'.repeat(64),
+    rootDevice: '/dev/sda',
+    actor: 'test',
+    reason: 'migration test',
+  });
+  const wipe = await q.newMachine();
+  await q.requestDiskWipe(wipe, { actor: 'test', reason: 'migration test', decommission: true });
+  expect(
+    (
+      await db.admin(
+        'SELECT request_kind, decommission, image_url IS NULL AS no_image FROM machine_os_installation_request ORDER BY request_kind',
+      )
+    ).rows,
+  ).toEqual([
+    { request_kind: 'DiskImage', decommission: false, no_image: false },
+    { request_kind: 'DiskWipe', decommission: true, no_image: true },
+  ]);
+  for (const change of [
+    `UPDATE machine_os_installation_request SET image_url = 'http://images.example/os.raw' WHERE request_kind = 'DiskWipe'`,
+    `UPDATE machine_os_installation_request SET image_url = NULL WHERE request_kind = 'DiskImage'`,
+    `UPDATE machine_os_installation_request SET decommission = true WHERE request_kind = 'DiskImage'`,
+  ]) {
+    await expect(db.admin(change), change).rejects.toThrow(/machine_os_installation_request_kind_fields/);
+  }
+  await bmdb.close();
 });
 
 async function migrateTo(db: TestDatabase, migrations: Record<string, Migration>): Promise<void> {

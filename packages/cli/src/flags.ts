@@ -290,6 +290,16 @@ const flags = {
       describe: 'power off: ask the OS to shut down (Redfish GracefulShutdown) instead of cutting power',
       boolean: true,
     },
+    wipe: {
+      describe:
+        "decommission: first wipe each machine's disks through its running agent (discard, both ends zeroed), and remove it once its agent reported success; needs --reason",
+      boolean: true,
+    },
+    'wipe-timeout': {
+      describe:
+        'decommission --wipe: how long to wait for the agents to report; machines still wiping stay, removed by the same command run again',
+      default: '10m',
+    },
   },
   install: {
     'image-url': { describe: 'http:// or https:// URL of the disk image the agent writes to the root device' },

@@ -184,7 +184,7 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
     )
     .command(
       'decommission',
-      'Remove machines gone for good at their provider from the BMDB (refused for machines with live work; their history stays)',
+      'Remove machines gone for good at their provider from the BMDB (refused for machines with live work; their history stays); with --wipe, wipe their disks first',
       (y) => y.options(optionsOf('decommission')).strict(),
       async (argv) => {
         enableLogs();
@@ -333,6 +333,7 @@ const COMMAND_FLAGS: Record<string, string[]> = {
   hold: ['machine-id', 'reason', 'actor', 'json'],
   unhold: ['machine-id', 'reason', 'actor'],
   install: ['machine-id', 'reason', 'actor'],
+  decommission: ['wipe', 'wipe-timeout', 'reason', 'actor'],
   power: ['reason', 'actor', 'graceful'],
   status: ['json'],
   'ssh-key': ['data-dir', 'ssh-key-path'],

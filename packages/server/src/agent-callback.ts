@@ -149,7 +149,8 @@ async function heartbeat(
 
 /**
  * The answer handing out a pending request: `installation_request` with its
- * generation and this project's `disk_image` member (field 100), and what
+ * generation and this project's `disk_image` member (field 100), or its
+ * `disk_wipe` (field 101) for a disk wipe, and what
  * became of the report the heartbeat carried (`installation_report_outcome`,
  * this project's field 100 of the answer; none when it carried none): an
  * agent reboots into the image it reported only when told ACCEPTED (or,
@@ -163,17 +164,20 @@ export function installationResponse(
     ...(outcome !== undefined && { installationReportOutcome: outcome }),
     installationRequest: {
       generation: pending.generation,
-      type: {
-        case: 'diskImage',
-        value: {
-          url: pending.imageUrl,
-          sha256: pending.imageSha256,
-          rootDevice: pending.rootDevice ?? '',
-          ...(pending.rootDeviceHints && { rootDeviceHints: hintsMessage(pending.rootDeviceHints) }),
-          compression: pending.compression === 'gzip' ? Compression.GZIP : Compression.UNSPECIFIED,
-          ...(pending.userData && { userData: pending.userData }),
-        },
-      },
+      type:
+        pending.kind === 'DiskWipe'
+          ? { case: 'diskWipe', value: {} }
+          : {
+              case: 'diskImage',
+              value: {
+                url: pending.imageUrl,
+                sha256: pending.imageSha256,
+                rootDevice: pending.rootDevice ?? '',
+                ...(pending.rootDeviceHints && { rootDeviceHints: hintsMessage(pending.rootDeviceHints) }),
+                compression: pending.compression === 'gzip' ? Compression.GZIP : Compression.UNSPECIFIED,
+                ...(pending.userData && { userData: pending.userData }),
+              },
+            },
     },
   });
 }

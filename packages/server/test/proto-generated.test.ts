@@ -73,6 +73,7 @@ describe('generated BMaaS server API code', () => {
       [1, 'generation', 3, ''],
       [2, 'metropolis', 'cloud.bmaas.server.api.MetropolisInstallationRequest', 'type'],
       [100, 'disk_image', 'cloud.agent.api.DiskImageInstallationRequest', 'type'],
+      [101, 'disk_wipe', 'cloud.agent.api.DiskWipeRequest', 'type'],
     ]);
     expect(shape(DiskImageInstallationRequestSchema)).toEqual([
       [1, 'url', 9, ''],

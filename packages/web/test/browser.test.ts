@@ -5,7 +5,8 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
-import { selfSignedServerTls } from '@bmaas/server';
+import { AgentHardwareReportSchema, selfSignedServerTls } from '@bmaas/server';
+import { create, toBinary } from '@bufbuild/protobuf';
 import puppeteer, { type Browser, type Page } from 'puppeteer-core';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
@@ -230,5 +231,126 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
     } finally {
       await context.close();
     }
+  });
+  test('the machine page shows its hardware report: system, boot, memory, CPUs, each disk and NIC; the same in its JSON', async () => {
+    // As the server stores an agent's report: its heartbeat, with the key the seeded machine's agent started with.
+    const report = create(AgentHardwareReportSchema, {
+      report: {
+        manufacturer: 'Dell Inc.',
+        product: 'PowerEdge R640',
+        serialNumber: '7XQ2K93',
+        efiSupport: 4, // EFI_SUPPORT_ENABLED
+        memoryInstalledBytes: 192n * 2n ** 30n,
+        memoryUsableRatio: 0.975,
+        cpu: [
+          { vendor: 'GenuineIntel', model: 'Xeon Gold 6130', cores: 16, hardwareThreads: 32 },
+          { vendor: 'GenuineIntel', model: 'Xeon Gold 6130', cores: 16, hardwareThreads: 32 },
+        ],
+        blockDevice: [
+          {
+            deviceModel: 'SAMSUNG MZQLB960HAJR',
+            serialNumber: 'S437NA0M512345',
+            wwn: Buffer.from('0025385b71b0fa2e', 'hex'),
+            capacityBytes: 960_197_124_096n,
+            logicalBlockSizeBytes: 512,
+            physicalBlockSizeBytes: 512,
+            protocol: 3, // NVMe
+            criticalWarning: true,
+          },
+          {
+            vendor: 'SEAGATE',
+            deviceModel: HOSTILE_CAUSE,
+            serialNumber: 'ZC20ABCD',
+            capacityBytes: 2_000_398_934_016n,
+            logicalBlockSizeBytes: 512,
+            physicalBlockSizeBytes: 4096,
+            protocol: 1, // SCSI
+            rotational: true,
+          },
+        ],
+        networkInterface: [
+          {
+            mac: Buffer.from('b026281a2b3c', 'hex'),
+            driver: 'bnxt_en',
+            linkUp: true,
+            currentSpeedBytes: 3_125_000_000n,
+          },
+          { mac: Buffer.from('b026281a2b3f', 'hex'), driver: 'igb', linkUp: false },
+        ],
+      },
+      warning: ['no EFI variables'],
+    });
+    const recorded = await bmdb.recordAgentHeartbeat({
+      machineId: fleet.heartbeating,
+      publicKey: new Uint8Array(32).fill(7),
+      hardwareReport: toBinary(AgentHardwareReportSchema, report),
+    });
+    expect(recorded).toBe('recorded');
+    await page.goto(new URL(`/machines/${fleet.heartbeating}`, open.url).href);
+    const dd = (term: string) =>
+      page.$$eval(
+        'section.hardware dl.tags dt',
+        (terms, wanted) => terms.find((t) => t.textContent === wanted)?.nextElementSibling?.textContent ?? null,
+        term,
+      );
+    expect(await dd('system')).toBe('Dell Inc. PowerEdge R640');
+    expect(await dd('serial')).toBe('7XQ2K93');
+    expect(await dd('boot')).toBe('EFI (EFI support enabled)');
+    expect(await dd('memory')).toBe('192 GiB installed, 187 GiB usable');
+    expect(await dd('CPU')).toBe('2 × Xeon Gold 6130: 32 cores, 64 threads GenuineIntel');
+    const rows = (selector: string) =>
+      page.$$eval(selector, (trs) =>
+        trs.map((tr) => [...tr.querySelectorAll('td')].map((td) => td.textContent?.replace(/\s+/g, ' ').trim())),
+      );
+    expect(await rows('section.hardware table.disks tbody tr')).toEqual([
+      [
+        'SAMSUNG MZQLB960HAJR',
+        'S437NA0M512345',
+        '0x0025385b71b0fa2e',
+        '894 GiB (512/512 B blocks)',
+        'NVMe',
+        'no',
+        'critical warning',
+      ],
+      [`SEAGATE ${HOSTILE_CAUSE}`, 'ZC20ABCD', '–', '1.82 TiB (512/4096 B blocks)', 'SCSI', 'yes', 'OK'],
+    ]);
+    expect(await rows('section.hardware table.nics tbody tr')).toEqual([
+      ['b0:26:28:1a:2b:3c', 'bnxt_en', '25 Gb/s', 'up'],
+      ['b0:26:28:1a:2b:3f', 'igb', '–', 'down'],
+    ]);
+    expect(await page.$$eval('section.hardware .warnings li', (li) => li.map((l) => l.textContent))).toEqual([
+      'no EFI variables',
+    ]);
+    expect(dialogs).toEqual([]);
+    await shot('machine-hardware');
+
+    const json = (await (await fetch(new URL(`/api/machines/${fleet.heartbeating}`, open.url))).json()) as {
+      hardware: { report: unknown; reportedAt: unknown };
+    };
+    expect(json.hardware.report).toMatchObject({
+      system: { manufacturer: 'Dell Inc.', product: 'PowerEdge R640', serialNumber: '7XQ2K93' },
+      boot: 'EFI',
+      memory: { installedBytes: 192 * 2 ** 30 },
+      cpus: [
+        { cores: 16, threads: 32 },
+        { cores: 16, threads: 32 },
+      ],
+      disks: [
+        {
+          serialNumber: 'S437NA0M512345',
+          wwn: '0x0025385b71b0fa2e',
+          sizeBytes: 960_197_124_096,
+          protocol: 'NVMe',
+          rotational: false,
+          health: { criticalWarning: true },
+        },
+        { model: HOSTILE_CAUSE, serialNumber: 'ZC20ABCD', wwn: '', protocol: 'SCSI', rotational: true },
+      ],
+      nics: [
+        { mac: 'b0:26:28:1a:2b:3c', driver: 'bnxt_en', linkUp: true, speedBytesPerSecond: 3_125_000_000 },
+        { mac: 'b0:26:28:1a:2b:3f', driver: 'igb', linkUp: false, speedBytesPerSecond: 0 },
+      ],
+    });
+    expect(json.hardware.reportedAt).toEqual(expect.any(String));
   });
 });

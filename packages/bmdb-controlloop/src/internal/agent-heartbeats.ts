@@ -1,6 +1,6 @@
 import type { AgentHeartbeat, AgentHeartbeatAnswer } from '../agent-heartbeat.js';
 import type { RootDeviceHints } from '../root-device-hints.js';
-import type { OSImageCompression } from '../schema.js';
+import type { OSImageCompression, OSRequestKind } from '../schema.js';
 import { Batcher } from './batcher.js';
 import { hardwareTotals } from './hardware-totals.js';
 import { onePerMachine } from './machine-batches.js';
@@ -95,7 +95,7 @@ const HEARTBEAT_SQL = `
       AND q.installation_state = 'Succeeded' AND r.ord NOT IN (SELECT ord FROM authenticated)),
   open AS (
     SELECT a.ord, a.machine_id, a.public_key, a.installation_report, a.installation_error, q.generation,
-      q.installation_state, q.image_url, q.image_sha256, q.root_device, q.root_device_hints, q.compression, q.user_data,
+      q.installation_state, q.request_kind, q.image_url, q.image_sha256, q.root_device, q.root_device_hints, q.compression, q.user_data,
       CASE WHEN a.generation = q.generation THEN a.result END AS result,
       -- Not held unless delivered, not under recovery: queries/conditions.ts's
       -- isHeld and hasLiveWork, written out in this statement's raw text.
@@ -150,7 +150,8 @@ const HEARTBEAT_SQL = `
     (SELECT coalesce(array_agg(ord::int), '{}') FROM repeated) AS repeated,
     (SELECT coalesce(array_agg(o.ord::int), '{}') FROM open o JOIN marked m ON m.machine_id = o.machine_id
      WHERE o.result IS NOT NULL) AS stored,
-    (SELECT json_agg(json_build_object('ord', o.ord, 'generation', o.generation::text, 'imageUrl', o.image_url,
+    (SELECT json_agg(json_build_object('ord', o.ord, 'generation', o.generation::text, 'kind', o.request_kind,
+        'imageUrl', o.image_url,
         'imageSha256', o.image_sha256, 'rootDevice', o.root_device,
         'rootDeviceHints', o.root_device_hints, 'compression', o.compression,
         'userData', encode(o.user_data, 'base64')))
@@ -161,8 +162,10 @@ const HEARTBEAT_SQL = `
 interface PendingRow {
   readonly ord: number;
   readonly generation: string;
-  readonly imageUrl: string;
-  readonly imageSha256: string;
+  readonly kind: OSRequestKind;
+  /** Null for a disk wipe (migration 0012). */
+  readonly imageUrl: string | null;
+  readonly imageSha256: string | null;
   readonly rootDevice: string | null;
   readonly rootDeviceHints: RootDeviceHints | null;
   readonly compression: OSImageCompression;
@@ -238,8 +241,9 @@ export class AgentHeartbeats {
         report,
         installationRequest: {
           generation: BigInt(request.generation),
-          imageUrl: request.imageUrl,
-          imageSha256: request.imageSha256,
+          kind: request.kind,
+          imageUrl: request.imageUrl ?? '',
+          imageSha256: request.imageSha256 ?? '',
           rootDevice: request.rootDevice ?? undefined,
           rootDeviceHints: request.rootDeviceHints ?? undefined,
           compression: request.compression,

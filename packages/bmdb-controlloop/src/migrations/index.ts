@@ -12,6 +12,7 @@ import * as fleetMetrics from './0008_fleet_metrics.js';
 import * as osInstallation from './0009_os_installation.js';
 import * as installationReportKey from './0010_installation_report_key.js';
 import * as rootDeviceHints from './0011_root_device_hints.js';
+import * as diskWipe from './0012_disk_wipe.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -30,6 +31,7 @@ const MIGRATIONS: Record<string, Migration> = {
   '0009_os_installation': osInstallation,
   '0010_installation_report_key': installationReportKey,
   '0011_root_device_hints': rootDeviceHints,
+  '0012_disk_wipe': diskWipe,
 };
 
 /** Migration bookkeeping tables; prefixed so they sit apart from other tools'. */

@@ -1,6 +1,7 @@
-/** Removing machines a provider no longer has. */
+/** Removing machines a provider no longer has, after wiping their disks where asked. */
 import { type Kysely, sql } from 'kysely';
-import type { Database } from '../schema.js';
+import { type Database, OSInstallationState, OSRequestKind } from '../schema.js';
+import { requestDiskWipe } from './os-installation.js';
 
 /** What {@link Queries.decommissionMachines} did with each provider ID it was given. */
 export interface DecommissionReport {
@@ -54,3 +55,106 @@ export async function decommissionMachines(
     unknown: wanted.filter((id) => !found.has(id)).sort(),
   };
 }
+
+/** What {@link Queries.decommissionWithWipe} did with each provider ID it was given. */
+export interface WipeDecommissionReport extends DecommissionReport {
+  /** Their disk wipe is requested and not reported yet: removed once their agent reports success. */
+  readonly wiping: readonly {
+    readonly providerId: string;
+    readonly machineId: string;
+    readonly generation: bigint;
+    /** Requested by this call (false: an earlier one, still under way). */
+    readonly requestedNow: boolean;
+  }[];
+  /** Their agent reported the wipe failed: kept in the BMDB, with the agent's error. */
+  readonly failed: readonly {
+    readonly providerId: string;
+    readonly machineId: string;
+    readonly generation: bigint;
+    readonly error: string;
+  }[];
+  /** No agent runs on them (no AgentStarted tag): nothing can wipe their disks yet; kept. */
+  readonly noAgent: readonly { readonly providerId: string; readonly machineId: string }[];
+}
+
+/**
+ * Decommissions machines after wiping their disks: a machine whose
+ * decommission wipe succeeded is removed (as {@link decommissionMachines},
+ * refused while live work is on it); one with a wipe under way is left to
+ * it; one with a running agent and no such wipe (or a failed one, when
+ * `retryFailed`) gets one requested (`decommission` set); one without an
+ * agent is refused, as is one whose wipe failed (with its error). Its
+ * machines' rows are locked first, so concurrent calls take turns.
+ */
+export async function decommissionWithWipe(
+  db: Kysely<Database>,
+  provider: string,
+  providerIds: readonly string[],
+  request: { readonly actor: string; readonly reason: string; readonly retryFailed: boolean },
+): Promise<WipeDecommissionReport> {
+  const wanted = [...new Set(providerIds)];
+  const rows =
+    wanted.length === 0
+      ? []
+      : await db
+          .selectFrom('machines as m')
+          .innerJoin('machine_provided as mp', 'mp.machine_id', 'm.machine_id')
+          .leftJoin('machine_os_installation_request as q', 'q.machine_id', 'm.machine_id')
+          .leftJoin('machine_agent_started as a', 'a.machine_id', 'm.machine_id')
+          .select([
+            'm.machine_id',
+            'mp.provider_id',
+            'q.request_kind',
+            'q.decommission',
+            'q.installation_state',
+            'q.generation',
+            'q.installation_error',
+            'a.machine_id as agent',
+          ])
+          .where('mp.provider', '=', provider)
+          .where('mp.provider_id', 'in', wanted)
+          .orderBy('mp.provider_id')
+          .forUpdate('m')
+          .execute();
+  const wiped: string[] = [];
+  const wiping: Mutable<WipeDecommissionReport['wiping']> = [];
+  const failed: Mutable<WipeDecommissionReport['failed']> = [];
+  const noAgent: Mutable<WipeDecommissionReport['noAgent']> = [];
+  for (const row of rows) {
+    const ids = { providerId: row.provider_id, machineId: row.machine_id };
+    const wipe = row.request_kind === OSRequestKind.DiskWipe && row.decommission === true;
+    const state = row.installation_state;
+    if (wipe && state === OSInstallationState.Succeeded) {
+      wiped.push(row.provider_id);
+    } else if (wipe && (state === OSInstallationState.Requested || state === OSInstallationState.Delivered)) {
+      wiping.push({ ...ids, generation: BigInt(row.generation ?? 0), requestedNow: false });
+    } else if (wipe && state === OSInstallationState.Failed && !request.retryFailed) {
+      failed.push({
+        ...ids,
+        generation: BigInt(row.generation ?? 0),
+        error: row.installation_error ?? 'the agent reported an error without a message',
+      });
+    } else if (row.agent === null) {
+      noAgent.push(ids);
+    } else {
+      const requested = await requestDiskWipe(db, row.machine_id, {
+        actor: request.actor,
+        reason: request.reason,
+        decommission: true,
+      });
+      wiping.push({ ...ids, generation: requested.generation, requestedNow: true });
+    }
+  }
+  const found = new Set(rows.map((row) => row.provider_id));
+  const removal = await decommissionMachines(db, provider, wiped);
+  return {
+    removed: removal.removed,
+    busy: removal.busy,
+    unknown: wanted.filter((id) => !found.has(id)).sort(),
+    wiping,
+    failed,
+    noAgent,
+  };
+}
+
+type Mutable<T extends readonly unknown[]> = T[number][];

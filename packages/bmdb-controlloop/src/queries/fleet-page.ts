@@ -1,5 +1,6 @@
 /** The fleet page's machine table and machine detail. */
 import { type Kysely, type RawBuilder, sql } from 'kysely';
+import { type MachineHardware, machineHardware } from '../hardware-report.js';
 import type { Database, OSInstallationState, PowerState, ProviderStatus } from '../schema.js';
 import { type WorkBackoffEntry, workBackoffs } from './backoffs.js';
 import { hasLiveWork } from './conditions.js';
@@ -63,6 +64,8 @@ export interface MachineDetail extends Omit<MachineSummary, 'liveWork' | 'backof
   readonly osInstallation: OSInstallation | null;
   /** What people did to the machine (holds, power actions), newest first, up to `historyLimit` entries. */
   readonly operatorHistory: readonly OperatorHistoryEntry[];
+  /** Its last hardware report, decoded (system, boot, memory, CPUs, disks, NICs), if its agent sent one. */
+  readonly hardware: MachineHardware | null;
   /** The agent's public key (AgentStarted tag), if started. */
   readonly agentPublicKey: Uint8Array | null;
   readonly liveWork: readonly LiveWorkItem[];
@@ -211,8 +214,14 @@ export async function machineDetail(
     .select(sql<number>`count(*)::int`.as('count'))
     .where('machine_id', '=', machineId)
     .executeTakeFirstOrThrow();
+  const hardware = await db
+    .selectFrom('machine_hardware_report')
+    .select(['hardware_report_raw', 'hardware_reported_at'])
+    .where('machine_id', '=', machineId)
+    .executeTakeFirst();
   return {
     ...toMachineSummary(row),
+    hardware: hardware ? machineHardware(hardware.hardware_report_raw, hardware.hardware_reported_at) : null,
     agentPublicKey: row.agent_public_key,
     power:
       row.power_row === null

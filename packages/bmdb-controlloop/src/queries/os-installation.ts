@@ -1,5 +1,5 @@
 /** OS installation requests: requested and canceled by operators, handed to agents, answered by their reports. */
-import { type Kysely, type Selectable, sql } from 'kysely';
+import { type Insertable, type Kysely, type Selectable, sql } from 'kysely';
 import { BMDBError } from '../errors.js';
 import { checkRootDeviceHints, inFieldOrder, type RootDeviceHints } from '../root-device-hints.js';
 import {
@@ -9,6 +9,7 @@ import {
   OperatorOutcome,
   type OSImageCompression,
   OSInstallationState,
+  OSRequestKind,
 } from '../schema.js';
 import { checkActor, checkReason, recordOperatorAction } from './operator-history.js';
 
@@ -39,9 +40,15 @@ export interface OSInstallationRequest extends OSImage {
   readonly reason: string;
 }
 
-/** What an agent is handed in a heartbeat's answer: the machine's pending request. */
+/**
+ * What an agent is handed in a heartbeat's answer: the machine's pending
+ * request. A disk wipe (`kind` `DiskWipe`) has no image: its `imageUrl` and
+ * `imageSha256` are empty, its root device and hints undefined.
+ */
 export interface PendingOSInstallation {
   readonly generation: bigint;
+  /** A disk image to write (`DiskImage`), or every disk to wipe (`DiskWipe`). */
+  readonly kind: OSRequestKind;
   readonly imageUrl: string;
   readonly imageSha256: string;
   readonly rootDevice: string | undefined;
@@ -62,6 +69,18 @@ export interface OSInstallation extends PendingOSInstallation {
   readonly endedAt: Date | null;
   /** The agent's error, for `Failed`. */
   readonly error: string | null;
+  /** A disk wipe `shepherd decommission --wipe` requested: the machine is removed once it succeeded. */
+  readonly decommission: boolean;
+}
+
+/** An operator's disk wipe request (see {@link Queries.requestDiskWipe}). */
+export interface DiskWipeRequest {
+  /** Who asks (`user@host`). */
+  readonly actor: string;
+  /** Why: recorded in the operator history. */
+  readonly reason: string;
+  /** The machine is to be removed from the BMDB once its disks were wiped. Default false. */
+  readonly decommission?: boolean | undefined;
 }
 
 /** An installation with the machine's provider ID, for status lists. */
@@ -135,6 +154,8 @@ export async function requestOSInstallation(
   const machine = await db.selectFrom('machines').select('machine_id').where('machine_id', '=', machineId).execute();
   if (machine.length === 0) throw new BMDBError(`${what}: no such machine in the BMDB`);
   const values = {
+    request_kind: OSRequestKind.DiskImage,
+    decommission: false,
     image_url: request.imageUrl,
     image_sha256: request.imageSha256.toLowerCase(),
     root_device: request.rootDevice ?? null,
@@ -143,6 +164,80 @@ export async function requestOSInstallation(
     user_data: request.userData === undefined ? null : Buffer.from(request.userData),
     requested_by: request.actor,
   };
+  const { installation, previous } = await putRequest(db, machineId, values);
+  await recordOperatorAction(db, {
+    machineId,
+    action: OperatorAction.InstallOS,
+    outcome: OperatorOutcome.Succeeded,
+    actor: request.actor,
+    reason: request.reason,
+    detail: {
+      generation: Number(installation.generation),
+      imageUrl: installation.imageUrl,
+      imageSha256: installation.imageSha256,
+      rootDevice: installation.rootDevice,
+      rootDeviceHints: installation.rootDeviceHints,
+      compression: installation.compression,
+      userDataBytes: installation.userData?.length ?? 0,
+      ...(previous && { replaced: { generation: Number(previous.generation), state: previous.state } }),
+    },
+  });
+  return installation;
+}
+
+/**
+ * Requests a wipe of every disk of the machine (disk_wipe.proto): a request
+ * of kind `DiskWipe` with the next generation, replacing the machine's
+ * current request as {@link requestOSInstallation} does.
+ */
+export async function requestDiskWipe(
+  db: Kysely<Database>,
+  machineId: string,
+  request: DiskWipeRequest,
+): Promise<OSInstallation> {
+  const what = `disk wipe request for machine ${machineId}`;
+  checkActor(request.actor, what);
+  checkReason(request.reason, what, 'why the disks are wiped');
+  const machine = await db.selectFrom('machines').select('machine_id').where('machine_id', '=', machineId).execute();
+  if (machine.length === 0) throw new BMDBError(`${what}: no such machine in the BMDB`);
+  const { installation, previous } = await putRequest(db, machineId, {
+    request_kind: OSRequestKind.DiskWipe,
+    decommission: request.decommission === true,
+    image_url: null,
+    image_sha256: null,
+    root_device: null,
+    root_device_hints: null,
+    compression: 'none',
+    user_data: null,
+    requested_by: request.actor,
+  });
+  await recordOperatorAction(db, {
+    machineId,
+    action: OperatorAction.WipeDisks,
+    outcome: OperatorOutcome.Succeeded,
+    actor: request.actor,
+    reason: request.reason,
+    detail: {
+      generation: Number(installation.generation),
+      decommission: installation.decommission,
+      ...(previous && { replaced: { generation: Number(previous.generation), state: previous.state } }),
+    },
+  });
+  return installation;
+}
+
+/** The columns a request sets, whichever its kind. */
+type RequestValues = Omit<
+  Insertable<MachineOsInstallationRequestTable>,
+  'machine_id' | 'generation' | 'requested_at' | 'installation_state' | 'provider' | 'provider_location'
+>;
+
+/** Puts the machine's request with the next generation; returns it and the one it replaced. */
+async function putRequest(
+  db: Kysely<Database>,
+  machineId: string,
+  values: RequestValues,
+): Promise<{ installation: OSInstallation; previous: OSInstallation | undefined }> {
   // The next generation is past both the request's and any report's, so a
   // report the agent sent for an older request never passes for this one.
   // ON CONFLICT reads the row's latest version: concurrent requests each get
@@ -166,25 +261,7 @@ export async function requestOSInstallation(
     )
     .returningAll()
     .executeTakeFirstOrThrow();
-  const installation = toOSInstallation(row);
-  await recordOperatorAction(db, {
-    machineId,
-    action: OperatorAction.InstallOS,
-    outcome: OperatorOutcome.Succeeded,
-    actor: request.actor,
-    reason: request.reason,
-    detail: {
-      generation: Number(installation.generation),
-      imageUrl: installation.imageUrl,
-      imageSha256: installation.imageSha256,
-      rootDevice: installation.rootDevice,
-      rootDeviceHints: installation.rootDeviceHints,
-      compression: installation.compression,
-      userDataBytes: installation.userData?.length ?? 0,
-      ...(previous && { replaced: { generation: Number(previous.generation), state: previous.state } }),
-    },
-  });
-  return installation;
+  return { installation: toOSInstallation(row), previous };
 }
 
 export async function cancelOSInstallation(
@@ -293,8 +370,9 @@ export function toOSInstallation(row: Selectable<MachineOsInstallationRequestTab
   return {
     machineId: row.machine_id,
     generation: BigInt(row.generation),
-    imageUrl: row.image_url,
-    imageSha256: row.image_sha256,
+    kind: row.request_kind,
+    imageUrl: row.image_url ?? '',
+    imageSha256: row.image_sha256 ?? '',
     rootDevice: row.root_device ?? undefined,
     rootDeviceHints: row.root_device_hints === null ? undefined : inFieldOrder(row.root_device_hints),
     compression: row.compression,
@@ -305,5 +383,6 @@ export function toOSInstallation(row: Selectable<MachineOsInstallationRequestTab
     deliveredAt: row.delivered_at,
     endedAt: row.installation_ended_at,
     error: row.installation_error,
+    decommission: row.decommission,
   };
 }

@@ -1,7 +1,8 @@
-import type { DecommissionReport } from '@bmaas/bmdb-controlloop';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { BMDB, DecommissionReport, WipeDecommissionReport } from '@bmaas/bmdb-controlloop';
 import { openBMDB } from '../database.js';
 import { log } from '../logging.js';
-import { type Argv, databaseSettings, required, UsageError } from '../settings.js';
+import { type Argv, actor, databaseSettings, duration, reason, required, UsageError } from '../settings.js';
 import { listFlag } from './machine-targets.js';
 
 /** The machines `shepherd decommission` removed and refused. */
@@ -18,6 +19,20 @@ export class DecommissionRefusedError extends Error {
  */
 export async function decommission(argv: Argv, write: (text: string) => void): Promise<void> {
   const settings = decommissionSettings(argv);
+  if (argv.wipe === true) {
+    const wipe = {
+      reason: reason(argv, 'decommission --wipe'),
+      actor: actor(argv),
+      timeoutMs: duration(argv, 'wipe-timeout'),
+    };
+    const bmdb = await openBMDB(databaseSettings(argv), { migrate: false, attach: true });
+    try {
+      await decommissionWithWipe(bmdb, settings, wipe, write);
+    } finally {
+      await bmdb.close();
+    }
+    return;
+  }
   const bmdb = await openBMDB(databaseSettings(argv), { migrate: false, attach: true });
   try {
     const session = await bmdb.startSession({ processor: 'shepherd-decommission' });
@@ -60,4 +75,85 @@ function decommissionSettings(argv: Argv): DecommissionSettings {
     throw new UsageError('provider-id', 'required for decommission: the provider IDs of the machines to remove');
   }
   return { provider, providerIds };
+}
+
+/** How often `decommission --wipe` looks whether the agents reported. */
+const WIPE_POLL_MS = 1000;
+
+/**
+ * `shepherd decommission --wipe`: requests a wipe of each machine's disks
+ * (one with a running agent; one without is refused: nothing can wipe it
+ * yet), waits up to `--wipe-timeout` for the agents' reports, and removes
+ * each machine whose wipe succeeded. A failed wipe keeps its machine, with
+ * the agent's error; so does one not reported in time, which the same
+ * command run again removes once reported (it requests no second wipe).
+ * Exits 1 if any machine is left.
+ */
+async function decommissionWithWipe(
+  bmdb: BMDB,
+  settings: DecommissionSettings,
+  wipe: { readonly reason: string; readonly actor: string; readonly timeoutMs: number },
+  write: (text: string) => void,
+): Promise<void> {
+  const { provider, providerIds } = settings;
+  const deadline = Date.now() + wipe.timeoutMs;
+  const session = await bmdb.startSession({ processor: 'shepherd-decommission' });
+  let report: WipeDecommissionReport;
+  const refusals: string[] = [];
+  try {
+    let first = true;
+    let wanted = providerIds;
+    for (;;) {
+      const retryFailed = first;
+      report = await session.transact((q) =>
+        q.decommissionWithWipe(provider, wanted, { reason: wipe.reason, actor: wipe.actor, retryFailed }),
+      );
+      first = false;
+      for (const { providerId, machineId } of report.removed) {
+        log(
+          'decommissioned machine %s (provider %s, provider ID %s) after wiping its disks',
+          machineId,
+          provider,
+          providerId,
+        );
+        write(`wiped and removed ${provider} ${providerId} (machine ${machineId})\n`);
+      }
+      for (const { providerId, machineId, generation, requestedNow } of report.wiping) {
+        if (requestedNow)
+          write(`wipe requested for ${provider} ${providerId} (machine ${machineId}), generation ${generation}\n`);
+      }
+      for (const { providerId, machineId, generation, error } of report.failed) {
+        refusals.push(
+          `${provider} ${providerId} (machine ${machineId}): its wipe (generation ${generation}) failed: ${error}; kept in the BMDB`,
+        );
+      }
+      for (const { providerId, machineId } of report.noAgent) {
+        refusals.push(
+          `${provider} ${providerId} (machine ${machineId}): no agent runs on it, so its disks cannot be wiped yet (booting the agent through the BMC is not built yet); kept in the BMDB`,
+        );
+      }
+      for (const { providerId, machineId, processes } of report.busy) {
+        refusals.push(
+          `${provider} ${providerId} (machine ${machineId}): wiped, but live work ${processes.join(', ')}; run again once it ended`,
+        );
+      }
+      for (const providerId of report.unknown) {
+        if (retryFailed) refusals.push(`${provider} ${providerId}: not in the BMDB under provider ${provider}`);
+      }
+      // Only the machines still wiping are asked about again.
+      wanted = report.wiping.map((w) => w.providerId);
+      if (wanted.length === 0 || Date.now() >= deadline) break;
+      await sleep(WIPE_POLL_MS);
+    }
+  } finally {
+    await session.close();
+  }
+  for (const { providerId, machineId, generation } of report.wiping) {
+    refusals.push(
+      `${provider} ${providerId} (machine ${machineId}): its wipe (generation ${generation}) is not reported yet after ${wipe.timeoutMs / 1000} s; run the same command again to remove it once wiped`,
+    );
+  }
+  if (refusals.length > 0) {
+    throw new DecommissionRefusedError(`refused ${refusals.length} machine(s):\n  ${refusals.join('\n  ')}`);
+  }
 }

@@ -32,6 +32,8 @@ interface Installation {
   readonly providerId: string | null;
   readonly generation: number;
   readonly state: string;
+  /** `DiskImage`, or `DiskWipe` (no image: `imageUrl` empty). */
+  readonly kind: string;
   readonly imageUrl: string;
   /** Null when the request names its disk by hints alone. */
   readonly rootDevice: string | null;
@@ -85,6 +87,7 @@ export async function status(argv: Argv, write: (text: string) => void): Promise
         providerId: i.providerId,
         generation: Number(i.generation),
         state: i.state,
+        kind: i.kind,
         imageUrl: i.imageUrl,
         rootDevice: i.rootDevice ?? null,
         rootDeviceHints: i.rootDeviceHints ?? null,
@@ -174,7 +177,9 @@ function render(status: Status): string {
           i.providerId ?? '-',
           String(i.generation),
           i.state,
-          `${i.imageUrl} onto ${describeRootDevice(i.rootDevice ?? undefined, i.rootDeviceHints ?? undefined)}`,
+          i.kind === 'DiskWipe'
+            ? 'wipe every disk'
+            : `${i.imageUrl} onto ${describeRootDevice(i.rootDevice ?? undefined, i.rootDeviceHints ?? undefined)}`,
           i.error ?? '',
         ]),
       ]),

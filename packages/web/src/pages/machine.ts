@@ -1,6 +1,7 @@
 import type { InstallationView, MachineView } from '../data.js';
 import { type Html, href, html } from '../html.js';
 import { relativeTime, timeTag } from '../time.js';
+import { hardwareSection } from './hardware.js';
 import { installationBadge, powerBadge, stageBadge } from './layout.js';
 
 /** A JSON detail of an operator action, as `key value` pairs. */
@@ -17,13 +18,17 @@ function rootDeviceText(i: InstallationView): string {
   return [...(i.rootDevice === undefined ? [] : [i.rootDevice]), ...hints].join(' ');
 }
 
-/** The machine's OS installation request: generation, image, delivered, outcome and the agent's error. */
+/** The machine's OS installation request (or disk wipe): generation, image, delivered, outcome and the agent's error. */
 function installation(m: MachineView): Html {
   const i = m.osInstallation;
   if (i === null) return html`<span class="none">–</span> never requested`;
+  const what =
+    i.kind === 'DiskWipe'
+      ? html`<div class="muted">wipe every disk's metadata${i.decommission ? ', then decommission the machine' : ''}</div>`
+      : html`<div class="muted">${i.imageUrl} (${i.compression === 'gzip' ? 'gzip' : 'raw'}) onto ${rootDeviceText(i)}${i.userDataBytes > 0 ? `, ${i.userDataBytes} bytes of user-data` : ''}</div>
+<div class="muted id">sha256 ${i.imageSha256}</div>`;
   return html`${installationBadge(i)}
-<div class="muted">${i.imageUrl} (${i.compression === 'gzip' ? 'gzip' : 'raw'}) onto ${rootDeviceText(i)}${i.userDataBytes > 0 ? `, ${i.userDataBytes} bytes of user-data` : ''}</div>
-<div class="muted id">sha256 ${i.imageSha256}</div>
+${what}
 <div>requested by ${i.requestedBy} ${timeTag(i.requestedAt, m.now)}; ${
     i.deliveredAt ? html`delivered to its agent ${timeTag(i.deliveredAt, m.now)}` : 'not delivered yet'
   }${i.endedAt ? html`; ${i.state === 'Canceled' ? 'canceled' : 'reported'} ${timeTag(i.endedAt, m.now)}` : ''}</div>${
@@ -33,7 +38,8 @@ function installation(m: MachineView): Html {
 
 /**
  * `/machines/<id>`: tags with its hold and power state, live work, backoffs,
- * what operators did to it, and the work history as a timeline.
+ * its last hardware report, what operators did to it, and the work history
+ * as a timeline.
  */
 export function machinePage(m: MachineView): Html {
   const p = m.provided;
@@ -128,6 +134,8 @@ ${
 <section><h2>Tags</h2>${tags}</section>
 <section><h2>Live work</h2>${work}<h2>Backoffs</h2>${backoffs}</section>
 </div>
+<h2>Hardware</h2>
+<section class="hardware">${hardwareSection(m)}</section>
 <h2>Operator actions <span class="muted">(holds, power, installations; newest first)</span></h2>
 ${operatorActions}
 <h2>Work history <span class="muted">(newest first)</span></h2>

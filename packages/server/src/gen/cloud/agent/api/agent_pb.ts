@@ -10,13 +10,16 @@
 // service names. Differences from upstream, each marked where it is:
 // AgentInit lacks network_config (3), MetropolisInstallationRequest lacks
 // node_parameters (2) and os_image (4), OSInstallationRequest has this
-// project's disk_image member (disk_image.proto), and HeartbeatResponse its
-// installation_report_outcome (installation_report_outcome.proto).
+// project's disk_image and disk_wipe members (disk_image.proto, disk_wipe.proto),
+// and HeartbeatResponse its installation_report_outcome
+// (installation_report_outcome.proto).
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { DiskImageInstallationRequest } from "./disk_image_pb.js";
 import { file_cloud_agent_api_disk_image } from "./disk_image_pb.js";
+import type { DiskWipeRequest } from "./disk_wipe_pb.js";
+import { file_cloud_agent_api_disk_wipe } from "./disk_wipe_pb.js";
 import type { Node } from "./hwreport_pb.js";
 import { file_cloud_agent_api_hwreport } from "./hwreport_pb.js";
 import type { OSInstallationReportOutcome } from "./installation_report_outcome_pb.js";
@@ -29,7 +32,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cloud/agent/api/agent.proto.
  */
 export const file_cloud_agent_api_agent: GenFile = /*@__PURE__*/
-  fileDesc("ChtjbG91ZC9hZ2VudC9hcGkvYWdlbnQucHJvdG8SD2Nsb3VkLmFnZW50LmFwaSJWCglBZ2VudEluaXQSNAoNdGFrZW92ZXJfaW5pdBgBIAEoCzIdLmNsb3VkLmFnZW50LmFwaS5UYWtlb3ZlckluaXQSEwoLcHJpdmF0ZV9rZXkYAiABKAwiTQoTQWdlbnRIYXJkd2FyZVJlcG9ydBIlCgZyZXBvcnQYASABKAsyFS5jbG91ZC5hZ2VudC5hcGkuTm9kZRIPCgd3YXJuaW5nGAIgAygJItcBChRPU0luc3RhbGxhdGlvblJlcG9ydBISCgpnZW5lcmF0aW9uGAEgASgDEkAKB3N1Y2Nlc3MYAiABKAsyLS5jbG91ZC5hZ2VudC5hcGkuT1NJbnN0YWxsYXRpb25SZXBvcnQuU3VjY2Vzc0gAEjwKBWVycm9yGAMgASgLMisuY2xvdWQuYWdlbnQuYXBpLk9TSW5zdGFsbGF0aW9uUmVwb3J0LkVycm9ySAAaCQoHU3VjY2VzcxoWCgVFcnJvchINCgVlcnJvchgBIAEoCUIICgZyZXN1bHQiqQEKEEhlYXJ0YmVhdFJlcXVlc3QSEgoKbWFjaGluZV9pZBgBIAEoCRI9Cg9oYXJkd2FyZV9yZXBvcnQYAiABKAsyJC5jbG91ZC5hZ2VudC5hcGkuQWdlbnRIYXJkd2FyZVJlcG9ydBJCChNpbnN0YWxsYXRpb25fcmVwb3J0GAMgASgLMiUuY2xvdWQuYWdlbnQuYXBpLk9TSW5zdGFsbGF0aW9uUmVwb3J0IjoKHU1ldHJvcG9saXNJbnN0YWxsYXRpb25SZXF1ZXN0EhMKC3Jvb3RfZGV2aWNlGAMgASgJSgQIARACIr4BChVPU0luc3RhbGxhdGlvblJlcXVlc3QSEgoKZ2VuZXJhdGlvbhgBIAEoAxJECgptZXRyb3BvbGlzGAIgASgLMi4uY2xvdWQuYWdlbnQuYXBpLk1ldHJvcG9saXNJbnN0YWxsYXRpb25SZXF1ZXN0SAASQwoKZGlza19pbWFnZRhkIAEoCzItLmNsb3VkLmFnZW50LmFwaS5EaXNrSW1hZ2VJbnN0YWxsYXRpb25SZXF1ZXN0SABCBgoEdHlwZSKsAQoRSGVhcnRiZWF0UmVzcG9uc2USRAoUaW5zdGFsbGF0aW9uX3JlcXVlc3QYASABKAsyJi5jbG91ZC5hZ2VudC5hcGkuT1NJbnN0YWxsYXRpb25SZXF1ZXN0ElEKG2luc3RhbGxhdGlvbl9yZXBvcnRfb3V0Y29tZRhkIAEoDjIsLmNsb3VkLmFnZW50LmFwaS5PU0luc3RhbGxhdGlvblJlcG9ydE91dGNvbWUyYwoNQWdlbnRDYWxsYmFjaxJSCglIZWFydGJlYXQSIS5jbG91ZC5hZ2VudC5hcGkuSGVhcnRiZWF0UmVxdWVzdBoiLmNsb3VkLmFnZW50LmFwaS5IZWFydGJlYXRSZXNwb25zZUIkWiJzb3VyY2UubW9ub2dvbi5kZXYvY2xvdWQvYWdlbnQvYXBpYgZwcm90bzM", [file_cloud_agent_api_disk_image, file_cloud_agent_api_hwreport, file_cloud_agent_api_installation_report_outcome, file_cloud_agent_api_takeover]);
+  fileDesc("ChtjbG91ZC9hZ2VudC9hcGkvYWdlbnQucHJvdG8SD2Nsb3VkLmFnZW50LmFwaSJWCglBZ2VudEluaXQSNAoNdGFrZW92ZXJfaW5pdBgBIAEoCzIdLmNsb3VkLmFnZW50LmFwaS5UYWtlb3ZlckluaXQSEwoLcHJpdmF0ZV9rZXkYAiABKAwiTQoTQWdlbnRIYXJkd2FyZVJlcG9ydBIlCgZyZXBvcnQYASABKAsyFS5jbG91ZC5hZ2VudC5hcGkuTm9kZRIPCgd3YXJuaW5nGAIgAygJItcBChRPU0luc3RhbGxhdGlvblJlcG9ydBISCgpnZW5lcmF0aW9uGAEgASgDEkAKB3N1Y2Nlc3MYAiABKAsyLS5jbG91ZC5hZ2VudC5hcGkuT1NJbnN0YWxsYXRpb25SZXBvcnQuU3VjY2Vzc0gAEjwKBWVycm9yGAMgASgLMisuY2xvdWQuYWdlbnQuYXBpLk9TSW5zdGFsbGF0aW9uUmVwb3J0LkVycm9ySAAaCQoHU3VjY2VzcxoWCgVFcnJvchINCgVlcnJvchgBIAEoCUIICgZyZXN1bHQiqQEKEEhlYXJ0YmVhdFJlcXVlc3QSEgoKbWFjaGluZV9pZBgBIAEoCRI9Cg9oYXJkd2FyZV9yZXBvcnQYAiABKAsyJC5jbG91ZC5hZ2VudC5hcGkuQWdlbnRIYXJkd2FyZVJlcG9ydBJCChNpbnN0YWxsYXRpb25fcmVwb3J0GAMgASgLMiUuY2xvdWQuYWdlbnQuYXBpLk9TSW5zdGFsbGF0aW9uUmVwb3J0IjoKHU1ldHJvcG9saXNJbnN0YWxsYXRpb25SZXF1ZXN0EhMKC3Jvb3RfZGV2aWNlGAMgASgJSgQIARACIvUBChVPU0luc3RhbGxhdGlvblJlcXVlc3QSEgoKZ2VuZXJhdGlvbhgBIAEoAxJECgptZXRyb3BvbGlzGAIgASgLMi4uY2xvdWQuYWdlbnQuYXBpLk1ldHJvcG9saXNJbnN0YWxsYXRpb25SZXF1ZXN0SAASQwoKZGlza19pbWFnZRhkIAEoCzItLmNsb3VkLmFnZW50LmFwaS5EaXNrSW1hZ2VJbnN0YWxsYXRpb25SZXF1ZXN0SAASNQoJZGlza193aXBlGGUgASgLMiAuY2xvdWQuYWdlbnQuYXBpLkRpc2tXaXBlUmVxdWVzdEgAQgYKBHR5cGUirAEKEUhlYXJ0YmVhdFJlc3BvbnNlEkQKFGluc3RhbGxhdGlvbl9yZXF1ZXN0GAEgASgLMiYuY2xvdWQuYWdlbnQuYXBpLk9TSW5zdGFsbGF0aW9uUmVxdWVzdBJRChtpbnN0YWxsYXRpb25fcmVwb3J0X291dGNvbWUYZCABKA4yLC5jbG91ZC5hZ2VudC5hcGkuT1NJbnN0YWxsYXRpb25SZXBvcnRPdXRjb21lMmMKDUFnZW50Q2FsbGJhY2sSUgoJSGVhcnRiZWF0EiEuY2xvdWQuYWdlbnQuYXBpLkhlYXJ0YmVhdFJlcXVlc3QaIi5jbG91ZC5hZ2VudC5hcGkuSGVhcnRiZWF0UmVzcG9uc2VCJFoic291cmNlLm1vbm9nb24uZGV2L2Nsb3VkL2FnZW50L2FwaWIGcHJvdG8z", [file_cloud_agent_api_disk_image, file_cloud_agent_api_disk_wipe, file_cloud_agent_api_hwreport, file_cloud_agent_api_installation_report_outcome, file_cloud_agent_api_takeover]);
 
 /**
  * AgentInit contains initialization information passed to the agent from the
@@ -273,6 +276,16 @@ export type OSInstallationRequest = Message<"cloud.agent.api.OSInstallationReque
      */
     value: DiskImageInstallationRequest;
     case: "diskImage";
+  } | {
+    /**
+     * This project's extension (disk_wipe.proto), under a number upstream
+     * never used: wipe every disk's metadata, before the machine leaves the
+     * fleet; reported as an installation is.
+     *
+     * @generated from field: cloud.agent.api.DiskWipeRequest disk_wipe = 101;
+     */
+    value: DiskWipeRequest;
+    case: "diskWipe";
   } | { case: undefined; value?: undefined };
 };
 

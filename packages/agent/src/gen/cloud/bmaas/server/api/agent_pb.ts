@@ -6,8 +6,9 @@
 // Heartbeat on the endpoint its TakeoverInit named. Wire-compatible with
 // Monogon's cloud/bmaas/server/api/agent.proto as of its last version
 // (before cloud/bmaas was removed in 2025): same package, service, message
-// names and field numbers, plus this project's disk_image member of
-// OSInstallationRequest.type (cloud/agent/api/disk_image.proto) and
+// names and field numbers, plus this project's disk_image and disk_wipe
+// members of OSInstallationRequest.type (cloud/agent/api/disk_image.proto,
+// cloud/agent/api/disk_wipe.proto) and
 // HeartbeatResponse.installation_report_outcome
 // (cloud/agent/api/installation_report_outcome.proto). The same API
 // under the current upstream names is cloud/agent/api/agent.proto; the server
@@ -17,6 +18,8 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { DiskImageInstallationRequest } from "../../../agent/api/disk_image_pb.js";
 import { file_cloud_agent_api_disk_image } from "../../../agent/api/disk_image_pb.js";
+import type { DiskWipeRequest } from "../../../agent/api/disk_wipe_pb.js";
+import { file_cloud_agent_api_disk_wipe } from "../../../agent/api/disk_wipe_pb.js";
 import type { Node } from "../../../agent/api/hwreport_pb.js";
 import { file_cloud_agent_api_hwreport } from "../../../agent/api/hwreport_pb.js";
 import type { OSInstallationReportOutcome } from "../../../agent/api/installation_report_outcome_pb.js";
@@ -27,7 +30,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cloud/bmaas/server/api/agent.proto.
  */
 export const file_cloud_bmaas_server_api_agent: GenFile = /*@__PURE__*/
-  fileDesc("CiJjbG91ZC9ibWFhcy9zZXJ2ZXIvYXBpL2FnZW50LnByb3RvEhZjbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpIk0KE0FnZW50SGFyZHdhcmVSZXBvcnQSJQoGcmVwb3J0GAEgASgLMhUuY2xvdWQuYWdlbnQuYXBpLk5vZGUSDwoHd2FybmluZxgCIAMoCSLlAQoUT1NJbnN0YWxsYXRpb25SZXBvcnQSEgoKZ2VuZXJhdGlvbhgBIAEoAxJHCgdzdWNjZXNzGAIgASgLMjQuY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5PU0luc3RhbGxhdGlvblJlcG9ydC5TdWNjZXNzSAASQwoFZXJyb3IYAyABKAsyMi5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk9TSW5zdGFsbGF0aW9uUmVwb3J0LkVycm9ySAAaCQoHU3VjY2VzcxoWCgVFcnJvchINCgVlcnJvchgBIAEoCUIICgZyZXN1bHQitwEKEEhlYXJ0YmVhdFJlcXVlc3QSEgoKbWFjaGluZV9pZBgBIAEoCRJECg9oYXJkd2FyZV9yZXBvcnQYAiABKAsyKy5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLkFnZW50SGFyZHdhcmVSZXBvcnQSSQoTaW5zdGFsbGF0aW9uX3JlcG9ydBgDIAEoCzIsLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuT1NJbnN0YWxsYXRpb25SZXBvcnQiOgodTWV0cm9wb2xpc0luc3RhbGxhdGlvblJlcXVlc3QSEwoLcm9vdF9kZXZpY2UYAyABKAlKBAgBEAIixQEKFU9TSW5zdGFsbGF0aW9uUmVxdWVzdBISCgpnZW5lcmF0aW9uGAEgASgDEksKCm1ldHJvcG9saXMYAiABKAsyNS5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk1ldHJvcG9saXNJbnN0YWxsYXRpb25SZXF1ZXN0SAASQwoKZGlza19pbWFnZRhkIAEoCzItLmNsb3VkLmFnZW50LmFwaS5EaXNrSW1hZ2VJbnN0YWxsYXRpb25SZXF1ZXN0SABCBgoEdHlwZSKzAQoRSGVhcnRiZWF0UmVzcG9uc2USSwoUaW5zdGFsbGF0aW9uX3JlcXVlc3QYASABKAsyLS5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk9TSW5zdGFsbGF0aW9uUmVxdWVzdBJRChtpbnN0YWxsYXRpb25fcmVwb3J0X291dGNvbWUYZCABKA4yLC5jbG91ZC5hZ2VudC5hcGkuT1NJbnN0YWxsYXRpb25SZXBvcnRPdXRjb21lMnEKDUFnZW50Q2FsbGJhY2sSYAoJSGVhcnRiZWF0EiguY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5IZWFydGJlYXRSZXF1ZXN0GikuY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5IZWFydGJlYXRSZXNwb25zZUIrWilzb3VyY2UubW9ub2dvbi5kZXYvY2xvdWQvYm1hYXMvc2VydmVyL2FwaWIGcHJvdG8z", [file_cloud_agent_api_disk_image, file_cloud_agent_api_hwreport, file_cloud_agent_api_installation_report_outcome]);
+  fileDesc("CiJjbG91ZC9ibWFhcy9zZXJ2ZXIvYXBpL2FnZW50LnByb3RvEhZjbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpIk0KE0FnZW50SGFyZHdhcmVSZXBvcnQSJQoGcmVwb3J0GAEgASgLMhUuY2xvdWQuYWdlbnQuYXBpLk5vZGUSDwoHd2FybmluZxgCIAMoCSLlAQoUT1NJbnN0YWxsYXRpb25SZXBvcnQSEgoKZ2VuZXJhdGlvbhgBIAEoAxJHCgdzdWNjZXNzGAIgASgLMjQuY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5PU0luc3RhbGxhdGlvblJlcG9ydC5TdWNjZXNzSAASQwoFZXJyb3IYAyABKAsyMi5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk9TSW5zdGFsbGF0aW9uUmVwb3J0LkVycm9ySAAaCQoHU3VjY2VzcxoWCgVFcnJvchINCgVlcnJvchgBIAEoCUIICgZyZXN1bHQitwEKEEhlYXJ0YmVhdFJlcXVlc3QSEgoKbWFjaGluZV9pZBgBIAEoCRJECg9oYXJkd2FyZV9yZXBvcnQYAiABKAsyKy5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLkFnZW50SGFyZHdhcmVSZXBvcnQSSQoTaW5zdGFsbGF0aW9uX3JlcG9ydBgDIAEoCzIsLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuT1NJbnN0YWxsYXRpb25SZXBvcnQiOgodTWV0cm9wb2xpc0luc3RhbGxhdGlvblJlcXVlc3QSEwoLcm9vdF9kZXZpY2UYAyABKAlKBAgBEAIi/AEKFU9TSW5zdGFsbGF0aW9uUmVxdWVzdBISCgpnZW5lcmF0aW9uGAEgASgDEksKCm1ldHJvcG9saXMYAiABKAsyNS5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk1ldHJvcG9saXNJbnN0YWxsYXRpb25SZXF1ZXN0SAASQwoKZGlza19pbWFnZRhkIAEoCzItLmNsb3VkLmFnZW50LmFwaS5EaXNrSW1hZ2VJbnN0YWxsYXRpb25SZXF1ZXN0SAASNQoJZGlza193aXBlGGUgASgLMiAuY2xvdWQuYWdlbnQuYXBpLkRpc2tXaXBlUmVxdWVzdEgAQgYKBHR5cGUiswEKEUhlYXJ0YmVhdFJlc3BvbnNlEksKFGluc3RhbGxhdGlvbl9yZXF1ZXN0GAEgASgLMi0uY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5PU0luc3RhbGxhdGlvblJlcXVlc3QSUQobaW5zdGFsbGF0aW9uX3JlcG9ydF9vdXRjb21lGGQgASgOMiwuY2xvdWQuYWdlbnQuYXBpLk9TSW5zdGFsbGF0aW9uUmVwb3J0T3V0Y29tZTJxCg1BZ2VudENhbGxiYWNrEmAKCUhlYXJ0YmVhdBIoLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuSGVhcnRiZWF0UmVxdWVzdBopLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuSGVhcnRiZWF0UmVzcG9uc2VCK1opc291cmNlLm1vbm9nb24uZGV2L2Nsb3VkL2JtYWFzL3NlcnZlci9hcGliBnByb3RvMw", [file_cloud_agent_api_disk_image, file_cloud_agent_api_disk_wipe, file_cloud_agent_api_hwreport, file_cloud_agent_api_installation_report_outcome]);
 
 /**
  * @generated from message cloud.bmaas.server.api.AgentHardwareReport
@@ -236,6 +239,16 @@ export type OSInstallationRequest = Message<"cloud.bmaas.server.api.OSInstallati
      */
     value: DiskImageInstallationRequest;
     case: "diskImage";
+  } | {
+    /**
+     * This project's extension (cloud/agent/api/disk_wipe.proto), under a
+     * number upstream never used: wipe every disk's metadata, before the
+     * machine leaves the fleet; reported as an installation is.
+     *
+     * @generated from field: cloud.agent.api.DiskWipeRequest disk_wipe = 101;
+     */
+    value: DiskWipeRequest;
+    case: "diskWipe";
   } | { case: undefined; value?: undefined };
 };
 
