@@ -8,7 +8,7 @@ import {
   MachineNotFoundError,
   type PowerCommand,
   type PowerControl,
-  type RebootingProvider,
+  type Provider,
   TakeoverResponseSchema,
 } from '@bmaas/shepherd-manager';
 import { FakeSshClient } from '@bmaas/shepherd-manager/testing';
@@ -76,11 +76,11 @@ const ID_PREFIX = 'dummy-';
  * discrepancy. Its power control is simulated ({@link DummyPower}): each
  * process has its own, every machine `On` at start.
  */
-export class DummyProvider implements RebootingProvider, PowerControl {
+export class DummyProvider implements Provider, PowerControl {
   readonly type = DUMMY_PROVIDER;
   readonly capacity: number;
-  /** Reboots requested so far, by provider ID. */
-  readonly reboots = new Map<string, number>();
+  /** Power cycles made so far, by provider ID. */
+  readonly powerCycles = new Map<string, number>();
   /** The fake agent: answers like the real one, failing `agentFailureRate` of starts. */
   readonly sshClient: FakeSshClient;
   /** The machines' simulated power. */
@@ -162,15 +162,6 @@ export class DummyProvider implements RebootingProvider, PowerControl {
     return machine;
   }
 
-  /**
-   * Power-cycles the pretend machine (counted in `reboots`).
-   *
-   * @throws Error when the machine is (simulated) off
-   */
-  async rebootMachine(id: string): Promise<void> {
-    await this.powerCycle(id);
-  }
-
   async readPowerState(id: string): Promise<PowerState> {
     return this.power.state(this.#known(id));
   }
@@ -187,10 +178,15 @@ export class DummyProvider implements RebootingProvider, PowerControl {
     return { command: options.graceful ? 'simulated shutdown' : 'simulated power off' };
   }
 
+  /**
+   * Power-cycles the pretend machine (counted in `powerCycles`).
+   *
+   * @throws Error when the machine is (simulated) off
+   */
   async powerCycle(id: string): Promise<PowerCommand> {
     this.power.cycle(this.#known(id));
-    this.reboots.set(id, (this.reboots.get(id) ?? 0) + 1);
-    detail('rebooted %s', id);
+    this.powerCycles.set(id, (this.powerCycles.get(id) ?? 0) + 1);
+    detail('power-cycled %s', id);
     return { command: 'simulated power cycle' };
   }
 

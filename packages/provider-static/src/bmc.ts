@@ -3,8 +3,7 @@ import type { PowerCommand } from '@bmaas/shepherd-manager';
 
 /**
  * One machine's baseboard management controller, as the static provider
- * uses it: read the power state, power on, power off, and the reset the
- * recoverer power-cycles a silent machine with. A port: the Redfish client
+ * uses it: read the power state, power on, power off and power-cycle. A port: the Redfish client
  * is its first implementation (`RedfishBmc`); the provider picks one per
  * inventory machine. Each call resolves once the BMC accepted the request,
  * with the BMC's own name for what it was told.
@@ -21,5 +20,5 @@ export interface Bmc {
    * reset configured for it). Sent once: without an answer it throws
    * `PowerOutcomeUnknownError` (a second one could reset the machine twice).
    */
-  reset(signal?: AbortSignal): Promise<PowerCommand>;
+  powerCycle(signal?: AbortSignal): Promise<PowerCommand>;
 }

@@ -322,8 +322,8 @@ esac
     expect(await provider.powerOn('node09')).toEqual({ command: 'chassis power on' });
     expect(await provider.powerOff('node09', { graceful: false })).toEqual({ command: 'chassis power off' });
     await provider.powerOn('node09');
-    // What the recoverer does to a silent machine, and an operator's `power cycle`.
-    await provider.rebootMachine('node09');
+    // The recoverer's power cycle of a silent machine, then an operator's `power cycle`: the same call.
+    await provider.powerCycle('node09');
     expect(await provider.powerCycle('node09')).toEqual({ command: 'chassis power reset' });
     expect((await bmc.calls()).slice(before).filter((call) => call.startsWith('set'))).toEqual([
       'set shutdown 1',

@@ -88,7 +88,7 @@ describe('the fake BMC’s power', () => {
     const target = { machine: 'transitions', url, username: bmc.username, password: new Secret(bmc.password) };
     const redfishBmc = new RedfishBmc(redfish, target);
     expect(await redfishBmc.powerState()).toBe('Off');
-    const refused = await redfishBmc.reset().catch((e: unknown) => e);
+    const refused = await redfishBmc.powerCycle().catch((e: unknown) => e);
     expect(refused).toBeInstanceOf(RedfishHttpError);
     expect((refused as Error).message).toMatch(
       /POST answered HTTP 409: .*ForceRestart refused: the system is powered off/,
@@ -166,7 +166,7 @@ describe('the static provider’s power control', () => {
     expect(bmc.resetsOf('c2').map((r) => r.resetType)).toEqual(['ForceRestart']);
   });
 
-  test('the recoverer powers on a silent machine found off instead of resetting it', async () => {
+  test('the recoverer powers on a silent machine found off instead of power-cycling it', async () => {
     const provider = await staticFleet('recovery', {
       'off-node': bmc.addSystem('off-node', { powerState: 'Off' }),
       'on-node': bmc.addSystem('on-node'),
@@ -180,8 +180,7 @@ describe('the static provider’s power control', () => {
       );
     }
     await runUntil(
-      (signal) =>
-        new Recoverer(provider, { power: provider }).run(bmdb, { parallelism: 2, dbQueryLimiter: fast(), signal }),
+      (signal) => new Recoverer(provider).run(bmdb, { parallelism: 2, dbQueryLimiter: fast(), signal }),
       async () => (await db.admin('SELECT 1 FROM machine_agent_started')).rowCount === 0,
     );
     // A ForceRestart would have been refused (409) on the machine that was off.

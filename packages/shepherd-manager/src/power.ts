@@ -12,7 +12,8 @@ export interface PowerCommand {
 
 /**
  * Power control of a provider's machines, by provider ID: what the
- * recoverer (to power on a machine found off instead of resetting it), the
+ * recoverer (to power-cycle a machine whose agent went silent, or power on
+ * one found off), the
  * power sync (to read every machine's power state) and an operator's power
  * actions need. The port is theirs, so it is declared here; the dummy
  * provider (simulated), the Equinix provider (device actions) and the static
@@ -32,9 +33,10 @@ export interface PowerControl {
   /** Powers the machine off, at once or (`graceful`) by asking its OS to shut down. */
   powerOff(id: string, options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<PowerCommand>;
   /**
-   * Power-cycles the machine as the recoverer would reset it, without waiting
-   * for it to come back. Never sent twice: a cycle whose answer did not come
-   * throws {@link PowerOutcomeUnknownError}.
+   * Power-cycles the machine (a hard restart), for the recoverer and an
+   * operator's `shepherd power cycle` alike, without waiting for it to come
+   * back. Never sent twice: a cycle whose answer did not come throws
+   * {@link PowerOutcomeUnknownError}.
    */
   powerCycle(id: string, signal?: AbortSignal): Promise<PowerCommand>;
 }
@@ -43,7 +45,7 @@ export interface PowerControl {
  * A power action went out and no answer came back (a timeout, or a
  * connection that broke once the request was sent): the BMC may have acted.
  * Thrown instead of sending again an action that acts again when repeated (a
- * reset, a power cycle), which would reset the machine twice. The cause is
+ * power cycle), which would power-cycle the machine twice. The cause is
  * the protocol's own error, naming the machine and BMC.
  */
 export class PowerOutcomeUnknownError extends ShepherdError {

@@ -45,7 +45,7 @@ export class EquinixPower implements PowerControl {
     return this.#act(id, 'power_off', signal);
   }
 
-  /** A `reboot` action, without the wait `EquinixProvider.rebootMachine` adds for the recoverer. */
+  /** A `reboot` action: the power cycle of the recoverer and of `shepherd power cycle`. */
   async powerCycle(id: string, signal?: AbortSignal): Promise<PowerCommand> {
     return this.#act(id, 'reboot', signal);
   }

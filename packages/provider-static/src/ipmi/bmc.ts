@@ -8,7 +8,7 @@ import type { IpmiTarget } from './target.js';
  * A machine's BMC over IPMI, through `ipmitool` (the {@link Bmc} port's
  * second implementation, beside Redfish): `chassis power status` for the
  * state (IPMI knows only on and off), `on`, `off` (hard) or `soft` (ACPI
- * shutdown, graceful), and for a reset `chassis power reset`, the hard reset
+ * shutdown, graceful), and for a power cycle `chassis power reset`, the hard reset
  * that restarts a hung OS, as Redfish's `ForceRestart`. Commands go through
  * `client`, whose bound on commands in flight holds across the fleet.
  */
@@ -30,7 +30,7 @@ export class IpmiBmc implements Bmc {
     return this.#power(options.graceful ? 'soft' : 'off', signal);
   }
 
-  reset(signal?: AbortSignal): Promise<PowerCommand> {
+  powerCycle(signal?: AbortSignal): Promise<PowerCommand> {
     return this.#power('reset', signal);
   }
 

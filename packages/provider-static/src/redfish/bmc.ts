@@ -8,7 +8,7 @@ import type { RedfishTarget } from './target.js';
 /**
  * A machine's BMC over Redfish: its ComputerSystem's `PowerState`, and the
  * `#ComputerSystem.Reset` action: `On` (else `ForceOn`) to power on,
- * `ForceOff` or `GracefulShutdown` to power off, and for a reset the type
+ * `ForceOff` or `GracefulShutdown` to power off, and for a power cycle the type
  * {@link chooseResetType} picks (`ForceRestart`, else `PowerCycle`, else
  * `GracefulRestart`; `resetType` overrides). Requests go through `client`,
  * whose concurrency bound holds across the fleet.
@@ -37,8 +37,8 @@ export class RedfishBmc implements Bmc {
     return { command: reset.resetType };
   }
 
-  async reset(signal?: AbortSignal): Promise<PowerCommand> {
-    const reset = await this.client.resetSystem(this.target, { resetType: this.options.resetType }, signal);
+  async powerCycle(signal?: AbortSignal): Promise<PowerCommand> {
+    const reset = await this.client.powerCycleSystem(this.target, { resetType: this.options.resetType }, signal);
     return { command: reset.resetType };
   }
 }

@@ -28,7 +28,7 @@ export interface RedfishReset {
  * @example
  * ```ts
  * const client = new RedfishClient({ timeout: 10_000 });
- * const reset = await client.resetSystem({ machine: 'node07', url: 'https://10.1.7.7/redfish/v1/Systems/1',
+ * const reset = await client.powerCycleSystem({ machine: 'node07', url: 'https://10.1.7.7/redfish/v1/Systems/1',
  *   username: 'admin', password: new Secret(secret) });
  * console.log(reset.resetType); // ForceRestart
  * await client.close();
@@ -56,7 +56,7 @@ export class RedfishClient {
    * @throws {@link PowerOutcomeUnknownError} when the reset went out and no answer came (a timeout, a broken
    *   connection): the BMC may have reset the machine, so it is not posted again
    */
-  async resetSystem(
+  async powerCycleSystem(
     target: RedfishTarget,
     options: { resetType?: ResetType | undefined } = {},
     signal?: AbortSignal,
