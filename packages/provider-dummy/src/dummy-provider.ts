@@ -2,11 +2,11 @@ import { createHash } from 'node:crypto';
 import { setTimeout as delay } from 'node:timers/promises';
 import type { PowerState, Session } from '@bmaas/bmdb-controlloop';
 import {
+  type AcceptedPowerCommand,
   Availability,
   type CreateMachineRequest,
   type Machine,
   MachineNotFoundError,
-  type PowerCommand,
   type PowerControl,
   type Provider,
   TakeoverResponseSchema,
@@ -166,13 +166,13 @@ export class DummyProvider implements Provider, PowerControl {
     return this.power.state(this.#known(id));
   }
 
-  async powerOn(id: string): Promise<PowerCommand> {
+  async powerOn(id: string): Promise<AcceptedPowerCommand> {
     this.power.on(this.#known(id));
     detail('powered on %s', id);
     return { command: 'simulated power on' };
   }
 
-  async powerOff(id: string, options: { readonly graceful: boolean }): Promise<PowerCommand> {
+  async powerOff(id: string, options: { readonly graceful: boolean }): Promise<AcceptedPowerCommand> {
     this.power.off(this.#known(id));
     detail('powered off %s%s', id, options.graceful ? ' (gracefully)' : '');
     return { command: options.graceful ? 'simulated shutdown' : 'simulated power off' };
@@ -183,7 +183,7 @@ export class DummyProvider implements Provider, PowerControl {
    *
    * @throws Error when the machine is (simulated) off
    */
-  async powerCycle(id: string): Promise<PowerCommand> {
+  async powerCycle(id: string): Promise<AcceptedPowerCommand> {
     this.power.cycle(this.#known(id));
     this.powerCycles.set(id, (this.powerCycles.get(id) ?? 0) + 1);
     detail('power-cycled %s', id);

@@ -53,7 +53,7 @@ export {
   StaticProvider,
   type StaticProviderOptions,
 } from './provider.js';
-export { RedfishClient, type RedfishReset } from './redfish/client.js';
+export { RedfishClient, type RedfishResetResult } from './redfish/client.js';
 export type { RedfishClientOptions, RedfishClientSettings } from './redfish/client-settings.js';
 export { RESET_TYPES, type ResetType } from './redfish/reset-types.js';
 export type { RedfishSystem } from './redfish/system.js';

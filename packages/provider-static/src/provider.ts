@@ -8,11 +8,11 @@ import {
   type Session,
 } from '@bmaas/bmdb-controlloop';
 import {
+  type AcceptedPowerCommand,
   Availability,
   type CreateMachineRequest,
   type Machine,
   MachineNotFoundError,
-  type PowerCommand,
   type PowerControl,
   type Provider,
   Secret,
@@ -170,11 +170,15 @@ export class StaticProvider implements Provider, PowerControl {
     return (await this.bmcOf(id, signal)).powerState(signal);
   }
 
-  async powerOn(id: string, signal?: AbortSignal): Promise<PowerCommand> {
+  async powerOn(id: string, signal?: AbortSignal): Promise<AcceptedPowerCommand> {
     return (await this.bmcOf(id, signal)).powerOn(signal);
   }
 
-  async powerOff(id: string, options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<PowerCommand> {
+  async powerOff(
+    id: string,
+    options: { readonly graceful: boolean },
+    signal?: AbortSignal,
+  ): Promise<AcceptedPowerCommand> {
     return (await this.bmcOf(id, signal)).powerOff(options, signal);
   }
 
@@ -187,7 +191,7 @@ export class StaticProvider implements Provider, PowerControl {
    * @throws {@link RedfishError} or {@link IpmiError} subclasses when the BMC does not power-cycle it
    * @throws {@link PowerOutcomeUnknownError} when the power cycle went out and no answer came: it is not sent again
    */
-  async powerCycle(id: string, signal?: AbortSignal): Promise<PowerCommand> {
+  async powerCycle(id: string, signal?: AbortSignal): Promise<AcceptedPowerCommand> {
     return (await this.bmcOf(id, signal)).powerCycle(signal);
   }
 

@@ -26,7 +26,7 @@ export {
   type InitializerOptions,
   NoAddressError,
 } from './initializer.js';
-export { type PowerCommand, type PowerControl, PowerOutcomeUnknownError } from './power.js';
+export { type AcceptedPowerCommand, type PowerControl, PowerOutcomeUnknownError } from './power.js';
 export {
   type PowerActionKind,
   PowerActionNotRecordedError,

@@ -2,11 +2,12 @@ import type { PowerState } from '@bmaas/bmdb-controlloop';
 import { ShepherdError } from './provider.js';
 
 /**
- * What a provider did for a power action, in its own words (Redfish
- * `ForceOff`, Equinix `power_off`, the dummy's `simulated off`): for logs
- * and the machine's operator history.
+ * A provider's reply to a power request: the command it accepted, in its own
+ * words (Redfish `ForceOff`, Equinix `power_off`, the dummy's `simulated
+ * off`), for logs and the machine's operator history. (The `shepherd power`
+ * verbs are the CLI's `PowerCommand`.)
  */
-export interface PowerCommand {
+export interface AcceptedPowerCommand {
   readonly command: string;
 }
 
@@ -29,16 +30,16 @@ export interface PowerControl {
   /** The machine's power state now; `Unknown` when the provider answers without saying. */
   readPowerState(id: string, signal?: AbortSignal): Promise<PowerState>;
   /** Powers the machine on; resolves once the provider accepted it (the machine may still be powering on). */
-  powerOn(id: string, signal?: AbortSignal): Promise<PowerCommand>;
+  powerOn(id: string, signal?: AbortSignal): Promise<AcceptedPowerCommand>;
   /** Powers the machine off, at once or (`graceful`) by asking its OS to shut down. */
-  powerOff(id: string, options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<PowerCommand>;
+  powerOff(id: string, options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<AcceptedPowerCommand>;
   /**
    * Power-cycles the machine (a hard restart), for the recoverer and an
    * operator's `shepherd power cycle` alike, without waiting for it to come
    * back. Never sent twice: a cycle whose answer did not come throws
    * {@link PowerOutcomeUnknownError}.
    */
-  powerCycle(id: string, signal?: AbortSignal): Promise<PowerCommand>;
+  powerCycle(id: string, signal?: AbortSignal): Promise<AcceptedPowerCommand>;
 }
 
 /**

@@ -2,11 +2,11 @@ import { randomUUID } from 'node:crypto';
 import type { PowerState, Session } from '@bmaas/bmdb-controlloop';
 import { expect } from 'vitest';
 import {
+  type AcceptedPowerCommand,
   Availability,
   type CreateMachineRequest,
   type Machine,
   MachineNotFoundError,
-  type PowerCommand,
   type PowerControl,
   type Provider,
 } from '../src/index.js';
@@ -78,17 +78,17 @@ export class TestProvider implements Provider, PowerControl {
     return 'On';
   }
 
-  async powerOn(id: string): Promise<PowerCommand> {
+  async powerOn(id: string): Promise<AcceptedPowerCommand> {
     this.#known(id);
     return { command: 'test on' };
   }
 
-  async powerOff(id: string): Promise<PowerCommand> {
+  async powerOff(id: string): Promise<AcceptedPowerCommand> {
     this.#known(id);
     return { command: 'test off' };
   }
 
-  async powerCycle(id: string): Promise<PowerCommand> {
+  async powerCycle(id: string): Promise<AcceptedPowerCommand> {
     this.#known(id);
     this.powerCycles.push(id);
     return { command: 'test cycle' };
@@ -136,21 +136,21 @@ export class TestPower implements PowerControl {
     }
   }
 
-  async powerOn(id: string): Promise<PowerCommand> {
+  async powerOn(id: string): Promise<AcceptedPowerCommand> {
     return this.#act('on', id, 'On');
   }
 
-  async powerOff(id: string, options: { graceful: boolean }): Promise<PowerCommand> {
+  async powerOff(id: string, options: { graceful: boolean }): Promise<AcceptedPowerCommand> {
     return this.#act(options.graceful ? 'shutdown' : 'off', id, 'Off');
   }
 
-  async powerCycle(id: string): Promise<PowerCommand> {
+  async powerCycle(id: string): Promise<AcceptedPowerCommand> {
     if ((this.states.get(id) ?? 'On') === 'Off')
       throw new Error(`test BMC of ${id}: cannot cycle a machine that is off`);
     return this.#act('cycle', id, 'On');
   }
 
-  #act(action: string, id: string, after: PowerState): PowerCommand {
+  #act(action: string, id: string, after: PowerState): AcceptedPowerCommand {
     this.#check(id);
     this.actions.push(`${action} ${id}`);
     this.states.set(id, after);

@@ -1,5 +1,5 @@
 import { PowerState } from '@bmaas/bmdb-controlloop';
-import type { PowerCommand } from '@bmaas/shepherd-manager';
+import type { AcceptedPowerCommand } from '@bmaas/shepherd-manager';
 import type { Bmc } from '../bmc.js';
 import type { IpmiClient, IpmiPowerAction } from './client.js';
 import type { IpmiTarget } from './target.js';
@@ -22,19 +22,19 @@ export class IpmiBmc implements Bmc {
     return (await this.client.powerState(this.target, signal)) === 'On' ? PowerState.On : PowerState.Off;
   }
 
-  powerOn(signal?: AbortSignal): Promise<PowerCommand> {
+  powerOn(signal?: AbortSignal): Promise<AcceptedPowerCommand> {
     return this.#power('on', signal);
   }
 
-  powerOff(options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<PowerCommand> {
+  powerOff(options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<AcceptedPowerCommand> {
     return this.#power(options.graceful ? 'soft' : 'off', signal);
   }
 
-  powerCycle(signal?: AbortSignal): Promise<PowerCommand> {
+  powerCycle(signal?: AbortSignal): Promise<AcceptedPowerCommand> {
     return this.#power('reset', signal);
   }
 
-  async #power(action: IpmiPowerAction, signal: AbortSignal | undefined): Promise<PowerCommand> {
+  async #power(action: IpmiPowerAction, signal: AbortSignal | undefined): Promise<AcceptedPowerCommand> {
     await this.client.power(this.target, action, signal);
     return { command: `chassis power ${action}` };
   }

@@ -1,5 +1,5 @@
 import { PowerState } from '@bmaas/bmdb-controlloop';
-import type { PowerCommand } from '@bmaas/shepherd-manager';
+import type { AcceptedPowerCommand } from '@bmaas/shepherd-manager';
 import type { Bmc } from '../bmc.js';
 import type { RedfishClient } from './client.js';
 import { POWER_OFF_TYPES, POWER_ON_TYPES, type ResetType, SHUTDOWN_TYPES } from './reset-types.js';
@@ -24,12 +24,12 @@ export class RedfishBmc implements Bmc {
     return powerStateOf((await this.client.getSystem(this.target, signal)).powerState);
   }
 
-  async powerOn(signal?: AbortSignal): Promise<PowerCommand> {
+  async powerOn(signal?: AbortSignal): Promise<AcceptedPowerCommand> {
     const reset = await this.client.powerSystem(this.target, POWER_ON_TYPES, 'power on', signal);
     return { command: reset.resetType };
   }
 
-  async powerOff(options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<PowerCommand> {
+  async powerOff(options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<AcceptedPowerCommand> {
     const [types, purpose] = options.graceful
       ? [SHUTDOWN_TYPES, 'shut down gracefully']
       : [POWER_OFF_TYPES, 'power off'];
@@ -37,7 +37,7 @@ export class RedfishBmc implements Bmc {
     return { command: reset.resetType };
   }
 
-  async powerCycle(signal?: AbortSignal): Promise<PowerCommand> {
+  async powerCycle(signal?: AbortSignal): Promise<AcceptedPowerCommand> {
     const reset = await this.client.powerCycleSystem(this.target, { resetType: this.options.resetType }, signal);
     return { command: reset.resetType };
   }

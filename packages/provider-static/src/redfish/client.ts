@@ -7,8 +7,11 @@ import { type RedfishSystem, readSystem } from './system.js';
 import type { RedfishTarget } from './target.js';
 import { RedfishTransport } from './transport.js';
 
-/** A reset the BMC accepted. */
-export interface RedfishReset {
+/**
+ * What the BMC accepted of a `#ComputerSystem.Reset` action, the one Redfish
+ * action behind every power request (on, off and power cycle alike).
+ */
+export interface RedfishResetResult {
   readonly resetType: ResetType;
   /** The action URL it was posted to. */
   readonly target: string;
@@ -60,7 +63,7 @@ export class RedfishClient {
     target: RedfishTarget,
     options: { resetType?: ResetType | undefined } = {},
     signal?: AbortSignal,
-  ): Promise<RedfishReset> {
+  ): Promise<RedfishResetResult> {
     return this.#reset(target, (allowable) => chooseResetType(target, allowable, options.resetType), signal);
   }
 
@@ -78,7 +81,7 @@ export class RedfishClient {
     resetTypes: readonly ResetType[],
     purpose: string,
     signal?: AbortSignal,
-  ): Promise<RedfishReset> {
+  ): Promise<RedfishResetResult> {
     return this.#reset(target, (allowable) => chooseAllowed(target, allowable, resetTypes, purpose), signal);
   }
 
@@ -86,7 +89,7 @@ export class RedfishClient {
     target: RedfishTarget,
     choose: (allowable: readonly string[] | undefined) => ResetType,
     signal: AbortSignal | undefined,
-  ): Promise<RedfishReset> {
+  ): Promise<RedfishResetResult> {
     const release = await this.#slots.acquire(signal);
     try {
       const system = await readSystem(this.#transport, target, signal);
