@@ -187,8 +187,8 @@ export class StaticProvider implements Provider, PowerControl {
    *
    * @throws {@link MachineNotFoundError} when the inventory does not have it
    * @throws {@link NoBmcError} when its entry has no `bmc`
-   * @throws {@link BmcCredentialsError} when no user name or password can be had
-   * @throws {@link RedfishError} or {@link IpmiError} subclasses when the BMC does not power-cycle it
+   * @throws {@link BmcCredentialsError} when no user name or password can be had, or the BMC refuses them
+   * @throws {@link BmcError} subclasses (the protocol a field) when the BMC does not power-cycle it
    * @throws {@link PowerOutcomeUnknownError} when the power cycle went out and no answer came: it is not sent again
    */
   async powerCycle(id: string, signal?: AbortSignal): Promise<AcceptedPowerCommand> {
@@ -208,11 +208,17 @@ export class StaticProvider implements Provider, PowerControl {
     const bmc = entry.bmc;
     if (bmc === undefined) throw new NoBmcError(id);
     const ipmi = bmc.protocol === 'ipmi';
+    const protocol = ipmi ? 'ipmi' : 'redfish';
     const defaults = ipmi ? this.#ipmiDefaults : this.#defaults;
     const flags = ipmi ? '--ipmi' : '--redfish';
     const username = bmc.username ?? defaults.username;
     if (username === undefined) {
-      throw new BmcCredentialsError(id, `no BMC user name: set bmc.username in the inventory or ${flags}-username`);
+      throw new BmcCredentialsError(
+        id,
+        protocol,
+        undefined,
+        `no BMC user name: set bmc.username in the inventory or ${flags}-username`,
+      );
     }
     let password: Secret;
     if (bmc.password?.kind === 'inline') password = bmc.password.password;
@@ -221,10 +227,12 @@ export class StaticProvider implements Provider, PowerControl {
       if (file === undefined) {
         throw new BmcCredentialsError(
           id,
+          protocol,
+          undefined,
           `no BMC password: set bmc.passwordFile (or bmc.password) in the inventory or ${flags}-password-file`,
         );
       }
-      password = await readPasswordFile(file, (problem) => new BmcCredentialsError(id, problem));
+      password = await readPasswordFile(file, (problem) => new BmcCredentialsError(id, protocol, undefined, problem));
     }
     if (bmc.protocol === 'ipmi') {
       this.#ipmi ??= new IpmiClient();

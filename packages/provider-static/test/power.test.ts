@@ -14,9 +14,9 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually, runUntil } from '../../../test/support/wait.js';
 import {
+  BmcUnsupportedError,
   RedfishClient,
   RedfishHttpError,
-  RedfishResetUnsupportedError,
   Secret,
   STATIC_PROVIDER,
   StaticProvider,
@@ -135,7 +135,8 @@ describe('the fake BMC’s power', () => {
     const error = await new RedfishBmc(redfish, target('force-on'))
       .powerOff({ graceful: true })
       .catch((e: unknown) => e);
-    expect(error).toBeInstanceOf(RedfishResetUnsupportedError);
+    expect(error).toBeInstanceOf(BmcUnsupportedError);
+    expect(error).toMatchObject({ protocol: 'redfish' });
     expect((error as Error).message).toBe(
       `machine force-on: BMC ${bmc.systemUrl('force-on')}: no allowable reset type to shut down gracefully with ` +
         '(want GracefulShutdown; allowed: ForceOn, ForceOff, ForceRestart)',

@@ -17,7 +17,6 @@ import {
   InventoryError,
   NoBmcError,
   RedfishClient,
-  RedfishCredentialsError,
   STATIC_PROVIDER,
   StaticProvider,
   type StaticProviderOptions,
@@ -209,7 +208,8 @@ describe('power-cycling through the BMC', () => {
       `machine open-file: BMC password file ${openFile} is readable by group or others (mode 0644); chmod 600 it`,
     );
     const refused = await failure('wrong');
-    expect(refused).toBeInstanceOf(RedfishCredentialsError);
+    expect(refused).toBeInstanceOf(BmcCredentialsError);
+    expect(refused).toMatchObject({ protocol: 'redfish' });
     expect(refused.message).toContain('machine wrong: BMC');
     expect(refused.message).toContain('BMC refused the credentials of user "admin" (HTTP 401)');
     expect(refused.message).not.toContain('wrong-pw');

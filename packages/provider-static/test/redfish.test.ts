@@ -1,15 +1,15 @@
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { captureDebugLog } from '../../../test/support/debug-log.js';
 import {
+  BmcCredentialsError,
+  BmcTimeoutError,
+  BmcUnreachableError,
+  BmcUnsupportedError,
   PowerOutcomeUnknownError,
   RedfishClient,
   type RedfishClientOptions,
-  RedfishCredentialsError,
   RedfishHttpError,
-  RedfishNetworkError,
-  RedfishResetUnsupportedError,
   type RedfishTarget,
-  RedfishTimeoutError,
   Secret,
 } from '../src/index.js';
 import { log } from '../src/internal/log.js';
@@ -108,7 +108,8 @@ describe.each([
       'PowerCycle',
     );
     const error = await failure(redfish.powerCycleSystem(target(bmc, 'override'), { resetType: 'Nmi' }));
-    expect(error).toBeInstanceOf(RedfishResetUnsupportedError);
+    expect(error).toBeInstanceOf(BmcUnsupportedError);
+    expect(error).toMatchObject({ protocol: 'redfish' });
     expect(error.message).toBe(
       `machine machine-override: BMC ${bmc.systemUrl('override')}: reset type Nmi (--redfish-reset-type) is not allowed by the BMC (allowed: On, ForceOff, GracefulShutdown, GracefulRestart, ForceRestart, PowerCycle)`,
     );
@@ -120,13 +121,15 @@ describe.each([
     bmc.addSystem('unlisted', { allowableResetTypes: null });
     const redfish = client();
     const odd = await failure(redfish.powerCycleSystem(target(bmc, 'odd')));
-    expect(odd).toBeInstanceOf(RedfishResetUnsupportedError);
+    expect(odd).toBeInstanceOf(BmcUnsupportedError);
+    expect(odd).toMatchObject({ protocol: 'redfish' });
     expect(odd.message).toContain('machine machine-odd: BMC');
     expect(odd.message).toContain(
       'no allowable reset type to power-cycle with (want one of ForceRestart, PowerCycle, GracefulRestart; allowed: On, ForceOff, Nmi, forcerestart, Reboot)',
     );
     const unlisted = await failure(redfish.powerCycleSystem(target(bmc, 'unlisted')));
-    expect(unlisted).toBeInstanceOf(RedfishResetUnsupportedError);
+    expect(unlisted).toBeInstanceOf(BmcUnsupportedError);
+    expect(unlisted).toMatchObject({ protocol: 'redfish' });
     expect(unlisted.message).toContain('none listed');
     // With an override, a BMC that lists nothing is taken at its word.
     expect((await redfish.powerCycleSystem(target(bmc, 'unlisted'), { resetType: 'ForceRestart' })).resetType).toBe(
@@ -138,7 +141,8 @@ describe.each([
   test('a system without a reset action fails, naming the machine', async () => {
     bmc.addSystem('noaction', { resetAction: false });
     const error = await failure(client().powerCycleSystem(target(bmc, 'noaction')));
-    expect(error).toBeInstanceOf(RedfishResetUnsupportedError);
+    expect(error).toBeInstanceOf(BmcUnsupportedError);
+    expect(error).toMatchObject({ protocol: 'redfish' });
     expect(error.message).toBe(
       `machine machine-noaction: BMC ${bmc.systemUrl('noaction')}: the ComputerSystem has no #ComputerSystem.Reset action with a target`,
     );
@@ -150,14 +154,17 @@ describe.each([
     const error = await failure(
       client({ maxAttempts: 5 }).powerCycleSystem(target(bmc, 'auth', { password: new Secret('wrong-password') })),
     );
-    expect(error).toBeInstanceOf(RedfishCredentialsError);
+    expect(error).toBeInstanceOf(BmcCredentialsError);
+    expect(error).toMatchObject({ protocol: 'redfish' });
     expect(error.message).toBe(
       `machine machine-auth: BMC ${bmc.systemUrl('auth')}: BMC refused the credentials of user "admin" (HTTP 401)`,
     );
     expect(bmc.requests.length - before).toBe(1);
     // Injected, too (a BMC that locked the account).
     bmc.fail('auth', { status: 401 });
-    expect(await failure(client().powerCycleSystem(target(bmc, 'auth')))).toBeInstanceOf(RedfishCredentialsError);
+    const refused = await failure(client().powerCycleSystem(target(bmc, 'auth')));
+    expect(refused).toBeInstanceOf(BmcCredentialsError);
+    expect(refused).toMatchObject({ protocol: 'redfish' });
     expect(bmc.resetsOf('auth')).toEqual([]);
   });
 
@@ -198,13 +205,15 @@ describe.each([
     bmc.addSystem('slow');
     bmc.fail('slow', { delay: 1_000, times: 2 });
     const error = await failure(client({ timeout: 100, maxAttempts: 2 }).powerCycleSystem(target(bmc, 'slow')));
-    expect(error).toBeInstanceOf(RedfishTimeoutError);
+    expect(error).toBeInstanceOf(BmcTimeoutError);
+    expect(error).toMatchObject({ protocol: 'redfish' });
     expect(error.message).toBe(
       `machine machine-slow: BMC ${bmc.systemUrl('slow')}: GET got no answer within 100 ms (timeout)`,
     );
     bmc.fail('slow', { drop: true, times: 2 });
     const dropped = await failure(client({ maxAttempts: 2 }).powerCycleSystem(target(bmc, 'slow')));
-    expect(dropped).toBeInstanceOf(RedfishNetworkError);
+    expect(dropped).toBeInstanceOf(BmcUnreachableError);
+    expect(dropped).toMatchObject({ protocol: 'redfish' });
     expect(dropped.message).toContain(`machine machine-slow: BMC ${bmc.systemUrl('slow')}: GET failed: `);
     // Once slow only: the retry gets through.
     bmc.fail('slow', { delay: 1_000 });
@@ -220,7 +229,8 @@ describe.each([
     bmc.fail('late', { method: 'POST', afterActing: true, delay: 60_000 });
     const late = await failure(client({ maxAttempts: 3 }).powerCycleSystem(target(bmc, 'late')));
     expect(late).toBeInstanceOf(PowerOutcomeUnknownError);
-    expect(late.cause).toBeInstanceOf(RedfishTimeoutError);
+    expect(late.cause).toBeInstanceOf(BmcTimeoutError);
+    expect(late.cause).toMatchObject({ protocol: 'redfish' });
     expect(late.message).toBe(
       `machine machine-late: BMC ${resetUrl}: POST got no answer within 2000 ms (timeout); ${unknown}`,
     );
@@ -229,7 +239,8 @@ describe.each([
     bmc.fail('late', { method: 'POST', afterActing: true, drop: true });
     const dropped = await failure(client({ maxAttempts: 3 }).powerCycleSystem(target(bmc, 'late')));
     expect(dropped).toBeInstanceOf(PowerOutcomeUnknownError);
-    expect(dropped.cause).toBeInstanceOf(RedfishNetworkError);
+    expect(dropped.cause).toBeInstanceOf(BmcUnreachableError);
+    expect(dropped.cause).toMatchObject({ protocol: 'redfish' });
     expect(dropped.message).toMatch(new RegExp(`; ${unknown.replace(/[()]/g, '\\$&')}$`));
     expect(bmc.resetsOf('late')).toHaveLength(2);
     // A power off leaves the system as one did: posted again after a late answer.
@@ -278,7 +289,8 @@ describe('TLS', () => {
     const strict = new RedfishClient({ retryDelay: 1, maxAttempts: 1 });
     clients.push(strict);
     const error = await failure(strict.powerCycleSystem(target(bmc, '1')));
-    expect(error).toBeInstanceOf(RedfishNetworkError);
+    expect(error).toBeInstanceOf(BmcUnreachableError);
+    expect(error).toMatchObject({ protocol: 'redfish' });
     expect(error.message).toMatch(/self[- ]signed certificate/i);
     expect(bmc.resets).toEqual([]);
 
@@ -311,7 +323,7 @@ test('chooseResetType', () => {
   expect(chooseResetType(where, ['GracefulRestart', 'PowerCycle'], undefined)).toBe('PowerCycle');
   expect(chooseResetType(where, ['GracefulRestart'], undefined)).toBe('GracefulRestart');
   expect(chooseResetType(where, ['GracefulRestart'], 'GracefulRestart')).toBe('GracefulRestart');
-  expect(() => chooseResetType(where, [], undefined)).toThrow(RedfishResetUnsupportedError);
+  expect(() => chooseResetType(where, [], undefined)).toThrow(BmcUnsupportedError);
 });
 
 test('insecure and plain-http BMCs are warned about once per machine', async () => {

@@ -1,5 +1,5 @@
 import { Semaphore } from '@bmaas/shepherd-manager';
-import { RedfishResetUnsupportedError } from '../errors.js';
+import { BmcUnsupportedError } from '../errors.js';
 import { log } from '../internal/log.js';
 import { clientSettings, type RedfishClientOptions, type RedfishClientSettings } from './client-settings.js';
 import { actsTwice, chooseAllowed, chooseResetType, type ResetType } from './reset-types.js';
@@ -53,9 +53,9 @@ export class RedfishClient {
    * (`resetType` if given and allowed, else the first of
    * {@link RESTART_PREFERENCE} the system allows) and posts the reset.
    *
-   * @throws {@link RedfishCredentialsError} on 401/403
-   * @throws {@link RedfishResetUnsupportedError} without a reset action or a usable reset type
-   * @throws {@link RedfishTimeoutError}, {@link RedfishNetworkError}, {@link RedfishHttpError} after retries
+   * @throws {@link BmcCredentialsError} on 401/403
+   * @throws {@link BmcUnsupportedError} without a reset action or a usable reset type
+   * @throws {@link BmcTimeoutError}, {@link BmcUnreachableError}, {@link RedfishHttpError} after retries
    * @throws {@link PowerOutcomeUnknownError} when the reset went out and no answer came (a timeout, a broken
    *   connection): the BMC may have reset the machine, so it is not posted again
    */
@@ -73,7 +73,7 @@ export class RedfishClient {
    * or `['GracefulShutdown']` to power it off.
    *
    * @param purpose - what the reset is for, for the error when none is allowed (`power on`)
-   * @throws {@link RedfishResetUnsupportedError} without a reset action or an allowed type of `resetTypes`
+   * @throws {@link BmcUnsupportedError} without a reset action or an allowed type of `resetTypes`
    * @throws {@link RedfishHttpError} when the BMC refuses (a 409 for a system in the wrong state, say)
    */
   async powerSystem(
@@ -94,8 +94,9 @@ export class RedfishClient {
     try {
       const system = await readSystem(this.#transport, target, signal);
       if (system.resetTarget === undefined) {
-        throw new RedfishResetUnsupportedError(
+        throw new BmcUnsupportedError(
           target.machine,
+          'redfish',
           target.url,
           'the ComputerSystem has no #ComputerSystem.Reset action with a target',
         );
