@@ -192,7 +192,9 @@ export class StaticProvider implements Provider, PowerControl {
    * @throws {@link PowerOutcomeUnknownError} when the power cycle went out and no answer came: it is not sent again
    */
   async powerCycle(id: string, signal?: AbortSignal): Promise<AcceptedPowerCommand> {
-    return (await this.bmcOf(id, signal)).powerCycle(signal);
+    const accepted = await (await this.bmcOf(id, signal)).powerCycle(signal);
+    log.provider('machine %s: BMC accepted %s', id, accepted.command);
+    return accepted;
   }
 
   /**
