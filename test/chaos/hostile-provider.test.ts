@@ -77,7 +77,6 @@ function providerParts(registry: Registry) {
     os: 'ubuntu_22_04',
     sshKeyLabel: 'chaos',
     sshPublicKey: KEY,
-    rebootWait: 1,
     // Listed afresh on every pass: more calls, more faults met.
     reservationCacheTimeout: 1,
     // A creation the faults failed past the client's retries penalises its reservation (an hour

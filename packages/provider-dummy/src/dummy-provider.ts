@@ -2,13 +2,13 @@ import { createHash } from 'node:crypto';
 import { setTimeout as delay } from 'node:timers/promises';
 import type { PowerState, Session } from '@bmaas/bmdb-controlloop';
 import {
+  type AcceptedPowerCommand,
   Availability,
   type CreateMachineRequest,
   type Machine,
   MachineNotFoundError,
-  type PowerCommand,
   type PowerControl,
-  type RebootingProvider,
+  type Provider,
   TakeoverResponseSchema,
 } from '@bmaas/shepherd-manager';
 import { FakeSshClient } from '@bmaas/shepherd-manager/testing';
@@ -76,11 +76,11 @@ const ID_PREFIX = 'dummy-';
  * discrepancy. Its power control is simulated ({@link DummyPower}): each
  * process has its own, every machine `On` at start.
  */
-export class DummyProvider implements RebootingProvider, PowerControl {
+export class DummyProvider implements Provider, PowerControl {
   readonly type = DUMMY_PROVIDER;
   readonly capacity: number;
-  /** Reboots requested so far, by provider ID. */
-  readonly reboots = new Map<string, number>();
+  /** Power cycles made so far, by provider ID. */
+  readonly powerCycles = new Map<string, number>();
   /** The fake agent: answers like the real one, failing `agentFailureRate` of starts. */
   readonly sshClient: FakeSshClient;
   /** The machines' simulated power. */
@@ -162,35 +162,31 @@ export class DummyProvider implements RebootingProvider, PowerControl {
     return machine;
   }
 
-  /**
-   * Power-cycles the pretend machine (counted in `reboots`).
-   *
-   * @throws Error when the machine is (simulated) off
-   */
-  async rebootMachine(id: string): Promise<void> {
-    await this.powerCycle(id);
-  }
-
   async readPowerState(id: string): Promise<PowerState> {
     return this.power.state(this.#known(id));
   }
 
-  async powerOn(id: string): Promise<PowerCommand> {
+  async powerOn(id: string): Promise<AcceptedPowerCommand> {
     this.power.on(this.#known(id));
     detail('powered on %s', id);
     return { command: 'simulated power on' };
   }
 
-  async powerOff(id: string, options: { readonly graceful: boolean }): Promise<PowerCommand> {
+  async powerOff(id: string, options: { readonly graceful: boolean }): Promise<AcceptedPowerCommand> {
     this.power.off(this.#known(id));
     detail('powered off %s%s', id, options.graceful ? ' (gracefully)' : '');
     return { command: options.graceful ? 'simulated shutdown' : 'simulated power off' };
   }
 
-  async powerCycle(id: string): Promise<PowerCommand> {
+  /**
+   * Power-cycles the pretend machine (counted in `powerCycles`).
+   *
+   * @throws Error when the machine is (simulated) off
+   */
+  async powerCycle(id: string): Promise<AcceptedPowerCommand> {
     this.power.cycle(this.#known(id));
-    this.reboots.set(id, (this.reboots.get(id) ?? 0) + 1);
-    detail('rebooted %s', id);
+    this.powerCycles.set(id, (this.powerCycles.get(id) ?? 0) + 1);
+    detail('power-cycled %s', id);
     return { command: 'simulated power cycle' };
   }
 

@@ -43,7 +43,7 @@ describe('DummyProvider', () => {
     expect(await provider.getMachine('dummy-000002')).toMatchObject({ address: '10.0.0.3', availability: 'KnownUsed' });
     await expect(provider.getMachine('dummy-000003')).rejects.toBeInstanceOf(MachineNotFoundError);
     await expect(provider.getMachine('equinix-1')).rejects.toThrow('provider Dummy has no machine equinix-1');
-    await expect(provider.rebootMachine('dummy-9')).rejects.toBeInstanceOf(MachineNotFoundError);
+    await expect(provider.powerCycle('dummy-9')).rejects.toBeInstanceOf(MachineNotFoundError);
     expect(() => new DummyProvider({ capacity: -1 })).toThrow(/capacity must be a whole number/);
     expect(() => new DummyProvider({ capacity: 1, agentFailureRate: 2 })).toThrow(
       /agent failure rate must be between 0 and 1, got 2/,
@@ -180,7 +180,7 @@ describe('HeartbeatSimulator', () => {
   });
 });
 
-test('the whole shepherd over the dummy: silent agents are rebooted and started again', async () => {
+test('the whole shepherd over the dummy: silent agents are power-cycled and started again', async () => {
   await reset();
   const provider = new DummyProvider({ capacity: 20, heartbeatFailureRate: 0.3 });
   const stop = new AbortController();
@@ -194,8 +194,8 @@ test('the whole shepherd over the dummy: silent agents are rebooted and started 
     new HeartbeatSimulator(provider, { interval: 200 }).run(bmdb, { signal }),
   ]);
   try {
-    await eventually('a reboot', async () => (provider.reboots.size > 0 ? true : undefined), 15_000);
-    // A silent agent got rebooted and its agent started again (with a new start, a new chance).
+    await eventually('a power cycle', async () => (provider.powerCycles.size > 0 ? true : undefined), 15_000);
+    // A silent agent's machine got power-cycled and its agent started again (with a new start, a new chance).
     await eventually(
       'an agent started again',
       async () => {
@@ -211,7 +211,7 @@ test('the whole shepherd over the dummy: silent agents are rebooted and started 
     stop.abort();
     await running;
   }
-  expect(provider.reboots.size).toBeGreaterThan(0);
+  expect(provider.powerCycles.size).toBeGreaterThan(0);
   expect(await count('SELECT count(*)::int AS n FROM machine_provided')).toBe(20);
   expect(await count('SELECT count(*)::int AS n FROM work')).toBe(0);
   const recovered = await count(`
@@ -245,16 +245,16 @@ describe('simulated power', () => {
     expect(() => new DummyPower(-1)).toThrow(/transition must be >= 0 ms/);
   });
 
-  test('the provider’s power control knows its slots only, and counts power cycles as reboots', async () => {
+  test('the provider’s power control knows its slots only, and counts its power cycles', async () => {
     const provider = new DummyProvider({ capacity: 2 });
     expect(await provider.readPowerState('dummy-000001')).toBe('On');
     expect(await provider.powerOff('dummy-000001', { graceful: true })).toEqual({ command: 'simulated shutdown' });
     expect(await provider.readPowerState('dummy-000001')).toBe('Off');
-    await expect(provider.rebootMachine('dummy-000001')).rejects.toThrow(/is off: it cannot be power-cycled/);
+    await expect(provider.powerCycle('dummy-000001')).rejects.toThrow(/is off: it cannot be power-cycled/);
     expect(await provider.powerOn('dummy-000001')).toEqual({ command: 'simulated power on' });
     expect(await provider.powerCycle('dummy-000001')).toEqual({ command: 'simulated power cycle' });
-    await provider.rebootMachine('dummy-000001');
-    expect(provider.reboots.get('dummy-000001')).toBe(2);
+    await provider.powerCycle('dummy-000001');
+    expect(provider.powerCycles.get('dummy-000001')).toBe(2);
     for (const call of [
       () => provider.readPowerState('dummy-000002'),
       () => provider.powerOn('x'),
@@ -265,7 +265,7 @@ describe('simulated power', () => {
     }
   });
 
-  test('the recoverer powers on a silent machine found off, instead of rebooting it', async () => {
+  test('the recoverer powers on a silent machine found off, instead of power-cycling it', async () => {
     await reset();
     const provider = new DummyProvider({ capacity: 2 });
     const session = await bmdb.startSession();
@@ -277,11 +277,10 @@ describe('simulated power', () => {
     );
     await provider.powerOff('dummy-000000', { graceful: false });
     await runUntil(
-      (signal) =>
-        new Recoverer(provider, { power: provider }).run(bmdb, { dbQueryLimiter: fast(), parallelism: 2, signal }),
+      (signal) => new Recoverer(provider).run(bmdb, { dbQueryLimiter: fast(), parallelism: 2, signal }),
       async () => (await count('SELECT count(*)::int AS n FROM machine_agent_started')) === 0,
     );
     expect(await provider.readPowerState('dummy-000000')).toBe('On');
-    expect([...provider.reboots.keys()]).toEqual(['dummy-000001']);
+    expect([...provider.powerCycles.keys()]).toEqual(['dummy-000001']);
   });
 });

@@ -1,6 +1,6 @@
 /**
  * The Equinix Metal provider of the shepherd: a typed API client, the
- * `RebootingProvider` that turns hardware reservations into BMDB machines,
+ * `Provider` that turns hardware reservations into BMDB machines,
  * power control through device actions (`EquinixPower`), and a status
  * updater keeping provider facts in the BMDB current. A fake
  * Equinix API for tests lives in `@bmaas/provider-equinix/testing`.

@@ -44,7 +44,6 @@ async function setup(
     os: 'ubuntu_22_04',
     sshKeyLabel: 'shepherd',
     sshPublicKey: KEY,
-    rebootWait: 1,
     ...options.provider,
   });
   return { api, provider };
@@ -376,39 +375,12 @@ describe('orphan adoption', () => {
   });
 });
 
-describe('rebootMachine', () => {
-  it('reboots through the actions endpoint', async () => {
-    const { api, provider } = await setup();
-    const device = api.addDevice({ hostname: `${PREFIX}reboot` });
-    await provider.rebootMachine(device.id);
-    expect(api.reboots(device.id)).toBe(1);
-  });
-
-  it('stops waiting after the reboot when aborted', async () => {
-    const { api, provider } = await setup({ provider: { rebootWait: 60_000 } });
-    const device = api.addDevice({ hostname: `${PREFIX}reboot-wait` });
-    const controller = new AbortController();
-    const rebooting = provider.rebootMachine(device.id, controller.signal);
-    await expect.poll(() => api.reboots(device.id)).toBe(1);
-    controller.abort(new Error('shutting down'));
-    await expect(rebooting).rejects.toThrow('shutting down');
-  });
-
-  it('reports an unknown device as MachineNotFoundError', async () => {
-    const { provider } = await setup();
-    await expect(provider.rebootMachine('00000000-0000-4000-8000-000000000001')).rejects.toBeInstanceOf(
-      MachineNotFoundError,
-    );
-  });
-});
-
 describe('settings', () => {
   it('rejects missing settings and a malformed public key', async () => {
     const { provider } = await setup();
     const base = { ...provider.settings, client: fastClient(fakes[0] as FakeEquinixApi), sshPublicKey: KEY };
     expect(() => new EquinixProvider({ ...base, devicePrefix: '' })).toThrow(TypeError);
     expect(() => new EquinixProvider({ ...base, sshPublicKey: 'not a key' })).toThrow(TypeError);
-    expect(() => new EquinixProvider({ ...base, rebootWait: -1 })).toThrow(RangeError);
   });
 
   it('is typed as an EquinixMachine list', async () => {

@@ -1,7 +1,8 @@
 /**
  * The shepherd end to end on Equinix: the real Provisioner, Initializer and
- * Recoverer of @bmaas/shepherd-manager driving EquinixProvider against the
- * fake Equinix API and a real PostgreSQL BMDB, as the original's smoke tests
+ * Recoverer of @bmaas/shepherd-manager driving EquinixProvider (the
+ * recoverer through EquinixPower) against the fake Equinix API and a real
+ * PostgreSQL BMDB, as the original's smoke tests
  * did against its fake, plus the orphan-adoption and idempotent-create paths
  * through the provisioner.
  */
@@ -15,10 +16,10 @@ import {
 } from '@bmaas/bmdb-controlloop';
 import {
   Initializer,
+  type Provider,
   ProviderDiscrepancyError,
   Provisioner,
   type ProvisionerOptions,
-  type RebootingProvider,
   Recoverer,
 } from '@bmaas/shepherd-manager';
 import { FakeSshClient } from '@bmaas/shepherd-manager/testing';
@@ -30,6 +31,7 @@ import {
   DeviceNotRecordedError,
   EQUINIX_PROVIDER,
   type EquinixDevice,
+  EquinixPower,
   EquinixProvider,
   type EquinixProviderOptions,
   EquinixStatusUpdater,
@@ -63,7 +65,6 @@ async function fakeProject(
     os: 'ubuntu_22_04',
     sshKeyLabel: 'shepherd',
     sshPublicKey: KEY,
-    rebootWait: 1,
     ...options,
   });
   return { api, provider };
@@ -230,7 +231,7 @@ describe('the shepherd on a fake Equinix project', () => {
     expect(ssh.openConnections).toBe(0);
   });
 
-  test('the recoverer reboots exactly the silent machine, once, and the initializer starts it again', async () => {
+  test('the recoverer power-cycles (reboots) exactly the silent machine, once, and the initializer starts it again', async () => {
     const [silent, healthy] = fleet as [ProvidedMachine, ProvidedMachine];
     // Both started 10 h ago; only the healthy one has heartbeated since.
     await db.admin(
@@ -242,7 +243,7 @@ describe('the shepherd on a fake Equinix project', () => {
     expect(api.requestsTo(ACTIONS)).toEqual([]);
 
     await runUntil(
-      (signal) => new Recoverer(provider).run(bmdb, loopOptions(signal)),
+      (signal) => new Recoverer(new EquinixPower(fastClient(api))).run(bmdb, loopOptions(signal)),
       async () => !(await agentStarts()).has(silent.machineId),
       { what: 'recovering the silent machine' },
     );
@@ -450,11 +451,10 @@ describe('orphans through the provisioner', () => {
     const { api, provider } = await fakeProject(4);
     const session = await bmdb.startSession();
     // The BMDB out of reach for longer than the session interval while a device is being created.
-    const expiring: RebootingProvider = {
+    const expiring: Provider = {
       type: provider.type,
       listMachines: (signal) => provider.listMachines(signal),
       getMachine: (id, signal) => provider.getMachine(id, signal),
-      rebootMachine: (id, signal) => provider.rebootMachine(id, signal),
       createMachine: async (using, request, signal) => {
         await db.admin("UPDATE sessions SET deadline = now() - interval '1 minute' WHERE session_id = $1", [
           session.id,

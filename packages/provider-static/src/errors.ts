@@ -40,37 +40,106 @@ function describeLocation({ index, id, field }: InventoryLocation): string {
   return parts.length === 0 ? '' : `${parts.join(', ')}: `;
 }
 
-/** A machine's BMC could not be made to reset it. Names the machine and the BMC URL. */
-export class RedfishError extends StaticProviderError {
-  override name = 'RedfishError';
+/** The protocol a BMC is spoken to in: Redfish over HTTPS, or IPMI through `ipmitool`. */
+export type BmcProtocol = 'redfish' | 'ipmi';
+
+/**
+ * A machine's BMC did not do what was asked, in either protocol: the base of
+ * the BMC errors, one tree for Redfish and IPMI, with the protocol as a
+ * field. The message names the machine, the BMC (`BMC <url>`, or `IPMI BMC
+ * <host:port>`) and the cause; never the password.
+ */
+export class BmcError extends StaticProviderError {
+  override name = 'BmcError';
   constructor(
     /** The machine's provider ID (its inventory `id`). */
     readonly machine: string,
-    /** The BMC URL the request went to (the ComputerSystem or its reset target). */
-    readonly url: string,
+    readonly protocol: BmcProtocol,
+    /**
+     * The BMC asked: the Redfish URL the request went to (the ComputerSystem
+     * or its reset target), or the IPMI BMC's `host:port`; `undefined` when
+     * none was asked (its credentials could not be had).
+     */
+    readonly bmc: string | undefined,
     problem: string,
     options?: ErrorOptions,
   ) {
-    super(`machine ${machine}: BMC ${url}: ${problem}`, options);
+    super(`machine ${machine}: ${bmc === undefined ? '' : `${bmcName(protocol, bmc)}: `}${problem}`, options);
   }
 }
 
-/** The BMC answered 401 or 403. Not retried: the same credentials fail again. */
-export class RedfishCredentialsError extends RedfishError {
-  override name = 'RedfishCredentialsError';
+function bmcName(protocol: BmcProtocol, bmc: string): string {
+  return protocol === 'ipmi' ? `IPMI BMC ${bmc}` : `BMC ${bmc}`;
+}
+
+/**
+ * The BMC's credentials are the problem: the BMC refused them (Redfish 401
+ * or 403; an IPMI session refused: unknown user, wrong password, too little
+ * privilege), or they cannot be had (no user name or password in the
+ * inventory or the flags, an unreadable or too open password file; then no
+ * BMC was asked). Not retried: the same credentials fail again.
+ */
+export class BmcCredentialsError extends BmcError {
+  override name = 'BmcCredentialsError';
   constructor(
     machine: string,
-    url: string,
-    readonly status: number,
-    /** The user name the request was made as. */
-    readonly username: string,
+    protocol: BmcProtocol,
+    bmc: string | undefined,
+    problem: string,
+    /** The user name the BMC refused; `undefined` when it was not asked. */
+    readonly username?: string | undefined,
+    /** The HTTP status of a Redfish refusal, 401 or 403. */
+    readonly status?: number | undefined,
   ) {
-    super(machine, url, `BMC refused the credentials of user ${JSON.stringify(username)} (HTTP ${status})`);
+    super(machine, protocol, bmc, problem);
   }
 }
 
-/** The BMC answered an HTTP status other than the ones expected (after retries for 5xx). */
-export class RedfishHttpError extends RedfishError {
+/** The BMC could not be reached or did not answer (refused, reset, no route, TLS failure, …), after retries. */
+export class BmcUnreachableError extends BmcError {
+  override name = 'BmcUnreachableError';
+}
+
+/** No answer within the client's timeout (after retries); an `ipmitool` run was killed. */
+export class BmcTimeoutError extends BmcError {
+  override name = 'BmcTimeoutError';
+  constructor(
+    machine: string,
+    protocol: BmcProtocol,
+    bmc: string,
+    /** What was asked: the HTTP method (`POST`), or the IPMI command (`chassis power status`). */
+    readonly request: string,
+    readonly timeout: number,
+  ) {
+    super(
+      machine,
+      protocol,
+      bmc,
+      protocol === 'ipmi'
+        ? `${request}: ipmitool got no answer within ${timeout} ms and was killed (timeout)`
+        : `${request} got no answer within ${timeout} ms (timeout)`,
+    );
+  }
+}
+
+/**
+ * The BMC does not support what was asked: Redfish without a
+ * `#ComputerSystem.Reset` action or target, or without an allowable reset
+ * type the shepherd uses (or the one `--redfish-reset-type` asks for); an
+ * IPMI command it refuses ("Invalid command", "Invalid data field in
+ * request"), or the cipher suite the inventory names. Not retried.
+ */
+export class BmcUnsupportedError extends BmcError {
+  override name = 'BmcUnsupportedError';
+}
+
+/** The BMC answered something its protocol does not: not a Redfish ComputerSystem, a link to another origin. */
+export class BmcResponseError extends BmcError {
+  override name = 'BmcResponseError';
+}
+
+/** A Redfish BMC answered an HTTP status other than the ones expected (after retries for 5xx). */
+export class RedfishHttpError extends BmcError {
   override name = 'RedfishHttpError';
   constructor(
     machine: string,
@@ -80,40 +149,22 @@ export class RedfishHttpError extends RedfishError {
     /** The start of the body, for the operator (Redfish errors carry a message there). */
     readonly detail: string,
   ) {
-    super(machine, url, `${method} answered HTTP ${status}${detail === '' ? '' : `: ${detail}`}`);
+    super(machine, 'redfish', url, `${method} answered HTTP ${status}${detail === '' ? '' : `: ${detail}`}`);
   }
 }
 
-/** No answer within the request timeout (after retries). */
-export class RedfishTimeoutError extends RedfishError {
-  override name = 'RedfishTimeoutError';
+/** `ipmitool` failed some other way; its message is in {@link IpmiCommandError.detail}. Not retried. */
+export class IpmiCommandError extends BmcError {
+  override name = 'IpmiCommandError';
   constructor(
     machine: string,
-    url: string,
-    readonly method: string,
-    readonly timeout: number,
+    bmc: string,
+    readonly command: string,
+    /** ipmitool's own last words (the password scrubbed). */
+    readonly detail: string,
   ) {
-    super(machine, url, `${method} got no answer within ${timeout} ms (timeout)`);
+    super(machine, 'ipmi', bmc, `${command} failed: ${detail}`);
   }
-}
-
-/** The BMC could not be reached (refused, reset, TLS failure, …), after retries. */
-export class RedfishNetworkError extends RedfishError {
-  override name = 'RedfishNetworkError';
-}
-
-/**
- * The ComputerSystem resource offers no usable reset: no
- * `#ComputerSystem.Reset` action or target, no allowable reset type the
- * shepherd uses, or not the one `--redfish-reset-type` asks for.
- */
-export class RedfishResetUnsupportedError extends RedfishError {
-  override name = 'RedfishResetUnsupportedError';
-}
-
-/** The BMC answered something that is not a Redfish ComputerSystem. */
-export class RedfishResponseError extends RedfishError {
-  override name = 'RedfishResponseError';
 }
 
 /** The machine has no `bmc` in the inventory, so its power cannot be controlled. */
@@ -123,86 +174,6 @@ export class NoBmcError extends StaticProviderError {
     super(
       `machine ${machine} has no bmc in the inventory: its power cannot be read or controlled; add its Redfish URL`,
     );
-  }
-}
-
-/** The BMC password cannot be had: no password, unreadable or too open password file. */
-export class BmcCredentialsError extends StaticProviderError {
-  override name = 'BmcCredentialsError';
-  constructor(
-    readonly machine: string,
-    problem: string,
-  ) {
-    super(`machine ${machine}: ${problem}`);
-  }
-}
-
-/**
- * A machine's IPMI BMC did not do what `ipmitool` asked. Names the machine,
- * the BMC (`host:port`) and the cause; never the password.
- */
-export class IpmiError extends StaticProviderError {
-  override name = 'IpmiError';
-  constructor(
-    /** The machine's provider ID (its inventory `id`). */
-    readonly machine: string,
-    /** The BMC, `host:port`. */
-    readonly bmc: string,
-    problem: string,
-    options?: ErrorOptions,
-  ) {
-    super(`machine ${machine}: IPMI BMC ${bmc}: ${problem}`, options);
-  }
-}
-
-/**
- * The BMC refused the session: unknown user, wrong password, or a user
- * without the privilege the command needs. Not retried: the same credentials
- * fail again.
- */
-export class IpmiCredentialsError extends IpmiError {
-  override name = 'IpmiCredentialsError';
-}
-
-/** No answer from the BMC (no route, nothing listening, name not found), after retries. */
-export class IpmiUnreachableError extends IpmiError {
-  override name = 'IpmiUnreachableError';
-}
-
-/** `ipmitool` did not finish within the client's timeout and was killed (after retries). */
-export class IpmiTimeoutError extends IpmiError {
-  override name = 'IpmiTimeoutError';
-  constructor(
-    machine: string,
-    bmc: string,
-    /** What was asked, `chassis power status`. */
-    readonly command: string,
-    readonly timeout: number,
-  ) {
-    super(machine, bmc, `${command}: ipmitool got no answer within ${timeout} ms and was killed (timeout)`);
-  }
-}
-
-/**
- * The BMC does not support what was asked: the command (IPMI completion code
- * "Invalid command", "Invalid data field in request"), or the cipher suite
- * the inventory names. Not retried.
- */
-export class IpmiUnsupportedError extends IpmiError {
-  override name = 'IpmiUnsupportedError';
-}
-
-/** `ipmitool` failed some other way; its message is in {@link IpmiCommandError.detail}. Not retried. */
-export class IpmiCommandError extends IpmiError {
-  override name = 'IpmiCommandError';
-  constructor(
-    machine: string,
-    bmc: string,
-    readonly command: string,
-    /** ipmitool's own last words (the password scrubbed). */
-    readonly detail: string,
-  ) {
-    super(machine, bmc, `${command} failed: ${detail}`);
   }
 }
 

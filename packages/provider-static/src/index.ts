@@ -11,23 +11,18 @@
 export { PowerOutcomeUnknownError, Secret } from '@bmaas/shepherd-manager';
 export {
   BmcCredentialsError,
+  BmcError,
+  type BmcProtocol,
+  BmcResponseError,
+  BmcTimeoutError,
+  BmcUnreachableError,
+  BmcUnsupportedError,
   InventoryError,
   type InventoryLocation,
   IpmiCommandError,
-  IpmiCredentialsError,
-  IpmiError,
-  IpmiTimeoutError,
   IpmitoolMissingError,
-  IpmiUnreachableError,
-  IpmiUnsupportedError,
   NoBmcError,
-  RedfishCredentialsError,
-  RedfishError,
   RedfishHttpError,
-  RedfishNetworkError,
-  RedfishResetUnsupportedError,
-  RedfishResponseError,
-  RedfishTimeoutError,
   StaticProviderError,
 } from './errors.js';
 export {
@@ -53,7 +48,7 @@ export {
   StaticProvider,
   type StaticProviderOptions,
 } from './provider.js';
-export { RedfishClient, type RedfishReset } from './redfish/client.js';
+export { RedfishClient, type RedfishResetResult } from './redfish/client.js';
 export type { RedfishClientOptions, RedfishClientSettings } from './redfish/client-settings.js';
 export { RESET_TYPES, type ResetType } from './redfish/reset-types.js';
 export type { RedfishSystem } from './redfish/system.js';

@@ -6,16 +6,15 @@ import {
   ProviderStatus,
   runRounds,
   type Session,
-  sleep,
 } from '@bmaas/bmdb-controlloop';
 import {
+  type AcceptedPowerCommand,
   Availability,
   type CreateMachineRequest,
   type Machine,
   MachineNotFoundError,
-  type PowerCommand,
   type PowerControl,
-  type RebootingProvider,
+  type Provider,
   Secret,
 } from '@bmaas/shepherd-manager';
 import type { Bmc } from './bmc.js';
@@ -67,30 +66,24 @@ export interface StaticProviderOptions {
    * account often serves both protocols.
    */
   readonly defaultIpmiCredentials?: DefaultBmcCredentials | undefined;
-  /** `--redfish-reset-type`: use this reset type instead of the preferred one the BMC allows. */
+  /** `--redfish-reset-type`: power-cycle with this reset type instead of the preferred one the BMC allows. */
   readonly resetType?: ResetType | undefined;
-  /**
-   * Wait after a reset was accepted before the machine counts as rebooted, in
-   * ms, so the initializer does not start the agent on the OS going down
-   * (`--static-reboot-wait`, 30 s in the CLI). Default 0.
-   */
-  readonly rebootWait?: number | undefined;
 }
 
 /**
  * The shepherd's provider for machines the operator owns: every machine of
  * the inventory is the shepherd's (`PossiblyUsed`, settled against the BMDB
  * by the provisioner), and its power is controlled through its BMC (a
- * {@link Bmc}: Redfish, or IPMI through ipmitool): a silent one is
- * power-cycled, and the power state is read, and the power switched on and
- * off, for the power sync and the operator's power actions.
+ * {@link Bmc}: Redfish, or IPMI through ipmitool): its power state is read,
+ * and the power switched on, off and cycled, for the recoverer, the power
+ * sync and the operator's power actions.
  *
  * The inventory is read anew on every `listMachines`, i.e. on every
  * reconciliation pass; a bad one fails that pass (nothing in the BMDB
  * changes) and the next pass reads it again. Changed addresses and locations
  * are written to the BMDB by {@link StaticProvider.run}.
  */
-export class StaticProvider implements RebootingProvider, PowerControl {
+export class StaticProvider implements Provider, PowerControl {
   /** The provider name in the BMDB: `Static`. */
   readonly type = STATIC_PROVIDER;
   readonly inventory: InventorySource;
@@ -99,8 +92,7 @@ export class StaticProvider implements RebootingProvider, PowerControl {
   readonly #defaults: DefaultBmcCredentials;
   readonly #ipmiDefaults: DefaultBmcCredentials;
   readonly #resetType: ResetType | undefined;
-  readonly #rebootWait: number;
-  /** The last inventory read that was good: what resets and lookups go by between passes. */
+  /** The last inventory read that was good: what power control and lookups go by between passes. */
   #lastGood: ReadonlyMap<string, InventoryMachine> | undefined;
   /** Bumped on every good read; `run` syncs when it changes. */
   #generation = 0;
@@ -117,9 +109,6 @@ export class StaticProvider implements RebootingProvider, PowerControl {
       passwordFile: ipmi.passwordFile ?? this.#defaults.passwordFile,
     };
     this.#resetType = options.resetType;
-    this.#rebootWait = options.rebootWait ?? 0;
-    if (!(this.#rebootWait >= 0))
-      throw new RangeError(`StaticProvider: rebootWait must be >= 0 ms, got ${this.#rebootWait}`);
   }
 
   /**
@@ -176,43 +165,36 @@ export class StaticProvider implements RebootingProvider, PowerControl {
     return toMachine(entry, Availability.KnownUsed);
   }
 
-  /**
-   * Power-cycles the machine through its BMC (see {@link Bmc.reset}), then
-   * waits `rebootWait` so the agent is not started on the OS going down.
-   *
-   * @throws {@link MachineNotFoundError} when the inventory does not have it
-   * @throws {@link NoBmcError} when its entry has no `bmc`
-   * @throws {@link BmcCredentialsError} when no user name or password can be had
-   * @throws {@link RedfishError} or {@link IpmiError} subclasses when the BMC does not reset it
-   * @throws {@link PowerOutcomeUnknownError} when the reset went out and no answer came: it is not sent again
-   */
-  async rebootMachine(id: string, signal?: AbortSignal): Promise<void> {
-    const reset = await this.resetMachine(id, signal);
-    log.provider('machine %s: BMC accepted %s', id, reset.command);
-    if (this.#rebootWait > 0) await sleep(this.#rebootWait, signal);
-  }
-
-  /** {@link StaticProvider.rebootMachine} without the wait, returning what the BMC accepted. */
-  async resetMachine(id: string, signal?: AbortSignal): Promise<PowerCommand> {
-    return (await this.bmcOf(id, signal)).reset(signal);
-  }
-
   /** The machine's power state, from its BMC; `Unknown` when the BMC leaves it out. */
   async readPowerState(id: string, signal?: AbortSignal): Promise<PowerState> {
     return (await this.bmcOf(id, signal)).powerState(signal);
   }
 
-  async powerOn(id: string, signal?: AbortSignal): Promise<PowerCommand> {
+  async powerOn(id: string, signal?: AbortSignal): Promise<AcceptedPowerCommand> {
     return (await this.bmcOf(id, signal)).powerOn(signal);
   }
 
-  async powerOff(id: string, options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<PowerCommand> {
+  async powerOff(
+    id: string,
+    options: { readonly graceful: boolean },
+    signal?: AbortSignal,
+  ): Promise<AcceptedPowerCommand> {
     return (await this.bmcOf(id, signal)).powerOff(options, signal);
   }
 
-  /** The reset the recoverer would make ({@link StaticProvider.resetMachine}). */
-  async powerCycle(id: string, signal?: AbortSignal): Promise<PowerCommand> {
-    return this.resetMachine(id, signal);
+  /**
+   * Power-cycles the machine through its BMC (see {@link Bmc.powerCycle}).
+   *
+   * @throws {@link MachineNotFoundError} when the inventory does not have it
+   * @throws {@link NoBmcError} when its entry has no `bmc`
+   * @throws {@link BmcCredentialsError} when no user name or password can be had, or the BMC refuses them
+   * @throws {@link BmcError} subclasses (the protocol a field) when the BMC does not power-cycle it
+   * @throws {@link PowerOutcomeUnknownError} when the power cycle went out and no answer came: it is not sent again
+   */
+  async powerCycle(id: string, signal?: AbortSignal): Promise<AcceptedPowerCommand> {
+    const accepted = await (await this.bmcOf(id, signal)).powerCycle(signal);
+    log.provider('machine %s: BMC accepted %s', id, accepted.command);
+    return accepted;
   }
 
   /**
@@ -228,11 +210,17 @@ export class StaticProvider implements RebootingProvider, PowerControl {
     const bmc = entry.bmc;
     if (bmc === undefined) throw new NoBmcError(id);
     const ipmi = bmc.protocol === 'ipmi';
+    const protocol = ipmi ? 'ipmi' : 'redfish';
     const defaults = ipmi ? this.#ipmiDefaults : this.#defaults;
     const flags = ipmi ? '--ipmi' : '--redfish';
     const username = bmc.username ?? defaults.username;
     if (username === undefined) {
-      throw new BmcCredentialsError(id, `no BMC user name: set bmc.username in the inventory or ${flags}-username`);
+      throw new BmcCredentialsError(
+        id,
+        protocol,
+        undefined,
+        `no BMC user name: set bmc.username in the inventory or ${flags}-username`,
+      );
     }
     let password: Secret;
     if (bmc.password?.kind === 'inline') password = bmc.password.password;
@@ -241,10 +229,12 @@ export class StaticProvider implements RebootingProvider, PowerControl {
       if (file === undefined) {
         throw new BmcCredentialsError(
           id,
+          protocol,
+          undefined,
           `no BMC password: set bmc.passwordFile (or bmc.password) in the inventory or ${flags}-password-file`,
         );
       }
-      password = await readPasswordFile(file, (problem) => new BmcCredentialsError(id, problem));
+      password = await readPasswordFile(file, (problem) => new BmcCredentialsError(id, protocol, undefined, problem));
     }
     if (bmc.protocol === 'ipmi') {
       this.#ipmi ??= new IpmiClient();

@@ -14,14 +14,13 @@ import { PowerState } from '@bmaas/bmdb-controlloop';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import {
   BmcCredentialsError,
+  BmcTimeoutError,
+  BmcUnreachableError,
+  BmcUnsupportedError,
   IpmiClient,
   type IpmiClientOptions,
-  IpmiCredentialsError,
   type IpmiTarget,
-  IpmiTimeoutError,
   IpmitoolMissingError,
-  IpmiUnreachableError,
-  IpmiUnsupportedError,
   PowerOutcomeUnknownError,
   RedfishClient,
   Secret,
@@ -158,7 +157,8 @@ exec ipmitool "$@"
   test('a wrong password is refused as credentials, named, and not retried', async () => {
     const before = (await runs()).length;
     const error = await failure(client().powerState(target({ password: new Secret('wrong-password') })));
-    expect(error).toBeInstanceOf(IpmiCredentialsError);
+    expect(error).toBeInstanceOf(BmcCredentialsError);
+    expect(error).toMatchObject({ protocol: 'ipmi' });
     expect(error.message).toMatch(/^machine node07: IPMI BMC 127\.0\.0\.1:\d+: chassis power status: the BMC refused/);
     expect(error.message).toContain('user "admin"');
     expect(error.message).not.toContain('wrong-password');
@@ -167,13 +167,15 @@ exec ipmitool "$@"
 
   test('an unknown user is refused as credentials', async () => {
     const error = await failure(client().power(target({ username: 'nobody' }), 'on'));
-    expect(error).toBeInstanceOf(IpmiCredentialsError);
+    expect(error).toBeInstanceOf(BmcCredentialsError);
+    expect(error).toMatchObject({ protocol: 'ipmi' });
     expect(error.message).toContain('unauthorized name');
   });
 
   test('a cipher suite the BMC lacks is named (ipmi_sim speaks 3, not 17)', async () => {
     const error = await failure(client().powerState(target({ cipherSuite: 17 })));
-    expect(error).toBeInstanceOf(IpmiUnsupportedError);
+    expect(error).toBeInstanceOf(BmcUnsupportedError);
+    expect(error).toMatchObject({ protocol: 'ipmi' });
     expect(error.message).toContain('does not offer cipher suite 17');
   });
 
@@ -182,7 +184,8 @@ exec ipmitool "$@"
     try {
       const before = (await runs()).length;
       const error = await failure(client().power(target({ port: bare.port }), 'reset'));
-      expect(error).toBeInstanceOf(IpmiUnsupportedError);
+      expect(error).toBeInstanceOf(BmcUnsupportedError);
+      expect(error).toMatchObject({ protocol: 'ipmi' });
       expect(error.message).toMatch(/chassis power reset: .*Invalid command \(not supported\)$/);
       expect((await runs()).length - before).toBe(1);
     } finally {
@@ -196,7 +199,8 @@ exec ipmitool "$@"
     await silent.close();
     const before = (await runs()).length;
     const error = await failure(client({ maxAttempts: 2 }).powerState(target({ machine: 'node08', port })));
-    expect(error).toBeInstanceOf(IpmiUnreachableError);
+    expect(error).toBeInstanceOf(BmcUnreachableError);
+    expect(error).toMatchObject({ protocol: 'ipmi' });
     expect(error.message).toMatch(
       new RegExp(`^machine node08: IPMI BMC 127\\.0\\.0\\.1:${port}: .*no answer from the BMC`),
     );
@@ -209,7 +213,8 @@ exec ipmitool "$@"
     const error = await failure(
       new IpmiClient({ ipmitool: hung, timeout: 300, maxAttempts: 2, retryDelay: 1 }).powerState(target()),
     );
-    expect(error).toBeInstanceOf(IpmiTimeoutError);
+    expect(error).toBeInstanceOf(BmcTimeoutError);
+    expect(error).toMatchObject({ protocol: 'ipmi' });
     expect(error.message).toContain('within 300 ms');
     const pids = (await readFile(path.join(dir, 'hung-pids'), 'utf8')).trim().split('\n').map(Number);
     expect(pids).toHaveLength(2);
@@ -266,8 +271,8 @@ esac
   }
 
   test.each([
-    ['ipmitool sends it again', { messageTimeout: 1, messageRetries: 4, timeout: 20_000 }, IpmiUnreachableError],
-    ['the client runs ipmitool again', { messageTimeout: 20, messageRetries: 1, timeout: 4_000 }, IpmiTimeoutError],
+    ['ipmitool sends it again', { messageTimeout: 1, messageRetries: 4, timeout: 20_000 }, BmcUnreachableError],
+    ['the client runs ipmitool again', { messageTimeout: 20, messageRetries: 1, timeout: 4_000 }, BmcTimeoutError],
   ] as const)(
     'a reset the BMC did but answered late is not sent again (%s): its outcome is unknown',
     async (_, options, cause) => {
@@ -276,6 +281,7 @@ esac
         const error = await failure(client({ ...options, maxAttempts: 3 }).power(target({ port: late.port }), 'reset'));
         expect(error).toBeInstanceOf(PowerOutcomeUnknownError);
         expect(error.cause).toBeInstanceOf(cause);
+        expect(error.cause).toMatchObject({ protocol: 'ipmi' });
         expect(error.message).toMatch(
           new RegExp(
             `^machine node07: IPMI BMC 127\\.0\\.0\\.1:${late.port}: chassis power reset: .*; the BMC may have acted on chassis power reset: not sent again \\(a second one would act twice\\); read the power state before trying again$`,
@@ -295,7 +301,8 @@ esac
     for (const action of ['reset', 'cycle'] as const) {
       const before = (await runs()).length;
       const error = await failure(client({ maxAttempts: 2 }).power(target({ machine: 'node08', port }), action));
-      expect(error).toBeInstanceOf(IpmiUnreachableError);
+      expect(error).toBeInstanceOf(BmcUnreachableError);
+      expect(error).toMatchObject({ protocol: 'ipmi' });
       expect((await runs()).length - before).toBe(2);
     }
   });
@@ -322,8 +329,8 @@ esac
     expect(await provider.powerOn('node09')).toEqual({ command: 'chassis power on' });
     expect(await provider.powerOff('node09', { graceful: false })).toEqual({ command: 'chassis power off' });
     await provider.powerOn('node09');
-    // What the recoverer does to a silent machine, and an operator's `power cycle`.
-    await provider.rebootMachine('node09');
+    // The recoverer's power cycle of a silent machine, then an operator's `power cycle`: the same call.
+    await provider.powerCycle('node09');
     expect(await provider.powerCycle('node09')).toEqual({ command: 'chassis power reset' });
     expect((await bmc.calls()).slice(before).filter((call) => call.startsWith('set'))).toEqual([
       'set shutdown 1',
@@ -336,7 +343,8 @@ esac
     // A wrong password file: the machine and the cause are named.
     await writeFile(passwordFile, 'not-the-password\n', { mode: 0o600 });
     const error = await failure(provider.readPowerState('node09'));
-    expect(error).toBeInstanceOf(IpmiCredentialsError);
+    expect(error).toBeInstanceOf(BmcCredentialsError);
+    expect(error).toMatchObject({ protocol: 'ipmi' });
     expect(error.message).toMatch(/^machine node09: IPMI BMC 127\.0\.0\.1:\d+: chassis power status: the BMC refused/);
   });
 
@@ -371,7 +379,9 @@ esac
     });
     expect(await fallback.readPowerState('node10')).toBe(PowerState.On);
     const redfishOnly = withDefaults({ defaultCredentials: { username: 'admin', passwordFile: wrong } });
-    expect(await failure(redfishOnly.readPowerState('node10'))).toBeInstanceOf(IpmiCredentialsError);
+    const refused = await failure(redfishOnly.readPowerState('node10'));
+    expect(refused).toBeInstanceOf(BmcCredentialsError);
+    expect(refused).toMatchObject({ protocol: 'ipmi' });
     // Neither: the error names the IPMI flags.
     const none = await failure(withDefaults({}).readPowerState('node10'));
     expect(none).toBeInstanceOf(BmcCredentialsError);

@@ -14,9 +14,9 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually, runUntil } from '../../../test/support/wait.js';
 import {
+  BmcUnsupportedError,
   RedfishClient,
   RedfishHttpError,
-  RedfishResetUnsupportedError,
   Secret,
   STATIC_PROVIDER,
   StaticProvider,
@@ -88,7 +88,7 @@ describe('the fake BMC’s power', () => {
     const target = { machine: 'transitions', url, username: bmc.username, password: new Secret(bmc.password) };
     const redfishBmc = new RedfishBmc(redfish, target);
     expect(await redfishBmc.powerState()).toBe('Off');
-    const refused = await redfishBmc.reset().catch((e: unknown) => e);
+    const refused = await redfishBmc.powerCycle().catch((e: unknown) => e);
     expect(refused).toBeInstanceOf(RedfishHttpError);
     expect((refused as Error).message).toMatch(
       /POST answered HTTP 409: .*ForceRestart refused: the system is powered off/,
@@ -135,7 +135,8 @@ describe('the fake BMC’s power', () => {
     const error = await new RedfishBmc(redfish, target('force-on'))
       .powerOff({ graceful: true })
       .catch((e: unknown) => e);
-    expect(error).toBeInstanceOf(RedfishResetUnsupportedError);
+    expect(error).toBeInstanceOf(BmcUnsupportedError);
+    expect(error).toMatchObject({ protocol: 'redfish' });
     expect((error as Error).message).toBe(
       `machine force-on: BMC ${bmc.systemUrl('force-on')}: no allowable reset type to shut down gracefully with ` +
         '(want GracefulShutdown; allowed: ForceOn, ForceOff, ForceRestart)',
@@ -166,7 +167,7 @@ describe('the static provider’s power control', () => {
     expect(bmc.resetsOf('c2').map((r) => r.resetType)).toEqual(['ForceRestart']);
   });
 
-  test('the recoverer powers on a silent machine found off instead of resetting it', async () => {
+  test('the recoverer powers on a silent machine found off instead of power-cycling it', async () => {
     const provider = await staticFleet('recovery', {
       'off-node': bmc.addSystem('off-node', { powerState: 'Off' }),
       'on-node': bmc.addSystem('on-node'),
@@ -180,8 +181,7 @@ describe('the static provider’s power control', () => {
       );
     }
     await runUntil(
-      (signal) =>
-        new Recoverer(provider, { power: provider }).run(bmdb, { parallelism: 2, dbQueryLimiter: fast(), signal }),
+      (signal) => new Recoverer(provider).run(bmdb, { parallelism: 2, dbQueryLimiter: fast(), signal }),
       async () => (await db.admin('SELECT 1 FROM machine_agent_started')).rowCount === 0,
     );
     // A ForceRestart would have been refused (409) on the machine that was off.

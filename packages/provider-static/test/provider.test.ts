@@ -11,13 +11,12 @@ import { parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
 import { MachineNotFoundError, ProviderDiscrepancyError, Provisioner } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
-import { eventually, runUntil } from '../../../test/support/wait.js';
+import { runUntil } from '../../../test/support/wait.js';
 import {
   BmcCredentialsError,
   InventoryError,
   NoBmcError,
   RedfishClient,
-  RedfishCredentialsError,
   STATIC_PROVIDER,
   StaticProvider,
   type StaticProviderOptions,
@@ -146,7 +145,7 @@ describe('provisioning from the inventory', () => {
   });
 });
 
-describe('rebooting through the BMC', () => {
+describe('power-cycling through the BMC', () => {
   test('credentials from the inventory, a password file or the fleet-wide defaults; the override reset type', async () => {
     const passwordFile = path.join(dir, 'bmc-password');
     await writeFile(passwordFile, `${bmc.password}\n`, { mode: 0o600 });
@@ -160,7 +159,7 @@ describe('rebooting through the BMC', () => {
       { id: 'defaults', address: '10.0.1.3', bmc: { url: bmc.addSystem('defaults') } },
     ]);
     const p = provider(file, { defaultCredentials: { username: 'admin', passwordFile } });
-    for (const id of ['inline', 'file', 'defaults']) await p.rebootMachine(id);
+    for (const id of ['inline', 'file', 'defaults']) await p.powerCycle(id);
     expect(bmc.resets.map((r) => [r.system, r.resetType])).toEqual([
       ['inline', 'ForceRestart'],
       ['file', 'ForceRestart'],
@@ -170,10 +169,10 @@ describe('rebooting through the BMC', () => {
       defaultCredentials: { username: 'admin', passwordFile },
       resetType: 'PowerCycle',
     });
-    expect(await cycling.resetMachine('defaults')).toEqual({ command: 'PowerCycle' });
+    expect(await cycling.powerCycle('defaults')).toEqual({ command: 'PowerCycle' });
   });
 
-  test('each way a reboot fails names the machine and the cause', async () => {
+  test('each way a power cycle fails names the machine and the cause', async () => {
     const openFile = path.join(dir, 'open-password');
     await writeFile(openFile, 'secret\n', { mode: 0o644 });
     await chmod(openFile, 0o644);
@@ -194,8 +193,8 @@ describe('rebooting through the BMC', () => {
     ]);
     const p = provider(file);
     const failure = (id: string): Promise<Error> =>
-      p.rebootMachine(id).then(
-        () => new Error(`rebooting ${id} succeeded`),
+      p.powerCycle(id).then(
+        () => new Error(`power-cycling ${id} succeeded`),
         (e: unknown) => e as Error,
       );
     expect(await failure('no-bmc')).toBeInstanceOf(NoBmcError);
@@ -209,7 +208,8 @@ describe('rebooting through the BMC', () => {
       `machine open-file: BMC password file ${openFile} is readable by group or others (mode 0644); chmod 600 it`,
     );
     const refused = await failure('wrong');
-    expect(refused).toBeInstanceOf(RedfishCredentialsError);
+    expect(refused).toBeInstanceOf(BmcCredentialsError);
+    expect(refused).toMatchObject({ protocol: 'redfish' });
     expect(refused.message).toContain('machine wrong: BMC');
     expect(refused.message).toContain('BMC refused the credentials of user "admin" (HTTP 401)');
     expect(refused.message).not.toContain('wrong-pw');
@@ -219,27 +219,7 @@ describe('rebooting through the BMC', () => {
     );
   });
 
-  test('after the reset, the reboot wait holds the recovery until it passes or the stop comes', async () => {
-    const file = await writeInventory('waiting.json', [
-      {
-        id: 'waiting',
-        address: '10.0.4.1',
-        bmc: { url: bmc.addSystem('waiting'), username: 'admin', password: bmc.password },
-      },
-    ]);
-    const p = provider(file, { rebootWait: 3_600_000 });
-    const stop = new AbortController();
-    let settled = false;
-    const reboot = p.rebootMachine('waiting', stop.signal).finally(() => {
-      settled = true;
-    });
-    await eventually(async () => (bmc.resetsOf('waiting').length === 1 ? true : undefined));
-    expect(settled).toBe(false); // reset accepted, still waiting
-    stop.abort(new Error('stopping'));
-    await expect(reboot).rejects.toThrow('stopping');
-  });
-
-  test('resets go by the last good inventory while a bad edit is in place', async () => {
+  test('power cycles go by the last good inventory while a bad edit is in place', async () => {
     const file = await writeInventory('edited.json', [
       {
         id: 'kept',
@@ -251,7 +231,7 @@ describe('rebooting through the BMC', () => {
     await p.listMachines();
     await writeFile(file, '[{"id": "kept", "address": ');
     await expect(p.listMachines()).rejects.toThrow(InventoryError);
-    await p.rebootMachine('kept');
+    await p.powerCycle('kept');
     expect(bmc.resetsOf('kept')).toHaveLength(1);
   });
 });

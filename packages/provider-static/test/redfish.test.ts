@@ -1,15 +1,15 @@
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { captureDebugLog } from '../../../test/support/debug-log.js';
 import {
+  BmcCredentialsError,
+  BmcTimeoutError,
+  BmcUnreachableError,
+  BmcUnsupportedError,
   PowerOutcomeUnknownError,
   RedfishClient,
   type RedfishClientOptions,
-  RedfishCredentialsError,
   RedfishHttpError,
-  RedfishNetworkError,
-  RedfishResetUnsupportedError,
   type RedfishTarget,
-  RedfishTimeoutError,
   Secret,
 } from '../src/index.js';
 import { log } from '../src/internal/log.js';
@@ -72,13 +72,13 @@ describe.each([
     bmc.addSystem('1');
     bmc.addSystem('2');
     const redfish = client();
-    const reset = await redfish.resetSystem(target(bmc, '1'));
+    const reset = await redfish.powerCycleSystem(target(bmc, '1'));
     expect(reset).toEqual({
       resetType: 'ForceRestart',
       target: `${bmc.url}/redfish/v1/Systems/1/Actions/ComputerSystem.Reset`,
       status: 204,
     });
-    await redfish.resetSystem(target(bmc, '2'));
+    await redfish.powerCycleSystem(target(bmc, '2'));
     expect(bmc.resets.map((r) => [r.system, r.resetType])).toEqual([
       ['1', 'ForceRestart'],
       ['2', 'ForceRestart'],
@@ -94,21 +94,22 @@ describe.each([
     bmc.addSystem('graceful', { allowableResetTypes: ['GracefulRestart', 'On'] });
     bmc.addSystem('info', { allowableResetTypes: ['PowerCycle'], actionInfo: true });
     const redfish = client();
-    expect((await redfish.resetSystem(target(bmc, 'cycle'))).resetType).toBe('PowerCycle');
-    expect((await redfish.resetSystem(target(bmc, 'graceful'))).resetType).toBe('GracefulRestart');
+    expect((await redfish.powerCycleSystem(target(bmc, 'cycle'))).resetType).toBe('PowerCycle');
+    expect((await redfish.powerCycleSystem(target(bmc, 'graceful'))).resetType).toBe('GracefulRestart');
     // Listed in the action's ActionInfo instead of on the action.
-    expect((await redfish.resetSystem(target(bmc, 'info'))).resetType).toBe('PowerCycle');
+    expect((await redfish.powerCycleSystem(target(bmc, 'info'))).resetType).toBe('PowerCycle');
     expect(bmc.resetsOf('info')).toHaveLength(1);
   });
 
   test('an override is used when the BMC allows it, refused when it does not', async () => {
     bmc.addSystem('override');
     const redfish = client();
-    expect((await redfish.resetSystem(target(bmc, 'override'), { resetType: 'PowerCycle' })).resetType).toBe(
+    expect((await redfish.powerCycleSystem(target(bmc, 'override'), { resetType: 'PowerCycle' })).resetType).toBe(
       'PowerCycle',
     );
-    const error = await failure(redfish.resetSystem(target(bmc, 'override'), { resetType: 'Nmi' }));
-    expect(error).toBeInstanceOf(RedfishResetUnsupportedError);
+    const error = await failure(redfish.powerCycleSystem(target(bmc, 'override'), { resetType: 'Nmi' }));
+    expect(error).toBeInstanceOf(BmcUnsupportedError);
+    expect(error).toMatchObject({ protocol: 'redfish' });
     expect(error.message).toBe(
       `machine machine-override: BMC ${bmc.systemUrl('override')}: reset type Nmi (--redfish-reset-type) is not allowed by the BMC (allowed: On, ForceOff, GracefulShutdown, GracefulRestart, ForceRestart, PowerCycle)`,
     );
@@ -119,17 +120,19 @@ describe.each([
     bmc.addSystem('odd', { allowableResetTypes: ['On', 'ForceOff', 'Nmi', 'forcerestart', 'Reboot'] });
     bmc.addSystem('unlisted', { allowableResetTypes: null });
     const redfish = client();
-    const odd = await failure(redfish.resetSystem(target(bmc, 'odd')));
-    expect(odd).toBeInstanceOf(RedfishResetUnsupportedError);
+    const odd = await failure(redfish.powerCycleSystem(target(bmc, 'odd')));
+    expect(odd).toBeInstanceOf(BmcUnsupportedError);
+    expect(odd).toMatchObject({ protocol: 'redfish' });
     expect(odd.message).toContain('machine machine-odd: BMC');
     expect(odd.message).toContain(
       'no allowable reset type to power-cycle with (want one of ForceRestart, PowerCycle, GracefulRestart; allowed: On, ForceOff, Nmi, forcerestart, Reboot)',
     );
-    const unlisted = await failure(redfish.resetSystem(target(bmc, 'unlisted')));
-    expect(unlisted).toBeInstanceOf(RedfishResetUnsupportedError);
+    const unlisted = await failure(redfish.powerCycleSystem(target(bmc, 'unlisted')));
+    expect(unlisted).toBeInstanceOf(BmcUnsupportedError);
+    expect(unlisted).toMatchObject({ protocol: 'redfish' });
     expect(unlisted.message).toContain('none listed');
     // With an override, a BMC that lists nothing is taken at its word.
-    expect((await redfish.resetSystem(target(bmc, 'unlisted'), { resetType: 'ForceRestart' })).resetType).toBe(
+    expect((await redfish.powerCycleSystem(target(bmc, 'unlisted'), { resetType: 'ForceRestart' })).resetType).toBe(
       'ForceRestart',
     );
     expect(bmc.resetsOf('odd')).toEqual([]);
@@ -137,8 +140,9 @@ describe.each([
 
   test('a system without a reset action fails, naming the machine', async () => {
     bmc.addSystem('noaction', { resetAction: false });
-    const error = await failure(client().resetSystem(target(bmc, 'noaction')));
-    expect(error).toBeInstanceOf(RedfishResetUnsupportedError);
+    const error = await failure(client().powerCycleSystem(target(bmc, 'noaction')));
+    expect(error).toBeInstanceOf(BmcUnsupportedError);
+    expect(error).toMatchObject({ protocol: 'redfish' });
     expect(error.message).toBe(
       `machine machine-noaction: BMC ${bmc.systemUrl('noaction')}: the ComputerSystem has no #ComputerSystem.Reset action with a target`,
     );
@@ -148,16 +152,19 @@ describe.each([
     bmc.addSystem('auth');
     const before = bmc.requests.length;
     const error = await failure(
-      client({ maxAttempts: 5 }).resetSystem(target(bmc, 'auth', { password: new Secret('wrong-password') })),
+      client({ maxAttempts: 5 }).powerCycleSystem(target(bmc, 'auth', { password: new Secret('wrong-password') })),
     );
-    expect(error).toBeInstanceOf(RedfishCredentialsError);
+    expect(error).toBeInstanceOf(BmcCredentialsError);
+    expect(error).toMatchObject({ protocol: 'redfish' });
     expect(error.message).toBe(
       `machine machine-auth: BMC ${bmc.systemUrl('auth')}: BMC refused the credentials of user "admin" (HTTP 401)`,
     );
     expect(bmc.requests.length - before).toBe(1);
     // Injected, too (a BMC that locked the account).
     bmc.fail('auth', { status: 401 });
-    expect(await failure(client().resetSystem(target(bmc, 'auth')))).toBeInstanceOf(RedfishCredentialsError);
+    const refused = await failure(client().powerCycleSystem(target(bmc, 'auth')));
+    expect(refused).toBeInstanceOf(BmcCredentialsError);
+    expect(refused).toMatchObject({ protocol: 'redfish' });
     expect(bmc.resetsOf('auth')).toEqual([]);
   });
 
@@ -165,7 +172,7 @@ describe.each([
     bmc.addSystem('flaky');
     bmc.fail('flaky', { status: 503, times: 2 });
     bmc.fail('flaky', { status: 500, method: 'POST' });
-    const reset = await client({ maxAttempts: 4 }).resetSystem(target(bmc, 'flaky'));
+    const reset = await client({ maxAttempts: 4 }).powerCycleSystem(target(bmc, 'flaky'));
     expect(reset.resetType).toBe('ForceRestart');
     expect(bmc.requests.filter((r) => r.system === 'flaky').map((r) => `${r.method} ${r.status}`)).toEqual([
       'GET 503',
@@ -180,35 +187,37 @@ describe.each([
   test('5xx past the attempts fails with the BMC’s message; 4xx is not retried', async () => {
     bmc.addSystem('broken');
     bmc.fail('broken', { status: 500, times: 3 });
-    const error = await failure(client({ maxAttempts: 3 }).resetSystem(target(bmc, 'broken')));
+    const error = await failure(client({ maxAttempts: 3 }).powerCycleSystem(target(bmc, 'broken')));
     expect(error).toBeInstanceOf(RedfishHttpError);
     expect(error.message).toBe(
       `machine machine-broken: BMC ${bmc.systemUrl('broken')}: GET answered HTTP 500: injected HTTP 500`,
     );
     bmc.fail('broken', { status: 400 });
     const before = bmc.requests.length;
-    const refused = await failure(client({ maxAttempts: 3 }).resetSystem(target(bmc, 'broken')));
+    const refused = await failure(client({ maxAttempts: 3 }).powerCycleSystem(target(bmc, 'broken')));
     expect(refused).toMatchObject({ status: 400 });
     expect(bmc.requests.length - before).toBe(1);
     // An unknown system: 404, not retried.
-    expect(await failure(client().resetSystem(target(bmc, 'nosuch')))).toMatchObject({ status: 404 });
+    expect(await failure(client().powerCycleSystem(target(bmc, 'nosuch')))).toMatchObject({ status: 404 });
   });
 
   test('a slow BMC times out (retried, then failed); a dropped connection is a network error', async () => {
     bmc.addSystem('slow');
     bmc.fail('slow', { delay: 1_000, times: 2 });
-    const error = await failure(client({ timeout: 100, maxAttempts: 2 }).resetSystem(target(bmc, 'slow')));
-    expect(error).toBeInstanceOf(RedfishTimeoutError);
+    const error = await failure(client({ timeout: 100, maxAttempts: 2 }).powerCycleSystem(target(bmc, 'slow')));
+    expect(error).toBeInstanceOf(BmcTimeoutError);
+    expect(error).toMatchObject({ protocol: 'redfish' });
     expect(error.message).toBe(
       `machine machine-slow: BMC ${bmc.systemUrl('slow')}: GET got no answer within 100 ms (timeout)`,
     );
     bmc.fail('slow', { drop: true, times: 2 });
-    const dropped = await failure(client({ maxAttempts: 2 }).resetSystem(target(bmc, 'slow')));
-    expect(dropped).toBeInstanceOf(RedfishNetworkError);
+    const dropped = await failure(client({ maxAttempts: 2 }).powerCycleSystem(target(bmc, 'slow')));
+    expect(dropped).toBeInstanceOf(BmcUnreachableError);
+    expect(dropped).toMatchObject({ protocol: 'redfish' });
     expect(dropped.message).toContain(`machine machine-slow: BMC ${bmc.systemUrl('slow')}: GET failed: `);
     // Once slow only: the retry gets through.
     bmc.fail('slow', { delay: 1_000 });
-    expect((await client({ timeout: 300, maxAttempts: 2 }).resetSystem(target(bmc, 'slow'))).resetType).toBe(
+    expect((await client({ timeout: 300, maxAttempts: 2 }).powerCycleSystem(target(bmc, 'slow'))).resetType).toBe(
       'ForceRestart',
     );
   });
@@ -218,18 +227,20 @@ describe.each([
     const resetUrl = `${bmc.systemUrl('late')}/Actions/ComputerSystem.Reset`;
     const unknown = `the BMC may have acted on ForceRestart: not sent again (a second one would act twice); read the power state before trying again`;
     bmc.fail('late', { method: 'POST', afterActing: true, delay: 60_000 });
-    const late = await failure(client({ maxAttempts: 3 }).resetSystem(target(bmc, 'late')));
+    const late = await failure(client({ maxAttempts: 3 }).powerCycleSystem(target(bmc, 'late')));
     expect(late).toBeInstanceOf(PowerOutcomeUnknownError);
-    expect(late.cause).toBeInstanceOf(RedfishTimeoutError);
+    expect(late.cause).toBeInstanceOf(BmcTimeoutError);
+    expect(late.cause).toMatchObject({ protocol: 'redfish' });
     expect(late.message).toBe(
       `machine machine-late: BMC ${resetUrl}: POST got no answer within 2000 ms (timeout); ${unknown}`,
     );
     expect(bmc.resetsOf('late')).toHaveLength(1);
     // The connection cut once the reset was done: the same.
     bmc.fail('late', { method: 'POST', afterActing: true, drop: true });
-    const dropped = await failure(client({ maxAttempts: 3 }).resetSystem(target(bmc, 'late')));
+    const dropped = await failure(client({ maxAttempts: 3 }).powerCycleSystem(target(bmc, 'late')));
     expect(dropped).toBeInstanceOf(PowerOutcomeUnknownError);
-    expect(dropped.cause).toBeInstanceOf(RedfishNetworkError);
+    expect(dropped.cause).toBeInstanceOf(BmcUnreachableError);
+    expect(dropped.cause).toMatchObject({ protocol: 'redfish' });
     expect(dropped.message).toMatch(new RegExp(`; ${unknown.replace(/[()]/g, '\\$&')}$`));
     expect(bmc.resetsOf('late')).toHaveLength(2);
     // A power off leaves the system as one did: posted again after a late answer.
@@ -249,14 +260,14 @@ describe.each([
     for (let i = 0; i < 6; i++) bmc.fail(`conc${i}`, { delay: 50 });
     bmc.resetPeak();
     const redfish = client({ concurrency: 2 });
-    await Promise.all(Array.from({ length: 6 }, (_, i) => redfish.resetSystem(target(bmc, `conc${i}`))));
+    await Promise.all(Array.from({ length: 6 }, (_, i) => redfish.powerCycleSystem(target(bmc, `conc${i}`))));
     expect(bmc.resets.filter((r) => r.system.startsWith('conc'))).toHaveLength(6);
     expect(bmc.peakConcurrency).toBe(2);
     // Unbounded, all six are at the BMC at once.
     for (let i = 0; i < 6; i++) bmc.fail(`conc${i}`, { delay: 50 });
     bmc.resetPeak();
     const wide = client({ concurrency: 6 });
-    await Promise.all(Array.from({ length: 6 }, (_, i) => wide.resetSystem(target(bmc, `conc${i}`))));
+    await Promise.all(Array.from({ length: 6 }, (_, i) => wide.powerCycleSystem(target(bmc, `conc${i}`))));
     expect(bmc.peakConcurrency).toBe(6);
   });
 
@@ -264,7 +275,7 @@ describe.each([
     bmc.addSystem('abort');
     bmc.fail('abort', { delay: 5_000 });
     const stop = new AbortController();
-    const reset = client({ timeout: 10_000 }).resetSystem(target(bmc, 'abort'), {}, stop.signal);
+    const reset = client({ timeout: 10_000 }).powerCycleSystem(target(bmc, 'abort'), {}, stop.signal);
     stop.abort(new Error('stopping'));
     await expect(reset).rejects.toThrow('stopping');
   });
@@ -277,12 +288,13 @@ describe('TLS', () => {
     // The system trust store does not know the self-signed certificate.
     const strict = new RedfishClient({ retryDelay: 1, maxAttempts: 1 });
     clients.push(strict);
-    const error = await failure(strict.resetSystem(target(bmc, '1')));
-    expect(error).toBeInstanceOf(RedfishNetworkError);
+    const error = await failure(strict.powerCycleSystem(target(bmc, '1')));
+    expect(error).toBeInstanceOf(BmcUnreachableError);
+    expect(error).toMatchObject({ protocol: 'redfish' });
     expect(error.message).toMatch(/self[- ]signed certificate/i);
     expect(bmc.resets).toEqual([]);
 
-    const reset = await strict.resetSystem(target(bmc, '1', { insecure: true }));
+    const reset = await strict.powerCycleSystem(target(bmc, '1', { insecure: true }));
     expect(reset.resetType).toBe('ForceRestart');
     expect(bmc.resets).toHaveLength(1);
   });
@@ -293,9 +305,9 @@ test('the password never appears in errors', async () => {
   bmc.addSystem('1');
   const password = new Secret('Sup3r-s3cret');
   const errors = [
-    await failure(client().resetSystem(target(bmc, '1', { password }))),
+    await failure(client().powerCycleSystem(target(bmc, '1', { password }))),
     await failure(
-      client({ maxAttempts: 1 }).resetSystem(
+      client({ maxAttempts: 1 }).powerCycleSystem(
         target(bmc, '1', { url: 'http://127.0.0.1:1/redfish/v1/Systems/1', password }),
       ),
     ),
@@ -311,7 +323,7 @@ test('chooseResetType', () => {
   expect(chooseResetType(where, ['GracefulRestart', 'PowerCycle'], undefined)).toBe('PowerCycle');
   expect(chooseResetType(where, ['GracefulRestart'], undefined)).toBe('GracefulRestart');
   expect(chooseResetType(where, ['GracefulRestart'], 'GracefulRestart')).toBe('GracefulRestart');
-  expect(() => chooseResetType(where, [], undefined)).toThrow(RedfishResetUnsupportedError);
+  expect(() => chooseResetType(where, [], undefined)).toThrow(BmcUnsupportedError);
 });
 
 test('insecure and plain-http BMCs are warned about once per machine', async () => {
@@ -323,8 +335,8 @@ test('insecure and plain-http BMCs are warned about once per machine', async () 
     secure.addSystem('1');
     const redfish = client();
     for (let i = 0; i < 3; i++) {
-      await redfish.resetSystem(target(plain, '1', { machine: 'lab-node' }));
-      await redfish.resetSystem(target(secure, '1', { machine: 'odd-cert-node', insecure: true }));
+      await redfish.powerCycleSystem(target(plain, '1', { machine: 'lab-node' }));
+      await redfish.powerCycleSystem(target(secure, '1', { machine: 'odd-cert-node', insecure: true }));
     }
     const warnings = lines.filter((line) => line.includes('warning:'));
     expect(warnings).toHaveLength(2);

@@ -155,7 +155,7 @@ export function serveUnaryCall<Request, Response>(
     early.then(respond, refuse);
     return;
   }
-  // The session is there while its stream is open; a stream whose session went is not served.
+  // The connection is there while its stream is open; a stream whose connection went is not served.
   const body = budget.hold(stream.session ?? stream);
   held = body;
   const cutOff = (overrun: Overrun) =>
@@ -231,7 +231,7 @@ function respondWithError(stream: ServerHttp2Stream, error: unknown): void {
   }
 }
 
-/** A stream that could not be answered (its session went away meanwhile): reset, and said in the log. */
+/** A stream that could not be answered (its connection went away meanwhile): reset, and said in the log. */
 function giveUp(stream: ServerHttp2Stream, error: unknown): void {
   log.server('could not answer a call: %s', (error as Error).message);
   stream.destroy();

@@ -84,7 +84,7 @@ export class RequestBudget {
     return this.#total;
   }
 
-  /** A request's body on `connection` (its HTTP/2 session, or its socket), held until {@link HeldBody.release}. */
+  /** A request's body on `connection` (an HTTP/2 connection, or the socket of an HTTP/1.1 one), held until {@link HeldBody.release}. */
   hold(connection: object): HeldBody {
     return new HeldBody(this, connection);
   }

@@ -13,28 +13,31 @@ import { createContextKey } from '@connectrpc/connect';
 export const peerKey = createContextKey<Uint8Array | undefined>(undefined, { description: 'client ed25519 key' });
 
 /**
- * Keys already read, per connection (its HTTP/2 session, or its socket for
- * HTTP/1.1): every heartbeat of an agent arrives on the same one. `null`:
- * the connection has none.
+ * Keys already read, per connection (an HTTP/2 connection, Node's
+ * `Http2Session`, or the socket for HTTP/1.1): every heartbeat of an agent
+ * arrives on the same one. `null`: the connection has none.
  */
 const keys = new WeakMap<Http2Session | TLSSocket, Uint8Array | null>();
 
 /** The {@link peerKey} of `request`'s connection. */
 export function peerKeyOf(request: IncomingMessage | Http2ServerRequest): Uint8Array | undefined {
-  if ('stream' in request) return sessionPeerKey(request.stream.session);
+  if ('stream' in request) return connectionPeerKey(request.stream.session);
   const socket = request.socket as TLSSocket;
-  return connectionPeerKey(socket, socket);
+  return readPeerKey(socket, socket);
 }
 
-/** The {@link peerKey} of an HTTP/2 session's connection (none once the session is gone). */
-export function sessionPeerKey(session: Http2Session | undefined): Uint8Array | undefined {
-  if (session === undefined) return undefined;
-  const known = keys.get(session);
-  // The session's socket is read only the first time: it is a proxy that binds every method read from it.
-  return known === undefined ? connectionPeerKey(session, session.socket as TLSSocket) : (known ?? undefined);
+/**
+ * The {@link peerKey} of an HTTP/2 connection (a stream's `session`, in
+ * Node's words; none once the connection is gone).
+ */
+export function connectionPeerKey(connection: Http2Session | undefined): Uint8Array | undefined {
+  if (connection === undefined) return undefined;
+  const known = keys.get(connection);
+  // The connection's socket is read only the first time: it is a proxy that binds every method read from it.
+  return known === undefined ? readPeerKey(connection, connection.socket as TLSSocket) : (known ?? undefined);
 }
 
-function connectionPeerKey(connection: Http2Session | TLSSocket, socket: TLSSocket): Uint8Array | undefined {
+function readPeerKey(connection: Http2Session | TLSSocket, socket: TLSSocket): Uint8Array | undefined {
   let key = keys.get(connection);
   if (key === undefined) {
     key = (typeof socket.getPeerX509Certificate === 'function' ? ed25519Key(socket) : undefined) ?? null;

@@ -12,7 +12,7 @@ import {
   HeartbeatResponseSchema,
 } from './gen/cloud/bmaas/server/api/agent_pb.js';
 import type { UnaryRoute } from './grpc-unary.js';
-import { peerKey, sessionPeerKey } from './peer-key.js';
+import { connectionPeerKey, peerKey } from './peer-key.js';
 
 /** A service agents call Heartbeat on, with this package's messages. */
 export type HeartbeatService = GenService<{
@@ -45,11 +45,11 @@ export function grpcRoutes(
     decode: (message) => fromBinary(HeartbeatRequestSchema, message),
     // Whatever the handler answers, installation requests included, is encoded here: nothing is pre-built.
     encode: (response) => toBinary(HeartbeatResponseSchema, response),
-    answer: (request, stream) => handler(request, sessionPeerKey(stream.session)),
+    answer: (request, stream) => handler(request, connectionPeerKey(stream.session)),
     // A connection without a key is refused before its body is read: the handler refuses any call without
     // one (and counts it) whatever it asks, so it is asked with an empty request.
     admit: (stream) =>
-      sessionPeerKey(stream.session) === undefined ? handler(create(HeartbeatRequestSchema), undefined) : undefined,
+      connectionPeerKey(stream.session) === undefined ? handler(create(HeartbeatRequestSchema), undefined) : undefined,
   };
   return new Map(HEARTBEAT_SERVICES.map((service) => [`/${service.typeName}/${service.method.heartbeat.name}`, route]));
 }

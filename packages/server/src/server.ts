@@ -87,18 +87,18 @@ export interface BmaasServerOptions {
  */
 export class BmaasServer {
   readonly #server: Http2SecureServer;
-  /** Open HTTP/2 sessions: agents keep theirs between heartbeats. */
-  readonly #sessions = new Set<ServerHttp2Session>();
+  /** Open HTTP/2 connections (Node's `Http2Session`s): agents keep theirs between heartbeats. */
+  readonly #connections = new Set<ServerHttp2Session>();
   readonly #sockets = new Set<Socket>();
 
   private constructor(server: Http2SecureServer) {
     this.#server = server;
-    server.on('session', (session) => {
-      this.#sessions.add(session);
-      session.once('close', () => this.#sessions.delete(session));
+    server.on('session', (connection) => {
+      this.#connections.add(connection);
+      connection.once('close', () => this.#connections.delete(connection));
     });
-    // A connection still in its TLS handshake, or speaking HTTP/1.1, has no HTTP/2 session, yet
-    // `close` waits for it: past the grace it is destroyed with the sessions.
+    // A connection still in its TLS handshake, or speaking HTTP/1.1, is no HTTP/2 connection yet,
+    // and `close` waits for it: past the grace its socket is destroyed with the HTTP/2 connections.
     server.on('connection', (socket: Socket) => {
       this.#sockets.add(socket);
       socket.once('close', () => this.#sockets.delete(socket));
@@ -131,13 +131,13 @@ export class BmaasServer {
       libraryRequests(library, heartbeat, budget),
     );
     routeStreams(server, grpcRoutes(heartbeat), budget);
-    server.on('session', (session: ServerHttp2Session) => {
+    server.on('session', (connection: ServerHttp2Session) => {
       // Closed as an agent would close it between heartbeats: a GOAWAY, after which it connects again.
-      session.setTimeout(limits.idleTimeout, () => session.close());
+      connection.setTimeout(limits.idleTimeout, () => connection.close());
     });
     // A client that breaks off its handshake or connection is its own business.
     server.on('tlsClientError', (error) => log.server('TLS handshake failed: %s', error.message));
-    server.on('sessionError', (error) => log.server('HTTP/2 session failed: %s', error.message));
+    server.on('sessionError', (error) => log.server('HTTP/2 connection failed: %s', error.message));
     const { host, port } = options.listen;
     await new Promise<void>((resolve, reject) => {
       const fail = (error: NodeJS.ErrnoException) =>
@@ -165,11 +165,11 @@ export class BmaasServer {
   async close(grace = 5_000): Promise<void> {
     const closed = new Promise<void>((resolve) => this.#server.close(() => resolve()));
     const timer = setTimeout(() => {
-      for (const session of this.#sessions) session.destroy();
+      for (const connection of this.#connections) connection.destroy();
       for (const socket of this.#sockets) socket.destroy();
     }, grace);
-    // Idle agents keep their sessions open between heartbeats: ask them to go.
-    for (const session of this.#sessions) session.close();
+    // Idle agents keep their connections open between heartbeats: ask them to go.
+    for (const connection of this.#connections) connection.close();
     await closed;
     clearTimeout(timer);
     log.server('stopped');

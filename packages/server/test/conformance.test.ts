@@ -191,7 +191,7 @@ describe('status codes, messages and trailers (@grpc/grpc-js)', () => {
   });
 });
 
-test('close ends, past its grace, connections that never became an HTTP/2 session (a handshake never begun)', async () => {
+test('close ends, past its grace, connections that never became HTTP/2 connections (a handshake never begun)', async () => {
   const own = await BmaasServer.start({
     bmdb: t.bmdb,
     listen: { host: '127.0.0.1', port: 0 },

@@ -1,6 +1,6 @@
 /**
  * The shepherd: brings machines in from a provider, starts the agent on each
- * over SSH, and reboots the ones whose agent went silent, all through the BMDB.
+ * over SSH, and power-cycles the ones whose agent went silent, all through the BMDB.
  *
  * @packageDocumentation
  */
@@ -26,7 +26,7 @@ export {
   type InitializerOptions,
   NoAddressError,
 } from './initializer.js';
-export { type PowerCommand, type PowerControl, PowerOutcomeUnknownError } from './power.js';
+export { type AcceptedPowerCommand, type PowerControl, PowerOutcomeUnknownError } from './power.js';
 export {
   type PowerActionKind,
   PowerActionNotRecordedError,
@@ -51,7 +51,7 @@ export {
   type ProvisionerOptions,
   type ReconcileReport,
 } from './provisioner.js';
-export { type RebootingProvider, Recoverer, type RecovererOptions } from './recoverer.js';
+export { Recoverer, type RecovererOptions } from './recoverer.js';
 export { Secret } from './secret.js';
 export { Semaphore } from './semaphore.js';
 export {

@@ -13,7 +13,7 @@ import {
   WorkConflictError,
 } from '@bmaas/bmdb-controlloop';
 import { log } from './internal.js';
-import { type PowerCommand, type PowerControl, PowerOutcomeUnknownError } from './power.js';
+import { type AcceptedPowerCommand, type PowerControl, PowerOutcomeUnknownError } from './power.js';
 import { ShepherdError } from './provider.js';
 
 /** What an operator asks of a machine's power. */
@@ -89,7 +89,7 @@ export class PowerActionNotRecordedError extends ShepherdError {
 }
 
 /** What the provider answered an action: the command it took, why it failed, or why its outcome is unknown. */
-type Answer = PowerCommand | { readonly failure: string } | { readonly unknown: string };
+type Answer = AcceptedPowerCommand | { readonly failure: string } | { readonly unknown: string };
 
 /** Claims raced away (the machine's last work ending as we looked) before refusing for good. */
 const CLAIM_ATTEMPTS = 3;

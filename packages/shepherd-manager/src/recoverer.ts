@@ -12,20 +12,11 @@ import {
   runControlLoop,
   runRounds,
   type Selection,
+  sleep,
   type Task,
 } from '@bmaas/bmdb-controlloop';
 import { detail, log } from './internal.js';
 import type { PowerControl } from './power.js';
-import type { Provider } from './provider.js';
-
-/**
- * A provider that can also power-cycle its machines, as the {@link Recoverer}
- * loop needs: the port is the recoverer's, so it is declared here.
- */
-export interface RebootingProvider extends Provider {
-  /** Reboots the machine `id`; resolves once the provider accepted the request. */
-  rebootMachine(id: string, signal?: AbortSignal): Promise<void>;
-}
 
 /** Options of the {@link Recoverer}: when an agent counts as silent, and how often heartbeats are audited. */
 export interface RecovererOptions extends RecoveryThresholds {
@@ -35,12 +26,12 @@ export interface RecovererOptions extends RecoveryThresholds {
    */
   readonly auditInterval?: number;
   /**
-   * The provider's power control: each machine's power state is then read
-   * before it is recovered, and a machine found `Off` is powered on instead
-   * of reset (many BMCs refuse a restart of a system that is off). Without
-   * it every machine is rebooted.
+   * How long to wait after the provider accepted a power cycle before the
+   * machine counts as recovered (its agent tags deleted), in milliseconds:
+   * so the initializer does not start the agent on the OS going down
+   * (`--equinix-reboot-wait`, `--static-reboot-wait`). Default 0.
    */
-  readonly power?: PowerControl | undefined;
+  readonly powerCycleWait?: number | undefined;
 }
 
 /** A heartbeat this far ahead of the BMDB's clock is bad data, not clock jitter. */
@@ -48,10 +39,11 @@ const FUTURE_TOLERANCE_SECONDS = 60;
 const DEFAULT_AUDIT_INTERVAL = 60_000;
 
 /**
- * Reboots machines whose agent went silent (process `ShepherdRecovery`): no
- * first heartbeat 30 min after the start, or none for 10 min (both
- * configurable); with the provider's power control, a machine found `Off`
- * (read from the provider at that moment) is powered on instead. Then it
+ * Power-cycles machines whose agent went silent (process `ShepherdRecovery`),
+ * through the provider's {@link PowerControl}: no first heartbeat 30 min
+ * after the start, or none for 10 min (both configurable). The machine's
+ * power state is read from the provider first, and a machine found `Off` is
+ * powered on instead (many BMCs refuse a restart of a system that is off). Then it
  * deletes AgentStarted and AgentHeartbeat, so the initializer starts the
  * agent again. Failures back off 1 min → 1 h × 1.2. Held machines are left
  * alone: the selection leaves them out; so are installed ones (their agent
@@ -61,7 +53,7 @@ const DEFAULT_AUDIT_INTERVAL = 60_000;
  * A heartbeat stamped in the future (a writer's clock ahead, or bad data)
  * makes its agent look alive until then, however silent it is: `run` logs
  * each such machine once, so an operator can fix what writes the heartbeats.
- * It does not reboot them: the agent may well be alive.
+ * It does not power-cycle them: the agent may well be alive.
  */
 export class Recoverer implements ControlLoop<ProvidedMachine> {
   readonly process = Process.ShepherdRecovery;
@@ -69,20 +61,23 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
   readonly defaultBackoff: Backoff = { initial: 60_000, maximum: 3_600_000, exponent: 1.2 };
   readonly #thresholds: RecoveryThresholds;
   readonly #auditInterval: number;
-  readonly #power: PowerControl | undefined;
+  readonly #powerCycleWait: number;
   /** `machine/heartbeat time` pairs already logged, so each is named once. */
   #reported = new Set<string>();
 
+  /** `power` is the provider's power control; its `type` names the provider whose machines are recovered. */
   constructor(
-    private readonly provider: RebootingProvider,
+    private readonly power: PowerControl,
     options: RecovererOptions = {},
   ) {
-    const { auditInterval, power, ...thresholds } = options;
+    const { auditInterval, powerCycleWait, ...thresholds } = options;
     this.#thresholds = thresholds;
-    this.#power = power;
     this.#auditInterval = auditInterval ?? DEFAULT_AUDIT_INTERVAL;
     if (!(this.#auditInterval > 0))
       throw new RangeError(`recoverer audit interval must be > 0, got ${auditInterval}ms`);
+    this.#powerCycleWait = powerCycleWait ?? 0;
+    if (!(this.#powerCycleWait >= 0))
+      throw new RangeError(`recoverer power cycle wait must be >= 0 ms, got ${powerCycleWait}ms`);
   }
 
   /** Runs the recoverer until `options.signal` aborts (see `runControlLoop`), auditing heartbeats meanwhile. */
@@ -95,7 +90,7 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
 
   /** Claimed from in one statement; parallel workers skip each other's machines. */
   selectMachines(q: Queries): Selection<ProvidedMachine> {
-    return q.agentRecoverySelection({ provider: this.provider.type, ...this.#thresholds });
+    return q.agentRecoverySelection({ provider: this.power.type, ...this.#thresholds });
   }
 
   /**
@@ -106,7 +101,7 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
    */
   async auditHeartbeats(bmdb: BMDB): Promise<number> {
     const { now, heartbeats } = await new Queries(bmdb.db).agentHeartbeatsAhead({
-      provider: this.provider.type,
+      provider: this.power.type,
       toleranceSeconds: FUTURE_TOLERANCE_SECONDS,
     });
     const seen = new Set<string>();
@@ -142,7 +137,7 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
     const { machineId, providerId } = task.machine;
     if ((await this.#powerState(task)) === PowerState.Off) {
       detail.recoverer('powering on machine %s (provider ID %s): agent silent, machine off', machineId, providerId);
-      const { command } = await (this.#power as PowerControl).powerOn(providerId, task.signal);
+      const { command } = await this.power.powerOn(providerId, task.signal);
       await task.work.finish({ delete: ['agentStarted', 'agentHeartbeat'] });
       log.recoverer(
         'powered on machine %s (provider ID %s), found off with its agent silent (%s); agent to be started again',
@@ -152,31 +147,41 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
       );
       return;
     }
-    detail.recoverer('rebooting machine %s (provider ID %s): agent silent', machineId, providerId);
-    await this.provider.rebootMachine(providerId, task.signal);
-    // Rebooted; the library records it through a brief database outage, in
-    // one statement shared with other workers' finishes.
+    detail.recoverer('power-cycling machine %s (provider ID %s): agent silent', machineId, providerId);
+    const { command } = await this.power.powerCycle(providerId, task.signal);
+    if (this.#powerCycleWait > 0) {
+      detail.recoverer(
+        'machine %s (provider ID %s): %s accepted; waiting %dms for the OS to go down',
+        machineId,
+        providerId,
+        command,
+        this.#powerCycleWait,
+      );
+      await sleep(this.#powerCycleWait, task.signal);
+    }
+    // Power-cycled; the library records it through a brief database outage,
+    // in one statement shared with other workers' finishes.
     await task.work.finish({ delete: ['agentStarted', 'agentHeartbeat'] });
     log.recoverer(
-      'rebooted machine %s (provider ID %s), its agent silent; agent to be started again',
+      'power-cycled machine %s (provider ID %s), its agent silent (%s); agent to be started again',
       machineId,
       providerId,
+      command,
     );
   }
 
   /**
    * The machine's power state, read from the provider now (the recorded one
-   * may be a minute old); `undefined` without power control or when the
-   * read fails: the reboot is tried then, and fails on its own if it must.
+   * may be a minute old); `undefined` when the read fails: the power cycle
+   * is tried then, and fails on its own if it must.
    */
   async #powerState(task: Task<ProvidedMachine>): Promise<PowerState | undefined> {
-    if (this.#power === undefined) return undefined;
     try {
-      return await this.#power.readPowerState(task.machine.providerId, task.signal);
+      return await this.power.readPowerState(task.machine.providerId, task.signal);
     } catch (error) {
       if (task.signal.aborted) throw error;
       detail.recoverer(
-        'machine %s (provider ID %s): power state unreadable (%s); rebooting',
+        'machine %s (provider ID %s): power state unreadable (%s); power-cycling',
         task.machine.machineId,
         task.machine.providerId,
         describeError(error),

@@ -285,7 +285,7 @@ describe('Recoverer', () => {
     const silentProviderId = (await new Queries(bmdb.db).providedMachine(silent))?.providerId;
 
     await runLoopUntil(new Recoverer(provider), async () => (await agentKeys(provider)).size === 1);
-    expect(provider.reboots).toEqual([silentProviderId]);
+    expect(provider.powerCycles).toEqual([silentProviderId]);
     const heartbeats = await db.admin('SELECT machine_id FROM machine_agent_heartbeat WHERE machine_id = $1', [silent]);
     expect(heartbeats.rowCount).toBe(0);
     const history = await new Queries(bmdb.db).workHistory(silent);
@@ -299,7 +299,7 @@ describe('Recoverer', () => {
     const executionsBefore = ssh.executions.length;
     await runLoopUntil(initializer(provider, { sshClient: ssh }), async () => (await agentKeys(provider)).size === 2);
     expect(ssh.executions.length).toBe(executionsBefore + 1);
-    expect(provider.reboots).toHaveLength(1); // exactly one reboot
+    expect(provider.powerCycles).toHaveLength(1); // exactly one power cycle
     await forget(provider);
   });
 
@@ -321,7 +321,7 @@ describe('Recoverer', () => {
       expect(warnings[0]).toMatch(
         new RegExp(`machine ${ahead} \\(provider ID machine-0\\): agent heartbeat at \\S+ is 400 days in the future`),
       );
-      expect(provider.reboots).toEqual([]); // the agent may be alive: not rebooted
+      expect(provider.powerCycles).toEqual([]); // the agent may be alive: not power-cycled
       expect(() => new Recoverer(provider, { auditInterval: 0 })).toThrow(/audit interval must be > 0/);
       await forget(provider);
     } finally {

@@ -1,7 +1,7 @@
 import { Process, parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
 import { describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
-import { runUntil } from '../../../test/support/wait.js';
+import { eventually, runUntil } from '../../../test/support/wait.js';
 import { PowerActions, PowerSync, Provisioner, Recoverer } from '../src/index.js';
 import { TestPower, TestProvider } from './test-provider.js';
 
@@ -55,7 +55,7 @@ describe('the recoverer and holds', () => {
     });
     // The other silent machine is recovered; the held one is not, however long the loop runs.
     await runRecoverer(new Recoverer(provider), async () => !(await started(other)));
-    expect(provider.reboots).toEqual([await providerId(other)]);
+    expect(provider.powerCycles).toEqual([await providerId(other)]);
     expect(await started(held)).toBe(true);
     expect((await q().workHistory(held)).map((h) => h.process)).toEqual([]);
 
@@ -64,33 +64,62 @@ describe('the recoverer and holds', () => {
       await s.close();
     });
     await runRecoverer(new Recoverer(provider), async () => !(await started(held)));
-    expect(provider.reboots).toEqual([await providerId(other), await providerId(held)]);
+    expect(provider.powerCycles).toEqual([await providerId(other), await providerId(held)]);
     expect((await q().operatorHistory(held)).map((h) => h.action)).toEqual(['Hold', 'Unhold']);
   });
 });
 
 describe('the recoverer and power', () => {
-  test('powers on a silent machine found off instead of resetting it, and reboots one found on', async () => {
-    const { provider, power, machines } = await fleet(2);
+  test('powers on a silent machine found off instead of power-cycling it, and power-cycles one found on', async () => {
+    const { power, machines } = await fleet(2);
     const [off, on] = machines as [string, string];
     power.states.set(await providerId(off), 'Off');
     await silence([off, on]);
-    await runRecoverer(new Recoverer(provider, { power }), async () => !(await started(off)) && !(await started(on)));
-    expect(power.actions).toEqual([`on ${await providerId(off)}`]);
-    expect(provider.reboots).toEqual([await providerId(on)]);
+    await runRecoverer(new Recoverer(power), async () => !(await started(off)) && !(await started(on)));
+    expect(power.actions.filter((action) => action.startsWith('on '))).toEqual([`on ${await providerId(off)}`]);
+    expect(power.actions.filter((action) => action.startsWith('cycle '))).toEqual([`cycle ${await providerId(on)}`]);
     expect((await q().workHistory(off)).map((h) => `${h.process}:${h.event}`)).toEqual([
       'ShepherdRecovery:Started',
       'ShepherdRecovery:Finished',
     ]);
   });
 
-  test('a machine whose power state cannot be read is rebooted all the same', async () => {
-    const { provider, power, machines } = await fleet(1);
+  test('a machine whose power state cannot be read is power-cycled all the same', async () => {
+    const { power, machines } = await fleet(1);
     const [machineId] = machines as [string];
-    power.failing.set(await providerId(machineId), 'BMC unreachable');
+    power.unreadable.set(await providerId(machineId), 'BMC unreachable');
     await silence([machineId]);
-    await runRecoverer(new Recoverer(provider, { power }), async () => !(await started(machineId)));
-    expect(provider.reboots).toEqual([await providerId(machineId)]);
+    await runRecoverer(new Recoverer(power), async () => !(await started(machineId)));
+    expect(power.actions).toEqual([`cycle ${await providerId(machineId)}`]);
+  });
+
+  test('after the power cycle, the wait holds the recovery until it passes or the stop comes', async () => {
+    const { power, machines } = await fleet(2);
+    const [waiting, quick] = machines as [string, string];
+    await silence([waiting]);
+    const stop = new AbortController();
+    const recovering = new Recoverer(power, { powerCycleWait: 3_600_000 }).run(bmdb, {
+      parallelism: 1,
+      dbQueryLimiter: fast(),
+      stopGracePeriod: 1,
+      signal: stop.signal,
+    });
+    await eventually(async () => (power.actions.length === 1 ? true : undefined));
+    expect(power.actions).toEqual([`cycle ${await providerId(waiting)}`]);
+    expect(await started(waiting)).toBe(true); // the cycle accepted, still waiting
+    stop.abort(new Error('stopping')); // its task's signal aborts once the (1 ms) grace period ends
+    await recovering;
+    expect(await started(waiting)).toBe(true); // stopped while waiting: not counted as recovered
+    expect((await q().workHistory(waiting)).map((h) => `${h.process}:${h.event}`)).toEqual([
+      'ShepherdRecovery:Started',
+      'ShepherdRecovery:Canceled',
+    ]);
+
+    // A wait that passes: recovered.
+    await silence([quick]);
+    await runRecoverer(new Recoverer(power, { powerCycleWait: 1 }), async () => !(await started(quick)));
+    expect(power.actions).toContain(`cycle ${await providerId(quick)}`);
+    expect(() => new Recoverer(power, { powerCycleWait: -1 })).toThrow(/power cycle wait must be >= 0 ms/);
   });
 });
 

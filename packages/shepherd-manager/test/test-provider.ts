@@ -2,13 +2,13 @@ import { randomUUID } from 'node:crypto';
 import type { PowerState, Session } from '@bmaas/bmdb-controlloop';
 import { expect } from 'vitest';
 import {
+  type AcceptedPowerCommand,
   Availability,
   type CreateMachineRequest,
   type Machine,
   MachineNotFoundError,
-  type PowerCommand,
   type PowerControl,
-  type RebootingProvider,
+  type Provider,
 } from '../src/index.js';
 
 interface TestMachine extends Machine {
@@ -21,11 +21,14 @@ interface TestMachine extends Machine {
  * A provider like the original's provider_test.go dummy: `capacity` machines,
  * those created listed as used and the rest as fresh unused capacity on every
  * listing. Tests reach into `machines` to stage discrepancies and failures.
+ * Its power control knows its machines, every one `On`, and counts power
+ * cycles; {@link TestPower} is the one with states and failures to stage.
  */
-export class TestProvider implements RebootingProvider {
+export class TestProvider implements Provider, PowerControl {
   readonly type = 'TestProvider';
   readonly machines = new Map<string, TestMachine>();
-  readonly reboots: string[] = [];
+  /** Provider IDs power-cycled, oldest first. */
+  readonly powerCycles: string[] = [];
   readonly createAttempts: string[] = [];
   /** How often the machines were listed: a provisioner's passes. */
   listings = 0;
@@ -70,9 +73,29 @@ export class TestProvider implements RebootingProvider {
     return machine;
   }
 
-  async rebootMachine(id: string): Promise<void> {
+  async readPowerState(id: string): Promise<PowerState> {
+    this.#known(id);
+    return 'On';
+  }
+
+  async powerOn(id: string): Promise<AcceptedPowerCommand> {
+    this.#known(id);
+    return { command: 'test on' };
+  }
+
+  async powerOff(id: string): Promise<AcceptedPowerCommand> {
+    this.#known(id);
+    return { command: 'test off' };
+  }
+
+  async powerCycle(id: string): Promise<AcceptedPowerCommand> {
+    this.#known(id);
+    this.powerCycles.push(id);
+    return { command: 'test cycle' };
+  }
+
+  #known(id: string): void {
     if (!this.machines.has(id)) throw new MachineNotFoundError(this.type, id);
-    this.reboots.push(id);
   }
 }
 
@@ -87,6 +110,8 @@ export class TestPower implements PowerControl {
   readonly actions: string[] = [];
   /** Provider IDs whose every call fails with this message. */
   readonly failing = new Map<string, string>();
+  /** Provider IDs whose power state reads (only) fail with this message. */
+  readonly unreadable = new Map<string, string>();
   /** Reads in flight now, and the most at once. */
   inFlight = 0;
   peakInFlight = 0;
@@ -103,27 +128,29 @@ export class TestPower implements PowerControl {
     try {
       await this.gate;
       this.#check(id);
+      const failure = this.unreadable.get(id);
+      if (failure !== undefined) throw new Error(failure);
       return this.states.get(id) ?? 'On';
     } finally {
       this.inFlight--;
     }
   }
 
-  async powerOn(id: string): Promise<PowerCommand> {
+  async powerOn(id: string): Promise<AcceptedPowerCommand> {
     return this.#act('on', id, 'On');
   }
 
-  async powerOff(id: string, options: { graceful: boolean }): Promise<PowerCommand> {
+  async powerOff(id: string, options: { graceful: boolean }): Promise<AcceptedPowerCommand> {
     return this.#act(options.graceful ? 'shutdown' : 'off', id, 'Off');
   }
 
-  async powerCycle(id: string): Promise<PowerCommand> {
+  async powerCycle(id: string): Promise<AcceptedPowerCommand> {
     if ((this.states.get(id) ?? 'On') === 'Off')
       throw new Error(`test BMC of ${id}: cannot cycle a machine that is off`);
     return this.#act('cycle', id, 'On');
   }
 
-  #act(action: string, id: string, after: PowerState): PowerCommand {
+  #act(action: string, id: string, after: PowerState): AcceptedPowerCommand {
     this.#check(id);
     this.actions.push(`${action} ${id}`);
     this.states.set(id, after);

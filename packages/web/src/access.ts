@@ -1,8 +1,12 @@
 import { createHash, createHmac, timingSafeEqual } from 'node:crypto';
 import { isIP } from 'node:net';
 
-/** The cookie a login form sets: a keyed digest of the token, never the token itself. */
-export const SESSION_COOKIE = 'shepherd_web_session';
+/**
+ * The login cookie the login form sets: a keyed digest of the token, never
+ * the token itself. Its name (and the digest's label) keep the word
+ * `session` they were released with: a new name would log every browser out.
+ */
+export const LOGIN_COOKIE = 'shepherd_web_session';
 
 /** Shortest token accepted: a guessable token on a reachable port is no lock. */
 export const MIN_TOKEN_LENGTH = 16;
@@ -87,7 +91,7 @@ export function checkTlsRule(host: string, transport: { tls: boolean; insecureHt
   }
 }
 
-/** Checks bearer tokens and session cookies against one token, in constant time. */
+/** Checks bearer tokens and login cookies against one token, in constant time. */
 export class TokenCheck {
   readonly #tokenDigest: Buffer;
   readonly #cookieValue: string;
@@ -103,11 +107,11 @@ export class TokenCheck {
     return timingSafeEqual(sha256(given), this.#tokenDigest);
   }
 
-  /** Whether the request carries the token as `Authorization: Bearer …` or the session cookie. */
+  /** Whether the request carries the token as `Authorization: Bearer …` or the login cookie. */
   admits(headers: { authorization?: string | undefined; cookie?: string | undefined }): boolean {
     const bearer = /^Bearer\s+(.+)$/i.exec(headers.authorization ?? '')?.[1]?.trim();
     if (bearer !== undefined && this.matches(bearer)) return true;
-    const cookie = parseCookies(headers.cookie)[SESSION_COOKIE];
+    const cookie = parseCookies(headers.cookie)[LOGIN_COOKIE];
     return cookie !== undefined && timingSafeEqual(sha256(cookie), sha256(this.#cookieValue));
   }
 
@@ -115,14 +119,14 @@ export class TokenCheck {
    * The `Set-Cookie` value that logs a browser in: HttpOnly, SameSite=Strict,
    * the whole site; `Secure` (sent over HTTPS only) when the page is reached over HTTPS.
    */
-  sessionCookie(secure: boolean): string {
-    return `${SESSION_COOKIE}=${this.#cookieValue}; HttpOnly; SameSite=Strict; Path=/${secure ? '; Secure' : ''}`;
+  loginCookie(secure: boolean): string {
+    return `${LOGIN_COOKIE}=${this.#cookieValue}; HttpOnly; SameSite=Strict; Path=/${secure ? '; Secure' : ''}`;
   }
 }
 
 /** The `Set-Cookie` value that logs a browser out. */
-export function expiredSessionCookie(secure: boolean): string {
-  return `${SESSION_COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0${secure ? '; Secure' : ''}`;
+export function expiredLoginCookie(secure: boolean): string {
+  return `${LOGIN_COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0${secure ? '; Secure' : ''}`;
 }
 
 /** `name=value` pairs of a Cookie header; malformed pairs are skipped. */

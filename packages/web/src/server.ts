@@ -11,7 +11,7 @@ import {
   PowerState,
   type RecoveryThresholds,
 } from '@bmaas/bmdb-controlloop';
-import { checkTlsRule, checkTokenRule, expiredSessionCookie, parseCookies, TokenCheck } from './access.js';
+import { checkTlsRule, checkTokenRule, expiredLoginCookie, parseCookies, TokenCheck } from './access.js';
 import { type BMDBReader, findMachine, readMachine, readMachineList, readOverview } from './data.js';
 import { type Html, href } from './html.js';
 import { type Frame, layout, notice } from './pages/layout.js';
@@ -143,7 +143,7 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
       }
     }
     if (path === '/logout' && tokens && isRead(method)) {
-      response.writeHead(303, { location: '/login', 'set-cookie': expiredSessionCookie(secure) }).end();
+      response.writeHead(303, { location: '/login', 'set-cookie': expiredLoginCookie(secure) }).end();
       return;
     }
     if (tokens && !tokens.admits(request.headers)) {
@@ -246,7 +246,7 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
   }
 }
 
-/** `POST /login`: the token from the form, once; a session cookie from then on. */
+/** `POST /login`: the token from the form, once; a login cookie from then on. */
 async function login(
   request: IncomingMessage,
   response: ServerResponse,
@@ -256,7 +256,7 @@ async function login(
   const form = new URLSearchParams(await readBody(request, 8192));
   const next = localPath(form.get('next'));
   if (tokens.matches(form.get('token') ?? '')) {
-    response.writeHead(303, { location: next, 'set-cookie': tokens.sessionCookie(secure) }).end();
+    response.writeHead(303, { location: next, 'set-cookie': tokens.loginCookie(secure) }).end();
     return;
   }
   sendPage(

@@ -432,12 +432,12 @@ describe('the token rule', () => {
     const cookie = accepted.headers.get('set-cookie') ?? '';
     expect(cookie).toMatch(/^shepherd_web_session=[A-Za-z0-9_-]+; HttpOnly; SameSite=Strict; Path=\//);
     expect(cookie).not.toContain(TOKEN);
-    const session = cookie.split(';')[0] as string;
-    const machines = await get('/machines', { headers: { cookie: session } }, guarded);
+    const loginCookie = cookie.split(';')[0] as string;
+    const machines = await get('/machines', { headers: { cookie: loginCookie } }, guarded);
     expect(machines.status).toBe(200);
     expect(await machines.text()).toContain('log out');
     expect((await get('/', { headers: { cookie: 'shepherd_web_session=forged' } }, guarded)).status).toBe(303);
-    const logout = await get('/logout', { headers: { cookie: session } }, guarded);
+    const logout = await get('/logout', { headers: { cookie: loginCookie } }, guarded);
     expect(logout.headers.get('set-cookie')).toContain('Max-Age=0');
   });
 });
@@ -514,12 +514,12 @@ describe('TLS', () => {
     expect(login.headers['set-cookie']?.[0]).toMatch(
       /^shepherd_web_session=[A-Za-z0-9_-]+; HttpOnly; SameSite=Strict; Path=\/; Secure$/,
     );
-    const session = login.headers['set-cookie']?.[0]?.split(';')[0] as string;
+    const loginCookie = login.headers['set-cookie']?.[0]?.split(';')[0] as string;
     const refresh = await overTls(new URL('/refresh?set=off&back=/', secured.url).href, {
-      headers: { cookie: session },
+      headers: { cookie: loginCookie },
     });
     expect(refresh.headers['set-cookie']?.[0]).toMatch(/; Secure$/);
-    const logout = await overTls(new URL('/logout', secured.url).href, { headers: { cookie: session } });
+    const logout = await overTls(new URL('/logout', secured.url).href, { headers: { cookie: loginCookie } });
     expect(logout.headers['set-cookie']?.[0]).toMatch(/Max-Age=0; Secure$/);
 
     const plain = await get(

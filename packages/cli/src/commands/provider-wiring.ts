@@ -3,7 +3,7 @@ import type { BMDB } from '@bmaas/bmdb-controlloop';
 import { DummyProvider, HeartbeatSimulator } from '@bmaas/provider-dummy';
 import { EquinixClient, EquinixPower, EquinixProvider, EquinixStatusUpdater } from '@bmaas/provider-equinix';
 import { IpmiClient, RedfishClient, StaticProvider } from '@bmaas/provider-static';
-import { type PowerControl, type RebootingProvider, Ssh2Client, type SshClient, SshKey } from '@bmaas/shepherd-manager';
+import { type PowerControl, type Provider, Ssh2Client, type SshClient, SshKey } from '@bmaas/shepherd-manager';
 import type { Registry } from 'prom-client';
 import { ensureDirectory } from '../directory.js';
 import { log } from '../logging.js';
@@ -20,10 +20,16 @@ import type {
 /** A piece of the shepherd running until the stop signal. */
 export type Part = (signal: AbortSignal) => Promise<void>;
 
-/** One provider wired for the loops: the provider, its power control, how to reach its machines, and its own loop. */
+/**
+ * One provider wired for the loops: the provider, its power control (the
+ * recoverer's, with the wait after a power cycle its flags set), how to
+ * reach its machines, and its own loop.
+ */
 export interface ProviderWiring {
-  readonly provider: RebootingProvider;
+  readonly provider: Provider;
   readonly power: PowerControl;
+  /** Milliseconds the recoverer waits after a power cycle (`--equinix-reboot-wait`, `--static-reboot-wait`). */
+  readonly powerCycleWait: number;
   readonly sshClient: SshClient;
   readonly providerLoop: Part;
 }
@@ -64,6 +70,7 @@ function wireDummy(bmdb: BMDB, own: DummySettings): ProviderWiring {
   return {
     provider: dummy,
     power: dummy,
+    powerCycleWait: 0,
     sshClient: dummy.sshClient,
     providerLoop: (signal) => heartbeats.run(bmdb, { signal }),
   };
@@ -90,6 +97,7 @@ async function wireStatic(bmdb: BMDB, own: StaticSettings, sshUser: string): Pro
   return {
     provider,
     power: provider,
+    powerCycleWait: own.powerCycleWait,
     sshClient: new Ssh2Client({ privateKey: key.privateKey, username: sshUser }),
     providerLoop: (signal) => provider.run(bmdb, { signal }).finally(() => redfish.close()),
   };
@@ -108,7 +116,6 @@ function staticProvider(own: StaticSettings): { provider: StaticProvider; redfis
     defaultCredentials: { username: own.redfishUsername, passwordFile: own.redfishPasswordFile },
     defaultIpmiCredentials: { username: own.ipmiUsername, passwordFile: own.ipmiPasswordFile },
     resetType: own.redfishResetType,
-    rebootWait: own.rebootWait,
   });
   return { provider, redfish };
 }
@@ -133,7 +140,6 @@ async function wireEquinix(
     sshKeyLabel: equinix.sshKeyLabel,
     sshPublicKey: key.authorizedKey,
     useProjectKeys: equinix.useProjectKeys,
-    rebootWait: equinix.rebootWait,
     reservationCacheTimeout: equinix.reservationCacheTimeout,
   });
   // Fails early on bad credentials or a wrong project.
@@ -142,6 +148,7 @@ async function wireEquinix(
   return {
     provider: equinixProvider,
     power: new EquinixPower(client),
+    powerCycleWait: equinix.powerCycleWait,
     sshClient: new Ssh2Client({ privateKey: key.privateKey, username: sshUser }),
     providerLoop: (signal) => updater.run(bmdb, { signal }),
   };

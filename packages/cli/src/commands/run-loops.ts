@@ -18,7 +18,12 @@ export async function shepherdParts(
   argv: Argv,
 ): Promise<Part[]> {
   const { agent } = settings;
-  const { provider, power, sshClient, providerLoop } = await wireProvider(bmdb, settings, registry, argv);
+  const { provider, power, powerCycleWait, sshClient, providerLoop } = await wireProvider(
+    bmdb,
+    settings,
+    registry,
+    argv,
+  );
 
   await logProviders(bmdb, provider.type);
   const provisioner = new Provisioner(provider, settings.provisioner);
@@ -32,11 +37,11 @@ export async function shepherdParts(
     sshConnectTimeout: agent.connectTimeout,
     sshExecTimeout: agent.execTimeout,
   });
-  const recoverer = new Recoverer(provider, {
+  const recoverer = new Recoverer(power, {
     firstHeartbeatWithin: settings.recoverer.firstHeartbeatWithin,
     heartbeatWithin: settings.recoverer.heartbeatWithin,
     installingHeartbeatWithin: settings.recoverer.installingHeartbeatWithin,
-    power,
+    powerCycleWait,
   });
   const powerSync = settings.powerSync && new PowerSync(power, settings.powerSync);
   return [

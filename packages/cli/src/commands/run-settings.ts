@@ -96,7 +96,8 @@ export interface EquinixSettings extends EquinixApiSettings {
   readonly devicePrefix: string;
   readonly os: string;
   readonly useProjectKeys: boolean;
-  readonly rebootWait: number;
+  /** `--…-reboot-wait`: the recoverer's wait after a power cycle. */
+  readonly powerCycleWait: number;
   readonly reservationCacheTimeout: number;
   readonly sshKeyPath: string;
 }
@@ -116,7 +117,8 @@ export interface StaticSettings {
   readonly redfishConcurrency: number;
   readonly ipmiTimeout: number;
   readonly ipmiConcurrency: number;
-  readonly rebootWait: number;
+  /** `--…-reboot-wait`: the recoverer's wait after a power cycle. */
+  readonly powerCycleWait: number;
   readonly sshKeyPath: string;
 }
 
@@ -229,7 +231,7 @@ function equinixSettings(argv: Argv, context: string): EquinixSettings {
     devicePrefix: noPlaceholder('equinix-device-prefix', required(argv, 'equinix-device-prefix', context)),
     os: required(argv, 'equinix-os', context),
     useProjectKeys: argv['equinix-use-project-keys'] === true,
-    rebootWait: duration(argv, 'equinix-reboot-wait'),
+    powerCycleWait: duration(argv, 'equinix-reboot-wait'),
     reservationCacheTimeout: duration(argv, 'equinix-reservation-cache-timeout'),
     sshKeyPath: sshKeyPath(argv),
   };
@@ -255,7 +257,7 @@ async function staticSettings(argv: Argv, context: string): Promise<StaticSettin
     redfishConcurrency: integer(argv, 'redfish-concurrency', 1, 1000),
     ipmiTimeout: duration(argv, 'ipmi-timeout'),
     ipmiConcurrency: integer(argv, 'ipmi-concurrency', 1, 1000),
-    rebootWait: duration(argv, 'static-reboot-wait', { allowZero: true }),
+    powerCycleWait: duration(argv, 'static-reboot-wait', { allowZero: true }),
     sshKeyPath: sshKeyPath(argv),
   };
   try {

@@ -1,5 +1,5 @@
 import type { PowerState } from '@bmaas/bmdb-controlloop';
-import { NotImplementedError, type PowerCommand, type PowerControl } from '@bmaas/shepherd-manager';
+import { type AcceptedPowerCommand, NotImplementedError, type PowerControl } from '@bmaas/shepherd-manager';
 import type { DeviceAction, EquinixClient } from '../api/client.js';
 import { log } from '../internal/log.js';
 import { EQUINIX_PROVIDER, powerStateForState } from './device-facts.js';
@@ -34,23 +34,27 @@ export class EquinixPower implements PowerControl {
     }
   }
 
-  async powerOn(id: string, signal?: AbortSignal): Promise<PowerCommand> {
+  async powerOn(id: string, signal?: AbortSignal): Promise<AcceptedPowerCommand> {
     return this.#act(id, 'power_on', signal);
   }
 
-  async powerOff(id: string, options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<PowerCommand> {
+  async powerOff(
+    id: string,
+    options: { readonly graceful: boolean },
+    signal?: AbortSignal,
+  ): Promise<AcceptedPowerCommand> {
     if (options.graceful) {
       throw new NotImplementedError(EQUINIX_PROVIDER, 'a graceful power off (the API has power_off only)');
     }
     return this.#act(id, 'power_off', signal);
   }
 
-  /** A `reboot` action, without the wait `EquinixProvider.rebootMachine` adds for the recoverer. */
-  async powerCycle(id: string, signal?: AbortSignal): Promise<PowerCommand> {
+  /** A `reboot` action: the power cycle of the recoverer and of `shepherd power cycle`. */
+  async powerCycle(id: string, signal?: AbortSignal): Promise<AcceptedPowerCommand> {
     return this.#act(id, 'reboot', signal);
   }
 
-  async #act(id: string, action: DeviceAction, signal: AbortSignal | undefined): Promise<PowerCommand> {
+  async #act(id: string, action: DeviceAction, signal: AbortSignal | undefined): Promise<AcceptedPowerCommand> {
     try {
       await this.client.deviceAction(id, action, signal);
     } catch (error) {

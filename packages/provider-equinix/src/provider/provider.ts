@@ -1,10 +1,5 @@
-import { describeError, isAbortOf, type Session, sleep } from '@bmaas/bmdb-controlloop';
-import {
-  Availability,
-  type CreateMachineRequest,
-  MachineNotFoundError,
-  type RebootingProvider,
-} from '@bmaas/shepherd-manager';
+import { describeError, isAbortOf, type Session } from '@bmaas/bmdb-controlloop';
+import { Availability, type CreateMachineRequest, MachineNotFoundError, type Provider } from '@bmaas/shepherd-manager';
 import type { EquinixClient } from '../api/client.js';
 import type { EquinixDevice } from '../api/types.js';
 import {
@@ -42,8 +37,6 @@ export interface EquinixProviderOptions {
   readonly useProjectKeys?: boolean | undefined;
   /** Extra tags for new devices. */
   readonly tags?: readonly string[] | undefined;
-  /** `--equinix-reboot-wait`: how long `rebootMachine` waits after the API accepted a reboot. Default 30 s. */
-  readonly rebootWait?: number | undefined;
   /** `--equinix-reservation-cache-timeout`: how long a reservation listing is reused. Default 15 min. */
   readonly reservationCacheTimeout?: number | undefined;
   /** How long a reservation whose device creation failed is left alone. Default 1 h. */
@@ -58,7 +51,6 @@ export interface EquinixProviderSettings {
   readonly sshKeyLabel: string;
   readonly useProjectKeys: boolean;
   readonly tags: readonly string[];
-  readonly rebootWait: number;
   readonly reservationCacheTimeout: number;
   readonly penaltyDuration: number;
 }
@@ -77,7 +69,7 @@ export interface EquinixProviderSettings {
  * const machines = await provider.listMachines();
  * ```
  */
-export class EquinixProvider implements RebootingProvider {
+export class EquinixProvider implements Provider {
   /** The provider name in the BMDB: `Equinix`. */
   readonly type = EQUINIX_PROVIDER;
   readonly settings: EquinixProviderSettings;
@@ -99,7 +91,6 @@ export class EquinixProvider implements RebootingProvider {
       sshKeyLabel: options.sshKeyLabel,
       useProjectKeys: options.useProjectKeys ?? false,
       tags: Object.freeze([...(options.tags ?? [])]),
-      rebootWait: duration('rebootWait', options.rebootWait ?? 30_000),
       reservationCacheTimeout: duration('reservationCacheTimeout', options.reservationCacheTimeout ?? 15 * 60_000),
       penaltyDuration: duration('penaltyDuration', options.penaltyDuration ?? 60 * 60_000),
     });
@@ -182,22 +173,6 @@ export class EquinixProvider implements RebootingProvider {
     throw new EquinixError(
       'createMachine: the machine has neither a device ID nor a reservation ID; pass one that EquinixProvider.listMachines returned',
     );
-  }
-
-  /**
-   * Reboots a device, then waits `rebootWait` (abortable) so the recoverer
-   * does not look at it before it had time to go down.
-   *
-   * @throws {@link MachineNotFoundError} when the API does not know it
-   */
-  async rebootMachine(id: string, signal?: AbortSignal): Promise<void> {
-    try {
-      await this.#client.rebootDevice(id, signal);
-    } catch (error) {
-      throw notFound(error, id);
-    }
-    log.provider('reboot of device %s accepted; waiting %dms', id, this.settings.rebootWait);
-    await sleep(this.settings.rebootWait, signal);
   }
 
   /** Every device of the project whose hostname starts with the device prefix. */

@@ -1,11 +1,11 @@
 import { PowerOutcomeUnknownError, Semaphore } from '@bmaas/shepherd-manager';
 import {
+  BmcCredentialsError,
+  type BmcError,
+  BmcTimeoutError,
+  BmcUnreachableError,
+  BmcUnsupportedError,
   IpmiCommandError,
-  IpmiCredentialsError,
-  type IpmiError,
-  IpmiTimeoutError,
-  IpmiUnreachableError,
-  IpmiUnsupportedError,
 } from '../errors.js';
 import { log } from '../internal/log.js';
 import { RetryableError, withRetries } from '../internal/retry.js';
@@ -71,7 +71,7 @@ export class IpmiClient {
   /**
    * Reads the chassis power state (`chassis power status`).
    *
-   * @throws {@link IpmiError} subclasses naming the machine and cause
+   * @throws {@link BmcError} subclasses naming the machine and cause
    * @throws {@link IpmitoolMissingError} without ipmitool
    */
   async powerState(target: IpmiTarget, signal?: AbortSignal): Promise<IpmiPowerState> {
@@ -94,7 +94,7 @@ export class IpmiClient {
    * its answer does not come, the BMC may have acted, and another would
    * reset the machine twice.
    *
-   * @throws {@link IpmiError} subclasses naming the machine and cause
+   * @throws {@link BmcError} subclasses naming the machine and cause
    * @throws {@link PowerOutcomeUnknownError} for a reset or cycle sent and not answered (in time)
    * @throws {@link IpmitoolMissingError} without ipmitool
    */
@@ -169,7 +169,7 @@ export class IpmiClient {
     command: readonly string[],
     signal: AbortSignal | undefined,
     actsTwice: boolean,
-  ): Promise<string | { error: IpmiError; retry: boolean }> {
+  ): Promise<string | { error: BmcError; retry: boolean }> {
     const bmc = bmcName(target);
     const what = command.join(' ');
     // ipmitool's own retransmissions of the command are acts too: ipmi_sim resets once for each.
@@ -181,7 +181,7 @@ export class IpmiClient {
         ? undefined
         : classifyFailure(scrubbed, target.cipherSuite ?? IPMI_DEFAULT_CIPHER_SUITE);
     if (output.timedOut) {
-      const error = new IpmiTimeoutError(target.machine, bmc, what, this.settings.timeout);
+      const error = new BmcTimeoutError(target.machine, 'ipmi', bmc, what, this.settings.timeout);
       if (actsTwice && failure?.sent !== false) throw new PowerOutcomeUnknownError(target.machine, what, error);
       return { error, retry: true };
     }
@@ -190,21 +190,26 @@ export class IpmiClient {
     switch (failure.kind) {
       case 'credentials':
         return {
-          error: new IpmiCredentialsError(
+          error: new BmcCredentialsError(
             target.machine,
+            'ipmi',
             bmc,
             `${problem}; user ${JSON.stringify(target.username)} (credentials refused)`,
+            target.username,
           ),
           retry: false,
         };
       case 'unreachable':
       case 'unanswered': {
-        const error = new IpmiUnreachableError(target.machine, bmc, problem);
+        const error = new BmcUnreachableError(target.machine, 'ipmi', bmc, problem);
         if (actsTwice && failure.sent) throw new PowerOutcomeUnknownError(target.machine, what, error);
         return { error, retry: true };
       }
       case 'unsupported':
-        return { error: new IpmiUnsupportedError(target.machine, bmc, `${problem} (not supported)`), retry: false };
+        return {
+          error: new BmcUnsupportedError(target.machine, 'ipmi', bmc, `${problem} (not supported)`),
+          retry: false,
+        };
       default:
         return { error: new IpmiCommandError(target.machine, bmc, what, failure.detail), retry: false };
     }

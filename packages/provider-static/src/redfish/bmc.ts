@@ -1,5 +1,5 @@
 import { PowerState } from '@bmaas/bmdb-controlloop';
-import type { PowerCommand } from '@bmaas/shepherd-manager';
+import type { AcceptedPowerCommand } from '@bmaas/shepherd-manager';
 import type { Bmc } from '../bmc.js';
 import type { RedfishClient } from './client.js';
 import { POWER_OFF_TYPES, POWER_ON_TYPES, type ResetType, SHUTDOWN_TYPES } from './reset-types.js';
@@ -8,7 +8,7 @@ import type { RedfishTarget } from './target.js';
 /**
  * A machine's BMC over Redfish: its ComputerSystem's `PowerState`, and the
  * `#ComputerSystem.Reset` action: `On` (else `ForceOn`) to power on,
- * `ForceOff` or `GracefulShutdown` to power off, and for a reset the type
+ * `ForceOff` or `GracefulShutdown` to power off, and for a power cycle the type
  * {@link chooseResetType} picks (`ForceRestart`, else `PowerCycle`, else
  * `GracefulRestart`; `resetType` overrides). Requests go through `client`,
  * whose concurrency bound holds across the fleet.
@@ -24,12 +24,12 @@ export class RedfishBmc implements Bmc {
     return powerStateOf((await this.client.getSystem(this.target, signal)).powerState);
   }
 
-  async powerOn(signal?: AbortSignal): Promise<PowerCommand> {
+  async powerOn(signal?: AbortSignal): Promise<AcceptedPowerCommand> {
     const reset = await this.client.powerSystem(this.target, POWER_ON_TYPES, 'power on', signal);
     return { command: reset.resetType };
   }
 
-  async powerOff(options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<PowerCommand> {
+  async powerOff(options: { readonly graceful: boolean }, signal?: AbortSignal): Promise<AcceptedPowerCommand> {
     const [types, purpose] = options.graceful
       ? [SHUTDOWN_TYPES, 'shut down gracefully']
       : [POWER_OFF_TYPES, 'power off'];
@@ -37,8 +37,8 @@ export class RedfishBmc implements Bmc {
     return { command: reset.resetType };
   }
 
-  async reset(signal?: AbortSignal): Promise<PowerCommand> {
-    const reset = await this.client.resetSystem(this.target, { resetType: this.options.resetType }, signal);
+  async powerCycle(signal?: AbortSignal): Promise<AcceptedPowerCommand> {
+    const reset = await this.client.powerCycleSystem(this.target, { resetType: this.options.resetType }, signal);
     return { command: reset.resetType };
   }
 }

@@ -1,5 +1,5 @@
 import { Semaphore } from '@bmaas/shepherd-manager';
-import { RedfishResetUnsupportedError } from '../errors.js';
+import { BmcUnsupportedError } from '../errors.js';
 import { log } from '../internal/log.js';
 import { clientSettings, type RedfishClientOptions, type RedfishClientSettings } from './client-settings.js';
 import { actsTwice, chooseAllowed, chooseResetType, type ResetType } from './reset-types.js';
@@ -7,8 +7,11 @@ import { type RedfishSystem, readSystem } from './system.js';
 import type { RedfishTarget } from './target.js';
 import { RedfishTransport } from './transport.js';
 
-/** A reset the BMC accepted. */
-export interface RedfishReset {
+/**
+ * What the BMC accepted of a `#ComputerSystem.Reset` action, the one Redfish
+ * action behind every power request (on, off and power cycle alike).
+ */
+export interface RedfishResetResult {
   readonly resetType: ResetType;
   /** The action URL it was posted to. */
   readonly target: string;
@@ -28,7 +31,7 @@ export interface RedfishReset {
  * @example
  * ```ts
  * const client = new RedfishClient({ timeout: 10_000 });
- * const reset = await client.resetSystem({ machine: 'node07', url: 'https://10.1.7.7/redfish/v1/Systems/1',
+ * const reset = await client.powerCycleSystem({ machine: 'node07', url: 'https://10.1.7.7/redfish/v1/Systems/1',
  *   username: 'admin', password: new Secret(secret) });
  * console.log(reset.resetType); // ForceRestart
  * await client.close();
@@ -50,17 +53,17 @@ export class RedfishClient {
    * (`resetType` if given and allowed, else the first of
    * {@link RESTART_PREFERENCE} the system allows) and posts the reset.
    *
-   * @throws {@link RedfishCredentialsError} on 401/403
-   * @throws {@link RedfishResetUnsupportedError} without a reset action or a usable reset type
-   * @throws {@link RedfishTimeoutError}, {@link RedfishNetworkError}, {@link RedfishHttpError} after retries
+   * @throws {@link BmcCredentialsError} on 401/403
+   * @throws {@link BmcUnsupportedError} without a reset action or a usable reset type
+   * @throws {@link BmcTimeoutError}, {@link BmcUnreachableError}, {@link RedfishHttpError} after retries
    * @throws {@link PowerOutcomeUnknownError} when the reset went out and no answer came (a timeout, a broken
    *   connection): the BMC may have reset the machine, so it is not posted again
    */
-  async resetSystem(
+  async powerCycleSystem(
     target: RedfishTarget,
     options: { resetType?: ResetType | undefined } = {},
     signal?: AbortSignal,
-  ): Promise<RedfishReset> {
+  ): Promise<RedfishResetResult> {
     return this.#reset(target, (allowable) => chooseResetType(target, allowable, options.resetType), signal);
   }
 
@@ -70,7 +73,7 @@ export class RedfishClient {
    * or `['GracefulShutdown']` to power it off.
    *
    * @param purpose - what the reset is for, for the error when none is allowed (`power on`)
-   * @throws {@link RedfishResetUnsupportedError} without a reset action or an allowed type of `resetTypes`
+   * @throws {@link BmcUnsupportedError} without a reset action or an allowed type of `resetTypes`
    * @throws {@link RedfishHttpError} when the BMC refuses (a 409 for a system in the wrong state, say)
    */
   async powerSystem(
@@ -78,7 +81,7 @@ export class RedfishClient {
     resetTypes: readonly ResetType[],
     purpose: string,
     signal?: AbortSignal,
-  ): Promise<RedfishReset> {
+  ): Promise<RedfishResetResult> {
     return this.#reset(target, (allowable) => chooseAllowed(target, allowable, resetTypes, purpose), signal);
   }
 
@@ -86,13 +89,14 @@ export class RedfishClient {
     target: RedfishTarget,
     choose: (allowable: readonly string[] | undefined) => ResetType,
     signal: AbortSignal | undefined,
-  ): Promise<RedfishReset> {
+  ): Promise<RedfishResetResult> {
     const release = await this.#slots.acquire(signal);
     try {
       const system = await readSystem(this.#transport, target, signal);
       if (system.resetTarget === undefined) {
-        throw new RedfishResetUnsupportedError(
+        throw new BmcUnsupportedError(
           target.machine,
+          'redfish',
           target.url,
           'the ComputerSystem has no #ComputerSystem.Reset action with a target',
         );

@@ -1,4 +1,4 @@
-import { RedfishResetUnsupportedError } from '../errors.js';
+import { BmcUnsupportedError } from '../errors.js';
 import type { RedfishTarget } from './target.js';
 
 /** Reset types of Redfish's `ComputerSystem.Reset` action (DSP0268 `ResetType`). */
@@ -37,16 +37,18 @@ export function chooseResetType(
   const listed = allowable === undefined ? 'none listed' : `allowed: ${allowable.join(', ') || 'none'}`;
   if (override !== undefined) {
     if (allowable === undefined || allowable.includes(override)) return override;
-    throw new RedfishResetUnsupportedError(
+    throw new BmcUnsupportedError(
       target.machine,
+      'redfish',
       target.url,
       `reset type ${override} (--redfish-reset-type) is not allowed by the BMC (${listed})`,
     );
   }
   const chosen = RESTART_PREFERENCE.find((type) => allowable?.includes(type));
   if (chosen === undefined) {
-    throw new RedfishResetUnsupportedError(
+    throw new BmcUnsupportedError(
       target.machine,
+      'redfish',
       target.url,
       `no allowable reset type to power-cycle with (want one of ${RESTART_PREFERENCE.join(', ')}; ${listed}); ` +
         'set --redfish-reset-type if the BMC accepts one it does not list',
@@ -78,7 +80,7 @@ export const SHUTDOWN_TYPES: readonly ResetType[] = ['GracefulShutdown'];
  * The first of `wanted` the system allows; the first of them when it lists
  * none (the BMC then decides).
  *
- * @throws {@link RedfishResetUnsupportedError} when it allows none of them, naming what was wanted and what it allows
+ * @throws {@link BmcUnsupportedError} when it allows none of them, naming what was wanted and what it allows
  */
 export function chooseAllowed(
   target: Pick<RedfishTarget, 'machine' | 'url'>,
@@ -88,8 +90,9 @@ export function chooseAllowed(
 ): ResetType {
   const chosen = allowable === undefined ? wanted[0] : wanted.find((type) => allowable.includes(type));
   if (chosen === undefined) {
-    throw new RedfishResetUnsupportedError(
+    throw new BmcUnsupportedError(
       target.machine,
+      'redfish',
       target.url,
       `no allowable reset type to ${purpose} with (want ${wanted.join(' or ')}; allowed: ${allowable?.join(', ') || 'none'})`,
     );

@@ -1,4 +1,4 @@
-import { RedfishResponseError } from '../errors.js';
+import { BmcResponseError } from '../errors.js';
 import { isRecord, stringArray } from './json.js';
 import type { RedfishTarget } from './target.js';
 import type { RedfishTransport } from './transport.js';
@@ -20,7 +20,12 @@ export async function readSystem(
 ): Promise<RedfishSystem> {
   const { body } = await transport.send(target, 'GET', target.url, undefined, signal);
   if (!isRecord(body)) {
-    throw new RedfishResponseError(target.machine, target.url, 'the answer is not a Redfish resource (JSON object)');
+    throw new BmcResponseError(
+      target.machine,
+      'redfish',
+      target.url,
+      'the answer is not a Redfish resource (JSON object)',
+    );
   }
   const actions = isRecord(body.Actions) ? body.Actions : undefined;
   const reset = actions && isRecord(actions['#ComputerSystem.Reset']) ? actions['#ComputerSystem.Reset'] : undefined;
@@ -58,8 +63,9 @@ function sameOrigin(target: RedfishTarget, link: string): string {
   const base = new URL(target.url);
   const resolved = new URL(link, base);
   if (resolved.origin !== base.origin) {
-    throw new RedfishResponseError(
+    throw new BmcResponseError(
       target.machine,
+      'redfish',
       target.url,
       `the BMC links to ${resolved.origin}, another origin; refusing to send it the credentials`,
     );

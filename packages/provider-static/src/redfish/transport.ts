@@ -2,11 +2,11 @@ import { describeError } from '@bmaas/bmdb-controlloop';
 import { PowerOutcomeUnknownError } from '@bmaas/shepherd-manager';
 import { Agent, type Dispatcher, request } from 'undici';
 import {
-  RedfishCredentialsError,
+  BmcCredentialsError,
+  BmcResponseError,
+  BmcTimeoutError,
+  BmcUnreachableError,
   RedfishHttpError,
-  RedfishNetworkError,
-  RedfishResponseError,
-  RedfishTimeoutError,
 } from '../errors.js';
 import { log } from '../internal/log.js';
 import { RetryableError, withRetries } from '../internal/retry.js';
@@ -118,9 +118,10 @@ export class RedfishTransport {
     } catch (error) {
       if (signal?.aborted) throw signal.reason;
       const failure = timer.aborted
-        ? new RedfishTimeoutError(target.machine, url, method, timeout)
-        : new RedfishNetworkError(
+        ? new BmcTimeoutError(target.machine, 'redfish', url, method, timeout)
+        : new BmcUnreachableError(
             target.machine,
+            'redfish',
             url,
             `${method} failed: ${target.password.scrub(describeError(error))}`,
             { cause: error },
@@ -131,7 +132,14 @@ export class RedfishTransport {
       throw new RetryableError(failure);
     }
     if (statusCode === 401 || statusCode === 403) {
-      throw new RedfishCredentialsError(target.machine, url, statusCode, target.username);
+      throw new BmcCredentialsError(
+        target.machine,
+        'redfish',
+        url,
+        `BMC refused the credentials of user ${JSON.stringify(target.username)} (HTTP ${statusCode})`,
+        target.username,
+        statusCode,
+      );
     }
     const accepted = method === 'GET' ? statusCode === 200 : ACCEPTED.has(statusCode);
     if (!accepted) {
@@ -144,8 +152,9 @@ export class RedfishTransport {
       return { status: statusCode, body: JSON.parse(text) };
     } catch {
       if (method === 'POST') return { status: statusCode, body: undefined };
-      throw new RedfishResponseError(
+      throw new BmcResponseError(
         target.machine,
+        'redfish',
         url,
         `${method} answered HTTP ${statusCode} with a body that is not JSON`,
       );

@@ -1,6 +1,6 @@
 import { type Html, html } from '../html.js';
 
-/** The login form: the token is entered once, then a cookie carries the session. */
+/** The login form: the token is entered once, then the login cookie carries it. */
 export function loginPage(next: string, failed: boolean): Html {
   return html`<h1>Log in</h1>
 ${failed ? html`<p class="notice error">That is not the token.</p>` : ''}
