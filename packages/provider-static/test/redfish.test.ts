@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { captureDebugLog } from '../../../test/support/debug-log.js';
+import { eventually } from '../../../test/support/wait.js';
 import {
   BmcCredentialsError,
   BmcTimeoutError,
@@ -257,17 +258,29 @@ describe.each([
 
   test('the concurrency bound holds across machines', async () => {
     for (let i = 0; i < 6; i++) bmc.addSystem(`conc${i}`);
-    for (let i = 0; i < 6; i++) bmc.fail(`conc${i}`, { delay: 50 });
-    bmc.resetPeak();
-    const redfish = client({ concurrency: 2 });
-    await Promise.all(Array.from({ length: 6 }, (_, i) => redfish.powerCycleSystem(target(bmc, `conc${i}`))));
+    // Each request waits at the BMC until as many as the bound allows are there
+    // at once (a condition, not a delay a loaded machine might outlast).
+    const heldUntilPeak = async (redfish: RedfishClient, peak: number) => {
+      let release = () => {};
+      const until = new Promise<void>((resolve) => {
+        release = resolve;
+      });
+      for (let i = 0; i < 6; i++) bmc.fail(`conc${i}`, { until });
+      bmc.resetPeak();
+      const cycles = Promise.all(
+        Array.from({ length: 6 }, (_, i) => redfish.powerCycleSystem(target(bmc, `conc${i}`))),
+      );
+      await eventually(`${peak} requests at the BMC at once`, async () =>
+        bmc.peakConcurrency >= peak ? true : undefined,
+      );
+      release();
+      await cycles;
+    };
+    await heldUntilPeak(client({ concurrency: 2 }), 2);
     expect(bmc.resets.filter((r) => r.system.startsWith('conc'))).toHaveLength(6);
     expect(bmc.peakConcurrency).toBe(2);
     // Unbounded, all six are at the BMC at once.
-    for (let i = 0; i < 6; i++) bmc.fail(`conc${i}`, { delay: 50 });
-    bmc.resetPeak();
-    const wide = client({ concurrency: 6 });
-    await Promise.all(Array.from({ length: 6 }, (_, i) => wide.powerCycleSystem(target(bmc, `conc${i}`))));
+    await heldUntilPeak(client({ concurrency: 6 }), 6);
     expect(bmc.peakConcurrency).toBe(6);
   });
 
