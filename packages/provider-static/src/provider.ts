@@ -1,13 +1,6 @@
 import { readFile, stat } from 'node:fs/promises';
-import {
-  type BMDB,
-  describeError,
-  type PowerState,
-  ProviderStatus,
-  runRounds,
-  type Session,
-  sleep,
-} from '@bmaas/bmdb-controlloop';
+import { type BMDB, type PowerState, ProviderStatus, runRounds, type Session } from '@bmaas/bmdb-controlloop';
+import { describeError, Secret, sleep } from '@bmaas/common';
 import {
   Availability,
   type CreateMachineRequest,
@@ -16,7 +9,6 @@ import {
   type PowerCommand,
   type PowerControl,
   type RebootingProvider,
-  Secret,
 } from '@bmaas/shepherd-manager';
 import type { Bmc } from './bmc.js';
 import { BmcCredentialsError, NoBmcError, StaticProviderError } from './errors.js';

@@ -3,7 +3,6 @@ import {
   type BMDB,
   type ControlLoop,
   type ControlLoopOptions,
-  describeError,
   PowerState,
   Process,
   type ProvidedMachine,
@@ -14,6 +13,7 @@ import {
   type Selection,
   type Task,
 } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/common';
 import { detail, log } from './internal.js';
 import type { PowerControl } from './power.js';
 import type { Provider } from './provider.js';

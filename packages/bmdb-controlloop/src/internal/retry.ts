@@ -1,6 +1,6 @@
+import { sleep } from '@bmaas/common';
 import { type ConnectionLoss, connectionLoss, describeConnectionLoss, isNotExecuted } from './connection-lost.js';
 import { detail, log } from './log.js';
-import { sleep } from './sleep.js';
 
 /** SQLSTATEs after which the whole transaction can simply run again. */
 const RETRYABLE = new Set(['40001', '40P01']);

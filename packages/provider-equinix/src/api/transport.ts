@@ -1,6 +1,6 @@
 import { performance } from 'node:perf_hooks';
-import { describeError, type RateLimiter, sleep } from '@bmaas/bmdb-controlloop';
-import type { Secret, Semaphore } from '@bmaas/shepherd-manager';
+import type { RateLimiter } from '@bmaas/bmdb-controlloop';
+import { describeError, type Secret, type Semaphore, sleep } from '@bmaas/common';
 import { EquinixApiError, type EquinixError, EquinixRequestError, EquinixResponseError } from '../errors.js';
 import { log } from '../internal/log.js';
 import type { EquinixApiMetrics } from './metrics.js';

@@ -1,4 +1,5 @@
-import { describeError, isAbortOf, type Session, sleep } from '@bmaas/bmdb-controlloop';
+import type { Session } from '@bmaas/bmdb-controlloop';
+import { describeError, isAbortOf, sleep } from '@bmaas/common';
 import {
   Availability,
   type CreateMachineRequest,

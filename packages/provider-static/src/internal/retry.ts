@@ -1,5 +1,4 @@
 // Retries of a BMC request (Redfish or IPMI): the same policy for both protocols.
-import { sleep } from '@bmaas/bmdb-controlloop';
 
 /** A failure worth another attempt (network errors, timeouts, 5xx): thrown by an attempt, carrying the failure to report. */
 export class RetryableError<E extends Error = Error> extends Error {
@@ -37,3 +36,5 @@ export async function withRetries<T>(
     await sleep(pause, signal);
   }
 }
+
+import { sleep } from '@bmaas/common';

@@ -1,4 +1,5 @@
-import { PowerOutcomeUnknownError, Semaphore } from '@bmaas/shepherd-manager';
+import { Semaphore } from '@bmaas/common';
+import { PowerOutcomeUnknownError } from '@bmaas/shepherd-manager';
 import {
   IpmiCommandError,
   IpmiCredentialsError,

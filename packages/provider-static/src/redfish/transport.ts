@@ -1,4 +1,4 @@
-import { describeError } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/common';
 import { PowerOutcomeUnknownError } from '@bmaas/shepherd-manager';
 import { Agent, type Dispatcher, request } from 'undici';
 import {
