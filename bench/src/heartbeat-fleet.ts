@@ -5,6 +5,7 @@
  * with its own ed25519 key and client certificate, and one Heartbeat call
  * made by hand over `node:http2` (the request encoded once per agent).
  */
+
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { generateKeyPairSync, type KeyObject } from 'node:crypto';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
@@ -13,7 +14,7 @@ import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { BMDB } from '@bmaas/bmdb-controlloop';
-import { certificatePem, selfSignedCertificate } from '@bmaas/server';
+import { certificatePem, selfSignedCertificate } from '@bmaas/common';
 import { sql } from 'kysely';
 import type { BenchServer } from './server.js';
 

@@ -22,6 +22,7 @@
  * default 30), BENCH_LIMITS_RUNS (e.g. `off:1,default:1,default:8`; the
  * default runs every row of the table below).
  */
+
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { generateKeyPairSync } from 'node:crypto';
 import { readFileSync } from 'node:fs';
@@ -29,7 +30,7 @@ import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { type ClientHttp2Session, type ClientHttp2Stream, connect } from 'node:http2';
 import { loadavg } from 'node:os';
 import path from 'node:path';
-import { certificatePem, selfSignedCertificate } from '@bmaas/server';
+import { certificatePem, selfSignedCertificate } from '@bmaas/common';
 import {
   type Agent,
   connectAgents,

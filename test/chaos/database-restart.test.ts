@@ -14,6 +14,7 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { sleep } from '@bmaas/common';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { shepherd } from '../../packages/cli/test/helpers.js';
 import { PostgresServer } from '../support/postgres-server.js';
@@ -28,7 +29,6 @@ import {
   overlappingStarts,
   query,
   readAgentLog,
-  sleep,
   table,
 } from './helpers.js';
 

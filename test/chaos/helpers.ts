@@ -8,6 +8,7 @@ import { mkdirSync, readFileSync, rmdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { sleep } from '@bmaas/common';
 import pg from 'pg';
 import { afterAll, afterEach } from 'vitest';
 import { buildOnce, Shepherd } from '../../packages/cli/test/helpers.js';
@@ -316,10 +317,6 @@ export class WorkSampler {
     await this.#loop;
     await this.#client.end().catch(() => {});
   }
-}
-
-export function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
 /** A query against `url` on a connection of its own. */

@@ -1,4 +1,5 @@
 import { parseLimiter, Queries, SessionClosedError, SessionExpiredError } from '@bmaas/bmdb-controlloop';
+import { sleep } from '@bmaas/common';
 import { EQUINIX_PROVIDER, EquinixClient, EquinixProvider, EquinixStatusUpdater } from '@bmaas/provider-equinix';
 import { FakeEquinixApi, type FakeFault, type FakeRoute } from '@bmaas/provider-equinix/testing';
 import { Initializer, ProviderDiscrepancyError, Provisioner } from '@bmaas/shepherd-manager';
@@ -7,7 +8,7 @@ import { Registry } from 'prom-client';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { testBMDB } from '../support/database.js';
 import { captureDebugLog } from '../support/debug-log.js';
-import { eventually, sleep, table } from './helpers.js';
+import { eventually, table } from './helpers.js';
 
 const RESERVATIONS = 12;
 const REQUEST_TIMEOUT = 1_000;

@@ -1,8 +1,7 @@
 import { spawn } from 'node:child_process';
 import type { KeyObject } from 'node:crypto';
-import { setTimeout as wait } from 'node:timers/promises';
+import { certificatePem, sleep } from '@bmaas/common';
 import { create } from '@bufbuild/protobuf';
-import { pem } from './callback/client-certificate.js';
 import { type AgentService, HeartbeatClient } from './callback/heartbeat-client.js';
 import {
   AgentHardwareReportSchema,
@@ -74,7 +73,7 @@ export async function runAgent(options: AgentOptions): Promise<AgentEnd> {
   const { init, signal } = options;
   const interval = options.intervalMs ?? 30_000;
   const log = options.log ?? (() => {});
-  const ca = init.caCertificate.length > 0 ? pem(init.caCertificate) : undefined;
+  const ca = init.caCertificate.length > 0 ? certificatePem(init.caCertificate) : undefined;
   const client = new HeartbeatClient({
     machineId: init.machineId,
     endpoint: init.bmaasEndpoint,
@@ -135,7 +134,8 @@ export async function runAgent(options: AgentOptions): Promise<AgentEnd> {
         failures++;
         const delay = Math.min(interval, 500 * 2 ** Math.min(failures - 1, 16));
         log(`heartbeat failed (${(error as Error).message}); again in ${delay} ms`);
-        await sleep(delay, signal);
+        // A stop cuts the pause short; the loop's condition then ends the loop.
+        await sleep(delay, signal).catch(() => {});
       }
     }
   } finally {
@@ -232,9 +232,4 @@ async function reboot(command: string | undefined, log: (line: string) => void):
     child.on('close', resolve);
   });
   log(`reboot command exited ${code}`);
-}
-
-/** Node's own timer, woken early by `signal`; the loop itself sees the abort and stops. */
-function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
-  return wait(ms, undefined, { signal }).catch(() => {});
 }

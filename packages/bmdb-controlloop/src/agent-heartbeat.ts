@@ -1,3 +1,4 @@
+import { isUuid } from '@bmaas/common';
 import { BMDBError } from './errors.js';
 import type { PendingOSInstallation } from './queries/os-installation.js';
 import type { OSInstallationResult } from './schema.js';
@@ -82,16 +83,9 @@ export interface OSInstallationReportEntry extends OSInstallationReport {
   readonly reportedAt: Date;
 }
 
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
-
-/** Whether `value` is a machine ID the BMDB can hold (a UUID in its usual form). */
-export function isMachineId(value: string): boolean {
-  return UUID.test(value);
-}
-
 /** Refuses a heartbeat no statement could take, naming the bad value. */
 export function checkAgentHeartbeat(heartbeat: AgentHeartbeat): void {
-  if (!isMachineId(heartbeat.machineId)) {
+  if (!isUuid(heartbeat.machineId)) {
     throw new BMDBError(`agent heartbeat: machine ID ${JSON.stringify(heartbeat.machineId)} is not a UUID`);
   }
   if (!(heartbeat.publicKey instanceof Uint8Array) || heartbeat.publicKey.length === 0) {

@@ -1,4 +1,5 @@
 import { performance } from 'node:perf_hooks';
+import { describeError } from '@bmaas/common';
 import { Kysely, PostgresDialect, sql } from 'kysely';
 import type pg from 'pg';
 import type { ClientConfig } from 'pg';
@@ -18,7 +19,7 @@ import { MachineChanges } from './internal/changes.js';
 import { droppingLostConnections } from './internal/dropping-pool.js';
 import { Ends } from './internal/ends.js';
 import { LiveSessions } from './internal/live-sessions.js';
-import { describeError, detail, log } from './internal/log.js';
+import { detail, log } from './internal/log.js';
 import { createPools } from './internal/pools.js';
 import { PreparedStatements } from './internal/prepared.js';
 import { type RunStatement, withRetry } from './internal/retry.js';

@@ -1,5 +1,5 @@
 import { setMaxListeners } from 'node:events';
-import { isStop } from './abort.js';
+import { describeError, isStop, sleep } from '@bmaas/common';
 import type { Backoff } from './backoff.js';
 import type { BMDB } from './connection.js';
 import {
@@ -13,8 +13,7 @@ import {
   WorkEndedError,
   WorkLostError,
 } from './errors.js';
-import { describeError, detail, log } from './internal/log.js';
-import { sleep } from './internal/sleep.js';
+import { detail, log } from './internal/log.js';
 import { parseLimiter, type RateLimiter } from './limiter.js';
 import { Queries } from './queries.js';
 import type { Selection } from './selection.js';

@@ -3,12 +3,12 @@ import { chmod, mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { userInfo } from 'node:os';
 import path from 'node:path';
+import { sleep } from '@bmaas/common';
 import pg from 'pg';
 import { initdb, PostgresProcess } from './embedded/process.js';
 import { waitUntilAccepting } from './embedded/ready.js';
 import { EmbeddedDatabaseError } from './errors.js';
 import { log } from './internal/log.js';
-import { sleep } from './internal/sleep.js';
 
 /** Options for {@link EmbeddedDatabase.start}. */
 export interface EmbeddedDatabaseOptions {

@@ -1,9 +1,10 @@
+import { describeError } from '@bmaas/common';
 import { Kysely, PostgresDialect, sql } from 'kysely';
 import type pg from 'pg';
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 import { BMDBError } from './errors.js';
 import { type FleetGauge, FleetGaugeSet, type FleetReading, type FleetSample } from './fleet-gauges.js';
-import { describeError, log } from './internal/log.js';
+import { log } from './internal/log.js';
 import { SingleConnection } from './internal/single-connection.js';
 import type { RecoveryThresholds } from './queries/recovery-thresholds.js';
 import { Queries } from './queries.js';

@@ -1,6 +1,6 @@
+import { describeError } from '@bmaas/common';
 import { fromBinary } from '@bufbuild/protobuf';
 import { BinaryReader, WireType } from '@bufbuild/protobuf/wire';
-import { describeError } from './describe-error.js';
 import { BlockDevice_Protocol, EFISupport, type Node, NodeSchema } from './gen/cloud/agent/api/hwreport_pb.js';
 
 /**

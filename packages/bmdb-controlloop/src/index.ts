@@ -6,12 +6,10 @@
  * @packageDocumentation
  */
 
-export { isAbortOf, isStop } from './abort.js';
-export { type AgentHeartbeat, isMachineId, type OSInstallationReport } from './agent-heartbeat.js';
+export type { AgentHeartbeat, OSInstallationReport } from './agent-heartbeat.js';
 export type { Backoff } from './backoff.js';
 export { BMDB, type BMDBOptions, type ConnectionOptions, type IsolationLevel } from './connection.js';
 export { type ControlLoop, type ControlLoopOptions, runControlLoop, type Task } from './control-loop.js';
-export { describeError } from './describe-error.js';
 export { parseDuration } from './duration.js';
 export type { EmbeddedDatabaseOptions } from './embedded.js';
 export {
@@ -31,7 +29,6 @@ export {
   type WorkOutcome,
 } from './errors.js';
 export { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
-export { sleep } from './internal/sleep.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
 export type { ComponentSchema } from './migrations/index.js';
 export type { BackoffCause } from './queries/backoffs.js';

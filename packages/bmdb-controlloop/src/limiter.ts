@@ -1,7 +1,7 @@
+import { sleep } from '@bmaas/common';
 import { TokenBucket } from 'limiter';
 import { formatDuration, parseDuration } from './duration.js';
 import { InvalidSettingError } from './errors.js';
-import { sleep } from './internal/sleep.js';
 
 const SYNTAX = "'duration,count', e.g. '250ms,8' for a bucket of 8 tokens refilled one token every 250ms";
 

@@ -1,6 +1,5 @@
-import { isStop } from './abort.js';
+import { isStop, sleep } from '@bmaas/common';
 import { ConnectionClosedError } from './errors.js';
-import { sleep } from './internal/sleep.js';
 import type { Session, SessionOptions } from './session.js';
 
 /** Options of {@link runRounds}. Durations in milliseconds. */

@@ -1,4 +1,5 @@
 import { performance } from 'node:perf_hooks';
+import { describeError, isUuid } from '@bmaas/common';
 import type { Kysely } from 'kysely';
 import type pg from 'pg';
 import {
@@ -12,7 +13,7 @@ import {
 } from './errors.js';
 import { connectionLoss, describeConnectionLoss, isConnectionLost } from './internal/connection-lost.js';
 import type { Ends } from './internal/ends.js';
-import { describeError, detail, log } from './internal/log.js';
+import { detail, log } from './internal/log.js';
 import type { RunStatement } from './internal/retry.js';
 import type { SelectionClaims } from './internal/selection-claims.js';
 import { reportHeartbeatFailure } from './internal/session-heartbeat.js';
@@ -59,8 +60,6 @@ export interface SessionParts {
   /** Runs a statement or transaction, retrying serialization failures, counted for each processor it serves. */
   readonly run: RunStatement;
 }
-
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 /** Fresh tries when concurrent claims took every candidate, before giving up with a conflict. */
 const CONTENDED_ATTEMPTS = 5;
@@ -270,7 +269,7 @@ export class Session {
       const candidate = candidates[0];
       if (candidate === undefined) throw new NothingToDoError(process);
       const machineId = typeof candidate === 'string' ? candidate : candidate.machineId;
-      if (!UUID.test(machineId)) {
+      if (!isUuid(machineId)) {
         throw new BMDBError(
           `work retriever for process ${process} returned ${JSON.stringify(machineId)}, not a machine ID`,
         );

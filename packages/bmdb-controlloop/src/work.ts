@@ -1,9 +1,9 @@
+import { describeError, sleep } from '@bmaas/common';
 import { CompiledQuery, type Kysely, type RawBuilder } from 'kysely';
 import { type Backoff, nextBackoffSeconds } from './backoff.js';
 import { BMDBError, WorkEndedError, type WorkEndState, WorkLostError, type WorkOutcome } from './errors.js';
 import { connectionLoss, describeConnectionLoss, isConnectionLost } from './internal/connection-lost.js';
-import { describeError, log } from './internal/log.js';
-import { sleep } from './internal/sleep.js';
+import { log } from './internal/log.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
 import type { Session, SessionParts } from './session.js';

@@ -4,7 +4,7 @@
  * @packageDocumentation
  */
 
-import { describeError } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/common';
 import yargs, { type Options, type Argv as Yargs } from 'yargs';
 import { AGENT_IMAGE_ACTIONS, agentImage } from './commands/agent-image.js';
 import { decommission } from './commands/decommission.js';

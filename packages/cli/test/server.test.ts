@@ -2,13 +2,15 @@
  * `shepherd server` as a process: its flags, its self-signed certificate, a
  * heartbeat through it over gRPC, its metrics and its clean stop.
  */
+
 import { generateKeyPairSync } from 'node:crypto';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { connect, type IncomingHttpHeaders } from 'node:http2';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { Queries } from '@bmaas/bmdb-controlloop';
-import { AgentCallback, certificatePem, selfSignedCertificate } from '@bmaas/server';
+import { certificatePem, selfSignedCertificate } from '@bmaas/common';
+import { AgentCallback } from '@bmaas/server';
 import { createClient } from '@connectrpc/connect';
 import { createGrpcTransport } from '@connectrpc/connect-node';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';

@@ -3,7 +3,7 @@ import { createServer } from 'node:net';
 import { hostname, loadavg } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { describeError } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/common';
 import { FakeRedfishServer, IpmiSimulator, selfSignedCertificate } from '@bmaas/provider-static/testing';
 import { selfSignedServerTls } from '@bmaas/server';
 import { SshKey } from '@bmaas/shepherd-manager';

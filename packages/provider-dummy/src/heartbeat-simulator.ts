@@ -1,5 +1,6 @@
 import type { BMDB, Session } from '@bmaas/bmdb-controlloop';
-import { describeError, runRounds } from '@bmaas/bmdb-controlloop';
+import { runRounds } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/common';
 import createDebug from 'debug';
 import type { DummyProvider } from './dummy-provider.js';
 

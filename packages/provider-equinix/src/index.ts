@@ -8,7 +8,7 @@
  * @packageDocumentation
  */
 
-export { Secret } from '@bmaas/shepherd-manager';
+export { Secret } from '@bmaas/common';
 export {
   DEFAULT_EQUINIX_API_URL,
   type DeviceAction,

@@ -8,7 +8,8 @@
  * @packageDocumentation
  */
 
-export { PowerOutcomeUnknownError, Secret } from '@bmaas/shepherd-manager';
+export { Secret } from '@bmaas/common';
+export { PowerOutcomeUnknownError } from '@bmaas/shepherd-manager';
 export {
   BmcCredentialsError,
   BmcError,

@@ -1,8 +1,8 @@
 import { readFile, stat } from 'node:fs/promises';
 import { isIP } from 'node:net';
 import path from 'node:path';
-import { describeError, redactUrl } from '@bmaas/bmdb-controlloop';
-import { Secret } from '@bmaas/shepherd-manager';
+import { redactUrl } from '@bmaas/bmdb-controlloop';
+import { describeError, Secret } from '@bmaas/common';
 import { InventoryError } from './errors.js';
 import { IPMI_DEFAULT_CIPHER_SUITE, IPMI_DEFAULT_PORT } from './ipmi/target.js';
 

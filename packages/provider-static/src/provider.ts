@@ -1,12 +1,6 @@
 import { readFile, stat } from 'node:fs/promises';
-import {
-  type BMDB,
-  describeError,
-  type PowerState,
-  ProviderStatus,
-  runRounds,
-  type Session,
-} from '@bmaas/bmdb-controlloop';
+import { type BMDB, type PowerState, ProviderStatus, runRounds, type Session } from '@bmaas/bmdb-controlloop';
+import { describeError, Secret } from '@bmaas/common';
 import {
   type AcceptedPowerCommand,
   Availability,
@@ -15,7 +9,6 @@ import {
   MachineNotFoundError,
   type PowerControl,
   type Provider,
-  Secret,
 } from '@bmaas/shepherd-manager';
 import type { Bmc } from './bmc.js';
 import { BmcCredentialsError, NoBmcError, StaticProviderError } from './errors.js';

@@ -1,11 +1,6 @@
 import { performance } from 'node:perf_hooks';
-import {
-  type BMDB,
-  isMachineId,
-  type OSInstallationReport,
-  type PendingOSInstallation,
-  type RootDeviceHints,
-} from '@bmaas/bmdb-controlloop';
+import type { BMDB, OSInstallationReport, PendingOSInstallation, RootDeviceHints } from '@bmaas/bmdb-controlloop';
+import { isUuid } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
 import {
@@ -104,7 +99,7 @@ async function heartbeat(
     log.heartbeat('refused a heartbeat for machine %o: no client certificate over an ed25519 key', request.machineId);
     throw new ConnectError(`${UNAUTHENTICATED}: no client certificate over an ed25519 key`, Code.Unauthenticated);
   }
-  if (!isMachineId(request.machineId)) {
+  if (!isUuid(request.machineId)) {
     throw new ConnectError(`machine_id ${JSON.stringify(request.machineId)} is not a UUID`, Code.InvalidArgument);
   }
   const report = request.installationReport && installationReport(request.machineId, request.installationReport);

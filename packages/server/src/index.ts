@@ -37,4 +37,3 @@ export {
 export type { ServerLimits } from './limits.js';
 export { BmaasServer, type BmaasServerOptions } from './server.js';
 export { loadServerTls, type SelfSignedTlsOptions, type ServerTls, selfSignedServerTls } from './tls.js';
-export { certificatePem, type SelfSignedOptions, selfSignedCertificate } from './x509.js';

@@ -2,9 +2,9 @@ import { createPrivateKey, generateKeyPairSync, X509Certificate } from 'node:cry
 import { mkdir, readFile, rename, writeFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import path from 'node:path';
+import { certificatePem, selfSignedCertificate } from '@bmaas/common';
 import { ServerTlsError } from './errors.js';
 import { log } from './log.js';
-import { certificatePem, selfSignedCertificate } from './x509.js';
 
 /** The server's certificate and key, PEM. */
 export interface ServerTls {

@@ -3,19 +3,13 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { type BMDB, Queries } from '@bmaas/bmdb-controlloop';
+import { certificatePem, selfSignedCertificate } from '@bmaas/common';
 import { type Client, createClient } from '@connectrpc/connect';
 import { createGrpcTransport } from '@connectrpc/connect-node';
 import type { Registry } from 'prom-client';
 import { afterAll } from 'vitest';
 import { type TestDatabase, testBMDB } from '../../../test/support/database.js';
-import {
-  AgentCallback,
-  agentApi,
-  BmaasServer,
-  certificatePem,
-  selfSignedCertificate,
-  selfSignedServerTls,
-} from '../src/index.js';
+import { AgentCallback, agentApi, BmaasServer, selfSignedServerTls } from '../src/index.js';
 
 /** A server of the calling test file's own: its database, BMDB, certificate directory and CA. */
 export interface TestServer {

@@ -1,4 +1,4 @@
-import { describeError } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/common';
 import { create, equals, fromBinary, toBinary } from '@bufbuild/protobuf';
 import {
   type TakeoverInit,

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { dirname } from 'node:path';
-import { describeError } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/common';
 import { ShepherdError } from './provider.js';
 
 /**

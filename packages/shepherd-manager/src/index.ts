@@ -52,8 +52,6 @@ export {
   type ReconcileReport,
 } from './provisioner.js';
 export { Recoverer, type RecovererOptions } from './recoverer.js';
-export { Secret } from './secret.js';
-export { Semaphore } from './semaphore.js';
 export {
   HostKeyMismatchError,
   SshAbortedError,

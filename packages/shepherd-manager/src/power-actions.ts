@@ -1,6 +1,5 @@
 import {
   type BMDB,
-  describeError,
   NothingToDoError,
   OperatorAction,
   OperatorOutcome,
@@ -12,6 +11,7 @@ import {
   type Work,
   WorkConflictError,
 } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/common';
 import { log } from './internal.js';
 import { type AcceptedPowerCommand, type PowerControl, PowerOutcomeUnknownError } from './power.js';
 import { ShepherdError } from './provider.js';

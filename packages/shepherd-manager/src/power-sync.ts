@@ -1,14 +1,13 @@
 import {
   type BMDB,
-  describeError,
   type PowerReadLease,
   type PowerReadResult,
   parseLimiter,
   Queries,
   type RateLimiter,
   runRounds,
-  sleep,
 } from '@bmaas/bmdb-controlloop';
+import { describeError, sleep } from '@bmaas/common';
 import { detail, log } from './internal.js';
 import type { PowerControl } from './power.js';
 

@@ -1,7 +1,5 @@
 import {
   type BMDB,
-  describeError,
-  isStop,
   type ProvidedMachine,
   ProviderStatus,
   parseLimiter,
@@ -11,6 +9,7 @@ import {
   SessionClosedError,
   SessionExpiredError,
 } from '@bmaas/bmdb-controlloop';
+import { describeError, isStop } from '@bmaas/common';
 import { detail, log } from './internal.js';
 import { Availability, type Machine, type Provider, ShepherdError } from './provider.js';
 

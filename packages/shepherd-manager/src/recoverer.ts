@@ -3,7 +3,6 @@ import {
   type BMDB,
   type ControlLoop,
   type ControlLoopOptions,
-  describeError,
   PowerState,
   Process,
   type ProvidedMachine,
@@ -12,9 +11,9 @@ import {
   runControlLoop,
   runRounds,
   type Selection,
-  sleep,
   type Task,
 } from '@bmaas/bmdb-controlloop';
+import { describeError, sleep } from '@bmaas/common';
 import { detail, log } from './internal.js';
 import type { PowerControl } from './power.js';
 

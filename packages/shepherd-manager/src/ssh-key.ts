@@ -8,7 +8,7 @@ import {
 } from 'node:crypto';
 import { chmod, link, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { dirname } from 'node:path';
-import { describeError } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/common';
 import createDebug from 'debug';
 import ssh2 from 'ssh2';
 import { ShepherdError } from './provider.js';

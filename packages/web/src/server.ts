@@ -3,7 +3,6 @@ import { createServer as createTlsServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import {
   type BMDB,
-  describeError,
   MACHINE_STAGES,
   type MachineFilter,
   type MachineStage,
@@ -11,6 +10,7 @@ import {
   PowerState,
   type RecoveryThresholds,
 } from '@bmaas/bmdb-controlloop';
+import { describeError, isUuid } from '@bmaas/common';
 import { checkTlsRule, checkTokenRule, expiredLoginCookie, parseCookies, TokenCheck } from './access.js';
 import { type BMDBReader, findMachine, readMachine, readMachineList, readOverview } from './data.js';
 import { type Html, href } from './html.js';
@@ -322,7 +322,7 @@ function parseFilter(params: URLSearchParams, api: boolean): MachineFilter {
     throw new BadRequest(`stage ${JSON.stringify(stage)} is not a stage: want one of ${MACHINE_STAGES.join(', ')}`);
   }
   const after = value('after');
-  if (after !== undefined && !/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(after)) {
+  if (after !== undefined && !isUuid(after)) {
     throw new BadRequest(`after ${JSON.stringify(after)} is not a machine ID (a UUID)`);
   }
   const limitText = value('limit');

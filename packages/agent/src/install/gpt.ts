@@ -1,4 +1,5 @@
 import type { FileHandle } from 'node:fs/promises';
+import { isUuid } from '@bmaas/common';
 
 /** One partition of a GUID partition table. */
 export interface GptPartition {
@@ -71,12 +72,12 @@ export function guidString(bytes: Uint8Array): string {
 
 /** The string form of a GUID as its 16 mixed-endian bytes. */
 export function guidBytes(guid: string): Uint8Array {
-  const match = /^([0-9a-f]{8})-([0-9a-f]{4})-([0-9a-f]{4})-([0-9a-f]{4})-([0-9a-f]{12})$/i.exec(guid);
-  if (!match) throw new GptError(`${JSON.stringify(guid)} is not a GUID`);
+  if (!isUuid(guid)) throw new GptError(`${JSON.stringify(guid)} is not a GUID`);
+  const [time = '', mid = '', high = '', clock = '', node = ''] = guid.split('-');
   const bytes = Buffer.alloc(16);
-  bytes.writeUInt32LE(Number.parseInt(match[1] as string, 16), 0);
-  bytes.writeUInt16LE(Number.parseInt(match[2] as string, 16), 4);
-  bytes.writeUInt16LE(Number.parseInt(match[3] as string, 16), 6);
-  Buffer.from(`${match[4]}${match[5]}`, 'hex').copy(bytes, 8);
+  bytes.writeUInt32LE(Number.parseInt(time, 16), 0);
+  bytes.writeUInt16LE(Number.parseInt(mid, 16), 4);
+  bytes.writeUInt16LE(Number.parseInt(high, 16), 6);
+  Buffer.from(`${clock}${node}`, 'hex').copy(bytes, 8);
   return Uint8Array.from(bytes);
 }

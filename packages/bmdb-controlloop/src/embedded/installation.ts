@@ -6,7 +6,8 @@ import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { describeError, log } from '../internal/log.js';
+import { describeError } from '@bmaas/common';
+import { log } from '../internal/log.js';
 
 const run = promisify(execFile);
 

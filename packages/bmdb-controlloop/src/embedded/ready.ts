@@ -1,5 +1,5 @@
+import { sleep } from '@bmaas/common';
 import pg from 'pg';
-import { sleep } from '../internal/sleep.js';
 
 /**
  * Resolves once a starting PostgreSQL server accepts connections at

@@ -1,5 +1,6 @@
+import { describeError } from '@bmaas/common';
 import pg from 'pg';
-import { describeError, detail, log } from './log.js';
+import { detail, log } from './log.js';
 
 /** The channel migration 0002's triggers and the ending statements notify. */
 export const CHANGES_CHANNEL = 'bmdb_machines_changed';

@@ -25,5 +25,3 @@ export const detail = {
   work: createDebug('bmdb:work:detail'),
   loop: createDebug('bmdb:loop:detail'),
 };
-
-export { describeError } from '../describe-error.js';

@@ -1,6 +1,6 @@
+import { retry } from '@bmaas/common';
 import { type ConnectionLoss, connectionLoss, describeConnectionLoss, isNotExecuted } from './connection-lost.js';
 import { detail, log } from './log.js';
-import { sleep } from './sleep.js';
 
 /** SQLSTATEs after which the whole transaction can simply run again. */
 const RETRYABLE = new Set(['40001', '40P01']);
@@ -31,31 +31,43 @@ const MAX_ATTEMPTS = 30;
 /**
  * Runs `attempt` until it succeeds, retrying serialization failures and
  * deadlocks, and the failover errors after which nothing ran (a read-only
- * node, a server starting up), with a jittered exponential pause (5 ms
- * doubling to 500 ms, so about 12 s in all). The failed attempt's
+ * node, a server starting up), with `@bmaas/common`'s jittered exponential
+ * pause (5 ms doubling to 500 ms, so about 12 s in all). The failed attempt's
  * connection is not reused (the pools drop a connection whose query
  * failed), so the next goes to whichever node HAProxy routes to now. A
  * connection lost mid-statement is not retried here: whether it committed
  * is unknown, and the callers decide (an end is made again, a claim gives
- * its session up).
+ * its session up). What this adds to `retry` is the library's: which
+ * database errors are retried, and the metrics and logs of each attempt.
  */
 export async function withRetry<T>(attempt: () => Promise<T>, hooks: RetryHooks): Promise<T> {
-  for (let n = 1; ; n++) {
-    hooks.onAttempt();
-    try {
-      return await attempt();
-    } catch (error) {
-      const loss = connectionLoss(error);
-      if (loss) hooks.onConnectionLoss(loss);
-      if (!(isRetryable(error) || isNotExecuted(loss)) || n >= MAX_ATTEMPTS) {
-        hooks.onFailure(error);
-        throw error;
-      }
-      hooks.onRetry(error, n);
-      const ceiling = Math.min(500, 5 * 2 ** (n - 1));
-      if (loss) log.connection('%s; retrying on a fresh connection (attempt %d)', describeConnectionLoss(loss), n);
-      else detail.connection('retrying transaction after %s (attempt %d)', (error as { code?: string }).code, n);
-      await sleep(ceiling / 2 + Math.random() * (ceiling / 2));
-    }
+  try {
+    return await retry(
+      async () => {
+        hooks.onAttempt();
+        try {
+          return await attempt();
+        } catch (error) {
+          const loss = connectionLoss(error);
+          if (loss) hooks.onConnectionLoss(loss);
+          throw error;
+        }
+      },
+      {
+        maxAttempts: MAX_ATTEMPTS,
+        baseDelay: 5,
+        maxDelay: 500,
+        retryable: (error) => isRetryable(error) || isNotExecuted(connectionLoss(error)),
+        onRetry: (error, n) => {
+          hooks.onRetry(error, n);
+          const loss = connectionLoss(error);
+          if (loss) log.connection('%s; retrying on a fresh connection (attempt %d)', describeConnectionLoss(loss), n);
+          else detail.connection('retrying transaction after %s (attempt %d)', (error as { code?: string }).code, n);
+        },
+      },
+    );
+  } catch (error) {
+    hooks.onFailure(error);
+    throw error;
   }
 }

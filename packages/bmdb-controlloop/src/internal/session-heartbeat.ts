@@ -1,6 +1,7 @@
+import { describeError } from '@bmaas/common';
 import type { BMDBMetrics } from '../metrics.js';
 import { connectionLoss, describeConnectionLoss } from './connection-lost.js';
-import { describeError, log } from './log.js';
+import { log } from './log.js';
 
 /** How often a failed heartbeat is retried, as a fraction of the interval. */
 const HEARTBEAT_RETRY_FRACTION = 10;

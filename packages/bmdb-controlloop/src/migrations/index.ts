@@ -1,5 +1,5 @@
+import { describeError } from '@bmaas/common';
 import { type Kysely, type Migration, type MigrationProvider, Migrator } from 'kysely';
-import { describeError } from '../describe-error.js';
 import { BMDBError } from '../errors.js';
 import { log } from '../internal/log.js';
 import * as initial from './0001_initial.js';

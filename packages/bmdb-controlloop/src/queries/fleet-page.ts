@@ -1,3 +1,4 @@
+import { isUuid } from '@bmaas/common';
 /** The fleet page's machine table and machine detail. */
 import { type Kysely, type RawBuilder, sql } from 'kysely';
 import { type MachineHardware, machineHardware } from '../hardware-report.js';
@@ -77,11 +78,9 @@ export interface MachineDetail extends Omit<MachineSummary, 'liveWork' | 'backof
   readonly historyTotal: number;
 }
 
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
-
 export async function findMachine(db: Kysely<Database>, id: string): Promise<string | undefined> {
   const trimmed = id.trim();
-  if (UUID.test(trimmed)) {
+  if (isUuid(trimmed)) {
     const row = await db
       .selectFrom('machines')
       .select('machine_id')
@@ -106,7 +105,7 @@ export async function machinePage(
   const limit = filter.limit ?? 50;
   if (!Number.isInteger(limit) || limit < 1 || limit > 1000)
     throw new RangeError(`machinePage: limit must be a whole number from 1 to 1000, got ${limit}`);
-  if (filter.after !== undefined && !UUID.test(filter.after))
+  if (filter.after !== undefined && !isUuid(filter.after))
     throw new RangeError(`machinePage: after must be a machine ID (a UUID), got ${JSON.stringify(filter.after)}`);
   const search = filter.search?.trim() || undefined;
   // The page's IDs first, from the rows of the index serving the filter that
@@ -163,7 +162,7 @@ export async function machineDetail(
   machineId: string,
   options: { historyLimit?: number } & RecoveryThresholds = {},
 ): Promise<MachineDetail | undefined> {
-  if (!UUID.test(machineId)) return undefined;
+  if (!isUuid(machineId)) return undefined;
   const { rows } = await sql<
     MachineSummaryRow & {
       agent_public_key: Uint8Array | null;

@@ -1,3 +1,4 @@
+import { isUuid } from '@bmaas/common';
 /** Machines as a person names them: by provider and provider ID, or by machine ID. */
 import { type Kysely, sql } from 'kysely';
 import type { Database } from '../schema.js';
@@ -24,8 +25,6 @@ export interface MachineLookup {
   readonly unknown: readonly string[];
 }
 
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
-
 export async function lookUpMachines(db: Kysely<Database>, names: MachineNames): Promise<MachineLookup> {
   const byMachine = 'machineIds' in names;
   const wanted = [...new Set(byMachine ? names.machineIds.map((id) => id.toLowerCase()) : names.providerIds)];
@@ -39,7 +38,7 @@ export async function lookUpMachines(db: Kysely<Database>, names: MachineNames):
     .select(['m.machine_id', 'mp.provider', 'mp.provider_id', live.as('live_work')]);
   if (byMachine) {
     // A name that is no UUID names no machine (and must not reach a uuid comparison).
-    const ids = wanted.filter((id) => UUID.test(id));
+    const ids = wanted.filter((id) => isUuid(id));
     if (ids.length === 0) return { found: [], unknown: wanted };
     query = query.where('m.machine_id', 'in', ids);
   } else {

@@ -1,7 +1,6 @@
 import type { MachineLookup, MachineNames, MachineRef } from '@bmaas/bmdb-controlloop';
+import { isUuid } from '@bmaas/common';
 import { type Argv, optional, UsageError } from '../settings.js';
-
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 /**
  * The values of a flag that takes several: repeated, space-separated after
@@ -31,7 +30,7 @@ export function machineTargets(argv: Argv, command: string, options: { machineId
         `name the machines by --machine-id or by --provider and --provider-id, not both`,
       );
     }
-    const bad = machineIds.find((id) => !UUID.test(id));
+    const bad = machineIds.find((id) => !isUuid(id));
     if (bad !== undefined) throw UsageError.invalid('machine-id', bad, 'a machine ID (a UUID)');
     return { machineIds };
   }

@@ -1,5 +1,6 @@
-import { describeError, type MachineRef, type Session } from '@bmaas/bmdb-controlloop';
-import { type PowerActionKind, type PowerActionResult, PowerActions, Semaphore } from '@bmaas/shepherd-manager';
+import type { MachineRef, Session } from '@bmaas/bmdb-controlloop';
+import { describeError, Semaphore } from '@bmaas/common';
+import { type PowerActionKind, type PowerActionResult, PowerActions } from '@bmaas/shepherd-manager';
 import { type Argv, actor, databaseSettings, reason, UsageError } from '../settings.js';
 import { withSession } from './hold.js';
 import { describeMachine, MachinesNotDoneError, machineTargets, unknownLines } from './machine-targets.js';

@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { parseLimiter, type RateLimiter } from '@bmaas/bmdb-controlloop';
-import { Secret, Semaphore } from '@bmaas/shepherd-manager';
+import { Secret, Semaphore } from '@bmaas/common';
 import type { Registry } from 'prom-client';
 import { EquinixApiError, EquinixResponseError, ReservationTakenError } from '../errors.js';
 import { sameKey } from '../internal/authorized-key.js';

@@ -1,4 +1,7 @@
-/** How the client retries failed requests. Durations in milliseconds. */
+/**
+ * How the client retries failed requests, through `@bmaas/common`'s `retry`
+ * (jittered exponential backoff). Durations in milliseconds.
+ */
 export interface RetryPolicy {
   /** Attempts per request, the first included. Default 6. */
   readonly maxAttempts: number;
@@ -29,16 +32,6 @@ export function retryPolicy(partial: Partial<RetryPolicy> = {}): RetryPolicy {
     }
   }
   return policy;
-}
-
-/**
- * The pause before retry number `retry` (1 for the first): exponential,
- * capped, with "equal jitter" (between half and all of it) so that many
- * clients failing together do not come back together.
- */
-export function backoffDelay(policy: RetryPolicy, retry: number): number {
-  const ceiling = Math.min(policy.maxDelay, policy.baseDelay * 2 ** (retry - 1));
-  return ceiling / 2 + Math.random() * (ceiling / 2);
 }
 
 /**

@@ -1,10 +1,10 @@
 import { performance } from 'node:perf_hooks';
-import { describeError, type RateLimiter, sleep } from '@bmaas/bmdb-controlloop';
-import type { Secret, Semaphore } from '@bmaas/shepherd-manager';
+import type { RateLimiter } from '@bmaas/bmdb-controlloop';
+import { describeError, retry, type Secret, type Semaphore } from '@bmaas/common';
 import { EquinixApiError, type EquinixError, EquinixRequestError, EquinixResponseError } from '../errors.js';
 import { log } from '../internal/log.js';
 import type { EquinixApiMetrics } from './metrics.js';
-import { backoffDelay, parseRetryAfter, type RetryPolicy } from './retry.js';
+import { parseRetryAfter, type RetryPolicy } from './retry.js';
 
 export type HttpMethod = 'GET' | 'POST' | 'PUT';
 
@@ -45,19 +45,20 @@ export interface ApiRequest<T> {
   readonly signal?: AbortSignal | undefined;
 }
 
-type Outcome<T> =
-  | { readonly ok: true; readonly value: T }
-  | {
-      readonly ok: false;
-      readonly error: EquinixError;
-      /** Worth another attempt. */
-      readonly retry: boolean;
-      /** The API may have acted on the request although we saw no success. */
-      readonly uncertain: boolean;
-      readonly retryAfter?: number | undefined;
-      /** Short label for logs and the retries metric. */
-      readonly reason: string;
-    };
+/** A failed attempt, as the transport judges it. */
+interface Failure {
+  readonly ok: false;
+  readonly error: EquinixError;
+  /** Worth another attempt. */
+  readonly retry: boolean;
+  /** The API may have acted on the request although we saw no success. */
+  readonly uncertain: boolean;
+  readonly retryAfter?: number | undefined;
+  /** Short label for logs and the retries metric. */
+  readonly reason: string;
+}
+
+type Outcome<T> = { readonly ok: true; readonly value: T } | Failure;
 
 /**
  * Sends requests to the Equinix API: concurrency slots and rate-limit
@@ -69,39 +70,50 @@ export class Transport {
   constructor(private readonly options: TransportOptions) {}
 
   async request<T>(spec: ApiRequest<T>): Promise<T> {
-    const { retry } = this.options;
-    let lostAnswer = false;
-    for (let attempt = 1; ; attempt++) {
-      if (lostAnswer && !spec.repeatable) {
-        // The previous attempt may have worked: look before doing it again.
+    const policy = this.options.retry;
+    // The last attempt's failure as #attempt judged it: whether another may
+    // help, whether the API may have acted, how long the API asked to wait.
+    let failed: Failure | undefined;
+    const isFailed = (error: unknown): error is EquinixError => failed !== undefined && error === failed.error;
+    try {
+      return await retry(
+        async (attempt) => {
+          if (failed?.uncertain && !spec.repeatable) {
+            // The previous attempt may have worked: look before doing it again.
+            const found = await this.#recover(spec);
+            if (found !== undefined) return found;
+          }
+          const outcome = await this.#attempt(spec, attempt);
+          if (outcome.ok) return outcome.value;
+          failed = outcome;
+          throw outcome.error;
+        },
+        {
+          maxAttempts: policy.maxAttempts,
+          baseDelay: policy.baseDelay,
+          maxDelay: policy.maxDelay,
+          retryable: (error) =>
+            isFailed(error) &&
+            failed?.retry === true &&
+            (spec.repeatable || !failed.uncertain || spec.recover !== undefined),
+          requestedPause: (error) =>
+            isFailed(error) && failed?.retryAfter !== undefined
+              ? Math.min(failed.retryAfter, policy.maxRetryAfter)
+              : undefined,
+          onRetry: (_error, attempt, pause) => {
+            const reason = failed?.reason ?? 'unknown';
+            log.api('%s %s attempt %d failed (%s); retrying in %dms', spec.method, spec.path, attempt, reason, pause);
+            this.options.metrics?.retries.inc({ method: spec.method, endpoint: spec.route, reason });
+          },
+          signal: spec.signal,
+        },
+      );
+    } catch (error) {
+      if (isFailed(error) && failed?.uncertain && !spec.repeatable) {
         const found = await this.#recover(spec);
         if (found !== undefined) return found;
       }
-      const outcome = await this.#attempt(spec, attempt);
-      if (outcome.ok) return outcome.value;
-      const mayRepeat = spec.repeatable || !outcome.uncertain || spec.recover !== undefined;
-      if (!outcome.retry || !mayRepeat || attempt >= retry.maxAttempts) {
-        if (outcome.uncertain && !spec.repeatable) {
-          const found = await this.#recover(spec);
-          if (found !== undefined) return found;
-        }
-        throw outcome.error;
-      }
-      lostAnswer = outcome.uncertain;
-      const pause =
-        outcome.retryAfter !== undefined
-          ? Math.min(outcome.retryAfter, retry.maxRetryAfter)
-          : backoffDelay(retry, attempt);
-      log.api(
-        '%s %s attempt %d failed (%s); retrying in %dms',
-        spec.method,
-        spec.path,
-        attempt,
-        outcome.reason,
-        Math.round(pause),
-      );
-      this.options.metrics?.retries.inc({ method: spec.method, endpoint: spec.route, reason: outcome.reason });
-      await sleep(pause, spec.signal);
+      throw error;
     }
   }
 

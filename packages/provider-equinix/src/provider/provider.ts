@@ -1,4 +1,5 @@
-import { describeError, isAbortOf, type Session } from '@bmaas/bmdb-controlloop';
+import type { Session } from '@bmaas/bmdb-controlloop';
+import { describeError, isAbortOf } from '@bmaas/common';
 import { Availability, type CreateMachineRequest, MachineNotFoundError, type Provider } from '@bmaas/shepherd-manager';
 import type { EquinixClient } from '../api/client.js';
 import type { EquinixDevice } from '../api/types.js';

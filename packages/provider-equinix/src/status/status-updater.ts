@@ -1,6 +1,7 @@
 import { performance } from 'node:perf_hooks';
 import type { BMDB, ProvidedMachine, ProviderStatusUpdate, Session } from '@bmaas/bmdb-controlloop';
-import { describeError, isAbortOf, ProviderStatus, runRounds } from '@bmaas/bmdb-controlloop';
+import { ProviderStatus, runRounds } from '@bmaas/bmdb-controlloop';
+import { describeError, isAbortOf } from '@bmaas/common';
 import type { EquinixClient } from '../api/client.js';
 import type { EquinixDevice } from '../api/types.js';
 import { EquinixApiError } from '../errors.js';

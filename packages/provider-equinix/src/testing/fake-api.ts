@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { describeError } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/common';
 import type { EquinixDevice, EquinixHardwareReservation, EquinixSshKey } from '../api/types.js';
 import { log } from '../internal/log.js';
 import { type FakeDeviceSeed, type FakeReservationSeed, FakeStore } from './fake-store.js';

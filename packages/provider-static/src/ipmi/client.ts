@@ -1,4 +1,5 @@
-import { PowerOutcomeUnknownError, Semaphore } from '@bmaas/shepherd-manager';
+import { retry, Semaphore } from '@bmaas/common';
+import { PowerOutcomeUnknownError } from '@bmaas/shepherd-manager';
 import {
   BmcCredentialsError,
   type BmcError,
@@ -8,7 +9,6 @@ import {
   IpmiCommandError,
 } from '../errors.js';
 import { log } from '../internal/log.js';
-import { RetryableError, withRetries } from '../internal/retry.js';
 import { type IpmiClientOptions, type IpmiClientSettings, ipmiClientSettings } from './client-settings.js';
 import { classifyFailure } from './failure.js';
 import { runIpmitool } from './ipmitool.js';
@@ -140,25 +140,23 @@ export class IpmiClient {
   ): Promise<string> {
     const release = await this.#slots.acquire(signal);
     try {
-      return await withRetries(
-        this.settings,
-        async () => {
-          const outcome = await this.#attempt(target, command, signal, actsTwice);
-          if (typeof outcome === 'string') return outcome;
-          throw outcome.retry ? new RetryableError(outcome.error) : outcome.error;
-        },
-        (failure, next, pause) =>
+      return await retry(() => this.#attempt(target, command, signal, actsTwice), {
+        maxAttempts: this.settings.maxAttempts,
+        baseDelay: this.settings.retryDelay,
+        // No answer: another try may get one. A refusal says the same again.
+        retryable: (error) => error instanceof BmcTimeoutError || error instanceof BmcUnreachableError,
+        onRetry: (error, attempt, pause) =>
           log.ipmi(
             'machine %s: %s failed (%s); attempt %d of %d in %d ms',
             target.machine,
             command.join(' '),
-            failure.message,
-            next,
+            (error as Error).message,
+            attempt + 1,
             this.settings.maxAttempts,
             pause,
           ),
         signal,
-      );
+      });
     } finally {
       release();
     }
@@ -169,7 +167,7 @@ export class IpmiClient {
     command: readonly string[],
     signal: AbortSignal | undefined,
     actsTwice: boolean,
-  ): Promise<string | { error: BmcError; retry: boolean }> {
+  ): Promise<string> {
     const bmc = bmcName(target);
     const what = command.join(' ');
     // ipmitool's own retransmissions of the command are acts too: ipmi_sim resets once for each.
@@ -183,35 +181,29 @@ export class IpmiClient {
     if (output.timedOut) {
       const error = new BmcTimeoutError(target.machine, 'ipmi', bmc, what, this.settings.timeout);
       if (actsTwice && failure?.sent !== false) throw new PowerOutcomeUnknownError(target.machine, what, error);
-      return { error, retry: true };
+      throw error;
     }
     if (failure === undefined) return output.stdout;
     const problem = `${what}: ${failure.detail}`;
     switch (failure.kind) {
       case 'credentials':
-        return {
-          error: new BmcCredentialsError(
-            target.machine,
-            'ipmi',
-            bmc,
-            `${problem}; user ${JSON.stringify(target.username)} (credentials refused)`,
-            target.username,
-          ),
-          retry: false,
-        };
+        throw new BmcCredentialsError(
+          target.machine,
+          'ipmi',
+          bmc,
+          `${problem}; user ${JSON.stringify(target.username)} (credentials refused)`,
+          target.username,
+        );
       case 'unreachable':
       case 'unanswered': {
         const error = new BmcUnreachableError(target.machine, 'ipmi', bmc, problem);
         if (actsTwice && failure.sent) throw new PowerOutcomeUnknownError(target.machine, what, error);
-        return { error, retry: true };
+        throw error;
       }
       case 'unsupported':
-        return {
-          error: new BmcUnsupportedError(target.machine, 'ipmi', bmc, `${problem} (not supported)`),
-          retry: false,
-        };
+        throw new BmcUnsupportedError(target.machine, 'ipmi', bmc, `${problem} (not supported)`);
       default:
-        return { error: new IpmiCommandError(target.machine, bmc, what, failure.detail), retry: false };
+        throw new IpmiCommandError(target.machine, bmc, what, failure.detail);
     }
   }
 }

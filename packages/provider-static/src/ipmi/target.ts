@@ -1,5 +1,3 @@
-import type { Secret } from '@bmaas/shepherd-manager';
-
 /** The RMCP+ UDP port of a BMC that names none. */
 export const IPMI_DEFAULT_PORT = 623;
 /** The cipher suite of a BMC that names none: 17 (HMAC-SHA256, AES-CBC-128), as current BMCs offer. */
@@ -27,3 +25,5 @@ export function bmcName(target: Pick<IpmiTarget, 'host' | 'port'>): string {
   const host = target.host.includes(':') ? `[${target.host}]` : target.host;
   return `${host}:${target.port ?? IPMI_DEFAULT_PORT}`;
 }
+
+import type { Secret } from '@bmaas/common';

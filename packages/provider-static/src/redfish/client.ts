@@ -1,4 +1,4 @@
-import { Semaphore } from '@bmaas/shepherd-manager';
+import { Semaphore } from '@bmaas/common';
 import { BmcUnsupportedError } from '../errors.js';
 import { log } from '../internal/log.js';
 import { clientSettings, type RedfishClientOptions, type RedfishClientSettings } from './client-settings.js';

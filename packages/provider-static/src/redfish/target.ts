@@ -1,5 +1,3 @@
-import type { Secret } from '@bmaas/shepherd-manager';
-
 /** A BMC to talk to: one machine's ComputerSystem and the credentials for it. */
 export interface RedfishTarget {
   /** The machine's name in messages and logs (its provider ID). */
@@ -11,3 +9,5 @@ export interface RedfishTarget {
   /** Skip TLS certificate verification (logged once per machine). */
   readonly insecure?: boolean | undefined;
 }
+
+import type { Secret } from '@bmaas/common';

@@ -1,4 +1,4 @@
-import { describeError } from '@bmaas/bmdb-controlloop';
+import { describeError, retry } from '@bmaas/common';
 import { PowerOutcomeUnknownError } from '@bmaas/shepherd-manager';
 import { Agent, type Dispatcher, request } from 'undici';
 import {
@@ -9,7 +9,6 @@ import {
   RedfishHttpError,
 } from '../errors.js';
 import { log } from '../internal/log.js';
-import { RetryableError, withRetries } from '../internal/retry.js';
 import type { RedfishClientSettings } from './client-settings.js';
 import { isRecord } from './json.js';
 import type { RedfishTarget } from './target.js';
@@ -68,22 +67,23 @@ export class RedfishTransport {
     actsTwice?: string,
   ): Promise<{ status: number; body: unknown }> {
     const dispatcher = this.#dispatcher(target, url);
-    return withRetries(
-      this.#settings,
-      () => this.#attempt(target, dispatcher, method, url, payload, signal, actsTwice),
-      (failure, next, pause) =>
+    return retry(() => this.#attempt(target, dispatcher, method, url, payload, signal, actsTwice), {
+      maxAttempts: this.#settings.maxAttempts,
+      baseDelay: this.#settings.retryDelay,
+      retryable: isPassingFailure,
+      onRetry: (error, attempt, pause) =>
         log.redfish(
           'machine %s: %s %s failed (%s); attempt %d of %d in %d ms',
           target.machine,
           method,
           url,
-          failure.message,
-          next,
+          (error as Error).message,
+          attempt + 1,
           this.#settings.maxAttempts,
           pause,
         ),
       signal,
-    );
+    });
   }
 
   async #attempt(
@@ -129,7 +129,7 @@ export class RedfishTransport {
       if (actsTwice !== undefined && (timer.aborted || !neverSent(error))) {
         throw new PowerOutcomeUnknownError(target.machine, actsTwice, failure);
       }
-      throw new RetryableError(failure);
+      throw failure;
     }
     if (statusCode === 401 || statusCode === 403) {
       throw new BmcCredentialsError(
@@ -144,7 +144,6 @@ export class RedfishTransport {
     const accepted = method === 'GET' ? statusCode === 200 : ACCEPTED.has(statusCode);
     if (!accepted) {
       const error = new RedfishHttpError(target.machine, url, method, statusCode, target.password.scrub(detail(text)));
-      if (statusCode >= 500) throw new RetryableError(error);
       throw error;
     }
     if (text.trim() === '') return { status: statusCode, body: undefined };
@@ -188,6 +187,15 @@ export class RedfishTransport {
     this.#warned.add(key);
     log.redfish(`warning: ${format}`, ...args);
   }
+}
+
+/** A failure another attempt may not meet: no answer (network, timeout) or a 5xx; never a 4xx. */
+function isPassingFailure(error: unknown): boolean {
+  return (
+    error instanceof BmcUnreachableError ||
+    error instanceof BmcTimeoutError ||
+    (error instanceof RedfishHttpError && error.status >= 500)
+  );
 }
 
 /** Whether a failed request never left: the connection could not be made. */

@@ -1,5 +1,5 @@
 import { generateKeyPairSync } from 'node:crypto';
-import { certificatePem, selfSignedCertificate as selfSignedDer } from '@bmaas/server';
+import { certificatePem, selfSignedCertificate as selfSignedDer } from '@bmaas/common';
 
 /** A self-signed certificate and its key, PEM. The certificate is its own CA. */
 export interface TestCertificate {
@@ -9,7 +9,7 @@ export interface TestCertificate {
 
 /**
  * Makes a throwaway self-signed P-256 certificate valid for `ipAddresses`
- * (default 127.0.0.1) and `localhost`, for one day: the server package's
+ * (default 127.0.0.1) and `localhost`, for one day: `@bmaas/common`'s
  * X.509 writer, so no `openssl` command is needed.
  */
 export async function selfSignedCertificate(ipAddresses: readonly string[] = ['127.0.0.1']): Promise<TestCertificate> {

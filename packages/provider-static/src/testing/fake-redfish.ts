@@ -2,7 +2,7 @@ import { timingSafeEqual } from 'node:crypto';
 import { createServer as createHttpServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
 import type { AddressInfo, Socket } from 'node:net';
-import { describeError } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/common';
 import { log } from '../internal/log.js';
 import {
   FAKE_BOOT_SOURCES,

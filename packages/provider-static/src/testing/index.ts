@@ -2,8 +2,7 @@
  * Test support: a fake Redfish BMC over real HTTP or HTTPS on 127.0.0.1,
  * and throwaway self-signed certificates for it, for this package's tests
  * and for tests of packages built on it. The certificates are written by
- * `@bmaas/server`'s X.509 writer: an optional peer dependency, needed only
- * here, never by the provider itself.
+ * `@bmaas/common`'s X.509 writer, so no `openssl` command is needed.
  *
  * @packageDocumentation
  */

@@ -1,5 +1,5 @@
 /** The SSH failures, each naming its target; callers test them with `instanceof`. */
-import { describeError } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/common';
 import { ShepherdError } from '../provider.js';
 import type { SshTarget } from '../ssh-client.js';
 import { describeTarget, pinKey } from './target.js';

@@ -1,5 +1,5 @@
 /** Dialing over ssh2, with the host key checked against its pin. */
-import { describeError } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/common';
 import { Client as Ssh2Connector } from 'ssh2';
 import type { HostKeyPinStore } from '../host-key-pins.js';
 import type { SshClient, SshConnection, SshDialOptions, SshTarget } from '../ssh-client.js';

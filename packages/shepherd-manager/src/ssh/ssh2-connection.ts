@@ -1,5 +1,5 @@
 /** An open ssh2 connection to one machine: commands and uploads. */
-import { describeError } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/common';
 import type { ClientChannel, SFTPWrapper, Client as Ssh2Connector } from 'ssh2';
 import type { SshConnection, SshExecResult, SshTarget } from '../ssh-client.js';
 import { abortable, tryOrElse } from './abortable.js';

@@ -1,5 +1,5 @@
 /** What ssh2 does not offer through its API, reached through its internals (checked before use). */
-import { describeError } from '@bmaas/bmdb-controlloop';
+import { describeError } from '@bmaas/common';
 import type { ClientChannel } from 'ssh2';
 import { log } from './log.js';
 

@@ -1,6 +1,5 @@
 import { describe, expect, test } from 'vitest';
-import { isAbortError } from '../src/abort.js';
-import { isAbortOf, isStop } from '../src/index.js';
+import { isAbortError, isAbortOf, isStop } from '../src/index.js';
 
 describe('telling a stop from a failure', () => {
   test('isAbortOf is true only for the aborted signal’s own reason', () => {

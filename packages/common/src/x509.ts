@@ -77,8 +77,11 @@ export function selfSignedCertificate(privateKey: KeyObject, options: SelfSigned
 }
 
 /** PEM armour of a DER certificate. */
-export function certificatePem(der: Buffer): string {
-  const lines = der.toString('base64').match(/.{1,64}/g) ?? [];
+export function certificatePem(der: Uint8Array): string {
+  const lines =
+    Buffer.from(der)
+      .toString('base64')
+      .match(/.{1,64}/g) ?? [];
   return `-----BEGIN CERTIFICATE-----\n${lines.join('\n')}\n-----END CERTIFICATE-----\n`;
 }
 
