@@ -20,8 +20,8 @@ import { Ends } from './internal/ends.js';
 import { LiveSessions } from './internal/live-sessions.js';
 import { describeError, detail, log } from './internal/log.js';
 import { createPools } from './internal/pools.js';
-import { PreparedStatements } from './internal/prepared.js';
-import { type RunStatement, withRetry } from './internal/retry.js';
+import { withRetry } from './internal/retry.js';
+import { retryMetrics } from './internal/retry-metrics.js';
 import { SelectionClaims } from './internal/selection-claims.js';
 import { BMDBMetrics } from './metrics.js';
 import { type ComponentSchema, checkComponents, migrateToLatest } from './migrations/index.js';
@@ -186,33 +186,13 @@ export class BMDB {
     this.#changes = new MachineChanges({ ...pools.base, keepAlive: true });
     this.#metrics = options.metrics ? new BMDBMetrics(options.metrics) : undefined;
     const metrics = this.#metrics;
-    // A batch is one transaction, counted once for each processor it served.
-    const runBatch: RunStatement = (processors, attempt) =>
-      withRetry(attempt, {
-        onAttempt: () => {
-          for (const processor of processors) metrics?.transactionsExecuted.inc({ processor });
-        },
-        onRetry: () => {
-          for (const processor of processors) metrics?.transactionsRetried.inc({ processor });
-        },
-        onFailure: () => {
-          for (const processor of processors) metrics?.transactionsFailed.inc({ processor });
-        },
-        onConnectionLoss: (cause) => {
-          for (const processor of processors) metrics?.connectionLost.inc({ processor, cause });
-        },
-      });
-    const prepared = new PreparedStatements(this.#claimPool);
-    this.#agentHeartbeats = new AgentHeartbeats(prepared, runBatch, (size) =>
-      metrics?.agentHeartbeatBatchSize.observe(size),
-    );
+    this.#agentHeartbeats = new AgentHeartbeats(this.#claimPool, metrics);
     this.#parts = {
       db: this.#db,
-      claims: new SelectionClaims(this.#db, prepared, runBatch),
-      ends: new Ends(prepared, runBatch),
+      claims: new SelectionClaims(this.#db, this.#claimPool, metrics),
+      ends: new Ends(this.#claimPool, metrics),
       heartbeatPool: this.#heartbeatPool,
       metrics,
-      run: runBatch,
     };
   }
 
@@ -288,8 +268,9 @@ export class BMDB {
     const seconds = interval / 1000;
     const sentAt = performance.now();
     const { componentName, runtimeInfo } = this.options;
-    const id = await this.#parts.run([processor], () =>
-      insertSession(this.#db, { componentName, runtimeInfo, processor, intervalSeconds: seconds }),
+    const id = await withRetry(
+      () => insertSession(this.#db, { componentName, runtimeInfo, processor, intervalSeconds: seconds }),
+      retryMetrics(this.#metrics, [processor]),
     );
     const session = Session.started(this.#parts, id, processor, interval, sentAt);
     this.#sessions.add(session, interval);
@@ -374,7 +355,10 @@ export class BMDB {
    */
   async collectExpiredSessions(): Promise<{ sessions: number; work: number }> {
     this.#assertOpen();
-    const { rows } = await this.#parts.run(['collector'], () => collectExpiredSessionsStatement().execute(this.#db));
+    const { rows } = await withRetry(
+      () => collectExpiredSessionsStatement().execute(this.#db),
+      retryMetrics(this.#metrics, ['collector']),
+    );
     const collected = rows[0] ?? { sessions: 0, work: 0 };
     if (collected.sessions > 0) {
       log.session('collected %d expired session(s), releasing %d claim(s)', collected.sessions, collected.work);

@@ -13,7 +13,8 @@ import {
 import { connectionLoss, describeConnectionLoss, isConnectionLost } from './internal/connection-lost.js';
 import type { Ends } from './internal/ends.js';
 import { describeError, detail, log } from './internal/log.js';
-import type { RunStatement } from './internal/retry.js';
+import { withRetry } from './internal/retry.js';
+import { retryMetrics } from './internal/retry-metrics.js';
 import type { SelectionClaims } from './internal/selection-claims.js';
 import { reportHeartbeatFailure } from './internal/session-heartbeat.js';
 import type { BMDBMetrics } from './metrics.js';
@@ -56,8 +57,6 @@ export interface SessionParts {
   /** A small pool of its own, so heartbeats never queue behind work. */
   readonly heartbeatPool: pg.Pool;
   readonly metrics: BMDBMetrics | undefined;
-  /** Runs a statement or transaction, retrying serialization failures, counted for each processor it serves. */
-  readonly run: RunStatement;
 }
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
@@ -231,8 +230,9 @@ export class Session {
     this.#enter('closed', new SessionClosedError(this.id));
     for (const work of this.#works) work.endedWithSession('canceled');
     this.#works.clear();
-    const { rows } = await this.parts.run([this.processor], () =>
-      closeSessionStatement(this.id).execute(this.parts.db),
+    const { rows } = await withRetry(
+      () => closeSessionStatement(this.id).execute(this.parts.db),
+      retryMetrics(this.parts.metrics, [this.processor]),
     );
     detail.session(
       'session %s closed%s, %d claim(s) released',
@@ -331,7 +331,7 @@ export class Session {
 
   /** A retried transaction at the connection's isolation level. */
   #transaction<T>(fn: (trx: Kysely<Database>) => Promise<T>): Promise<T> {
-    return this.parts.run([this.processor], () => this.parts.db.transaction().execute(fn));
+    return withRetry(() => this.parts.db.transaction().execute(fn), retryMetrics(this.parts.metrics, [this.processor]));
   }
 
   #scheduleHeartbeat(delay: number): void {

@@ -3,6 +3,8 @@ import { type Backoff, nextBackoffSeconds } from './backoff.js';
 import { BMDBError, WorkEndedError, type WorkEndState, WorkLostError, type WorkOutcome } from './errors.js';
 import { connectionLoss, describeConnectionLoss, isConnectionLost } from './internal/connection-lost.js';
 import { describeError, log } from './internal/log.js';
+import { withRetry } from './internal/retry.js';
+import { retryMetrics } from './internal/retry-metrics.js';
 import { sleep } from './internal/sleep.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
@@ -88,10 +90,11 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
   async finish(how?: FinishTags | ((q: Queries) => Promise<void>)): Promise<void> {
     if (typeof how === 'function') {
       const opening = endFinishedStatement(this.machineId, this.process, this.session.id);
-      const { db, run } = this.parts;
+      const { db, metrics } = this.parts;
       await this.#end('finished', () =>
-        run([this.session.processor], () =>
-          db.connection().execute((one) => openedBy(one, opening, (trx) => how(new Queries(trx)))),
+        withRetry(
+          () => db.connection().execute((one) => openedBy(one, opening, (trx) => how(new Queries(trx)))),
+          retryMetrics(metrics, [this.session.processor]),
         ).then(noResult, (error: unknown) => this.#lost(error)),
       );
       return;

@@ -16,6 +16,11 @@ const { prepareValue } = createRequire(import.meta.url)('pg/lib/utils.js') as {
   prepareValue(value: unknown): string | Buffer | null;
 };
 
+/** A prepared statement's name: a digest of its text, so every connection agrees, and a new text is a new plan. */
+export function statementName(text: string): string {
+  return `bmdb_${createHash('sha256').update(text).digest('hex').slice(0, 24)}`;
+}
+
 /**
  * Runs compiled queries as named prepared statements: each connection of the
  * pool parses and plans a statement once, then only binds and executes it,
@@ -32,7 +37,7 @@ export class PreparedStatements {
   async query<R>(compiled: { readonly sql: string; readonly parameters: readonly unknown[] }): Promise<R[]> {
     let statement = this.#statements.get(compiled.sql);
     if (statement === undefined) {
-      const name = `bmdb_${createHash('sha256').update(compiled.sql).digest('hex').slice(0, 24)}`;
+      const name = statementName(compiled.sql);
       statement = { name, text: compiled.sql, columns: undefined };
       this.#statements.set(compiled.sql, statement);
     }
