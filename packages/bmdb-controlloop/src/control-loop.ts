@@ -61,7 +61,9 @@ export interface ControlLoop<T extends WorkCandidate> {
 
 /** One claimed machine being processed by a control loop. */
 export interface Task<T extends WorkCandidate> {
-  /** The candidate `getMachines` returned. */
+  /** The candidate claimed: the row the selection's `toCandidate` made, or what `getMachines` returned. */
+  readonly candidate: T;
+  /** @deprecated The old name of `candidate`: a candidate, not a machine. */
   readonly machine: T;
   /** The claim; finish it to record success. */
   readonly work: Work<T>;
@@ -76,6 +78,8 @@ export interface ControlLoopOptions {
   /** Workers claiming and processing in parallel, each with its own session. Default 1. */
   readonly parallelism?: number;
   /** Limits claim attempts (shared by all workers). Default `parseLimiter('250ms,8')`. */
+  readonly claimLimiter?: RateLimiter;
+  /** @deprecated The old name of `claimLimiter`, which wins when both are given. */
   readonly dbQueryLimiter?: RateLimiter;
   /** Stops the loop: no new claims, then in-flight work ends or is cancelled. Default: never. */
   readonly signal?: AbortSignal;
@@ -133,7 +137,7 @@ export async function runControlLoop<T extends WorkCandidate>(
   const selection = loop.selectMachines?.(new Queries(bmdb.db));
   if (selection && selection.process !== loop.process) throw new ProcessMismatchError(loop.process, selection.process);
   const signal = options.signal ?? new AbortController().signal;
-  const limiter = options.dbQueryLimiter ?? parseLimiter(DEFAULT_LIMITER);
+  const limiter = options.claimLimiter ?? options.dbQueryLimiter ?? parseLimiter(DEFAULT_LIMITER);
   // Each worker listens for the stop at a few places at once (limiter, idle
   // wait, grace period): a signal of the runner's own, on which many
   // listeners are expected, rather than raising the caller's limit.
@@ -142,7 +146,7 @@ export async function runControlLoop<T extends WorkCandidate>(
   const forward = () => stop.abort(signal.reason);
   if (signal.aborted) forward();
   else signal.addEventListener('abort', forward, { once: true });
-  const runner = new Runner(bmdb, loop, selection, { ...options, signal: stop.signal, dbQueryLimiter: limiter });
+  const runner = new Runner(bmdb, loop, selection, { ...options, signal: stop.signal, claimLimiter: limiter });
   detail.loop('%s: starting %d worker(s) for %s', loop.processor, parallelism, loop.process);
   try {
     await Promise.all(Array.from({ length: parallelism }, (_, index) => runner.worker(index)));
@@ -171,7 +175,7 @@ function withDefaults<T extends WorkCandidate>(loop: ControlLoop<T>): CompleteLo
 }
 
 /** The options a runner works with: the caller's, with the signal and limiter settled. */
-type RunnerOptions = ControlLoopOptions & { readonly signal: AbortSignal; readonly dbQueryLimiter: RateLimiter };
+type RunnerOptions = ControlLoopOptions & { readonly signal: AbortSignal; readonly claimLimiter: RateLimiter };
 
 class Runner<T extends WorkCandidate> {
   readonly #stopGracePeriod: number;
@@ -194,7 +198,7 @@ class Runner<T extends WorkCandidate> {
    * the claim is handed to its batch at once, before the caller goes on.
    */
   #nextClaim(session: Session): Promise<ClaimOutcome<T>> {
-    const limiter = this.options.dbQueryLimiter;
+    const limiter = this.options.claimLimiter;
     if (limiter.tryTake()) return this.#claim(session);
     const generation = this.bmdb.machineChanges.generation;
     return limiter.wait(this.options.signal).then(
@@ -266,7 +270,7 @@ class Runner<T extends WorkCandidate> {
         // One machine was there; there may be more: wake an idle colleague.
         changes.wakeOne();
         const holder = session;
-        work.onEnding(() => {
+        void work.ending.then(() => {
           if (!signal.aborted && holder.state === 'live') ahead = this.#nextClaim(holder);
         });
         await this.#process(name, session, work);
@@ -429,6 +433,7 @@ function newTask<T extends WorkCandidate>(
 ): Task<T> {
   let signal: AbortSignal | undefined;
   return {
+    candidate: work.candidate,
     machine: work.candidate,
     work,
     backoff,

@@ -28,7 +28,10 @@ const noResult = (): void => undefined;
 export class Work<T extends WorkCandidate = WorkCandidate> {
   #state: WorkState = 'active';
   #ending: Promise<unknown> | undefined;
-  #onEnding: (() => void) | undefined;
+  #endSent: () => void = noResult;
+  readonly #endStarted = new Promise<void>((resolve) => {
+    this.#endSent = resolve;
+  });
 
   /** @internal A claim `Session.work` made. */
   static claimed<T extends WorkCandidate>(
@@ -132,12 +135,13 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
   }
 
   /**
-   * @internal Calls `listener` once, when an end of this work is first sent
-   * (finish, fail or cancel): the control loop then claims its worker's next
-   * machine while this end is on its way.
+   * @internal Resolves when an end of this work is first sent (finish, fail
+   * or cancel), before the end itself goes: the control loop then claims its
+   * worker's next machine while this end is on its way. Never settles for
+   * work that ended with its session.
    */
-  onEnding(listener: () => void): void {
-    this.#onEnding = listener;
+  get ending(): Promise<void> {
+    return this.#endStarted;
   }
 
   /** @internal The end on its way, while there is one: settles when it does. */
@@ -154,10 +158,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     if (this.#state !== 'active') throw new WorkEndedError(this.machineId, this.process, this.#state);
     if (outcome !== 'canceled') this.session.assertLive();
     this.#state = 'ending';
-    // The next claim goes out first: it takes longer than an end.
-    const onEnding = this.#onEnding;
-    this.#onEnding = undefined;
-    onEnding?.();
+    this.#endSent();
     const ending = this.#persist(outcome, run);
     this.#ending = ending;
     try {
@@ -181,6 +182,9 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    * ends the claim anyway; the last error is thrown.
    */
   async #persist(outcome: WorkOutcome, attempt: () => Promise<void>): Promise<void> {
+    // The next claim goes out first (it takes longer than an end): what
+    // awaits `ending` runs in this turn, before the first attempt.
+    await undefined;
     let uncertain = false;
     let pause = RECONNECT_FIRST_PAUSE;
     for (;;) {
