@@ -17,17 +17,18 @@ import { AgentHeartbeats } from './internal/agent-heartbeats.js';
 import { MachineChanges } from './internal/changes.js';
 import { droppingLostConnections } from './internal/dropping-pool.js';
 import { Ends } from './internal/ends.js';
-import { LiveSessions } from './internal/live-sessions.js';
 import { describeError, detail, log } from './internal/log.js';
 import { createPools } from './internal/pools.js';
 import { withRetry } from './internal/retry.js';
 import { retryMetrics } from './internal/retry-metrics.js';
 import { SelectionClaims } from './internal/selection-claims.js';
+import { LiveSessions } from './live-sessions.js';
 import { BMDBMetrics } from './metrics.js';
 import { type ComponentSchema, checkComponents, migrateToLatest } from './migrations/index.js';
 import { redactUrl } from './redact-url.js';
 import type { Database } from './schema.js';
-import { Session, type SessionOptions, type SessionParts } from './session.js';
+import { Session, type SessionOptions } from './session.js';
+import type { SessionParts } from './session-parts.js';
 import { collectExpiredSessionsStatement, insertSession } from './sql/sessions.js';
 
 /** Transaction isolation levels a BMDB connection can run at. */

@@ -8,7 +8,8 @@ import { retryMetrics } from './internal/retry-metrics.js';
 import { sleep } from './internal/sleep.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
-import type { Session, SessionParts } from './session.js';
+import type { SessionLife } from './session-life.js';
+import type { SessionParts } from './session-parts.js';
 import { type EndRequest, endFinishedStatement, WORK_LOST } from './sql/end-work.js';
 import { sessionAlive } from './sql/sessions.js';
 import { type FinishTags, tagWrites } from './tags.js';
@@ -35,21 +36,24 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
 
   /** @internal A claim `Session.work` made. */
   static claimed<T extends WorkCandidate>(
-    session: Session,
+    session: SessionLife,
     parts: SessionParts,
+    works: Set<Work<T>>,
     machineId: string,
     process: string,
     candidate: T,
     previousBackoffSeconds: number | undefined,
   ): Work<T> {
-    return new Work(session, parts, machineId, process, candidate, previousBackoffSeconds);
+    return new Work(session, parts, works, machineId, process, candidate, previousBackoffSeconds);
   }
 
   // Private: only a claim makes work (`Session.work`, through `claimed`).
   private constructor(
-    /** The session holding the claim. */
-    private readonly session: Session,
+    /** Where the session holding the claim stands. */
+    private readonly session: SessionLife,
     private readonly parts: SessionParts,
+    /** The session's work, which this leaves once ended. */
+    private readonly works: Set<Work<T>>,
     /** The machine claimed. */
     readonly machineId: string,
     /** The process the claim is for. */
@@ -164,12 +168,18 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     try {
       await ending;
       this.#state = outcome;
-      this.session.workEnded(this, outcome);
+      this.#ended(outcome);
     } catch (error) {
       this.#state = error instanceof WorkLostError ? 'lost' : 'active';
-      if (this.#state === 'lost') this.session.workEnded(this, 'canceled');
+      if (this.#state === 'lost') this.#ended('canceled');
       throw error;
     }
+  }
+
+  /** Once ended: counted (`bmdb_work_finished_total`), and its session holds it no more. */
+  #ended(outcome: WorkOutcome): void {
+    this.works.delete(this);
+    this.parts.metrics?.workEnded({ processor: this.session.processor, process: this.process }, outcome);
   }
 
   /**

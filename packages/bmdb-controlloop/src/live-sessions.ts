@@ -1,5 +1,5 @@
-import type { Session } from '../session.js';
-import { describeError, log } from './log.js';
+import { describeError, log } from './internal/log.js';
+import type { Session } from './session.js';
 
 /**
  * The sessions a BMDB connection started and that have not ended yet, and
