@@ -8,12 +8,12 @@ import {
   type AgentHeartbeatAnswer,
   type AgentHeartbeatResult,
   checkAgentHeartbeat,
-} from './agent-heartbeat.js';
+} from './agent-heartbeat-check.js';
 import { isInstalled } from './embedded/optional-package.js';
 import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
 import { BMDBError, ConnectionClosedError, DatabaseUnreachableError, EmbeddedDatabaseError } from './errors.js';
 import { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
-import { AgentHeartbeats } from './internal/agent-heartbeats.js';
+import { AgentHeartbeats } from './internal/agent-heartbeat-batches.js';
 import { MachineChanges } from './internal/changes.js';
 import { droppingLostConnections } from './internal/dropping-pool.js';
 import { Ends } from './internal/ends.js';

@@ -7,7 +7,7 @@
  */
 
 export { isAbortOf, isStop } from './abort.js';
-export { type AgentHeartbeat, isMachineId, type OSInstallationReport } from './agent-heartbeat.js';
+export { type AgentHeartbeat, isMachineId, type OSInstallationReport } from './agent-heartbeat-check.js';
 export type { Backoff } from './backoff.js';
 export { BMDB, type BMDBOptions, type ConnectionOptions, type IsolationLevel } from './connection.js';
 export { type ControlLoop, type ControlLoopOptions, runControlLoop, type Task } from './control-loop.js';

@@ -3,12 +3,12 @@ import type pg from 'pg';
 import { BMDBError } from '../errors.js';
 import type { BMDBMetrics } from '../metrics.js';
 import type { Database } from '../schema.js';
-import type { SelectionRow } from '../selection.js';
 import {
   type BatchClaimStatus,
   type ClaimStatus,
   claimSelectedForOneStatement,
   claimSelectedStatement,
+  type SelectionRow,
 } from '../sql/claim.js';
 import { type Batch, Batcher } from './batcher.js';
 import { statementName } from './prepared.js';

@@ -1,6 +1,17 @@
 import { BMDBError } from './errors.js';
-import type { PendingOSInstallation } from './queries/os-installation.js';
-import type { OSInstallationResult } from './schema.js';
+import type { RootDeviceHints } from './root-device-hints.js';
+import type { OSImageCompression, OSInstallationResult } from './schema.js';
+
+/** What an agent is handed in a heartbeat's answer: the machine's pending OS installation request. */
+export interface PendingOSInstallation {
+  readonly generation: bigint;
+  readonly imageUrl: string;
+  readonly imageSha256: string;
+  readonly rootDevice: string | undefined;
+  readonly rootDeviceHints: RootDeviceHints | undefined;
+  readonly compression: OSImageCompression;
+  readonly userData: Uint8Array | undefined;
+}
 
 /**
  * A heartbeat an agent sent, with the public key it proved it holds (the

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import type { AgentHeartbeat, AgentHeartbeatAnswer } from '../agent-heartbeat.js';
+import type { AgentHeartbeat, AgentHeartbeatAnswer } from '../agent-heartbeat-check.js';
 import type { BMDBMetrics } from '../metrics.js';
 import type { RootDeviceHints } from '../root-device-hints.js';
 import type { OSImageCompression } from '../schema.js';
