@@ -15,6 +15,12 @@ import { sessionAlive } from './sql/sessions.js';
 import { type FinishTags, tagWrites } from './tags.js';
 import type { WorkCandidate } from './work-candidate.js';
 
+/**
+ * How an end is made: in the next batch of ends (`finish(tags)`, `fail`,
+ * `cancel`), or by a transaction running the caller's function (`finish(fn)`).
+ */
+type End = Pick<EndRequest, 'event' | 'failure' | 'tags'> | ((q: Queries) => Promise<void>);
+
 /** Where a work item stands: `active` until it ends, then how it ended. */
 export type WorkState = 'active' | WorkEndState;
 
@@ -96,18 +102,11 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    */
   async finish(how?: FinishTags | ((q: Queries) => Promise<void>)): Promise<void> {
     if (typeof how === 'function') {
-      const opening = endFinishedStatement(this.machineId, this.process, this.session.id);
-      const { db, metrics } = this.parts;
-      await this.#end('finished', () =>
-        withRetry(
-          () => db.connection().execute((one) => openedBy(one, opening, (trx) => how(new Queries(trx)))),
-          retryMetrics(metrics, [this.session.processor]),
-        ).then(noResult, (error: unknown) => this.#lost(error)),
-      );
+      await this.#end('finished', how);
       return;
     }
     const tags = how === undefined ? undefined : tagWrites(how);
-    await this.#end('finished', () => this.#endInBatch({ event: 'Finished', ...(tags && { tags }) }));
+    await this.#end('finished', { event: 'Finished', ...(tags && { tags }) });
   }
 
   /**
@@ -121,9 +120,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    */
   async fail(backoff: Backoff | undefined, cause: string): Promise<void> {
     const interval = nextBackoffSeconds(backoff, this.previousBackoffSeconds);
-    await this.#end('failed', () =>
-      this.#endInBatch({ event: 'Failed', failure: { cause, backoffSeconds: interval } }),
-    );
+    await this.#end('failed', { event: 'Failed', failure: { cause, backoffSeconds: interval } });
     log.work('machine %s %s failed, backing off %ds: %s', this.machineId, this.process, interval, cause);
   }
 
@@ -134,8 +131,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
   async cancel(): Promise<void> {
     if (this.#state === 'ending') await this.#ending?.catch(() => undefined);
     if (this.#state !== 'active') return;
-    // A claim already gone needs no cancelling.
-    await this.#end('canceled', () => this.#endInBatch({ event: 'Canceled' }).catch(ignoreLost));
+    await this.#end('canceled', { event: 'Canceled' });
   }
 
   /**
@@ -158,12 +154,12 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     if (this.#state === 'active') this.#state = outcome;
   }
 
-  async #end(outcome: WorkOutcome, run: () => Promise<void>): Promise<void> {
+  async #end(outcome: WorkOutcome, end: End): Promise<void> {
     if (this.#state !== 'active') throw new WorkEndedError(this.machineId, this.process, this.#state);
     if (outcome !== 'canceled') this.session.assertLive();
     this.#state = 'ending';
     this.#endSent();
-    const ending = this.#persist(outcome, run);
+    const ending = this.#persist(outcome, end);
     this.#ending = ending;
     try {
       await ending;
@@ -183,7 +179,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
   }
 
   /**
-   * Runs `attempt` again and again while the database cannot be reached and
+   * Makes `end` again and again while the database cannot be reached and
    * the session lives: a restart of PostgreSQL must not leave the claim held,
    * nor make the work be done twice. After an attempt whose outcome the lost
    * connection hid, a claim found gone while the session is alive in the
@@ -191,7 +187,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    * its claims while it lives. Once the session expires, the database
    * ends the claim anyway; the last error is thrown.
    */
-  async #persist(outcome: WorkOutcome, attempt: () => Promise<void>): Promise<void> {
+  async #persist(outcome: WorkOutcome, end: End): Promise<void> {
     // The next claim goes out first (it takes longer than an end): what
     // awaits `ending` runs in this turn, before the first attempt.
     await undefined;
@@ -199,7 +195,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     let pause = RECONNECT_FIRST_PAUSE;
     for (;;) {
       try {
-        return await attempt();
+        return await this.#endOnce(end);
       } catch (error) {
         if (uncertain && error instanceof WorkLostError) {
           const alive = await this.#sessionAliveInDatabase();
@@ -230,6 +226,24 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
         pause = Math.min(pause * 2, RECONNECT_MAX_PAUSE);
       }
     }
+  }
+
+  /** Makes `end` once: in the next batch of ends, or in the caller's transaction. */
+  async #endOnce(end: End): Promise<void> {
+    if (typeof end === 'function') return this.#finishIn(end);
+    // A claim already gone needs no cancelling.
+    if (end.event === 'Canceled') return this.#endInBatch(end).catch(ignoreLost);
+    return this.#endInBatch(end);
+  }
+
+  /** Finishes the work in a transaction of its own that runs `fn`; WorkLostError if the claim was gone. */
+  async #finishIn(fn: (q: Queries) => Promise<void>): Promise<void> {
+    const opening = endFinishedStatement(this.machineId, this.process, this.session.id);
+    const { db, metrics } = this.parts;
+    await withRetry(
+      () => db.connection().execute((one) => openedBy(one, opening, (trx) => fn(new Queries(trx)))),
+      retryMetrics(metrics, [this.session.processor]),
+    ).then(noResult, (error: unknown) => this.#lost(error));
   }
 
   /** Ends the work in the next batch of ends; WorkLostError if the claim was gone. */
