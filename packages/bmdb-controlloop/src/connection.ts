@@ -19,6 +19,7 @@ import { droppingLostConnections } from './internal/dropping-pool.js';
 import { Ends } from './internal/ends.js';
 import { describeError, detail, log } from './internal/log.js';
 import { createPools } from './internal/pools.js';
+import { PreparedStatements } from './internal/prepared.js';
 import { withRetry } from './internal/retry.js';
 import { retryMetrics } from './internal/retry-metrics.js';
 import { SelectionClaims } from './internal/selection-claims.js';
@@ -187,11 +188,13 @@ export class BMDB {
     this.#changes = new MachineChanges({ ...pools.base, keepAlive: true });
     this.#metrics = options.metrics ? new BMDBMetrics(options.metrics) : undefined;
     const metrics = this.#metrics;
-    this.#agentHeartbeats = new AgentHeartbeats(this.#claimPool, metrics);
+    // One for the claim pool: each statement is parsed once per connection.
+    const prepared = new PreparedStatements(this.#claimPool);
+    this.#agentHeartbeats = new AgentHeartbeats(prepared, metrics);
     this.#parts = {
       db: this.#db,
-      claims: new SelectionClaims(this.#db, this.#claimPool, metrics),
-      ends: new Ends(this.#claimPool, metrics),
+      claims: new SelectionClaims(this.#db, prepared, metrics),
+      ends: new Ends(prepared, metrics),
       heartbeatPool: this.#heartbeatPool,
       metrics,
     };

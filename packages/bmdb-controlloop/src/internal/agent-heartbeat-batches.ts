@@ -1,4 +1,3 @@
-import type pg from 'pg';
 import type { AgentHeartbeat, AgentHeartbeatAnswer } from '../agent-heartbeat-check.js';
 import type { BMDBMetrics } from '../metrics.js';
 import type { RootDeviceHints } from '../root-device-hints.js';
@@ -6,7 +5,7 @@ import type { OSImageCompression } from '../schema.js';
 import { type Batch, Batcher } from './batcher.js';
 import { isConnectionLost } from './connection-lost.js';
 import { hardwareTotals } from './hardware-totals.js';
-import { statementName } from './prepared.js';
+import type { PreparedStatements } from './prepared.js';
 import { withRetry } from './retry.js';
 import { retryMetrics } from './retry-metrics.js';
 
@@ -160,8 +159,6 @@ const HEARTBEAT_SQL = `
      FROM open o WHERE o.result IS NULL AND o.deliverable) AS pending
   FROM authenticated`;
 
-const HEARTBEAT_NAME = statementName(HEARTBEAT_SQL);
-
 /** A pending request as the statement returns it (JSON). */
 interface PendingRow {
   readonly ord: number;
@@ -185,7 +182,7 @@ export class AgentHeartbeats {
   readonly #batcher = new Batcher<AgentHeartbeat, AgentHeartbeatAnswer>({ maxSize: MAX_BATCH, onePerMachine: true });
 
   constructor(
-    private readonly pool: pg.Pool,
+    private readonly prepared: PreparedStatements,
     private readonly metrics: BMDBMetrics | undefined,
   ) {}
 
@@ -231,10 +228,10 @@ export class AgentHeartbeats {
       totals.map((t) => t?.disks ?? null),
       totals.map((t) => t?.diskBytes ?? null),
     ];
-    const query = { name: HEARTBEAT_NAME, text: HEARTBEAT_SQL, values: parameters };
-    const { rows } = await withRetry(
+    const query = { sql: HEARTBEAT_SQL, parameters };
+    const rows = await withRetry(
       () =>
-        this.pool.query<{
+        this.prepared.query<{
           authenticated: number[];
           repeated: number[];
           stored: number[];

@@ -1,9 +1,8 @@
-import type pg from 'pg';
 import type { BMDBMetrics } from '../metrics.js';
 import { type EndRequest, endWorkParameters, endWorkStatement, partsOfBatch } from '../sql/end-work.js';
 import { type Batch, Batcher } from './batcher.js';
 import { isConnectionLost } from './connection-lost.js';
-import { statementName } from './prepared.js';
+import type { PreparedStatements } from './prepared.js';
 import { withRetry } from './retry.js';
 import { retryMetrics } from './retry-metrics.js';
 
@@ -20,10 +19,10 @@ const MAX_BATCH = 64;
 export class Ends {
   readonly #batcher = new Batcher<EndRequest, boolean>({ maxSize: MAX_BATCH, onePerMachine: true });
   /** Statements by their parts, built once each. */
-  readonly #statements = new Map<number, { readonly name: string; readonly text: string }>();
+  readonly #statements = new Map<number, string>();
 
   constructor(
-    private readonly pool: pg.Pool,
+    private readonly prepared: PreparedStatements,
     private readonly metrics: BMDBMetrics | undefined,
   ) {}
 
@@ -58,14 +57,13 @@ export class Ends {
     const parts = partsOfBatch(requests);
     let statement = this.#statements.get(parts);
     if (statement === undefined) {
-      const text = endWorkStatement(parts);
-      statement = { name: statementName(text), text };
+      statement = endWorkStatement(parts);
       this.#statements.set(parts, statement);
     }
-    const query = { ...statement, values: endWorkParameters(requests) };
+    const query = { sql: statement, parameters: endWorkParameters(requests) };
     const processors = [...new Set(requests.map((r) => r.processor))];
-    const { rows } = await withRetry(
-      () => this.pool.query<{ released: number[] }>(query),
+    const rows = await withRetry(
+      () => this.prepared.query<{ released: number[] }>(query),
       retryMetrics(this.metrics, processors),
     );
     const ended = new Set(rows[0]?.released ?? []);

@@ -1,5 +1,4 @@
 import { type Expression, type Kysely, type RawBuilder, sql } from 'kysely';
-import type pg from 'pg';
 import { BMDBError } from '../errors.js';
 import type { BMDBMetrics } from '../metrics.js';
 import type { Database } from '../schema.js';
@@ -11,7 +10,7 @@ import {
   type SelectionRow,
 } from '../sql/claim.js';
 import { type Batch, Batcher } from './batcher.js';
-import { statementName } from './prepared.js';
+import type { PreparedStatements } from './prepared.js';
 import { withRetry } from './retry.js';
 import { retryMetrics } from './retry-metrics.js';
 
@@ -77,9 +76,7 @@ interface ClaimTemplate {
  * for its session IDs; a batch's IDs go where that placeholder stands.
  */
 interface CompiledClaim {
-  readonly text: string;
-  /** The prepared statement's name. */
-  readonly name: string;
+  readonly sql: string;
   readonly parameters: readonly unknown[];
 }
 
@@ -100,7 +97,7 @@ export class SelectionClaims {
 
   constructor(
     private readonly db: Kysely<Database>,
-    private readonly pool: pg.Pool,
+    private readonly prepared: PreparedStatements,
     private readonly metrics: BMDBMetrics | undefined,
   ) {}
 
@@ -163,23 +160,22 @@ export class SelectionClaims {
     return this.#sendWith(template.full, requests);
   }
 
-  /** A claim statement compiled with {@link SESSIONS} for its session IDs, and named. */
+  /** A claim statement compiled with {@link SESSIONS} for its session IDs. */
   #compile(statement: RawBuilder<BatchClaimStatus>): CompiledClaim {
-    const { sql: text, parameters } = statement.compile(this.db);
-    return { text, name: statementName(text), parameters };
+    const { sql, parameters } = statement.compile(this.db);
+    return { sql, parameters };
   }
 
   /** Sends `statement` for `requests`, with their session IDs where {@link SESSIONS} stands; one status each. */
   async #sendWith(statement: CompiledClaim, requests: readonly ClaimRequest[]): Promise<ClaimStatus[]> {
     const sessions = requests.map((r) => r.sessionId);
     const query = {
-      name: statement.name,
-      text: statement.text,
-      values: statement.parameters.map((value) => (value === SESSIONS ? sessions : value)),
+      sql: statement.sql,
+      parameters: statement.parameters.map((value) => (value === SESSIONS ? sessions : value)),
     };
     const processors = [...new Set(requests.map((r) => r.processor))];
-    const { rows } = await withRetry(
-      () => this.pool.query<BatchClaimStatus>(query),
+    const rows = await withRetry(
+      () => this.prepared.query<BatchClaimStatus>(query),
       retryMetrics(this.metrics, processors),
     );
     const byRequest: ClaimStatus[] = new Array(requests.length);
