@@ -148,7 +148,7 @@ async function main(): Promise<void> {
     const start = performance.now();
     await runControlLoop(bmdb, loop, {
       parallelism: CONCURRENCY,
-      dbQueryLimiter: parseLimiter(UNBOUND_LIMITER),
+      claimLimiter: parseLimiter(UNBOUND_LIMITER),
       signal: stop.signal,
     });
     await bmdb.close();

@@ -32,7 +32,7 @@ export async function idleCost(server: BenchServer, workers: number, durationMs:
     };
     const running = runControlLoop(bmdb, loop, {
       parallelism: workers,
-      dbQueryLimiter: parseLimiter('250ms,8'),
+      claimLimiter: parseLimiter('250ms,8'),
       signal: stop.signal,
     });
     await new Promise((resolve) => setTimeout(resolve, 3_000));

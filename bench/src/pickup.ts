@@ -29,12 +29,12 @@ export async function pickupLatency(server: BenchServer, samples: number): Promi
       processor: 'bench-pickup',
       defaultBackoff: { initial: 60_000, maximum: 60_000, exponent: 1 },
       selectMachines: (q) => q.agentStartSelection({ provider: PROVIDER }),
-      async processMachine({ machine, work }) {
-        arrivals.get(machine.providerId)?.(performance.now());
-        await work.finish((q) => q.setAgentStarted(machine.machineId, { publicKey: PUBLIC_KEY }));
+      async processMachine({ candidate, work }) {
+        arrivals.get(candidate.providerId)?.(performance.now());
+        await work.finish((q) => q.setAgentStarted(candidate.machineId, { publicKey: PUBLIC_KEY }));
       },
     };
-    const running = runControlLoop(bmdb, loop, { dbQueryLimiter: parseLimiter('250ms,8'), signal: stop.signal });
+    const running = runControlLoop(bmdb, loop, { claimLimiter: parseLimiter('250ms,8'), signal: stop.signal });
     const latencies: number[] = [];
     await server.withClient(name, async (client) => {
       for (let i = 0; i < samples; i++) {

@@ -78,10 +78,10 @@ async function runBmdb(
       processor: 'bench',
       defaultBackoff: { initial: 60_000, maximum: 60_000, exponent: 1 },
       selectMachines: (q) => q.agentStartSelection({ provider: PROVIDER }),
-      async processMachine({ machine, work }) {
+      async processMachine({ candidate, work }) {
         if (finish === 'tag') await work.finish({ set: { agentStarted: { publicKey: PUBLIC_KEY } } });
         else if (finish === 'callback') {
-          await work.finish((q) => q.setAgentStarted(machine.machineId, { publicKey: PUBLIC_KEY }));
+          await work.finish((q) => q.setAgentStarted(candidate.machineId, { publicKey: PUBLIC_KEY }));
         } else await work.finish();
         if (++done === items) {
           elapsed = since(start);
@@ -91,7 +91,7 @@ async function runBmdb(
     };
     await runControlLoop(bmdb, loop, {
       parallelism: concurrency,
-      dbQueryLimiter: parseLimiter(UNBOUND_LIMITER),
+      claimLimiter: parseLimiter(UNBOUND_LIMITER),
       signal: stop.signal,
     });
     // Tasks in flight at the stop finish too (bare finishes may pass `items`).

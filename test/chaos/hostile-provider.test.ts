@@ -138,7 +138,7 @@ test('500s, 429s, timeouts, malformed JSON and lost answers on every route: no c
   const parts = providerParts(registry);
   const stop = new AbortController();
   const { signal } = stop;
-  const loopOptions = { dbQueryLimiter: parseLimiter('1ms,1000'), signal, parallelism: 4 };
+  const loopOptions = { claimLimiter: parseLimiter('1ms,1000'), signal, parallelism: 4 };
   const running = Promise.all([
     parts.provisioner.run(bmdb, { signal }),
     parts.initializer.run(bmdb, loopOptions),

@@ -9,26 +9,28 @@ import {
   type AgentHeartbeatAnswer,
   type AgentHeartbeatResult,
   checkAgentHeartbeat,
-} from './agent-heartbeat.js';
+} from './agent-heartbeat-check.js';
 import { isInstalled } from './embedded/optional-package.js';
 import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
 import { BMDBError, ConnectionClosedError, DatabaseUnreachableError, EmbeddedDatabaseError } from './errors.js';
 import { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
-import { AgentHeartbeats } from './internal/agent-heartbeats.js';
+import { AgentHeartbeats } from './internal/agent-heartbeat-batches.js';
 import { MachineChanges } from './internal/changes.js';
 import { droppingLostConnections } from './internal/dropping-pool.js';
 import { Ends } from './internal/ends.js';
-import { LiveSessions } from './internal/live-sessions.js';
 import { detail, log } from './internal/log.js';
 import { createPools } from './internal/pools.js';
 import { PreparedStatements } from './internal/prepared.js';
-import { type RunStatement, withRetry } from './internal/retry.js';
+import { withRetry } from './internal/retry.js';
+import { retryMetrics } from './internal/retry-metrics.js';
 import { SelectionClaims } from './internal/selection-claims.js';
+import { LiveSessions } from './live-sessions.js';
 import { BMDBMetrics } from './metrics.js';
 import { type ComponentSchema, checkComponents, migrateToLatest } from './migrations/index.js';
 import { redactUrl } from './redact-url.js';
 import type { Database } from './schema.js';
-import { Session, type SessionOptions, type SessionParts } from './session.js';
+import { Session, type SessionOptions } from './session.js';
+import type { SessionParts } from './session-parts.js';
 import { collectExpiredSessionsStatement, insertSession } from './sql/sessions.js';
 
 /** Transaction isolation levels a BMDB connection can run at. */
@@ -187,33 +189,15 @@ export class BMDB {
     this.#changes = new MachineChanges({ ...pools.base, keepAlive: true });
     this.#metrics = options.metrics ? new BMDBMetrics(options.metrics) : undefined;
     const metrics = this.#metrics;
-    // A batch is one transaction, counted once for each processor it served.
-    const runBatch: RunStatement = (processors, attempt) =>
-      withRetry(attempt, {
-        onAttempt: () => {
-          for (const processor of processors) metrics?.transactionsExecuted.inc({ processor });
-        },
-        onRetry: () => {
-          for (const processor of processors) metrics?.transactionsRetried.inc({ processor });
-        },
-        onFailure: () => {
-          for (const processor of processors) metrics?.transactionsFailed.inc({ processor });
-        },
-        onConnectionLoss: (cause) => {
-          for (const processor of processors) metrics?.connectionLost.inc({ processor, cause });
-        },
-      });
+    // One for the claim pool: each statement is parsed once per connection.
     const prepared = new PreparedStatements(this.#claimPool);
-    this.#agentHeartbeats = new AgentHeartbeats(prepared, runBatch, (size) =>
-      metrics?.agentHeartbeatBatchSize.observe(size),
-    );
+    this.#agentHeartbeats = new AgentHeartbeats(prepared, metrics);
     this.#parts = {
       db: this.#db,
-      claims: new SelectionClaims(this.#db, prepared, runBatch),
-      ends: new Ends(prepared, runBatch),
+      claims: new SelectionClaims(this.#db, prepared, metrics),
+      ends: new Ends(prepared, metrics),
       heartbeatPool: this.#heartbeatPool,
       metrics,
-      run: runBatch,
     };
   }
 
@@ -289,8 +273,9 @@ export class BMDB {
     const seconds = interval / 1000;
     const sentAt = performance.now();
     const { componentName, runtimeInfo } = this.options;
-    const id = await this.#parts.run([processor], () =>
-      insertSession(this.#db, { componentName, runtimeInfo, processor, intervalSeconds: seconds }),
+    const id = await withRetry(
+      () => insertSession(this.#db, { componentName, runtimeInfo, processor, intervalSeconds: seconds }),
+      retryMetrics(this.#metrics, [processor]),
     );
     const session = Session.started(this.#parts, id, processor, interval, sentAt);
     this.#sessions.add(session, interval);
@@ -375,7 +360,10 @@ export class BMDB {
    */
   async collectExpiredSessions(): Promise<{ sessions: number; work: number }> {
     this.#assertOpen();
-    const { rows } = await this.#parts.run(['collector'], () => collectExpiredSessionsStatement().execute(this.#db));
+    const { rows } = await withRetry(
+      () => collectExpiredSessionsStatement().execute(this.#db),
+      retryMetrics(this.#metrics, ['collector']),
+    );
     const collected = rows[0] ?? { sessions: 0, work: 0 };
     if (collected.sessions > 0) {
       log.session('collected %d expired session(s), releasing %d claim(s)', collected.sessions, collected.work);

@@ -60,8 +60,8 @@ export interface ControlLoop<T extends WorkCandidate> {
 
 /** One claimed machine being processed by a control loop. */
 export interface Task<T extends WorkCandidate> {
-  /** The candidate `getMachines` returned. */
-  readonly machine: T;
+  /** The candidate claimed: the row the selection's `toCandidate` made, or what `getMachines` returned. */
+  readonly candidate: T;
   /** The claim; finish it to record success. */
   readonly work: Work<T>;
   /** Backoff used if processing throws; starts as the loop's default. */
@@ -75,7 +75,7 @@ export interface ControlLoopOptions {
   /** Workers claiming and processing in parallel, each with its own session. Default 1. */
   readonly parallelism?: number;
   /** Limits claim attempts (shared by all workers). Default `parseLimiter('250ms,8')`. */
-  readonly dbQueryLimiter?: RateLimiter;
+  readonly claimLimiter?: RateLimiter;
   /** Stops the loop: no new claims, then in-flight work ends or is cancelled. Default: never. */
   readonly signal?: AbortSignal;
   /** How long in-flight work may run on after the stop signal. Default 30 s. */
@@ -132,7 +132,7 @@ export async function runControlLoop<T extends WorkCandidate>(
   const selection = loop.selectMachines?.(new Queries(bmdb.db));
   if (selection && selection.process !== loop.process) throw new ProcessMismatchError(loop.process, selection.process);
   const signal = options.signal ?? new AbortController().signal;
-  const limiter = options.dbQueryLimiter ?? parseLimiter(DEFAULT_LIMITER);
+  const limiter = options.claimLimiter ?? parseLimiter(DEFAULT_LIMITER);
   // Each worker listens for the stop at a few places at once (limiter, idle
   // wait, grace period): a signal of the runner's own, on which many
   // listeners are expected, rather than raising the caller's limit.
@@ -141,7 +141,7 @@ export async function runControlLoop<T extends WorkCandidate>(
   const forward = () => stop.abort(signal.reason);
   if (signal.aborted) forward();
   else signal.addEventListener('abort', forward, { once: true });
-  const runner = new Runner(bmdb, loop, selection, { ...options, signal: stop.signal, dbQueryLimiter: limiter });
+  const runner = new Runner(bmdb, loop, selection, { ...options, signal: stop.signal, claimLimiter: limiter });
   detail.loop('%s: starting %d worker(s) for %s', loop.processor, parallelism, loop.process);
   try {
     await Promise.all(Array.from({ length: parallelism }, (_, index) => runner.worker(index)));
@@ -170,7 +170,7 @@ function withDefaults<T extends WorkCandidate>(loop: ControlLoop<T>): CompleteLo
 }
 
 /** The options a runner works with: the caller's, with the signal and limiter settled. */
-type RunnerOptions = ControlLoopOptions & { readonly signal: AbortSignal; readonly dbQueryLimiter: RateLimiter };
+type RunnerOptions = ControlLoopOptions & { readonly signal: AbortSignal; readonly claimLimiter: RateLimiter };
 
 class Runner<T extends WorkCandidate> {
   readonly #stopGracePeriod: number;
@@ -193,7 +193,7 @@ class Runner<T extends WorkCandidate> {
    * the claim is handed to its batch at once, before the caller goes on.
    */
   #nextClaim(session: Session): Promise<ClaimOutcome<T>> {
-    const limiter = this.options.dbQueryLimiter;
+    const limiter = this.options.claimLimiter;
     if (limiter.tryTake()) return this.#claim(session);
     const generation = this.bmdb.machineChanges.generation;
     return limiter.wait(this.options.signal).then(
@@ -265,7 +265,7 @@ class Runner<T extends WorkCandidate> {
         // One machine was there; there may be more: wake an idle colleague.
         changes.wakeOne();
         const holder = session;
-        work.onEnding(() => {
+        void work.ending.then(() => {
           if (!signal.aborted && holder.state === 'live') ahead = this.#nextClaim(holder);
         });
         await this.#process(name, session, work);
@@ -428,7 +428,7 @@ function newTask<T extends WorkCandidate>(
 ): Task<T> {
   let signal: AbortSignal | undefined;
   return {
-    machine: work.candidate,
+    candidate: work.candidate,
     work,
     backoff,
     get signal() {

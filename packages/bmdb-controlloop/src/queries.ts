@@ -1,5 +1,5 @@
 import type { Kysely } from 'kysely';
-import type { HardwareReportEntry, OSInstallationReportEntry } from './agent-heartbeat.js';
+import type { HardwareReportEntry, OSInstallationReportEntry } from './agent-heartbeat-check.js';
 import {
   agentRecoverySelection,
   agentStartSelection,

@@ -1,11 +1,9 @@
 import { type Expression, type RawBuilder, sql } from 'kysely';
 import { hasLiveWork, inBackoff, isHeld } from './queries/conditions.js';
+import type { SelectionRow } from './sql/claim.js';
 import type { WorkCandidate } from './work-candidate.js';
 
-/** A row of a selection query: it names a machine, and may carry more. */
-export interface SelectionRow {
-  readonly machine_id: string;
-}
+export type { SelectionRow } from './sql/claim.js';
 
 /**
  * A selection query the library can embed in a claim: the machines that need

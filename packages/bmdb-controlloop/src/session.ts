@@ -1,26 +1,23 @@
 import { performance } from 'node:perf_hooks';
 import { describeError, isUuid } from '@bmaas/common';
 import type { Kysely } from 'kysely';
-import type pg from 'pg';
 import {
   BMDBError,
   NothingToDoError,
   ProcessMismatchError,
-  SessionClosedError,
-  SessionExpiredError,
+  type SessionExpiredError,
   WorkConflictError,
-  type WorkOutcome,
 } from './errors.js';
 import { connectionLoss, describeConnectionLoss, isConnectionLost } from './internal/connection-lost.js';
-import type { Ends } from './internal/ends.js';
 import { detail, log } from './internal/log.js';
-import type { RunStatement } from './internal/retry.js';
-import type { SelectionClaims } from './internal/selection-claims.js';
+import { withRetry } from './internal/retry.js';
+import { retryMetrics } from './internal/retry-metrics.js';
 import { reportHeartbeatFailure } from './internal/session-heartbeat.js';
-import type { BMDBMetrics } from './metrics.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
 import { isSelection, type Selection, type SelectionRow } from './selection.js';
+import { SessionLife, type SessionState } from './session-life.js';
+import type { SessionParts } from './session-parts.js';
 import { type ClaimStatus, claimMachineStatement, type MachineClaimStatus } from './sql/claim.js';
 import { closeSessionStatement, renewSessionDeadline, sessionAlive } from './sql/sessions.js';
 import { Work } from './work.js';
@@ -41,25 +38,7 @@ export interface SessionOptions {
   readonly interval?: number;
 }
 
-/** Where a session stands: `live` until it expires or is closed, for good. */
-export type SessionState = 'live' | 'expired' | 'closed';
-
-/**
- * @internal What the sessions of one BMDB connection, and their work, go
- * through: the connection's own parts, one set shared by all its sessions.
- */
-export interface SessionParts {
-  readonly db: Kysely<Database>;
-  /** Claims from selections, batched across sessions (one statement at READ COMMITTED; see sql/claim.ts). */
-  readonly claims: SelectionClaims;
-  /** Ends of work without a caller's transaction, batched across sessions. */
-  readonly ends: Ends;
-  /** A small pool of its own, so heartbeats never queue behind work. */
-  readonly heartbeatPool: pg.Pool;
-  readonly metrics: BMDBMetrics | undefined;
-  /** Runs a statement or transaction, retrying serialization failures, counted for each processor it serves. */
-  readonly run: RunStatement;
-}
+export type { SessionState } from './session-life.js';
 
 /** Fresh tries when concurrent claims took every candidate, before giving up with a conflict. */
 const CONTENDED_ATTEMPTS = 5;
@@ -90,14 +69,11 @@ function toClaim<T>(status: ClaimStatus | MachineClaimStatus, machineId: string,
  * aborts and every call fails with {@link SessionExpiredError}.
  */
 export class Session {
-  #state: SessionState = 'live';
-  /** performance.now() after which the database certainly considers us dead. */
-  #localDeadline: number;
+  /** Where the session stands; its work asks it too. */
+  readonly #life: SessionLife;
   #nextHeartbeat: NodeJS.Timeout | undefined;
   #watchdog: NodeJS.Timeout | undefined;
-  readonly #abort = new AbortController();
-  /** Set once the session is being given up: it takes no new work, and expires once its ends under way settle. */
-  #givingUp: SessionExpiredError | undefined;
+  /** The work the session holds; each removes itself once ended. */
   readonly #works = new Set<Work>();
   readonly #labels: { processor: string };
 
@@ -118,20 +94,21 @@ export class Session {
     startedAt: number,
   ) {
     this.#labels = { processor };
-    this.#localDeadline = startedAt + interval;
+    this.#life = new SessionLife(id, processor, interval, startedAt);
+    // Expired or closed, for good: no more heartbeats, and its work ended with it.
+    this.#life.signal.addEventListener('abort', () => this.#ended(), { once: true });
     this.#armWatchdog();
     this.#scheduleHeartbeat(interval / 2);
   }
 
   /** Aborts when the session expires or closes; hand it to work done in its name. */
   get signal(): AbortSignal {
-    return this.#abort.signal;
+    return this.#life.signal;
   }
 
   /** `live`, `expired` (deadline passed) or `closed` (by its owner). */
   get state(): SessionState {
-    this.#checkDeadline();
-    return this.#state;
+    return this.#life.state;
   }
 
   /**
@@ -200,8 +177,9 @@ export class Session {
       );
     }
     const work = Work.claimed(
-      this,
+      this.#life,
       this.parts,
+      this.#works as Set<Work<T>>,
       claim.machineId,
       process,
       claim.candidate,
@@ -225,13 +203,12 @@ export class Session {
    * after an expired session.
    */
   async close(): Promise<void> {
-    if (this.#state === 'closed') return;
-    const wasExpired = this.#state === 'expired';
-    this.#enter('closed', new SessionClosedError(this.id));
-    for (const work of this.#works) work.endedWithSession('canceled');
-    this.#works.clear();
-    const { rows } = await this.parts.run([this.processor], () =>
-      closeSessionStatement(this.id).execute(this.parts.db),
+    if (this.#life.recordedState === 'closed') return;
+    const wasExpired = this.#life.recordedState === 'expired';
+    this.#life.close();
+    const { rows } = await withRetry(
+      () => closeSessionStatement(this.id).execute(this.parts.db),
+      retryMetrics(this.parts.metrics, [this.processor]),
     );
     detail.session(
       'session %s closed%s, %d claim(s) released',
@@ -246,16 +223,13 @@ export class Session {
    * session is live (and not being given up); its work checks before an end.
    */
   assertLive(): void {
-    if (this.#givingUp) throw this.#givingUp;
-    const state = this.state;
-    if (state === 'closed') throw new SessionClosedError(this.id);
-    if (state === 'expired') throw this.#abort.signal.reason as SessionExpiredError;
+    this.#life.assertLive();
   }
 
   async #checkAliveIn(trx: Kysely<Database>): Promise<void> {
     if (!(await sessionAlive(trx, this.id))) {
-      this.#expire('its deadline passed in the database');
-      throw this.#abort.signal.reason as SessionExpiredError;
+      this.#life.expire('its deadline passed in the database');
+      throw this.#life.reason as SessionExpiredError;
     }
   }
 
@@ -316,21 +290,15 @@ export class Session {
   #checkClaim<S extends { readonly bmdb_live: boolean }>(status: S | undefined, process: string): S {
     if (!status) throw new BMDBError(`claim for process ${process} returned no row`);
     if (!status.bmdb_live) {
-      this.#expire('its deadline passed in the database');
-      throw this.#abort.signal.reason as SessionExpiredError;
+      this.#life.expire('its deadline passed in the database');
+      throw this.#life.reason as SessionExpiredError;
     }
     return status;
   }
 
-  /** @internal Bookkeeping once a work item of this session ended: it is counted and forgotten. */
-  workEnded(work: Work, outcome: WorkOutcome): void {
-    this.#works.delete(work);
-    this.parts.metrics?.workEnded({ ...this.#labels, process: work.process }, outcome);
-  }
-
   /** A retried transaction at the connection's isolation level. */
   #transaction<T>(fn: (trx: Kysely<Database>) => Promise<T>): Promise<T> {
-    return this.parts.run([this.processor], () => this.parts.db.transaction().execute(fn));
+    return withRetry(() => this.parts.db.transaction().execute(fn), retryMetrics(this.parts.metrics, [this.processor]));
   }
 
   #scheduleHeartbeat(delay: number): void {
@@ -341,36 +309,34 @@ export class Session {
   /** Expires the session when the deadline passes without a successful heartbeat. */
   #armWatchdog(): void {
     clearTimeout(this.#watchdog);
-    const untilDeadline = Math.max(0, this.#localDeadline - performance.now());
-    this.#watchdog = setTimeout(() => this.#checkDeadline(), untilDeadline + 1);
+    const untilDeadline = Math.max(0, this.#life.localDeadline - performance.now());
+    this.#watchdog = setTimeout(() => this.#life.checkDeadline(), untilDeadline + 1);
     this.#watchdog.unref();
   }
 
   /** Pushes the session's deadline in the database one interval out. */
   async #heartbeat(): Promise<void> {
-    if (this.#state !== 'live') return;
+    if (this.#life.recordedState !== 'live') return;
     const sentAt = performance.now();
     this.parts.metrics?.heartbeats.inc(this.#labels);
     let renewed: boolean;
     try {
       renewed = await renewSessionDeadline(this.parts.heartbeatPool, this.id);
     } catch (error) {
-      if (this.#state !== 'live') return;
-      const left = this.#localDeadline - performance.now();
+      if (this.#life.recordedState !== 'live') return;
+      const left = this.#life.localDeadline - performance.now();
       const failure = { sessionId: this.id, processor: this.processor, interval: this.interval, left, error };
       const retryIn = reportHeartbeatFailure(failure, this.parts.metrics);
       // Transient: keep trying until the deadline has really passed.
       if (this.state === 'live') this.#scheduleHeartbeat(retryIn);
       return;
     }
-    if (this.#state !== 'live') return;
+    if (this.#life.recordedState !== 'live') return;
     if (!renewed) {
-      this.#expire('its deadline passed in the database');
+      this.#life.expire('its deadline passed in the database');
       return;
     }
-    // The database's new deadline is at least this far out: it counted from
-    // a moment after we sent the heartbeat.
-    this.#localDeadline = sentAt + this.interval;
+    this.#life.renewed(sentAt);
     this.#armWatchdog();
     this.#scheduleHeartbeat(this.interval / 2);
   }
@@ -382,9 +348,9 @@ export class Session {
    * session expires and is closed. Its row expires on its own if that fails.
    */
   #giveUp(why: string): SessionExpiredError {
-    this.#givingUp ??= new SessionExpiredError(this.id, why);
+    const givingUp = this.#life.giveUp(why);
     const expireAndClose = () => {
-      this.#expire(why);
+      this.#life.expire(why);
       this.close().catch((error) =>
         log.session('closing abandoned session %s failed: %s', this.id, describeError(error)),
       );
@@ -392,28 +358,15 @@ export class Session {
     const ending = [...this.#works].flatMap((work) => work.endUnderWay ?? []);
     if (ending.length === 0) expireAndClose();
     else void Promise.allSettled(ending).then(expireAndClose);
-    return this.#givingUp;
+    return givingUp;
   }
 
-  #checkDeadline(): void {
-    if (this.#state === 'live' && performance.now() >= this.#localDeadline) {
-      this.#expire('heartbeats did not reach the database before the deadline');
-    }
-  }
-
-  #expire(why: string): void {
-    if (this.#state !== 'live') return;
-    log.session('session %s expired: %s', this.id, why);
-    this.#enter('expired', new SessionExpiredError(this.id, why));
-    for (const work of this.#works) work.endedWithSession('lost');
-    this.#works.clear();
-  }
-
-  /** Leaves `live` for good: no more heartbeats, and the session's signal aborts with `reason`. */
-  #enter(state: 'expired' | 'closed', reason: Error): void {
-    this.#state = state;
+  /** The session expired or closed: no more heartbeats, and its work ended with it (`lost` or `canceled`). */
+  #ended(): void {
     clearTimeout(this.#nextHeartbeat);
     clearTimeout(this.#watchdog);
-    this.#abort.abort(reason);
+    const outcome = this.#life.recordedState === 'closed' ? 'canceled' : 'lost';
+    for (const work of this.#works) work.endedWithSession(outcome);
+    this.#works.clear();
   }
 }

@@ -4,13 +4,22 @@ import { type Backoff, nextBackoffSeconds } from './backoff.js';
 import { BMDBError, WorkEndedError, type WorkEndState, WorkLostError, type WorkOutcome } from './errors.js';
 import { connectionLoss, describeConnectionLoss, isConnectionLost } from './internal/connection-lost.js';
 import { log } from './internal/log.js';
+import { withRetry } from './internal/retry.js';
+import { retryMetrics } from './internal/retry-metrics.js';
 import { Queries } from './queries.js';
 import type { Database } from './schema.js';
-import type { Session, SessionParts } from './session.js';
+import type { SessionLife } from './session-life.js';
+import type { SessionParts } from './session-parts.js';
 import { type EndRequest, endFinishedStatement, WORK_LOST } from './sql/end-work.js';
 import { sessionAlive } from './sql/sessions.js';
 import { type FinishTags, tagWrites } from './tags.js';
 import type { WorkCandidate } from './work-candidate.js';
+
+/**
+ * How an end is made: in the next batch of ends (`finish(tags)`, `fail`,
+ * `cancel`), or by a transaction running the caller's function (`finish(fn)`).
+ */
+type End = Pick<EndRequest, 'event' | 'failure' | 'tags'> | ((q: Queries) => Promise<void>);
 
 /** Where a work item stands: `active` until it ends, then how it ended. */
 export type WorkState = 'active' | WorkEndState;
@@ -26,25 +35,31 @@ const noResult = (): void => undefined;
 export class Work<T extends WorkCandidate = WorkCandidate> {
   #state: WorkState = 'active';
   #ending: Promise<unknown> | undefined;
-  #onEnding: (() => void) | undefined;
+  #endSent: () => void = noResult;
+  readonly #endStarted = new Promise<void>((resolve) => {
+    this.#endSent = resolve;
+  });
 
   /** @internal A claim `Session.work` made. */
   static claimed<T extends WorkCandidate>(
-    session: Session,
+    session: SessionLife,
     parts: SessionParts,
+    works: Set<Work<T>>,
     machineId: string,
     process: string,
     candidate: T,
     previousBackoffSeconds: number | undefined,
   ): Work<T> {
-    return new Work(session, parts, machineId, process, candidate, previousBackoffSeconds);
+    return new Work(session, parts, works, machineId, process, candidate, previousBackoffSeconds);
   }
 
   // Private: only a claim makes work (`Session.work`, through `claimed`).
   private constructor(
-    /** The session holding the claim. */
-    private readonly session: Session,
+    /** Where the session holding the claim stands. */
+    private readonly session: SessionLife,
     private readonly parts: SessionParts,
+    /** The session's work, which this leaves once ended. */
+    private readonly works: Set<Work<T>>,
     /** The machine claimed. */
     readonly machineId: string,
     /** The process the claim is for. */
@@ -87,17 +102,11 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    */
   async finish(how?: FinishTags | ((q: Queries) => Promise<void>)): Promise<void> {
     if (typeof how === 'function') {
-      const opening = endFinishedStatement(this.machineId, this.process, this.session.id);
-      const { db, run } = this.parts;
-      await this.#end('finished', () =>
-        run([this.session.processor], () =>
-          db.connection().execute((one) => openedBy(one, opening, (trx) => how(new Queries(trx)))),
-        ).then(noResult, (error: unknown) => this.#lost(error)),
-      );
+      await this.#end('finished', how);
       return;
     }
     const tags = how === undefined ? undefined : tagWrites(how);
-    await this.#end('finished', () => this.#endInBatch({ event: 'Finished', ...(tags && { tags }) }));
+    await this.#end('finished', { event: 'Finished', ...(tags && { tags }) });
   }
 
   /**
@@ -111,9 +120,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    */
   async fail(backoff: Backoff | undefined, cause: string): Promise<void> {
     const interval = nextBackoffSeconds(backoff, this.previousBackoffSeconds);
-    await this.#end('failed', () =>
-      this.#endInBatch({ event: 'Failed', failure: { cause, backoffSeconds: interval } }),
-    );
+    await this.#end('failed', { event: 'Failed', failure: { cause, backoffSeconds: interval } });
     log.work('machine %s %s failed, backing off %ds: %s', this.machineId, this.process, interval, cause);
   }
 
@@ -124,17 +131,17 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
   async cancel(): Promise<void> {
     if (this.#state === 'ending') await this.#ending?.catch(() => undefined);
     if (this.#state !== 'active') return;
-    // A claim already gone needs no cancelling.
-    await this.#end('canceled', () => this.#endInBatch({ event: 'Canceled' }).catch(ignoreLost));
+    await this.#end('canceled', { event: 'Canceled' });
   }
 
   /**
-   * @internal Calls `listener` once, when an end of this work is first sent
-   * (finish, fail or cancel): the control loop then claims its worker's next
-   * machine while this end is on its way.
+   * @internal Resolves when an end of this work is first sent (finish, fail
+   * or cancel), before the end itself goes: the control loop then claims its
+   * worker's next machine while this end is on its way. Never settles for
+   * work that ended with its session.
    */
-  onEnding(listener: () => void): void {
-    this.#onEnding = listener;
+  get ending(): Promise<void> {
+    return this.#endStarted;
   }
 
   /** @internal The end on its way, while there is one: settles when it does. */
@@ -147,29 +154,32 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
     if (this.#state === 'active') this.#state = outcome;
   }
 
-  async #end(outcome: WorkOutcome, run: () => Promise<void>): Promise<void> {
+  async #end(outcome: WorkOutcome, end: End): Promise<void> {
     if (this.#state !== 'active') throw new WorkEndedError(this.machineId, this.process, this.#state);
     if (outcome !== 'canceled') this.session.assertLive();
     this.#state = 'ending';
-    // The next claim goes out first: it takes longer than an end.
-    const onEnding = this.#onEnding;
-    this.#onEnding = undefined;
-    onEnding?.();
-    const ending = this.#persist(outcome, run);
+    this.#endSent();
+    const ending = this.#persist(outcome, end);
     this.#ending = ending;
     try {
       await ending;
       this.#state = outcome;
-      this.session.workEnded(this, outcome);
+      this.#ended(outcome);
     } catch (error) {
       this.#state = error instanceof WorkLostError ? 'lost' : 'active';
-      if (this.#state === 'lost') this.session.workEnded(this, 'canceled');
+      if (this.#state === 'lost') this.#ended('canceled');
       throw error;
     }
   }
 
+  /** Once ended: counted (`bmdb_work_finished_total`), and its session holds it no more. */
+  #ended(outcome: WorkOutcome): void {
+    this.works.delete(this);
+    this.parts.metrics?.workEnded({ processor: this.session.processor, process: this.process }, outcome);
+  }
+
   /**
-   * Runs `attempt` again and again while the database cannot be reached and
+   * Makes `end` again and again while the database cannot be reached and
    * the session lives: a restart of PostgreSQL must not leave the claim held,
    * nor make the work be done twice. After an attempt whose outcome the lost
    * connection hid, a claim found gone while the session is alive in the
@@ -177,12 +187,15 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    * its claims while it lives. Once the session expires, the database
    * ends the claim anyway; the last error is thrown.
    */
-  async #persist(outcome: WorkOutcome, attempt: () => Promise<void>): Promise<void> {
+  async #persist(outcome: WorkOutcome, end: End): Promise<void> {
+    // The next claim goes out first (it takes longer than an end): what
+    // awaits `ending` runs in this turn, before the first attempt.
+    await undefined;
     let uncertain = false;
     let pause = RECONNECT_FIRST_PAUSE;
     for (;;) {
       try {
-        return await attempt();
+        return await this.#endOnce(end);
       } catch (error) {
         if (uncertain && error instanceof WorkLostError) {
           const alive = await this.#sessionAliveInDatabase();
@@ -213,6 +226,24 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
         pause = Math.min(pause * 2, RECONNECT_MAX_PAUSE);
       }
     }
+  }
+
+  /** Makes `end` once: in the next batch of ends, or in the caller's transaction. */
+  async #endOnce(end: End): Promise<void> {
+    if (typeof end === 'function') return this.#finishIn(end);
+    // A claim already gone needs no cancelling.
+    if (end.event === 'Canceled') return this.#endInBatch(end).catch(ignoreLost);
+    return this.#endInBatch(end);
+  }
+
+  /** Finishes the work in a transaction of its own that runs `fn`; WorkLostError if the claim was gone. */
+  async #finishIn(fn: (q: Queries) => Promise<void>): Promise<void> {
+    const opening = endFinishedStatement(this.machineId, this.process, this.session.id);
+    const { db, metrics } = this.parts;
+    await withRetry(
+      () => db.connection().execute((one) => openedBy(one, opening, (trx) => fn(new Queries(trx)))),
+      retryMetrics(metrics, [this.session.processor]),
+    ).then(noResult, (error: unknown) => this.#lost(error));
   }
 
   /** Ends the work in the next batch of ends; WorkLostError if the claim was gone. */

@@ -157,16 +157,16 @@ describe('selections for a process', () => {
       {
         process: 'Imaging',
         selectMachines: imaging,
-        async processMachine({ machine, work }) {
+        async processMachine({ candidate, work }) {
           await work.finish((q) =>
             q.db
               .withTables<ImagingTables>()
               .deleteFrom('imaging_request')
-              .where('machine_id', '=', machine.machineId)
+              .where('machine_id', '=', candidate.machineId)
               .execute()
               .then(() => {}),
           );
-          done.add(machine.machineId);
+          done.add(candidate.machineId);
           if (done.size === machines.length) all.resolve();
         },
       },

@@ -206,11 +206,11 @@ test('a task failing during a brief outage is recorded once the database is back
         blip(300);
         throw new Error('the work failed while the database was unreachable');
       }
-      await task.work.finish((q) => q.setAgentStarted(task.machine.machineId, { publicKey: new Uint8Array(32) }));
+      await task.work.finish((q) => q.setAgentStarted(task.candidate.machineId, { publicKey: new Uint8Array(32) }));
     },
   };
   const stop = new AbortController();
-  const running = runControlLoop(flaky, loop, { dbQueryLimiter: parseLimiter('10ms,10'), signal: stop.signal });
+  const running = runControlLoop(flaky, loop, { claimLimiter: parseLimiter('10ms,10'), signal: stop.signal });
   try {
     await eventually(async () =>
       (await db.admin('SELECT 1 FROM machine_agent_started WHERE machine_id = $1', [machineId])).rowCount === 1

@@ -66,7 +66,7 @@ function countingLimiter(): { limiter: RateLimiter; attempts: () => number } {
 
 /** Finishes the task by setting AgentStarted, like the initializer. */
 const startAgent = (task: Task<ProvidedMachine>) =>
-  task.work.finish((q) => q.setAgentStarted(task.machine.machineId, { publicKey: key() }));
+  task.work.finish((q) => q.setAgentStarted(task.candidate.machineId, { publicKey: key() }));
 
 /** A machine's history events, oldest first. */
 async function events(machineId: string): Promise<string[]> {
@@ -97,13 +97,13 @@ describe('runControlLoop', () => {
         agentStartLoop(
           provider,
           async (task) => {
-            seen.set(task.machine.machineId, (seen.get(task.machine.machineId) ?? 0) + 1);
+            seen.set(task.candidate.machineId, (seen.get(task.candidate.machineId) ?? 0) + 1);
             await new Promise((resolve) => setTimeout(resolve, Math.random() * 10));
             await startAgent(task);
           },
           claims,
         ),
-        { parallelism: 8, dbQueryLimiter: fast(), signal: stop.signal },
+        { parallelism: 8, claimLimiter: fast(), signal: stop.signal },
       );
       await eventually(async () =>
         (await count('SELECT count(*)::int AS n FROM machine_agent_started WHERE machine_id = ANY($1::uuid[])', [
@@ -150,11 +150,11 @@ describe('runControlLoop', () => {
     const running = runControlLoop(
       bmdb,
       agentStartLoop('Failing', async (task) => {
-        if (task.machine.machineId === overridden)
+        if (task.candidate.machineId === overridden)
           task.backoff = { initial: 7_200_000, maximum: 7_200_000, exponent: 1 };
-        throw new Error(`dial ${task.machine.providerId}: connection refused`);
+        throw new Error(`dial ${task.candidate.providerId}: connection refused`);
       }),
-      { dbQueryLimiter: fast(), signal: stop.signal },
+      { claimLimiter: fast(), signal: stop.signal },
     );
     await eventually(async () =>
       (await count('SELECT count(*)::int AS n FROM work_backoff')) >= 2 ? true : undefined,
@@ -189,7 +189,7 @@ describe('runControlLoop', () => {
         done.resolve();
         stop.abort();
       }),
-      { dbQueryLimiter: fast(), signal: stop.signal },
+      { claimLimiter: fast(), signal: stop.signal },
     );
     await done.promise;
     await running;
@@ -211,7 +211,7 @@ describe('runControlLoop', () => {
       ahead,
       agentStartLoop('ClaimAhead', async (task) => {
         mostRunning = Math.max(mostRunning, ++running);
-        processed.push(task.machine.machineId);
+        processed.push(task.candidate.machineId);
         await task.work.finish({ set: { agentStarted: { publicKey: key() } } });
         if (processed.length === 1) {
           finished.resolve();
@@ -219,7 +219,7 @@ describe('runControlLoop', () => {
         }
         running--;
       }),
-      { dbQueryLimiter: fast(), signal: stop.signal },
+      { claimLimiter: fast(), signal: stop.signal },
     );
     try {
       await finished.promise;
@@ -266,7 +266,7 @@ describe('runControlLoop', () => {
     const loop = runControlLoop(
       ahead,
       agentStartLoop('AheadAtStop', async (task) => {
-        processed.push(task.machine.machineId);
+        processed.push(task.candidate.machineId);
         await task.work.finish({ set: { agentStarted: { publicKey: key() } } });
         // By now the next machine is claimed (or being claimed): stop before it is processed.
         await eventually(
@@ -282,7 +282,7 @@ describe('runControlLoop', () => {
         );
         stop.abort();
       }),
-      { dbQueryLimiter: fast(), signal: stop.signal },
+      { claimLimiter: fast(), signal: stop.signal },
     );
     await loop;
     expect(processed).toHaveLength(1);
@@ -303,11 +303,11 @@ describe('runControlLoop', () => {
     const running = runControlLoop(
       clean,
       agentStartLoop('CleanStop', async (task) => {
-        inFlight.add(task.machine.machineId);
+        inFlight.add(task.candidate.machineId);
         await gate.promise;
         await startAgent(task);
       }),
-      { parallelism: 3, dbQueryLimiter: fast(), signal: stop.signal },
+      { parallelism: 3, claimLimiter: fast(), signal: stop.signal },
     );
     await eventually(async () => (inFlight.size === 3 ? true : undefined));
     stop.abort();
@@ -336,7 +336,7 @@ describe('runControlLoop', () => {
         started.resolve(task.signal);
         return new Promise(() => {}); // ignores its signal: a hung SSH call, say
       }),
-      { dbQueryLimiter: fast(), signal: stop.signal, stopGracePeriod: 200 },
+      { claimLimiter: fast(), signal: stop.signal, stopGracePeriod: 200 },
     );
     const taskSignal = await started.promise;
     stop.abort();
@@ -368,7 +368,7 @@ describe('runControlLoop', () => {
         }
         await startAgent(task);
       }),
-      { parallelism: 2, dbQueryLimiter: fast(), signal: stop.signal },
+      { parallelism: 2, claimLimiter: fast(), signal: stop.signal },
     );
     const firstSignal = await first.promise;
     proxy.cut();
@@ -409,11 +409,11 @@ describe('runControlLoop', () => {
     const running = runControlLoop(
       quiet,
       agentStartLoop('Notified', async (task) => {
-        picked.resolve(task.machine.machineId);
+        picked.resolve(task.candidate.machineId);
         await startAgent(task);
       }),
       // Without notifications, an idle worker would look again only every 10 minutes.
-      { dbQueryLimiter: counting, signal: stop.signal, maxIdleDelay: 600_000 },
+      { claimLimiter: counting, signal: stop.signal, maxIdleDelay: 600_000 },
     );
     // Once the loop hears notifications, an idle worker waits out maxIdleDelay between looks.
     await eventually(async () => (quiet.machineChanges.listening && claimAttempts() >= 2 ? true : undefined));
@@ -469,10 +469,10 @@ describe('runControlLoop', () => {
     const running = runControlLoop(
       herd,
       agentStartLoop('Herd', async (task) => {
-        processed.push(task.machine.machineId);
+        processed.push(task.candidate.machineId);
         await startAgent(task);
       }),
-      { parallelism: 6, dbQueryLimiter: counting, signal: stop.signal, maxIdleDelay: 600_000 },
+      { parallelism: 6, claimLimiter: counting, signal: stop.signal, maxIdleDelay: 600_000 },
     );
     // Every worker idle, waiting for a notification (and nothing else, for 10 minutes).
     await eventually(async () =>
@@ -515,17 +515,17 @@ describe('runControlLoop', () => {
         toCandidate: (row: { machine_id: string; provider_id: string }) =>
           ({ machineId: row.machine_id, providerId: row.provider_id }) as ProvidedMachine,
       }),
-      async processMachine({ machine }) {
-        const holder = held.get(machine.machineId);
-        if (holder) overlaps.push(`${machine.machineId} held by ${holder} and ${process}`);
-        held.set(machine.machineId, process);
+      async processMachine({ candidate }) {
+        const holder = held.get(candidate.machineId);
+        if (holder) overlaps.push(`${candidate.machineId} held by ${holder} and ${process}`);
+        held.set(candidate.machineId, process);
         await new Promise((resolve) => setTimeout(resolve, Math.random() * 3));
-        held.delete(machine.machineId);
+        held.delete(candidate.machineId);
         if (++claims >= 400) stop.abort();
         // Returning without finishing releases the claim: the machine is wanted again at once.
       },
     });
-    const options = { parallelism: 6, dbQueryLimiter: fast(), signal: stop.signal };
+    const options = { parallelism: 6, claimLimiter: fast(), signal: stop.signal };
     await Promise.all([
       runControlLoop(bmdb, loopFor(Process.ShepherdAgentStart), options),
       runControlLoop(bmdb, loopFor(Process.ShepherdRecovery), options),
@@ -542,14 +542,14 @@ describe('runControlLoop', () => {
   test('refuses a loop without selectMachines or getMachines', async () => {
     const { getMachines: _, selectMachines: __, ...loop } = agentStartLoop('None', async () => {});
     await expect(
-      runControlLoop(bmdb, loop, { dbQueryLimiter: fast(), signal: new AbortController().signal }),
+      runControlLoop(bmdb, loop, { claimLimiter: fast(), signal: new AbortController().signal }),
     ).rejects.toThrow(/neither selectMachines nor getMachines/);
   });
 
   test('refuses a parallelism that is not a positive integer', async () => {
     const loop = agentStartLoop('None', async () => {});
     await expect(
-      runControlLoop(bmdb, loop, { parallelism: 0, dbQueryLimiter: fast(), signal: new AbortController().signal }),
+      runControlLoop(bmdb, loop, { parallelism: 0, claimLimiter: fast(), signal: new AbortController().signal }),
     ).rejects.toThrow(/parallelism must be a positive integer, got 0/);
   });
 });

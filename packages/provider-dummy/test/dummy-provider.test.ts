@@ -76,7 +76,7 @@ describe('DummyProvider', () => {
     await provisioner(healthy, 5).reconcile(session);
     await session.close();
     await runUntil(
-      (signal) => initializer(healthy).run(bmdb, { dbQueryLimiter: fast(), signal }),
+      (signal) => initializer(healthy).run(bmdb, { claimLimiter: fast(), signal }),
       async () => (await count('SELECT count(*)::int AS n FROM machine_agent_started')) === 5,
     );
 
@@ -86,7 +86,7 @@ describe('DummyProvider', () => {
     await provisioner(failing, 3).reconcile(setup);
     await setup.close();
     await runUntil(
-      (signal) => initializer(failing).run(bmdb, { dbQueryLimiter: fast(), signal }),
+      (signal) => initializer(failing).run(bmdb, { claimLimiter: fast(), signal }),
       async () => (await count('SELECT count(*)::int AS n FROM work_backoff')) === 3,
     );
     const { rows } = await db.admin('SELECT cause FROM work_backoff');
@@ -118,7 +118,7 @@ test('a slow fake agent takes its time, and every start is told as it begins and
   await session.close();
   const started = Date.now();
   await runUntil(
-    (signal) => initializer(provider).run(bmdb, { dbQueryLimiter: fast(), signal, parallelism: 2 }),
+    (signal) => initializer(provider).run(bmdb, { claimLimiter: fast(), signal, parallelism: 2 }),
     async () =>
       (await count('SELECT count(*)::int AS n FROM machine_agent_started')) +
         (await count('SELECT count(*)::int AS n FROM work_backoff')) ===
@@ -185,7 +185,7 @@ test('the whole shepherd over the dummy: silent agents are power-cycled and star
   const provider = new DummyProvider({ capacity: 20, heartbeatFailureRate: 0.3 });
   const stop = new AbortController();
   const { signal } = stop;
-  const options = { dbQueryLimiter: fast(), signal, parallelism: 4 };
+  const options = { claimLimiter: fast(), signal, parallelism: 4 };
   const running = Promise.all([
     provisioner(provider, 20).run(bmdb, { signal }),
     initializer(provider).run(bmdb, options),
@@ -277,7 +277,7 @@ describe('simulated power', () => {
     );
     await provider.powerOff('dummy-000000', { graceful: false });
     await runUntil(
-      (signal) => new Recoverer(provider).run(bmdb, { dbQueryLimiter: fast(), parallelism: 2, signal }),
+      (signal) => new Recoverer(provider).run(bmdb, { claimLimiter: fast(), parallelism: 2, signal }),
       async () => (await count('SELECT count(*)::int AS n FROM machine_agent_started')) === 0,
     );
     expect(await provider.readPowerState('dummy-000000')).toBe('On');

@@ -78,7 +78,7 @@ const fastLimiters = (): Pick<ProvisionerOptions, 'reconcileLimiter' | 'creation
 const loopOptions = (signal: AbortSignal): ControlLoopOptions => ({
   signal,
   parallelism: 2,
-  dbQueryLimiter: parseLimiter('1ms,1000'),
+  claimLimiter: parseLimiter('1ms,1000'),
 });
 
 /** The BMDB's Equinix machines. */

@@ -181,7 +181,7 @@ describe('the static provider’s power control', () => {
       );
     }
     await runUntil(
-      (signal) => new Recoverer(provider).run(bmdb, { parallelism: 2, dbQueryLimiter: fast(), signal }),
+      (signal) => new Recoverer(provider).run(bmdb, { parallelism: 2, claimLimiter: fast(), signal }),
       async () => (await db.admin('SELECT 1 FROM machine_agent_started')).rowCount === 0,
     );
     // A ForceRestart would have been refused (409) on the machine that was off.

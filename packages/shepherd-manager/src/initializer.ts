@@ -110,7 +110,7 @@ export class Initializer implements ControlLoop<ProvidedMachine> {
   }
 
   async processMachine(task: Task<ProvidedMachine>): Promise<void> {
-    const { machineId, providerId } = task.machine;
+    const { machineId, providerId } = task.candidate;
     const machine = await this.provider.getMachine(providerId, task.signal);
     if (!machine.address) {
       // Still coming up at the provider: no failure of the agent, so look again soon.

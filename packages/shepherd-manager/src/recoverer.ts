@@ -133,7 +133,7 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
   }
 
   async processMachine(task: Task<ProvidedMachine>): Promise<void> {
-    const { machineId, providerId } = task.machine;
+    const { machineId, providerId } = task.candidate;
     if ((await this.#powerState(task)) === PowerState.Off) {
       detail.recoverer('powering on machine %s (provider ID %s): agent silent, machine off', machineId, providerId);
       const { command } = await this.power.powerOn(providerId, task.signal);
@@ -176,13 +176,13 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
    */
   async #powerState(task: Task<ProvidedMachine>): Promise<PowerState | undefined> {
     try {
-      return await this.power.readPowerState(task.machine.providerId, task.signal);
+      return await this.power.readPowerState(task.candidate.providerId, task.signal);
     } catch (error) {
       if (task.signal.aborted) throw error;
       detail.recoverer(
         'machine %s (provider ID %s): power state unreadable (%s); power-cycling',
-        task.machine.machineId,
-        task.machine.providerId,
+        task.candidate.machineId,
+        task.candidate.providerId,
         describeError(error),
       );
       return undefined;

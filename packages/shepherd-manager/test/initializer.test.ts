@@ -57,7 +57,7 @@ function initializer(
 
 /** Runs `loop` (two workers, unthrottled) until `done` holds, then stops it cleanly. */
 const runLoopUntil = (loop: { run: Initializer['run'] }, done: () => Promise<boolean>, timeout = 20_000) =>
-  runUntil((signal) => loop.run(bmdb, { parallelism: 2, dbQueryLimiter: fast(), signal }), done, { timeout });
+  runUntil((signal) => loop.run(bmdb, { parallelism: 2, claimLimiter: fast(), signal }), done, { timeout });
 
 async function machinesOf(provider: TestProvider) {
   return new Queries(bmdb.db).providedMachines(provider.type).then((ms) => ms.map((m) => m.machineId));
@@ -228,7 +228,7 @@ describe('Initializer', () => {
     });
     const stop = new AbortController();
     const running = initializer(provider, { sshClient: ssh }).run(cutOff, {
-      dbQueryLimiter: fast(),
+      claimLimiter: fast(),
       signal: stop.signal,
     });
     try {

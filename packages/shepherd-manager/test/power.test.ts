@@ -40,7 +40,7 @@ const started = async (machineId: string) =>
   (await db.admin('SELECT 1 FROM machine_agent_started WHERE machine_id = $1', [machineId])).rowCount === 1;
 
 const runRecoverer = (recoverer: Recoverer, done: () => Promise<boolean>) =>
-  runUntil((signal) => recoverer.run(bmdb, { parallelism: 2, dbQueryLimiter: fast(), signal }), done, {
+  runUntil((signal) => recoverer.run(bmdb, { parallelism: 2, claimLimiter: fast(), signal }), done, {
     timeout: 20_000,
   });
 
@@ -100,7 +100,7 @@ describe('the recoverer and power', () => {
     const stop = new AbortController();
     const recovering = new Recoverer(power, { powerCycleWait: 3_600_000 }).run(bmdb, {
       parallelism: 1,
-      dbQueryLimiter: fast(),
+      claimLimiter: fast(),
       stopGracePeriod: 1,
       signal: stop.signal,
     });

@@ -1,3 +1,5 @@
+import { setImmediate as nextTurn } from 'node:timers/promises';
+
 /** A submitted item and how to answer its caller. */
 interface Waiting<I, R> {
   readonly item: I;
@@ -5,110 +7,120 @@ interface Waiting<I, R> {
   reject(error: unknown): void;
 }
 
-export interface BatcherOptions<I, Result> {
-  /** Sends a batch; resolves with one result per item, in order. A rejection fails every item. */
-  send(items: readonly I[]): Promise<readonly Result[]>;
+/** What a batch of a {@link Batcher} may hold. */
+export interface BatcherOptions {
   /** Most items in one batch. */
   readonly maxSize: number;
   /**
-   * Whether `item` may join a batch already holding `batch`; an item refused
-   * waits for the next batch, keeping its place in the queue.
+   * At most one item per machine a batch (items with a `machineId`): the
+   * writes of one statement then never meet on a row. An item whose machine
+   * is in the batch already waits for the next, keeping its place in the
+   * queue.
    */
-  admits?(batch: readonly I[], item: I): boolean;
+  readonly onePerMachine?: boolean;
+}
+
+/** Items taken from a {@link Batcher} together, and how to answer their callers. */
+export class Batch<I, R> {
+  readonly items: readonly I[];
+
+  constructor(private readonly waiting: readonly Waiting<I, R>[]) {
+    this.items = waiting.map((w) => w.item);
+  }
+
+  /** Answers each item with its result, in order; throws (answering none) if there is not one result per item. */
+  resolve(results: readonly R[]): void {
+    if (results.length !== this.waiting.length) {
+      throw new Error(`a batch of ${this.waiting.length} returned ${results.length} results`);
+    }
+    for (let i = 0; i < results.length; i++) this.waiting[i]?.resolve(results[i] as R);
+  }
+
+  /** Fails every item with `error`. */
+  reject(error: unknown): void {
+    for (const waiting of this.waiting) waiting.reject(error);
+  }
+
   /**
-   * Whether a batch of several items that failed with `error` may have
-   * failed for one item alone: each item is then sent again on its own, to
-   * succeed or fail by itself. Errors that hit every item alike (a lost
-   * connection) need not be.
+   * A batch of one for each item: a batch that failed for what may be one
+   * item's fault (a bad value) is sent again item by item, so that it fails
+   * that item alone.
    */
-  isolates?(error: unknown): boolean;
-  /** Called whenever the last batch returned and nothing is queued. */
-  onIdle?(): void;
+  isolated(): Batch<I, R>[] {
+    return this.waiting.map((waiting) => new Batch([waiting]));
+  }
 }
 
 /**
- * Sends what callers submit in batches, one batch in flight at a time, with
- * no timer: items submitted while no batch is in flight go at the end of the
- * current turn of the event loop, together; items submitted while one is in
- * flight wait for it to return, and then go together. Under load a batch
- * holds whatever arrived during the last one's round trip; an idle caller
- * waits for nothing but the end of its own turn.
+ * A queue of what callers submit, taken in batches by its owner, one batch
+ * in flight at a time, with no timer. The owner submits an item and, when
+ * nobody sends the queue's batches (`sending` is false), loops over
+ * {@link Batcher.batches}, sending each batch itself before asking for the
+ * next; the loop ends once the queue is empty.
+ *
+ * Items submitted while no batch is in flight go at the end of the current
+ * turn of the event loop, together; items submitted while one is in flight
+ * wait for it to return, and then go together: the callers a returning batch
+ * resumes ask again in the same turn. Under load a batch holds whatever
+ * arrived during the last one's round trip; an idle caller waits for nothing
+ * but the end of its own turn.
  */
-export class Batcher<I, Result> {
-  #queue: Waiting<I, Result>[] = [];
-  #inFlight = false;
-  #scheduled = false;
+export class Batcher<I extends object, R> {
+  #queue: Waiting<I, R>[] = [];
+  #sending = false;
 
-  constructor(private readonly options: BatcherOptions<I, Result>) {}
+  constructor(private readonly options: BatcherOptions) {}
 
-  /** Whether nothing is queued, scheduled or in flight. */
-  get idle(): boolean {
-    return !this.#inFlight && !this.#scheduled && this.#queue.length === 0;
+  /** Whether an owner's loop over {@link Batcher.batches} is running. */
+  get sending(): boolean {
+    return this.#sending;
   }
 
-  /** Resolves with `item`'s own result; rejects if its batch failed as a whole. */
-  submit(item: I): Promise<Result> {
-    return new Promise<Result>((resolve, reject) => {
-      this.#queue.push({ item, resolve, reject });
-      this.#schedule();
-    });
+  /** Whether nothing is queued or being sent. */
+  get idle(): boolean {
+    return !this.#sending && this.#queue.length === 0;
+  }
+
+  /** Resolves with `item`'s own result; rejects if its batch failed. */
+  submit(item: I): Promise<R> {
+    return new Promise<R>((resolve, reject) => this.#queue.push({ item, resolve, reject }));
   }
 
   /**
-   * Sends the next batch at the end of this turn of the event loop, unless
-   * one is in flight: the callers a returning batch resumes ask again in the
-   * same turn, and go together.
+   * The batches to send, each taken at the end of the turn in which the last
+   * one returned (the first, at the end of this turn); it ends when there is
+   * nothing left to take. One loop at a time: it starts sending at once.
    */
-  #schedule(): void {
-    if (this.#inFlight || this.#scheduled || this.#queue.length === 0) return;
-    this.#scheduled = true;
-    setImmediate(() => {
-      this.#scheduled = false;
-      this.#sendNext();
-    });
+  batches(): AsyncGenerator<Batch<I, R>> {
+    this.#sending = true;
+    return this.#batches();
   }
 
-  #sendNext(): void {
-    const batch = this.#take();
-    if (batch.length === 0) return;
-    this.#inFlight = true;
-    void this.#send(batch).finally(() => {
-      this.#inFlight = false;
-      this.#schedule();
-      if (this.idle) this.options.onIdle?.();
-    });
-  }
-
-  /** Sends `batch` and settles each of its items; never rejects. */
-  async #send(batch: readonly Waiting<I, Result>[]): Promise<void> {
-    let results: readonly Result[];
+  async *#batches(): AsyncGenerator<Batch<I, R>> {
     try {
-      results = await this.options.send(batch.map((waiting) => waiting.item));
-      if (results.length !== batch.length) {
-        throw new Error(`a batch of ${batch.length} returned ${results.length} results`);
+      for (;;) {
+        await nextTurn();
+        const batch = this.#take();
+        if (batch.length === 0) return;
+        yield new Batch(batch);
       }
-    } catch (error) {
-      if (batch.length > 1 && this.options.isolates?.(error)) {
-        for (const waiting of batch) await this.#send([waiting]);
-      } else {
-        for (const waiting of batch) waiting.reject(error);
-      }
-      return;
+    } finally {
+      this.#sending = false;
     }
-    for (let i = 0; i < batch.length; i++) batch[i]?.resolve(results[i] as Result);
   }
 
-  /** The next batch, in queue order, skipping items the batch cannot admit. */
-  #take(): Waiting<I, Result>[] {
-    const { maxSize, admits } = this.options;
-    if (!admits) return this.#queue.splice(0, maxSize);
-    const batch: Waiting<I, Result>[] = [];
-    const items: I[] = [];
-    const rest: Waiting<I, Result>[] = [];
+  /** The next batch, in queue order, skipping items of a machine the batch holds already. */
+  #take(): Waiting<I, R>[] {
+    const { maxSize, onePerMachine } = this.options;
+    if (!onePerMachine) return this.#queue.splice(0, maxSize);
+    const batch: Waiting<I, R>[] = [];
+    const machines = new Set<unknown>();
+    const rest: Waiting<I, R>[] = [];
     for (const waiting of this.#queue) {
-      if (batch.length < maxSize && admits(items, waiting.item)) {
+      const machine = machineOf(waiting.item);
+      if (batch.length < maxSize && !machines.has(machine)) {
         batch.push(waiting);
-        items.push(waiting.item);
+        machines.add(machine);
       } else {
         rest.push(waiting);
       }
@@ -116,4 +128,9 @@ export class Batcher<I, Result> {
     this.#queue = rest;
     return batch;
   }
+}
+
+/** The machine an item writes (its `machineId`), if it names one. */
+function machineOf(item: object): unknown {
+  return 'machineId' in item ? item.machineId : undefined;
 }

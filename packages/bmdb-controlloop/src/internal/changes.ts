@@ -1,9 +1,7 @@
 import { describeError } from '@bmaas/common';
 import pg from 'pg';
+import { CHANGES_CHANNEL } from '../sql/end-work.js';
 import { detail, log } from './log.js';
-
-/** The channel migration 0002's triggers and the ending statements notify. */
-export const CHANGES_CHANNEL = 'bmdb_machines_changed';
 
 /** Pause before listening again after the listening connection failed. */
 const RECONNECT_PAUSE = 1_000;

@@ -9,12 +9,38 @@ import type pg from 'pg';
  * record of parsed statements (PreparedQuery). That is why the library pins
  * pg's version exactly in its package.json; test/prepared.test.ts runs every
  * path of it against a real server.
+ *
+ * It is kept because `npm run bench` (BENCH_ONLY=throughput, the control loop
+ * finishing with a tag, 4,000 items a round) measured it worth at least 10 %
+ * of throughput at some parallelism against pg's own named prepared
+ * statements (`pool.query({ name, text, values })`, the name the digest of
+ * the text, `statementName`), the two variants run in turn, one run each,
+ * on one 2-core machine:
+ *
+ * | workers | pairs | items/s, this file | items/s, pg's own | this / pg's, median of pairs | ahead in | Node CPU per item, this / pg's | load average |
+ * | ------- | ----- | ------------------ | ----------------- | ---------------------------- | -------- | ------------------------------ | ------------ |
+ * | 1       | 8     | 154                | 162               | 0.98                         | 4 of 8   | 1,264 / 1,482 µs (−15 %)       | 7.6 to 19.7  |
+ * | 8       | 14    | 558                | 570               | 1.19                         | 8 of 14  | 328 / 310 µs (+6 %)            | 7.6 to 19.7  |
+ * | 32      | 14    | 862                | 786               | 1.13 (medians +10 %)         | 8 of 14  | 178 / 189 µs (−6 %)            | 7.6 to 19.7  |
+ *
+ * items/s are medians of the runs (2026-11-26, other jobs sharing the two
+ * cores, so single runs scatter by a factor of two); Node CPU per item from
+ * 4 pairs. At 32 workers it is worth +10 % (medians) to +13 % (median of
+ * pairs), at the threshold under that noise: measure again on a quiet
+ * machine before trusting either way; if it falls below 10 %, this file goes,
+ * the claims, ends and heartbeats call `pool.query({ name, text, values })`,
+ * and pg is no longer pinned.
  */
 
 /** pg's own conversion of a query value to what it sends (arrays, dates, JSON...), which `@types/pg` leaves out. */
 const { prepareValue } = createRequire(import.meta.url)('pg/lib/utils.js') as {
   prepareValue(value: unknown): string | Buffer | null;
 };
+
+/** A prepared statement's name: a digest of its text, so every connection agrees, and a new text is a new plan. */
+export function statementName(text: string): string {
+  return `bmdb_${createHash('sha256').update(text).digest('hex').slice(0, 24)}`;
+}
 
 /**
  * Runs compiled queries as named prepared statements: each connection of the
@@ -32,7 +58,7 @@ export class PreparedStatements {
   async query<R>(compiled: { readonly sql: string; readonly parameters: readonly unknown[] }): Promise<R[]> {
     let statement = this.#statements.get(compiled.sql);
     if (statement === undefined) {
-      const name = `bmdb_${createHash('sha256').update(compiled.sql).digest('hex').slice(0, 24)}`;
+      const name = statementName(compiled.sql);
       statement = { name, text: compiled.sql, columns: undefined };
       this.#statements.set(compiled.sql, statement);
     }

@@ -1,29 +1,28 @@
 import { type Expression, type Kysely, type RawBuilder, sql } from 'kysely';
 import { BMDBError } from '../errors.js';
+import type { BMDBMetrics } from '../metrics.js';
 import type { Database } from '../schema.js';
-import type { SelectionRow } from '../selection.js';
 import {
   type BatchClaimStatus,
   type ClaimStatus,
   claimSelectedForOneStatement,
   claimSelectedStatement,
+  type SelectionRow,
 } from '../sql/claim.js';
-import { Batcher } from './batcher.js';
+import { type Batch, Batcher } from './batcher.js';
 import type { PreparedStatements } from './prepared.js';
-import type { RunStatement } from './retry.js';
+import { withRetry } from './retry.js';
+import { retryMetrics } from './retry-metrics.js';
 
 /** Most claims in one statement. */
 const MAX_BATCH = 64;
 
-/** The statements a batch of claims can be sent with. */
-type ClaimStatement = 'full' | 'forOne';
-
-/**
- * Which statement a batch of claims goes with. The full statement is the one
- * whose every answer is final; a variant is kept only where `npm run bench`
- * (BENCH_ONLY=throughput, each variant alternated with the statements
- * without it) measured it worth at least 10 % of throughput at some
- * parallelism:
+/*
+ * Which statement a batch of claims goes with (SelectionClaims.#send). The
+ * full statement (`claimSelectedStatement`) is the one whose every answer is
+ * final; a variant is kept only where `npm run bench` (BENCH_ONLY=throughput,
+ * each variant alternated with the statements without it) measured it worth
+ * at least 10 % of throughput at some parallelism:
  *
  * | statement | sent for                                        | answers   | worth ×1 / ×8 / ×32  | kept |
  * | --------- | ----------------------------------------------- | --------- | -------------------- | ---- |
@@ -38,20 +37,13 @@ type ClaimStatement = 'full' | 'forOne';
  * that parallelism. The retriever's claim (`claimMachineStatement`) is no
  * variant: it claims the machine a retriever chose.
  *
- * `forOne` leaves out the full statement's second look at the selection
- * (`more`), so a request it leaves without a machine and without a candidate
- * is asked again with the full one; and once a batch left a live request
- * without a machine, the next go to the full statement until one serves
- * every request (`fullNext`), so an idle worker's look costs one statement,
- * not two.
+ * `forOne` (`claimSelectedForOneStatement`) leaves out the full statement's
+ * second look at the selection (`more`), so a request it leaves without a
+ * machine and without a candidate is asked again with the full one; and once
+ * a batch left a live request without a machine, the next go to the full
+ * statement until one serves every request (`fullNext`), so an idle worker's
+ * look costs one statement, not two.
  */
-const CLAIM_STATEMENTS: Record<
-  ClaimStatement,
-  (process: string, selection: Expression<SelectionRow>, sessions: readonly string[]) => RawBuilder<BatchClaimStatus>
-> = {
-  full: claimSelectedStatement,
-  forOne: claimSelectedForOneStatement,
-};
 
 /** A claim request: who claims, and the metrics label to count the statement under. */
 interface ClaimRequest {
@@ -69,8 +61,11 @@ interface ClaimTemplate {
   readonly selection: Expression<SelectionRow>;
   /** Equal for selections that differ only by object: their claims share a batch. */
   readonly key: string;
-  readonly compiled: Partial<Record<ClaimStatement, CompiledClaim>>;
-  /** Whether the next batch goes to the full statement at once (see {@link CLAIM_STATEMENTS}). */
+  /** The full statement, compiled on first use. */
+  full: CompiledClaim | undefined;
+  /** The statement for one request, compiled on first use. */
+  forOne: CompiledClaim | undefined;
+  /** Whether the next batch goes to the full statement at once (see the table above). */
   fullNext: boolean;
 }
 
@@ -103,13 +98,13 @@ export class SelectionClaims {
   constructor(
     private readonly db: Kysely<Database>,
     private readonly prepared: PreparedStatements,
-    private readonly run: RunStatement,
+    private readonly metrics: BMDBMetrics | undefined,
   ) {}
 
   /**
    * Claims one machine of `selection` for the session; the answer is this
    * request's own. The request joins the batcher of its (selection,
-   * process), which sends it with the others in {@link SelectionClaims.#send}.
+   * process), whose batches {@link SelectionClaims.#sendBatches} sends.
    */
   claim(
     sessionId: string,
@@ -120,49 +115,69 @@ export class SelectionClaims {
     const template = this.#template(process, selection);
     let batcher = this.#batchers.get(template.key);
     if (!batcher) {
-      const created = new Batcher<ClaimRequest, ClaimStatus>({
-        maxSize: MAX_BATCH,
-        send: (requests) => this.#send(template, requests),
-        // Selections may differ per call (a parameter each): keep only busy batchers.
-        onIdle: () => {
-          if (this.#batchers.get(template.key) === created) this.#batchers.delete(template.key);
-        },
-      });
-      batcher = created;
-      this.#batchers.set(template.key, created);
+      batcher = new Batcher<ClaimRequest, ClaimStatus>({ maxSize: MAX_BATCH });
+      this.#batchers.set(template.key, batcher);
     }
-    return batcher.submit({ sessionId, processor });
+    const claimed = batcher.submit({ sessionId, processor });
+    if (!batcher.sending) void this.#sendBatches(template, batcher);
+    return claimed;
+  }
+
+  /** Sends the batcher's claims, a batch at a time, until none is left; never rejects. */
+  async #sendBatches(template: ClaimTemplate, batcher: Batcher<ClaimRequest, ClaimStatus>): Promise<void> {
+    for await (const batch of batcher.batches()) await this.#sendBatch(template, batch);
+    // Selections may differ per call (a parameter each): keep only busy batchers.
+    if (batcher.idle && this.#batchers.get(template.key) === batcher) this.#batchers.delete(template.key);
+  }
+
+  /** Sends one batch and answers its requests; a failure fails them all (it is no one request's). */
+  async #sendBatch(template: ClaimTemplate, batch: Batch<ClaimRequest, ClaimStatus>): Promise<void> {
+    try {
+      batch.resolve(await this.#send(template, batch.items));
+    } catch (error) {
+      batch.reject(error);
+    }
   }
 
   /**
-   * Claims for `requests` as {@link CLAIM_STATEMENTS} says: a lone request
-   * with `forOne` while claims come back served, confirmed by the full
-   * statement when it found nothing; every other batch with the full one.
+   * Claims for `requests` as the table above says: a lone request with
+   * `forOne` while claims come back served, confirmed by the full statement
+   * when it found nothing; every other batch with the full one.
    */
   async #send(template: ClaimTemplate, requests: readonly ClaimRequest[]): Promise<ClaimStatus[]> {
+    const { process, selection } = template;
     if (template.fullNext || requests.length > 1) {
-      const statuses = await this.#sendWith('full', template, requests);
+      template.full ??= this.#compile(claimSelectedStatement(process, selection, SESSIONS));
+      const statuses = await this.#sendWith(template.full, requests);
       template.fullNext = statuses.some(unserved);
       return statuses;
     }
-    const statuses = await this.#sendWith('forOne', template, requests);
+    template.forOne ??= this.#compile(claimSelectedForOneStatement(process, selection, SESSIONS));
+    const statuses = await this.#sendWith(template.forOne, requests);
     if (!statuses.some(unconfirmed)) return statuses;
     template.fullNext = true;
-    return this.#sendWith('full', template, requests);
+    template.full ??= this.#compile(claimSelectedStatement(process, selection, SESSIONS));
+    return this.#sendWith(template.full, requests);
   }
 
-  async #sendWith(
-    statement: ClaimStatement,
-    template: ClaimTemplate,
-    requests: readonly ClaimRequest[],
-  ): Promise<ClaimStatus[]> {
-    const { process, selection } = template;
-    template.compiled[statement] ??= CLAIM_STATEMENTS[statement](process, selection, SESSIONS).compile(this.db);
-    const { sql, parameters } = template.compiled[statement];
+  /** A claim statement compiled with {@link SESSIONS} for its session IDs. */
+  #compile(statement: RawBuilder<BatchClaimStatus>): CompiledClaim {
+    const { sql, parameters } = statement.compile(this.db);
+    return { sql, parameters };
+  }
+
+  /** Sends `statement` for `requests`, with their session IDs where {@link SESSIONS} stands; one status each. */
+  async #sendWith(statement: CompiledClaim, requests: readonly ClaimRequest[]): Promise<ClaimStatus[]> {
     const sessions = requests.map((r) => r.sessionId);
-    const compiled = { sql, parameters: parameters.map((value) => (value === SESSIONS ? sessions : value)) };
+    const query = {
+      sql: statement.sql,
+      parameters: statement.parameters.map((value) => (value === SESSIONS ? sessions : value)),
+    };
     const processors = [...new Set(requests.map((r) => r.processor))];
-    const rows = await this.run(processors, () => this.prepared.query<BatchClaimStatus>(compiled));
+    const rows = await withRetry(
+      () => this.prepared.query<BatchClaimStatus>(query),
+      retryMetrics(this.metrics, processors),
+    );
     const byRequest: ClaimStatus[] = new Array(requests.length);
     for (const row of rows) byRequest[Number(row.bmdb_ord) - 1] = row;
     for (let i = 0; i < requests.length; i++) {
@@ -183,7 +198,7 @@ export class SelectionClaims {
     if (!template) {
       const compiled = sql`${selection}`.compile(this.db);
       const key = `${process}\u0000${compiled.sql}\u0000${JSON.stringify(compiled.parameters)}`;
-      template = { process, selection, key, compiled: {}, fullNext: false };
+      template = { process, selection, key, full: undefined, forOne: undefined, fullNext: false };
       byProcess.set(process, template);
     }
     return template;

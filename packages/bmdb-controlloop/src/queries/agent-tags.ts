@@ -1,6 +1,6 @@
 /** The agent's tags: AgentStarted, AgentHeartbeat and the reports its agent sent. */
 import { type Kysely, sql } from 'kysely';
-import type { HardwareReportEntry, OSInstallationReportEntry } from '../agent-heartbeat.js';
+import type { HardwareReportEntry, OSInstallationReportEntry } from '../agent-heartbeat-check.js';
 import { BMDBError } from '../errors.js';
 import type { Database } from '../schema.js';
 import { databaseNow } from './fleet-stats.js';

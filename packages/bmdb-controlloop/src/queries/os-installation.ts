@@ -1,5 +1,6 @@
 /** OS installation requests: requested and canceled by operators, handed to agents, answered by their reports. */
 import { type Insertable, type Kysely, type Selectable, sql } from 'kysely';
+import type { PendingOSInstallation } from '../agent-heartbeat-check.js';
 import { BMDBError } from '../errors.js';
 import { checkRootDeviceHints, inFieldOrder, type RootDeviceHints } from '../root-device-hints.js';
 import {
@@ -40,22 +41,7 @@ export interface OSInstallationRequest extends OSImage {
   readonly reason: string;
 }
 
-/**
- * What an agent is handed in a heartbeat's answer: the machine's pending
- * request. A disk wipe (`kind` `DiskWipe`) has no image: its `imageUrl` and
- * `imageSha256` are empty, its root device and hints undefined.
- */
-export interface PendingOSInstallation {
-  readonly generation: bigint;
-  /** A disk image to write (`DiskImage`), or every disk to wipe (`DiskWipe`). */
-  readonly kind: OSRequestKind;
-  readonly imageUrl: string;
-  readonly imageSha256: string;
-  readonly rootDevice: string | undefined;
-  readonly rootDeviceHints: RootDeviceHints | undefined;
-  readonly compression: OSImageCompression;
-  readonly userData: Uint8Array | undefined;
-}
+export type { PendingOSInstallation } from '../agent-heartbeat-check.js';
 
 /** A machine's current OS installation request and where it stands. */
 export interface OSInstallation extends PendingOSInstallation {

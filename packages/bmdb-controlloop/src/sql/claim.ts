@@ -1,5 +1,9 @@
 import { type Expression, type RawBuilder, sql } from 'kysely';
-import type { SelectionRow } from '../selection.js';
+
+/** A row of a selection query (`Selection`): it names a machine, and may carry more. */
+export interface SelectionRow {
+  readonly machine_id: string;
+}
 
 /*
  * The statements that claim work, and the parts they share, written once:

@@ -1,6 +1,8 @@
 import { type RawBuilder, sql } from 'kysely';
-import { CHANGES_CHANNEL } from '../internal/changes.js';
 import type { TagWrite, TagWrites } from '../tags.js';
+
+/** The channel migration 0002's triggers and the ending statements notify (`MachineChanges` listens). */
+export const CHANGES_CHANNEL = 'bmdb_machines_changed';
 
 /*
  * The statements that end work items: the batched end of `Work.finish`,

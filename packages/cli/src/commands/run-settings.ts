@@ -52,9 +52,9 @@ export interface RunSettings {
     readonly creationLimiter: RateLimiter;
     readonly chunkSize: number;
   };
-  readonly initializer: { readonly dbQueryLimiter: RateLimiter; readonly parallelism: number };
+  readonly initializer: { readonly claimLimiter: RateLimiter; readonly parallelism: number };
   readonly recoverer: {
-    readonly dbQueryLimiter: RateLimiter;
+    readonly claimLimiter: RateLimiter;
     readonly parallelism: number;
     readonly firstHeartbeatWithin: number;
     readonly heartbeatWithin: number;
@@ -154,11 +154,11 @@ export async function runSettings(argv: Argv, kind: ProviderKind): Promise<RunSe
       chunkSize: integer(argv, 'provisioner-reservation-chunk-size', 1),
     },
     initializer: {
-      dbQueryLimiter: rate(argv, 'initializer-db-query-rate'),
+      claimLimiter: rate(argv, 'initializer-db-query-rate'),
       parallelism: integer(argv, 'initializer-loop-parallelism', 1, 1000),
     },
     recoverer: {
-      dbQueryLimiter: rate(argv, 'recoverer-db-query-rate'),
+      claimLimiter: rate(argv, 'recoverer-db-query-rate'),
       parallelism: integer(argv, 'recoverer-loop-parallelism', 1, 1000),
       firstHeartbeatWithin: duration(argv, 'recoverer-first-heartbeat-timeout'),
       heartbeatWithin: duration(argv, 'recoverer-heartbeat-timeout'),

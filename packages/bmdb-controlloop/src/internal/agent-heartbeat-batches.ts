@@ -1,11 +1,13 @@
-import type { AgentHeartbeat, AgentHeartbeatAnswer } from '../agent-heartbeat.js';
+import type { AgentHeartbeat, AgentHeartbeatAnswer } from '../agent-heartbeat-check.js';
+import type { BMDBMetrics } from '../metrics.js';
 import type { RootDeviceHints } from '../root-device-hints.js';
 import type { OSImageCompression, OSRequestKind } from '../schema.js';
-import { Batcher } from './batcher.js';
+import { type Batch, Batcher } from './batcher.js';
+import { isConnectionLost } from './connection-lost.js';
 import { hardwareTotals } from './hardware-totals.js';
-import { onePerMachine } from './machine-batches.js';
 import type { PreparedStatements } from './prepared.js';
-import type { RunStatement } from './retry.js';
+import { withRetry } from './retry.js';
+import { retryMetrics } from './retry-metrics.js';
 
 /** The answers without a request: most heartbeats get one of these, shared. */
 const UNAUTHENTICATED: AgentHeartbeatAnswer = { result: 'unauthenticated' };
@@ -180,26 +182,40 @@ interface PendingRow {
  * machine, so that its writes never meet on a row.
  */
 export class AgentHeartbeats {
-  readonly #batcher: Batcher<AgentHeartbeat, AgentHeartbeatAnswer>;
+  readonly #batcher = new Batcher<AgentHeartbeat, AgentHeartbeatAnswer>({ maxSize: MAX_BATCH, onePerMachine: true });
 
   constructor(
     private readonly prepared: PreparedStatements,
-    private readonly run: RunStatement,
-    private readonly onBatch: (size: number) => void,
-  ) {
-    this.#batcher = new Batcher({
-      maxSize: MAX_BATCH,
-      ...onePerMachine<AgentHeartbeat>(),
-      send: (heartbeats) => this.#send(heartbeats),
-    });
-  }
+    private readonly metrics: BMDBMetrics | undefined,
+  ) {}
 
   record(heartbeat: AgentHeartbeat): Promise<AgentHeartbeatAnswer> {
-    return this.#batcher.submit(heartbeat);
+    const answer = this.#batcher.submit(heartbeat);
+    if (!this.#batcher.sending) void this.#sendBatches();
+    return answer;
+  }
+
+  /** Sends the queued heartbeats, a batch at a time, until none is left; never rejects. */
+  async #sendBatches(): Promise<void> {
+    for await (const batch of this.#batcher.batches()) await this.#sendBatch(batch);
+  }
+
+  /**
+   * Sends one batch and answers its heartbeats. A batch that failed for
+   * anything but a lost connection (one heartbeat's bad value) is sent again
+   * heartbeat by heartbeat, so that it fails only that one.
+   */
+  async #sendBatch(batch: Batch<AgentHeartbeat, AgentHeartbeatAnswer>): Promise<void> {
+    try {
+      batch.resolve(await this.#send(batch.items));
+    } catch (error) {
+      if (batch.items.length === 1 || isConnectionLost(error)) batch.reject(error);
+      else for (const one of batch.isolated()) await this.#sendBatch(one);
+    }
   }
 
   async #send(heartbeats: readonly AgentHeartbeat[]): Promise<AgentHeartbeatAnswer[]> {
-    this.onBatch(heartbeats.length);
+    this.metrics?.agentHeartbeatBatchSize.observe(heartbeats.length);
     // Each report's totals, for the fleet's hardware gauges; null where it cannot be read.
     const totals = heartbeats.map((h) => (h.hardwareReport ? hardwareTotals(h.hardwareReport) : undefined));
     const parameters = [
@@ -215,17 +231,18 @@ export class AgentHeartbeats {
       totals.map((t) => t?.disks ?? null),
       totals.map((t) => t?.diskBytes ?? null),
     ];
-    const [row] = await this.run([PROCESSOR], () =>
-      this.prepared.query<{
-        authenticated: number[];
-        repeated: number[];
-        stored: number[];
-        pending: PendingRow[] | null;
-      }>({
-        sql: HEARTBEAT_SQL,
-        parameters,
-      }),
+    const query = { sql: HEARTBEAT_SQL, parameters };
+    const rows = await withRetry(
+      () =>
+        this.prepared.query<{
+          authenticated: number[];
+          repeated: number[];
+          stored: number[];
+          pending: PendingRow[] | null;
+        }>(query),
+      retryMetrics(this.metrics, [PROCESSOR]),
     );
+    const [row] = rows;
     const authenticated = new Set(row?.authenticated ?? []);
     const repeated = new Set(row?.repeated ?? []);
     const stored = new Set(row?.stored ?? []);

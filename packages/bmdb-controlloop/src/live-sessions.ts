@@ -1,6 +1,6 @@
 import { describeError } from '@bmaas/common';
-import type { Session } from '../session.js';
-import { log } from './log.js';
+import { log } from './internal/log.js';
+import type { Session } from './session.js';
 
 /**
  * The sessions a BMDB connection started and that have not ended yet, and

@@ -1,7 +1,24 @@
 import { isUuid } from '@bmaas/common';
 import { BMDBError } from './errors.js';
-import type { PendingOSInstallation } from './queries/os-installation.js';
-import type { OSInstallationResult } from './schema.js';
+import type { RootDeviceHints } from './root-device-hints.js';
+import type { OSImageCompression, OSInstallationResult, OSRequestKind } from './schema.js';
+
+/**
+ * What an agent is handed in a heartbeat's answer: the machine's pending
+ * request. A disk wipe (`kind` `DiskWipe`) has no image: its `imageUrl` and
+ * `imageSha256` are empty, its root device and hints undefined.
+ */
+export interface PendingOSInstallation {
+  readonly generation: bigint;
+  /** A disk image to write (`DiskImage`), or every disk to wipe (`DiskWipe`). */
+  readonly kind: OSRequestKind;
+  readonly imageUrl: string;
+  readonly imageSha256: string;
+  readonly rootDevice: string | undefined;
+  readonly rootDeviceHints: RootDeviceHints | undefined;
+  readonly compression: OSImageCompression;
+  readonly userData: Uint8Array | undefined;
+}
 
 /**
  * A heartbeat an agent sent, with the public key it proved it holds (the
