@@ -79,7 +79,7 @@ export async function missingForAgentImage(): Promise<string[]> {
   const missing: string[] = [];
   if (!(await onPath('qemu-system-x86_64'))) missing.push('qemu-system-x86');
   if (!(await onPath('xorriso'))) missing.push('xorriso');
-  if (!(await onPath('zstd'))) missing.push('zstd');
+  if (!existsSync('/usr/sbin/kexec')) missing.push('kexec-tools');
   if (!(await onPath('grub-mkimage'))) missing.push('grub-common');
   if (!(await onPath('mcopy'))) missing.push('mtools');
   if (!(await onPath('mkfs.fat'))) missing.push('dosfstools');
