@@ -17,6 +17,10 @@ export async function missingForLab(): Promise<string[]> {
   if (!existsSync('/boot') || !(await import('node:fs')).readdirSync('/boot').some((f) => f.startsWith('vmlinuz-'))) {
     missing.push('linux-image-amd64');
   }
+  // The agent image the VMs are taken over into (OVMF only for booting its ISO under UEFI).
+  for (const pkg of await missingForAgentImage()) {
+    if (pkg !== 'ovmf' && !missing.includes(pkg)) missing.push(pkg);
+  }
   return missing;
 }
 

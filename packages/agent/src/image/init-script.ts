@@ -32,7 +32,8 @@ mount -t tmpfs tmpfs /tmp
 mkdir -p /var/log
 exec >/dev/console 2>&1 </dev/null
 say() { echo "bmaas-init: $*" | tee -a ${AGENT_LOG}; }
-say "agent environment starting on $(uname -r)"
+# The boot ID shows a takeover's kexec: a new boot, not the OS it replaced.
+say "agent environment starting on $(uname -r), boot ID $(cat /proc/sys/kernel/random/boot_id)"
 
 while read -r module; do insmod "/lib/modules/$module" 2>/dev/null; done <${MODULE_LIST}
 if [ -d /sys/firmware/efi ]; then
