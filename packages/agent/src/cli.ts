@@ -1,25 +1,38 @@
-import { spawn } from 'node:child_process';
-import { createPrivateKey } from 'node:crypto';
+import { spawn, spawnSync } from 'node:child_process';
+import { createPrivateKey, type KeyObject } from 'node:crypto';
 import { appendFileSync } from 'node:fs';
+import { appendFile, readFile } from 'node:fs/promises';
+import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { fromBinary } from '@bufbuild/protobuf';
 import { runAgent } from './agent.js';
 import type { AgentService } from './callback/heartbeat-client.js';
-import { TakeoverInitSchema } from './gen/cloud/agent/api/takeover_pb.js';
+import { type TakeoverInit, TakeoverInitSchema } from './gen/cloud/agent/api/takeover_pb.js';
 import { readHardware } from './hardware/inventory.js';
-import { handOverText } from './image/config.js';
-import { takeover } from './takeover.js';
+import { readNics } from './hardware/nics.js';
+import { agentConfigArchive, handOverText } from './image/config.js';
+import { KexecError, type KexecImage, kexecCommandLine, kexecUnavailable, sessionEnded, stageKexec } from './kexec.js';
+import { bringUpNetwork, networkSteps } from './network/bring-up.js';
+import { captureNetwork } from './network/capture.js';
+import type { NetworkConfig } from './network/config.js';
+import { IN_PLACE_WARNING, takeover, takeoverResponse } from './takeover.js';
 
 const USAGE = `Usage: bmaas-agent <command> [flags]
 
 The BMaaS agent. Commands:
-  takeover   Read a TakeoverInit on standard input, answer with a TakeoverResponse on
-             standard output (the agent's new ed25519 key), then run the agent detached
-             (as the shepherd's initializer starts it over SSH). With --foreground, run
-             it in this process instead, after closing standard output.
-  run        Run the agent with the settings "takeover" hands it on standard input
-             (JSON: the init and the key). Not for people.
-  report     Print this machine's hardware inventory as JSON.
+  takeover     Read a TakeoverInit on standard input, answer with a TakeoverResponse on
+               standard output (the agent's new ed25519 key). With --image-dir: capture the
+               network configuration, load the agent image with it (kexec -l), and once the
+               SSH session has ended, boot it (kexec -e). Without, or where kexec cannot run
+               (said in the answer's warnings): run the agent in place, detached (with
+               --foreground, in this process after closing standard output).
+  run          Run the agent with the settings "takeover" hands it on standard input
+               (JSON: the init and the key). Not for people.
+  boot-image   Wait for the SSH session of process --after-pid to end, then kexec -e into
+               the loaded agent image; if that returns, run the agent in place. Not for people.
+  network-up   In the agent image: bring up the network a takeover captured (the JSON file
+               given) by MAC; print the interfaces to ask DHCP on. Not for people.
+  report       Print this machine's hardware inventory as JSON.
 
 Flags:
   --interval <duration>        Between heartbeats (500ms, 30s, 1m). Default 30s.
@@ -30,7 +43,12 @@ Flags:
   --reboot-command <command>   Run with sh -c after a successful installation was reported
                                (reboot -f). Default: none; the agent stops instead.
   --log-file <file>            Append the agent's log lines there (else standard error).
-  --foreground                 takeover: run the agent in this process.
+  --foreground                 takeover: run the agent (or wait and kexec) in this process.
+  --image-dir <dir>            takeover: the agent image to kexec into (vmlinuz, initramfs).
+  --kexec <program>            takeover: kexec-tools' kexec. Default kexec (on the PATH).
+  --node <program>             takeover: how to start node again for the detached process.
+                               Default this one's.
+  --after-pid <pid>            boot-image: the process whose SSH session to wait for.
   --help                       This text.
 `;
 
@@ -48,8 +66,15 @@ const OPTIONS = {
   'reboot-command': { type: 'string' },
   'log-file': { type: 'string' },
   foreground: { type: 'boolean', default: false },
+  'image-dir': { type: 'string' },
+  kexec: { type: 'string', default: 'kexec' },
+  node: { type: 'string' },
+  'after-pid': { type: 'string' },
   help: { type: 'boolean', default: false },
 } as const;
+
+/** How long the detached process waits for the takeover's SSH session to end before it kexecs anyway. */
+const SESSION_BOUND_MS = 60_000;
 
 /** Runs the agent's command line; resolves with its exit code. */
 export async function main(argv: readonly string[]): Promise<number> {
@@ -72,6 +97,10 @@ export async function main(argv: readonly string[]): Promise<number> {
         return await takeoverCommand(argv, values);
       case 'run':
         return await runCommand(values);
+      case 'boot-image':
+        return await bootImageCommand(values);
+      case 'network-up':
+        return await networkUpCommand(positionals[1]);
       case 'report':
         process.stdout.write(`${JSON.stringify(await readHardware(values.root), null, 2)}\n`);
         return 0;
@@ -94,29 +123,38 @@ interface Values {
   'reboot-command'?: string | undefined;
   'log-file'?: string | undefined;
   foreground: boolean;
+  'image-dir'?: string | undefined;
+  kexec: string;
+  node?: string | undefined;
+  'after-pid'?: string | undefined;
   help: boolean;
 }
 
 async function takeoverCommand(argv: readonly string[], values: Values): Promise<number> {
   settingsOf(values); // Refuse bad flags before answering the shepherd.
   const answer = takeover(await readAll(process.stdin));
-  await new Promise<void>((resolve, reject) =>
-    process.stdout.write(answer.response, (error) => (error ? reject(error) : resolve())),
-  );
   if (!answer.ok) {
+    await writeOut(answer.response);
     process.stderr.write(`bmaas-agent: ${answer.message}\n`);
     return 1;
   }
-  const handOver = handOverText(answer.init, answer.privateKey);
+  const { init, privateKey } = answer;
+  const warnings: string[] = [];
+  const staged = await stageImage(values, init, privateKey, warnings);
+  if (!staged) warnings.push(IN_PLACE_WARNING);
+  await writeOut(takeoverResponse(init, privateKey, warnings));
+  // The shepherd's SSH command returns once standard output is closed and this process has exited.
+  process.stdout.end();
+  const handOver = handOverText(init, privateKey);
   if (values.foreground) {
-    process.stdout.end();
-    return runWith(values, handOver);
+    return staged ? bootImage(values, handOver, process.ppid) : runWith(values, handOver);
   }
-  // The agent runs on in a process of its own, detached, so that the SSH command returns;
-  // its key goes over a pipe, never on a command line.
+  // On in a process of its own, detached, so that the SSH command returns; the key goes over a
+  // pipe, never on a command line.
   const script = process.argv[1] as string;
   const args = argv.filter((_, index) => index !== argv.indexOf('takeover'));
-  const child = spawn(process.execPath, [script, 'run', ...args], {
+  const command = staged ? ['boot-image', `--after-pid=${process.pid}`] : ['run'];
+  const child = spawn(values.node ?? process.execPath, [script, ...command, ...args], {
     detached: true,
     stdio: ['pipe', 'ignore', 'ignore'],
   });
@@ -126,6 +164,96 @@ async function takeoverCommand(argv: readonly string[], values: Values): Promise
   });
   child.unref();
   return 0;
+}
+
+/**
+ * Loads the agent image of `--image-dir` with this machine's config (the
+ * takeover's init and key, the agent's flags, the captured network) into the
+ * running kernel; false, with the reason in `warnings`, where kexec cannot
+ * run, so that the agent runs in place instead.
+ */
+async function stageImage(
+  values: Values,
+  init: TakeoverInit,
+  privateKey: KeyObject,
+  warnings: string[],
+): Promise<boolean> {
+  const dir = values['image-dir'];
+  if (dir === undefined) return false;
+  const image: KexecImage = {
+    kernel: path.join(dir, 'vmlinuz'),
+    initramfs: path.join(dir, 'initramfs'),
+    kexec: values.kexec,
+  };
+  const unavailable = await kexecUnavailable(image, values.root);
+  if (unavailable !== undefined) {
+    warnings.push(`kexec into the agent image is not possible: ${unavailable}`);
+    return false;
+  }
+  const captured = await captureNetwork(values.root);
+  for (const warning of captured.warnings) warnings.push(`network configuration: ${warning}`);
+  const config = agentConfigArchive({
+    init,
+    privateKey,
+    flags: [
+      `--interval=${values.interval}`,
+      `--service=${values.service}`,
+      `--install-timeout=${values['install-timeout']}`,
+    ],
+    capturedNetwork: captured.config,
+  });
+  const commandLine = kexecCommandLine(
+    await readFile(path.join(values.root, 'proc/cmdline'), 'utf8').catch(() => undefined),
+  );
+  try {
+    await stageKexec(image, config, commandLine);
+    return true;
+  } catch (error) {
+    if (!(error instanceof KexecError)) throw error;
+    warnings.push(`kexec into the agent image is not possible: ${error.message}`);
+    return false;
+  }
+}
+
+async function bootImageCommand(values: Values): Promise<number> {
+  const after = Number(values['after-pid']);
+  if (!Number.isSafeInteger(after) || after < 1) {
+    throw new AgentUsageError(`--after-pid ${JSON.stringify(values['after-pid'])}: want a process ID`);
+  }
+  return bootImage(values, (await readAll(process.stdin)).toString('utf8'), after);
+}
+
+/**
+ * Once the takeover's SSH session has ended, kexecs into the loaded agent
+ * image (after a sync: kexec -e does not shut the running OS down). If
+ * kexec -e returns, the image did not boot: the agent runs in place, so the
+ * machine still heartbeats, and the kernel log says why.
+ */
+async function bootImage(values: Values, handOver: string, after: number): Promise<number> {
+  await sessionEnded(after, SESSION_BOUND_MS);
+  spawnSync('sync');
+  const result = spawnSync(values.kexec, ['-e'], { encoding: 'utf8' });
+  const detail = result.error?.message ?? (result.stderr?.trim() || `status ${result.status}`);
+  const why = `bmaas-agent: kexec -e returned (${detail}): running the agent in place\n`;
+  await appendFile('/dev/kmsg', why).catch(() => {});
+  if (values['log-file']) await appendFile(values['log-file'], why).catch(() => {});
+  return runWith(values, handOver);
+}
+
+/** In the agent image: sets the captured network up by MAC; prints the interfaces to ask DHCP on. */
+async function networkUpCommand(file: string | undefined): Promise<number> {
+  if (file === undefined) throw new AgentUsageError('network-up: name the network.json to bring up');
+  const config = JSON.parse(await readFile(file, 'utf8')) as NetworkConfig;
+  const plan = networkSteps(config, await readNics('/'));
+  await bringUpNetwork(plan, (line) => process.stderr.write(`bmaas-agent: ${line}\n`));
+  process.stdout.write(plan.dhcp.map((nic) => `${nic}\n`).join(''));
+  return 0;
+}
+
+function writeOut(bytes: Uint8Array): Promise<void> {
+  return new Promise<void>((resolve, reject) =>
+    process.stdout.write(bytes, (error) => (error ? reject(error) : resolve())),
+  );
 }
 
 async function runCommand(values: Values): Promise<number> {

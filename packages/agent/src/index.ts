@@ -4,7 +4,9 @@
  * chooses its install disk by root-device hints, and installs a disk image
  * on it safely (its first MiB last, after the checksum; a UEFI boot entry);
  * and builds the agent environment it boots into (`buildAgentImage`: kernel,
- * initramfs, an ISO for BIOS and UEFI) and one machine's config for it.
+ * initramfs, an ISO for BIOS and UEFI, the takeover payload) and one
+ * machine's config for it, with the network a takeover captured
+ * (`captureNetwork`).
  *
  * @packageDocumentation
  */
@@ -26,6 +28,8 @@ export { type BootKernel, findKernel, moduleOrder, sharedLibraries } from './ima
 export { InstallationError, type InstallationProblem } from './install/errors.js';
 export { type Installed, type InstallOptions, install } from './install/install.js';
 export { type DiskImage, type WriteImageOptions, type WrittenImage, writeDiskImage } from './install/write-image.js';
+export { captureNetwork } from './network/capture.js';
+export type { CapturedNetwork, NetworkConfig, NetworkInterface, NetworkRoute } from './network/config.js';
 export {
   chooseRootDevice,
   parseRootDeviceHints,

@@ -1,14 +1,15 @@
-import { generateKeyPairSync, type KeyObject } from 'node:crypto';
+import { createPublicKey, generateKeyPairSync, type KeyObject } from 'node:crypto';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import { type TakeoverInit, TakeoverInitSchema, TakeoverResponseSchema } from './gen/cloud/agent/api/takeover_pb.js';
 
 /**
- * Said in every TakeoverSuccess until the agent boots its own environment:
- * upstream's takeover kexecs into the agent's kernel and initramfs; this
- * agent runs in place, on the OS the machine was provisioned with.
+ * Said in a TakeoverSuccess when the agent runs in place, on the OS the
+ * machine was provisioned with, rather than in the agent image upstream's
+ * takeover kexecs into: `takeover` without an image, or where kexec cannot
+ * run (the CLI says why before it).
  */
 export const IN_PLACE_WARNING =
-  'the agent runs in place on the provisioned OS: capturing its network configuration and kexec into the agent environment are not implemented';
+  'the agent runs in place on the provisioned OS, not in the agent image: no kexec, and the running network configuration is kept as it is';
 
 /** The outcome of a takeover: what to write to standard output, and, on success, what the agent runs with. */
 export type Takeover =
@@ -17,7 +18,7 @@ export type Takeover =
 
 /**
  * Answers the shepherd's TakeoverInit (its standard input): a
- * TakeoverSuccess echoing the init and carrying the raw public half of a new
+ * TakeoverSuccess (with {@link IN_PLACE_WARNING}) echoing the init and carrying the raw public half of a new
  * ed25519 key, or a TakeoverError saying why the init is unusable (not a
  * TakeoverInit, no machine_id, no bmaas_endpoint). The shepherd's initializer
  * checks the echo and the key's length (parseTakeoverResponse).
@@ -31,15 +32,23 @@ export function takeover(stdin: Uint8Array): Takeover {
   }
   if (init.machineId === '') return refused('TakeoverInit has no machine_id');
   if (init.bmaasEndpoint === '') return refused(`TakeoverInit of machine ${init.machineId} has no bmaas_endpoint`);
-  const { privateKey, publicKey } = generateKeyPairSync('ed25519');
-  const key = Buffer.from(publicKey.export({ format: 'jwk' }).x ?? '', 'base64url');
-  const response = toBinary(
+  const { privateKey } = generateKeyPairSync('ed25519');
+  return { ok: true, response: takeoverResponse(init, privateKey, [IN_PLACE_WARNING]), init, privateKey };
+}
+
+/**
+ * A TakeoverSuccess echoing `init`, with the raw public half of
+ * `privateKey` and `warnings`: what the CLI answers once it knows whether
+ * the machine boots the agent image or runs the agent in place.
+ */
+export function takeoverResponse(init: TakeoverInit, privateKey: KeyObject, warnings: readonly string[]): Uint8Array {
+  const key = Buffer.from(createPublicKey(privateKey).export({ format: 'jwk' }).x ?? '', 'base64url');
+  return toBinary(
     TakeoverResponseSchema,
     create(TakeoverResponseSchema, {
-      result: { case: 'success', value: { initMessage: init, key, warning: [IN_PLACE_WARNING] } },
+      result: { case: 'success', value: { initMessage: init, key, warning: [...warnings] } },
     }),
   );
-  return { ok: true, response, init, privateKey };
 }
 
 function refused(message: string): Takeover {

@@ -3,6 +3,7 @@ import { createServer } from 'node:net';
 import { hostname, loadavg } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { type AgentImage, AgentImageError, buildAgentImage } from '@bmaas/agent';
 import { describeError } from '@bmaas/common';
 import { FakeRedfishServer, IpmiSimulator, selfSignedCertificate } from '@bmaas/provider-static/testing';
 import { selfSignedServerTls } from '@bmaas/server';
@@ -36,8 +37,10 @@ export interface LabOptions {
   readonly webListen?: string;
   /** Which protocol VM `index` (from 0) gets. Default: IPMI for even indexes, Redfish for odd. */
   readonly protocol?: (index: number) => LabBmcProtocol;
-  /** The test agent's heartbeat interval. Default 2s. */
+  /** The agent's heartbeat interval. Default 2s. */
   readonly heartbeatInterval?: string;
+  /** The bundled agent the agent image runs. Default `packages/agent/dist/agent.cjs` (`npm run bundle -w @bmaas/agent`). */
+  readonly agentBundle?: string;
   /** `shepherd run static` flags over the lab's (`recoverer-heartbeat-timeout`, …). */
   readonly runFlags?: Readonly<Record<string, string>>;
   /** Progress lines for a person. */
@@ -52,6 +55,9 @@ export interface LabMachine {
   readonly id: string;
   /** The loopback address its sshd is forwarded to. */
   readonly address: string;
+  /** Its virtual disk's serial number and its NIC's MAC address, as QEMU was given them. */
+  readonly diskSerial: string;
+  readonly mac: string;
   readonly vm: VirtualMachine;
   readonly protocol: LabBmcProtocol;
   /** The inventory's `bmc` entry for it. */
@@ -66,6 +72,9 @@ export interface LabMachine {
 export const LAB_SSH_PORT = 2222;
 /** VM n (from 1) is at 127.0.1.(10 + n). */
 const addressOf = (n: number) => `127.0.1.${10 + n}`;
+/** VM n's disk serial and MAC, which its hardware report must show. */
+const diskSerialOf = (n: number) => `lab-vm${n}-disk`;
+const macOf = (n: number) => `52:54:00:00:01:${(0x10 + n).toString(16)}`;
 const IPMI_PASSWORD = 'lab-ipmi-pw';
 const REDFISH_PASSWORD = 'lab-redfish-pw';
 
@@ -85,6 +94,8 @@ export class Lab {
   redfish: FakeRedfishServer | undefined;
   #redfishCa: string | undefined;
   serverPort = 0;
+  /** The agent image the VMs are taken over into; its `takeover` payload is what the initializer uploads. */
+  agentImage: AgentImage | undefined;
   readonly dataDir: string;
   readonly sshKeyPath: string;
   readonly inventoryPath: string;
@@ -134,6 +145,25 @@ export class Lab {
     const key = await SshKey.loadOrGenerate(this.sshKeyPath, { comment: 'shepherd-lab' });
 
     started = Date.now();
+    const agentBundle =
+      this.options.agentBundle ?? fileURLToPath(new URL('../../agent/dist/agent.cjs', import.meta.url));
+    await access(agentBundle).catch(() => {
+      throw new LabSetupError(`${agentBundle} is missing: bundle the agent first (npm run bundle -w @bmaas/agent)`);
+    });
+    const image = await buildAgentImage({
+      out: path.join(dir, 'agent-image'),
+      cacheDir: path.join(cacheDir, 'agent-image'),
+      agentBundle,
+      takeoverFlags: [`--interval=${this.options.heartbeatInterval ?? '2s'}`],
+    }).catch((error: unknown) => {
+      throw error instanceof AgentImageError ? new LabSetupError(error.message, { cause: error }) : error;
+    });
+    this.agentImage = image;
+    this.#report(
+      `agent image ${image.cached.initramfs ? 'from the cache' : 'built'} in ${seconds(started)}: takeover payload ${(image.takeoverBytes / 2 ** 20).toFixed(1)} MiB`,
+    );
+
+    started = Date.now();
     const vms = await Promise.all(
       Array.from({ length: count }, (_, index) =>
         VirtualMachine.start({
@@ -145,6 +175,11 @@ export class Lab {
           address: addressOf(index + 1),
           sshPort: LAB_SSH_PORT,
           authorizedKeys: [key.authorizedKey],
+          // The takeover unpacks node and the agent image beside its upload, and loads the image for
+          // the kexec: more than the installed OS alone needs.
+          memory: 1024,
+          diskSerial: diskSerialOf(index + 1),
+          mac: macOf(index + 1),
         }),
       ),
     );
@@ -166,8 +201,6 @@ export class Lab {
       )}\n`,
       { mode: 0o600 },
     );
-    const agent = path.join(dir, 'agent');
-    await writeFile(agent, share.agentWrapper(this.options.heartbeatInterval ?? '2s'), { mode: 0o755 });
     // The agents dial the server at slirp's 10.0.2.2: its certificate must name that address.
     const tls = await selfSignedServerTls(path.join(dir, 'server-tls'), {
       altNames: [hostname(), 'localhost', '127.0.0.1', '10.0.2.2'],
@@ -186,13 +219,16 @@ export class Lab {
           ...this.#database(),
           inventory: this.inventoryPath,
           'ssh-key-path': this.sshKeyPath,
-          'agent-executable-path': agent,
+          'agent-executable-path': image.takeover,
           'agent-target-path': '/root/agent',
           'agent-endpoint': `10.0.2.2:${this.serverPort}`,
           'agent-endpoint-ca-certificate-path': tls.certPath,
           'agent-ssh-port': String(LAB_SSH_PORT),
-          'agent-ssh-connect-timeout': '60s',
-          'agent-ssh-exec-timeout': '120s',
+          // A VM reset by the recoverer is dialed at once; under load it may take minutes to its sshd,
+          // and a dial given up on backs the machine off for five.
+          'agent-ssh-connect-timeout': '300s',
+          // The payload's upload over QEMU's user network, its unpacking and kexec -l under TCG.
+          'agent-ssh-exec-timeout': '300s',
           'web-listen': this.options.webListen ?? '127.0.0.1:8080',
           'static-reboot-wait': '1s',
           'initializer-loop-parallelism': String(Math.min(count, 4)),
@@ -247,6 +283,8 @@ export class Lab {
       return {
         id: vm.name,
         address: vm.options.address,
+        diskSerial: vm.options.diskSerial ?? '',
+        mac: vm.options.mac ?? '',
         vm,
         protocol,
         bmc: { protocol: 'ipmi', host: sim.host, port: sim.port, username: sim.username, passwordFile, cipherSuite: 3 },
@@ -267,6 +305,8 @@ export class Lab {
     return {
       id: vm.name,
       address: vm.options.address,
+      diskSerial: vm.options.diskSerial ?? '',
+      mac: vm.options.mac ?? '',
       vm,
       protocol,
       bmc: { url, username: this.redfish.username, passwordFile },

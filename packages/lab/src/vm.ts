@@ -28,6 +28,10 @@ export interface VirtualMachineOptions {
   readonly authorizedKeys: readonly string[];
   /** Guest memory in MiB. Default 512. */
   readonly memory?: number;
+  /** Its virtual disk's serial number (`-drive serial=`, at most 20 characters), as its hardware report shows it. */
+  readonly diskSerial?: string;
+  /** Its NIC's MAC address (`-device ...,mac=`). Default QEMU's. */
+  readonly mac?: string;
   /** Size of its virtual disk in bytes (sparse; for OS installation). Default 4 GiB. */
   readonly diskSize?: number;
   /** The QEMU program. Default `qemu-system-x86_64`. */
@@ -223,7 +227,7 @@ export class VirtualMachine {
           this.name,
           `no SSH banner at ${this.options.address}:${this.options.sshPort} within ${timeout} ms`,
         );
-      await new Promise((resolve) => setTimeout(resolve, 200));
+      await new Promise((resolve) => setTimeout(resolve, 1_000));
     }
   }
 
@@ -249,7 +253,9 @@ function sshBanner(host: string, port: number): Promise<boolean> {
       socket.destroy();
       resolve(ok);
     };
-    socket.setTimeout(2_000, () => done(false));
+    // Generous: under load an emulated sshd takes seconds to answer, and each probe given up on
+    // leaves it a connection to finish; a pile of them trips its MaxStartups and it drops them all.
+    socket.setTimeout(15_000, () => done(false));
     socket.once('data', (chunk) => done(chunk.toString('latin1').startsWith('SSH-')));
     socket.once('error', () => done(false));
     socket.once('close', () => done(false));
@@ -309,11 +315,14 @@ async function launch(options: VirtualMachineOptions, bootSource: VmBootSource):
     '-netdev',
     `user,id=net0,hostfwd=tcp:${options.address}:${options.sshPort}-:22`,
     '-device',
-    'virtio-net-pci,netdev=net0',
+    `virtio-net-pci,netdev=net0${options.mac ? `,mac=${options.mac}` : ''}`,
     ...share(GUEST_SHARE, options.guestDir),
     ...share(CONFIG_SHARE, path.join(dir, 'config')),
+    // The disk as a device of its own: the drive's serial= is gone from newer QEMUs, the device's is not.
     '-drive',
-    `file=${path.join(dir, 'disk.img')},format=raw,if=virtio`,
+    `file=${path.join(dir, 'disk.img')},format=raw,if=none,id=disk0`,
+    '-device',
+    `virtio-blk-pci,drive=disk0,bootindex=1${options.diskSerial ? `,serial=${options.diskSerial}` : ''}`,
     '-qmp',
     `unix:${path.join(dir, 'bmc.qmp')},server=on,wait=off`,
     '-qmp',

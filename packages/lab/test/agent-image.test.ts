@@ -10,7 +10,7 @@ import { generateKeyPairSync, X509Certificate } from 'node:crypto';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
-import { agentConfigArchive, buildAgentImage, configureAgentIso } from '@bmaas/agent';
+import { agentConfigArchive, buildAgentImage, configureAgentIso, type NetworkConfig } from '@bmaas/agent';
 import { Queries } from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { create } from '@bufbuild/protobuf';
@@ -62,10 +62,26 @@ describe.skipIf(missing.length > 0)('the agent image in QEMU', () => {
 
   /** QEMU's user network: its DHCP hands out 10.0.2.15, the same address a static configuration can take. */
   const STATIC = { interface: '52:54:00:12:34:56', address: '10.0.2.15/24', gateway: '10.0.2.2', dns: ['10.0.2.3'] };
+  /** The same, as a takeover captures it from the OS it replaces: the NIC by its MAC, under another name. */
+  const CAPTURED: NetworkConfig = {
+    interfaces: [
+      {
+        name: 'enp0s3',
+        kind: 'device',
+        mac: '52:54:00:12:34:56',
+        mtu: 1500,
+        addresses: ['10.0.2.15/24'],
+        dhcp: false,
+        routes: [{ destination: '0.0.0.0/0', gateway: '10.0.2.2' }],
+      },
+    ],
+    nameservers: ['10.0.2.3'],
+  };
   test.each([
     ['BIOS', 'DHCP', []],
     ['UEFI', 'DHCP', ['-bios', OVMF]],
     ['BIOS', 'a static network handed over', []],
+    ['BIOS', 'the network a takeover captured', []],
   ] as const)(
     'the agent ISO boots under %s with %s and its agent heartbeats to the server',
     async (firmware, network, args) => {
@@ -80,7 +96,12 @@ describe.skipIf(missing.length > 0)('the agent image in QEMU', () => {
         caCertificate: caDer,
       });
       const config = path.join(dir, `${machineId}.cpio`);
-      const handedOver = network === 'DHCP' ? {} : { network: STATIC };
+      const handedOver =
+        network === 'DHCP'
+          ? {}
+          : network === 'the network a takeover captured'
+            ? { capturedNetwork: CAPTURED }
+            : { network: STATIC };
       await writeFile(config, agentConfigArchive({ init, privateKey, flags: ['--interval=2s'], ...handedOver }));
       const machineIso = path.join(dir, `${machineId}.iso`);
       await configureAgentIso(iso, config, machineIso);
@@ -128,7 +149,12 @@ describe.skipIf(missing.length > 0)('the agent image in QEMU', () => {
         `agent ISO, ${firmware}, ${network}: first heartbeat ${seconds} s after QEMU started (load average ${loadavg()[0]?.toFixed(1)})\n`,
       );
       expect(await serialText()).toContain(
-        network === 'DHCP' ? 'eth0: 10.0.2.15/24 (DHCP)' : 'bmaas-init: eth0: 10.0.2.15/24 (handed over)',
+        {
+          DHCP: 'eth0: 10.0.2.15/24 (DHCP)',
+          'a static network handed over': 'bmaas-init: eth0: 10.0.2.15/24 (handed over)',
+          // Found by its MAC as eth0 here, and set up by network-up.
+          'the network a takeover captured': 'bmaas-agent: network: ip addr add 10.0.2.15/24 dev eth0',
+        }[network],
       );
       expect(await q.hardwareReport(machineId)).toBeDefined();
       vm.kill('SIGKILL');

@@ -1,17 +1,22 @@
 /**
- * The lab end to end, as CI runs it: three QEMU VMs (IPMI, Redfish, IPMI
- * BMCs), `shepherd run static` and `shepherd server` around them. The test
- * agent is started in every VM over SSH and heartbeats from inside it; then
- * the agent of an IPMI VM and of a Redfish VM is killed in turn, time is
- * moved in the database past the heartbeat timeout, and the recoverer
- * resets that VM through its BMC: the VM really reboots (a new boot ID),
- * its agent is started again and heartbeats, and the other VMs are left
- * alone. Then the third VM is installed: a small bootable image the test
- * builds from this machine's Debian packages, requested with `shepherd
- * install`, downloaded over HTTPS by the agent in the VM and written to its
- * virtual disk; the BMC's boot device set to the disk, the agent's reboot
- * boots the image, whose first boot the console shows. Each phase's time is
- * printed with the load average.
+ * The lab end to end, as CI runs it, with the real agent: three QEMU VMs
+ * (IPMI, Redfish, IPMI BMCs), `shepherd run static` and `shepherd server`
+ * around them. The initializer uploads the takeover payload (`shepherd
+ * agent-image build`'s) to each VM's "installed OS", the lab's busybox and
+ * sshd, over SSH; it answers and kexecs into the agent image: a new boot ID
+ * on the console, and the agent heartbeats with a hardware report whose disk
+ * serial and MAC are the ones QEMU was given. Then the network of an IPMI VM
+ * and of a Redfish VM is cut in turn (QMP set_link, a pulled cable), time is
+ * moved in the database past the heartbeat timeout, and the recoverer resets
+ * that VM through its BMC: the VM boots its OS again (its cable back once it
+ * does), is taken over again and its new agent heartbeats, and the other VMs
+ * are left alone. Then the third VM is installed: a small bootable image the
+ * test builds from this machine's Debian packages, requested with `shepherd
+ * install` by its disk's serial number alone, downloaded over HTTPS by the
+ * agent and written to the disk; the BMC's boot device set to the disk, the
+ * agent's reboot boots the image, whose first boot the console shows. Each
+ * phase's time is printed with the load average, and each VM's time from its
+ * takeover to its agent's first heartbeat.
  */
 import { execFile, execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -25,13 +30,15 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { gzipSync } from 'node:zlib';
 import { IpmiClient, Secret } from '@bmaas/provider-static';
-import { Ssh2Client, SshKey } from '@bmaas/shepherd-manager';
+import { AgentHardwareReportSchema } from '@bmaas/server';
+import { fromBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { startedAgents } from '../../../test/support/agents.js';
 import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
 import { freePort } from '../../../test/support/ports.js';
 import { eventually } from '../../../test/support/wait.js';
-import { buildBootImage, findKernel, LAB_SSH_PORT, Lab, type LabMachine } from '../src/index.js';
+import { bundleAgent } from '../../agent/test/bundle-agent.js';
+import { buildBootImage, findKernel, Lab, type LabMachine, QmpClient } from '../src/index.js';
 import { missingForLab } from './support.js';
 
 const missing = await missingForLab();
@@ -46,7 +53,6 @@ describe.skipIf(missing.length > 0)('the lab', () => {
   let db: TestDatabase;
   let dir: string;
   let lab: Lab;
-  let key: SshKey;
   const started = Date.now();
   let phase = Date.now();
   const timings: string[] = [];
@@ -62,8 +68,11 @@ describe.skipIf(missing.length > 0)('the lab', () => {
     execFileSync(path.join(ROOT, 'node_modules/.bin/tsc'), ['--build'], { cwd: ROOT, stdio: 'inherit' });
     db = await createTestDatabase();
     dir = await mkdtemp(path.join(tmpdir(), 'lab-test-'));
+    const agentBundle = path.join(dir, 'agent.cjs');
+    await bundleAgent(agentBundle);
     phase = Date.now();
     lab = await Lab.start({
+      agentBundle,
       vms: 3,
       dir: path.join(dir, 'lab'),
       cacheDir: CACHE,
@@ -78,34 +87,22 @@ describe.skipIf(missing.length > 0)('the lab', () => {
         'recoverer-db-query-rate': '250ms,4',
       },
     });
-    key = await SshKey.loadOrGenerate(lab.sshKeyPath);
-    timing('3 VMs booted, BMCs, shepherd run static and shepherd server started');
-  }, 300_000);
+    timing(
+      `agent image (takeover payload ${((lab.agentImage?.takeoverBytes ?? 0) / 2 ** 20).toFixed(1)} MiB), 3 VMs booted, BMCs, shepherd run static and shepherd server started`,
+    );
+  }, 600_000);
   afterAll(async () => {
     await lab?.stop();
     if (dir) await rm(dir, { recursive: true, force: true });
     console.log(`lab test: ${((Date.now() - started) / 1000).toFixed(1)} s in all\n${timings.join('\n')}`);
   });
 
-  async function ssh(machine: LabMachine, command: string): Promise<string> {
-    const connection = await new Ssh2Client({ privateKey: key.privateKey }).dial(
-      { host: machine.address, port: LAB_SSH_PORT },
-      { connectTimeout: 5_000 },
-    );
-    try {
-      const result = await connection.execute(command, new Uint8Array());
-      return Buffer.from(result.stdout).toString('utf8').trim();
-    } finally {
-      await connection.close();
-    }
-  }
-
   /** Per VM (provider ID): its started agent. */
   const agents = () => startedAgents(db, 'providerId');
 
-  async function within<T>(what: string, check: () => Promise<T | undefined>): Promise<T> {
+  async function within<T>(what: string, check: () => Promise<T | undefined>, timeout = 300_000): Promise<T> {
     try {
-      return await eventually(what, check, 180_000, 500);
+      return await eventually(what, check, timeout, 500);
     } catch (error) {
       throw new Error(
         `${(error as Error).message}\nshepherd run:\n${lab.run?.output.slice(-4000)}\nshepherd server:\n${lab.server?.output.slice(-2000)}`,
@@ -113,25 +110,75 @@ describe.skipIf(missing.length > 0)('the lab', () => {
     }
   }
 
-  /** The test agent's heartbeating process in the VM, as its `ps` shows it. */
-  async function heartbeater(machine: LabMachine): Promise<string> {
-    return ssh(machine, "ps -o pid,args | grep 'test-agent.js --heartbea[t]' || true");
+  /** The boot IDs a VM's console shows, in order: its OS's boots and its agent image's. */
+  async function bootIds(machine: LabMachine): Promise<{ os: string[]; image: string[]; last: 'os' | 'image' }> {
+    const text = await readFile(machine.vm.consoleLog, 'utf8');
+    const os = [...text.matchAll(/^lab: \S+ booted, boot ID (\S+)/gm)].map((m) => m[1] as string);
+    const image = [...text.matchAll(/bmaas-init: agent environment starting on \S+, boot ID (\S+)/g)].map(
+      (m) => m[1] as string,
+    );
+    const lastOs = text.lastIndexOf('booted, boot ID');
+    const lastImage = text.lastIndexOf('bmaas-init: agent environment starting');
+    return { os, image, last: lastImage > lastOs ? 'image' : 'os' };
   }
 
-  test('agents started in every VM heartbeat from inside it; a killed one is reset through its BMC, IPMI and Redfish alike', async () => {
-    // Every VM's agent started over SSH and heartbeating through the server.
-    const first = await within('every agent heartbeating', async () => {
-      const now = await agents();
-      return now.size === 3 && [...now.values()].every((a) => a.heartbeatAgo !== null && a.heartbeatAgo < 5)
-        ? now
-        : undefined;
-    });
-    timing('agents started in the 3 VMs and heartbeating');
-    for (const machine of lab.machines) {
-      // The heartbeats come from inside the VM: its own agent process, for its own machine.
-      expect(await heartbeater(machine)).toContain(`--heartbeat ${first.get(machine.id)?.machineId}`);
-      expect(await ssh(machine, 'hostname')).toBe(machine.id);
+  /** The disk serials and MACs of a machine's stored hardware report. */
+  async function reported(machineId: string): Promise<{ serials: string[]; macs: string[] }> {
+    const { rows } = await db.admin('SELECT hardware_report_raw FROM machine_hardware_report WHERE machine_id = $1', [
+      machineId,
+    ]);
+    const report = fromBinary(AgentHardwareReportSchema, rows[0].hardware_report_raw).report;
+    return {
+      serials: report?.blockDevice.map((disk) => disk.serialNumber) ?? [],
+      macs:
+        report?.networkInterface.map((nic) =>
+          [...nic.mac].map((byte) => byte.toString(16).padStart(2, '0')).join(':'),
+        ) ?? [],
+    };
+  }
+
+  /** Pulls or plugs the VM's network cable. */
+  function setLink(machine: LabMachine, up: boolean): Promise<unknown> {
+    return QmpClient.with(machine.vm.labQmpSocket, (qmp) => qmp.execute('set_link', { name: 'net0', up }));
+  }
+
+  test('every VM is taken over into the agent image and heartbeats with its hardware; one whose network is cut is reset through its BMC, IPMI and Redfish alike', async () => {
+    // Every VM taken over (AgentStarted once its takeover answered), kexeced, its agent heartbeating.
+    const firstHeartbeat = new Map<string, number>();
+    const first = await within(
+      'every agent heartbeating',
+      async () => {
+        const now = await agents();
+        for (const [id, agent] of now) {
+          // Seen at most a poll (0.5 s) and an interval (1 s) after it came: its start to its latest heartbeat.
+          if (agent.heartbeatAgo !== null && !firstHeartbeat.has(id)) {
+            firstHeartbeat.set(id, agent.startedAgo - agent.heartbeatAgo);
+          }
+        }
+        return now.size === 3 && [...now.values()].every((a) => a.heartbeatAgo !== null && a.heartbeatAgo < 5)
+          ? now
+          : undefined;
+      },
+      900_000,
+    );
+    timing('the 3 VMs taken over, kexeced into the agent image, and heartbeating');
+    for (const [id, seconds] of [...firstHeartbeat].sort()) {
+      const line = `lab timing: ${id}: takeover answered to first heartbeat: ${seconds.toFixed(1)} s (load ${loadavg()[0]?.toFixed(2)})`;
+      timings.push(line);
+      console.log(line);
     }
+    for (const machine of lab.machines) {
+      // It kexeced: the agent image booted after the OS, with a boot ID of its own.
+      const boots = await bootIds(machine);
+      expect(boots.last).toBe('image');
+      expect(boots.image.at(-1)).not.toBe(boots.os.at(-1));
+      // Its hardware report is this VM's: the disk serial and MAC QEMU was given.
+      const hardware = await reported(first.get(machine.id)?.machineId as string);
+      expect(hardware.serials).toContain(machine.diskSerial);
+      expect(hardware.macs).toContain(machine.mac);
+    }
+    // Each takeover loaded the image for kexec: none ran the agent in place.
+    expect(await readFile(path.join(lab.options.dir, 'shepherd-run.log'), 'utf8')).not.toContain('runs in place');
     // Their starts an hour back: only heartbeats keep them alive.
     await db.admin("UPDATE machine_agent_started SET agent_started_at = agent_started_at - interval '1 hour'");
 
@@ -141,25 +188,37 @@ describe.skipIf(missing.length > 0)('the lab', () => {
     for (const victim of [ipmiVm, redfishVm]) {
       const before = (await agents()).get(victim.id);
       if (!before) throw new Error(`${victim.id} has no agent`);
-      const bootId = await ssh(victim, 'cat /proc/sys/kernel/random/boot_id');
+      const bootsBefore = await bootIds(victim);
       phase = Date.now();
-      await ssh(victim, "kill -9 $(ps -o pid,args | grep 'test-agent.js --heartbea[t]' | awk '{print $1}')");
-      expect(await heartbeater(victim)).toBe('');
+      // Its cable pulled: its agent can no longer heartbeat.
+      await setLink(victim, false);
       // Silent for two hours, as far as the recoverer can tell.
       await db.admin(
         "UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() - interval '2 hours' WHERE machine_id = $1",
         [before.machineId],
       );
-      await within(`${victim.id} recovered: rebooted, its agent started again and heartbeating`, async () => {
-        const now = (await agents()).get(victim.id);
-        return now && now.key !== before.key && now.heartbeatAgo !== null && now.heartbeatAgo < now.startedAgo
-          ? now
-          : undefined;
-      });
-      timing(`${victim.id} (${victim.protocol}): agent killed to a new agent heartbeating after the BMC's reset`);
-      // It really rebooted: a new boot ID, and a new agent process in it.
-      expect(await ssh(victim, 'cat /proc/sys/kernel/random/boot_id')).not.toBe(bootId);
-      expect(await heartbeater(victim)).toContain(`--heartbeat ${before.machineId}`);
+      let plugged = false;
+      await within(
+        `${victim.id} recovered: reset, taken over again and its new agent heartbeating`,
+        async () => {
+          // The BMC's reset boots its OS again (the same QEMU, so the cable stays out): plug it back in.
+          if (!plugged && (await bootIds(victim)).os.length > bootsBefore.os.length) {
+            await setLink(victim, true);
+            plugged = true;
+          }
+          const now = (await agents()).get(victim.id);
+          return now && now.key !== before.key && now.heartbeatAgo !== null && now.heartbeatAgo < now.startedAgo
+            ? now
+            : undefined;
+        },
+        600_000,
+      );
+      timing(`${victim.id} (${victim.protocol}): network cut to a new agent heartbeating after the BMC's reset`);
+      // It really rebooted (a new boot of its OS) and was kexeced into the image again.
+      const bootsAfter = await bootIds(victim);
+      expect(bootsAfter.os.length).toBe(bootsBefore.os.length + 1);
+      expect(bootsAfter.image.length).toBe(bootsBefore.image.length + 1);
+      expect(bootsAfter.last).toBe('image');
       const { rows } = await db.admin(
         "SELECT count(*)::int AS n FROM work_history WHERE machine_id = $1 AND process = 'ShepherdRecovery' AND event = 'Finished'",
         [before.machineId],
@@ -220,8 +279,9 @@ describe.skipIf(missing.length > 0)('the lab', () => {
         `https://10.0.2.2:${port}/installed.img.gz`,
         '--image-sha256',
         createHash('sha256').update(gzipped).digest('hex'),
-        '--root-device',
-        '/dev/vda',
+        // By what the disk is, not where: QEMU's serial number, which the agent's hardware report showed.
+        '--root-device-hint',
+        `serialNumber=${target.diskSerial}`,
         '--compression',
         'gzip',
         '--reason',
@@ -268,5 +328,5 @@ describe.skipIf(missing.length > 0)('the lab', () => {
     expect(lab.server?.running).toBe(false);
     for (const pid of pids) expect(() => process.kill(pid, 0), `process ${pid}`).toThrow();
     timing('the lab stopped');
-  }, 600_000);
+  }, 1_800_000);
 });

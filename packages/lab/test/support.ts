@@ -17,6 +17,10 @@ export async function missingForLab(): Promise<string[]> {
   if (!existsSync('/boot') || !(await import('node:fs')).readdirSync('/boot').some((f) => f.startsWith('vmlinuz-'))) {
     missing.push('linux-image-amd64');
   }
+  // The agent image the VMs are taken over into (OVMF only for booting its ISO under UEFI).
+  for (const pkg of await missingForAgentImage()) {
+    if (pkg !== 'ovmf' && !missing.includes(pkg)) missing.push(pkg);
+  }
   return missing;
 }
 
@@ -79,7 +83,7 @@ export async function missingForAgentImage(): Promise<string[]> {
   const missing: string[] = [];
   if (!(await onPath('qemu-system-x86_64'))) missing.push('qemu-system-x86');
   if (!(await onPath('xorriso'))) missing.push('xorriso');
-  if (!(await onPath('zstd'))) missing.push('zstd');
+  if (!existsSync('/usr/sbin/kexec')) missing.push('kexec-tools');
   if (!(await onPath('grub-mkimage'))) missing.push('grub-common');
   if (!(await onPath('mcopy'))) missing.push('mtools');
   if (!(await onPath('mkfs.fat'))) missing.push('dosfstools');

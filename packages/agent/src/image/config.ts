@@ -2,9 +2,10 @@ import type { KeyObject } from 'node:crypto';
 import { isIP } from 'node:net';
 import { toBinary } from '@bufbuild/protobuf';
 import { type TakeoverInit, TakeoverInitSchema } from '../gen/cloud/agent/api/takeover_pb.js';
+import type { NetworkConfig } from '../network/config.js';
 import { cpioArchive } from './cpio.js';
 import { AgentImageError } from './errors.js';
-import { CONFIG_DIR } from './init-script.js';
+import { CONFIG_DIR, NETWORK_JSON } from './init-script.js';
 
 /** The machine's network as the agent environment sets it up instead of DHCP. */
 export interface AgentNetwork {
@@ -24,8 +25,13 @@ export interface AgentBootConfig {
   readonly privateKey: KeyObject;
   /** The agent's flags (`--interval=30s`), one word each. */
   readonly flags?: readonly string[];
-  /** Absent: DHCP on every NIC with link. */
+  /** Absent (and no `capturedNetwork`): DHCP on every NIC with link. */
   readonly network?: AgentNetwork;
+  /**
+   * The running OS's network, as the takeover captured it (`/etc/bmaas/network.json`):
+   * the image sets it up again by MAC (`bmaas-agent network-up`), and asks DHCP where it had a lease.
+   */
+  readonly capturedNetwork?: NetworkConfig;
 }
 
 /**
@@ -58,6 +64,9 @@ export function agentConfigArchive(config: AgentBootConfig): Buffer {
     files.push({ path: `${CONFIG_DIR}/agent-flags`, text: `${config.flags.join('\n')}\n`, mode: 0o644 });
   }
   if (config.network) files.push({ path: `${CONFIG_DIR}/network`, text: networkText(config.network), mode: 0o644 });
+  if (config.capturedNetwork) {
+    files.push({ path: NETWORK_JSON, text: `${JSON.stringify(config.capturedNetwork)}\n`, mode: 0o644 });
+  }
   return cpioArchive([
     { kind: 'dir', path: '/etc' },
     { kind: 'dir', path: CONFIG_DIR },

@@ -9,6 +9,8 @@ export const AGENT_PATH = '/opt/bmaas/agent.cjs';
 /** Modules to load, in order, one path under /lib/modules per line (`<release>/kernel/...`). */
 export const MODULE_LIST = `${CONFIG_DIR}/modules`;
 export const UDHCPC_SCRIPT = `${CONFIG_DIR}/udhcpc.script`;
+/** The running OS's network the takeover captured (a NetworkConfig as JSON), brought up again by MAC. */
+export const NETWORK_JSON = `${CONFIG_DIR}/network.json`;
 
 /**
  * The environment's /init: mounts, modules, network (handed over, else DHCP
@@ -30,7 +32,8 @@ mount -t tmpfs tmpfs /tmp
 mkdir -p /var/log
 exec >/dev/console 2>&1 </dev/null
 say() { echo "bmaas-init: $*" | tee -a ${AGENT_LOG}; }
-say "agent environment starting on $(uname -r)"
+# The boot ID shows a takeover's kexec: a new boot, not the OS it replaced.
+say "agent environment starting on $(uname -r), boot ID $(cat /proc/sys/kernel/random/boot_id)"
 
 while read -r module; do insmod "/lib/modules/$module" 2>/dev/null; done <${MODULE_LIST}
 if [ -d /sys/firmware/efi ]; then
@@ -54,6 +57,10 @@ for path in /sys/class/net/*; do
   [ -e "$path/device" ] && nics="$nics \${path##*/}"
 done
 for nic in $nics; do ip link set "$nic" up; done
+# Keeps asking DHCP on a NIC and renewing its lease while the environment runs (no -q): five tries
+# in the foreground, then on in the background (-b).
+dhcp() { udhcpc -i "$1" -s ${UDHCPC_SCRIPT} -t 5 -T 2 -b >/dev/null 2>&1 || say "$1: no DHCP lease"; }
+handed=""
 if [ -n "$BMAAS_ADDRESS" ]; then
   # The NIC by name or by MAC; none given (or none matching), the first.
   nic=""
@@ -65,7 +72,19 @@ if [ -n "$BMAAS_ADDRESS" ]; then
   ip addr add "$BMAAS_ADDRESS" dev "$nic" && say "$nic: $BMAAS_ADDRESS (handed over)"
   [ -n "$BMAAS_GATEWAY" ] && ip route add default via "$BMAAS_GATEWAY" dev "$nic"
   for server in $BMAAS_DNS; do echo "nameserver $server"; done >/etc/resolv.conf
-else
+  handed=yes
+elif [ -f ${NETWORK_JSON} ]; then
+  # The network the takeover captured on the OS it replaced, set up again by MAC (bonds, VLANs,
+  # addresses, routes), and DHCP where that OS had a lease.
+  say "bringing up the network the takeover captured"
+  mkdir -p /run/bmaas
+  node ${AGENT_PATH} network-up ${NETWORK_JSON} >/run/bmaas/dhcp 2>/run/bmaas/network-up.log || say "network-up failed"
+  tee -a ${AGENT_LOG} </run/bmaas/network-up.log
+  for nic in $(cat /run/bmaas/dhcp); do dhcp "$nic"; done
+  # Neither a default route nor a lease: the capture held nothing that reaches the server.
+  if [ -n "$(ip route show default)" ] || [ -s /run/bmaas/dhcp ]; then handed=yes; else say "the captured network has no default route: DHCP instead"; fi
+fi
+if [ -z "$handed" ]; then
   # Carrier takes a moment after the link is set up: up to 10 s for any NIC to get one.
   tries=0
   while [ $tries -lt 20 ]; do
@@ -74,10 +93,7 @@ else
     [ -n "$linked" ] && break
     tries=$((tries + 1)); sleep 0.5
   done
-  for nic in $linked; do
-    # Five tries in the foreground, then on in the background (-b) until a lease, kept without renewal (-q).
-    udhcpc -i "$nic" -s ${UDHCPC_SCRIPT} -t 5 -T 2 -q -b >/dev/null 2>&1 || say "$nic: no DHCP lease"
-  done
+  for nic in $linked; do dhcp "$nic"; done
 fi
 ip -4 addr show | grep inet | tee -a ${AGENT_LOG}
 
@@ -100,12 +116,15 @@ export const UDHCPC_SCRIPT_TEXT = `#!/bin/sh
 case "$1" in
   deconfig) ip addr flush dev "$interface"; ip link set "$interface" up ;;
   bound|renew)
-    ip addr flush dev "$interface"
-    ip addr add "$ip/\${mask:-24}" dev "$interface"
-    for gateway in $router; do ip route add default via "$gateway" dev "$interface" && break; done
+    # A renewal of the same lease changes nothing: connections over it stay up.
+    if ! ip -4 addr show dev "$interface" | grep -q "inet $ip/\${mask:-24} "; then
+      ip addr flush dev "$interface"
+      ip addr add "$ip/\${mask:-24}" dev "$interface"
+      for gateway in $router; do ip route add default via "$gateway" dev "$interface" && break; done
+      # udhcpc's own output is discarded; this line goes to the console and the log.
+      echo "bmaas-init: $interface: $ip/\${mask:-24} (DHCP)" | tee -a ${AGENT_LOG} >/dev/console
+    fi
     [ -n "$dns" ] && for server in $dns; do echo "nameserver $server"; done >/etc/resolv.conf
-    # udhcpc's own output is discarded; this line goes to the console and the log.
-    echo "bmaas-init: $interface: $ip/\${mask:-24} (DHCP)" | tee -a ${AGENT_LOG} >/dev/console
     ;;
 esac
 exit 0

@@ -4,7 +4,6 @@ import { AgentImageError } from './errors.js';
 
 /** The Debian package of each program the build runs, named when it is missing. */
 const PACKAGES: Record<string, string> = {
-  zstd: 'zstd',
   xorriso: 'xorriso',
   'grub-mkimage': 'grub-common',
   'mkfs.fat': 'dosfstools',

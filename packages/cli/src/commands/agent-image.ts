@@ -9,7 +9,8 @@ export const AGENT_IMAGE_ACTIONS = ['build'] as const;
 
 /**
  * `shepherd agent-image build --out DIR [--cache-dir DIR] [--agent-bundle FILE]`:
- * builds the agent environment (`vmlinuz`, `initramfs`, `agent.iso`) into
+ * builds the agent environment (`vmlinuz`, `initramfs`, `agent.iso`, and
+ * `takeover`, the payload the initializer uploads) into
  * DIR from this machine's Debian packages, reusing the parts whose inputs
  * did not change from the cache, and prints what it wrote.
  */
@@ -36,8 +37,9 @@ export async function agentImage(argv: Argv, write: (text: string) => void): Pro
   write(
     [
       `${image.vmlinuz} (Debian's kernel ${image.kernel.release})`,
-      `${image.initramfs} (${mib(image.initramfsBytes)}, zstd${image.cached.initramfs ? ', from the cache' : ''})`,
+      `${image.initramfs} (${mib(image.initramfsBytes)}, gzip${image.cached.initramfs ? ', from the cache' : ''})`,
       `${image.iso} (${mib(image.isoBytes)}, BIOS and UEFI${image.cached.iso ? ', from the cache' : ''})`,
+      `${image.takeover} (${mib(image.takeoverBytes)}, the takeover payload: --agent-executable-path of shepherd run)`,
       '',
     ].join('\n'),
   );
