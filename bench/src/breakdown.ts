@@ -13,6 +13,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import {
+  agentStartSelection,
   BMDB,
   type ControlLoop,
   Process,
@@ -132,7 +133,7 @@ async function main(): Promise<void> {
     const loop: ControlLoop<ProvidedMachine> = {
       process: Process.ShepherdAgentStart,
       processor: 'bench',
-      selectMachines: (q) => q.agentStartSelection({ provider: PROVIDER }),
+      selectMachines: (q) => agentStartSelection(q, { provider: PROVIDER }),
       async processMachine({ work }) {
         await work.finish({ set: { agentStarted: { publicKey: PUBLIC_KEY } } });
         if (++done === WARMUP) warm = snapshot();

@@ -26,7 +26,7 @@ import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { BMDB } from '@bmaas/bmdb-controlloop';
+import { addProvided, BMDB, newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
 import pg from 'pg';
 // The cluster and the reading of committed rows are the failover test's own (test/ha).
 import { CommittedRecorder, type CommittedRows, lostRows, readCommitted } from '../../test/ha/committed.js';
@@ -118,10 +118,10 @@ async function failover(mode: string): Promise<FailoverFigure> {
     const agents = await setup.transact(async (q) => {
       const made: { machineId: string; publicKey: Uint8Array }[] = [];
       for (let i = 0; i < AGENTS; i++) {
-        const machineId = await q.newMachine();
-        await q.addProvided(machineId, { provider: 'BenchAgents', providerId: `agent-${i}` });
+        const machineId = await newMachine(q);
+        await addProvided(q, machineId, { provider: 'BenchAgents', providerId: `agent-${i}` });
         const publicKey = new Uint8Array(randomBytes(32));
-        await q.setAgentStarted(machineId, { publicKey });
+        await setAgentStarted(q, machineId, { publicKey });
         made.push({ machineId, publicKey });
       }
       return made;

@@ -1,4 +1,5 @@
 import {
+  agentStartSelection,
   BMDB,
   type ControlLoop,
   Process,
@@ -25,7 +26,7 @@ export async function idleCost(server: BenchServer, workers: number, durationMs:
       process: Process.ShepherdAgentStart,
       processor: 'bench-idle',
       defaultBackoff: { initial: 60_000, maximum: 60_000, exponent: 1 },
-      selectMachines: (q) => q.agentStartSelection({ provider: PROVIDER }),
+      selectMachines: (q) => agentStartSelection(q, { provider: PROVIDER }),
       processMachine: async () => {
         throw new Error('an idle loop has nothing to process');
       },

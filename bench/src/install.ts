@@ -6,7 +6,7 @@ import type { AddressInfo } from 'node:net';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { gzipSync } from 'node:zlib';
-import { BMDB, Queries } from '@bmaas/bmdb-controlloop';
+import { BMDB, newMachine, osInstallation, requestOSInstallation, setAgentStarted } from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { encodeTakeoverInit, parseTakeoverResponse } from '@bmaas/shepherd-manager';
 import type { BenchServer } from './server.js';
@@ -48,7 +48,7 @@ export async function installFigures(server: BenchServer, sizes: readonly number
     else response.writeHead(200, { 'content-length': image.length }).end(image);
   });
   await new Promise<void>((resolve) => imageServer.listen(0, '127.0.0.1', resolve));
-  const q = new Queries(bmdb.db);
+  const q = bmdb.db;
   const figures: InstallFigure[] = [];
   try {
     for (const mib of sizes) {
@@ -57,7 +57,7 @@ export async function installFigures(server: BenchServer, sizes: readonly number
         const bytes = compression === 'gzip' ? gzipSync(raw, { level: 1 }) : raw;
         const file = `image-${mib}.${compression}`;
         images.set(file, bytes);
-        const machineId = await q.newMachine();
+        const machineId = await newMachine(q);
         const disk = path.join(dir, `${machineId}.disk`);
         await writeFile(disk, '');
         await truncate(disk, raw.length);
@@ -71,9 +71,9 @@ export async function installFigures(server: BenchServer, sizes: readonly number
           SHEPHERD_TEST_AGENT_HEARTBEAT_INTERVAL: `${HEARTBEAT_INTERVAL_MS}ms`,
           SHEPHERD_TEST_AGENT_LOG: log,
         });
-        await q.setAgentStarted(machineId, { publicKey: parseTakeoverResponse(answer, init).key });
+        await setAgentStarted(q, machineId, { publicKey: parseTakeoverResponse(answer, init).key });
         const port = (imageServer.address() as AddressInfo).port;
-        await q.requestOSInstallation(machineId, {
+        await requestOSInstallation(q, machineId, {
           imageUrl: `https://127.0.0.1:${port}/${file}`,
           imageSha256: createHash('sha256').update(bytes).digest('hex'),
           rootDevice: disk,
@@ -118,9 +118,9 @@ function takeover(init: Uint8Array, env: Record<string, string>): Promise<Buffer
 
 /** Seconds from the request to its `Succeeded` report; throws on `Failed` or after ten minutes. */
 async function succeeded(bmdb: BMDB, machineId: string): Promise<number> {
-  const q = new Queries(bmdb.db);
+  const q = bmdb.db;
   for (const deadline = Date.now() + 600_000; Date.now() < deadline; ) {
-    const installation = await q.osInstallation(machineId);
+    const installation = await osInstallation(q, machineId);
     if (installation?.state === 'Failed') throw new Error(`bench installation failed: ${installation.error}`);
     if (installation?.state === 'Succeeded' && installation.endedAt) {
       return (installation.endedAt.getTime() - installation.requestedAt.getTime()) / 1000;

@@ -1,10 +1,12 @@
 import {
+  agentStartSelection,
   BMDB,
   type ControlLoop,
   Process,
   type ProvidedMachine,
   parseLimiter,
   runControlLoop,
+  setAgentStarted,
 } from '@bmaas/bmdb-controlloop';
 import { PROVIDER } from './fleet.js';
 import type { BenchServer } from './server.js';
@@ -28,10 +30,10 @@ export async function pickupLatency(server: BenchServer, samples: number): Promi
       process: Process.ShepherdAgentStart,
       processor: 'bench-pickup',
       defaultBackoff: { initial: 60_000, maximum: 60_000, exponent: 1 },
-      selectMachines: (q) => q.agentStartSelection({ provider: PROVIDER }),
+      selectMachines: (q) => agentStartSelection(q, { provider: PROVIDER }),
       async processMachine({ candidate, work }) {
         arrivals.get(candidate.providerId)?.(performance.now());
-        await work.finish((q) => q.setAgentStarted(candidate.machineId, { publicKey: PUBLIC_KEY }));
+        await work.finish((q) => setAgentStarted(q, candidate.machineId, { publicKey: PUBLIC_KEY }));
       },
     };
     const running = runControlLoop(bmdb, loop, { claimLimiter: parseLimiter('250ms,8'), signal: stop.signal });

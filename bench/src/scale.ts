@@ -1,4 +1,14 @@
-import { BMDB, type Database, Process, Queries } from '@bmaas/bmdb-controlloop';
+import {
+  agentRecoverySelection,
+  agentStartSelection,
+  BMDB,
+  type Database,
+  leasePowerReads,
+  machinesForAgentRecovery,
+  machinesForAgentStart,
+  Process,
+  powerActionSelection,
+} from '@bmaas/bmdb-controlloop';
 import { type CompiledQuery, Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
 // The claim statement is internal to the library; the bench runs from its sources.
@@ -35,7 +45,7 @@ export async function claimAtScale(
   const bmdb = await BMDB.open({ url, migrate: true, componentName: 'bench-scale', runtimeInfo: 'bench' });
   try {
     await server.withClient(name, (client) => fillFleet(client, { total: machines, ready: options.ready, lost: 10 }));
-    const selection = new Queries(bmdb.db).agentStartSelection({ provider: PROVIDER });
+    const selection = agentStartSelection(bmdb.db, { provider: PROVIDER });
     const claims: number[] = [];
     const finishes: number[] = [];
     let plans: Record<string, string> = {};
@@ -78,13 +88,13 @@ async function explainSelections(url: string, sessionId: string): Promise<Record
     },
   });
   try {
-    const q = new Queries(db);
+    const q = db;
     const plans: Record<string, string> = {};
     const selections: Record<string, () => Promise<unknown>> = {
-      machinesForAgentStart: () => q.machinesForAgentStart({ provider: PROVIDER, limit: 1 }),
-      machinesForAgentRecovery: () => q.machinesForAgentRecovery({ provider: PROVIDER, limit: 1 }),
+      machinesForAgentStart: () => machinesForAgentStart(q, { provider: PROVIDER, limit: 1 }),
+      machinesForAgentRecovery: () => machinesForAgentRecovery(q, { provider: PROVIDER, limit: 1 }),
       // The power sync's next reads: the never read, then the oldest read over a minute ago (none here).
-      leasePowerReads: () => q.leasePowerReads({ provider: PROVIDER, limit: 4, intervalSeconds: 60 }),
+      leasePowerReads: () => leasePowerReads(q, { provider: PROVIDER, limit: 4, intervalSeconds: 60 }),
     };
     for (const [selection, run] of Object.entries(selections)) {
       captured.length = 0;
@@ -99,11 +109,11 @@ async function explainSelections(url: string, sessionId: string): Promise<Record
       (r) => r.machine_id,
     );
     for (const [name, selection] of [
-      ['claim (agent start)', q.agentStartSelection({ provider: PROVIDER })],
-      ['claim (agent recovery)', q.agentRecoverySelection({ provider: PROVIDER })],
+      ['claim (agent start)', agentStartSelection(q, { provider: PROVIDER })],
+      ['claim (agent recovery)', agentRecoverySelection(q, { provider: PROVIDER })],
       [
         'claim (power action on a held machine)',
-        q.powerActionSelection(held ?? '00000000-0000-4000-8000-000000000000'),
+        powerActionSelection(q, held ?? '00000000-0000-4000-8000-000000000000'),
       ],
     ] as const) {
       const claim = claimSelectedStatement(selection.process, selection.query, [sessionId]).compile(db);

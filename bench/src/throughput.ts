@@ -1,10 +1,12 @@
 import {
+  agentStartSelection,
   BMDB,
   type ControlLoop,
   Process,
   type ProvidedMachine,
   parseLimiter,
   runControlLoop,
+  setAgentStarted,
 } from '@bmaas/bmdb-controlloop';
 import { Logger, makeWorkerUtils, run as runGraphileWorker } from 'graphile-worker';
 import pg from 'pg';
@@ -77,11 +79,11 @@ async function runBmdb(
       process: Process.ShepherdAgentStart,
       processor: 'bench',
       defaultBackoff: { initial: 60_000, maximum: 60_000, exponent: 1 },
-      selectMachines: (q) => q.agentStartSelection({ provider: PROVIDER }),
+      selectMachines: (q) => agentStartSelection(q, { provider: PROVIDER }),
       async processMachine({ candidate, work }) {
         if (finish === 'tag') await work.finish({ set: { agentStarted: { publicKey: PUBLIC_KEY } } });
         else if (finish === 'callback') {
-          await work.finish((q) => q.setAgentStarted(candidate.machineId, { publicKey: PUBLIC_KEY }));
+          await work.finish((q) => setAgentStarted(q, candidate.machineId, { publicKey: PUBLIC_KEY }));
         } else await work.finish();
         if (++done === items) {
           elapsed = since(start);

@@ -1,4 +1,4 @@
-import { parseLimiter, Queries, SessionClosedError, SessionExpiredError } from '@bmaas/bmdb-controlloop';
+import { parseLimiter, providedMachines, SessionClosedError, SessionExpiredError } from '@bmaas/bmdb-controlloop';
 import { sleep } from '@bmaas/common';
 import { EQUINIX_PROVIDER, EquinixClient, EquinixProvider, EquinixStatusUpdater } from '@bmaas/provider-equinix';
 import { FakeEquinixApi, type FakeFault, type FakeRoute } from '@bmaas/provider-equinix/testing';
@@ -113,7 +113,7 @@ function devicesByReservation(): Map<string, string[]> {
 }
 
 async function bmdbProviderIds(): Promise<string[]> {
-  return (await new Queries(bmdb.db).providedMachines(EQUINIX_PROVIDER)).map((m) => m.providerId).sort();
+  return (await providedMachines(bmdb.db, EQUINIX_PROVIDER)).map((m) => m.providerId).sort();
 }
 
 test('500s, 429s, timeouts, malformed JSON and lost answers on every route: no crash, no duplicate, nothing lost', async () => {

@@ -1,4 +1,5 @@
 import type { BMDB, Session } from '@bmaas/bmdb-controlloop';
+import { addProvided, holdMachine, newMachine, recordOperatorAction, recordPowerState } from '@bmaas/bmdb-controlloop';
 import type { TestDatabase } from './database.js';
 
 /** A failure cause that must show as text, never run. */
@@ -47,8 +48,8 @@ export async function seedFleet(db: TestDatabase, bmdb: BMDB): Promise<SeededFle
   const session = await bmdb.startSession({ processor: 'shepherd-initializer' });
   const provide = (provider: string, providerId: string, extra: { ip?: string; location?: string } = {}) =>
     session.transact(async (q) => {
-      const id = await q.newMachine();
-      await q.addProvided(id, {
+      const id = await newMachine(q);
+      await addProvided(q, id, {
         provider,
         providerId,
         providerIpAddress: extra.ip ?? null,
@@ -66,7 +67,7 @@ export async function seedFleet(db: TestDatabase, bmdb: BMDB): Promise<SeededFle
   const agentStarted = await provide('Dummy', 'dummy-started');
   const awaitingRecovery = await provide('Dummy', 'dummy-silent');
   const backedOff = await provide('Dummy', 'dummy-backoff');
-  const unprovided = await session.transact((q) => q.newMachine());
+  const unprovided = await session.transact((q) => newMachine(q));
   const installed = await provide('Dummy', 'dummy-installed');
   await db.admin(
     `INSERT INTO machine_os_installation_request (machine_id, generation, image_url, image_sha256, root_device,
@@ -110,8 +111,8 @@ export async function seedFleet(db: TestDatabase, bmdb: BMDB): Promise<SeededFle
   );
   const held = awaitingRecovery;
   await session.transact(async (q) => {
-    await q.holdMachine(held, { reason: HOSTILE_REASON, actor: 'tech@rack3' });
-    await q.recordOperatorAction({
+    await holdMachine(q, held, { reason: HOSTILE_REASON, actor: 'tech@rack3' });
+    await recordOperatorAction(q, {
       machineId: held,
       action: 'PowerOff',
       outcome: 'Succeeded',
@@ -119,10 +120,10 @@ export async function seedFleet(db: TestDatabase, bmdb: BMDB): Promise<SeededFle
       actor: 'tech@rack3',
       detail: { graceful: false, command: 'ForceOff' },
     });
-    await q.recordPowerState(heartbeating, { state: 'On' });
-    await q.recordPowerState(held, { state: 'Off' });
-    await q.recordPowerState(agentStarted, { state: 'PoweringOn' });
-    await q.recordPowerState(backedOff, { failure: 'BMC https://10.1.0.9 unreachable' });
+    await recordPowerState(q, heartbeating, { state: 'On' });
+    await recordPowerState(q, held, { state: 'Off' });
+    await recordPowerState(q, agentStarted, { state: 'PoweringOn' });
+    await recordPowerState(q, backedOff, { failure: 'BMC https://10.1.0.9 unreachable' });
   });
   await db.admin(`UPDATE machine_hold SET held_at = now() - interval '1 hour' WHERE machine_id = $1`, [held]);
   await db.admin(

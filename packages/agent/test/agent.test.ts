@@ -6,7 +6,17 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { gzipSync } from 'node:zlib';
-import { Queries } from '@bmaas/bmdb-controlloop';
+import {
+  addProvided,
+  cancelOSInstallation,
+  hardwareReport,
+  machineDetail,
+  newMachine,
+  osInstallation,
+  requestDiskWipe,
+  requestOSInstallation,
+  setAgentStarted,
+} from '@bmaas/bmdb-controlloop';
 import { AgentHardwareReportSchema, BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { parseTakeoverResponse } from '@bmaas/shepherd-manager';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
@@ -22,7 +32,7 @@ import { biosInformation, endOfTable, memoryDevice, systemInformation } from './
 
 const fixture = fileURLToPath(new URL('./fixtures/bios-vm/', import.meta.url));
 const { bmdb } = await testBMDB();
-const q = new Queries(bmdb.db);
+const q = bmdb.db;
 const MiB = 2 ** 20;
 /** When the machine's agent last heartbeated, as the server recorded it. */
 const lastHeartbeat = async (machineId: string): Promise<Date | undefined> =>
@@ -67,13 +77,13 @@ afterAll(async () => {
  * every 100 ms with the recorded BIOS VM as its hardware.
  */
 async function startedAgent(service: AgentService, port = server.port, root = fixture) {
-  const machineId = await q.newMachine();
+  const machineId = await newMachine(q);
   const sent = { machineId, bmaasEndpoint: `localhost:${port}`, caCertificate: caDer };
   const answer = takeover(toBinary(TakeoverInitSchema, create(TakeoverInitSchema, sent)));
   if (!answer.ok) throw new Error(answer.message);
   const { key, warnings } = parseTakeoverResponse(answer.response, sent);
   expect(warnings).toEqual([IN_PLACE_WARNING]);
-  await q.setAgentStarted(machineId, { publicKey: key });
+  await setAgentStarted(q, machineId, { publicKey: key });
   const lines: string[] = [];
   const stop = new AbortController();
   const ended: Promise<AgentEnd> = runAgent({
@@ -94,7 +104,7 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
     async (service) => {
       const agent = await startedAgent(service);
       try {
-        const stored = await eventually('hardware report stored', () => q.hardwareReport(agent.machineId));
+        const stored = await eventually('hardware report stored', () => hardwareReport(q, agent.machineId));
         const report = fromBinary(AgentHardwareReportSchema, stored.raw);
         expect(report.report?.manufacturer).toBe('QEMU');
         expect(report.report?.blockDevice.map((disk) => disk.serialNumber)).toEqual(['0x1b2c3d4e', 'vm-disk-1']);
@@ -134,12 +144,12 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
     );
     const agent = await startedAgent('cloud.agent.api', server.port, root);
     // A place of its own, so the gauges' labels single it out of the file's other machines.
-    await q.addProvided(agent.machineId, { provider: 'Static', providerId: 'r640-1', providerLocation: 'gauge-rack' });
+    await addProvided(q, agent.machineId, { provider: 'Static', providerId: 'r640-1', providerLocation: 'gauge-rack' });
     const registry = new Registry();
     const reader = bmdb.startFleetMetrics({ registry, interval: 1000 });
     try {
-      await eventually('hardware report stored', () => q.hardwareReport(agent.machineId));
-      const detail = await q.machineDetail(agent.machineId);
+      await eventually('hardware report stored', () => hardwareReport(q, agent.machineId));
+      const detail = await machineDetail(q, agent.machineId);
       expect(detail?.hardware?.unreadable).toBeUndefined();
       expect(detail?.hardware?.report).toMatchObject({
         system: { manufacturer: 'Dell Inc.', product: 'PowerEdge R640', serialNumber: '7XQ2K93' },
@@ -215,10 +225,10 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
       await writeFile(path.join(root, 'dev', disk), Buffer.alloc(4 * MiB, 0xaa));
     const agent = await startedAgent('cloud.bmaas.server.api', server.port, root);
     try {
-      const wipe = await q.requestDiskWipe(agent.machineId, { actor: 'test', reason: 'agent wipe test' });
+      const wipe = await requestDiskWipe(q, agent.machineId, { actor: 'test', reason: 'agent wipe test' });
       expect(wipe).toMatchObject({ kind: 'DiskWipe', imageUrl: '', rootDevice: undefined, decommission: false });
       expect(await agent.ended).toBe('wiped');
-      expect(await q.osInstallation(agent.machineId)).toMatchObject({
+      expect(await osInstallation(q, agent.machineId)).toMatchObject({
         generation: wipe.generation,
         kind: 'DiskWipe',
         state: 'Succeeded',
@@ -248,18 +258,18 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
     const agent = await startedAgent('cloud.agent.api');
     try {
       const request = { imageUrl, rootDevice: disk, compression: 'gzip' as const, actor: 'test', reason: 'agent test' };
-      const wrong = await q.requestOSInstallation(agent.machineId, { ...request, imageSha256: '0'.repeat(64) });
+      const wrong = await requestOSInstallation(q, agent.machineId, { ...request, imageSha256: '0'.repeat(64) });
       const failed = await eventually('the first installation failed', async () => {
-        const installation = await q.osInstallation(agent.machineId);
+        const installation = await osInstallation(q, agent.machineId);
         return installation?.state === 'Failed' ? installation : undefined;
       });
       expect(failed.generation).toBe(wrong.generation);
       expect(failed.error).toContain(`sha256 of ${imageUrl} is ${sha256}, want ${'0'.repeat(64)}`);
       expect((await readFile(disk)).subarray(0, MiB).every((byte) => byte === 0)).toBe(true);
 
-      const right = await q.requestOSInstallation(agent.machineId, { ...request, imageSha256: sha256 });
+      const right = await requestOSInstallation(q, agent.machineId, { ...request, imageSha256: sha256 });
       expect(await agent.ended).toBe('installed');
-      const installed = await q.osInstallation(agent.machineId);
+      const installed = await osInstallation(q, agent.machineId);
       expect(installed).toMatchObject({ generation: right.generation, state: 'Succeeded', error: null });
       expect((await readFile(disk)).subarray(0, image.length).equals(image)).toBe(true);
       expect(agent.lines).toContain('installed; no reboot command: stopping as if rebooted');
@@ -279,7 +289,7 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
     await writeFile(path.join(root, 'dev/sdb'), Buffer.alloc(8 * MiB, 0xaa));
     const agent = await startedAgent('cloud.agent.api', server.port, root);
     try {
-      await q.requestOSInstallation(agent.machineId, {
+      await requestOSInstallation(q, agent.machineId, {
         imageUrl,
         imageSha256: sha256,
         rootDeviceHints: { serialNumber: 'ZC20ABCD0000C8123456' },
@@ -288,7 +298,7 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
         reason: 'agent test by serial',
       });
       expect(await agent.ended).toBe('installed');
-      expect(await q.osInstallation(agent.machineId)).toMatchObject({ state: 'Succeeded', rootDevice: undefined });
+      expect(await osInstallation(q, agent.machineId)).toMatchObject({ state: 'Succeeded', rootDevice: undefined });
       expect((await readFile(path.join(root, 'dev/sdb'))).subarray(0, image.length).equals(image)).toBe(true);
       expect((await readFile(path.join(root, 'dev/sda'))).every((byte) => byte === 0xaa)).toBe(true);
     } finally {
@@ -319,7 +329,7 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
     const agent = await startedAgent('cloud.agent.api', port);
     try {
       const request = { rootDevice: disk, compression: 'gzip' as const, actor: 'test', reason: 'agent test' };
-      const first = await q.requestOSInstallation(agent.machineId, {
+      const first = await requestOSInstallation(q, agent.machineId, {
         ...request,
         imageUrl: `http://127.0.0.1:${(gate.address() as AddressInfo).port}/older.raw.gz`,
         imageSha256: createHash('sha256').update(olderGzipped).digest('hex'),
@@ -329,7 +339,7 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
         async () => agent.lines.includes(`installing generation ${first.generation}`) || undefined,
       );
       await own.close(0);
-      const second = await q.requestOSInstallation(agent.machineId, { ...request, imageUrl, imageSha256: sha256 });
+      const second = await requestOSInstallation(q, agent.machineId, { ...request, imageUrl, imageSha256: sha256 });
       release();
       await eventually(
         'the older image written',
@@ -342,7 +352,7 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
       );
       expect(agent.lines).toContain(`installation report of generation ${second.generation} accepted`);
       expect(agent.lines.filter((l) => l.startsWith('installed; '))).toHaveLength(1);
-      expect(await q.osInstallation(agent.machineId)).toMatchObject({
+      expect(await osInstallation(q, agent.machineId)).toMatchObject({
         generation: second.generation,
         state: 'Succeeded',
       });
@@ -363,7 +373,7 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
     try {
       const disk = path.join(dir, 'disk-canceled');
       await writeFile(disk, Buffer.alloc(4 * MiB));
-      await q.requestOSInstallation(agent.machineId, {
+      await requestOSInstallation(q, agent.machineId, {
         imageUrl: `http://127.0.0.1:${(stall.address() as AddressInfo).port}/never`,
         imageSha256: sha256,
         rootDevice: disk,
@@ -373,7 +383,7 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
       await eventually('installing', async () =>
         agent.lines.some((l) => l.startsWith('installing')) ? true : undefined,
       );
-      await q.cancelOSInstallation(agent.machineId, { actor: 'test', reason: 'changed my mind' });
+      await cancelOSInstallation(q, agent.machineId, { actor: 'test', reason: 'changed my mind' });
       await eventually('installation stopped', async () =>
         agent.lines.some((l) => /installation of generation \d+ no longer asked for: stopping it/.test(l))
           ? true
@@ -388,12 +398,12 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
   });
 
   test('refused for a key that is not its machine’s, it keeps trying with backoff', async () => {
-    const machineId = await q.newMachine();
+    const machineId = await newMachine(q);
     const sent = { machineId, bmaasEndpoint: `localhost:${server.port}`, caCertificate: caDer };
     const answer = takeover(toBinary(TakeoverInitSchema, create(TakeoverInitSchema, sent)));
     if (!answer.ok) throw new Error(answer.message);
     // Another agent's key recorded: this one's heartbeats are refused.
-    await q.setAgentStarted(machineId, { publicKey: new Uint8Array(32).fill(7) });
+    await setAgentStarted(q, machineId, { publicKey: new Uint8Array(32).fill(7) });
     const lines: string[] = [];
     const stop = new AbortController();
     const ended = runAgent({

@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
-import { Queries } from '@bmaas/bmdb-controlloop';
+import { hardwareReport, newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { parseTakeoverResponse } from '@bmaas/shepherd-manager';
 import { create, toBinary } from '@bufbuild/protobuf';
@@ -19,7 +19,7 @@ const packageDir = fileURLToPath(new URL('..', import.meta.url));
 const bundle = path.join(packageDir, 'dist/agent.cjs');
 const fixtures = path.join(packageDir, 'test/fixtures');
 const { bmdb } = await testBMDB();
-const q = new Queries(bmdb.db);
+const q = bmdb.db;
 
 let server: BmaasServer;
 let dir: string;
@@ -113,7 +113,7 @@ describe('the bundled agent, one file run by plain node', () => {
   });
 
   test('takeover answers, returns, and the detached agent heartbeats to the real server until SIGTERM', async () => {
-    const machineId = await q.newMachine();
+    const machineId = await newMachine(q);
     const { sent, bytes } = await initFor(machineId);
     const log = path.join(dir, `${machineId}.log`);
     const root = path.join(fixtures, 'bios-vm');
@@ -124,7 +124,7 @@ describe('the bundled agent, one file run by plain node', () => {
     );
     expect(code).toBe(0);
     const { key } = parseTakeoverResponse(stdout, sent);
-    await q.setAgentStarted(machineId, { publicKey: key });
+    await setAgentStarted(q, machineId, { publicKey: key });
     const pid = await eventually('the agent logged', async () => {
       const text = await readFile(log, 'utf8').catch(() => '');
       const match = / (\d+) [0-9a-f-]{36}: heartbeating to /.exec(text);
@@ -132,7 +132,7 @@ describe('the bundled agent, one file run by plain node', () => {
     });
     started.add(pid);
     await eventually('a heartbeat recorded', () => lastHeartbeat(machineId));
-    expect(await q.hardwareReport(machineId)).toBeDefined();
+    expect(await hardwareReport(q, machineId)).toBeDefined();
     process.kill(pid, 'SIGTERM');
     await eventually('the agent stopped', async () =>
       (await readFile(log, 'utf8')).includes(`${pid} ${machineId}: stopped`) ? true : undefined,

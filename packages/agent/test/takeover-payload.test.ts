@@ -17,7 +17,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
-import { Queries } from '@bmaas/bmdb-controlloop';
+import { newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { parseTakeoverResponse } from '@bmaas/shepherd-manager';
 import { create, toBinary } from '@bufbuild/protobuf';
@@ -36,7 +36,7 @@ const fixtures = fileURLToPath(new URL('./fixtures/', import.meta.url));
 /** Shared with image.test.ts: the image is built once. */
 const cacheDir = path.join(tmpdir(), 'bmaas-agent-image-test-cache');
 const { bmdb } = await testBMDB();
-const q = new Queries(bmdb.db);
+const q = bmdb.db;
 const isRoot = process.getuid?.() === 0;
 
 let dir: string;
@@ -147,7 +147,7 @@ describe('the takeover payload', () => {
   test.skipIf(!isRoot)(
     'run by sh, it answers, having loaded the image with the machine’s config and network; after its session it kexecs, and where kexec -e returns the agent runs in place',
     async () => {
-      const machineId = await q.newMachine();
+      const machineId = await newMachine(q);
       const standIn = await kexecStandIn(await mkdtemp(path.join(dir, 'kexec-')));
       const at = path.dirname(standIn);
       const { code, stdout, stderr, payload, sent } = await runPayload(machineId, ['--root', root, '--kexec', standIn]);
@@ -188,7 +188,7 @@ describe('the takeover payload', () => {
       );
 
       // The session (here the takeover process) ended: kexec -e; the stand-in refuses, so the agent runs in place.
-      await q.setAgentStarted(machineId, { publicKey: key });
+      await setAgentStarted(q, machineId, { publicKey: key });
       await eventually('kexec -e', async () =>
         (await readFile(path.join(at, 'kexec.log'), 'utf8')).includes('\n-e\n') ? true : undefined,
       );
@@ -202,7 +202,7 @@ describe('the takeover payload', () => {
   );
 
   test('where the kernel cannot kexec, it says why in its warnings and the agent runs in place', async () => {
-    const machineId = await q.newMachine();
+    const machineId = await newMachine(q);
     const noKexec = await mkdtemp(path.join(dir, 'root-'));
     await cp(path.join(fixtures, 'bios-vm'), noKexec, { recursive: true, verbatimSymlinks: true });
     const { code, stdout, stderr, payload, sent } = await runPayload(machineId, ['--root', noKexec]);
@@ -214,7 +214,7 @@ describe('the takeover payload', () => {
         : `kexec into the agent image is not possible: kexec needs root, and the agent runs as user ${process.getuid?.()}`,
       IN_PLACE_WARNING,
     ]);
-    await q.setAgentStarted(machineId, { publicKey: key });
+    await setAgentStarted(q, machineId, { publicKey: key });
     await agentInPlace(`${payload}.d/agent.log`);
     await eventually('a heartbeat recorded', () => lastHeartbeat(machineId));
   });

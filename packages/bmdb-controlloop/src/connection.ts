@@ -290,9 +290,9 @@ export class BMDB {
    * Records an agent's heartbeat if `heartbeat.publicKey` is the
    * `agent_public_key` of the machine's AgentStarted tag: AgentHeartbeat set
    * to the database's now, and the hardware report it carries stored as the
-   * machine's tag (`Queries.hardwareReport`), its installation report too
+   * machine's tag (`hardwareReport`), its installation report too
    * when it answers the machine's current request
-   * (`Queries.osInstallationReport`; see {@link BMDB.answerAgentHeartbeat}). Otherwise
+   * (`osInstallationReport`; see {@link BMDB.answerAgentHeartbeat}). Otherwise
    * (no such machine, no AgentStarted tag, another key) nothing is written.
    *
    * Concurrent calls are coalesced: the heartbeats arriving while one

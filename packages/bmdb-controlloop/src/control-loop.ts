@@ -1,5 +1,6 @@
 import { setMaxListeners } from 'node:events';
 import { describeError, isStop, sleep } from '@bmaas/common';
+import type { Kysely } from 'kysely';
 import type { Backoff } from './backoff.js';
 import type { BMDB } from './connection.js';
 import {
@@ -15,7 +16,7 @@ import {
 } from './errors.js';
 import { detail, log } from './internal/log.js';
 import { parseLimiter, type RateLimiter } from './limiter.js';
-import { Queries } from './queries.js';
+import type { Database } from './schema.js';
 import type { Selection } from './selection.js';
 import type { Session } from './session.js';
 import type { Work } from './work.js';
@@ -43,13 +44,13 @@ export interface ControlLoop<T extends WorkCandidate> {
    * `selectionFor`); `runControlLoop` throws {@link ProcessMismatchError}
    * before starting otherwise.
    */
-  selectMachines?(q: Queries): Selection<T>;
+  selectMachines?(q: Kysely<Database>): Selection<T>;
   /**
    * Machines ready for this loop, at most `limit`, when there is no
    * `selectMachines`. Runs inside the claim's transaction; must exclude
    * machines under live work or backoff (see `hasLiveWork` and `inBackoff`).
    */
-  getMachines?(q: Queries, limit: number): Promise<readonly T[]>;
+  getMachines?(q: Kysely<Database>, limit: number): Promise<readonly T[]>;
   /**
    * Processes one claimed machine. Call `task.work.finish(...)` on success;
    * throwing fails the work with `task.backoff` and the error as cause.
@@ -129,7 +130,7 @@ export async function runControlLoop<T extends WorkCandidate>(
     throw new BMDBError(`control loop ${loop.processor} has neither selectMachines nor getMachines`);
   }
   // Built once, for every worker: the query is immutable and its times are the database's now().
-  const selection = loop.selectMachines?.(new Queries(bmdb.db));
+  const selection = loop.selectMachines?.(bmdb.db);
   if (selection && selection.process !== loop.process) throw new ProcessMismatchError(loop.process, selection.process);
   const signal = options.signal ?? new AbortController().signal;
   const limiter = options.claimLimiter ?? parseLimiter(DEFAULT_LIMITER);
@@ -163,8 +164,8 @@ function withDefaults<T extends WorkCandidate>(loop: ControlLoop<T>): CompleteLo
     process: loop.process,
     processor: loop.processor ?? loop.process,
     defaultBackoff: loop.defaultBackoff ?? DEFAULT_BACKOFF,
-    ...(selectMachines && { selectMachines: (q: Queries) => selectMachines.call(loop, q) }),
-    ...(getMachines && { getMachines: (q: Queries, limit: number) => getMachines.call(loop, q, limit) }),
+    ...(selectMachines && { selectMachines: (q: Kysely<Database>) => selectMachines.call(loop, q) }),
+    ...(getMachines && { getMachines: (q: Kysely<Database>, limit: number) => getMachines.call(loop, q, limit) }),
     processMachine: (task) => loop.processMachine(task),
   };
 }

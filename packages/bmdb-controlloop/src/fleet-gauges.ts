@@ -6,7 +6,7 @@
  *
  * Adding a gauge is one entry in {@link FLEET_GAUGES}:
  *
- * 1. Write its query as a `Queries` method (in a module of `queries/`),
+ * 1. Write its query as a function in a module of `queries/`,
  *    served by an index at 100,000 machines, and add it to the `fleet`
  *    section of `npm run bench` (bench/src/fleet-metrics.ts) with its plan.
  * 2. Add an entry below: a name in Prometheus' conventions (`bmdb_fleet_`,
@@ -19,11 +19,22 @@
  *    check that every metric the alert rules and the dashboard name is
  *    exported.
  */
+
+import type { Kysely } from 'kysely';
 import { Gauge, type Registry } from 'prom-client';
 import { BMDBError } from './errors.js';
-import { MACHINE_STAGES } from './queries/fleet-stats.js';
+import {
+  backoffsByProcess,
+  controlByLocation,
+  fleetStagesByLocation,
+  hardwareByLocation,
+  newestAgentHeartbeatAge,
+  sessionsByProcessor,
+} from './queries/fleet-metrics.js';
+import { liveWorkByProcess, MACHINE_STAGES } from './queries/fleet-stats.js';
+import { osInstallationCounts } from './queries/os-installation.js';
 import type { RecoveryThresholds } from './queries/recovery-thresholds.js';
-import type { Queries } from './queries.js';
+import type { Database } from './schema.js';
 import { SHEPHERD_PROCESSES } from './schema.js';
 
 /** One sample of a gauge: its labels (every label name, `''` for none) and value. */
@@ -34,8 +45,8 @@ export interface FleetSample<L extends string> {
 
 /** What a gauge reads with: the reading's queries (one snapshot), the settings, and shared answers. */
 export interface FleetReading {
-  /** Queries in the reading's transaction (REPEATABLE READ, READ ONLY). */
-  readonly q: Queries;
+  /** The reading's transaction (REPEATABLE READ, READ ONLY), for its queries. */
+  readonly q: Kysely<Database>;
   /** When a started agent counts as lost: the recoverer's, as configured. */
   readonly thresholds: RecoveryThresholds;
   /** `read()`'s answer, read once per reading under `key` however many gauges ask. */
@@ -56,10 +67,10 @@ function fleetGauge<L extends string>(gauge: FleetGauge<L>): FleetGauge {
 }
 
 /** Holds and power states, read once per reading for the three gauges that show them. */
-const control = (reading: FleetReading) => reading.once('control', () => reading.q.controlByLocation());
+const control = (reading: FleetReading) => reading.once('control', () => controlByLocation(reading.q));
 
 /** Hardware totals, read once per reading for the five gauges that show them. */
-const hardware = (reading: FleetReading) => reading.once('hardware', () => reading.q.hardwareByLocation());
+const hardware = (reading: FleetReading) => reading.once('hardware', () => hardwareByLocation(reading.q));
 
 /** Labels of a provider and location; a machine without either has `''` (Prometheus: no label). */
 const where = (place: { provider: string; location: string }) => ({
@@ -74,7 +85,7 @@ export const FLEET_GAUGES: readonly FleetGauge[] = [
     help: 'Machines per lifecycle stage (unprovided, provided, agentStarting, agentStarted, heartbeating, awaitingRecovery, installed), provider and location.',
     labelNames: ['stage', 'provider', 'location'],
     async read({ q, thresholds }) {
-      const { unprovided, locations } = await q.fleetStagesByLocation(thresholds);
+      const { unprovided, locations } = await fleetStagesByLocation(q, thresholds);
       const samples: FleetSample<'stage' | 'provider' | 'location'>[] = [
         { labels: { stage: 'unprovided', provider: '', location: '' }, value: unprovided },
       ];
@@ -91,7 +102,7 @@ export const FLEET_GAUGES: readonly FleetGauge[] = [
     help: 'Machines per OS installation state (Requested, Delivered: its agent installing, Succeeded, Failed: with the agent’s error, Canceled); every state is present.',
     labelNames: ['state'],
     async read({ q }) {
-      return Object.entries(await q.osInstallationCounts()).map(([state, value]) => ({ labels: { state }, value }));
+      return Object.entries(await osInstallationCounts(q)).map(([state, value]) => ({ labels: { state }, value }));
     },
   }),
   fleetGauge({
@@ -125,7 +136,7 @@ export const FLEET_GAUGES: readonly FleetGauge[] = [
     help: 'Machines backing off (a running backoff) per process; every shepherd process is present.',
     labelNames: ['process'],
     async read({ q }) {
-      return Object.entries(await q.backoffsByProcess()).map(([process, value]) => ({ labels: { process }, value }));
+      return Object.entries(await backoffsByProcess(q)).map(([process, value]) => ({ labels: { process }, value }));
     },
   }),
   fleetGauge({
@@ -133,7 +144,7 @@ export const FLEET_GAUGES: readonly FleetGauge[] = [
     help: 'Work items held by live sessions (machines being worked on) per process; every shepherd process is present.',
     labelNames: ['process'],
     async read({ q }) {
-      const work = await q.liveWorkByProcess();
+      const work = await liveWorkByProcess(q);
       const processes = new Set([...SHEPHERD_PROCESSES, ...Object.keys(work)]);
       return [...processes].map((process) => ({ labels: { process }, value: work[process] ?? 0 }));
     },
@@ -143,7 +154,7 @@ export const FLEET_GAUGES: readonly FleetGauge[] = [
     help: 'Live BMDB sessions per component and processor (processor empty for sessions from before migration 0004).',
     labelNames: ['component', 'processor'],
     async read({ q }) {
-      return (await q.sessionsByProcessor()).map((row) => ({
+      return (await sessionsByProcessor(q)).map((row) => ({
         labels: { component: row.componentName, processor: row.processor ?? '' },
         value: row.sessions,
       }));
@@ -154,7 +165,7 @@ export const FLEET_GAUGES: readonly FleetGauge[] = [
     help: 'Seconds since the newest agent heartbeat recorded in the BMDB, by the database clock; absent while no agent has heartbeated.',
     labelNames: [],
     async read({ q }) {
-      const age = await q.newestAgentHeartbeatAge();
+      const age = await newestAgentHeartbeatAge(q);
       return age === undefined ? [] : [{ labels: {}, value: age }];
     },
   }),

@@ -7,7 +7,6 @@ import { type FleetGauge, FleetGaugeSet, type FleetReading, type FleetSample } f
 import { log } from './internal/log.js';
 import { SingleConnection } from './internal/single-connection.js';
 import type { RecoveryThresholds } from './queries/recovery-thresholds.js';
-import { Queries } from './queries.js';
 import { runRounds } from './rounds.js';
 import type { Database } from './schema.js';
 
@@ -282,11 +281,11 @@ export function readFleet(
     .transaction()
     .setIsolationLevel('repeatable read')
     .setAccessMode('read only')
-    .execute((trx) => gauges.read(reading(new Queries(trx), thresholds)));
+    .execute((trx) => gauges.read(reading(trx, thresholds)));
 }
 
 /** A reading's context: its queries, thresholds, and answers shared between gauges. */
-function reading(q: Queries, thresholds: RecoveryThresholds): FleetReading {
+function reading(q: Kysely<Database>, thresholds: RecoveryThresholds): FleetReading {
   const answers = new Map<string, Promise<unknown>>();
   return {
     q,

@@ -31,23 +31,63 @@ export {
 export { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
 export type { ComponentSchema } from './migrations/index.js';
+export {
+  agentRecoverySelection,
+  agentStartSelection,
+  machinesForAgentRecovery,
+  machinesForAgentStart,
+  powerActionSelection,
+} from './queries/agent-selections.js';
+export {
+  agentHeartbeatsAhead,
+  deleteAgentHeartbeat,
+  deleteAgentStarted,
+  hardwareReport,
+  osInstallationReport,
+  setAgentHeartbeat,
+  setAgentHeartbeats,
+  setAgentStarted,
+  startedAgents,
+} from './queries/agent-tags.js';
 export type { BackoffCause } from './queries/backoffs.js';
+export { activeBackoffs, backoffCauses, workBackoffs } from './queries/backoffs.js';
 export { hasLiveWork, inBackoff, isHeld } from './queries/conditions.js';
 export type { DecommissionReport, WipeDecommissionReport } from './queries/decommission.js';
-export type { MachineDetail, MachineSummary } from './queries/fleet-page.js';
+export { decommissionMachines, decommissionWithWipe } from './queries/decommission.js';
 export {
+  backoffsByProcess,
+  controlByLocation,
+  fleetStages,
+  fleetStagesByLocation,
+  hardwareByLocation,
+  newestAgentHeartbeatAge,
+  sessionsByProcessor,
+} from './queries/fleet-metrics.js';
+export type { MachineDetail, MachineSummary } from './queries/fleet-page.js';
+export { findMachine, machineDetail, machinePage } from './queries/fleet-page.js';
+export {
+  databaseNow,
   type FleetControl,
   type FleetStages,
   type FleetStats,
+  fleetStats,
   type LiveSession,
+  liveSessions,
+  liveWorkByProcess,
   MACHINE_STAGES,
   type MachineStage,
+  machinesPerProvider,
+  providers,
 } from './queries/fleet-stats.js';
 export type { RecentFailure } from './queries/history.js';
+export { recentFailures, workHistory } from './queries/history.js';
 export type { HoldRequest, PlacedHold } from './queries/holds.js';
+export { heldMachines, holdMachine, machineHold, unholdMachine } from './queries/holds.js';
 export type { MachineFilter } from './queries/machine-filter.js';
 export type { MachineLookup, MachineNames, MachineRef } from './queries/machine-lookup.js';
+export { lookUpMachines } from './queries/machine-lookup.js';
 export type { NewOperatorAction } from './queries/operator-history.js';
+export { operatorHistory, recordOperatorAction } from './queries/operator-history.js';
 export type {
   DiskWipeRequest,
   OSImage,
@@ -57,10 +97,32 @@ export type {
   OSInstallationRequest,
   PendingOSInstallation,
 } from './queries/os-installation.js';
+export {
+  cancelOSInstallation,
+  osInstallation,
+  osInstallationCounts,
+  osInstallations,
+  requestDiskWipe,
+  requestOSInstallation,
+} from './queries/os-installation.js';
 export type { PowerReadLease, PowerReadResult } from './queries/power-state.js';
+export {
+  forgetPowerRead,
+  leasePowerRead,
+  leasePowerReads,
+  powerState,
+  recordPowerRead,
+  recordPowerState,
+} from './queries/power-state.js';
 export type { NewProvided, ProvidedMachine, ProviderStatusUpdate } from './queries/provided-tags.js';
+export {
+  addProvided,
+  newMachine,
+  providedMachine,
+  providedMachines,
+  updateProviderStatus,
+} from './queries/provided-tags.js';
 export type { RecoveryThresholds } from './queries/recovery-thresholds.js';
-export { Queries } from './queries.js';
 export { redactUrl } from './redact-url.js';
 export { checkRootDeviceHints, RootDeviceHintError, type RootDeviceHints } from './root-device-hints.js';
 export { type RoundsOptions, runRounds } from './rounds.js';

@@ -3,7 +3,7 @@ import type { RootDeviceHints } from './root-device-hints.js';
 
 /**
  * The BMDB schema as Kysely sees it, for callers who write their own queries
- * with `Queries.db`. Column names are the database's own (snake_case).
+ * with the Kysely instance (`bmdb.db`). Column names are the database's own (snake_case).
  */
 export interface Database {
   machines: MachinesTable;

@@ -13,7 +13,6 @@ import { detail, log } from './internal/log.js';
 import { withRetry } from './internal/retry.js';
 import { retryMetrics } from './internal/retry-metrics.js';
 import { reportHeartbeatFailure } from './internal/session-heartbeat.js';
-import { Queries } from './queries.js';
 import type { Database } from './schema.js';
 import { isSelection, type Selection, type SelectionRow } from './selection.js';
 import { SessionLife, type SessionState } from './session-life.js';
@@ -119,11 +118,11 @@ export class Session {
    *
    * @throws {@link SessionExpiredError} if the session expired
    */
-  async transact<T>(fn: (q: Queries) => Promise<T>): Promise<T> {
+  async transact<T>(fn: (q: Kysely<Database>) => Promise<T>): Promise<T> {
     this.assertLive();
     return this.#transaction(async (trx) => {
       await this.#checkAliveIn(trx);
-      return fn(new Queries(trx));
+      return fn(trx);
     });
   }
 
@@ -149,7 +148,7 @@ export class Session {
    */
   async work<T extends WorkCandidate>(
     process: string,
-    retriever: (q: Queries) => Promise<readonly T[]>,
+    retriever: (q: Kysely<Database>) => Promise<readonly T[]>,
   ): Promise<Work<T>>;
   async work<T extends WorkCandidate, R extends SelectionRow>(
     process: string,
@@ -157,7 +156,7 @@ export class Session {
   ): Promise<Work<T>>;
   async work<T extends WorkCandidate>(
     process: string,
-    source: ((q: Queries) => Promise<readonly T[]>) | Selection<T>,
+    source: ((q: Kysely<Database>) => Promise<readonly T[]>) | Selection<T>,
   ): Promise<Work<T>> {
     if (isSelection<T>(source) && source.process !== process) throw new ProcessMismatchError(process, source.process);
     this.assertLive();
@@ -236,10 +235,10 @@ export class Session {
   /** A retriever's first candidate, claimed in the retriever's transaction. */
   async #claimRetrieved<T extends WorkCandidate>(
     process: string,
-    retriever: (q: Queries) => Promise<readonly T[]>,
+    retriever: (q: Kysely<Database>) => Promise<readonly T[]>,
   ): Promise<Claim<T>> {
     return this.#transaction(async (trx) => {
-      const candidates = await retriever(new Queries(trx));
+      const candidates = await retriever(trx);
       const candidate = candidates[0];
       if (candidate === undefined) throw new NothingToDoError(process);
       const machineId = typeof candidate === 'string' ? candidate : candidate.machineId;

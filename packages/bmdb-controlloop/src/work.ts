@@ -6,7 +6,6 @@ import { connectionLoss, describeConnectionLoss, isConnectionLost } from './inte
 import { log } from './internal/log.js';
 import { withRetry } from './internal/retry.js';
 import { retryMetrics } from './internal/retry-metrics.js';
-import { Queries } from './queries.js';
 import type { Database } from './schema.js';
 import type { SessionLife } from './session-life.js';
 import type { SessionParts } from './session-parts.js';
@@ -19,7 +18,7 @@ import type { WorkCandidate } from './work-candidate.js';
  * How an end is made: in the next batch of ends (`finish(tags)`, `fail`,
  * `cancel`), or by a transaction running the caller's function (`finish(fn)`).
  */
-type End = Pick<EndRequest, 'event' | 'failure' | 'tags'> | ((q: Queries) => Promise<void>);
+type End = Pick<EndRequest, 'event' | 'failure' | 'tags'> | ((q: Kysely<Database>) => Promise<void>);
 
 /** Where a work item stands: `active` until it ends, then how it ended. */
 export type WorkState = 'active' | WorkEndState;
@@ -100,7 +99,7 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
    * @throws {@link WorkLostError} if the session no longer holds the claim
    * @throws {@link BMDBError} for tags that make no sense (one both set and deleted)
    */
-  async finish(how?: FinishTags | ((q: Queries) => Promise<void>)): Promise<void> {
+  async finish(how?: FinishTags | ((q: Kysely<Database>) => Promise<void>)): Promise<void> {
     if (typeof how === 'function') {
       await this.#end('finished', how);
       return;
@@ -237,11 +236,11 @@ export class Work<T extends WorkCandidate = WorkCandidate> {
   }
 
   /** Finishes the work in a transaction of its own that runs `fn`; WorkLostError if the claim was gone. */
-  async #finishIn(fn: (q: Queries) => Promise<void>): Promise<void> {
+  async #finishIn(fn: (q: Kysely<Database>) => Promise<void>): Promise<void> {
     const opening = endFinishedStatement(this.machineId, this.process, this.session.id);
     const { db, metrics } = this.parts;
     await withRetry(
-      () => db.connection().execute((one) => openedBy(one, opening, (trx) => fn(new Queries(trx)))),
+      () => db.connection().execute((one) => openedBy(one, opening, (trx) => fn(trx))),
       retryMetrics(metrics, [this.session.processor]),
     ).then(noResult, (error: unknown) => this.#lost(error));
   }

@@ -1,9 +1,10 @@
 import { randomBytes } from 'node:crypto';
+import { hardwareReport, newMachine, osInstallationReport, setAgentStarted } from '@bmaas/bmdb-controlloop';
 import { Registry } from 'prom-client';
 import { describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
-import { BMDBError, Queries } from '../src/index.js';
+import { BMDBError } from '../src/index.js';
 
 const registry = new Registry();
 
@@ -11,10 +12,10 @@ const { db, bmdb } = await testBMDB({ metrics: registry });
 
 /** A machine with an AgentStarted tag (started an hour ago) under a fresh key; returns its ID and key. */
 async function startedMachine(): Promise<{ machineId: string; key: Uint8Array }> {
-  const q = new Queries(bmdb.db);
-  const machineId = await q.newMachine();
+  const q = bmdb.db;
+  const machineId = await newMachine(q);
   const key = new Uint8Array(randomBytes(32));
-  await q.setAgentStarted(machineId, { publicKey: key, startedAt: new Date(Date.now() - 3_600_000) });
+  await setAgentStarted(q, machineId, { publicKey: key, startedAt: new Date(Date.now() - 3_600_000) });
   return { machineId, key };
 }
 
@@ -42,23 +43,23 @@ describe('BMDB.recordAgentHeartbeat', () => {
     expect(at?.getTime()).toBeGreaterThanOrEqual(before.getTime());
     expect(at?.getTime()).toBeLessThanOrEqual((await dbNow()).getTime());
 
-    const q = new Queries(bmdb.db);
-    const report = await q.hardwareReport(machineId);
+    const q = bmdb.db;
+    const report = await hardwareReport(q, machineId);
     expect(Buffer.from(report?.raw ?? []).equals(Buffer.from(hardware))).toBe(true);
     expect(report?.reportedAt.getTime()).toBe(at?.getTime());
     // An installation report answering no request of the machine is ignored (see os-installation.test.ts).
-    expect(await q.osInstallationReport(machineId)).toBeUndefined();
+    expect(await osInstallationReport(q, machineId)).toBeUndefined();
 
     // A heartbeat without reports keeps the stored ones.
     expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key })).toBe('recorded');
-    expect((await q.hardwareReport(machineId))?.reportedAt.getTime()).toBe(at?.getTime());
+    expect((await hardwareReport(q, machineId))?.reportedAt.getTime()).toBe(at?.getTime());
     expect((await heartbeatAt(machineId))?.getTime()).toBeGreaterThanOrEqual(at?.getTime() ?? 0);
   });
 
   test('another key, an unknown machine or a machine without AgentStarted: unauthenticated, nothing written', async () => {
     const { machineId } = await startedMachine();
-    const q = new Queries(bmdb.db);
-    const bare = await q.newMachine();
+    const q = bmdb.db;
+    const bare = await newMachine(q);
     const unknown = '00000000-0000-4000-8000-000000000000';
     const report = { hardwareReport: new Uint8Array([1]) };
     for (const id of [machineId, bare, unknown]) {
@@ -66,7 +67,7 @@ describe('BMDB.recordAgentHeartbeat', () => {
         'unauthenticated',
       );
       expect(await heartbeatAt(id)).toBeUndefined();
-      expect(await q.hardwareReport(id)).toBeUndefined();
+      expect(await hardwareReport(q, id)).toBeUndefined();
     }
   });
 

@@ -1,3 +1,4 @@
+import { agentStartSelection, setAgentStarted, workHistory } from '@bmaas/bmdb-controlloop';
 import { sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
@@ -7,7 +8,6 @@ import {
   hasLiveWork,
   NothingToDoError,
   Process,
-  Queries,
   type Selection,
   type Session,
   SessionExpiredError,
@@ -27,7 +27,7 @@ beforeAll(async () => {
 });
 afterAll(() => holder.end());
 
-const startSelection = (provider: string, on: BMDB = bmdb) => new Queries(on.db).agentStartSelection({ provider });
+const startSelection = (provider: string, on: BMDB = bmdb) => agentStartSelection(on.db, { provider });
 const sessions = (n: number, on: BMDB = bmdb) => Promise.all(Array.from({ length: n }, () => on.startSession()));
 const closeAll = (all: readonly Session[]) => Promise.all(all.map((s) => s.close()));
 const key = (byte: number) => new Uint8Array(32).fill(byte);
@@ -42,7 +42,7 @@ async function statementsWriting(event: string, machineIds: readonly string[]): 
 }
 
 async function events(machineId: string): Promise<string[]> {
-  return (await new Queries(bmdb.db).workHistory(machineId)).map((h) => `${h.process}:${h.event}`);
+  return (await workHistory(bmdb.db, machineId)).map((h) => `${h.process}:${h.event}`);
 }
 
 /** Claims `machineId` for `process` in `session`, through a retriever. */
@@ -134,7 +134,7 @@ describe('claims made together', () => {
     // another process claims one machine and commits.
     const gated: Selection<string> = {
       process: Process.ShepherdAgentStart,
-      query: new Queries(bmdb.db).db
+      query: bmdb.db
         .selectFrom('machine_provided as mp')
         .select('mp.machine_id')
         .where('mp.provider', '=', 'TogetherRaced')
@@ -217,7 +217,7 @@ describe('ends made together', () => {
         tagged?.finish({ set: { agentStarted: { publicKey: key(7) } } }),
         failing?.fail({ initial: 60_000, maximum: 60_000, exponent: 1 }, 'agent did not answer'),
         cancelled?.cancel(),
-        callback?.finish((q) => q.setAgentStarted(ids[4], { publicKey: key(9) })),
+        callback?.finish((q) => setAgentStarted(q, ids[4], { publicKey: key(9) })),
       ]);
       await notified;
     } finally {

@@ -1,3 +1,4 @@
+import type { Database } from '@bmaas/bmdb-controlloop';
 import { type Kysely, sql } from 'kysely';
 import { describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
@@ -8,7 +9,6 @@ import {
   type ControlLoop,
   NothingToDoError,
   ProcessMismatchError,
-  Queries,
   runControlLoop,
   selectionFor,
 } from '../src/index.js';
@@ -100,9 +100,9 @@ describe('component schemas', () => {
 const bmdb = await openTestBMDB(db, { components: [imagingV1] });
 
 describe('selections for a process', () => {
-  const requests = (q: Queries) =>
-    q.db.withTables<ImagingTables>().selectFrom('imaging_request').select(['machine_id', 'image']);
-  const imaging = (q: Queries) =>
+  const requests = (q: Kysely<Database>) =>
+    q.withTables<ImagingTables>().selectFrom('imaging_request').select(['machine_id', 'image']);
+  const imaging = (q: Kysely<Database>) =>
     selectionFor('Imaging', {
       query: requests(q),
       toCandidate: (row: { machine_id: string; image: string }) => ({ machineId: row.machine_id, image: row.image }),
@@ -112,7 +112,7 @@ describe('selections for a process', () => {
     const session = await bmdb.startSession();
     const [backedOff, busy] = (await provideMachines(session, 2, 'Imaging')) as [string, string];
     await db.admin(`INSERT INTO imaging_request VALUES ($1, 'debian'), ($2, 'ubuntu')`, [backedOff, busy]);
-    const q = new Queries(bmdb.db);
+    const q = bmdb.db;
     const failed = await session.work('Imaging', () => Promise.resolve([backedOff]));
     await failed.fail({ initial: 60_000, maximum: 60_000, exponent: 1 }, 'image server down');
     const held = await session.work('Imaging', imaging(q));
@@ -130,7 +130,7 @@ describe('selections for a process', () => {
 
   test('a selection claimed for another process is refused, by Session.work and by runControlLoop', async () => {
     const session = await bmdb.startSession();
-    const selection = imaging(new Queries(bmdb.db));
+    const selection = imaging(bmdb.db);
     await expect(session.work('OtherProcess', selection)).rejects.toBeInstanceOf(ProcessMismatchError);
     await expect(session.work('OtherProcess', selection)).rejects.toThrow(
       'a selection for process Imaging cannot claim work for process OtherProcess',
@@ -159,7 +159,7 @@ describe('selections for a process', () => {
         selectMachines: imaging,
         async processMachine({ candidate, work }) {
           await work.finish((q) =>
-            q.db
+            q
               .withTables<ImagingTables>()
               .deleteFrom('imaging_request')
               .where('machine_id', '=', candidate.machineId)

@@ -1,3 +1,4 @@
+import { agentStartSelection, machinesForAgentStart, setAgentStarted } from '@bmaas/bmdb-controlloop';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { openTestBMDB, testBMDB } from '../../../test/support/database.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
@@ -8,7 +9,6 @@ import {
   Process,
   type ProvidedMachine,
   parseLimiter,
-  Queries,
   runControlLoop,
   SessionExpiredError,
 } from '../src/index.js';
@@ -48,7 +48,7 @@ describe('ending work across a lost connection', () => {
     const [machineId] = (await provideMachines(session, 1, `Blip${end}`)) as [string];
     const work = await session.work(Process.ShepherdAgentStart, async () => [machineId]);
     blip(300);
-    if (end === 'finish') await work.finish((q) => q.setAgentStarted(machineId, { publicKey: new Uint8Array(32) }));
+    if (end === 'finish') await work.finish((q) => setAgentStarted(q, machineId, { publicKey: new Uint8Array(32) }));
     else if (end === 'fail') await work.fail(undefined, 'agent did not answer');
     else await work.cancel();
     expect(await history(machineId)).toEqual(['Started', event]);
@@ -125,7 +125,7 @@ test('a shared claim whose outcome the connection lost gives up every session in
   const ids = await provideMachines(setup, 2, 'LostSharedClaim');
   await setup.close();
   const sessions = await Promise.all([flaky.startSession(), flaky.startSession()]);
-  const selection = new Queries(flaky.db).agentStartSelection({ provider: 'LostSharedClaim' });
+  const selection = agentStartSelection(flaky.db, { provider: 'LostSharedClaim' });
   proxy.cut(); // the claim statement goes out on a dead connection, or none
   const restored = new Promise<void>((resolve) =>
     setTimeout(() => {
@@ -200,13 +200,13 @@ test('a task failing during a brief outage is recorded once the database is back
     process: Process.ShepherdAgentStart,
     processor: 'outage-loop',
     defaultBackoff: { initial: 1_000, maximum: 1_000, exponent: 1 },
-    getMachines: (q, limit) => q.machinesForAgentStart({ provider: 'OutageLoop', limit }),
+    getMachines: (q, limit) => machinesForAgentStart(q, { provider: 'OutageLoop', limit }),
     async processMachine(task) {
       if (++calls === 1) {
         blip(300);
         throw new Error('the work failed while the database was unreachable');
       }
-      await task.work.finish((q) => q.setAgentStarted(task.candidate.machineId, { publicKey: new Uint8Array(32) }));
+      await task.work.finish((q) => setAgentStarted(q, task.candidate.machineId, { publicKey: new Uint8Array(32) }));
     },
   };
   const stop = new AbortController();

@@ -1,7 +1,8 @@
+import { agentStartSelection } from '@bmaas/bmdb-controlloop';
 import { sql } from 'kysely';
 import { expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
-import { Process, Queries } from '../src/index.js';
+import { Process } from '../src/index.js';
 import { provideMachines } from './helpers.js';
 
 const db = await createTestDatabase();
@@ -18,10 +19,7 @@ test('pg connection options reach every connection: application_name and timeout
   // Claims and ends run on a pool of their own: its sessions carry the options too.
   const session = await bmdb.startSession({ processor: 'options' });
   await provideMachines(session, 1, 'Options');
-  const work = await session.work(
-    Process.ShepherdAgentStart,
-    new Queries(bmdb.db).agentStartSelection({ provider: 'Options' }),
-  );
+  const work = await session.work(Process.ShepherdAgentStart, agentStartSelection(bmdb.db, { provider: 'Options' }));
   await work.finish();
   await session.close();
   const { rows } = await db.admin(

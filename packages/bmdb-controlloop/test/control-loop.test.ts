@@ -1,3 +1,11 @@
+import type { Database } from '@bmaas/bmdb-controlloop';
+import {
+  agentStartSelection,
+  deleteAgentStarted,
+  machinesForAgentStart,
+  setAgentStarted,
+} from '@bmaas/bmdb-controlloop';
+import type { Kysely } from 'kysely';
 import { sql } from 'kysely';
 import { Registry } from 'prom-client';
 import { afterAll, describe, expect, test } from 'vitest';
@@ -10,7 +18,6 @@ import {
   Process,
   type ProvidedMachine,
   parseLimiter,
-  type Queries,
   type RateLimiter,
   runControlLoop,
   SessionExpiredError,
@@ -37,8 +44,8 @@ function agentStartLoop(
     processor: `loop-${provider}`,
     defaultBackoff: { initial: 60_000, maximum: 60_000, exponent: 1 },
     ...(claims === 'selectMachines'
-      ? { selectMachines: (q: Queries) => q.agentStartSelection({ provider }) }
-      : { getMachines: (q: Queries, limit: number) => q.machinesForAgentStart({ provider, limit }) }),
+      ? { selectMachines: (q: Kysely<Database>) => agentStartSelection(q, { provider }) }
+      : { getMachines: (q: Kysely<Database>, limit: number) => machinesForAgentStart(q, { provider, limit }) }),
     processMachine,
   };
 }
@@ -66,7 +73,7 @@ function countingLimiter(): { limiter: RateLimiter; attempts: () => number } {
 
 /** Finishes the task by setting AgentStarted, like the initializer. */
 const startAgent = (task: Task<ProvidedMachine>) =>
-  task.work.finish((q) => q.setAgentStarted(task.candidate.machineId, { publicKey: key() }));
+  task.work.finish((q) => setAgentStarted(q, task.candidate.machineId, { publicKey: key() }));
 
 /** A machine's history events, oldest first. */
 async function events(machineId: string): Promise<string[]> {
@@ -444,9 +451,9 @@ describe('runControlLoop', () => {
     await work.cancel();
     await woken;
 
-    await session.transact((q) => q.setAgentStarted(machineId, { publicKey: key() }));
+    await session.transact((q) => setAgentStarted(q, machineId, { publicKey: key() }));
     woken = nextChange();
-    await session.transact((q) => q.deleteAgentStarted(machineId));
+    await session.transact((q) => deleteAgentStarted(q, machineId));
     await woken;
 
     const failed = await session.work(Process.ShepherdAgentStart, async () => [machineId]);
@@ -506,7 +513,7 @@ describe('runControlLoop', () => {
       // Every machine of the provider without live shepherd work: both loops want the same machines.
       selectMachines: (q) => ({
         process,
-        query: q.db
+        query: q
           .selectFrom('machine_provided as mp')
           .selectAll('mp')
           .where('mp.provider', '=', 'Exclusive')

@@ -3,6 +3,7 @@ import { chmod, chown, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/p
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { newMachine } from '@bmaas/bmdb-controlloop';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { eventually } from '../../../test/support/wait.js';
 import { postgresInstallation } from '../src/embedded/installation.js';
@@ -36,7 +37,7 @@ describe('embedded PostgreSQL', () => {
     const port = bmdb.embedded?.port as number;
     expect(port).toBeGreaterThan(0);
     const session = await bmdb.startSession();
-    const machineId = await session.transact((q) => q.newMachine());
+    const machineId = await session.transact((q) => newMachine(q));
     // Its own process group: a terminal's Ctrl-C reaches us, and we stop the server after our clean stop.
     const postmaster = (await readFile(path.join(dataDir, 'pgdata', 'postmaster.pid'), 'utf8')).split('\n')[0];
     const groupOf = (pid: string) => spawnSync('ps', ['-o', 'pgid=', '-p', pid]).stdout.toString().trim();
@@ -113,7 +114,7 @@ describe('embedded PostgreSQL', () => {
       try {
         const bmdb = await open(path.join(privateDir, 'data'));
         const session = await bmdb.startSession();
-        await session.transact((q) => q.newMachine());
+        await session.transact((q) => newMachine(q));
         expect(await bmdb.db.selectFrom('machines').select('machine_id').execute()).toHaveLength(1);
         await bmdb.close();
       } finally {

@@ -1,3 +1,21 @@
+import {
+  addProvided,
+  backoffsByProcess,
+  controlByLocation,
+  decommissionMachines,
+  fleetStages,
+  fleetStagesByLocation,
+  hardwareByLocation,
+  holdMachine,
+  newestAgentHeartbeatAge,
+  newMachine,
+  recordPowerState,
+  requestOSInstallation,
+  sessionsByProcessor,
+  setAgentStarted,
+  unholdMachine,
+  updateProviderStatus,
+} from '@bmaas/bmdb-controlloop';
 import { BinaryWriter, WireType } from '@bufbuild/protobuf/wire';
 import { Registry } from 'prom-client';
 import { afterEach, beforeAll, describe, expect, test } from 'vitest';
@@ -5,7 +23,7 @@ import { createTestDatabase, openTestBMDB, type TestDatabase, testBMDB } from '.
 import { type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import { eventually } from '../../../test/support/wait.js';
-import { type BMDB, BMDBError, type FleetMetrics, MACHINE_STAGES, Queries } from '../src/index.js';
+import { type BMDB, BMDBError, type FleetMetrics, MACHINE_STAGES } from '../src/index.js';
 
 /** A hardware report of `threads` CPU threads over two CPUs, `memory` bytes and one disk of `disk` bytes. */
 function hardwareReport(threads: number, memory: number, disk: number): Uint8Array {
@@ -94,13 +112,13 @@ describe('fleet_location_totals', () => {
     for (let i = 0; i < 12; i++) {
       machines.push(
         await session.transact(async (q) => {
-          const id = await q.newMachine();
-          await q.addProvided(id, {
+          const id = await newMachine(q);
+          await addProvided(q, id, {
             provider: i % 4 === 3 ? 'Static' : 'Equinix',
             providerId: `m${i}`,
             providerLocation: i % 4 === 3 ? null : ['da11', 'am6'][i % 2],
           });
-          if (i % 6 !== 5) await q.setAgentStarted(id, { publicKey: key });
+          if (i % 6 !== 5) await setAgentStarted(q, id, { publicKey: key });
           return id;
         }),
       );
@@ -123,31 +141,31 @@ describe('fleet_location_totals', () => {
     await heartbeat(machines[2] as string, new Uint8Array([0x0a, 0xff]));
     await check('reported again');
     // Holds taken (one on a machine without a Provided tag) and power states read, changed, failed.
-    const loose = await session.transact((q) => q.newMachine());
+    const loose = await session.transact((q) => newMachine(q));
     await session.transact(async (q) => {
       for (const id of [machines[0], machines[3], machines[6], loose] as string[]) {
-        await q.holdMachine(id, { reason: 'rack work', actor: 'tech@rack1' });
+        await holdMachine(q, id, { reason: 'rack work', actor: 'tech@rack1' });
       }
-      await q.recordPowerState(machines[0] as string, { state: 'Off' });
-      await q.recordPowerState(machines[1] as string, { state: 'On' });
-      await q.recordPowerState(machines[2] as string, { state: 'PoweringOn' });
-      await q.recordPowerState(machines[3] as string, { state: 'Unknown' });
-      await q.recordPowerState(machines[4] as string, { failure: 'BMC unreachable' });
-      await q.recordPowerState(machines[5] as string, { state: 'On' });
+      await recordPowerState(q, machines[0] as string, { state: 'Off' });
+      await recordPowerState(q, machines[1] as string, { state: 'On' });
+      await recordPowerState(q, machines[2] as string, { state: 'PoweringOn' });
+      await recordPowerState(q, machines[3] as string, { state: 'Unknown' });
+      await recordPowerState(q, machines[4] as string, { failure: 'BMC unreachable' });
+      await recordPowerState(q, machines[5] as string, { state: 'On' });
     });
     await check('held and powered');
     await session.transact(async (q) => {
-      await q.recordPowerState(machines[2] as string, { state: 'On' });
-      await q.recordPowerState(machines[5] as string, { failure: 'BMC refused' });
-      await q.recordPowerState(machines[4] as string, { state: 'PoweringOff' });
-      await q.unholdMachine(machines[6] as string, { actor: 'tech@rack1' });
+      await recordPowerState(q, machines[2] as string, { state: 'On' });
+      await recordPowerState(q, machines[5] as string, { failure: 'BMC refused' });
+      await recordPowerState(q, machines[4] as string, { state: 'PoweringOff' });
+      await unholdMachine(q, machines[6] as string, { actor: 'tech@rack1' });
     });
     await check('power changed, a hold released');
     // Installations: two succeed (their agents' tags go), one fails, one is requested; one installed is
     // requested again (no longer installed), then succeeds again.
     const install = (machineId: string) =>
       session.transact((q) =>
-        q.requestOSInstallation(machineId, {
+        requestOSInstallation(q, machineId, {
           imageUrl: 'https://images.example.com/os.img',
           imageSha256: 'ab'.repeat(32),
           rootDevice: '/dev/sda',
@@ -168,7 +186,7 @@ describe('fleet_location_totals', () => {
     await install(machines[7] as string);
     await check('installed');
     // An installed machine runs its OS: an agent started on it by hand is refused.
-    const refused = session.transact((q) => q.setAgentStarted(machines[2] as string, { publicKey: key }));
+    const refused = session.transact((q) => setAgentStarted(q, machines[2] as string, { publicKey: key }));
     await expect(refused).rejects.toThrow(BMDBError);
     await expect(refused).rejects.toThrow(
       `machine ${machines[2]} is installed (its OS installation succeeded): request an installation again before starting its agent`,
@@ -185,10 +203,10 @@ describe('fleet_location_totals', () => {
     await check('installed again');
     // Moved between locations and providers, location cleared and set.
     await session.transact(async (q) => {
-      await q.updateProviderStatus('Equinix', 'm0', { providerLocation: 'am6' });
-      await q.updateProviderStatus('Equinix', 'm1', { providerLocation: 'da11' });
-      await q.updateProviderStatus('Static', 'm3', { providerLocation: 'rack1' });
-      await q.updateProviderStatus('Equinix', 'm4', { providerLocation: null });
+      await updateProviderStatus(q, 'Equinix', 'm0', { providerLocation: 'am6' });
+      await updateProviderStatus(q, 'Equinix', 'm1', { providerLocation: 'da11' });
+      await updateProviderStatus(q, 'Static', 'm3', { providerLocation: 'rack1' });
+      await updateProviderStatus(q, 'Equinix', 'm4', { providerLocation: null });
     });
     await db.admin(`UPDATE machine_provided SET provider = 'Dummy' WHERE provider_id = 'm6'`);
     await check('moved');
@@ -196,11 +214,11 @@ describe('fleet_location_totals', () => {
     await db.admin(`DELETE FROM machine_provided WHERE provider_id IN ('m7', 'm3')`);
     await check('unprovided');
     await session.transact(async (q) => {
-      await q.addProvided(machines[7] as string, { provider: 'Equinix', providerId: 'm7', providerLocation: 'fr2' });
-      await q.addProvided(loose, { provider: 'Static', providerId: 'loose', providerLocation: 'rack9' });
+      await addProvided(q, machines[7] as string, { provider: 'Equinix', providerId: 'm7', providerLocation: 'fr2' });
+      await addProvided(q, loose, { provider: 'Static', providerId: 'loose', providerLocation: 'rack9' });
     });
     await db.admin('DELETE FROM machine_hardware_report WHERE machine_id = $1', [machines[8]]);
-    const report = await session.transact((q) => q.decommissionMachines('Equinix', ['m9', 'm10']));
+    const report = await session.transact((q) => decommissionMachines(q, 'Equinix', ['m9', 'm10']));
     expect(report.removed).toHaveLength(2);
     await check('decommissioned');
     // Whatever the order of the cascade, a machine deleted takes all it counted.
@@ -228,9 +246,9 @@ describe('fleet per provider and location', () => {
   });
 
   test('the stages by location add up to the fleet stages, each machine where it is', async () => {
-    const q = new Queries(bmdb.db);
-    const { unprovided, locations } = await q.fleetStagesByLocation();
-    const { stages } = await q.fleetStages();
+    const q = bmdb.db;
+    const { unprovided, locations } = await fleetStagesByLocation(q);
+    const { stages } = await fleetStages(q);
     expect(unprovided).toBe(stages.unprovided);
     expect(locations).toEqual([
       {
@@ -267,13 +285,13 @@ describe('fleet per provider and location', () => {
       ).toBe(stages[stage]);
     }
     // The recoverer's thresholds decide who is lost: with a first heartbeat due within 10 s, the agent started a minute ago is.
-    const strict = await q.fleetStagesByLocation({ firstHeartbeatWithin: 10_000 });
+    const strict = await fleetStagesByLocation(q, { firstHeartbeatWithin: 10_000 });
     expect(strict.locations[0]?.stages).toMatchObject({ agentStarted: 0, awaitingRecovery: 2 });
   });
 
   test('hardware, backoffs, sessions and the newest heartbeat', async () => {
-    const q = new Queries(bmdb.db);
-    expect(await q.hardwareByLocation()).toEqual([
+    const q = bmdb.db;
+    expect(await hardwareByLocation(q)).toEqual([
       {
         provider: 'Equinix',
         location: 'da11',
@@ -284,14 +302,14 @@ describe('fleet per provider and location', () => {
         diskBytes: 4 * 10 ** 12,
       },
     ]);
-    expect(await q.backoffsByProcess()).toEqual({
+    expect(await backoffsByProcess(q)).toEqual({
       ShepherdAccess: 0,
       ShepherdAgentStart: 1,
       ShepherdRecovery: 0,
       ShepherdPowerAction: 0,
     });
     // The awaiting-recovery machine is held and powered off; others read On, PoweringOn, or failed.
-    expect(await q.controlByLocation()).toEqual([
+    expect(await controlByLocation(q)).toEqual([
       {
         provider: 'Dummy',
         location: '',
@@ -307,10 +325,10 @@ describe('fleet per provider and location', () => {
         powerReadFailed: 0,
       },
     ]);
-    expect(await q.sessionsByProcessor()).toEqual([
+    expect(await sessionsByProcessor(q)).toEqual([
       { componentName: 'test', processor: 'shepherd-initializer', sessions: 1 },
     ]);
-    const age = await q.newestAgentHeartbeatAge();
+    const age = await newestAgentHeartbeatAge(q);
     expect(age).toBeGreaterThanOrEqual(0);
     expect(age).toBeLessThan(60);
   });

@@ -1,21 +1,37 @@
+import type { Database } from '@bmaas/bmdb-controlloop';
+import {
+  addProvided,
+  backoffCauses,
+  findMachine,
+  fleetStages,
+  fleetStats,
+  liveSessions,
+  liveWorkByProcess,
+  machineDetail,
+  machinePage,
+  newMachine,
+  providers,
+  recentFailures,
+} from '@bmaas/bmdb-controlloop';
+import type { Kysely } from 'kysely';
 import { beforeAll, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { HOSTILE_CAUSE, type SeededFleet, seedFleet } from '../../../test/support/fleet.js';
-import { MACHINE_STAGES, type MachineStage, Queries } from '../src/index.js';
+import { MACHINE_STAGES, type MachineStage } from '../src/index.js';
 
 let fleet: SeededFleet;
-let q: Queries;
+let q: Kysely<Database>;
 
 const { db, bmdb } = await testBMDB();
 
 beforeAll(async () => {
   fleet = await seedFleet(db, bmdb);
-  q = new Queries(bmdb.db);
+  q = bmdb.db;
 });
 
 test('fleetStages counts what fleetStats counts, one machine per stage', async () => {
-  const fast = await q.fleetStages();
-  const full = await q.fleetStats();
+  const fast = await fleetStages(q);
+  const full = await fleetStats(q);
   expect(fast).toEqual({
     machines: full.machines,
     stages: full.stages,
@@ -45,15 +61,15 @@ test('machinePage filters by stage, each stage from its own rows', async () => {
     installed: [fleet.installed],
   };
   for (const stage of MACHINE_STAGES) {
-    const page = await q.machinePage({ stage });
+    const page = await machinePage(q, { stage });
     expect(page.machines.map((m) => m.machineId).sort(), stage).toEqual(expected[stage].sort());
     expect(page.machines.every((m) => m.stage === stage)).toBe(true);
   }
 });
 
 test('machinePage filters by provider, live work, backoff and search, and pages by keyset', async () => {
-  const ids = async (filter: Parameters<Queries['machinePage']>[0]) =>
-    (await q.machinePage(filter)).machines.map((m) => m.machineId);
+  const ids = async (filter: Parameters<typeof machinePage>[1]) =>
+    (await machinePage(q, filter)).machines.map((m) => m.machineId);
   expect(await ids({ provider: 'Equinix' })).toEqual([fleet.heartbeating]);
   expect(await ids({ liveWork: 'ShepherdAgentStart' })).toEqual([fleet.agentStarting]);
   expect(await ids({ inBackoff: true })).toEqual([fleet.backedOff]);
@@ -67,7 +83,7 @@ test('machinePage filters by provider, live work, backoff and search, and pages 
   const seen: string[] = [];
   let after: string | undefined;
   do {
-    const page = await q.machinePage({ limit: 3, ...(after === undefined ? {} : { after }) });
+    const page = await machinePage(q, { limit: 3, ...(after === undefined ? {} : { after }) });
     seen.push(...page.machines.map((m) => m.machineId));
     after = page.next;
   } while (after !== undefined);
@@ -75,39 +91,39 @@ test('machinePage filters by provider, live work, backoff and search, and pages 
 });
 
 test('a machine summary and detail carry tags, work, backoffs and history', async () => {
-  const [summary] = (await q.machinePage({ search: 'dummy-backoff' })).machines;
+  const [summary] = (await machinePage(q, { search: 'dummy-backoff' })).machines;
   expect(summary).toMatchObject({ stage: 'provided', backoffs: ['ShepherdAgentStart'], backoffCause: HOSTILE_CAUSE });
-  const detail = await q.machineDetail(fleet.backedOff);
+  const detail = await machineDetail(q, fleet.backedOff);
   expect(detail?.backoffs.map((b) => [b.process, b.active])).toEqual([
     ['ShepherdAgentStart', true],
     ['ShepherdRecovery', false],
   ]);
   expect(detail?.history.map((h) => h.event)).toEqual(['Failed', 'Started', 'Failed', 'Started']);
   expect(detail?.historyTotal).toBe(4);
-  const starting = await q.machineDetail(fleet.agentStarting);
+  const starting = await machineDetail(q, fleet.agentStarting);
   expect(starting?.liveWork).toMatchObject([
     { process: 'ShepherdAgentStart', sessionId: fleet.session.id, processor: 'shepherd-initializer' },
   ]);
-  expect(await q.machineDetail('not-a-uuid')).toBeUndefined();
-  expect(await q.findMachine('dummy-silent')).toBe(fleet.awaitingRecovery);
-  expect(await q.findMachine(fleet.unprovided.toUpperCase())).toBe(fleet.unprovided);
-  expect(await q.findMachine('dummy')).toBeUndefined();
+  expect(await machineDetail(q, 'not-a-uuid')).toBeUndefined();
+  expect(await findMachine(q, 'dummy-silent')).toBe(fleet.awaitingRecovery);
+  expect(await findMachine(q, fleet.unprovided.toUpperCase())).toBe(fleet.unprovided);
+  expect(await findMachine(q, 'dummy')).toBeUndefined();
 });
 
 test('overview reads: sessions, backoff causes, recent failures, providers', async () => {
-  expect(await q.liveSessions()).toMatchObject([
+  expect(await liveSessions(q)).toMatchObject([
     { sessionId: fleet.session.id, processor: 'shepherd-initializer', work: 1 },
   ]);
-  expect(await q.backoffCauses()).toMatchObject([
+  expect(await backoffCauses(q)).toMatchObject([
     { process: 'ShepherdAgentStart', cause: HOSTILE_CAUSE, machines: 1, exampleMachineId: fleet.backedOff },
   ]);
-  const failures = await q.recentFailures({ limit: 2 });
+  const failures = await recentFailures(q, { limit: 2 });
   expect(failures.map((f) => [f.machineId, f.providerId])).toEqual([
     [fleet.backedOff, 'dummy-backoff'],
     [fleet.backedOff, 'dummy-backoff'],
   ]);
-  expect(await q.providers()).toEqual(['Dummy', 'Equinix']);
-  expect(await q.liveWorkByProcess()).toEqual({ ShepherdAgentStart: 1 });
+  expect(await providers(q)).toEqual(['Dummy', 'Equinix']);
+  expect(await liveWorkByProcess(q)).toEqual({ ShepherdAgentStart: 1 });
 });
 
 test('backoff causes group one failure on many machines, whatever machine IDs and addresses they name', async () => {
@@ -119,7 +135,7 @@ test('backoff causes group one failure on many machines, whatever machine IDs an
       [id, i + 1, causes[i]],
     );
   }
-  const [first] = await q.backoffCauses();
+  const [first] = await backoffCauses(q);
   expect(first).toMatchObject({
     process: 'ShepherdRecovery',
     cause: 'agent on machine <id>: dial <address>: connection refused',
@@ -133,14 +149,14 @@ test('machine_unprovided follows machines and their Provided tags', async () => 
   const unprovided = async () =>
     (await db.admin('SELECT machine_id FROM machine_unprovided ORDER BY machine_id')).rows.map((r) => r.machine_id);
   expect(await unprovided()).toEqual([fleet.unprovided]);
-  const fresh = await fleet.session.transact((q) => q.newMachine());
+  const fresh = await fleet.session.transact((q) => newMachine(q));
   expect(await unprovided()).toEqual([fleet.unprovided, fresh].sort());
-  await fleet.session.transact((q) => q.addProvided(fresh, { provider: 'Later', providerId: 'later-1' }));
+  await fleet.session.transact((q) => addProvided(q, fresh, { provider: 'Later', providerId: 'later-1' }));
   expect(await unprovided()).toEqual([fleet.unprovided]);
   await db.admin('DELETE FROM machine_provided WHERE machine_id = $1', [fresh]);
   expect(await unprovided()).toEqual([fleet.unprovided, fresh].sort());
   await db.admin('DELETE FROM machines WHERE machine_id = $1', [fresh]);
   await db.admin('DELETE FROM machines WHERE machine_id = $1', [fleet.provided]);
   expect(await unprovided()).toEqual([fleet.unprovided]);
-  expect((await q.fleetStages()).stages.unprovided).toBe(1);
+  expect((await fleetStages(q)).stages.unprovided).toBe(1);
 });

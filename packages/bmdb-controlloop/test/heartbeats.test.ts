@@ -1,3 +1,4 @@
+import { setAgentStarted } from '@bmaas/bmdb-controlloop';
 import { Registry } from 'prom-client';
 import { expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
@@ -24,7 +25,7 @@ async function claimAndFinish(session: Session, stop: AbortSignal): Promise<numb
     try {
       const work = await session.work(Process.ShepherdAgentStart, agentStartCandidates);
       await work.finish((q) =>
-        q.setAgentStarted(work.machineId, { publicKey: crypto.getRandomValues(new Uint8Array(32)) }),
+        setAgentStarted(q, work.machineId, { publicKey: crypto.getRandomValues(new Uint8Array(32)) }),
       );
       finished++;
     } catch (error) {

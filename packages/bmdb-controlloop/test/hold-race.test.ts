@@ -3,12 +3,15 @@
  * (batched, and a lone worker's claim) and through a retriever that leaves
  * held machines out, as fast as they can, finishing each
  * claim at once, while holds are placed on the same machines through
- * `Queries.holdMachine`, in `Session.transact` and in a transaction of its
+ * `holdMachine`, in `Session.transact` and in a transaction of its
  * own. The work history must show no claim that started after a hold on its
  * machine, and every claim running at a hold named by it. And what a hold
  * names beside claims: an OS installation under way.
  */
 import { randomBytes } from 'node:crypto';
+import type { Database } from '@bmaas/bmdb-controlloop';
+import { holdMachine, requestOSInstallation, setAgentStarted } from '@bmaas/bmdb-controlloop';
+import type { Kysely } from 'kysely';
 import { sql } from 'kysely';
 import { afterAll, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
@@ -19,7 +22,6 @@ import {
   isHeld,
   NothingToDoError,
   Process,
-  Queries,
   type Session,
   selectionFor,
   WorkConflictError,
@@ -45,8 +47,8 @@ const race = (order: 'asc' | 'desc') =>
   });
 
 /** A retriever's candidates: the race's machines free of the process's work and not held, in random order. */
-const retrieveFree = (q: Queries) =>
-  q.db
+const retrieveFree = (q: Kysely<Database>) =>
+  q
     .selectFrom('machine_provided as mp')
     .select('mp.machine_id')
     .where('mp.provider', '=', 'HoldRace')
@@ -88,8 +90,8 @@ test('no claim committed after a hold is on its machine, and each one before it 
       const request = { reason: 'hold race', actor: `${through}@race` };
       const result =
         through === 'session'
-          ? await holder.transact((q) => q.holdMachine(machineId, request))
-          : await new Queries(bmdb.db).holdMachine(machineId, request);
+          ? await holder.transact((q) => holdMachine(q, machineId, request))
+          : await holdMachine(bmdb.db, machineId, request);
       expect(result.placed).toBe(true);
       told.push({ machineId, liveWork: result.liveWork });
     }
@@ -111,7 +113,7 @@ test('no claim committed after a hold is on its machine, and each one before it 
 });
 
 test('a hold names the work running and an installation under way (Delivered), not one only requested', async () => {
-  const q = new Queries(bmdb.db);
+  const q = bmdb.db;
   const session = await bmdb.startSession({ processor: 'hold-naming' });
   sessions.push(session);
   const [installing, requested] = (await provideMachines(session, 2, 'HoldNaming')) as [string, string];
@@ -125,22 +127,22 @@ test('a hold names the work running and an installation under way (Delivered), n
     reason: 'first install',
   } as const;
   for (const machineId of [installing, requested]) {
-    await q.setAgentStarted(machineId, { publicKey: key, startedAt: new Date() });
-    await q.requestOSInstallation(machineId, image);
+    await setAgentStarted(q, machineId, { publicKey: key, startedAt: new Date() });
+    await requestOSInstallation(q, machineId, image);
   }
   // The agent's heartbeat takes the request: Delivered, the agent installing.
   await bmdb.answerAgentHeartbeat({ machineId: installing, publicKey: key });
   const recovery = await session.work(Process.ShepherdRecovery, async () => [installing]);
 
-  const held = await q.holdMachine(installing, { reason: 'disk swap', actor: 'tech@dc' });
+  const held = await holdMachine(q, installing, { reason: 'disk swap', actor: 'tech@dc' });
   expect(held.liveWork).toEqual([Process.ShepherdRecovery]);
   expect(held.installing).toMatchObject({ machineId: installing, state: 'Delivered', generation: 1n });
-  const onlyRequested = await q.holdMachine(requested, { reason: 'disk swap', actor: 'tech@dc' });
+  const onlyRequested = await holdMachine(q, requested, { reason: 'disk swap', actor: 'tech@dc' });
   expect(onlyRequested).toMatchObject({ placed: true, liveWork: [], installing: undefined });
   await recovery.cancel();
 
   const unknown = '00000000-0000-4000-8000-000000000000';
-  const refused = q.holdMachine(unknown, { reason: 'x', actor: 'tech@dc' });
+  const refused = holdMachine(q, unknown, { reason: 'x', actor: 'tech@dc' });
   await expect(refused).rejects.toBeInstanceOf(BMDBError);
   await expect(refused).rejects.toThrow(`hold of machine ${unknown}: machine ${unknown} is not in the BMDB`);
 });

@@ -1,8 +1,20 @@
+import {
+  addProvided,
+  controlByLocation,
+  deleteAgentHeartbeat,
+  deleteAgentStarted,
+  fleetStagesByLocation,
+  hardwareByLocation,
+  newMachine,
+  requestDiskWipe,
+  requestOSInstallation,
+  setAgentHeartbeat,
+  setAgentStarted,
+} from '@bmaas/bmdb-controlloop';
 import { Kysely, type Migration, Migrator, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import { expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, type TestDatabase } from '../../../test/support/database.js';
-import { Queries } from '../src/index.js';
 import * as initial from '../src/migrations/0001_initial.js';
 import * as fastClaims from '../src/migrations/0002_fast_claims.js';
 import * as agentReports from '../src/migrations/0003_agent_reports.js';
@@ -171,7 +183,7 @@ test('migrations create the schema once; running them again is a no-op', async (
 
   // Deleting a session releases its work; deleting a machine under live work is refused.
   const session = await bmdb.startSession();
-  const machineId = await session.transact((q) => q.newMachine());
+  const machineId = await session.transact((q) => newMachine(q));
   await session.work('Anything', async () => [machineId]);
   await expect(db.admin('DELETE FROM machines WHERE machine_id = $1', [machineId])).rejects.toThrow(/foreign key/);
   await db.admin('DELETE FROM sessions WHERE session_id = $1', [session.id]);
@@ -236,9 +248,9 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
 
   const session = await bmdb.startSession();
   await session.transact(async (q) => {
-    await q.setAgentStarted(await id(fresh), { publicKey: new Uint8Array(32) });
-    await q.setAgentHeartbeat(await id(started));
-    await q.deleteAgentHeartbeat(await id(heartbeating));
+    await setAgentStarted(q, await id(fresh), { publicKey: new Uint8Array(32) });
+    await setAgentHeartbeat(q, await id(started));
+    await deleteAgentHeartbeat(q, await id(heartbeating));
   });
   expect(await mirrors()).toEqual([
     { provider_id: 'a', pending: false, has_heartbeat: true },
@@ -246,8 +258,8 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     { provider_id: 'c', pending: false, has_heartbeat: false },
   ]);
   await session.transact(async (q) => {
-    await q.deleteAgentStarted(await id(started));
-    await q.setAgentHeartbeat(await id(heartbeating));
+    await deleteAgentStarted(q, await id(started));
+    await setAgentHeartbeat(q, await id(heartbeating));
   });
   expect(await mirrors()).toEqual([
     { provider_id: 'a', pending: true, has_heartbeat: null },
@@ -256,16 +268,16 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
   ]);
   // A Provided tag added after the agent started is not pending; one removed is pending no more.
   const late = await session.transact(async (q) => {
-    const machineId = await q.newMachine();
-    await q.setAgentStarted(machineId, { publicKey: new Uint8Array(32) });
-    await q.addProvided(machineId, { provider: 'Old', providerId: 'late' });
+    const machineId = await newMachine(q);
+    await setAgentStarted(q, machineId, { publicKey: new Uint8Array(32) });
+    await addProvided(q, machineId, { provider: 'Old', providerId: 'late' });
     return machineId;
   });
   const pending = async (machineId: string) =>
     (await db.admin('SELECT 1 FROM machine_agent_pending WHERE machine_id = $1', [machineId])).rowCount;
   expect(await pending(late)).toBe(0);
   const fresh2 = await id(fresh);
-  await session.transact((q) => q.deleteAgentStarted(fresh2));
+  await session.transact((q) => deleteAgentStarted(q, fresh2));
   expect(await pending(fresh2)).toBe(1);
   await db.admin('DELETE FROM machine_provided WHERE machine_id = $1', [fresh2]);
   expect(await pending(fresh2)).toBe(0);
@@ -310,7 +322,7 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     '0011_root_device_hints',
     '0012_disk_wipe',
   ]);
-  expect(await new Queries(bmdb.db).controlByLocation()).toEqual([
+  expect(await controlByLocation(bmdb.db)).toEqual([
     {
       provider: '',
       location: '',
@@ -366,12 +378,12 @@ test('0008 on a database with reports: the stored reports are read and the fleet
       disk_bytes: 100,
     },
   ]);
-  const q = new Queries(bmdb.db);
-  expect(await q.hardwareByLocation()).toEqual([
+  const q = bmdb.db;
+  expect(await hardwareByLocation(q)).toEqual([
     { provider: 'Old', location: '', machines: 1, cpuThreads: 16, memoryBytes: 1024, disks: 1, diskBytes: 100 },
     { provider: 'Old', location: 'da11', machines: 1, cpuThreads: 16, memoryBytes: 1024, disks: 1, diskBytes: 100 },
   ]);
-  expect((await q.fleetStagesByLocation()).locations.map((l) => [l.location, l.stages.provided])).toEqual([
+  expect((await fleetStagesByLocation(q)).locations.map((l) => [l.location, l.stages.provided])).toEqual([
     ['', 1],
     ['da11', 2],
   ]);
@@ -394,17 +406,17 @@ test('a database migrated to 0008, as released before OS installation, takes 000
 test('0012: a request is a disk image with its image and disk, or a disk wipe with neither; older rows are disk images', async () => {
   const db = await createTestDatabase();
   const bmdb = await openTestBMDB(db, { migrate: true });
-  const q = new Queries(bmdb.db);
-  const image = await q.newMachine();
-  await q.requestOSInstallation(image, {
+  const q = bmdb.db;
+  const image = await newMachine(q);
+  await requestOSInstallation(q, image, {
     imageUrl: 'http://images.example/os.raw',
     imageSha256: 'a'.repeat(64),
     rootDevice: '/dev/sda',
     actor: 'test',
     reason: 'migration test',
   });
-  const wipe = await q.newMachine();
-  await q.requestDiskWipe(wipe, { actor: 'test', reason: 'migration test', decommission: true });
+  const wipe = await newMachine(q);
+  await requestDiskWipe(q, wipe, { actor: 'test', reason: 'migration test', decommission: true });
   expect(
     (
       await db.admin(

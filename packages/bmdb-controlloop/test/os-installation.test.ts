@@ -1,11 +1,34 @@
 import { randomBytes } from 'node:crypto';
+import {
+  addProvided,
+  cancelOSInstallation,
+  decommissionMachines,
+  fleetStages,
+  fleetStats,
+  holdMachine,
+  machineDetail,
+  machinePage,
+  machinesForAgentRecovery,
+  machinesForAgentStart,
+  newMachine,
+  operatorHistory,
+  osInstallation,
+  osInstallationCounts,
+  osInstallationReport,
+  osInstallations,
+  providedMachine,
+  requestOSInstallation,
+  setAgentHeartbeat,
+  setAgentStarted,
+  unholdMachine,
+} from '@bmaas/bmdb-controlloop';
 import pg from 'pg';
 import { describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
-import { BMDBError, type OSInstallationRequest, Queries, RootDeviceHintError } from '../src/index.js';
+import { BMDBError, type OSInstallationRequest, RootDeviceHintError } from '../src/index.js';
 
 const { db, bmdb } = await testBMDB();
-const q = new Queries(bmdb.db);
+const q = bmdb.db;
 
 const SHA = 'ab'.repeat(32);
 const IMAGE: OSInstallationRequest = {
@@ -20,11 +43,11 @@ const IMAGE: OSInstallationRequest = {
 
 /** A provided machine of provider `Inst` with a started agent (an hour ago) heartbeating now, under a fresh key. */
 async function machineWithAgent(): Promise<{ machineId: string; key: Uint8Array }> {
-  const machineId = await q.newMachine();
-  await q.addProvided(machineId, { provider: 'Inst', providerId: `inst-${machineId.slice(0, 8)}` });
+  const machineId = await newMachine(q);
+  await addProvided(q, machineId, { provider: 'Inst', providerId: `inst-${machineId.slice(0, 8)}` });
   const key = new Uint8Array(randomBytes(32));
-  await q.setAgentStarted(machineId, { publicKey: key, startedAt: new Date(Date.now() - 3_600_000) });
-  await q.setAgentHeartbeat(machineId);
+  await setAgentStarted(q, machineId, { publicKey: key, startedAt: new Date(Date.now() - 3_600_000) });
+  await setAgentHeartbeat(q, machineId);
   return { machineId, key };
 }
 
@@ -36,14 +59,14 @@ const report = (generation: bigint, result: 'Success' | 'Error', error?: string)
 });
 
 const startable = async () =>
-  (await q.machinesForAgentStart({ provider: 'Inst', limit: 1000 })).map((m) => m.machineId);
+  (await machinesForAgentStart(q, { provider: 'Inst', limit: 1000 })).map((m) => m.machineId);
 const recoverable = async (thresholds = {}) =>
-  (await q.machinesForAgentRecovery({ provider: 'Inst', limit: 1000, ...thresholds })).map((m) => m.machineId);
+  (await machinesForAgentRecovery(q, { provider: 'Inst', limit: 1000, ...thresholds })).map((m) => m.machineId);
 
 describe('requesting', () => {
   test('a request is a tag with a new generation, and an InstallOS entry of the operator history', async () => {
     const { machineId } = await machineWithAgent();
-    const first = await q.requestOSInstallation(machineId, IMAGE);
+    const first = await requestOSInstallation(q, machineId, IMAGE);
     expect(first).toMatchObject({
       machineId,
       generation: 1n,
@@ -57,7 +80,7 @@ describe('requesting', () => {
       error: null,
     });
     expect(Buffer.from(first.userData ?? []).toString()).toBe('#cloud-config\nhostname: n1\n');
-    const second = await q.requestOSInstallation(machineId, {
+    const second = await requestOSInstallation(q, machineId, {
       ...IMAGE,
       compression: undefined,
       userData: undefined,
@@ -65,7 +88,7 @@ describe('requesting', () => {
       reason: 'again',
     });
     expect(second).toMatchObject({ generation: 2n, compression: 'none', userData: undefined, imageSha256: SHA });
-    const history = await q.operatorHistory(machineId);
+    const history = await operatorHistory(q, machineId);
     expect(history.map((e) => [e.action, e.outcome, e.actor, e.reason])).toEqual([
       ['InstallOS', 'Succeeded', 'alice@ops', 'first install'],
       ['InstallOS', 'Succeeded', 'alice@ops', 'again'],
@@ -87,30 +110,30 @@ describe('requesting', () => {
       [{ actor: '' }, /the actor must be named/],
     ];
     for (const [change, message] of bad) {
-      const error = await q.requestOSInstallation(machineId, { ...IMAGE, ...change }).catch((e: unknown) => e);
+      const error = await requestOSInstallation(q, machineId, { ...IMAGE, ...change }).catch((e: unknown) => e);
       expect(error, JSON.stringify(change)).toBeInstanceOf(BMDBError);
       expect((error as Error).message).toMatch(message);
       expect((error as Error).message).toContain(machineId);
     }
-    await expect(q.requestOSInstallation('00000000-0000-4000-8000-000000000001', IMAGE)).rejects.toThrow(
+    await expect(requestOSInstallation(q, '00000000-0000-4000-8000-000000000001', IMAGE)).rejects.toThrow(
       /no such machine/,
     );
-    expect(await q.osInstallation(machineId)).toBeUndefined();
-    expect(await q.operatorHistory(machineId)).toEqual([]);
+    expect(await osInstallation(q, machineId)).toBeUndefined();
+    expect(await operatorHistory(q, machineId)).toEqual([]);
   });
 
   test('root-device hints are stored with the request, beside or instead of the path, and handed out with it', async () => {
     const { machineId, key } = await machineWithAgent();
     const hints = { serialNumber: ' S3Z1NX0K ', minSizeGigabytes: 100, rotational: false, wwn: '0x5002538E4' };
     const stored = { serialNumber: 'S3Z1NX0K', minSizeGigabytes: 100, rotational: false, wwn: '0x5002538E4' };
-    const requested = await q.requestOSInstallation(machineId, {
+    const requested = await requestOSInstallation(q, machineId, {
       ...IMAGE,
       rootDevice: undefined,
       rootDeviceHints: hints,
     });
     expect(requested).toMatchObject({ rootDevice: undefined, rootDeviceHints: stored });
-    expect(await q.osInstallation(machineId)).toMatchObject({ rootDevice: undefined, rootDeviceHints: stored });
-    expect((await q.operatorHistory(machineId))[0]?.detail).toMatchObject({ rootDeviceHints: stored });
+    expect(await osInstallation(q, machineId)).toMatchObject({ rootDevice: undefined, rootDeviceHints: stored });
+    expect((await operatorHistory(q, machineId))[0]?.detail).toMatchObject({ rootDeviceHints: stored });
     const answer = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
     expect(answer.result === 'recorded' && answer.installationRequest).toMatchObject({
       generation: 1n,
@@ -119,14 +142,14 @@ describe('requesting', () => {
     });
     // Both: the path and a by-path hint; a later request without hints has none.
     const both = { deviceName: '/dev/disk/by-path/pci-0000:00:1f.2-ata-1' };
-    await q.requestOSInstallation(machineId, { ...IMAGE, rootDeviceHints: both, reason: 'both' });
+    await requestOSInstallation(q, machineId, { ...IMAGE, rootDeviceHints: both, reason: 'both' });
     const second = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
     expect(second.result === 'recorded' && second.installationRequest).toMatchObject({
       generation: 2n,
       rootDevice: '/dev/sda',
       rootDeviceHints: both,
     });
-    await q.requestOSInstallation(machineId, { ...IMAGE, reason: 'path alone' });
+    await requestOSInstallation(q, machineId, { ...IMAGE, reason: 'path alone' });
     const third = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
     expect(third.result === 'recorded' && third.installationRequest).toMatchObject({
       generation: 3n,
@@ -155,23 +178,23 @@ describe('requesting', () => {
         rootDevice: undefined,
         rootDeviceHints: hints as OSInstallationRequest['rootDeviceHints'],
       };
-      const error = await q.requestOSInstallation(machineId, request).catch((e: unknown) => e);
+      const error = await requestOSInstallation(q, machineId, request).catch((e: unknown) => e);
       expect(error, JSON.stringify(hints)).toBeInstanceOf(RootDeviceHintError);
       expect((error as RootDeviceHintError).field).toBe(field);
       expect((error as Error).message).toMatch(message);
       expect((error as Error).message).toContain(machineId);
     }
-    await expect(q.requestOSInstallation(machineId, { ...IMAGE, rootDevice: undefined })).rejects.toThrow(
+    await expect(requestOSInstallation(q, machineId, { ...IMAGE, rootDevice: undefined })).rejects.toThrow(
       /neither a root device nor root device hints given/,
     );
-    expect(await q.osInstallation(machineId)).toBeUndefined();
-    expect(await q.operatorHistory(machineId)).toEqual([]);
+    expect(await osInstallation(q, machineId)).toBeUndefined();
+    expect(await operatorHistory(q, machineId)).toEqual([]);
   });
 
   test('a new generation is past any report stored before, so a late report never passes for it', async () => {
     const { machineId } = await machineWithAgent();
     await db.admin(`INSERT INTO machine_os_installation_report VALUES ($1, 5, 'Success', '\\x00', now())`, [machineId]);
-    const installation = await q.requestOSInstallation(machineId, IMAGE);
+    const installation = await requestOSInstallation(q, machineId, IMAGE);
     expect(installation.generation).toBe(6n);
   });
 });
@@ -183,7 +206,7 @@ describe('through the heartbeat', () => {
       result: 'recorded',
       installationRequest: undefined,
     });
-    await q.requestOSInstallation(machineId, IMAGE);
+    await requestOSInstallation(q, machineId, IMAGE);
     const answer = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
     expect(answer).toMatchObject({
       result: 'recorded',
@@ -195,12 +218,12 @@ describe('through the heartbeat', () => {
         compression: 'gzip',
       },
     });
-    const delivered = await q.osInstallation(machineId);
+    const delivered = await osInstallation(q, machineId);
     expect(delivered?.state).toBe('Delivered');
     expect(delivered?.deliveredAt).toBeInstanceOf(Date);
     const again = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
     expect(again.result === 'recorded' && again.installationRequest?.generation).toBe(1n);
-    expect((await q.osInstallation(machineId))?.deliveredAt).toEqual(delivered?.deliveredAt);
+    expect((await osInstallation(q, machineId))?.deliveredAt).toEqual(delivered?.deliveredAt);
     // Another key gets nothing, and marks nothing.
     expect(await bmdb.answerAgentHeartbeat({ machineId, publicKey: new Uint8Array(32) })).toEqual({
       result: 'unauthenticated',
@@ -209,7 +232,7 @@ describe('through the heartbeat', () => {
 
   test('an Error report fails the request with the agent’s error; the machine keeps its agent and is requested again', async () => {
     const { machineId, key } = await machineWithAgent();
-    await q.requestOSInstallation(machineId, IMAGE);
+    await requestOSInstallation(q, machineId, IMAGE);
     await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
     const answer = await bmdb.answerAgentHeartbeat({
       machineId,
@@ -217,12 +240,12 @@ describe('through the heartbeat', () => {
       installationReport: report(1n, 'Error', 'sha256 mismatch: got 00…, want ab…'),
     });
     expect(answer).toEqual({ result: 'recorded', installationRequest: undefined, report: 'stored' });
-    expect(await q.osInstallation(machineId)).toMatchObject({
+    expect(await osInstallation(q, machineId)).toMatchObject({
       state: 'Failed',
       error: 'sha256 mismatch: got 00…, want ab…',
     });
-    expect((await q.osInstallation(machineId))?.endedAt).toBeInstanceOf(Date);
-    expect(await q.osInstallationReport(machineId)).toMatchObject({ generation: 1n, result: 'Error' });
+    expect((await osInstallation(q, machineId))?.endedAt).toBeInstanceOf(Date);
+    expect(await osInstallationReport(q, machineId)).toMatchObject({ generation: 1n, result: 'Error' });
     // Never stuck: still heartbeating, its agent tags stay; a recovery would take it up were it silent.
     expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key })).toBe('recorded');
     await db.admin(
@@ -231,25 +254,25 @@ describe('through the heartbeat', () => {
       [machineId],
     );
     expect(await recoverable()).toContain(machineId);
-    await q.setAgentHeartbeat(machineId);
+    await setAgentHeartbeat(q, machineId);
     // Requested again: the next heartbeat hands out generation 2.
-    await q.requestOSInstallation(machineId, { ...IMAGE, reason: 'right checksum' });
+    await requestOSInstallation(q, machineId, { ...IMAGE, reason: 'right checksum' });
     const next = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
     expect(next.result === 'recorded' && next.installationRequest?.generation).toBe(2n);
     // A late report of generation 1 is ignored.
     await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(1n, 'Success') });
-    expect((await q.osInstallation(machineId))?.state).toBe('Delivered');
-    expect(await q.osInstallationReport(machineId)).toMatchObject({ generation: 1n, result: 'Error' });
+    expect((await osInstallation(q, machineId))?.state).toBe('Delivered');
+    expect(await osInstallationReport(q, machineId)).toMatchObject({ generation: 1n, result: 'Error' });
   });
 
   test('a Success report installs the machine: its agent tags go, and neither loop takes it up until a new request', async () => {
     const { machineId, key } = await machineWithAgent();
-    await q.requestOSInstallation(machineId, IMAGE);
+    await requestOSInstallation(q, machineId, IMAGE);
     await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
-    const before = await q.fleetStages();
+    const before = await fleetStages(q);
     await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(1n, 'Success') });
-    expect(await q.osInstallation(machineId)).toMatchObject({ state: 'Succeeded', error: null });
-    expect(await q.osInstallationReport(machineId)).toMatchObject({ generation: 1n, result: 'Success' });
+    expect(await osInstallation(q, machineId)).toMatchObject({ state: 'Succeeded', error: null });
+    expect(await osInstallationReport(q, machineId)).toMatchObject({ generation: 1n, result: 'Success' });
     const tags = await db.admin(
       `SELECT (SELECT count(*) FROM machine_agent_started WHERE machine_id = $1)::int AS started,
               (SELECT count(*) FROM machine_agent_heartbeat WHERE machine_id = $1)::int AS heartbeats`,
@@ -260,19 +283,19 @@ describe('through the heartbeat', () => {
     expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key })).toBe('unauthenticated');
     expect(await startable()).not.toContain(machineId);
     expect(await recoverable({ heartbeatWithin: 0, firstHeartbeatWithin: 0 })).not.toContain(machineId);
-    const after = await q.fleetStages();
+    const after = await fleetStages(q);
     expect(after.stages.installed).toBe(before.stages.installed + 1);
     expect(after.stages.heartbeating).toBe(before.stages.heartbeating - 1);
-    expect((await q.fleetStats()).stages.installed).toBe(after.stages.installed);
-    expect((await q.machineDetail(machineId))?.stage).toBe('installed');
-    expect((await q.machinePage({ stage: 'installed', limit: 1000 })).machines.map((m) => m.machineId)).toContain(
+    expect((await fleetStats(q)).stages.installed).toBe(after.stages.installed);
+    expect((await machineDetail(q, machineId))?.stage).toBe('installed');
+    expect((await machinePage(q, { stage: 'installed', limit: 1000 })).machines.map((m) => m.machineId)).toContain(
       machineId,
     );
     // Cancel is refused for an installed machine, and recorded as such.
-    const refused = await q.cancelOSInstallation(machineId, { actor: 'bob@ops', reason: 'oops' });
+    const refused = await cancelOSInstallation(q, machineId, { actor: 'bob@ops', reason: 'oops' });
     expect(refused).toMatchObject({ canceled: false, installation: { state: 'Succeeded' } });
     expect(refused.cause).toMatch(/generation 1 succeeded/);
-    expect((await q.operatorHistory(machineId)).at(-1)).toMatchObject({
+    expect((await operatorHistory(q, machineId)).at(-1)).toMatchObject({
       action: 'CancelOSInstallation',
       outcome: 'Refused',
     });
@@ -282,18 +305,18 @@ describe('through the heartbeat', () => {
     try {
       const notified = new Promise<string>((resolve) => listener.on('notification', (n) => resolve(n.payload ?? '')));
       await listener.query('LISTEN bmdb_machines_changed');
-      await q.requestOSInstallation(machineId, { ...IMAGE, reason: 'reinstall' });
+      await requestOSInstallation(q, machineId, { ...IMAGE, reason: 'reinstall' });
       expect(await startable()).toContain(machineId);
       expect(await notified).toBe('machine_os_installation_request');
     } finally {
       await listener.end();
     }
-    expect((await q.machineDetail(machineId))?.stage).toBe('provided');
+    expect((await machineDetail(q, machineId))?.stage).toBe('provided');
   });
 
   test('a Success report sent again by its agent (the answer lost) is answered as the first was, until the next request', async () => {
     const { machineId, key } = await machineWithAgent();
-    await q.requestOSInstallation(machineId, IMAGE);
+    await requestOSInstallation(q, machineId, IMAGE);
     await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
     const success = { machineId, publicKey: key, installationReport: report(1n, 'Success') };
     expect(await bmdb.answerAgentHeartbeat(success)).toEqual({
@@ -301,9 +324,9 @@ describe('through the heartbeat', () => {
       installationRequest: undefined,
       report: 'stored',
     });
-    const installed = await q.osInstallation(machineId);
-    const stored = await q.osInstallationReport(machineId);
-    const stages = await q.fleetStages();
+    const installed = await osInstallation(q, machineId);
+    const stored = await osInstallationReport(q, machineId);
+    const stages = await fleetStages(q);
     // The agent never got that answer and sends the same report again: the same answer, nothing written.
     for (let i = 0; i < 2; i++) {
       expect(await bmdb.answerAgentHeartbeat(success)).toEqual({
@@ -312,9 +335,9 @@ describe('through the heartbeat', () => {
         report: 'repeated',
       });
     }
-    expect(await q.osInstallation(machineId)).toEqual(installed);
-    expect(await q.osInstallationReport(machineId)).toEqual(stored);
-    expect(await q.fleetStages()).toEqual(stages);
+    expect(await osInstallation(q, machineId)).toEqual(installed);
+    expect(await osInstallationReport(q, machineId)).toEqual(stored);
+    expect(await fleetStages(q)).toEqual(stages);
     const tags = await db.admin(
       `SELECT (SELECT count(*) FROM machine_agent_started WHERE machine_id = $1)::int AS started,
               (SELECT count(*) FROM machine_agent_heartbeat WHERE machine_id = $1)::int AS heartbeats`,
@@ -332,33 +355,33 @@ describe('through the heartbeat', () => {
     );
     expect(await bmdb.answerAgentHeartbeat({ ...success, installationReport: report(2n, 'Success') })).toEqual(refused);
     // A new request (the machine's next agent) ends it.
-    await q.requestOSInstallation(machineId, { ...IMAGE, reason: 'reinstall' });
+    await requestOSInstallation(q, machineId, { ...IMAGE, reason: 'reinstall' });
     expect(await bmdb.answerAgentHeartbeat(success)).toEqual(refused);
-    expect((await q.osInstallation(machineId))?.state).toBe('Requested');
+    expect((await osInstallation(q, machineId))?.state).toBe('Requested');
   });
 
   test('a Success report of an older generation is ignored, said so, and the newer request waits for the next heartbeat', async () => {
     const { machineId, key } = await machineWithAgent();
-    await q.requestOSInstallation(machineId, IMAGE);
+    await requestOSInstallation(q, machineId, IMAGE);
     await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
     // An operator asks for another image while the agent finishes the first.
-    await q.requestOSInstallation(machineId, { ...IMAGE, imageUrl: 'https://images.example.com/newer.img' });
+    await requestOSInstallation(q, machineId, { ...IMAGE, imageUrl: 'https://images.example.com/newer.img' });
     expect(
       await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(1n, 'Success') }),
     ).toEqual({ result: 'recorded', installationRequest: undefined, report: 'ignored' });
     // Not Delivered: that agent may have rebooted into the first image whatever it was told.
-    expect(await q.osInstallation(machineId)).toMatchObject({ generation: 2n, state: 'Requested', deliveredAt: null });
-    expect(await q.osInstallationReport(machineId)).toBeUndefined();
+    expect(await osInstallation(q, machineId)).toMatchObject({ generation: 2n, state: 'Requested', deliveredAt: null });
+    expect(await osInstallationReport(q, machineId)).toBeUndefined();
     expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key })).toBe('recorded');
     // An agent that goes on heartbeating gets it with its next heartbeat.
-    await q.setAgentHeartbeat(machineId);
+    await setAgentHeartbeat(q, machineId);
     const next = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
     expect(next).toMatchObject({
       result: 'recorded',
       report: undefined,
       installationRequest: { generation: 2n, imageUrl: 'https://images.example.com/newer.img' },
     });
-    expect((await q.osInstallation(machineId))?.state).toBe('Delivered');
+    expect((await osInstallation(q, machineId))?.state).toBe('Delivered');
     // An Error report of the older one is ignored too, and stops nothing.
     expect(
       await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(1n, 'Error', 'x') }),
@@ -366,15 +389,15 @@ describe('through the heartbeat', () => {
     expect(
       await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(2n, 'Success') }),
     ).toEqual({ result: 'recorded', installationRequest: undefined, report: 'stored' });
-    expect((await q.osInstallation(machineId))?.state).toBe('Succeeded');
+    expect((await osInstallation(q, machineId))?.state).toBe('Succeeded');
   });
 
   test('a hold keeps a request from being handed out, not a Delivered one from its agent: it installs and reports', async () => {
     const { machineId, key } = await machineWithAgent();
-    await q.requestOSInstallation(machineId, IMAGE);
+    await requestOSInstallation(q, machineId, IMAGE);
     const delivered = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
     expect(delivered.result === 'recorded' && delivered.installationRequest?.generation).toBe(1n);
-    await q.holdMachine(machineId, { reason: 'disk swap next door', actor: 'tech@dc' });
+    await holdMachine(q, machineId, { reason: 'disk swap next door', actor: 'tech@dc' });
     // An answer without it would tell the agent to stop, and zero the disk's start.
     for (let i = 0; i < 2; i++) {
       const held = await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
@@ -383,23 +406,23 @@ describe('through the heartbeat', () => {
         installationRequest: { generation: 1n, imageUrl: IMAGE.imageUrl },
       });
     }
-    expect((await q.osInstallation(machineId))?.state).toBe('Delivered');
+    expect((await osInstallation(q, machineId))?.state).toBe('Delivered');
     expect(
       await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(1n, 'Success') }),
     ).toEqual({ result: 'recorded', installationRequest: undefined, report: 'stored' });
-    expect(await q.osInstallation(machineId)).toMatchObject({ state: 'Succeeded', generation: 1n });
+    expect(await osInstallation(q, machineId)).toMatchObject({ state: 'Succeeded', generation: 1n });
   });
 
   test('no request is handed out while the machine is held or a recovery of it runs', async () => {
     const { machineId, key } = await machineWithAgent();
-    await q.requestOSInstallation(machineId, IMAGE);
-    await q.holdMachine(machineId, { reason: 'disk swap', actor: 'tech@dc' });
+    await requestOSInstallation(q, machineId, IMAGE);
+    await holdMachine(q, machineId, { reason: 'disk swap', actor: 'tech@dc' });
     expect(await bmdb.answerAgentHeartbeat({ machineId, publicKey: key })).toEqual({
       result: 'recorded',
       installationRequest: undefined,
     });
-    expect((await q.osInstallation(machineId))?.state).toBe('Requested');
-    await q.unholdMachine(machineId, { actor: 'tech@dc' });
+    expect((await osInstallation(q, machineId))?.state).toBe('Requested');
+    await unholdMachine(q, machineId, { actor: 'tech@dc' });
     const session = await bmdb.startSession({ processor: 'test-recoverer' });
     try {
       const work = await session.work('ShepherdRecovery', async () => [machineId]);
@@ -417,7 +440,7 @@ describe('through the heartbeat', () => {
 
   test('a machine installing is not recovered for late heartbeats, within the installing threshold', async () => {
     const { machineId, key } = await machineWithAgent();
-    await q.requestOSInstallation(machineId, IMAGE);
+    await requestOSInstallation(q, machineId, IMAGE);
     await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
     const age = async (interval: string) => {
       await db.admin(
@@ -438,12 +461,12 @@ describe('through the heartbeat', () => {
 
   test('a canceled request is handed out no more, and its report is ignored', async () => {
     const { machineId, key } = await machineWithAgent();
-    const nothing = await q.cancelOSInstallation(machineId, { actor: 'bob@ops', reason: 'x' });
+    const nothing = await cancelOSInstallation(q, machineId, { actor: 'bob@ops', reason: 'x' });
     expect(nothing).toMatchObject({ canceled: false, installation: undefined });
     expect(nothing.cause).toMatch(/no OS installation was ever requested/);
-    await q.requestOSInstallation(machineId, IMAGE);
+    await requestOSInstallation(q, machineId, IMAGE);
     await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
-    const canceled = await q.cancelOSInstallation(machineId, { actor: 'bob@ops', reason: 'wrong image' });
+    const canceled = await cancelOSInstallation(q, machineId, { actor: 'bob@ops', reason: 'wrong image' });
     expect(canceled).toMatchObject({ canceled: true, installation: { state: 'Canceled', generation: 1n } });
     expect(await bmdb.answerAgentHeartbeat({ machineId, publicKey: key })).toEqual({
       result: 'recorded',
@@ -453,9 +476,9 @@ describe('through the heartbeat', () => {
     expect(
       await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(1n, 'Success') }),
     ).toEqual({ result: 'recorded', installationRequest: undefined, report: 'ignored' });
-    expect((await q.osInstallation(machineId))?.state).toBe('Canceled');
-    expect(await q.osInstallationReport(machineId)).toBeUndefined();
-    const history = await q.operatorHistory(machineId);
+    expect((await osInstallation(q, machineId))?.state).toBe('Canceled');
+    expect(await osInstallationReport(q, machineId)).toBeUndefined();
+    const history = await operatorHistory(q, machineId);
     expect(history.map((e) => [e.action, e.outcome])).toEqual([
       ['CancelOSInstallation', 'Refused'],
       ['InstallOS', 'Succeeded'],
@@ -466,37 +489,37 @@ describe('through the heartbeat', () => {
 
   test('counts and lists per state; the page filters by it; an installed machine is decommissioned as any other', async () => {
     const { machineId, key } = await machineWithAgent();
-    await q.requestOSInstallation(machineId, IMAGE);
+    await requestOSInstallation(q, machineId, IMAGE);
     await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
     await bmdb.answerAgentHeartbeat({ machineId, publicKey: key, installationReport: report(1n, 'Error', 'disk') });
-    const counts = await q.osInstallationCounts();
+    const counts = await osInstallationCounts(q);
     const { rows } = await db.admin(
       'SELECT installation_state AS state, count(*)::int AS n FROM machine_os_installation_request GROUP BY 1',
     );
     for (const row of rows) expect(counts[row.state as keyof typeof counts]).toBe(row.n);
-    const failed = await q.osInstallations({ states: ['Failed'] });
+    const failed = await osInstallations(q, { states: ['Failed'] });
     expect(failed.map((i) => i.machineId)).toContain(machineId);
     expect(failed.find((i) => i.machineId === machineId)).toMatchObject({ provider: 'Inst', error: 'disk' });
-    const page = await q.machinePage({ installation: 'Failed', limit: 1000 });
+    const page = await machinePage(q, { installation: 'Failed', limit: 1000 });
     expect(page.machines.map((m) => m.machineId)).toContain(machineId);
     expect(page.machines.find((m) => m.machineId === machineId)?.installation).toEqual({
       state: 'Failed',
       generation: 1n,
     });
-    expect((await q.machineDetail(machineId))?.osInstallation).toMatchObject({ state: 'Failed', error: 'disk' });
+    expect((await machineDetail(q, machineId))?.osInstallation).toMatchObject({ state: 'Failed', error: 'disk' });
 
     const installed = await machineWithAgent();
-    await q.requestOSInstallation(installed.machineId, IMAGE);
+    await requestOSInstallation(q, installed.machineId, IMAGE);
     await bmdb.answerAgentHeartbeat({ machineId: installed.machineId, publicKey: installed.key });
     await bmdb.answerAgentHeartbeat({
       machineId: installed.machineId,
       publicKey: installed.key,
       installationReport: report(1n, 'Success'),
     });
-    const providerId = (await q.providedMachine(installed.machineId))?.providerId as string;
-    const removed = await q.decommissionMachines('Inst', [providerId]);
+    const providerId = (await providedMachine(q, installed.machineId))?.providerId as string;
+    const removed = await decommissionMachines(q, 'Inst', [providerId]);
     expect(removed.removed.map((m) => m.machineId)).toEqual([installed.machineId]);
-    expect(await q.osInstallation(installed.machineId)).toBeUndefined();
+    expect(await osInstallation(q, installed.machineId)).toBeUndefined();
     expect(await startable()).not.toContain(installed.machineId);
   });
 });

@@ -1,6 +1,27 @@
+import {
+  activeBackoffs,
+  addProvided,
+  agentHeartbeatsAhead,
+  decommissionMachines,
+  deleteAgentHeartbeat,
+  deleteAgentStarted,
+  fleetStats,
+  machinesForAgentRecovery,
+  machinesForAgentStart,
+  machinesPerProvider,
+  newMachine,
+  providedMachine,
+  providedMachines,
+  setAgentHeartbeat,
+  setAgentHeartbeats,
+  setAgentStarted,
+  startedAgents,
+  updateProviderStatus,
+  workHistory,
+} from '@bmaas/bmdb-controlloop';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
-import { Process, ProviderStatus, Queries, type Session } from '../src/index.js';
+import { Process, ProviderStatus, type Session } from '../src/index.js';
 import { provideMachines } from './helpers.js';
 
 let session: Session;
@@ -32,8 +53,8 @@ describe('agent start candidates', () => {
   test('are provided machines of the provider without AgentStarted, live shepherd work or running backoff', async () => {
     const [fresh, started, claimed, claimedByDead, backedOff, recovering] = await provideMachines(session, 6, 'Start');
     const [otherProvider] = await provideMachines(session, 1, 'Elsewhere');
-    const unprovided = await session.transact((q) => q.newMachine());
-    await session.transact((q) => q.setAgentStarted(started as string, { publicKey: key() }));
+    const unprovided = await session.transact((q) => newMachine(q));
+    await session.transact((q) => setAgentStarted(q, started as string, { publicKey: key() }));
     await session.work(Process.ShepherdAgentStart, async () => [claimed as string]);
     await session.work(Process.ShepherdRecovery, async () => [recovering as string]);
     const { rows } = await db.admin(
@@ -46,12 +67,12 @@ describe('agent start candidates', () => {
       [backedOff],
     );
 
-    const candidates = await session.transact((q) => q.machinesForAgentStart({ provider: 'Start', limit: 100 }));
+    const candidates = await session.transact((q) => machinesForAgentStart(q, { provider: 'Start', limit: 100 }));
     // Work held by an expired session does not hide a machine.
     expect(candidates.map((c) => c.machineId).sort()).toEqual([fresh, claimedByDead].sort());
     expect(candidates.map((c) => c.machineId)).not.toContain(otherProvider);
     expect(candidates.map((c) => c.machineId)).not.toContain(unprovided);
-    expect(await session.transact((q) => q.machinesForAgentStart({ provider: 'Start', limit: 1 }))).toHaveLength(1);
+    expect(await session.transact((q) => machinesForAgentStart(q, { provider: 'Start', limit: 1 }))).toHaveLength(1);
   });
 });
 
@@ -72,7 +93,7 @@ describe('agent recovery candidates', () => {
       const provider = `Recovery-${started}-${heartbeat ?? 'none'}`;
       const [machineId] = (await provideMachines(session, 1, provider)) as [string];
       await ageAgent(machineId, started, heartbeat);
-      const candidates = await session.transact((q) => q.machinesForAgentRecovery({ provider, limit: 10 }));
+      const candidates = await session.transact((q) => machinesForAgentRecovery(q, { provider, limit: 10 }));
       expect(candidates.map((c) => c.machineId)).toEqual(expected ? [machineId] : []);
     },
   );
@@ -81,16 +102,16 @@ describe('agent recovery candidates', () => {
     const [machineId] = (await provideMachines(session, 1, 'RecoveryThresholds')) as [string];
     await ageAgent(machineId, 40, undefined);
     const lenient = await session.transact((q) =>
-      q.machinesForAgentRecovery({ provider: 'RecoveryThresholds', limit: 10, firstHeartbeatWithin: 60 * 60_000 }),
+      machinesForAgentRecovery(q, { provider: 'RecoveryThresholds', limit: 10, firstHeartbeatWithin: 60 * 60_000 }),
     );
     expect(lenient).toEqual([]);
-    await session.transact((q) => q.setAgentHeartbeat(machineId));
+    await session.transact((q) => setAgentHeartbeat(q, machineId));
     await db.admin(
       "UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() - interval '3 minutes' WHERE machine_id = $1",
       [machineId],
     );
     const strict = await session.transact((q) =>
-      q.machinesForAgentRecovery({ provider: 'RecoveryThresholds', limit: 10, heartbeatWithin: 2 * 60_000 }),
+      machinesForAgentRecovery(q, { provider: 'RecoveryThresholds', limit: 10, heartbeatWithin: 2 * 60_000 }),
     );
     expect(strict.map((c) => c.machineId)).toEqual([machineId]);
   });
@@ -105,7 +126,7 @@ describe('agent recovery candidates', () => {
       [backedOff],
     );
     expect(
-      await session.transact((q) => q.machinesForAgentRecovery({ provider: 'RecoveryBlocked', limit: 10 })),
+      await session.transact((q) => machinesForAgentRecovery(q, { provider: 'RecoveryBlocked', limit: 10 })),
     ).toEqual([]);
   });
 });
@@ -113,17 +134,17 @@ describe('agent recovery candidates', () => {
 describe('machine model', () => {
   test('provided machines, provider status updates and tag removal', async () => {
     const machineId = await session.transact(async (q) => {
-      const id = await q.newMachine();
-      await q.addProvided(id, { provider: 'Model', providerId: 'b-2', providerStatus: ProviderStatus.Provisioning });
+      const id = await newMachine(q);
+      await addProvided(q, id, { provider: 'Model', providerId: 'b-2', providerStatus: ProviderStatus.Provisioning });
       return id;
     });
     const second = await session.transact(async (q) => {
-      const id = await q.newMachine();
-      await q.addProvided(id, { provider: 'Model', providerId: 'a-1' });
+      const id = await newMachine(q);
+      await addProvided(q, id, { provider: 'Model', providerId: 'a-1' });
       return id;
     });
     const updated = await session.transact((q) =>
-      q.updateProviderStatus('Model', 'b-2', {
+      updateProviderStatus(q, 'Model', 'b-2', {
         providerStatus: ProviderStatus.Running,
         providerIpAddress: '192.0.2.10',
         providerLocation: 'am6',
@@ -131,9 +152,9 @@ describe('machine model', () => {
     );
     expect(updated).toBe(true);
     expect(
-      await session.transact((q) => q.updateProviderStatus('Model', 'missing', { providerStatus: 'Running' })),
+      await session.transact((q) => updateProviderStatus(q, 'Model', 'missing', { providerStatus: 'Running' })),
     ).toBe(false);
-    const machines = await session.transact((q) => q.providedMachines('Model'));
+    const machines = await session.transact((q) => providedMachines(q, 'Model'));
     expect(machines).toEqual([
       expect.objectContaining({ machineId: second, providerId: 'a-1', providerStatus: null }),
       {
@@ -147,15 +168,15 @@ describe('machine model', () => {
       },
     ]);
     // A field left out keeps its value.
-    await session.transact((q) => q.updateProviderStatus('Model', 'b-2', { providerReservationId: 'r-1' }));
-    expect(await session.transact((q) => q.providedMachine(machineId))).toMatchObject({
+    await session.transact((q) => updateProviderStatus(q, 'Model', 'b-2', { providerReservationId: 'r-1' }));
+    expect(await session.transact((q) => providedMachine(q, machineId))).toMatchObject({
       providerReservationId: 'r-1',
       providerIpAddress: '192.0.2.10',
     });
 
     // One provider ID belongs to one machine.
     await expect(
-      session.transact(async (q) => q.addProvided(await q.newMachine(), { provider: 'Model', providerId: 'a-1' })),
+      session.transact(async (q) => addProvided(q, await newMachine(q), { provider: 'Model', providerId: 'a-1' })),
     ).rejects.toThrow(/machine_provided_provider_id_key/);
     // The status is checked by the database too.
     await expect(
@@ -163,10 +184,10 @@ describe('machine model', () => {
     ).rejects.toThrow(/check constraint/);
 
     await session.transact(async (q) => {
-      await q.setAgentStarted(machineId, { publicKey: key() });
-      await q.setAgentHeartbeat(machineId);
-      await q.deleteAgentStarted(machineId);
-      await q.deleteAgentHeartbeat(machineId);
+      await setAgentStarted(q, machineId, { publicKey: key() });
+      await setAgentHeartbeat(q, machineId);
+      await deleteAgentStarted(q, machineId);
+      await deleteAgentHeartbeat(q, machineId);
     });
     const tags = await db.admin(
       `SELECT (SELECT count(*) FROM machine_agent_started WHERE machine_id = $1)::int
@@ -178,7 +199,7 @@ describe('machine model', () => {
 
   test('a heartbeat stamped in the future is recorded no later than the database clock', async () => {
     const [machineId] = (await provideMachines(session, 1, 'FastClock')) as [string];
-    await session.transact((q) => q.setAgentHeartbeat(machineId, new Date(Date.now() + 365 * 86_400_000)));
+    await session.transact((q) => setAgentHeartbeat(q, machineId, new Date(Date.now() + 365 * 86_400_000)));
     const { rows } = await db.admin(
       'SELECT agent_heartbeat_at <= now() AS sane FROM machine_agent_heartbeat WHERE machine_id = $1',
       [machineId],
@@ -186,7 +207,7 @@ describe('machine model', () => {
     expect(rows[0]?.sane).toBe(true);
     // A time in the past is kept as given.
     const past = new Date(Date.now() - 3_600_000);
-    await session.transact((q) => q.setAgentHeartbeat(machineId, past));
+    await session.transact((q) => setAgentHeartbeat(q, machineId, past));
     const kept = await db.admin('SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1', [
       machineId,
     ]);
@@ -209,7 +230,7 @@ describe('machine model', () => {
     await failed.fail({ initial: 60_000, maximum: 60_000, exponent: 1 }, 'reboot failed');
     expect(provided).toBeDefined();
 
-    const stats = await new Queries(bmdb.db).fleetStats({ provider });
+    const stats = await fleetStats(bmdb.db, { provider });
     expect(stats.machines).toBe(6);
     expect(stats.stages).toEqual({
       unprovided: 0,
@@ -222,7 +243,7 @@ describe('machine model', () => {
     });
     expect(stats.activeWork.ShepherdAgentStart).toBeGreaterThanOrEqual(1);
     expect(stats.activeBackoffs.ShepherdRecovery).toBeGreaterThanOrEqual(1);
-    const backoffs = await new Queries(bmdb.db).activeBackoffs({ process: Process.ShepherdRecovery });
+    const backoffs = await activeBackoffs(bmdb.db, { process: Process.ShepherdRecovery });
     expect(backoffs.find((b) => b.machineId === stale)).toMatchObject({ cause: 'reboot failed', active: true });
   });
 });
@@ -237,7 +258,7 @@ describe('decommissioning', () => {
       ids.set(row.machine_id, row.provider_id);
     }
     const pid = (machineId: string | undefined) => ids.get(machineId as string) as string;
-    await session.transact((q) => q.setAgentStarted(free as string, { publicKey: key() }));
+    await session.transact((q) => setAgentStarted(q, free as string, { publicKey: key() }));
     await db.admin(
       `INSERT INTO work_backoff VALUES ($1, 'ShepherdAgentStart', now() + interval '5 minutes', 'x', 300)`,
       [free],
@@ -253,14 +274,14 @@ describe('decommissioning', () => {
     await db.admin(`INSERT INTO work VALUES ($1, $2, 'ShepherdRecovery')`, [deadWork, rows[0].session_id]);
 
     const report = await session.transact((q) =>
-      q.decommissionMachines('Decommission', [pid(free), pid(busy), pid(deadWork), 'no-such-machine', pid(free)]),
+      decommissionMachines(q, 'Decommission', [pid(free), pid(busy), pid(deadWork), 'no-such-machine', pid(free)]),
     );
     expect(report.removed.map((r) => r.machineId).sort()).toEqual([free, deadWork].sort());
     expect(report.removed.find((r) => r.machineId === free)?.providerId).toBe(pid(free));
     expect(report.busy).toEqual([{ providerId: pid(busy), machineId: busy, processes: ['ShepherdAgentStart'] }]);
     expect(report.unknown).toEqual(['no-such-machine']);
 
-    const left = await session.transact((q) => q.providedMachines('Decommission'));
+    const left = await session.transact((q) => providedMachines(q, 'Decommission'));
     expect(left.map((m) => m.machineId).sort()).toEqual([busy, other].sort());
     for (const table of ['machines', 'machine_agent_started', 'work_backoff', 'work', 'machine_agent_pending']) {
       const { rows } = await db.admin(`SELECT count(*)::int AS n FROM ${table} WHERE machine_id = ANY($1)`, [
@@ -268,7 +289,7 @@ describe('decommissioning', () => {
       ]);
       expect({ table, n: rows[0].n }).toEqual({ table, n: 0 });
     }
-    const history = await session.transact((q) => q.workHistory(free as string));
+    const history = await session.transact((q) => workHistory(q, free as string));
     expect(history.map((h) => `${h.process}:${h.event}`)).toEqual([
       'ShepherdRecovery:Started',
       'ShepherdRecovery:Finished',
@@ -276,12 +297,12 @@ describe('decommissioning', () => {
 
     // Once its work ended, the busy machine goes too; another provider's IDs are unknown to this one.
     await held.finish();
-    const second = await session.transact((q) => q.decommissionMachines('Decommission', [pid(busy)]));
+    const second = await session.transact((q) => decommissionMachines(q, 'Decommission', [pid(busy)]));
     expect(second.removed).toEqual([{ providerId: pid(busy), machineId: busy }]);
-    expect((await session.transact((q) => q.decommissionMachines('Elsewhere', [pid(other)]))).unknown).toEqual([
+    expect((await session.transact((q) => decommissionMachines(q, 'Elsewhere', [pid(other)]))).unknown).toEqual([
       pid(other),
     ]);
-    expect(await session.transact((q) => q.decommissionMachines('Decommission', []))).toEqual({
+    expect(await session.transact((q) => decommissionMachines(q, 'Decommission', []))).toEqual({
       removed: [],
       busy: [],
       unknown: [],
@@ -293,7 +314,7 @@ describe('reports for other packages', () => {
   test('machinesPerProvider counts each provider’s machines', async () => {
     await provideMachines(session, 3, 'CountedA');
     await provideMachines(session, 1, 'CountedB');
-    const counts = await session.transact((q) => q.machinesPerProvider());
+    const counts = await session.transact((q) => machinesPerProvider(q));
     expect(counts).toMatchObject({ CountedA: 3, CountedB: 1 });
     expect(counts.Nobody).toBeUndefined();
   });
@@ -302,15 +323,15 @@ describe('reports for other packages', () => {
     const [started, notStarted] = (await provideMachines(session, 2, 'Beating')) as [string, string];
     const [elsewhere] = (await provideMachines(session, 1, 'BeatingElsewhere')) as [string];
     await session.transact(async (q) => {
-      await q.setAgentStarted(started, { publicKey: key() });
-      await q.setAgentStarted(elsewhere, { publicKey: key() });
+      await setAgentStarted(q, started, { publicKey: key() });
+      await setAgentStarted(q, elsewhere, { publicKey: key() });
     });
-    const agents = await session.transact((q) => q.startedAgents('Beating'));
+    const agents = await session.transact((q) => startedAgents(q, 'Beating'));
     expect(agents.map((a) => a.machineId)).toEqual([started]);
     expect(agents[0]?.startedAt).toBeInstanceOf(Date);
 
-    await session.transact((q) => q.setAgentHeartbeats([started, notStarted]));
-    await session.transact((q) => q.setAgentHeartbeats([started])); // an existing heartbeat is moved, not duplicated
+    await session.transact((q) => setAgentHeartbeats(q, [started, notStarted]));
+    await session.transact((q) => setAgentHeartbeats(q, [started])); // an existing heartbeat is moved, not duplicated
     const { rows } = await db.admin(
       'SELECT machine_id FROM machine_agent_heartbeat WHERE machine_id = ANY($1) ORDER BY machine_id',
       [[started, notStarted, elsewhere]],
@@ -331,7 +352,7 @@ describe('reports for other packages', () => {
         [machineId, minutes * 60],
       );
     }
-    const { now, heartbeats } = await new Queries(bmdb.db).agentHeartbeatsAhead({
+    const { now, heartbeats } = await agentHeartbeatsAhead(bmdb.db, {
       provider: 'Ahead',
       toleranceSeconds: 60,
     });
@@ -346,7 +367,7 @@ describe('reports for other packages', () => {
       `INSERT INTO work_backoff VALUES ($1, 'ReportProcess', now() + interval '90.5 seconds', 'no route', 90)`,
       [machineId],
     );
-    const [backoff] = await new Queries(bmdb.db).activeBackoffs({ process: 'ReportProcess' });
+    const [backoff] = await activeBackoffs(bmdb.db, { process: 'ReportProcess' });
     expect(backoff).toMatchObject({ machineId, provider: 'BackoffReport', cause: 'no route', active: true });
     expect(backoff?.providerId).toMatch(/^backoffreport-/);
     expect(backoff?.secondsLeft).toBeGreaterThanOrEqual(89);

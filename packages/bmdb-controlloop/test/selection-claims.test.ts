@@ -1,3 +1,4 @@
+import { agentStartSelection, machinesForAgentStart, setAgentStarted, workHistory } from '@bmaas/bmdb-controlloop';
 import { sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
@@ -6,7 +7,6 @@ import {
   hasLiveWork,
   NothingToDoError,
   Process,
-  Queries,
   type Selection,
   SessionExpiredError,
   SHEPHERD_PROCESSES,
@@ -24,10 +24,10 @@ beforeAll(async () => {
 });
 afterAll(() => holder.end());
 
-const startSelection = (provider: string) => new Queries(bmdb.db).agentStartSelection({ provider });
+const startSelection = (provider: string) => agentStartSelection(bmdb.db, { provider });
 
 async function history(machineId: string): Promise<string[]> {
-  return (await new Queries(bmdb.db).workHistory(machineId)).map((h) => `${h.process}:${h.event}`);
+  return (await workHistory(bmdb.db, machineId)).map((h) => `${h.process}:${h.event}`);
 }
 
 describe('claims from a selection', () => {
@@ -61,7 +61,7 @@ describe('claims from a selection', () => {
           try {
             const work = await session.work(Process.ShepherdAgentStart, startSelection('Contended'));
             claimed.push(work.machineId);
-            await work.finish((q) => q.setAgentStarted(work.machineId, { publicKey: new Uint8Array(32) }));
+            await work.finish((q) => setAgentStarted(q, work.machineId, { publicKey: new Uint8Array(32) }));
           } catch (error) {
             if (error instanceof NothingToDoError) return;
             throw error;
@@ -101,7 +101,7 @@ describe('claims from a selection', () => {
     // another process claims the machine and commits, as a concurrent claim would.
     const gated: Selection<string> = {
       process: Process.ShepherdAgentStart,
-      query: new Queries(bmdb.db).db
+      query: bmdb.db
         .selectFrom('machine_provided as mp')
         .select('mp.machine_id')
         .where('mp.provider', '=', 'Raced')
@@ -129,7 +129,7 @@ describe('claims from a selection', () => {
     const [machineId] = (await provideMachines(session, 1, 'RacedRetriever')) as [string];
     let runs = 0;
     const claiming = session.work(Process.ShepherdAgentStart, async (q) => {
-      const candidates = await q.machinesForAgentStart({ provider: 'RacedRetriever', limit: 1 });
+      const candidates = await machinesForAgentStart(q, { provider: 'RacedRetriever', limit: 1 });
       if (++runs === 1) {
         // Another process claims it now, after this transaction's snapshot.
         await other.work(Process.ShepherdRecovery, async () => [machineId]);
@@ -154,7 +154,7 @@ describe('claims from a selection', () => {
     await db.admin(`INSERT INTO work VALUES ($1, $2, 'ShepherdAgentStart')`, [machineId, rows[0].session_id]);
     const work = await session.work(
       Process.ShepherdAgentStart,
-      new Queries(slow.db).agentStartSelection({ provider: 'SelectedTakeover' }),
+      agentStartSelection(slow.db, { provider: 'SelectedTakeover' }),
     );
     expect(work.machineId).toBe(machineId);
     expect(await history(machineId)).toEqual(['ShepherdAgentStart:Canceled', 'ShepherdAgentStart:Started']);

@@ -1,4 +1,5 @@
 import { performance } from 'node:perf_hooks';
+import { machinesForAgentStart, newMachine } from '@bmaas/bmdb-controlloop';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { openTestBMDB, testBMDB } from '../../../test/support/database.js';
@@ -64,7 +65,7 @@ describe('sessions', () => {
     await eventually(async () => (session.state === 'expired' ? true : undefined), 3000);
     expect(session.signal.aborted).toBe(true);
     expect(session.signal.reason).toBeInstanceOf(SessionExpiredError);
-    await expect(session.transact((q) => q.newMachine())).rejects.toBeInstanceOf(SessionExpiredError);
+    await expect(session.transact((q) => newMachine(q))).rejects.toBeInstanceOf(SessionExpiredError);
     await expect(session.work(Process.ShepherdAgentStart, agentStartCandidates)).rejects.toBeInstanceOf(
       SessionExpiredError,
     );
@@ -102,7 +103,7 @@ describe('sessions', () => {
     await databaseTimePast(first.deadline);
     expect(session.state).toBe('live');
     expect((await sessionRow(session.id))?.live).toBe(true);
-    await expect(session.transact(async (q) => q.newMachine())).resolves.toMatch(/-/);
+    await expect(session.transact(async (q) => newMachine(q))).resolves.toMatch(/-/);
     await other.close();
   });
 
@@ -159,7 +160,7 @@ describe('sessions', () => {
     const worker = await dying.startSession({ interval });
     await provideMachines(worker, 1, 'Dying');
     const retriever = (q: Parameters<typeof agentStartCandidates>[0]) =>
-      q.machinesForAgentStart({ provider: 'Dying', limit: 1 });
+      machinesForAgentStart(q, { provider: 'Dying', limit: 1 });
     const held = await worker.work(Process.ShepherdAgentStart, retriever);
     proxy.cut(); // the worker's host is gone: no heartbeats, no cleanup
     const diedAt = performance.now();
@@ -211,7 +212,7 @@ describe('sessions', () => {
     let attempts = 0;
     const skew = (index: 0 | 1) => async (q: Parameters<Parameters<typeof a.transact>[0]>[0]) => {
       attempts++;
-      await q.db
+      await q
         .selectFrom('machines')
         .select((eb) => eb.fn.countAll().as('n'))
         .executeTakeFirstOrThrow();
@@ -219,7 +220,7 @@ describe('sessions', () => {
         bothRead[index].resolve();
         await bothRead[1 - index]?.promise;
       }
-      return q.newMachine();
+      return newMachine(q);
     };
     const [one, two] = await Promise.all([a.transact(skew(0)), b.transact(skew(1))]);
     expect(one).not.toBe(two);

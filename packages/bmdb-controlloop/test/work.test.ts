@@ -1,10 +1,18 @@
+import type { Database } from '@bmaas/bmdb-controlloop';
+import {
+  machinesForAgentStart,
+  setAgentHeartbeat,
+  setAgentStarted,
+  workBackoffs,
+  workHistory,
+} from '@bmaas/bmdb-controlloop';
+import type { Kysely } from 'kysely';
 import { describe, expect, test } from 'vitest';
 import { openTestBMDB, testBMDB } from '../../../test/support/database.js';
 import {
   BMDBError,
   NothingToDoError,
   Process,
-  Queries,
   WorkConflictError,
   WorkEndedError,
   WorkLostError,
@@ -14,7 +22,7 @@ import { agentStartCandidates, provideMachines } from './helpers.js';
 const { db, bmdb } = await testBMDB();
 
 function history(machineId: string) {
-  return new Queries(bmdb.db).workHistory(machineId);
+  return workHistory(bmdb.db, machineId);
 }
 
 /** Pretend `seconds` passed for every running backoff. */
@@ -91,13 +99,13 @@ describe('claims', () => {
   test('3 parallel workers over 6 machines each get work with no conflict', async () => {
     const setup = await bmdb.startSession();
     const ids = await provideMachines(setup, 6, 'Parallel');
-    const retriever = (q: Queries) => q.machinesForAgentStart({ provider: 'Parallel', limit: 1 });
+    const retriever = (q: Kysely<Database>) => machinesForAgentStart(q, { provider: 'Parallel', limit: 1 });
     const workers = await Promise.all([1, 2, 3].map(() => bmdb.startSession()));
 
     const firstRound = await Promise.all(workers.map((w) => w.work(Process.ShepherdAgentStart, retriever)));
     expect(new Set(firstRound.map((w) => w.machineId)).size).toBe(3);
     const processed = firstRound.map((w) => w.machineId);
-    await Promise.all(firstRound.map((w) => w.finish((q) => q.setAgentStarted(w.machineId, { publicKey: key() }))));
+    await Promise.all(firstRound.map((w) => w.finish((q) => setAgentStarted(q, w.machineId, { publicKey: key() }))));
 
     await Promise.all(
       workers.map(async (w) => {
@@ -110,7 +118,7 @@ describe('claims', () => {
             throw error; // a WorkConflictError would fail the test
           }
           processed.push(work.machineId);
-          await work.finish((q) => q.setAgentStarted(work.machineId, { publicKey: key() }));
+          await work.finish((q) => setAgentStarted(q, work.machineId, { publicKey: key() }));
         }
       }),
     );
@@ -123,19 +131,19 @@ describe('ending work', () => {
   test('agent start: candidates, finish sets AgentStarted, history is exactly Started then Finished', async () => {
     const session = await bmdb.startSession();
     const [machineId] = (await provideMachines(session, 1)) as [string];
-    const candidates = await session.transact((q) => q.machinesForAgentStart({ provider: 'Test', limit: 10 }));
+    const candidates = await session.transact((q) => machinesForAgentStart(q, { provider: 'Test', limit: 10 }));
     expect(candidates.map((c) => c.machineId)).toContain(machineId);
 
     const work = await session.work(Process.ShepherdAgentStart, async (q) =>
-      (await q.machinesForAgentStart({ provider: 'Test', limit: 10 })).filter((m) => m.machineId === machineId),
+      (await machinesForAgentStart(q, { provider: 'Test', limit: 10 })).filter((m) => m.machineId === machineId),
     );
     expect(work.candidate.providerId).toMatch(/^test-/);
     // While claimed, it is no candidate.
-    const whileClaimed = await session.transact((q) => q.machinesForAgentStart({ provider: 'Test', limit: 10 }));
+    const whileClaimed = await session.transact((q) => machinesForAgentStart(q, { provider: 'Test', limit: 10 }));
     expect(whileClaimed.map((c) => c.machineId)).not.toContain(machineId);
 
     const publicKey = key();
-    await work.finish((q) => q.setAgentStarted(machineId, { publicKey }));
+    await work.finish((q) => setAgentStarted(q, machineId, { publicKey }));
     expect(work.state).toBe('finished');
 
     const started = await db.admin('SELECT agent_public_key FROM machine_agent_started WHERE machine_id = $1', [
@@ -143,7 +151,7 @@ describe('ending work', () => {
     ]);
     expect(new Uint8Array(started.rows[0].agent_public_key)).toEqual(publicKey);
     expect((await history(machineId)).map((h) => h.event)).toEqual(['Started', 'Finished']);
-    const after = await session.transact((q) => q.machinesForAgentStart({ provider: 'Test', limit: 10 }));
+    const after = await session.transact((q) => machinesForAgentStart(q, { provider: 'Test', limit: 10 }));
     expect(after.map((c) => c.machineId)).not.toContain(machineId);
     await session.close();
   });
@@ -169,7 +177,7 @@ describe('ending work', () => {
     const work = await session.work(Process.ShepherdAgentStart, async () => [machineId]);
     await expect(
       work.finish(async (q) => {
-        await q.setAgentStarted(machineId, { publicKey: key() });
+        await setAgentStarted(q, machineId, { publicKey: key() });
         throw new Error('tag refused');
       }),
     ).rejects.toThrow('tag refused');
@@ -187,7 +195,7 @@ describe('ending work', () => {
     const work = await session.work(Process.ShepherdAgentStart, async () => [machineId]);
     // Another session took the claim over after ours looked dead.
     await db.admin('DELETE FROM work WHERE machine_id = $1', [machineId]);
-    await expect(work.finish((q) => q.setAgentStarted(machineId, { publicKey: key() }))).rejects.toBeInstanceOf(
+    await expect(work.finish((q) => setAgentStarted(q, machineId, { publicKey: key() }))).rejects.toBeInstanceOf(
       WorkLostError,
     );
     expect(work.state).toBe('lost');
@@ -202,7 +210,7 @@ describe('backoff', () => {
   test('a failed machine is hidden during its backoff and reappears after it; intervals grow, and reset after finish', async () => {
     const session = await bmdb.startSession();
     const [machineId] = (await provideMachines(session, 1, 'Backoff')) as [string];
-    const retriever = (q: Queries) => q.machinesForAgentStart({ provider: 'Backoff', limit: 1 });
+    const retriever = (q: Kysely<Database>) => machinesForAgentStart(q, { provider: 'Backoff', limit: 1 });
     const backoff = { initial: 60_000, maximum: 3_600_000, exponent: 2 };
     const candidates = () => session.transact(retriever);
     const backoffRow = async () =>
@@ -238,7 +246,7 @@ describe('backoff', () => {
     await next.fail(backoff, 'again');
     expect((await backoffRow()).last_interval_seconds).toBe(60);
 
-    const backoffs = await session.transact((q) => q.workBackoffs(machineId));
+    const backoffs = await session.transact((q) => workBackoffs(q, machineId));
     expect(backoffs).toMatchObject([
       { process: 'ShepherdAgentStart', cause: 'again', lastIntervalSeconds: 60, active: true },
     ]);
@@ -255,7 +263,7 @@ describe('backoff', () => {
     expect(rows).toEqual([{ process: "Process 'quoted'", cause }]);
     expect((await history(machineId)).map((h) => h.failedCause)).toEqual([null, cause]);
     const again = await session.work("Process 'quoted'", async () => [machineId]);
-    await again.finish((q) => q.setAgentHeartbeat(machineId));
+    await again.finish((q) => setAgentHeartbeat(q, machineId));
     expect((await history(machineId)).map((h) => h.event)).toEqual(['Started', 'Failed', 'Started', 'Finished']);
     await session.close();
   });
@@ -265,7 +273,7 @@ describe('backoff', () => {
     const [machineId] = (await provideMachines(session, 1, 'OtherProcess')) as [string];
     const work = await session.work('SomethingElse', async () => [machineId]);
     await work.fail({ initial: 3_600_000, maximum: 3_600_000, exponent: 1 }, 'elsewhere');
-    const candidates = await session.transact((q) => q.machinesForAgentStart({ provider: 'OtherProcess', limit: 5 }));
+    const candidates = await session.transact((q) => machinesForAgentStart(q, { provider: 'OtherProcess', limit: 5 }));
     expect(candidates.map((c) => c.machineId)).toEqual([machineId]);
     await session.close();
   });
@@ -303,7 +311,7 @@ describe('finish with tags', () => {
     return { started: started.rows[0], heartbeat: heartbeat.rows[0] };
   };
   const candidates = (provider: string) =>
-    new Queries(bmdb.db).machinesForAgentStart({ provider, limit: 5 }).then((ms) => ms.map((m) => m.machineId));
+    machinesForAgentStart(bmdb.db, { provider, limit: 5 }).then((ms) => ms.map((m) => m.machineId));
 
   test('set.agentStarted records the key (and the time given) with Finished; the machine is no longer a candidate', async () => {
     const { session, machineId, work } = await claimOne('TagStarted');

@@ -4,7 +4,7 @@ import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Queries } from '@bmaas/bmdb-controlloop';
+import { addProvided, newMachine, operatorHistory, osInstallation, setAgentStarted } from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { encodeTakeoverInit, parseTakeoverResponse } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, expect, test } from 'vitest';
@@ -16,7 +16,7 @@ const AGENT = fileURLToPath(new URL('../../agent/bin/agent.js', import.meta.url)
 const FIXTURE = fileURLToPath(new URL('../../agent/test/fixtures/two-socket-server/', import.meta.url));
 const MiB = 2 ** 20;
 const { db, bmdb } = await testBMDB();
-const q = new Queries(bmdb.db);
+const q = bmdb.db;
 let server: BmaasServer;
 let dir: string;
 let caDer: Uint8Array;
@@ -38,8 +38,8 @@ afterAll(async () => {
 
 /** A Static machine `providerId`, the recorded two-socket server with files standing in for its `disks`. */
 async function machine(providerId: string, disks: readonly string[]): Promise<{ machineId: string; root: string }> {
-  const machineId = await q.newMachine();
-  await q.addProvided(machineId, { provider: 'Static', providerId });
+  const machineId = await newMachine(q);
+  await addProvided(q, machineId, { provider: 'Static', providerId });
   const root = path.join(dir, providerId);
   await cp(FIXTURE, root, { recursive: true, verbatimSymlinks: true });
   for (const disk of disks) await writeFile(path.join(root, 'dev', disk), Buffer.alloc(4 * MiB, 0xaa));
@@ -63,7 +63,7 @@ async function startAgent(machineId: string, root: string): Promise<ChildProcess
   const chunks: Buffer[] = [];
   for await (const chunk of child.stdout ?? []) chunks.push(chunk as Buffer);
   const { key } = parseTakeoverResponse(Buffer.concat(chunks), sent);
-  await q.setAgentStarted(machineId, { publicKey: key });
+  await setAgentStarted(q, machineId, { publicKey: key });
   return child;
 }
 
@@ -110,7 +110,7 @@ test('decommission --wipe: a machine whose agent wiped its disks is removed; a f
   );
 
   // Removed only after its agent reported: its disks were wiped at both ends, and the agent stopped.
-  expect(await q.osInstallation(wiped.machineId)).toBeUndefined();
+  expect(await osInstallation(q, wiped.machineId)).toBeUndefined();
   expect((await db.admin('SELECT 1 FROM machines WHERE machine_id = $1', [wiped.machineId])).rows).toEqual([]);
   for (const disk of ['nvme0n1', 'sda', 'sdb']) {
     const bytes = await readFile(path.join(wiped.root, 'dev', disk));
@@ -121,14 +121,14 @@ test('decommission --wipe: a machine whose agent wiped its disks is removed; a f
   expect(await readFile(`${wiped.root}.log`, 'utf8')).toContain('wiped; stopping');
 
   // Kept, visible with the agent's error; the agentless one untouched.
-  expect(await q.osInstallation(broken.machineId)).toMatchObject({
+  expect(await osInstallation(q, broken.machineId)).toMatchObject({
     kind: 'DiskWipe',
     state: 'Failed',
     decommission: true,
   });
-  expect((await q.osInstallation(broken.machineId))?.error).toContain('/dev/sda (BTYF01234567480BGN)');
-  expect(await q.osInstallation(agentless.machineId)).toBeUndefined();
-  const history = await q.operatorHistory(broken.machineId);
+  expect((await osInstallation(q, broken.machineId))?.error).toContain('/dev/sda (BTYF01234567480BGN)');
+  expect(await osInstallation(q, agentless.machineId)).toBeUndefined();
+  const history = await operatorHistory(q, broken.machineId);
   expect(history.map((a) => [a.action, a.actor, a.reason])).toEqual([
     ['WipeDisks', 'tech@rack3', 'returned to the lessor'],
   ]);

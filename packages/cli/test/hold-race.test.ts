@@ -6,11 +6,17 @@
  */
 import { randomBytes } from 'node:crypto';
 import {
+  addProvided,
+  holdMachine,
+  machineHold,
   NothingToDoError,
+  newMachine,
+  osInstallation,
   Process,
-  Queries,
+  requestOSInstallation,
   type Session,
   selectionFor,
+  setAgentStarted,
   WorkConflictError,
 } from '@bmaas/bmdb-controlloop';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
@@ -36,8 +42,8 @@ async function provide(session: Session, provider: string, count: number): Promi
   return session.transact(async (q) => {
     const ids: string[] = [];
     for (let i = 0; i < count; i++) {
-      const machineId = await q.newMachine();
-      await q.addProvided(machineId, { provider, providerId: `${provider.toLowerCase()}-${i + 1}` });
+      const machineId = await newMachine(q);
+      await addProvided(q, machineId, { provider, providerId: `${provider.toLowerCase()}-${i + 1}` });
       ids.push(machineId);
     }
     return ids;
@@ -72,7 +78,7 @@ describe('hold under claims', () => {
     });
 
     const told: ToldHold[] = [];
-    // Four operators with the CLI, four machines each, and one through Queries.holdMachine, at once.
+    // Four operators with the CLI, four machines each, and one through holdMachine, at once.
     const byCli = async (ids: readonly string[]) => {
       const result = await shepherd(['hold', '--machine-id', ...ids, '--reason', 'hold race', '--json'], env());
       expect(result.stderr).toBe('');
@@ -85,7 +91,7 @@ describe('hold under claims', () => {
     };
     const byQueries = async (ids: readonly string[]) => {
       for (const machineId of ids) {
-        const { liveWork } = await new Queries(bmdb.db).holdMachine(machineId, {
+        const { liveWork } = await holdMachine(bmdb.db, machineId, {
           reason: 'hold race',
           actor: 'q@race',
         });
@@ -110,12 +116,12 @@ describe('hold under claims', () => {
 describe('what hold names', () => {
   test('an OS installation under way (Delivered) beside the work running, in text and JSON', async () => {
     const session = await start('cli-hold-naming');
-    const q = new Queries(bmdb.db);
+    const q = bmdb.db;
     const [text, json, requested] = (await provide(session, 'Naming', 3)) as [string, string, string];
     const key = new Uint8Array(randomBytes(32));
     for (const machineId of [text, json, requested]) {
-      await q.setAgentStarted(machineId, { publicKey: key, startedAt: new Date() });
-      await q.requestOSInstallation(machineId, {
+      await setAgentStarted(q, machineId, { publicKey: key, startedAt: new Date() });
+      await requestOSInstallation(q, machineId, {
         imageUrl: 'https://images.example.com/debian.img.gz',
         imageSha256: 'ab'.repeat(32),
         rootDevice: '/dev/sda',
@@ -146,7 +152,7 @@ describe('what hold names', () => {
 
     const byJson = await shepherd(['hold', '--machine-id', json, '--reason', 'disk swap', '--json'], env());
     expect(byJson.code).toBe(0);
-    const delivered = await q.osInstallation(json);
+    const delivered = await osInstallation(q, json);
     expect(JSON.parse(byJson.stdout)).toEqual({
       held: [
         {
@@ -156,7 +162,7 @@ describe('what hold names', () => {
           placed: true,
           actor: 'alice@ops1',
           reason: 'disk swap',
-          since: (await q.machineHold(json))?.since.toISOString(),
+          since: (await machineHold(q, json))?.since.toISOString(),
           liveWork: [],
           installing: {
             generation: '1',

@@ -8,13 +8,13 @@
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { Queries } from '@bmaas/bmdb-controlloop';
+import { addProvided, newMachine, operatorHistory, osInstallation } from '@bmaas/bmdb-controlloop';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { buildOnce, expectUsageError, shepherd } from './helpers.js';
 
 const { db, bmdb } = await testBMDB();
-const q = new Queries(bmdb.db);
+const q = bmdb.db;
 let dir: string;
 const SHA = 'c0ffee'.padEnd(64, '0');
 const NODES = ['rack1-node1', 'rack1-node2', 'rack1-node3'];
@@ -28,8 +28,8 @@ beforeAll(async () => {
   await writeFile(path.join(dir, 'huge'), Buffer.alloc(64 * 1024 + 1, 0x41));
   await mkdir(path.join(dir, 'a-directory'));
   for (const id of NODES) {
-    const machineId = await q.newMachine();
-    await q.addProvided(machineId, { provider: 'Static', providerId: id });
+    const machineId = await newMachine(q);
+    await addProvided(q, machineId, { provider: 'Static', providerId: id });
     ids[id] = machineId;
   }
 });
@@ -79,7 +79,7 @@ describe('install', () => {
         )
         .join(''),
     );
-    const installation = await q.osInstallation(ids['rack1-node1'] as string);
+    const installation = await osInstallation(q, ids['rack1-node1'] as string);
     expect(installation).toMatchObject({
       generation: 1n,
       state: 'Requested',
@@ -88,7 +88,7 @@ describe('install', () => {
       requestedBy: 'alice@ops',
     });
     expect(Buffer.from(installation?.userData ?? []).toString()).toBe('#cloud-config\nhostname: node1\n');
-    expect((await q.operatorHistory(ids['rack1-node1'] as string)).at(-1)).toMatchObject({
+    expect((await operatorHistory(q, ids['rack1-node1'] as string)).at(-1)).toMatchObject({
       action: 'InstallOS',
       reason: 'first install',
       actor: 'alice@ops',
@@ -126,7 +126,7 @@ describe('install', () => {
     expect(cancel.stdout).toBe(
       `canceled the installation of Static rack1-node2 (machine ${ids['rack1-node2']}), generation 1\n`,
     );
-    expect((await q.osInstallation(ids['rack1-node2'] as string))?.state).toBe('Canceled');
+    expect((await osInstallation(q, ids['rack1-node2'] as string))?.state).toBe('Canceled');
     const refused = await shepherd(
       [
         'install',
@@ -155,8 +155,8 @@ describe('install', () => {
 describe('install --root-device-hint', () => {
   test('names the root device by hints, repeated, beside or instead of --root-device; stored and shown', async () => {
     const env = { SHEPHERD_BMDB_URL: db.url, DEBUG: '' };
-    const machineId = await q.newMachine();
-    await q.addProvided(machineId, { provider: 'Static', providerId: 'rack2-node1' });
+    const machineId = await newMachine(q);
+    await addProvided(q, machineId, { provider: 'Static', providerId: 'rack2-node1' });
     const target = ['--provider', 'Static', '--provider-id', 'rack2-node1'];
     const noPath = image.filter(
       (_, i) => i !== image.indexOf('--root-device') && i !== image.indexOf('--root-device') + 1,
@@ -190,7 +190,7 @@ describe('install --root-device-hint', () => {
       deviceName: '/dev/disk/by-path/pci-0000:00:1f.2-ata-1',
       rotational: false,
     };
-    expect(await q.osInstallation(machineId)).toMatchObject({ rootDevice: undefined, rootDeviceHints: hints });
+    expect(await osInstallation(q, machineId)).toMatchObject({ rootDevice: undefined, rootDeviceHints: hints });
     const json = JSON.parse((await shepherd(['status', '--json'], env)).stdout);
     expect(json.installationRequests).toContainEqual(
       expect.objectContaining({ providerId: 'rack2-node1', rootDevice: null, rootDeviceHints: hints }),
@@ -204,7 +204,7 @@ describe('install --root-device-hint', () => {
     expect(both.stdout).toContain(
       'generation 2, https://images.example.com/debian-12.img.gz onto /dev/sda wwn=0x5002538e40a1b2c3\n',
     );
-    expect(await q.osInstallation(machineId)).toMatchObject({
+    expect(await osInstallation(q, machineId)).toMatchObject({
       rootDevice: '/dev/sda',
       rootDeviceHints: { wwn: '0x5002538e40a1b2c3' },
     });

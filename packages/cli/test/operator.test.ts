@@ -9,7 +9,16 @@
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { hostname, tmpdir, userInfo } from 'node:os';
 import path from 'node:path';
-import { Process, Queries, type Session } from '@bmaas/bmdb-controlloop';
+import {
+  addProvided,
+  lookUpMachines,
+  machineHold,
+  newMachine,
+  operatorHistory,
+  Process,
+  powerState,
+  type Session,
+} from '@bmaas/bmdb-controlloop';
 import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
 import { FakeRedfishServer, selfSignedCertificate } from '@bmaas/provider-static/testing';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
@@ -53,8 +62,8 @@ beforeAll(async () => {
   };
   await session.transact(async (q) => {
     for (const id of NODES) {
-      const machineId = await q.newMachine();
-      await q.addProvided(machineId, { provider: 'Static', providerId: id });
+      const machineId = await newMachine(q);
+      await addProvided(q, machineId, { provider: 'Static', providerId: id });
     }
   });
 });
@@ -64,9 +73,9 @@ afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-const q = () => new Queries(bmdb.db);
+const q = () => bmdb.db;
 const machineOf = async (providerId: string) =>
-  (await q().lookUpMachines({ provider: 'Static', providerIds: [providerId] })).found[0]?.machineId as string;
+  (await lookUpMachines(q(), { provider: 'Static', providerIds: [providerId] })).found[0]?.machineId as string;
 const ID = '[0-9a-f-]{36}';
 
 describe('hold and unhold', () => {
@@ -84,7 +93,7 @@ describe('hold and unhold', () => {
       ),
     );
     await recovery.cancel();
-    expect(await q().machineHold(await machineOf('node1'))).toMatchObject({
+    expect(await machineHold(q(), await machineOf('node1'))).toMatchObject({
       reason: 'rack 3 maintenance',
       actor: 'alice@ops1',
     });
@@ -119,10 +128,10 @@ describe('hold and unhold', () => {
     const result = await shepherd(['unhold', '--machine-id', node1, node3], staticEnv);
     expect(result.code).toBe(0);
     expect(result.stdout).toBe(
-      `released Static node1 (machine ${node1}), held by alice@ops1 since ${(await q().operatorHistory(node1))[0]?.timestamp.toISOString()}: rack 3 maintenance\n` +
+      `released Static node1 (machine ${node1}), held by alice@ops1 since ${(await operatorHistory(q(), node1))[0]?.timestamp.toISOString()}: rack 3 maintenance\n` +
         `Static node3 (machine ${node3}) was not held\n`,
     );
-    const history = await q().operatorHistory(node1);
+    const history = await operatorHistory(q(), node1);
     expect(history.map((h) => [h.action, h.actor])).toEqual([
       ['Hold', 'alice@ops1'],
       ['Unhold', `${userInfo().username}@${hostname()}`],
@@ -157,8 +166,8 @@ describe('power through the static provider, over HTTPS', () => {
     expect(result.stdout).toMatch(
       new RegExp(`^Static node3 \\(machine ${ID}\\): On\\nStatic node4 \\(machine ${ID}\\): Unknown\\n$`),
     );
-    expect(await q().powerState(await machineOf('node3'))).toMatchObject({ state: 'On' });
-    expect(await q().powerState(await machineOf('node4'))).toMatchObject({ state: 'Unknown' });
+    expect(await powerState(q(), await machineOf('node3'))).toMatchObject({ state: 'On' });
+    expect(await powerState(q(), await machineOf('node4'))).toMatchObject({ state: 'Unknown' });
   });
 
   test('off holds the machine and records the action; on and cycle follow; every action in the history', async () => {
@@ -222,7 +231,7 @@ describe('power through the static provider, over HTTPS', () => {
     expect(graceful.stdout).not.toContain('held:'); // already held: no new hold
     expect(bmc.resetsOf('node3').map((r) => r.resetType)).toEqual(['ForceOff', 'On', 'GracefulShutdown']);
 
-    const history = await q().operatorHistory(node3);
+    const history = await operatorHistory(q(), node3);
     expect(history.slice(-5).map((h) => [h.action, h.outcome, h.reason])).toEqual([
       ['Hold', 'Succeeded', 'swap PSU'],
       ['PowerOff', 'Succeeded', 'swap PSU'],
@@ -230,7 +239,7 @@ describe('power through the static provider, over HTTPS', () => {
       ['PowerOn', 'Succeeded', 'PSU swapped'],
       ['PowerOff', 'Succeeded', 'again'],
     ]);
-    expect((await q().machineHold(node3))?.reason).toBe('swap PSU');
+    expect((await machineHold(q(), node3))?.reason).toBe('swap PSU');
   });
 
   test('refused while a recovery runs, failed for a BMC that refuses, unknown IDs: all named, exit 1, the rest done', async () => {
@@ -269,7 +278,7 @@ describe('power through the static provider, over HTTPS', () => {
       bmc.clearFaults();
       await recovery.cancel();
     }
-    expect((await q().operatorHistory(await machineOf('node1'))).at(-1)).toMatchObject({
+    expect((await operatorHistory(q(), await machineOf('node1'))).at(-1)).toMatchObject({
       action: 'PowerCycle',
       outcome: 'Refused',
     });
@@ -338,7 +347,7 @@ describe('power actions settle each on its own', () => {
       );
       expect(bmc.resetsOf('node1')).toHaveLength(resets.node1 + 1);
       expect(bmc.resetsOf('node5')).toHaveLength(resets.node5 + 1);
-      expect((await q().operatorHistory(slow)).at(-1)).toMatchObject({
+      expect((await operatorHistory(q(), slow)).at(-1)).toMatchObject({
         action: 'PowerCycle',
         outcome: 'Succeeded',
         actor: 'dave@ops4',
@@ -386,7 +395,7 @@ describe('power status beside a power action', () => {
       const read = await status;
       // What the BMC said when asked, shown; not recorded: a state may have been recorded since it began.
       expect(read.stdout).toBe(`Static node2 (machine ${node2}): On\n`);
-      expect((await q().powerState(node2))?.state).not.toBe('On');
+      expect((await powerState(q(), node2))?.state).not.toBe('On');
       // The power sync reads the machine next, rather than an interval later.
       const { rows } = await db.admin('SELECT power_checked_at FROM machine_power_state WHERE machine_id = $1', [
         node2,
@@ -406,8 +415,8 @@ describe('power through the other providers', () => {
     try {
       const device = api.addDevice({ hostname: 'ops-device' });
       await session.transact(async (q) => {
-        const machineId = await q.newMachine();
-        await q.addProvided(machineId, { provider: 'Equinix', providerId: device.id });
+        const machineId = await newMachine(q);
+        await addProvided(q, machineId, { provider: 'Equinix', providerId: device.id });
       });
       const env = {
         SHEPHERD_BMDB_URL: db.url,
@@ -436,8 +445,8 @@ describe('power through the other providers', () => {
 
   test('Dummy: simulated, in the command’s own process', async () => {
     await session.transact(async (q) => {
-      const machineId = await q.newMachine();
-      await q.addProvided(machineId, { provider: 'Dummy', providerId: 'dummy-000007' });
+      const machineId = await newMachine(q);
+      await addProvided(q, machineId, { provider: 'Dummy', providerId: 'dummy-000007' });
     });
     const ids = ['--provider', 'Dummy', '--provider-id', 'dummy-000007', '--bmdb-url', db.url];
     const status = await shepherd(['power', 'status', ...ids], { DEBUG: '' });

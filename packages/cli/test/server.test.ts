@@ -8,7 +8,7 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { connect, type IncomingHttpHeaders } from 'node:http2';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { Queries } from '@bmaas/bmdb-controlloop';
+import { newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
 import { certificatePem, selfSignedCertificate } from '@bmaas/common';
 import { AgentCallback } from '@bmaas/server';
 import { createClient } from '@connectrpc/connect';
@@ -94,8 +94,8 @@ describe('shepherd server', () => {
 
     const bmdb = await openTestBMDB(db);
     const { privateKey, publicKey } = generateKeyPairSync('ed25519');
-    const machineId = await new Queries(bmdb.db).newMachine();
-    await new Queries(bmdb.db).setAgentStarted(machineId, {
+    const machineId = await newMachine(bmdb.db);
+    await setAgentStarted(bmdb.db, machineId, {
       publicKey: Buffer.from(publicKey.export({ format: 'jwk' }).x ?? '', 'base64url'),
     });
     const client = createClient(
@@ -236,8 +236,8 @@ describe('shepherd server', () => {
 
     const bmdb = await openTestBMDB(db);
     const { privateKey, publicKey } = generateKeyPairSync('ed25519');
-    const machineId = await new Queries(bmdb.db).newMachine();
-    await new Queries(bmdb.db).setAgentStarted(machineId, {
+    const machineId = await newMachine(bmdb.db);
+    await setAgentStarted(bmdb.db, machineId, {
       publicKey: Buffer.from(publicKey.export({ format: 'jwk' }).x ?? '', 'base64url'),
     });
     await bmdb.close();

@@ -16,7 +16,18 @@ import { mkdtemp, readFile, rm, truncate, writeFile } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { gzipSync } from 'node:zlib';
-import { type OSInstallation, Queries } from '@bmaas/bmdb-controlloop';
+import {
+  addProvided,
+  cancelOSInstallation,
+  holdMachine,
+  newMachine,
+  type OSInstallation,
+  osInstallation,
+  osInstallationReport,
+  requestOSInstallation,
+  setAgentStarted,
+  unholdMachine,
+} from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { encodeTakeoverInit, parseTakeoverResponse, type TakeoverInitParams } from '@bmaas/shepherd-manager';
 import pg from 'pg';
@@ -29,7 +40,7 @@ const TEST_AGENT = path.resolve('packages/shepherd-manager/bin/test-agent.js');
 const MiB = 1 << 20;
 
 const { db, bmdb } = await testBMDB();
-const q = new Queries(bmdb.db);
+const q = bmdb.db;
 let dir: string;
 let server: BmaasServer;
 let images: ImageServer;
@@ -63,8 +74,8 @@ async function machineWithAgent(
   name: string,
   diskBytes = 8 * MiB,
 ): Promise<{ machineId: string; disk: string; log: () => Promise<string> }> {
-  const machineId = await q.newMachine();
-  await q.addProvided(machineId, { provider: 'Install', providerId: name });
+  const machineId = await newMachine(q);
+  await addProvided(q, machineId, { provider: 'Install', providerId: name });
   const disk = path.join(dir, `${name}.disk`);
   await writeFile(disk, '');
   await truncate(disk, diskBytes);
@@ -88,12 +99,12 @@ async function machineWithAgent(
     child.stdin.end(encodeTakeoverInit(init));
   });
   const { key } = parseTakeoverResponse(answer, init);
-  await q.setAgentStarted(machineId, { publicKey: key });
+  await setAgentStarted(q, machineId, { publicKey: key });
   return { machineId, disk, log: () => readFile(logPath, 'utf8').catch(() => '') };
 }
 
-const request = (machineId: string, change: Partial<Parameters<Queries['requestOSInstallation']>[1]> = {}) =>
-  q.requestOSInstallation(machineId, {
+const request = (machineId: string, change: Partial<Parameters<typeof requestOSInstallation>[2]> = {}) =>
+  requestOSInstallation(q, machineId, {
     imageUrl: images.url('debian.img'),
     imageSha256: sha256(image),
     rootDevice: '/nonexistent',
@@ -106,7 +117,7 @@ const request = (machineId: string, change: Partial<Parameters<Queries['requestO
 async function settled(machineId: string, generation: bigint, log: () => Promise<string>): Promise<OSInstallation> {
   try {
     return await eventually(async () => {
-      const installation = await q.osInstallation(machineId);
+      const installation = await osInstallation(q, machineId);
       return installation?.generation === generation &&
         (installation.state === 'Succeeded' || installation.state === 'Failed')
         ? installation
@@ -132,9 +143,9 @@ test('installs a gzipped image over HTTPS while heartbeating: verified, written,
     userData: Buffer.from('#cloud-config\nhostname: good\n'),
   });
   // The slow download takes seconds: heartbeats go on meanwhile, the request Delivered.
-  const delivered = await eventually(async () => (await q.osInstallation(machineId))?.deliveredAt ?? undefined);
+  const delivered = await eventually(async () => (await osInstallation(q, machineId))?.deliveredAt ?? undefined);
   await eventually(async () => {
-    const installation = await q.osInstallation(machineId);
+    const installation = await osInstallation(q, machineId);
     const at = await heartbeatAt(machineId);
     return installation?.state === 'Delivered' && at && at.getTime() > delivered.getTime() + 300 ? true : undefined;
   });
@@ -165,7 +176,7 @@ test('every failure is an Error with its cause; the agent keeps heartbeating and
   const untrusted = await ImageServer.start({ cert: otherCert, key: otherKey });
   untrusted.serve('debian.img', { bytes: image });
   try {
-    const failures: [Partial<Parameters<Queries['requestOSInstallation']>[1]>, RegExp][] = [
+    const failures: [Partial<Parameters<typeof requestOSInstallation>[2]>, RegExp][] = [
       [{ rootDevice: disk, imageSha256: 'ab'.repeat(32) }, /sha256 mismatch: downloaded [0-9a-f]{64}, want (ab){32}/],
       [{ rootDevice: disk, imageUrl: images.url('missing.img') }, /HTTP status 404/],
       [{ rootDevice: path.join(dir, 'no-such-disk') }, /root device .*no-such-disk missing/],
@@ -198,12 +209,12 @@ test('a canceled request stops the installation under way; asked again, it insta
   const { machineId, disk, log } = await machineWithAgent('canceled');
   images.serve('slow.img', { bytes: image, chunkBytes: 64 * 1024, chunkDelayMs: 200 });
   await request(machineId, { imageUrl: images.url('slow.img'), rootDevice: disk });
-  await eventually(async () => ((await q.osInstallation(machineId))?.state === 'Delivered' ? true : undefined));
+  await eventually(async () => ((await osInstallation(q, machineId))?.state === 'Delivered' ? true : undefined));
   await eventually(async () => (images.requests.includes('slow.img') ? true : undefined));
-  await q.cancelOSInstallation(machineId, { actor: 'test', reason: 'wrong image' });
+  await cancelOSInstallation(q, machineId, { actor: 'test', reason: 'wrong image' });
   await eventually(async () => ((await log()).includes('no longer asked for: stopping it') ? true : undefined));
   await eventually(async () => (images.brokenOff.includes('slow.img') ? true : undefined));
-  expect((await q.osInstallation(machineId))?.state).toBe('Canceled');
+  expect((await osInstallation(q, machineId))?.state).toBe('Canceled');
   const asked = await request(machineId, { rootDevice: disk });
   expect(await settled(machineId, asked.generation, log)).toMatchObject({ state: 'Succeeded' });
 });
@@ -222,9 +233,9 @@ test('a hold lets the installation under way finish: its agent is still answered
   const last = gate();
   images.serve('held.img', { bytes: image, chunkBytes: 256 * 1024, lastChunkAfter: last.opened });
   const asked = await request(machineId, { imageUrl: images.url('held.img'), rootDevice: disk });
-  await eventually(async () => ((await q.osInstallation(machineId))?.state === 'Delivered' ? true : undefined));
+  await eventually(async () => ((await osInstallation(q, machineId))?.state === 'Delivered' ? true : undefined));
   await eventually(async () => (images.requests.includes('held.img') ? true : undefined));
-  await q.holdMachine(machineId, { reason: 'rack work next door', actor: 'test' });
+  await holdMachine(q, machineId, { reason: 'rack work next door', actor: 'test' });
   // A heartbeat whose statement began after the hold: its answer was made under it.
   const heldSince = (await db.admin('SELECT now() AS now')).rows[0].now as Date;
   await eventually(async () => ((await heartbeatAt(machineId))?.getTime() ?? 0) > heldSince.getTime() || undefined);
@@ -234,7 +245,7 @@ test('a hold lets the installation under way finish: its agent is still answered
   expect(await log()).not.toContain('no longer asked for');
   expect(images.brokenOff).not.toContain('held.img');
   await eventually(async () => await readFile(path.join(dir, 'held.rebooted'), 'utf8').catch(() => undefined));
-  await q.unholdMachine(machineId, { actor: 'test' });
+  await unholdMachine(q, machineId, { actor: 'test' });
 });
 
 test('a Success report of a request replaced while it finished is ignored: the agent installs the newer one instead of rebooting', async () => {
@@ -247,7 +258,7 @@ test('a Success report of a request replaced while it finished is ignored: the a
     imageSha256: sha256(older),
     rootDevice: disk,
   });
-  await eventually(async () => ((await q.osInstallation(machineId))?.state === 'Delivered' ? true : undefined));
+  await eventually(async () => ((await osInstallation(q, machineId))?.state === 'Delivered' ? true : undefined));
   await eventually(async () => (images.requests.includes('older.img') ? true : undefined));
   // The agent's next heartbeat waits on its AgentStarted row, its statement begun before the newer request:
   // it answers the older one, so the agent finishes it and reports it with the heartbeat after.
@@ -284,7 +295,7 @@ test('a Success report of a request replaced while it finished is ignored: the a
   expect(lines.findIndex((line) => line.includes(`generation ${newer.generation} accepted`))).toBeGreaterThan(
     lines.findIndex((line) => line.includes(`generation ${first.generation} ignored`)),
   );
-  expect(await q.osInstallationReport(machineId)).toMatchObject({ generation: newer.generation, result: 'Success' });
+  expect(await osInstallationReport(q, machineId)).toMatchObject({ generation: newer.generation, result: 'Success' });
 });
 
 test('a Success report whose answer was lost (the agent gave up waiting while it committed) is answered when sent again: the agent reboots', async () => {
@@ -292,7 +303,7 @@ test('a Success report whose answer was lost (the agent gave up waiting while it
   const last = gate();
   images.serve('lost.img', { bytes: image, chunkBytes: 256 * 1024, lastChunkAfter: last.opened });
   const asked = await request(machineId, { imageUrl: images.url('lost.img'), rootDevice: disk });
-  await eventually(async () => ((await q.osInstallation(machineId))?.state === 'Delivered' ? true : undefined));
+  await eventually(async () => ((await osInstallation(q, machineId))?.state === 'Delivered' ? true : undefined));
   await eventually(async () => (images.requests.includes('lost.img') ? true : undefined));
   // Every heartbeat of the machine waits on its AgentStarted row, so the agent's calls time out (10 s each):
   // the one waiting as the installation ends, then the one carrying its Success report.

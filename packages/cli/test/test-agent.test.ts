@@ -8,7 +8,7 @@ import { randomUUID } from 'node:crypto';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { Queries } from '@bmaas/bmdb-controlloop';
+import { hardwareReport, newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
 import { AgentHardwareReportSchema, BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { encodeTakeoverInit, parseTakeoverResponse, type TakeoverInitParams } from '@bmaas/shepherd-manager';
 import { fromBinary } from '@bufbuild/protobuf';
@@ -80,8 +80,8 @@ test('answers, detaches, heartbeats with its key and a hardware report, rides ou
   const tls = await selfSignedServerTls(dir);
   let server = await BmaasServer.start({ bmdb, listen: { host: '127.0.0.1', port: 0 }, tls });
   const port = server.port;
-  const q = new Queries(bmdb.db);
-  const machineId = await q.newMachine();
+  const q = bmdb.db;
+  const machineId = await newMachine(q);
   const init: TakeoverInitParams = {
     machineId,
     bmaasEndpoint: `127.0.0.1:${port}`,
@@ -95,13 +95,13 @@ test('answers, detaches, heartbeats with its key and a hardware report, rides ou
   const pid = await eventually(() => heartbeaterPid(machineId));
   pids.push(pid);
   // What the initializer does once the command returned: the heartbeats refused until then now count.
-  await q.setAgentStarted(machineId, { publicKey: key });
+  await setAgentStarted(q, machineId, { publicKey: key });
 
   const heartbeats = async () =>
     (await db.admin('SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId]))
       .rows[0]?.agent_heartbeat_at as Date | undefined;
   const first = await eventually(heartbeats);
-  const report = await eventually(() => q.hardwareReport(machineId));
+  const report = await eventually(() => hardwareReport(q, machineId));
   const decoded = fromBinary(AgentHardwareReportSchema, report.raw);
   expect(decoded.report?.memoryInstalledBytes).toBeGreaterThan(0n);
   expect(decoded.report?.cpu[0]?.hardwareThreads).toBeGreaterThan(0);

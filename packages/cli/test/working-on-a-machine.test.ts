@@ -11,7 +11,15 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
-import { Queries } from '@bmaas/bmdb-controlloop';
+import {
+  addProvided,
+  lookUpMachines,
+  machineHold,
+  newMachine,
+  operatorHistory,
+  osInstallation,
+  workHistory,
+} from '@bmaas/bmdb-controlloop';
 import { FakeRedfishServer, selfSignedCertificate } from '@bmaas/provider-static/testing';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
@@ -40,8 +48,8 @@ beforeAll(async () => {
   const session = await bmdb.startSession();
   await session.transact(async (q) => {
     for (const providerId of ['rack1-node07', 'rack1-node08']) {
-      const machineId = await q.newMachine();
-      await q.addProvided(machineId, { provider: 'Static', providerId });
+      const machineId = await newMachine(q);
+      await addProvided(q, machineId, { provider: 'Static', providerId });
     }
   });
   await session.close();
@@ -99,17 +107,17 @@ test('the README’s "Working on a machine" runs: hold, power off, status, power
 
   expect(bmc.resetsOf('node07').map((reset) => reset.resetType)).toEqual(['ForceOff', 'On']);
   expect(await bmc.powerState('node07')).toBe('On');
-  const q = new Queries(bmdb.db);
-  const [machine] = (await q.lookUpMachines({ provider: 'Static', providerIds: ['rack1-node07'] })).found;
+  const q = bmdb.db;
+  const [machine] = (await lookUpMachines(q, { provider: 'Static', providerIds: ['rack1-node07'] })).found;
   const machineId = machine?.machineId as string;
-  expect(await q.machineHold(machineId)).toBeUndefined();
-  expect((await q.operatorHistory(machineId)).map((h) => [h.action, h.outcome, h.reason, h.actor])).toEqual([
+  expect(await machineHold(q, machineId)).toBeUndefined();
+  expect((await operatorHistory(q, machineId)).map((h) => [h.action, h.outcome, h.reason, h.actor])).toEqual([
     ['Hold', 'Succeeded', 'replace disk 3', 'tech@rack1'],
     ['PowerOff', 'Succeeded', 'replace disk 3', 'tech@rack1'],
     ['PowerOn', 'Succeeded', 'disk 3 replaced', 'tech@rack1'],
     ['Unhold', 'Succeeded', null, 'tech@rack1'],
   ]);
-  expect((await q.workHistory(machineId)).map((h) => `${h.process}:${h.event}`)).toEqual([
+  expect((await workHistory(q, machineId)).map((h) => `${h.process}:${h.event}`)).toEqual([
     'ShepherdPowerAction:Started',
     'ShepherdPowerAction:Finished',
     'ShepherdPowerAction:Started',
@@ -147,18 +155,18 @@ test('the README’s "Installing an operating system" runs: requested with who, 
   }
   expect(stdout).toMatch(/^OS installations: 2\n {2}requested +2$/m);
   expect(stdout).toMatch(/^canceled the installation of Static rack1-node08 \(machine [0-9a-f-]{36}\), generation 1$/m);
-  const q = new Queries(bmdb.db);
-  const found = (await q.lookUpMachines({ provider: 'Static', providerIds: ['rack1-node07', 'rack1-node08'] })).found;
+  const q = bmdb.db;
+  const found = (await lookUpMachines(q, { provider: 'Static', providerIds: ['rack1-node07', 'rack1-node08'] })).found;
   const [node07, node08] = found.map((m) => m.machineId) as [string, string];
   const { createHash } = await import('node:crypto');
-  expect(await q.osInstallation(node07)).toMatchObject({
+  expect(await osInstallation(q, node07)).toMatchObject({
     state: 'Requested',
     imageSha256: createHash('sha256').update('not really an image').digest('hex'),
     compression: 'gzip',
     requestedBy: 'ops@rack1',
   });
-  expect((await q.osInstallation(node08))?.state).toBe('Canceled');
-  expect((await q.operatorHistory(node08)).map((h) => [h.action, h.outcome, h.reason])).toEqual([
+  expect((await osInstallation(q, node08))?.state).toBe('Canceled');
+  expect((await operatorHistory(q, node08)).map((h) => [h.action, h.outcome, h.reason])).toEqual([
     ['InstallOS', 'Succeeded', 'debian 12 for team X'],
     ['CancelOSInstallation', 'Succeeded', 'wrong image'],
   ]);

@@ -11,7 +11,7 @@ import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { agentConfigArchive, buildAgentImage, configureAgentIso, type NetworkConfig } from '@bmaas/agent';
-import { Queries } from '@bmaas/bmdb-controlloop';
+import { hardwareReport, newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { create } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
@@ -29,7 +29,7 @@ if (missing.length > 0) {
   );
 }
 const { bmdb } = await testBMDB();
-const q = new Queries(bmdb.db);
+const q = bmdb.db;
 
 describe.skipIf(missing.length > 0)('the agent image in QEMU', () => {
   let dir: string;
@@ -85,9 +85,9 @@ describe.skipIf(missing.length > 0)('the agent image in QEMU', () => {
   ] as const)(
     'the agent ISO boots under %s with %s and its agent heartbeats to the server',
     async (firmware, network, args) => {
-      const machineId = await q.newMachine();
+      const machineId = await newMachine(q);
       const { publicKey, privateKey } = generateKeyPairSync('ed25519');
-      await q.setAgentStarted(machineId, {
+      await setAgentStarted(q, machineId, {
         publicKey: publicKey.export({ format: 'der', type: 'spki' }).subarray(-32),
       });
       const init = create(TakeoverInitSchema, {
@@ -156,7 +156,7 @@ describe.skipIf(missing.length > 0)('the agent image in QEMU', () => {
           'the network a takeover captured': 'bmaas-agent: network: ip addr add 10.0.2.15/24 dev eth0',
         }[network],
       );
-      expect(await q.hardwareReport(machineId)).toBeDefined();
+      expect(await hardwareReport(q, machineId)).toBeDefined();
       vm.kill('SIGKILL');
       vms.delete(vm);
     },

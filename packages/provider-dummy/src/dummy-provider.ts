@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import { setTimeout as delay } from 'node:timers/promises';
 import type { PowerState, Session } from '@bmaas/bmdb-controlloop';
+import { addProvided, newMachine } from '@bmaas/bmdb-controlloop';
 import {
   type AcceptedPowerCommand,
   Availability,
@@ -148,8 +149,8 @@ export class DummyProvider implements Provider, PowerControl {
     if (id === undefined || slot === undefined) throw new MachineNotFoundError(this.type, id ?? '(none)');
     const machine = machineAt(slot, Availability.KnownUsed);
     const machineId = await session.transact(async (q) => {
-      const created = await q.newMachine();
-      await q.addProvided(created, {
+      const created = await newMachine(q);
+      await addProvided(q, created, {
         provider: this.type,
         providerId: id,
         providerIpAddress: machine.address ?? null,

@@ -1,5 +1,5 @@
 import type { BMDB, Session } from '@bmaas/bmdb-controlloop';
-import { runRounds } from '@bmaas/bmdb-controlloop';
+import { runRounds, setAgentHeartbeats, startedAgents } from '@bmaas/bmdb-controlloop';
 import { describeError } from '@bmaas/common';
 import createDebug from 'debug';
 import type { DummyProvider } from './dummy-provider.js';
@@ -56,9 +56,12 @@ export class HeartbeatSimulator {
   /** One round; returns how many agents heartbeated. */
   async beat(session: Session): Promise<number> {
     return session.transact(async (q) => {
-      const started = await q.startedAgents(this.provider.type);
+      const started = await startedAgents(q, this.provider.type);
       const alive = started.filter((a) => this.provider.agentHeartbeats(a.machineId, a.startedAt));
-      await q.setAgentHeartbeats(alive.map((a) => a.machineId));
+      await setAgentHeartbeats(
+        q,
+        alive.map((a) => a.machineId),
+      );
       this.#summarize(alive.length, started.length);
       return alive.length;
     });

@@ -1,4 +1,4 @@
-import { parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
+import { parseLimiter, providedMachines, setAgentStarted } from '@bmaas/bmdb-controlloop';
 import {
   Availability,
   Initializer,
@@ -64,7 +64,7 @@ describe('DummyProvider', () => {
       ProviderDiscrepancyError,
     );
     await expect(provisioner(new DummyProvider({ capacity: 5 }), 6).reconcile(session)).rejects.toThrow('dummy-000005');
-    const stored = await new Queries(bmdb.db).providedMachines(DUMMY_PROVIDER);
+    const stored = await providedMachines(bmdb.db, DUMMY_PROVIDER);
     expect(stored[0]).toMatchObject({ providerIpAddress: '10.0.0.1', providerStatus: 'Running' });
     await session.close();
   });
@@ -147,8 +147,8 @@ describe('HeartbeatSimulator', () => {
     const session = await bmdb.startSession();
     await provisioner(provider, n).reconcile(session);
     await session.transact(async (q) => {
-      for (const m of await q.providedMachines(DUMMY_PROVIDER))
-        await q.setAgentStarted(m.machineId, { publicKey: new Uint8Array(32) });
+      for (const m of await providedMachines(q, DUMMY_PROVIDER))
+        await setAgentStarted(q, m.machineId, { publicKey: new Uint8Array(32) });
     });
     await session.close();
   }

@@ -1,4 +1,4 @@
-import { ProviderStatus, type Session } from '@bmaas/bmdb-controlloop';
+import { ProviderStatus, providedMachines, type Session } from '@bmaas/bmdb-controlloop';
 import { Availability, type Machine, MachineNotFoundError } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
@@ -50,12 +50,12 @@ async function setup(
 }
 
 /** The BMDB's Equinix machines, by provider ID. */
-async function recorded(): Promise<Map<string, Awaited<ReturnType<typeof providedMachines>>[number]>> {
-  return new Map((await providedMachines()).map((m) => [m.providerId, m]));
+async function recorded(): Promise<Map<string, Awaited<ReturnType<typeof equinixMachines>>[number]>> {
+  return new Map((await equinixMachines()).map((m) => [m.providerId, m]));
 }
 
-function providedMachines() {
-  return session.transact((q) => q.providedMachines(EQUINIX_PROVIDER));
+function equinixMachines() {
+  return session.transact((q) => providedMachines(q, EQUINIX_PROVIDER));
 }
 
 /** What the provisioner does with PossiblyUsed: known to the BMDB → used, else unused (a spread copy). */
@@ -353,7 +353,7 @@ describe('orphan adoption', () => {
 
     await provider.createMachine(session, { unusedMachine: { ...machine, availability: Availability.KnownUnused } });
 
-    const rows = (await providedMachines()).filter((m) => m.providerId === machine.id);
+    const rows = (await equinixMachines()).filter((m) => m.providerId === machine.id);
     expect(rows).toHaveLength(1);
     expect(rows[0]?.providerStatus).toBe(ProviderStatus.Running);
   });

@@ -11,8 +11,9 @@ import {
   type ProvidedMachine,
   ProviderStatus,
   parseLimiter,
-  Queries,
+  providedMachines,
   SessionExpiredError,
+  workHistory,
 } from '@bmaas/bmdb-controlloop';
 import {
   Initializer,
@@ -83,7 +84,7 @@ const loopOptions = (signal: AbortSignal): ControlLoopOptions => ({
 
 /** The BMDB's Equinix machines. */
 function recorded(): Promise<ProvidedMachine[]> {
-  return new Queries(bmdb.db).providedMachines(EQUINIX_PROVIDER);
+  return providedMachines(bmdb.db, EQUINIX_PROVIDER);
 }
 
 /** Agent public keys (hex) of the Equinix machines with AgentStarted, by machine ID. */
@@ -258,7 +259,7 @@ describe('the shepherd on a fake Equinix project', () => {
     expect(started.has(healthy.machineId)).toBe(true);
     const heartbeats = await db.admin('SELECT machine_id FROM machine_agent_heartbeat');
     expect(heartbeats.rows).toEqual([{ machine_id: healthy.machineId }]);
-    const history = await new Queries(bmdb.db).workHistory(silent.machineId);
+    const history = await workHistory(bmdb.db, silent.machineId);
     expect(history.map((h) => `${h.process}:${h.event}`)).toEqual([
       'ShepherdAgentStart:Started',
       'ShepherdAgentStart:Finished',

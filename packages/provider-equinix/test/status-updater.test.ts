@@ -1,4 +1,4 @@
-import { ProviderStatus, type Session } from '@bmaas/bmdb-controlloop';
+import { addProvided, newMachine, ProviderStatus, providedMachines, type Session } from '@bmaas/bmdb-controlloop';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { EQUINIX_PROVIDER, EquinixStatusUpdater } from '../src/index.js';
@@ -29,14 +29,14 @@ function updater(options: { pollInterval?: number } = {}): EquinixStatusUpdater 
 /** Records a device in the BMDB as the provider would, with nothing known yet but its ID. */
 async function record(deviceId: string): Promise<string> {
   return session.transact(async (q) => {
-    const machineId = await q.newMachine();
-    await q.addProvided(machineId, { provider: EQUINIX_PROVIDER, providerId: deviceId });
+    const machineId = await newMachine(q);
+    await addProvided(q, machineId, { provider: EQUINIX_PROVIDER, providerId: deviceId });
     return machineId;
   });
 }
 
 async function rows() {
-  const machines = await session.transact((q) => q.providedMachines(EQUINIX_PROVIDER));
+  const machines = await session.transact((q) => providedMachines(q, EQUINIX_PROVIDER));
   return new Map(machines.map((m) => [m.providerId, m]));
 }
 

@@ -1,5 +1,15 @@
 import { readFile, stat } from 'node:fs/promises';
-import { type BMDB, type PowerState, ProviderStatus, runRounds, type Session } from '@bmaas/bmdb-controlloop';
+import {
+  addProvided,
+  type BMDB,
+  newMachine,
+  type PowerState,
+  ProviderStatus,
+  providedMachines,
+  runRounds,
+  type Session,
+  updateProviderStatus,
+} from '@bmaas/bmdb-controlloop';
 import { describeError, Secret } from '@bmaas/common';
 import {
   type AcceptedPowerCommand,
@@ -143,9 +153,9 @@ export class StaticProvider implements Provider, PowerControl {
     const entry = await this.#entry(id, signal);
     const facts = { providerIpAddress: entry.address, providerLocation: entry.location ?? null };
     const machineId = await session.transact(async (q) => {
-      if (await q.updateProviderStatus(STATIC_PROVIDER, id, facts)) return undefined;
-      const machineId = await q.newMachine();
-      await q.addProvided(machineId, {
+      if (await updateProviderStatus(q, STATIC_PROVIDER, id, facts)) return undefined;
+      const machineId = await newMachine(q);
+      await addProvided(q, machineId, {
         provider: STATIC_PROVIDER,
         providerId: id,
         providerStatus: ProviderStatus.Unknown,
@@ -257,12 +267,12 @@ export class StaticProvider implements Provider, PowerControl {
     if (inventory === undefined) return [];
     return session.transact(async (q) => {
       const updated: string[] = [];
-      for (const machine of await q.providedMachines(STATIC_PROVIDER)) {
+      for (const machine of await providedMachines(q, STATIC_PROVIDER)) {
         const entry = inventory.get(machine.providerId);
         if (entry === undefined) continue;
         const location = entry.location ?? null;
         if (machine.providerIpAddress === entry.address && machine.providerLocation === location) continue;
-        await q.updateProviderStatus(STATIC_PROVIDER, entry.id, {
+        await updateProviderStatus(q, STATIC_PROVIDER, entry.id, {
           providerIpAddress: entry.address,
           providerLocation: location,
         });

@@ -8,7 +8,14 @@
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
+import {
+  leasePowerReads,
+  machineHold,
+  operatorHistory,
+  parseLimiter,
+  powerState,
+  providedMachines,
+} from '@bmaas/bmdb-controlloop';
 import { PowerActions, PowerSync, Provisioner, Recoverer } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
@@ -50,7 +57,7 @@ afterAll(async () => {
 });
 
 const fast = () => parseLimiter('1ms,1000');
-const q = () => new Queries(bmdb.db);
+const q = () => bmdb.db;
 
 /** A static provider over an inventory of `systems` (id → the fake's system URL), all with the fake's credentials. */
 async function staticFleet(name: string, systems: Record<string, string>): Promise<StaticProvider> {
@@ -69,7 +76,7 @@ async function provision(provider: StaticProvider): Promise<Map<string, string>>
   const session = await bmdb.startSession();
   await new Provisioner(provider, { creationLimiter: fast() }).reconcile(session);
   await session.close();
-  const provided = (await q().providedMachines(STATIC_PROVIDER)).map((m) => [m.providerId, m.machineId] as const);
+  const provided = (await providedMachines(q(), STATIC_PROVIDER)).map((m) => [m.providerId, m.machineId] as const);
   return new Map(provided);
 }
 
@@ -216,7 +223,7 @@ describe('the static provider’s power control', () => {
       outcome: 'Succeeded',
       command: 'On',
     });
-    expect((await q().operatorHistory(op1)).map((h) => [h.action, h.outcome, h.actor])).toEqual([
+    expect((await operatorHistory(q(), op1)).map((h) => [h.action, h.outcome, h.actor])).toEqual([
       ['Hold', 'Succeeded', 'alice@ops1'],
       ['PowerOff', 'Succeeded', 'alice@ops1'],
       ['PowerCycle', 'Failed', 'alice@ops1'],
@@ -228,11 +235,11 @@ describe('the static provider’s power control', () => {
     await runUntil(
       (signal) => sync.run(bmdb, { signal }),
       async () =>
-        (await q().powerState(machines.get('op-2') as string))?.state === 'Unknown' &&
-        (await q().powerState(op1))?.state === 'PoweringOn',
+        (await powerState(q(), machines.get('op-2') as string))?.state === 'Unknown' &&
+        (await powerState(q(), op1))?.state === 'PoweringOn',
     );
-    expect(await q().powerState(op1)).toMatchObject({ state: 'PoweringOn', failedCause: null });
-    await eventually(async () => ((await q().machineHold(op1)) ? true : undefined));
+    expect(await powerState(q(), op1)).toMatchObject({ state: 'PoweringOn', failedCause: null });
+    await eventually(async () => ((await machineHold(q(), op1)) ? true : undefined));
     await db.admin('DELETE FROM machines');
   });
 
@@ -243,12 +250,12 @@ describe('the static provider’s power control', () => {
     });
     const machines = await provision(provider);
     // Both read (as far as the power sync knows): due again only once an action asks for a fresh read.
-    expect(await q().leasePowerReads({ provider: STATIC_PROVIDER, limit: 10, intervalSeconds: 60 })).toHaveLength(2);
+    expect(await leasePowerReads(q(), { provider: STATIC_PROVIDER, limit: 10, intervalSeconds: 60 })).toHaveLength(2);
     const session = await bmdb.startSession();
     const actions = new PowerActions(bmdb, provider);
     const cycle = { action: 'cycle', reason: 'hung', actor: 'alice@ops1' } as const;
     const recorded = async (machineId: string) => {
-      const last = (await q().operatorHistory(machineId)).at(-1);
+      const last = (await operatorHistory(q(), machineId)).at(-1);
       return last && [last.action, last.outcome, last.cause, last.detail];
     };
 
@@ -282,7 +289,7 @@ describe('the static provider’s power control', () => {
 
     // Both claims ended; both machines are the power sync's next reads.
     expect((await db.admin('SELECT 1 FROM work WHERE machine_id = ANY ($1::uuid[])', [[late, cut]])).rowCount).toBe(0);
-    const leased = await q().leasePowerReads({ provider: STATIC_PROVIDER, limit: 10, intervalSeconds: 60 });
+    const leased = await leasePowerReads(q(), { provider: STATIC_PROVIDER, limit: 10, intervalSeconds: 60 });
     expect(leased.map((lease) => lease.machineId).sort()).toEqual([late, cut].sort());
     await session.close();
     await db.admin('DELETE FROM machines');

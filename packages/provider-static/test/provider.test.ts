@@ -7,7 +7,7 @@
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
+import { decommissionMachines, parseLimiter, providedMachines } from '@bmaas/bmdb-controlloop';
 import { MachineNotFoundError, ProviderDiscrepancyError, Provisioner } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
@@ -58,7 +58,7 @@ const provisionerFor = (p: StaticProvider, maxCount = 0) =>
     creationLimiter: parseLimiter('1ms,100'),
   });
 
-const recorded = () => new Queries(bmdb.db).providedMachines(STATIC_PROVIDER);
+const recorded = () => providedMachines(bmdb.db, STATIC_PROVIDER);
 
 describe('provisioning from the inventory', () => {
   test('every inventory machine is recorded with address and location, in chunks, up to the limit', async () => {
@@ -137,7 +137,7 @@ describe('provisioning from the inventory', () => {
       expect(await recorded()).toEqual(before);
 
       // Decommissioned, the rest goes on.
-      await session.transact((q) => q.decommissionMachines(STATIC_PROVIDER, ['n3']));
+      await session.transact((q) => decommissionMachines(q, STATIC_PROVIDER, ['n3']));
       expect(await provisionerFor(provider(shrunk)).reconcile(session)).toMatchObject({ managed: 2, created: [] });
     } finally {
       await session.close();

@@ -2,7 +2,7 @@ import { generateKeyPairSync, type KeyObject } from 'node:crypto';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { type BMDB, Queries } from '@bmaas/bmdb-controlloop';
+import { type BMDB, newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
 import { certificatePem, selfSignedCertificate } from '@bmaas/common';
 import { type Client, createClient } from '@connectrpc/connect';
 import { createGrpcTransport } from '@connectrpc/connect-node';
@@ -47,9 +47,9 @@ export async function heartbeatStatements(registry: Registry): Promise<number> {
 
 /** A new machine whose agent started with `agent`'s key. */
 export async function startedMachine(bmdb: BMDB, agent: AgentIdentity): Promise<string> {
-  const q = new Queries(bmdb.db);
-  const machineId = await q.newMachine();
-  await q.setAgentStarted(machineId, { publicKey: agent.publicKey });
+  const q = bmdb.db;
+  const machineId = await newMachine(q);
+  await setAgentStarted(q, machineId, { publicKey: agent.publicKey });
   return machineId;
 }
 

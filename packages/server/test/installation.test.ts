@@ -4,8 +4,11 @@
  * every answer to a report says whether it was accepted or ignored
  * (`installation_report_outcome`, this project's field 100).
  */
-import { Queries } from '@bmaas/bmdb-controlloop';
+
+import type { Database } from '@bmaas/bmdb-controlloop';
+import { osInstallation, requestOSInstallation } from '@bmaas/bmdb-controlloop';
 import { Code, ConnectError } from '@connectrpc/connect';
+import type { Kysely } from 'kysely';
 import pg from 'pg';
 import { Registry } from 'prom-client';
 import { beforeAll, describe, expect, test } from 'vitest';
@@ -23,17 +26,17 @@ import {
 } from './helpers.js';
 
 let t: TestServer;
-let q: Queries;
+let q: Kysely<Database>;
 
 beforeAll(async () => {
   t = await startTestServer(new Registry());
-  q = new Queries(t.bmdb.db);
+  q = t.bmdb.db;
 });
 
 /** A machine whose agent (`agent`) was handed a request of generation 1 and is installing it. */
 async function installing(agent: AgentIdentity): Promise<string> {
   const machineId = await startedMachine(t.bmdb, agent);
-  await q.requestOSInstallation(machineId, {
+  await requestOSInstallation(q, machineId, {
     imageUrl: 'https://images.example.com/debian.img',
     imageSha256: 'ab'.repeat(32),
     rootDevice: '/dev/vda',
@@ -78,7 +81,7 @@ describe('installation reports', () => {
       await blocker.end();
     }
     // The statement committed after all: installed, the agent's tags gone.
-    await eventually(async () => ((await q.osInstallation(machineId))?.state === 'Succeeded' ? true : undefined));
+    await eventually(async () => ((await osInstallation(q, machineId))?.state === 'Succeeded' ? true : undefined));
     // The agent, never told, sends it again, on either service name: answered as the first would have been.
     const again = await agentClient(t.server.port, t.ca, agent).heartbeat(success(machineId, 1n));
     expect(again.installationReportOutcome).toBe(Outcome.OS_INSTALLATION_REPORT_OUTCOME_ACCEPTED);
@@ -105,7 +108,7 @@ describe('installation reports', () => {
   test('a Success report of a generation replaced meanwhile is answered IGNORED, without the newer request; the next heartbeat gets it', async () => {
     const agent = agentIdentity();
     const machineId = await installing(agent);
-    await q.requestOSInstallation(machineId, {
+    await requestOSInstallation(q, machineId, {
       imageUrl: 'https://images.example.com/newer.img',
       imageSha256: 'cd'.repeat(32),
       rootDevice: '/dev/vda',
@@ -126,7 +129,7 @@ describe('installation reports', () => {
     );
     expect(ignored.installationReportOutcome).toBe(Outcome.OS_INSTALLATION_REPORT_OUTCOME_IGNORED);
     expect(ignored.installationRequest).toBeUndefined();
-    expect((await q.osInstallation(machineId))?.state).toBe('Requested');
+    expect((await osInstallation(q, machineId))?.state).toBe('Requested');
     // Without a report: the newer request, and no outcome.
     const next = await client.heartbeat({ machineId });
     expect(next.installationReportOutcome).toBe(Outcome.OS_INSTALLATION_REPORT_OUTCOME_UNSPECIFIED);
@@ -138,13 +141,13 @@ describe('installation reports', () => {
     const accepted = await client.heartbeat(success(machineId, 2n));
     expect(accepted.installationReportOutcome).toBe(Outcome.OS_INSTALLATION_REPORT_OUTCOME_ACCEPTED);
     expect(accepted.installationRequest).toBeUndefined();
-    expect((await q.osInstallation(machineId))?.state).toBe('Succeeded');
+    expect((await osInstallation(q, machineId))?.state).toBe('Succeeded');
   });
 
   test('an Error report of a replaced generation is IGNORED beside the request it keeps installing', async () => {
     const agent = agentIdentity();
     const machineId = await installing(agent);
-    await q.requestOSInstallation(machineId, {
+    await requestOSInstallation(q, machineId, {
       imageUrl: 'https://images.example.com/newer.img',
       imageSha256: 'cd'.repeat(32),
       rootDevice: '/dev/vda',
@@ -157,7 +160,7 @@ describe('installation reports', () => {
     });
     expect(answer.installationReportOutcome).toBe(Outcome.OS_INSTALLATION_REPORT_OUTCOME_IGNORED);
     expect(answer.installationRequest?.generation).toBe(2n);
-    expect((await q.osInstallation(machineId))?.state).toBe('Delivered');
+    expect((await osInstallation(q, machineId))?.state).toBe('Delivered');
   });
 });
 
@@ -166,7 +169,7 @@ describe('root-device hints', () => {
     const agent = agentIdentity();
     const machineId = await startedMachine(t.bmdb, agent);
     const image = { imageUrl: 'https://images.example.com/debian.img', imageSha256: 'ab'.repeat(32), actor: 'test' };
-    await q.requestOSInstallation(machineId, {
+    await requestOSInstallation(q, machineId, {
       ...image,
       rootDeviceHints: {
         serialNumber: 'S3Z1NX0K',
@@ -192,7 +195,7 @@ describe('root-device hints', () => {
       minSizeGigabytes: 100,
       rotational: false,
     });
-    await q.requestOSInstallation(machineId, { ...image, rootDevice: '/dev/vda', reason: 'by path' });
+    await requestOSInstallation(q, machineId, { ...image, rootDevice: '/dev/vda', reason: 'by path' });
     const byPath = (await client.heartbeat({ machineId })).installationRequest?.type;
     expect(byPath?.case).toBe('diskImage');
     expect(byPath?.case === 'diskImage' && byPath.value.rootDevice).toBe('/dev/vda');

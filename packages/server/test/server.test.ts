@@ -5,7 +5,13 @@
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { Queries } from '@bmaas/bmdb-controlloop';
+import {
+  hardwareReport,
+  newMachine,
+  osInstallation,
+  osInstallationReport,
+  requestOSInstallation,
+} from '@bmaas/bmdb-controlloop';
 import { create, fromBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError, createClient } from '@connectrpc/connect';
 import { createConnectTransport } from '@connectrpc/connect-node';
@@ -49,7 +55,7 @@ const written = async (machineId: string) => ({
     .rowCount,
 });
 
-const hardwareReport = create(AgentHardwareReportSchema, {
+const sentHardwareReport = create(AgentHardwareReportSchema, {
   report: create(NodeSchema, {
     manufacturer: 'Supermicro',
     product: 'AS-1114S',
@@ -77,27 +83,27 @@ describe('Heartbeat', () => {
     const before = (await t.db.admin('SELECT now() AS now')).rows[0].now as Date;
     const response = await agentClient(t.server.port, t.ca, agent).heartbeat({
       machineId,
-      hardwareReport,
+      hardwareReport: sentHardwareReport,
       installationReport: { generation: 3n, result: { case: 'error', value: { error: 'disk on fire' } } },
     });
     expect(response.installationRequest).toBeUndefined();
 
-    const q = new Queries(t.bmdb.db);
+    const q = t.bmdb.db;
     const at = (
       await t.db.admin('SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId])
     ).rows[0]?.agent_heartbeat_at as Date;
     expect(at.getTime()).toBeGreaterThanOrEqual(before.getTime());
-    const stored = await q.hardwareReport(machineId);
-    expect(fromBinary(AgentHardwareReportSchema, stored?.raw ?? new Uint8Array())).toEqual(hardwareReport);
+    const stored = await hardwareReport(q, machineId);
+    expect(fromBinary(AgentHardwareReportSchema, stored?.raw ?? new Uint8Array())).toEqual(sentHardwareReport);
     // No request of generation 3 was ever made: its report is ignored.
-    expect(await q.osInstallationReport(machineId)).toBeUndefined();
+    expect(await osInstallationReport(q, machineId)).toBeUndefined();
   });
 
   test('the machine’s pending installation request comes back in the answer, on both service names, until its report', async () => {
     const agent = agentIdentity();
     const machineId = await startedMachine(agent);
-    const q = new Queries(t.bmdb.db);
-    await q.requestOSInstallation(machineId, {
+    const q = t.bmdb.db;
+    await requestOSInstallation(q, machineId, {
       imageUrl: 'https://images.example.com/debian.img.gz',
       imageSha256: 'ab'.repeat(32),
       rootDevice: '/dev/vda',
@@ -122,7 +128,7 @@ describe('Heartbeat', () => {
     const old = await agentClient(t.server.port, t.ca, agent).heartbeat({ machineId });
     expect(old.installationRequest).toMatchObject(expected);
     expect(old.installationRequest?.$typeName).toBe('cloud.bmaas.server.api.OSInstallationRequest');
-    expect((await q.osInstallation(machineId))?.state).toBe('Delivered');
+    expect((await osInstallation(q, machineId))?.state).toBe('Delivered');
     const current = await currentAgentClient(t.server.port, t.ca, agent).heartbeat({ machineId });
     expect(current.installationRequest).toMatchObject(expected);
     expect(current.installationRequest?.$typeName).toBe('cloud.agent.api.OSInstallationRequest');
@@ -144,9 +150,9 @@ describe('Heartbeat', () => {
       installationReport: { generation: 1n, result: { case: 'error', value: { error: 'no such device /dev/vda' } } },
     });
     expect(reported.installationRequest).toBeUndefined();
-    expect(await q.osInstallation(machineId)).toMatchObject({ state: 'Failed', error: 'no such device /dev/vda' });
-    expect(await q.osInstallationReport(machineId)).toMatchObject({ generation: 1n, result: 'Error' });
-    const raw = (await q.osInstallationReport(machineId))?.raw ?? new Uint8Array();
+    expect(await osInstallation(q, machineId)).toMatchObject({ state: 'Failed', error: 'no such device /dev/vda' });
+    expect(await osInstallationReport(q, machineId)).toMatchObject({ generation: 1n, result: 'Error' });
+    const raw = (await osInstallationReport(q, machineId))?.raw ?? new Uint8Array();
     expect(fromBinary(OSInstallationReportSchema, raw).result).toMatchObject({
       case: 'error',
       value: { error: 'no such device /dev/vda' },
@@ -155,7 +161,9 @@ describe('Heartbeat', () => {
 
   test('without a client certificate: UNAUTHENTICATED, nothing written', async () => {
     const machineId = await startedMachine(agentIdentity());
-    const error = await refusal(agentClient(t.server.port, t.ca).heartbeat({ machineId, hardwareReport }));
+    const error = await refusal(
+      agentClient(t.server.port, t.ca).heartbeat({ machineId, hardwareReport: sentHardwareReport }),
+    );
     expect(error.code).toBe(Code.Unauthenticated);
     expect(await written(machineId)).toEqual({ heartbeat: 0, hardware: 0, installation: 0 });
   });
@@ -163,7 +171,7 @@ describe('Heartbeat', () => {
   test('with another agent’s key: UNAUTHENTICATED, nothing written', async () => {
     const machineId = await startedMachine(agentIdentity());
     const error = await refusal(
-      agentClient(t.server.port, t.ca, agentIdentity()).heartbeat({ machineId, hardwareReport }),
+      agentClient(t.server.port, t.ca, agentIdentity()).heartbeat({ machineId, hardwareReport: sentHardwareReport }),
     );
     expect(error.code).toBe(Code.Unauthenticated);
     expect(error.rawMessage).toBe('machine id or public key unknown');
@@ -189,8 +197,10 @@ describe('Heartbeat', () => {
 
   test('for a machine without AgentStarted: UNAUTHENTICATED, nothing written', async () => {
     const agent = agentIdentity();
-    const machineId = await new Queries(t.bmdb.db).newMachine();
-    const error = await refusal(agentClient(t.server.port, t.ca, agent).heartbeat({ machineId, hardwareReport }));
+    const machineId = await newMachine(t.bmdb.db);
+    const error = await refusal(
+      agentClient(t.server.port, t.ca, agent).heartbeat({ machineId, hardwareReport: sentHardwareReport }),
+    );
     expect(error.code).toBe(Code.Unauthenticated);
     expect(await written(machineId)).toEqual({ heartbeat: 0, hardware: 0, installation: 0 });
   });

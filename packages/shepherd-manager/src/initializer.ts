@@ -1,15 +1,17 @@
+import type { Database } from '@bmaas/bmdb-controlloop';
 import {
+  agentStartSelection,
   type Backoff,
   type BMDB,
   type ControlLoop,
   type ControlLoopOptions,
   Process,
   type ProvidedMachine,
-  type Queries,
   runControlLoop,
   type Selection,
   type Task,
 } from '@bmaas/bmdb-controlloop';
+import type { Kysely } from 'kysely';
 import { encodeTakeoverInit, parseTakeoverResponse, type TakeoverInitParams } from './agent-protocol.js';
 import { detail, log } from './internal.js';
 import { type Provider, ShepherdError } from './provider.js';
@@ -105,8 +107,8 @@ export class Initializer implements ControlLoop<ProvidedMachine> {
   }
 
   /** Claimed from in one statement; parallel workers skip each other's machines. */
-  selectMachines(q: Queries): Selection<ProvidedMachine> {
-    return q.agentStartSelection({ provider: this.provider.type });
+  selectMachines(q: Kysely<Database>): Selection<ProvidedMachine> {
+    return agentStartSelection(q, { provider: this.provider.type });
   }
 
   async processMachine(task: Task<ProvidedMachine>): Promise<void> {

@@ -1,12 +1,18 @@
 import {
   type BMDB,
+  forgetPowerRead,
+  holdMachine,
+  leasePowerRead,
+  lookUpMachines,
   NothingToDoError,
   OperatorAction,
   OperatorOutcome,
   type PowerState,
   Process,
   type ProvidedMachine,
-  Queries,
+  powerActionSelection,
+  recordOperatorAction,
+  recordPowerRead,
   type Session,
   type Work,
   WorkConflictError,
@@ -137,7 +143,7 @@ export class PowerActions {
     const claimed = await this.#claim(session, machineId);
     if ('cause' in claimed) {
       await session.transact((q) =>
-        q.recordOperatorAction({
+        recordOperatorAction(q, {
           machineId,
           action,
           outcome: OperatorOutcome.Refused,
@@ -158,7 +164,7 @@ export class PowerActions {
     try {
       if (request.action === 'off') {
         ({ placed: held } = await session.transact((q) =>
-          q.holdMachine(machineId, { reason: request.reason, actor: request.actor, detail: { impliedBy: action } }),
+          holdMachine(q, machineId, { reason: request.reason, actor: request.actor, detail: { impliedBy: action } }),
         ));
         if (held) log.power('machine %s (provider ID %s): held for the power off', machineId, providerId);
       }
@@ -186,13 +192,13 @@ export class PowerActions {
         await work.cancel().catch((error: unknown) => {
           log.power('machine %s: claim not canceled (%s); it ends with its session', machineId, describeError(error));
         });
-        const q = new Queries(this.bmdb.db);
-        await q.recordOperatorAction(entry);
-        await q.forgetPowerRead(machineId);
+        const q = this.bmdb.db;
+        await recordOperatorAction(q, entry);
+        await forgetPowerRead(q, machineId);
       } else {
         await work.finish(async (q) => {
-          await q.recordOperatorAction(entry);
-          if (!('failure' in answer)) await q.forgetPowerRead(machineId);
+          await recordOperatorAction(q, entry);
+          if (!('failure' in answer)) await forgetPowerRead(q, machineId);
         });
       }
     } catch (error) {
@@ -228,14 +234,14 @@ export class PowerActions {
    * acts on nothing.
    */
   async read(session: Session, machine: Pick<ProvidedMachine, 'machineId' | 'providerId'>): Promise<PowerReading> {
-    const lease = await session.transact((q) => q.leasePowerRead(machine.machineId));
+    const lease = await session.transact((q) => leasePowerRead(q, machine.machineId));
     let reading: PowerReading;
     try {
       reading = { state: await this.power.readPowerState(machine.providerId, session.signal) };
     } catch (error) {
       reading = { failure: describeError(error) };
     }
-    if (lease !== undefined && (await session.transact((q) => q.recordPowerRead(lease, reading))) === undefined) {
+    if (lease !== undefined && (await session.transact((q) => recordPowerRead(q, lease, reading))) === undefined) {
       log.power('machine %s: power read overtaken by a newer one or a power action; not recorded', machine.machineId);
     }
     return reading;
@@ -245,14 +251,14 @@ export class PowerActions {
     session: Session,
     machineId: string,
   ): Promise<Work<ProvidedMachine> | { cause: string; busyWith: readonly string[] }> {
-    const selection = new Queries(this.bmdb.db).powerActionSelection(machineId);
+    const selection = powerActionSelection(this.bmdb.db, machineId);
     for (let attempt = 1; ; attempt++) {
       try {
         return await session.work(Process.ShepherdPowerAction, selection);
       } catch (error) {
         if (!(error instanceof NothingToDoError || error instanceof WorkConflictError)) throw error;
       }
-      const { found } = await session.transact((q) => q.lookUpMachines({ machineIds: [machineId] }));
+      const { found } = await session.transact((q) => lookUpMachines(q, { machineIds: [machineId] }));
       const machine = found[0];
       if (machine === undefined) return { cause: 'no such machine in the BMDB', busyWith: [] };
       if (machine.provider === null) return { cause: 'the machine has no Provided tag', busyWith: [] };

@@ -1,10 +1,11 @@
 import {
   type BMDB,
+  leasePowerReads,
   type PowerReadLease,
   type PowerReadResult,
   parseLimiter,
-  Queries,
   type RateLimiter,
+  recordPowerRead,
   runRounds,
 } from '@bmaas/bmdb-controlloop';
 import { describeError, sleep } from '@bmaas/common';
@@ -34,7 +35,7 @@ export interface PowerSyncOptions {
  * state read before stays). Machines are taken up never read first, then
  * oldest read first, each at most once per `interval`; several shepherd
  * processes share the work without reading a machine twice
- * (`Queries.leasePowerReads`).
+ * (`leasePowerReads`).
  *
  * A read acts on nothing, so held machines are read too. It takes no claim:
  * it never keeps a power action or a recovery out. A read that a power
@@ -95,8 +96,8 @@ export class PowerSync {
     bmdb: BMDB,
     signal?: AbortSignal,
   ): Promise<{ readonly lease: PowerReadLease; readonly result: PowerReadResult } | undefined> {
-    const q = new Queries(bmdb.db);
-    const [lease] = await q.leasePowerReads({
+    const q = bmdb.db;
+    const [lease] = await leasePowerReads(q, {
       provider: this.power.type,
       limit: 1,
       intervalSeconds: this.#interval / 1000,
@@ -109,7 +110,7 @@ export class PowerSync {
       if (signal?.aborted) throw error;
       result = { failure: describeError(error) };
     }
-    const before = await q.recordPowerRead(lease, result);
+    const before = await recordPowerRead(q, lease, result);
     const machine = `machine ${lease.machineId} (provider ID ${lease.providerId})`;
     if (before === undefined) {
       detail.power('%s: read overtaken by a power action or a newer read; not recorded', machine);

@@ -3,6 +3,7 @@ import {
   type ProvidedMachine,
   ProviderStatus,
   parseLimiter,
+  providedMachines,
   type RateLimiter,
   runRounds,
   type Session,
@@ -142,7 +143,7 @@ export class Provisioner {
       // In parallel; the first failure cancels the provider listing.
       [inProvider, provided] = await Promise.all([
         this.provider.listMachines(listingSignal),
-        session.transact((q) => q.providedMachines(type)),
+        session.transact((q) => providedMachines(q, type)),
       ]);
     } catch (error) {
       listing.abort(error);

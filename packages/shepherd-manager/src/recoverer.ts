@@ -1,4 +1,7 @@
+import type { Database } from '@bmaas/bmdb-controlloop';
 import {
+  agentHeartbeatsAhead,
+  agentRecoverySelection,
   type Backoff,
   type BMDB,
   type ControlLoop,
@@ -6,7 +9,6 @@ import {
   PowerState,
   Process,
   type ProvidedMachine,
-  Queries,
   type RecoveryThresholds,
   runControlLoop,
   runRounds,
@@ -14,6 +16,7 @@ import {
   type Task,
 } from '@bmaas/bmdb-controlloop';
 import { describeError, sleep } from '@bmaas/common';
+import type { Kysely } from 'kysely';
 import { detail, log } from './internal.js';
 import type { PowerControl } from './power.js';
 
@@ -88,8 +91,8 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
   }
 
   /** Claimed from in one statement; parallel workers skip each other's machines. */
-  selectMachines(q: Queries): Selection<ProvidedMachine> {
-    return q.agentRecoverySelection({ provider: this.power.type, ...this.#thresholds });
+  selectMachines(q: Kysely<Database>): Selection<ProvidedMachine> {
+    return agentRecoverySelection(q, { provider: this.power.type, ...this.#thresholds });
   }
 
   /**
@@ -99,7 +102,7 @@ export class Recoverer implements ControlLoop<ProvidedMachine> {
    * (`machine_agent_heartbeat_at_idx`).
    */
   async auditHeartbeats(bmdb: BMDB): Promise<number> {
-    const { now, heartbeats } = await new Queries(bmdb.db).agentHeartbeatsAhead({
+    const { now, heartbeats } = await agentHeartbeatsAhead(bmdb.db, {
       provider: this.power.type,
       toleranceSeconds: FUTURE_TOLERANCE_SECONDS,
     });

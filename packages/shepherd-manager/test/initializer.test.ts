@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
-import { parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
+import { parseLimiter, providedMachine, providedMachines, workHistory } from '@bmaas/bmdb-controlloop';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { openTestBMDB, testBMDB } from '../../../test/support/database.js';
@@ -60,7 +60,7 @@ const runLoopUntil = (loop: { run: Initializer['run'] }, done: () => Promise<boo
   runUntil((signal) => loop.run(bmdb, { parallelism: 2, claimLimiter: fast(), signal }), done, { timeout });
 
 async function machinesOf(provider: TestProvider) {
-  return new Queries(bmdb.db).providedMachines(provider.type).then((ms) => ms.map((m) => m.machineId));
+  return providedMachines(bmdb.db, provider.type).then((ms) => ms.map((m) => m.machineId));
 }
 
 async function agentKeys(provider: TestProvider): Promise<Map<string, Uint8Array>> {
@@ -246,7 +246,7 @@ describe('Initializer', () => {
     }
     expect((await agentKeys(provider)).size).toBe(1);
     expect(ssh.executions).toHaveLength(1); // started once
-    const history = await new Queries(bmdb.db).workHistory(machineId);
+    const history = await workHistory(bmdb.db, machineId);
     expect(history.map((h) => h.event)).toEqual(['Started', 'Finished']);
     expect(await backoffs(provider)).toEqual([]);
     await forget(provider);
@@ -282,13 +282,13 @@ describe('Recoverer', () => {
       [healthy],
     );
     await db.admin('INSERT INTO machine_agent_heartbeat VALUES ($1, now())', [healthy]);
-    const silentProviderId = (await new Queries(bmdb.db).providedMachine(silent))?.providerId;
+    const silentProviderId = (await providedMachine(bmdb.db, silent))?.providerId;
 
     await runLoopUntil(new Recoverer(provider), async () => (await agentKeys(provider)).size === 1);
     expect(provider.powerCycles).toEqual([silentProviderId]);
     const heartbeats = await db.admin('SELECT machine_id FROM machine_agent_heartbeat WHERE machine_id = $1', [silent]);
     expect(heartbeats.rowCount).toBe(0);
-    const history = await new Queries(bmdb.db).workHistory(silent);
+    const history = await workHistory(bmdb.db, silent);
     expect(history.map((h) => `${h.process}:${h.event}`)).toEqual([
       'ShepherdAgentStart:Started',
       'ShepherdAgentStart:Finished',

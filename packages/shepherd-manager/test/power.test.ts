@@ -1,4 +1,16 @@
-import { Process, parseLimiter, Queries } from '@bmaas/bmdb-controlloop';
+import {
+  holdMachine,
+  leasePowerReads,
+  machineHold,
+  operatorHistory,
+  Process,
+  parseLimiter,
+  powerState,
+  providedMachine,
+  providedMachines,
+  unholdMachine,
+  workHistory,
+} from '@bmaas/bmdb-controlloop';
 import { describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually, runUntil } from '../../../test/support/wait.js';
@@ -8,7 +20,7 @@ import { TestPower, TestProvider } from './test-provider.js';
 const { db, bmdb } = await testBMDB();
 
 const fast = () => parseLimiter('1ms,1000');
-const q = () => new Queries(bmdb.db);
+const q = () => bmdb.db;
 const operator = { reason: 'swap the PSU', actor: 'alice@ops1' };
 let providers = 0;
 
@@ -19,11 +31,11 @@ async function fleet(count: number): Promise<{ provider: TestProvider; power: Te
   const session = await bmdb.startSession();
   await new Provisioner(provider, { maxCount: count, chunkSize: count, creationLimiter: fast() }).reconcile(session);
   await session.close();
-  const machines = (await q().providedMachines(provider.type)).map((m) => m.machineId);
+  const machines = (await providedMachines(q(), provider.type)).map((m) => m.machineId);
   return { provider, power: new TestPower(provider.type), machines };
 }
 
-const providerId = async (machineId: string) => (await q().providedMachine(machineId))?.providerId as string;
+const providerId = async (machineId: string) => (await providedMachine(q(), machineId))?.providerId as string;
 
 /** Makes the machines' agents silent for 2 hours: recovery candidates, by moving time in the database. */
 async function silence(machines: readonly string[]): Promise<void> {
@@ -50,22 +62,22 @@ describe('the recoverer and holds', () => {
     const [held, other] = machines as [string, string];
     await silence([held, other]);
     await bmdb.startSession().then(async (s) => {
-      await s.transact((q) => q.holdMachine(held, operator));
+      await s.transact((q) => holdMachine(q, held, operator));
       await s.close();
     });
     // The other silent machine is recovered; the held one is not, however long the loop runs.
     await runRecoverer(new Recoverer(provider), async () => !(await started(other)));
     expect(provider.powerCycles).toEqual([await providerId(other)]);
     expect(await started(held)).toBe(true);
-    expect((await q().workHistory(held)).map((h) => h.process)).toEqual([]);
+    expect((await workHistory(q(), held)).map((h) => h.process)).toEqual([]);
 
     await bmdb.startSession().then(async (s) => {
-      await s.transact((q) => q.unholdMachine(held, { actor: 'alice@ops1' }));
+      await s.transact((q) => unholdMachine(q, held, { actor: 'alice@ops1' }));
       await s.close();
     });
     await runRecoverer(new Recoverer(provider), async () => !(await started(held)));
     expect(provider.powerCycles).toEqual([await providerId(other), await providerId(held)]);
-    expect((await q().operatorHistory(held)).map((h) => h.action)).toEqual(['Hold', 'Unhold']);
+    expect((await operatorHistory(q(), held)).map((h) => h.action)).toEqual(['Hold', 'Unhold']);
   });
 });
 
@@ -78,7 +90,7 @@ describe('the recoverer and power', () => {
     await runRecoverer(new Recoverer(power), async () => !(await started(off)) && !(await started(on)));
     expect(power.actions.filter((action) => action.startsWith('on '))).toEqual([`on ${await providerId(off)}`]);
     expect(power.actions.filter((action) => action.startsWith('cycle '))).toEqual([`cycle ${await providerId(on)}`]);
-    expect((await q().workHistory(off)).map((h) => `${h.process}:${h.event}`)).toEqual([
+    expect((await workHistory(q(), off)).map((h) => `${h.process}:${h.event}`)).toEqual([
       'ShepherdRecovery:Started',
       'ShepherdRecovery:Finished',
     ]);
@@ -110,7 +122,7 @@ describe('the recoverer and power', () => {
     stop.abort(new Error('stopping')); // its task's signal aborts once the (1 ms) grace period ends
     await recovering;
     expect(await started(waiting)).toBe(true); // stopped while waiting: not counted as recovered
-    expect((await q().workHistory(waiting)).map((h) => `${h.process}:${h.event}`)).toEqual([
+    expect((await workHistory(q(), waiting)).map((h) => `${h.process}:${h.event}`)).toEqual([
       'ShepherdRecovery:Started',
       'ShepherdRecovery:Canceled',
     ]);
@@ -136,7 +148,7 @@ describe('power actions', () => {
       command: 'test off',
       held: true,
     });
-    expect(await q().machineHold(machineId)).toMatchObject({ reason: 'swap the PSU', actor: 'alice@ops1' });
+    expect(await machineHold(q(), machineId)).toMatchObject({ reason: 'swap the PSU', actor: 'alice@ops1' });
     // Held: power actions go on; power on does not release the hold.
     expect(await actions.take(session, machineId, { action: 'on', reason: 'PSU swapped', actor: 'bob@ops2' })).toEqual({
       outcome: 'Succeeded',
@@ -146,7 +158,7 @@ describe('power actions', () => {
     expect(
       await actions.take(session, machineId, { action: 'off', graceful: true, reason: 'again', actor: 'bob@ops2' }),
     ).toMatchObject({ outcome: 'Succeeded', command: 'test shutdown', held: false });
-    expect(await q().machineHold(machineId)).toMatchObject({ reason: 'swap the PSU' });
+    expect(await machineHold(q(), machineId)).toMatchObject({ reason: 'swap the PSU' });
     await actions.take(session, machineId, { action: 'on', reason: 'back', actor: 'bob@ops2' });
     expect(await actions.take(session, machineId, { action: 'cycle', reason: 'test', actor: 'bob@ops2' })).toEqual({
       outcome: 'Succeeded',
@@ -155,7 +167,7 @@ describe('power actions', () => {
     });
     expect(power.actions).toEqual([`off ${id}`, `on ${id}`, `shutdown ${id}`, `on ${id}`, `cycle ${id}`]);
 
-    const history = await q().operatorHistory(machineId);
+    const history = await operatorHistory(q(), machineId);
     expect(history.map((h) => [h.action, h.outcome, h.reason, h.actor, h.detail])).toEqual([
       ['Hold', 'Succeeded', 'swap the PSU', 'alice@ops1', { impliedBy: 'PowerOff' }],
       ['PowerOff', 'Succeeded', 'swap the PSU', 'alice@ops1', { graceful: false, command: 'test off' }],
@@ -164,7 +176,7 @@ describe('power actions', () => {
       ['PowerOn', 'Succeeded', 'back', 'bob@ops2', { command: 'test on' }],
       ['PowerCycle', 'Succeeded', 'test', 'bob@ops2', { command: 'test cycle' }],
     ]);
-    expect((await q().workHistory(machineId)).map((h) => `${h.process}:${h.event}`)).toEqual(
+    expect((await workHistory(q(), machineId)).map((h) => `${h.process}:${h.event}`)).toEqual(
       Array(5).fill(['ShepherdPowerAction:Started', 'ShepherdPowerAction:Finished']).flat(),
     );
     await session.close();
@@ -189,7 +201,7 @@ describe('power actions', () => {
       cause: 'BMC refused the credentials',
       held: true,
     });
-    const history = await q().operatorHistory(machineId);
+    const history = await operatorHistory(q(), machineId);
     expect(history.map((h) => [h.action, h.outcome, h.cause])).toEqual([
       ['PowerCycle', 'Failed', `test BMC of ${id}: cannot cycle a machine that is off`],
       ['Hold', 'Succeeded', null],
@@ -213,8 +225,8 @@ describe('power actions', () => {
       busyWith: ['ShepherdRecovery'],
     });
     expect(power.actions).toEqual([]);
-    expect(await q().machineHold(machineId)).toBeUndefined();
-    expect((await q().operatorHistory(machineId)).map((h) => [h.action, h.outcome, h.cause])).toEqual([
+    expect(await machineHold(q(), machineId)).toBeUndefined();
+    expect((await operatorHistory(q(), machineId)).map((h) => [h.action, h.outcome, h.cause])).toEqual([
       ['PowerOff', 'Refused', 'work is running on it (ShepherdRecovery); try again once it ended'],
     ]);
     await recovery.finish();
@@ -231,14 +243,14 @@ describe('power actions', () => {
     const session = await bmdb.startSession();
     const actions = new PowerActions(bmdb, power);
     expect(await actions.read(session, { machineId, providerId: id })).toEqual({ state: 'On' });
-    expect(await q().powerState(machineId)).toMatchObject({ state: 'On' });
-    expect(await q().leasePowerReads({ provider: power.type, limit: 1, intervalSeconds: 60 })).toEqual([]);
+    expect(await powerState(q(), machineId)).toMatchObject({ state: 'On' });
+    expect(await leasePowerReads(q(), { provider: power.type, limit: 1, intervalSeconds: 60 })).toEqual([]);
     await actions.take(session, machineId, { action: 'off', ...operator });
-    const [next] = await q().leasePowerReads({ provider: power.type, limit: 1, intervalSeconds: 60 });
+    const [next] = await leasePowerReads(q(), { provider: power.type, limit: 1, intervalSeconds: 60 });
     expect(next?.machineId).toBe(machineId);
     power.failing.set(id, 'BMC timeout');
     expect(await actions.read(session, { machineId, providerId: id })).toEqual({ failure: 'BMC timeout' });
-    expect(await q().powerState(machineId)).toMatchObject({ state: 'On', failedCause: 'BMC timeout' });
+    expect(await powerState(q(), machineId)).toMatchObject({ state: 'On', failedCause: 'BMC timeout' });
     await session.close();
   });
 });
@@ -251,7 +263,7 @@ describe('the power sync', () => {
     power.states.set(ids[1] as string, 'PoweringOn');
     power.failing.set(ids[2] as string, 'BMC unreachable');
     await bmdb.startSession().then(async (s) => {
-      await s.transact((q) => q.holdMachine(machines[3] as string, operator));
+      await s.transact((q) => holdMachine(q, machines[3] as string, operator));
       await s.close();
     });
     let release: () => void = () => {};
@@ -274,11 +286,11 @@ describe('the power sync', () => {
     );
     expect(power.peakInFlight).toBe(3);
     expect(power.reads).toBe(12); // each once: the interval has not passed
-    expect(await q().powerState(machines[0] as string)).toMatchObject({ state: 'Off' });
-    expect(await q().powerState(machines[1] as string)).toMatchObject({ state: 'PoweringOn' });
-    expect(await q().powerState(machines[2] as string)).toMatchObject({ state: null, failedCause: 'BMC unreachable' });
-    expect(await q().powerState(machines[3] as string)).toMatchObject({ state: 'On' });
-    expect((await q().powerState(machines[3] as string))?.readAt).toBeInstanceOf(Date);
+    expect(await powerState(q(), machines[0] as string)).toMatchObject({ state: 'Off' });
+    expect(await powerState(q(), machines[1] as string)).toMatchObject({ state: 'PoweringOn' });
+    expect(await powerState(q(), machines[2] as string)).toMatchObject({ state: null, failedCause: 'BMC unreachable' });
+    expect(await powerState(q(), machines[3] as string)).toMatchObject({ state: 'On' });
+    expect((await powerState(q(), machines[3] as string))?.readAt).toBeInstanceOf(Date);
   });
 
   test('reads no faster than its limiter allows, and a machine again once the interval passed', async () => {

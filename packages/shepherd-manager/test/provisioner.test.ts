@@ -1,4 +1,10 @@
-import { ProviderStatus, parseLimiter, Queries, SessionExpiredError } from '@bmaas/bmdb-controlloop';
+import {
+  ProviderStatus,
+  parseLimiter,
+  providedMachines,
+  SessionExpiredError,
+  updateProviderStatus,
+} from '@bmaas/bmdb-controlloop';
 import { describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
@@ -27,7 +33,7 @@ describe('Provisioner', () => {
     const provisioner = new Provisioner(provider, { maxCount: 10, chunkSize: 4, ...fastLimiters() });
     const stop = new AbortController();
     const running = provisioner.run(bmdb, { signal: stop.signal });
-    const provided = async () => new Queries(bmdb.db).providedMachines(provider.type);
+    const provided = async () => providedMachines(bmdb.db, provider.type);
     await eventually(async () => ((await provided()).length >= 10 ? true : undefined));
     // A few more passes: it must stop at the limit.
     const passes = provider.listings;
@@ -110,7 +116,7 @@ describe('Provisioner', () => {
     provider.machines.delete('rogue-a');
     provider.machines.delete('rogue-b');
     await session.transact((q) =>
-      q.updateProviderStatus(provider.type, 'machine-0', {
+      updateProviderStatus(q, provider.type, 'machine-0', {
         providerStatus: ProviderStatus.ProvisioningFailedPermanent,
       }),
     );

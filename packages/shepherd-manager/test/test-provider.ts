@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type { PowerState, Session } from '@bmaas/bmdb-controlloop';
+import { addProvided, newMachine } from '@bmaas/bmdb-controlloop';
 import { expect } from 'vitest';
 import {
   type AcceptedPowerCommand,
@@ -65,8 +66,8 @@ export class TestProvider implements Provider, PowerControl {
     if (this.failCreation.has(id)) throw new Error(`provider refused to create ${id}`);
     const machine: TestMachine = { id, address: this.address, availability: Availability.KnownUsed, failed: false };
     await session.transact(async (q) => {
-      const machineId = await q.newMachine();
-      await q.addProvided(machineId, { provider: this.type, providerId: id, providerIpAddress: this.address });
+      const machineId = await newMachine(q);
+      await addProvided(q, machineId, { provider: this.type, providerId: id, providerIpAddress: this.address });
     });
     expect(request.unusedMachine.availability).not.toBe(Availability.KnownUsed);
     this.machines.set(id, machine);

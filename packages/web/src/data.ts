@@ -1,20 +1,32 @@
 import { createHash } from 'node:crypto';
+import type { Database } from '@bmaas/bmdb-controlloop';
 import {
   type BackoffCause,
   type BMDB,
+  backoffCauses,
+  databaseNow,
   type FleetControl,
   type FleetStages,
+  findMachine,
+  fleetStages,
   type LiveSession,
+  liveSessions,
+  liveWorkByProcess,
   type MachineDetail,
   type MachineFilter,
   type MachineSummary,
+  machineDetail,
+  machinePage,
   type OSInstallation,
   type OSInstallationCounts,
-  Queries,
+  osInstallationCounts,
+  providers,
   type RecentFailure,
   type RecoveryThresholds,
+  recentFailures,
   SHEPHERD_PROCESSES,
 } from '@bmaas/bmdb-controlloop';
+import type { Kysely } from 'kysely';
 
 /** The Kysely instance over the BMDB (`BMDB.db`). */
 export type BMDBReader = BMDB['db'];
@@ -25,12 +37,12 @@ export type BMDBReader = BMDB['db'];
  * without the predicate locks SERIALIZABLE would take, which could make the
  * shepherds' own transactions fail.
  */
-export function readOnly<T>(db: BMDBReader, read: (q: Queries) => Promise<T>): Promise<T> {
+export function readOnly<T>(db: BMDBReader, read: (q: Kysely<Database>) => Promise<T>): Promise<T> {
   return db
     .transaction()
     .setIsolationLevel('repeatable read')
     .setAccessMode('read only')
-    .execute((trx) => read(new Queries(trx)));
+    .execute((trx) => read(trx));
 }
 
 /** What `/` and `/api/overview` show. */
@@ -54,14 +66,14 @@ export interface Overview extends FleetControl {
  */
 export async function readOverview(db: BMDBReader, thresholds: RecoveryThresholds): Promise<Overview> {
   const [stages, rest] = await Promise.all([
-    readOnly(db, (q) => q.fleetStages(thresholds)),
+    readOnly(db, (q) => fleetStages(q, thresholds)),
     readOnly(db, async (q) => ({
-      now: await q.now(),
-      liveWork: await q.liveWorkByProcess(),
-      sessions: await q.liveSessions(),
-      backoffCauses: await q.backoffCauses({ limit: 20 }),
-      recentFailures: await q.recentFailures({ limit: 20 }),
-      installations: await q.osInstallationCounts(),
+      now: await databaseNow(q),
+      liveWork: await liveWorkByProcess(q),
+      sessions: await liveSessions(q),
+      backoffCauses: await backoffCauses(q, { limit: 20 }),
+      recentFailures: await recentFailures(q, { limit: 20 }),
+      installations: await osInstallationCounts(q),
     })),
   ]);
   return { ...stages, ...rest };
@@ -85,14 +97,14 @@ export async function readMachineList(
   thresholds: RecoveryThresholds,
 ): Promise<MachineList> {
   return readOnly(db, async (q) => {
-    const page = await q.machinePage(filter, thresholds);
-    const live = Object.keys(await q.liveWorkByProcess());
+    const page = await machinePage(q, filter, thresholds);
+    const live = Object.keys(await liveWorkByProcess(q));
     return {
-      now: await q.now(),
+      now: await databaseNow(q),
       filter,
       machines: page.machines,
       next: page.next,
-      providers: await q.providers(),
+      providers: await providers(q),
       processes: [...new Set([...SHEPHERD_PROCESSES, ...live])].sort(),
     };
   });
@@ -119,13 +131,13 @@ export async function readMachine(
   thresholds: RecoveryThresholds,
 ): Promise<MachineView | undefined> {
   return readOnly(db, async (q) => {
-    const detail = await q.machineDetail(machineId, { ...thresholds, historyLimit: 500 });
+    const detail = await machineDetail(q, machineId, { ...thresholds, historyLimit: 500 });
     if (detail === undefined) return undefined;
     const { agentPublicKey, osInstallation, ...rest } = detail;
     return {
       ...rest,
       osInstallation: osInstallation && installationView(osInstallation),
-      now: await q.now(),
+      now: await databaseNow(q),
       agentKeyFingerprint: agentPublicKey === null ? null : fingerprint(agentPublicKey),
       consoleUrl: detail.provided ? consoleUrl(detail.provided.provider, detail.provided.providerId) : null,
     };
@@ -138,8 +150,8 @@ function installationView(installation: OSInstallation): InstallationView {
 }
 
 /** The machine ID a search term names exactly (a machine ID or a unique provider ID), if any. */
-export function findMachine(db: BMDBReader, term: string): Promise<string | undefined> {
-  return readOnly(db, (q) => q.findMachine(term));
+export function readExactMatch(db: BMDBReader, term: string): Promise<string | undefined> {
+  return readOnly(db, (q) => findMachine(q, term));
 }
 
 /** `SHA256:<base64>` of a public key, as OpenSSH prints fingerprints. */

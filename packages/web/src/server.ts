@@ -12,7 +12,7 @@ import {
 } from '@bmaas/bmdb-controlloop';
 import { describeError, isUuid } from '@bmaas/common';
 import { checkTlsRule, checkTokenRule, expiredLoginCookie, parseCookies, TokenCheck } from './access.js';
-import { type BMDBReader, findMachine, readMachine, readMachineList, readOverview } from './data.js';
+import { type BMDBReader, readExactMatch, readMachine, readMachineList, readOverview } from './data.js';
 import { type Html, href } from './html.js';
 import { type Frame, layout, notice } from './pages/layout.js';
 import { loginPage } from './pages/login.js';
@@ -192,7 +192,7 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
       const api = path === '/api/machines';
       const filter = parseFilter(url.searchParams, api);
       if (!api && filter.search && filter.after === undefined) {
-        const exact = await findMachine(options.db, filter.search);
+        const exact = await readExactMatch(options.db, filter.search);
         if (exact !== undefined) {
           response.writeHead(303, { location: `/machines/${exact}` }).end();
           return;

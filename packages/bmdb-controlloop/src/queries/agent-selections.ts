@@ -6,6 +6,11 @@ import { hasLiveWork, inBackoff, isHeld } from './conditions.js';
 import { type ProvidedMachine, toProvidedMachine } from './provided-tags.js';
 import { installingRecently, type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
 
+/**
+ * Machines of `provider` whose agent must be started: provided, no
+ * AgentStarted tag, no live shepherd work, no running ShepherdAgentStart
+ * backoff, not held.
+ */
 export async function machinesForAgentStart(
   db: Kysely<Database>,
   options: { provider: string; limit: number },
@@ -14,6 +19,10 @@ export async function machinesForAgentStart(
   return rows.map(toProvidedMachine);
 }
 
+/**
+ * {@link machinesForAgentStart} as a {@link Selection}, for
+ * one-statement claims (`Session.work`, `ControlLoop.selectMachines`).
+ */
 export function agentStartSelection(
   db: Kysely<Database>,
   options: { provider: string },
@@ -25,6 +34,12 @@ export function agentStartSelection(
   };
 }
 
+/**
+ * Machines of `provider` whose agent went silent: AgentStarted and either no
+ * heartbeat `firstHeartbeatWithin` after the start, or a last heartbeat older
+ * than `heartbeatWithin`; no live shepherd work, no running
+ * ShepherdRecovery backoff, not held.
+ */
 export async function machinesForAgentRecovery(
   db: Kysely<Database>,
   options: { provider: string; limit: number } & RecoveryThresholds,
@@ -33,6 +48,7 @@ export async function machinesForAgentRecovery(
   return rows.map(toProvidedMachine);
 }
 
+/** {@link machinesForAgentRecovery} as a {@link Selection}. */
 export function agentRecoverySelection(
   db: Kysely<Database>,
   options: { provider: string } & RecoveryThresholds,

@@ -11,7 +11,7 @@ export interface StartedAgent {
   readonly startedAt: Date;
 }
 
-/** An agent heartbeat dated ahead of the database's clock (see {@link Queries.agentHeartbeatsAhead}). */
+/** An agent heartbeat dated ahead of the database's clock (see {@link agentHeartbeatsAhead}). */
 export interface HeartbeatAhead {
   readonly machineId: string;
   readonly providerId: string;
@@ -21,6 +21,7 @@ export interface HeartbeatAhead {
 /** Heartbeats written per statement by {@link setAgentHeartbeats}: two parameters each, well under PostgreSQL's 65535. */
 const HEARTBEATS_PER_STATEMENT = 10_000;
 
+/** Sets (or replaces) the AgentStarted tag. `startedAt` defaults to the database's now. */
 export async function setAgentStarted(
   db: Kysely<Database>,
   machineId: string,
@@ -48,10 +49,12 @@ function isInstalledRefusal(error: unknown): error is Error {
   );
 }
 
+/** Removes the AgentStarted tag, if any. */
 export async function deleteAgentStarted(db: Kysely<Database>, machineId: string): Promise<void> {
   await db.deleteFrom('machine_agent_started').where('machine_id', '=', machineId).execute();
 }
 
+/** The machines of `provider` whose agent was started (AgentStarted), and when. */
 export async function startedAgents(db: Kysely<Database>, provider: string): Promise<StartedAgent[]> {
   const rows = await db
     .selectFrom('machine_agent_started as a')
@@ -62,6 +65,7 @@ export async function startedAgents(db: Kysely<Database>, provider: string): Pro
   return rows.map((row) => ({ machineId: row.machine_id, startedAt: row.agent_started_at }));
 }
 
+/** Records an agent heartbeat at `at` (default, and at most, the database's now). */
 export async function setAgentHeartbeat(db: Kysely<Database>, machineId: string, at?: Date): Promise<void> {
   // Never later than the database's now: a writer whose clock runs fast
   // would otherwise keep a silent agent looking alive until its time comes.
@@ -73,10 +77,16 @@ export async function setAgentHeartbeat(db: Kysely<Database>, machineId: string,
     .execute();
 }
 
+/** Removes the AgentHeartbeat tag, if any. */
 export async function deleteAgentHeartbeat(db: Kysely<Database>, machineId: string): Promise<void> {
   await db.deleteFrom('machine_agent_heartbeat').where('machine_id', '=', machineId).execute();
 }
 
+/**
+ * Records a heartbeat at the database's now for each of `machineIds`, a
+ * few statements for any number (two parameters a machine, well under
+ * PostgreSQL's 65535 per statement).
+ */
 export async function setAgentHeartbeats(db: Kysely<Database>, machineIds: readonly string[]): Promise<void> {
   for (let i = 0; i < machineIds.length; i += HEARTBEATS_PER_STATEMENT) {
     await db
@@ -91,6 +101,11 @@ export async function setAgentHeartbeats(db: Kysely<Database>, machineIds: reado
   }
 }
 
+/**
+ * The heartbeats of `provider`'s machines dated more than `toleranceSeconds`
+ * after the database's now, and that now: an index range scan
+ * (`machine_agent_heartbeat_at_idx`).
+ */
 export async function agentHeartbeatsAhead(
   db: Kysely<Database>,
   options: {
@@ -117,6 +132,7 @@ export async function agentHeartbeatsAhead(
   };
 }
 
+/** The machine's last hardware report from its agent, if any. */
 export async function hardwareReport(
   db: Kysely<Database>,
   machineId: string,
@@ -129,6 +145,7 @@ export async function hardwareReport(
   return row && { machineId: row.machine_id, raw: row.hardware_report_raw, reportedAt: row.hardware_reported_at };
 }
 
+/** The machine's last OS installation report from its agent, if any. */
 export async function osInstallationReport(
   db: Kysely<Database>,
   machineId: string,

@@ -39,6 +39,7 @@ export interface BackoffCause {
 const CAUSE_UUID = '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}';
 const CAUSE_ADDRESS = '\\m[0-9]{1,3}(\\.[0-9]{1,3}){3}(:[0-9]{1,5})?\\M';
 
+/** A machine's backoffs (running or not), by process. */
 export async function workBackoffs(db: Kysely<Database>, machineId: string): Promise<WorkBackoffEntry[]> {
   const rows = await db
     .selectFrom('work_backoff')
@@ -50,6 +51,10 @@ export async function workBackoffs(db: Kysely<Database>, machineId: string): Pro
   return rows.map(toBackoffEntry);
 }
 
+/**
+ * Running backoffs across the fleet, soonest to end first, with each
+ * machine's provider ID and the seconds left.
+ */
 export async function activeBackoffs(
   db: Kysely<Database>,
   options: { process?: string; limit?: number } = {},
@@ -78,6 +83,13 @@ export async function activeBackoffs(
   }));
 }
 
+/**
+ * Running backoffs grouped by process and cause, the most machines first:
+ * how many machines fail for the same reason. Causes often name their
+ * machine; UUIDs and IPv4 addresses (with a port) in them are replaced by
+ * `<id>` and `<address>` first, so one failure on many machines is one
+ * group.
+ */
 export async function backoffCauses(db: Kysely<Database>, options: { limit?: number } = {}): Promise<BackoffCause[]> {
   const { rows } = await sql<{
     process: string;

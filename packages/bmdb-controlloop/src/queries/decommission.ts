@@ -3,7 +3,7 @@ import { type Kysely, sql } from 'kysely';
 import { type Database, OSInstallationState, OSRequestKind } from '../schema.js';
 import { requestDiskWipe } from './os-installation.js';
 
-/** What {@link Queries.decommissionMachines} did with each provider ID it was given. */
+/** What {@link decommissionMachines} did with each provider ID it was given. */
 export interface DecommissionReport {
   /** Removed from the BMDB, with their tags and backoffs; their work history stays. */
   readonly removed: readonly { readonly providerId: string; readonly machineId: string }[];
@@ -17,6 +17,16 @@ export interface DecommissionReport {
   readonly unknown: readonly string[];
 }
 
+/**
+ * Removes the machines `providerIds` of `provider` from the BMDB: the
+ * machine rows and, by cascade, their tags and backoffs. Machines with
+ * work held by a live session (any process) are refused and left as they
+ * are; work left behind by expired sessions goes with its machine. Work
+ * history has no key on machines and stays, for the record.
+ *
+ * The machines are locked first (`FOR UPDATE`), so a claim racing with the
+ * removal either lands first and is seen, or waits and then fails.
+ */
 export async function decommissionMachines(
   db: Kysely<Database>,
   provider: string,
@@ -56,7 +66,7 @@ export async function decommissionMachines(
   };
 }
 
-/** What {@link Queries.decommissionWithWipe} did with each provider ID it was given. */
+/** What {@link decommissionWithWipe} did with each provider ID it was given. */
 export interface WipeDecommissionReport extends DecommissionReport {
   /** Their disk wipe is requested and not reported yet: removed once their agent reports success. */
   readonly wiping: readonly {

@@ -39,7 +39,7 @@ export interface MachineSummary {
   readonly installation: { readonly state: OSInstallationState; readonly generation: bigint } | null;
 }
 
-/** One page of {@link Queries.machinePage}. */
+/** One page of {@link machinePage}. */
 export interface MachinePage {
   readonly machines: readonly MachineSummary[];
   /** Pass as `after` for the next page; `undefined` on the last. */
@@ -57,7 +57,7 @@ export interface LiveWorkItem {
   readonly since: Date | null;
 }
 
-/** One machine's whole story (see {@link Queries.machineDetail}). */
+/** One machine's whole story (see {@link machineDetail}). */
 export interface MachineDetail extends Omit<MachineSummary, 'liveWork' | 'backoffs'> {
   /** The last power state read, with its failure if the last read failed; `null` for an unprovided machine. */
   readonly power: PowerStateRecord | null;
@@ -78,6 +78,10 @@ export interface MachineDetail extends Omit<MachineSummary, 'liveWork' | 'backof
   readonly historyTotal: number;
 }
 
+/**
+ * The machine a person means by `id`: a machine ID, or a provider ID known
+ * to exactly one provider. `undefined` when none or several match.
+ */
 export async function findMachine(db: Kysely<Database>, id: string): Promise<string | undefined> {
   const trimmed = id.trim();
   if (isUuid(trimmed)) {
@@ -97,6 +101,12 @@ export async function findMachine(db: Kysely<Database>, id: string): Promise<str
   return rows.length === 1 ? rows[0]?.machine_id : undefined;
 }
 
+/**
+ * One page of machines matching `filter`, in machine ID order, from
+ * `filter.after` (keyset pagination: pass the page's `next` to get the
+ * next). Each filter is served by an index: the most selective one given
+ * chooses the rows read, the others are checked on them.
+ */
 export async function machinePage(
   db: Kysely<Database>,
   filter: MachineFilter = {},
@@ -157,6 +167,11 @@ export async function machinePage(
   return { machines, next: rows.length > limit ? machines.at(-1)?.machineId : undefined };
 }
 
+/**
+ * Everything known about one machine: its tags and stage, live work, every
+ * backoff (running or expired) and its work history, newest first, up to
+ * `historyLimit` entries (default 500; `historyTotal` says how many exist).
+ */
 export async function machineDetail(
   db: Kysely<Database>,
   machineId: string,

@@ -81,6 +81,10 @@ export interface LiveSession {
   readonly work: number;
 }
 
+/**
+ * Machines per lifecycle stage, live work and running backoffs per process.
+ * A full scan: meant for status pages, not for control loops.
+ */
 export async function fleetStats(
   db: Kysely<Database>,
   options: { provider?: string } & RecoveryThresholds = {},
@@ -168,11 +172,16 @@ const NO_POWER_STATES: Record<PowerState | 'Unread', number> = {
   Unread: 0,
 };
 
+/** The database's clock: what ages and "time left" on status pages are measured from. */
 export async function databaseNow(db: Kysely<Database>): Promise<Date> {
   const row = await db.selectNoFrom(sql<Date>`now()`.as('now')).executeTakeFirstOrThrow();
   return row.now;
 }
 
+/**
+ * The providers machines are provided by, sorted. One index probe per
+ * provider (a loose index scan), not a scan of every machine.
+ */
 export async function providers(db: Kysely<Database>): Promise<string[]> {
   const { rows } = await sql<{ provider: string }>`
     WITH RECURSIVE p AS (
@@ -185,6 +194,7 @@ export async function providers(db: Kysely<Database>): Promise<string[]> {
   return rows.map((row) => row.provider);
 }
 
+/** How many machines each provider has in the BMDB, by provider name. */
 export async function machinesPerProvider(db: Kysely<Database>): Promise<Record<string, number>> {
   const rows = await db
     .selectFrom('machine_provided')
@@ -195,6 +205,7 @@ export async function machinesPerProvider(db: Kysely<Database>): Promise<Record<
   return Object.fromEntries(rows.map((row) => [row.provider, row.machines]));
 }
 
+/** Live work items (held by unexpired sessions), per process. */
 export async function liveWorkByProcess(db: Kysely<Database>): Promise<Record<string, number>> {
   const rows = await db
     .selectFrom('work as w')
@@ -207,6 +218,7 @@ export async function liveWorkByProcess(db: Kysely<Database>): Promise<Record<st
   return Object.fromEntries(rows.map((row) => [row.process, row.count]));
 }
 
+/** Sessions whose deadline has not passed (which processes are alive), oldest first, with their live work. */
 export async function liveSessions(db: Kysely<Database>): Promise<LiveSession[]> {
   const rows = await db
     .selectFrom('sessions as s')

@@ -21,6 +21,7 @@ export interface RecentFailure {
   readonly providerId: string | null;
 }
 
+/** A machine's work history, oldest first. */
 export async function workHistory(
   db: Kysely<Database>,
   machineId: string,
@@ -49,6 +50,7 @@ export function toHistoryEntry(row: Selectable<WorkHistoryTable>): WorkHistoryEn
   };
 }
 
+/** The fleet's latest `Failed` history events, newest first (index `work_history_failed_idx`). */
 export async function recentFailures(db: Kysely<Database>, options: { limit?: number } = {}): Promise<RecentFailure[]> {
   const rows = await db
     .selectFrom('work_history as wh')

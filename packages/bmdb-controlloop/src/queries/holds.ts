@@ -22,7 +22,7 @@ export interface HeldMachine extends MachineHold {
   readonly ageSeconds: number;
 }
 
-/** Who holds a machine and why (see {@link Queries.holdMachine}). */
+/** Who holds a machine and why (see {@link holdMachine}). */
 export interface HoldRequest {
   readonly reason: string;
   readonly actor: string;
@@ -30,7 +30,7 @@ export interface HoldRequest {
   readonly detail?: Readonly<Record<string, unknown>> | undefined;
 }
 
-/** What {@link Queries.holdMachine} did, and what goes on on the machine under the hold. */
+/** What {@link holdMachine} did, and what goes on on the machine under the hold. */
 export interface PlacedHold {
   /** The machine's hold: the one placed, or the one it already had. */
   readonly hold: MachineHold;
@@ -115,6 +115,11 @@ async function placeHold(
   return { hold: toHold(row), placed: row.placed, liveWork: row.live_work, installing };
 }
 
+/**
+ * Releases the machine's hold, recording `Unhold` in the operator history;
+ * the loops' idle workers are woken. Returns the hold released, or
+ * `undefined` when the machine was not held (nothing is recorded).
+ */
 export async function unholdMachine(
   db: Kysely<Database>,
   machineId: string,
@@ -139,11 +144,13 @@ export async function unholdMachine(
   return hold;
 }
 
+/** The machine's hold, if it is held. */
 export async function machineHold(db: Kysely<Database>, machineId: string): Promise<MachineHold | undefined> {
   const row = await db.selectFrom('machine_hold').selectAll().where('machine_id', '=', machineId).executeTakeFirst();
   return row && toHold(row);
 }
 
+/** Held machines, longest held first (default at most 100), with provider ID and age. */
 export async function heldMachines(db: Kysely<Database>, options: { limit?: number } = {}): Promise<HeldMachine[]> {
   const rows = await db
     .selectFrom('machine_hold as hd')

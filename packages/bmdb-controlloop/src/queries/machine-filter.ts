@@ -5,7 +5,7 @@ import { hasLiveWork } from './conditions.js';
 import type { MachineStage } from './fleet-stats.js';
 import { type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
 
-/** What {@link Queries.machinePage} lists. Every field given must hold. */
+/** What {@link machinePage} lists. Every field given must hold. */
 export interface MachineFilter {
   readonly stage?: MachineStage;
   readonly provider?: string;

@@ -3,7 +3,7 @@ import { isUuid } from '@bmaas/common';
 import { type Kysely, sql } from 'kysely';
 import type { Database } from '../schema.js';
 
-/** A machine found by {@link Queries.lookUpMachines}, with the work running on it right now. */
+/** A machine found by {@link lookUpMachines}, with the work running on it right now. */
 export interface MachineRef {
   readonly machineId: string;
   /** Its Provided tag's provider and provider ID; `null` for a machine without one. */
@@ -18,13 +18,18 @@ export type MachineNames =
   | { readonly provider: string; readonly providerIds: readonly string[] }
   | { readonly machineIds: readonly string[] };
 
-/** What {@link Queries.lookUpMachines} found, in the order asked, and the names it did not know. */
+/** What {@link lookUpMachines} found, in the order asked, and the names it did not know. */
 export interface MachineLookup {
   readonly found: readonly MachineRef[];
   /** Provider IDs (or machine IDs) the BMDB does not have, in the order asked. */
   readonly unknown: readonly string[];
 }
 
+/**
+ * The machines a person names, by provider and provider IDs or by machine
+ * IDs, with the work running on each; and the names the BMDB does not
+ * know (a machine ID that is no UUID among them).
+ */
 export async function lookUpMachines(db: Kysely<Database>, names: MachineNames): Promise<MachineLookup> {
   const byMachine = 'machineIds' in names;
   const wanted = [...new Set(byMachine ? names.machineIds.map((id) => id.toLowerCase()) : names.providerIds)];

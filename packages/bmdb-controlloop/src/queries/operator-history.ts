@@ -19,7 +19,7 @@ export interface OperatorHistoryEntry {
   readonly detail: Readonly<Record<string, unknown>> | null;
 }
 
-/** An operator's action to record (see {@link Queries.recordOperatorAction}). */
+/** An operator's action to record (see {@link recordOperatorAction}). */
 export interface NewOperatorAction {
   readonly machineId: string;
   readonly action: string;
@@ -33,6 +33,14 @@ export interface NewOperatorAction {
 
 const OUTCOMES: readonly string[] = ['Succeeded', 'Failed', 'Refused'];
 
+/**
+ * Records what a person did to a machine in its operator history: the
+ * shepherd's holds and power actions, or a component's own action (an OS
+ * installation requested, cancelled), with outcome, reason, actor, cause
+ * and particulars (`detail`, JSON).
+ *
+ * @throws {@link BMDBError} without an action, actor or a known outcome
+ */
 export async function recordOperatorAction(db: Kysely<Database>, entry: NewOperatorAction): Promise<void> {
   const what = `operator action ${JSON.stringify(entry.action)} on machine ${entry.machineId}`;
   if (typeof entry.action !== 'string' || entry.action.trim() === '') {
@@ -66,6 +74,7 @@ export function checkReason(reason: unknown, what: string, why: string): void {
   if (typeof reason !== 'string' || reason.trim() === '') throw new BMDBError(`${what}: a reason is needed (${why})`);
 }
 
+/** A machine's operator history, oldest first (newest first and at most `limit` if asked). */
 export async function operatorHistory(
   db: Kysely<Database>,
   machineId: string,

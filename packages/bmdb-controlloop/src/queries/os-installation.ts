@@ -33,7 +33,7 @@ export interface OSImage {
   readonly userData?: Uint8Array | undefined;
 }
 
-/** An operator's installation request (see {@link Queries.requestOSInstallation}). */
+/** An operator's installation request (see {@link requestOSInstallation}). */
 export interface OSInstallationRequest extends OSImage {
   /** Who asks (`user@host`). */
   readonly actor: string;
@@ -59,7 +59,7 @@ export interface OSInstallation extends PendingOSInstallation {
   readonly decommission: boolean;
 }
 
-/** An operator's disk wipe request (see {@link Queries.requestDiskWipe}). */
+/** An operator's disk wipe request (see {@link requestDiskWipe}). */
 export interface DiskWipeRequest {
   /** Who asks (`user@host`). */
   readonly actor: string;
@@ -78,7 +78,7 @@ export interface ListedOSInstallation extends OSInstallation {
 /** Machines per installation state; machines never asked to install are in none. */
 export type OSInstallationCounts = Readonly<Record<OSInstallationState, number>>;
 
-/** What {@link Queries.cancelOSInstallation} did. */
+/** What {@link cancelOSInstallation} did. */
 export interface OSInstallationCancel {
   /** Whether a request was withdrawn (false: refused, see `cause`). */
   readonly canceled: boolean;
@@ -128,6 +128,18 @@ export function checkOSImage(image: OSImage, what: string): RootDeviceHints | un
   return hints;
 }
 
+/**
+ * Requests an OS installation of the machine: the disk image is handed to
+ * its agent with its next heartbeat's answer (the initializer starts an
+ * agent where none runs, an installed machine included). Each request
+ * gets the next generation, past every one requested or reported before,
+ * and replaces the machine's request whatever its state (an installation
+ * under way is told by its next heartbeat's answer). Records `InstallOS`
+ * in the operator history with who, why and the image.
+ *
+ * @throws {@link BMDBError} for a machine not in the BMDB, without an actor
+ *   or a reason, or for an image no agent could install (naming the field)
+ */
 export async function requestOSInstallation(
   db: Kysely<Database>,
   machineId: string,
@@ -250,6 +262,14 @@ async function putRequest(
   return { installation: toOSInstallation(row), previous };
 }
 
+/**
+ * Withdraws the machine's OS installation request (`Requested`,
+ * `Delivered` or `Failed`): it is handed out no more, a report of it is
+ * ignored, and the agent installing it learns so from its next
+ * heartbeat's answer. A request that succeeded is not canceled (request
+ * a new one). Records `CancelOSInstallation` in the operator history,
+ * `Refused` with the cause when there was nothing to cancel.
+ */
 export async function cancelOSInstallation(
   db: Kysely<Database>,
   machineId: string,
@@ -298,6 +318,7 @@ export async function cancelOSInstallation(
   return { canceled: canceled !== undefined, installation, cause };
 }
 
+/** The machine's current OS installation request and where it stands, if one was ever made. */
 export async function osInstallation(db: Kysely<Database>, machineId: string): Promise<OSInstallation | undefined> {
   const row = await db
     .selectFrom('machine_os_installation_request')
@@ -307,6 +328,7 @@ export async function osInstallation(db: Kysely<Database>, machineId: string): P
   return row && toOSInstallation(row);
 }
 
+/** OS installation requests (of these states), most recently requested first, at most `limit` (default 100). */
 export async function osInstallations(
   db: Kysely<Database>,
   options: { states?: readonly OSInstallationState[]; limit?: number } = {},

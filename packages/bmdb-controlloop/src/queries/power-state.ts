@@ -15,11 +15,11 @@ export interface PowerStateRecord {
   readonly failedCause: string | null;
 }
 
-/** A machine taken up by a power sync for a read (see {@link Queries.leasePowerReads}). */
+/** A machine taken up by a power sync for a read (see {@link leasePowerReads}). */
 export interface PowerReadLease {
   readonly machineId: string;
   readonly providerId: string;
-  /** Passed back to {@link Queries.recordPowerRead}: the read is recorded only while the lease is the latest. */
+  /** Passed back to {@link recordPowerRead}: the read is recorded only while the lease is the latest. */
   readonly token: string;
 }
 
@@ -145,6 +145,7 @@ export async function forgetPowerRead(db: Kysely<Database>, machineId: string): 
     .execute();
 }
 
+/** The machine's power state as last read, with the last read's failure; `undefined` for an unprovided machine. */
 export async function powerState(db: Kysely<Database>, machineId: string): Promise<PowerStateRecord | undefined> {
   const row = await db
     .selectFrom('machine_power_state')

@@ -34,11 +34,13 @@ export interface ProviderStatusUpdate {
   readonly providerStatus?: ProviderStatus | null;
 }
 
+/** Creates a machine and returns its ID. */
 export async function newMachine(db: Kysely<Database>): Promise<string> {
   const row = await db.insertInto('machines').defaultValues().returning('machine_id').executeTakeFirstOrThrow();
   return row.machine_id;
 }
 
+/** Adds the Provided tag: the machine is now known to `provider` as `providerId`. */
 export async function addProvided(db: Kysely<Database>, machineId: string, tag: NewProvided): Promise<void> {
   await db
     .insertInto('machine_provided')
@@ -54,6 +56,11 @@ export async function addProvided(db: Kysely<Database>, machineId: string, tag: 
     .execute();
 }
 
+/**
+ * Updates the provider-side facts of the machine `providerId` of `provider`.
+ *
+ * @returns whether such a machine exists
+ */
 export async function updateProviderStatus(
   db: Kysely<Database>,
   provider: string,
@@ -83,6 +90,7 @@ export async function updateProviderStatus(
   return result.numUpdatedRows > 0n;
 }
 
+/** Every machine provided by `provider`, ordered by provider ID. */
 export async function providedMachines(db: Kysely<Database>, provider: string): Promise<ProvidedMachine[]> {
   const rows = await db
     .selectFrom('machine_provided')
@@ -93,6 +101,7 @@ export async function providedMachines(db: Kysely<Database>, provider: string): 
   return rows.map(toProvidedMachine);
 }
 
+/** The Provided tag of one machine, if it has one. */
 export async function providedMachine(db: Kysely<Database>, machineId: string): Promise<ProvidedMachine | undefined> {
   const row = await db
     .selectFrom('machine_provided')

@@ -77,7 +77,7 @@ const PART_CTES: readonly (readonly [number, string])[] = [
     Part.heartbeatSet,
     `heartbeat_set AS (
     INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at)
-    -- Never later than the database's now (see Queries.setAgentHeartbeat).
+    -- Never later than the database's now (see setAgentHeartbeat).
     SELECT machine_id, least(coalesce(heartbeat_at, now()), now())
     FROM released WHERE event = 'Finished' AND heartbeat = 'set'
     ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heartbeat_at)`,

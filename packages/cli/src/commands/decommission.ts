@@ -1,5 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { BMDB, DecommissionReport, WipeDecommissionReport } from '@bmaas/bmdb-controlloop';
+import { decommissionMachines, decommissionWithWipe } from '@bmaas/bmdb-controlloop';
 import { openBMDB } from '../database.js';
 import { log } from '../logging.js';
 import { type Argv, actor, databaseSettings, duration, reason, required, UsageError } from '../settings.js';
@@ -27,7 +28,7 @@ export async function decommission(argv: Argv, write: (text: string) => void): P
     };
     const bmdb = await openBMDB(databaseSettings(argv), { migrate: false, attach: true });
     try {
-      await decommissionWithWipe(bmdb, settings, wipe, write);
+      await decommissionWiping(bmdb, settings, wipe, write);
     } finally {
       await bmdb.close();
     }
@@ -38,7 +39,7 @@ export async function decommission(argv: Argv, write: (text: string) => void): P
     const session = await bmdb.startSession({ processor: 'shepherd-decommission' });
     let report: DecommissionReport;
     try {
-      report = await session.transact((q) => q.decommissionMachines(settings.provider, settings.providerIds));
+      report = await session.transact((q) => decommissionMachines(q, settings.provider, settings.providerIds));
     } finally {
       await session.close();
     }
@@ -89,7 +90,7 @@ const WIPE_POLL_MS = 1000;
  * command run again removes once reported (it requests no second wipe).
  * Exits 1 if any machine is left.
  */
-async function decommissionWithWipe(
+async function decommissionWiping(
   bmdb: BMDB,
   settings: DecommissionSettings,
   wipe: { readonly reason: string; readonly actor: string; readonly timeoutMs: number },
@@ -106,7 +107,7 @@ async function decommissionWithWipe(
     for (;;) {
       const retryFailed = first;
       report = await session.transact((q) =>
-        q.decommissionWithWipe(provider, wanted, { reason: wipe.reason, actor: wipe.actor, retryFailed }),
+        decommissionWithWipe(q, provider, wanted, { reason: wipe.reason, actor: wipe.actor, retryFailed }),
       );
       first = false;
       for (const { providerId, machineId } of report.removed) {

@@ -1,4 +1,5 @@
 import type { BMDB, MachineNames, MachineRef, PlacedHold, Session } from '@bmaas/bmdb-controlloop';
+import { holdMachine, lookUpMachines, unholdMachine } from '@bmaas/bmdb-controlloop';
 import { openBMDB } from '../database.js';
 import { log } from '../logging.js';
 import { type Argv, actor, databaseSettings, optional, reason } from '../settings.js';
@@ -55,11 +56,11 @@ export async function hold(argv: Argv, write: (text: string) => void): Promise<v
   };
   const json = argv.json === true;
   await withSession(argv, 'shepherd-hold', async (session) => {
-    const lookup = await session.transact((q) => q.lookUpMachines(settings.targets));
+    const lookup = await session.transact((q) => lookUpMachines(q, settings.targets));
     const held: HeldOutput[] = [];
     for (const machine of lookup.found) {
       const result = await session.transact((q) =>
-        q.holdMachine(machine.machineId, { reason: settings.reason as string, actor: settings.actor }),
+        holdMachine(q, machine.machineId, { reason: settings.reason as string, actor: settings.actor }),
       );
       const output = heldOutput(machine, result);
       held.push(output);
@@ -123,10 +124,10 @@ export async function unhold(argv: Argv, write: (text: string) => void): Promise
     actor: actor(argv),
   };
   await withSession(argv, 'shepherd-hold', async (session) => {
-    const lookup = await session.transact((q) => q.lookUpMachines(settings.targets));
+    const lookup = await session.transact((q) => lookUpMachines(q, settings.targets));
     for (const machine of lookup.found) {
       const released = await session.transact((q) =>
-        q.unholdMachine(machine.machineId, { actor: settings.actor, reason: settings.reason }),
+        unholdMachine(q, machine.machineId, { actor: settings.actor, reason: settings.reason }),
       );
       const name = describeMachine(machine);
       if (released === undefined) {

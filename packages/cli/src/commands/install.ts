@@ -1,10 +1,13 @@
 import {
+  cancelOSInstallation,
   checkRootDeviceHints,
+  lookUpMachines,
   type MachineNames,
   type OSImage,
   type OSImageCompression,
   RootDeviceHintError,
   type RootDeviceHints,
+  requestOSInstallation,
 } from '@bmaas/bmdb-controlloop';
 import { log } from '../logging.js';
 import { type Argv, actor, fileContents, oneOf, optional, reason, UsageError } from '../settings.js';
@@ -36,14 +39,14 @@ type InstallSettings = {
 export async function install(argv: Argv, write: (text: string) => void): Promise<void> {
   const settings = await installSettings(argv);
   await withSession(argv, 'shepherd-install', async (session) => {
-    const lookup = await session.transact((q) => q.lookUpMachines(settings.targets));
+    const lookup = await session.transact((q) => lookUpMachines(q, settings.targets));
     const refused: string[] = [];
     for (const machine of lookup.found) {
       const name = describeMachine(machine);
       if (!settings.cancel) {
         const image = settings.image;
         const requested = await session.transact((q) =>
-          q.requestOSInstallation(machine.machineId, { ...image, reason: settings.reason, actor: settings.actor }),
+          requestOSInstallation(q, machine.machineId, { ...image, reason: settings.reason, actor: settings.actor }),
         );
         // A bigint: as a plain number (debug's %s writes one as `1n`).
         log('requested installation of %s, generation %s: %s', name, String(requested.generation), requested.imageUrl);
@@ -53,7 +56,7 @@ export async function install(argv: Argv, write: (text: string) => void): Promis
         continue;
       }
       const result = await session.transact((q) =>
-        q.cancelOSInstallation(machine.machineId, { reason: settings.reason, actor: settings.actor }),
+        cancelOSInstallation(q, machine.machineId, { reason: settings.reason, actor: settings.actor }),
       );
       if (result.canceled) {
         log('canceled the installation of %s, generation %s', name, String(result.installation?.generation));

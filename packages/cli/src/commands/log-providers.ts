@@ -1,4 +1,4 @@
-import { type BMDB, Queries } from '@bmaas/bmdb-controlloop';
+import { type BMDB, machinesPerProvider } from '@bmaas/bmdb-controlloop';
 import { log } from '../logging.js';
 
 /**
@@ -8,7 +8,7 @@ import { log } from '../logging.js';
  * operator sees it.
  */
 export async function logProviders(bmdb: BMDB, type: string): Promise<void> {
-  const counts = await new Queries(bmdb.db).machinesPerProvider();
+  const counts = await machinesPerProvider(bmdb.db);
   const ours = counts[type] ?? 0;
   const others = Object.entries(counts)
     .filter(([provider]) => provider !== type)

@@ -1,4 +1,5 @@
 import type { MachineRef, Session } from '@bmaas/bmdb-controlloop';
+import { lookUpMachines } from '@bmaas/bmdb-controlloop';
 import { describeError, Semaphore } from '@bmaas/common';
 import { type PowerActionKind, type PowerActionResult, PowerActions } from '@bmaas/shepherd-manager';
 import { type Argv, actor, databaseSettings, reason, UsageError } from '../settings.js';
@@ -56,7 +57,7 @@ export async function power(argv: Argv, command: PowerCommand, write: (text: str
   try {
     await withSession(argv, 'shepherd-power', async (session, bmdb) => {
       const names = { provider: control.type, providerIds: targets.providerIds };
-      const lookup = await session.transact((q) => q.lookUpMachines(names));
+      const lookup = await session.transact((q) => lookUpMachines(q, names));
       const actions = new PowerActions(bmdb, control);
       const slots = new Semaphore(CONCURRENCY);
       // Each machine settles on its own: a failure (a database error) of one

@@ -1,4 +1,13 @@
-import { type FleetStats, type OSInstallationCounts, Queries, type RootDeviceHints } from '@bmaas/bmdb-controlloop';
+import {
+  activeBackoffs,
+  type FleetStats,
+  fleetStats,
+  heldMachines,
+  type OSInstallationCounts,
+  osInstallationCounts,
+  osInstallations,
+  type RootDeviceHints,
+} from '@bmaas/bmdb-controlloop';
 import { openBMDB } from '../database.js';
 import { type Argv, databaseSettings } from '../settings.js';
 import { describeRootDevice } from './install.js';
@@ -70,17 +79,17 @@ const INSTALLATIONS_SHOWN = 50;
 export async function status(argv: Argv, write: (text: string) => void): Promise<void> {
   const bmdb = await openBMDB(databaseSettings(argv), { migrate: false, readOnly: true, attach: true });
   try {
-    const q = new Queries(bmdb.db);
-    const stats = await q.fleetStats();
-    const backoffs = await q.activeBackoffs({ limit: BACKOFFS_SHOWN });
-    const holds = await q.heldMachines({ limit: HOLDS_SHOWN });
-    const installations = await q.osInstallations({
+    const q = bmdb.db;
+    const stats = await fleetStats(q);
+    const backoffs = await activeBackoffs(q, { limit: BACKOFFS_SHOWN });
+    const holds = await heldMachines(q, { limit: HOLDS_SHOWN });
+    const installations = await osInstallations(q, {
       states: ['Requested', 'Delivered', 'Failed'],
       limit: INSTALLATIONS_SHOWN,
     });
     const result: Status = {
       ...stats,
-      installations: await q.osInstallationCounts(),
+      installations: await osInstallationCounts(q),
       installationRequests: installations.map((i) => ({
         machineId: i.machineId,
         provider: i.provider,

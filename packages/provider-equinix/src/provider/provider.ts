@@ -1,4 +1,5 @@
 import type { Session } from '@bmaas/bmdb-controlloop';
+import { addProvided, newMachine, updateProviderStatus } from '@bmaas/bmdb-controlloop';
 import { describeError, isAbortOf } from '@bmaas/common';
 import { Availability, type CreateMachineRequest, MachineNotFoundError, type Provider } from '@bmaas/shepherd-manager';
 import type { EquinixClient } from '../api/client.js';
@@ -275,9 +276,9 @@ export class EquinixProvider implements Provider {
     let machineId: string | undefined;
     try {
       machineId = await session.transact(async (q) => {
-        if (await q.updateProviderStatus(EQUINIX_PROVIDER, device.id, facts)) return undefined;
-        const id = await q.newMachine();
-        await q.addProvided(id, { provider: EQUINIX_PROVIDER, providerId: device.id, ...facts });
+        if (await updateProviderStatus(q, EQUINIX_PROVIDER, device.id, facts)) return undefined;
+        const id = await newMachine(q);
+        await addProvided(q, id, { provider: EQUINIX_PROVIDER, providerId: device.id, ...facts });
         return id;
       });
     } catch (error) {

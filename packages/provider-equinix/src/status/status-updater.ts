@@ -1,6 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import type { BMDB, ProvidedMachine, ProviderStatusUpdate, Session } from '@bmaas/bmdb-controlloop';
-import { ProviderStatus, runRounds } from '@bmaas/bmdb-controlloop';
+import { ProviderStatus, providedMachines, runRounds, updateProviderStatus } from '@bmaas/bmdb-controlloop';
 import { describeError, isAbortOf } from '@bmaas/common';
 import type { EquinixClient } from '../api/client.js';
 import type { EquinixDevice } from '../api/types.js';
@@ -110,7 +110,7 @@ export class EquinixStatusUpdater {
    */
   async syncOnce(session: Session, options: { signal?: AbortSignal; all?: boolean } = {}): Promise<StatusSyncReport> {
     const { signal } = options;
-    const machines = await session.transact((q) => q.providedMachines(EQUINIX_PROVIDER));
+    const machines = await session.transact((q) => providedMachines(q, EQUINIX_PROVIDER));
     const now = performance.now();
     this.#forgetGone(machines);
     const due = options.all ? machines : machines.filter((m) => (this.#nextCheck.get(m.providerId) ?? 0) <= now);
@@ -137,7 +137,7 @@ export class EquinixStatusUpdater {
       const batch = updates.slice(i, i + this.#batchSize);
       await session.transact(async (q) => {
         for (const { machine, update } of batch)
-          await q.updateProviderStatus(EQUINIX_PROVIDER, machine.providerId, update);
+          await updateProviderStatus(q, EQUINIX_PROVIDER, machine.providerId, update);
       });
       for (const { machine, update } of batch) {
         log.status(
