@@ -113,7 +113,7 @@ describe('ARCHITECTURE.md', () => {
   });
 
   describe('paths as the code runs them', () => {
-    const pathSteps = ['## The claim path', '## The end path'].flatMap(steps);
+    const pathSteps = ['## The claim path', '## The end path', '## The power-action path'].flatMap(steps);
     // One program for every file a step names, with what they import.
     const graph = new CallGraph(
       root,
@@ -126,7 +126,7 @@ describe('ARCHITECTURE.md', () => {
       return a !== undefined && b !== undefined && graph.references(a, b);
     };
 
-    it('each step of the claim and end paths is a call its first function makes', () => {
+    it('each step of the claim, end and power-action paths is a call its first function makes', () => {
       expect(pathSteps.length).toBeGreaterThan(15);
       const stale = pathSteps.filter((step) => !edge(step.from, step.to)).map((step) => step.line);
       expect(stale).toEqual([]);
