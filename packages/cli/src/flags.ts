@@ -347,6 +347,14 @@ const flags = {
       default: '1m',
     },
   },
+  stop: {
+    'stop-grace-period': {
+      kind: 'duration',
+      describe:
+        'After SIGINT/SIGTERM, how long agent starts and recoveries under way may go on before they are cancelled (their machines released, to be taken up again)',
+      default: '30s',
+    },
+  },
   web: {
     'web-listen': {
       describe:
@@ -396,6 +404,7 @@ const GROUP_TITLES: Record<FlagGroup, string> = {
   install: 'OS installation (install)',
   'agent-image': 'Agent image (agent-image build)',
   'power-sync': 'Power sync (run)',
+  stop: 'Stopping (run)',
   web: 'Fleet page (web, run, server)',
 };
 

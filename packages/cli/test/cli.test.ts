@@ -260,6 +260,11 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
       () => ['run', 'dummy', '--power-sync-interval', 'hourly'],
       /--power-sync-interval: invalid value "hourly": want a duration/,
     ],
+    [
+      'a bad stop grace period',
+      () => ['run', 'dummy', '--stop-grace-period', 'a while'],
+      /--stop-grace-period: invalid value "a while": want a duration/,
+    ],
     ['an unknown flag', () => ['run', 'dummy', '--nope'], /--nope: unknown flag for run; see --help/],
     [
       'a value starting with a dash after a space (yargs would read short flags and keep the default)',

@@ -231,6 +231,9 @@ export class Lab {
           'agent-ssh-exec-timeout': '300s',
           'web-listen': this.options.webListen ?? '127.0.0.1:8080',
           'static-reboot-wait': '1s',
+          // A takeover under way (the 51 MiB payload's upload, kexec -l) takes minutes under TCG: a stop
+          // cancels it, well within the grace the lab gives `shepherd run` before killing it.
+          'stop-grace-period': '5s',
           'initializer-loop-parallelism': String(Math.min(count, 4)),
           'recoverer-first-heartbeat-timeout': '120s',
           'recoverer-heartbeat-timeout': '30s',

@@ -159,8 +159,20 @@ async function stopSurvivors(npm: ChildProcess, tree: readonly ProcessRecord[]):
   if (npm.exitCode === null && npm.signalCode === null) tree = [...tree, ...descendants(npm.pid as number)];
   npm.kill('SIGKILL');
   const running = () => tree.filter(isRunning);
-  for (const p of running()) process.kill(p.pid, 'SIGTERM');
+  for (const p of running()) signalIfRunning(p.pid, 'SIGTERM');
   await eventually('the lab’s processes stopped', async () => running().length === 0 || undefined, 60_000).catch(() => {
-    for (const p of running()) process.kill(p.pid, 'SIGKILL');
+    for (const p of running()) signalIfRunning(p.pid, 'SIGKILL');
   });
+}
+
+/**
+ * Signals `pid`, a process that may exit between being seen running and the
+ * signal: its ESRCH must not replace the test's own failure in the report.
+ */
+function signalIfRunning(pid: number, signal: NodeJS.Signals): void {
+  try {
+    process.kill(pid, signal);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== 'ESRCH') throw error;
+  }
 }

@@ -46,8 +46,8 @@ export async function shepherdParts(
   const powerSync = settings.powerSync && new PowerSync(power, settings.powerSync);
   return [
     (signal) => provisioner.run(bmdb, { signal }),
-    (signal) => initializer.run(bmdb, { ...settings.initializer, signal }),
-    (signal) => recoverer.run(bmdb, { ...settings.recoverer, signal }),
+    (signal) => initializer.run(bmdb, { ...settings.initializer, stopGracePeriod: settings.stopGracePeriod, signal }),
+    (signal) => recoverer.run(bmdb, { ...settings.recoverer, stopGracePeriod: settings.stopGracePeriod, signal }),
     ...(powerSync ? [(signal: AbortSignal) => powerSync.run(bmdb, { signal })] : []),
     providerLoop,
   ];

@@ -62,6 +62,8 @@ export interface RunSettings {
   };
   /** The power sync, or `undefined` when `--power-sync-concurrency` is 0. */
   readonly powerSync: PowerSyncSettings | undefined;
+  /** How long the initializer's and recoverer's work under way may go on after the stop signal. */
+  readonly stopGracePeriod: number;
   readonly provider: DummySettings | EquinixSettings | StaticSettings;
 }
 
@@ -165,6 +167,7 @@ export async function runSettings(argv: Argv, kind: ProviderKind): Promise<RunSe
       installingHeartbeatWithin: duration(argv, 'recoverer-installing-heartbeat-timeout'),
     },
     powerSync: powerSyncSettings(argv),
+    stopGracePeriod: duration(argv, 'stop-grace-period'),
     provider:
       kind === 'dummy'
         ? dummySettings(argv)
