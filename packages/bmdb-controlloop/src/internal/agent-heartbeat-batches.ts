@@ -71,6 +71,12 @@ const PROCESSOR = 'agent-callback';
  * - `pending`: what the answer carries, every heartbeat until the report
  *   (the agent recognizes a generation it is already installing).
  *
+ * The agent's log (migration 0013) is written only for the heartbeats that
+ * carry one (an agent sends it when it changed): for the others it costs a
+ * row of the `authenticated` scan filtered out, no index probe and no write
+ * (EXPLAIN ANALYZE of a batch of 256 without logs: 0.1 ms in the
+ * `agent_log` part, beside 4.4 ms setting the heartbeats, at load 5-7).
+ *
  * `FOR KEY SHARE` holds the AgentStarted row until the statement ends, so a
  * recovery deleting it either committed first (the row is re-checked, gone,
  * and the heartbeat refused) or waits: a heartbeat never lands on a machine
