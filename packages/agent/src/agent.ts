@@ -3,6 +3,7 @@ import type { KeyObject } from 'node:crypto';
 import { certificatePem, sleep } from '@bmaas/common';
 import { create } from '@bufbuild/protobuf';
 import { type AgentService, HeartbeatClient } from './callback/heartbeat-client.js';
+import { AgentLogSchema } from './gen/cloud/agent/api/agent_log_pb.js';
 import {
   AgentHardwareReportSchema,
   type HeartbeatRequest,
@@ -16,6 +17,7 @@ import type { TakeoverInit } from './gen/cloud/agent/api/takeover_pb.js';
 import { hardwareNode, readHardware } from './hardware/inventory.js';
 import { install } from './install/install.js';
 import { wipeDisks } from './install/wipe.js';
+import { type LogVersion, readLogTail } from './log-tail.js';
 
 /** What the agent runs with. */
 export interface AgentOptions {
@@ -41,6 +43,12 @@ export interface AgentOptions {
   readonly signal?: AbortSignal | undefined;
   /** Where the agent says what it does, one line at a time. */
   readonly log?: ((line: string) => void) | undefined;
+  /**
+   * The agent's log file, whose tail (at most 64 KiB, see `log-tail.ts`)
+   * heartbeats carry to the server for the machine's page, each time it
+   * changed since the last recorded heartbeat carrying it. Absent: none.
+   */
+  readonly logFile?: string | undefined;
 }
 
 /** Why the agent stopped. */
@@ -85,14 +93,19 @@ export async function runAgent(options: AgentOptions): Promise<AgentEnd> {
   let failures = 0;
   let installation: Installation | undefined;
   const reported = new Set<bigint>();
+  // The version of the log the server last recorded: an unchanged log is not read or sent again.
+  let logSent: LogVersion | undefined;
   log(`heartbeating to ${init.bmaasEndpoint} (${options.service ?? 'cloud.agent.api'}) every ${interval} ms`);
   try {
     while (!signal?.aborted) {
       const report = installation?.report;
       const wipe = installation?.wipe === true;
       const request = await heartbeatRequest(init.machineId, reportAccepted ? undefined : options.root, report, log);
+      const tail = options.logFile === undefined ? undefined : await readLogTail(options.logFile, logSent);
+      if (tail) request.agentLog = create(AgentLogSchema, { text: tail.text });
       try {
         const answer = await client.heartbeat(request, signal);
+        if (tail) logSent = tail.version;
         if (!reportAccepted || failures > 0) {
           log(`heartbeat accepted${request.hardwareReport ? ' with a hardware report' : ''}`);
         }

@@ -42,7 +42,10 @@ Flags:
   --install-timeout <duration> The bound of one installation. Default 15m.
   --reboot-command <command>   Run with sh -c after a successful installation was reported
                                (reboot -f). Default: none; the agent stops instead.
-  --log-file <file>            Append the agent's log lines there (else standard error).
+  --log-file <file>            Append the agent's log lines there (else standard error); its
+                               tail goes to the server with the heartbeats.
+  --send-log <file>            run: the log whose tail (last 64 KiB) heartbeats carry to the
+                               server when it changed. Default --log-file's.
   --foreground                 takeover: run the agent (or wait and kexec) in this process.
   --image-dir <dir>            takeover: the agent image to kexec into (vmlinuz, initramfs).
   --kexec <program>            takeover: kexec-tools' kexec. Default kexec (on the PATH).
@@ -65,6 +68,7 @@ const OPTIONS = {
   'install-timeout': { type: 'string', default: '15m' },
   'reboot-command': { type: 'string' },
   'log-file': { type: 'string' },
+  'send-log': { type: 'string' },
   foreground: { type: 'boolean', default: false },
   'image-dir': { type: 'string' },
   kexec: { type: 'string', default: 'kexec' },
@@ -122,6 +126,7 @@ interface Values {
   'install-timeout': string;
   'reboot-command'?: string | undefined;
   'log-file'?: string | undefined;
+  'send-log'?: string | undefined;
   foreground: boolean;
   'image-dir'?: string | undefined;
   kexec: string;
@@ -278,6 +283,7 @@ async function runWith(values: Values, handOver: string): Promise<number> {
     ...settings,
     signal: stop.signal,
     log,
+    logFile: values['send-log'] ?? logFile,
   });
   return 0;
 }

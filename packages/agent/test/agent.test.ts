@@ -76,7 +76,7 @@ afterAll(async () => {
  * its key is recorded as AgentStarted. Then the agent runs, heartbeating
  * every 100 ms with the recorded BIOS VM as its hardware.
  */
-async function startedAgent(service: AgentService, port = server.port, root = fixture) {
+async function startedAgent(service: AgentService, port = server.port, root = fixture, logFile?: string) {
   const machineId = await newMachine(q);
   const sent = { machineId, bmaasEndpoint: `localhost:${port}`, caCertificate: caDer };
   const answer = takeover(toBinary(TakeoverInitSchema, create(TakeoverInitSchema, sent)));
@@ -94,6 +94,7 @@ async function startedAgent(service: AgentService, port = server.port, root = fi
     root,
     signal: stop.signal,
     log: (line) => lines.push(line),
+    logFile,
   });
   return { machineId, stop, ended, lines };
 }
@@ -124,6 +125,38 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
       ]);
     },
   );
+
+  test('sends the tail of its log file when it changed, and not while it stays the same', async () => {
+    const logFile = path.join(dir, 'agent-log-test.log');
+    await writeFile(logFile, 'bmaas-init: starting the agent\n');
+    const agent = await startedAgent('cloud.agent.api', server.port, fixture, logFile);
+    try {
+      const first = await eventually(
+        'the log stored',
+        async () => (await machineDetail(q, agent.machineId))?.agentLog ?? undefined,
+      );
+      expect(first.text).toBe('bmaas-init: starting the agent\n');
+      // Unchanged, it is not sent again: heartbeats go on, and the stored log keeps its time.
+      const at = await eventually('a heartbeat after the log', async () => {
+        const heartbeat = await lastHeartbeat(agent.machineId);
+        return heartbeat && heartbeat > first.receivedAt ? heartbeat : undefined;
+      });
+      await eventually('another heartbeat', async () => {
+        const heartbeat = await lastHeartbeat(agent.machineId);
+        return heartbeat && heartbeat > at ? heartbeat : undefined;
+      });
+      expect((await machineDetail(q, agent.machineId))?.agentLog).toEqual(first);
+      await writeFile(logFile, 'installing generation 1\n', { flag: 'a' });
+      const next = await eventually('the changed log stored', async () => {
+        const log = (await machineDetail(q, agent.machineId))?.agentLog;
+        return log && log.receivedAt > first.receivedAt ? log : undefined;
+      });
+      expect(next.text).toBe('bmaas-init: starting the agent\ninstalling generation 1\n');
+    } finally {
+      agent.stop.abort();
+    }
+    expect(await agent.ended).toBe('stopped');
+  });
 
   test("from the recorded two-socket server: its report is the machine's detail, and its totals the fleet's hardware gauges", async () => {
     // The recorded tree with the SMBIOS table of its 12 DIMMs of 16 GiB, as the hardware tests build it.

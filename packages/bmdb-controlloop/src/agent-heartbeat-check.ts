@@ -35,7 +35,16 @@ export interface AgentHeartbeat {
   readonly hardwareReport?: Uint8Array;
   /** An OS installation report, when the agent sent one. */
   readonly installationReport?: OSInstallationReport;
+  /**
+   * The tail of the agent's log, when the agent sent one (it does when the
+   * log changed): at most {@link AGENT_LOG_MAX_BYTES} bytes of UTF-8,
+   * stored in place of the machine's last.
+   */
+  readonly agentLog?: string;
 }
+
+/** The most an agent's log may hold, in bytes of UTF-8 (migration 0013 checks it too). */
+export const AGENT_LOG_MAX_BYTES = 64 * 1024;
 
 /** An agent's report on an OS installation it was asked for. */
 export interface OSInstallationReport {
@@ -107,6 +116,22 @@ export function checkAgentHeartbeat(heartbeat: AgentHeartbeat): void {
   }
   if (!(heartbeat.publicKey instanceof Uint8Array) || heartbeat.publicKey.length === 0) {
     throw new BMDBError(`agent heartbeat of machine ${heartbeat.machineId}: publicKey must be non-empty bytes`);
+  }
+  const agentLog = heartbeat.agentLog;
+  if (agentLog !== undefined) {
+    if (typeof agentLog !== 'string') {
+      throw new BMDBError(`agent heartbeat of machine ${heartbeat.machineId}: agentLog must be text`);
+    }
+    const bytes = Buffer.byteLength(agentLog, 'utf8');
+    if (bytes > AGENT_LOG_MAX_BYTES) {
+      throw new BMDBError(
+        `agent heartbeat of machine ${heartbeat.machineId}: its log of ${bytes} bytes is longer than ${AGENT_LOG_MAX_BYTES}`,
+      );
+    }
+    // PostgreSQL's text cannot hold NUL; such a log would fail the whole batch.
+    if (agentLog.includes('\0')) {
+      throw new BMDBError(`agent heartbeat of machine ${heartbeat.machineId}: its log contains a NUL character`);
+    }
   }
   const report = heartbeat.installationReport;
   if (report !== undefined) {

@@ -7,6 +7,7 @@
  */
 
 export type { AgentHeartbeat, OSInstallationReport } from './agent-heartbeat-check.js';
+export { AGENT_LOG_MAX_BYTES } from './agent-heartbeat-check.js';
 export type { Backoff } from './backoff.js';
 export { BMDB, type BMDBOptions, type ConnectionOptions, type IsolationLevel } from './connection.js';
 export { type ControlLoop, type ControlLoopOptions, runControlLoop, type Task } from './control-loop.js';

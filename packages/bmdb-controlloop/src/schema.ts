@@ -12,6 +12,7 @@ export interface Database {
   machine_agent_heartbeat: MachineAgentHeartbeatTable;
   machine_agent_pending: MachineAgentPendingTable;
   machine_hardware_report: MachineHardwareReportTable;
+  machine_agent_log: MachineAgentLogTable;
   machine_os_installation_report: MachineOsInstallationReportTable;
   machine_os_installation_request: MachineOsInstallationRequestTable;
   machine_unprovided: MachineUnprovidedTable;
@@ -129,6 +130,13 @@ export interface MachineHardwareReportTable {
   memory_bytes: Generated<string | null>;
   disks: Generated<number | null>;
   disk_bytes: Generated<string | null>;
+}
+
+/** The tail of the agent's log its last heartbeat carrying one sent (migration 0013): at most 64 KiB of UTF-8. */
+export interface MachineAgentLogTable {
+  machine_id: string;
+  agent_log: string;
+  agent_log_received_at: Timestamp;
 }
 
 /** How an OS installation the agent was asked for ended. */

@@ -1,5 +1,12 @@
 import { randomBytes } from 'node:crypto';
-import { hardwareReport, newMachine, osInstallationReport, setAgentStarted } from '@bmaas/bmdb-controlloop';
+import {
+  AGENT_LOG_MAX_BYTES,
+  hardwareReport,
+  machineDetail,
+  newMachine,
+  osInstallationReport,
+  setAgentStarted,
+} from '@bmaas/bmdb-controlloop';
 import { Registry } from 'prom-client';
 import { describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
@@ -54,6 +61,44 @@ describe('BMDB.recordAgentHeartbeat', () => {
     expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key })).toBe('recorded');
     expect((await hardwareReport(q, machineId))?.reportedAt.getTime()).toBe(at?.getTime());
     expect((await heartbeatAt(machineId))?.getTime()).toBeGreaterThanOrEqual(at?.getTime() ?? 0);
+  });
+
+  test('the agent’s log is stored in place of the last, kept by heartbeats without one, and shown in the detail', async () => {
+    const { machineId, key } = await startedMachine();
+    const q = bmdb.db;
+    expect((await machineDetail(q, machineId))?.agentLog).toBeNull();
+    const full = `${'é'.repeat(AGENT_LOG_MAX_BYTES / 2 - 1)}\n!`; // Exactly the bound, in bytes.
+    expect(Buffer.byteLength(full)).toBe(AGENT_LOG_MAX_BYTES);
+    expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key, agentLog: 'first\n' })).toBe('recorded');
+    expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key, agentLog: full })).toBe('recorded');
+    const at = await heartbeatAt(machineId);
+    const stored = (await machineDetail(q, machineId))?.agentLog;
+    expect(stored?.text).toBe(full);
+    expect(stored?.receivedAt.getTime()).toBe(at?.getTime());
+    // A heartbeat without a log (the log did not change) keeps it.
+    expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key })).toBe('recorded');
+    expect((await machineDetail(q, machineId))?.agentLog).toEqual(stored);
+    // Another key writes nothing.
+    expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: new Uint8Array(32), agentLog: 'forged' })).toBe(
+      'unauthenticated',
+    );
+    expect((await machineDetail(q, machineId))?.agentLog?.text).toBe(full);
+  });
+
+  test('a log longer than the bound, or holding a NUL, is refused naming the machine; the table refuses it too', async () => {
+    const { machineId, key } = await startedMachine();
+    await expect(
+      bmdb.recordAgentHeartbeat({ machineId, publicKey: key, agentLog: 'x'.repeat(AGENT_LOG_MAX_BYTES + 1) }),
+    ).rejects.toThrow(
+      new BMDBError(`agent heartbeat of machine ${machineId}: its log of 65537 bytes is longer than 65536`),
+    );
+    await expect(bmdb.recordAgentHeartbeat({ machineId, publicKey: key, agentLog: 'a\0b' })).rejects.toThrow(
+      new BMDBError(`agent heartbeat of machine ${machineId}: its log contains a NUL character`),
+    );
+    expect(await heartbeatAt(machineId)).toBeUndefined();
+    await expect(
+      db.admin(`INSERT INTO machine_agent_log VALUES ($1, repeat('x', 65537), now())`, [machineId]),
+    ).rejects.toThrow(/machine_agent_log_agent_log_check/);
   });
 
   test('another key, an unknown machine or a machine without AgentStarted: unauthenticated, nothing written', async () => {

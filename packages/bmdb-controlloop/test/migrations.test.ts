@@ -48,6 +48,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0010_installation_report_key',
     '0011_root_device_hints',
     '0012_disk_wipe',
+    '0013_agent_log',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
@@ -61,6 +62,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     GROUP BY table_name ORDER BY table_name`);
   expect(Object.fromEntries(rows.map((r) => [r.table_name, r.columns]))).toEqual({
     machine_agent_heartbeat: ['machine_id', 'agent_heartbeat_at'],
+    machine_agent_log: ['machine_id', 'agent_log', 'agent_log_received_at'],
     machine_agent_started: ['machine_id', 'agent_started_at', 'agent_public_key', 'has_heartbeat'],
     machine_provided: [
       'machine_id',
@@ -223,6 +225,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0010_installation_report_key',
     '0011_root_device_hints',
     '0012_disk_wipe',
+    '0013_agent_log',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // 0006 backfills a power state row for each provided machine.
@@ -321,6 +324,7 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     '0010_installation_report_key',
     '0011_root_device_hints',
     '0012_disk_wipe',
+    '0013_agent_log',
   ]);
   expect(await controlByLocation(bmdb.db)).toEqual([
     {
@@ -399,6 +403,7 @@ test('a database migrated to 0008, as released before OS installation, takes 000
     '0010_installation_report_key',
     '0011_root_device_hints',
     '0012_disk_wipe',
+    '0013_agent_log',
   ]);
   expect((await db.admin('SELECT count(*)::int AS n FROM machine_os_installation_request')).rows).toEqual([{ n: 0 }]);
 });

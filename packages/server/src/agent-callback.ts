@@ -1,5 +1,11 @@
 import { performance } from 'node:perf_hooks';
-import type { BMDB, OSInstallationReport, PendingOSInstallation, RootDeviceHints } from '@bmaas/bmdb-controlloop';
+import {
+  AGENT_LOG_MAX_BYTES,
+  type BMDB,
+  type OSInstallationReport,
+  type PendingOSInstallation,
+  type RootDeviceHints,
+} from '@bmaas/bmdb-controlloop';
 import { isUuid } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
@@ -103,6 +109,7 @@ async function heartbeat(
     throw new ConnectError(`machine_id ${JSON.stringify(request.machineId)} is not a UUID`, Code.InvalidArgument);
   }
   const report = request.installationReport && installationReport(request.machineId, request.installationReport);
+  const agentLog = request.agentLog && checkedAgentLog(request.machineId, request.agentLog.text);
   let answer: Awaited<ReturnType<BMDB['answerAgentHeartbeat']>>;
   try {
     answer = await bmdb.answerAgentHeartbeat({
@@ -112,6 +119,7 @@ async function heartbeat(
         hardwareReport: toBinary(AgentHardwareReportSchema, request.hardwareReport),
       }),
       ...(report && { installationReport: report }),
+      ...(agentLog !== undefined && { agentLog }),
     });
   } catch (error) {
     if (error instanceof ConnectError) throw error;
@@ -193,6 +201,21 @@ function hintsMessage(hints: RootDeviceHints): RootDeviceHintsMessage {
 /** `invalid_argument`, as gRPC spells the codes (lower case). */
 function codeName(code: Code): string {
   return Code[code].replace(/([a-z])([A-Z])/g, '$1_$2').toLowerCase();
+}
+
+/** The log an agent sent, refused if longer than the BMDB keeps or not storable as text. */
+function checkedAgentLog(machineId: string, text: string): string {
+  const bytes = Buffer.byteLength(text, 'utf8');
+  if (bytes > AGENT_LOG_MAX_BYTES) {
+    throw new ConnectError(
+      `agent_log of machine ${machineId} has ${bytes} bytes, more than ${AGENT_LOG_MAX_BYTES}`,
+      Code.InvalidArgument,
+    );
+  }
+  if (text.includes('\0')) {
+    throw new ConnectError(`agent_log of machine ${machineId} contains a NUL character`, Code.InvalidArgument);
+  }
+  return text;
 }
 
 function installationReport(machineId: string, report: OSInstallationReportMessage): OSInstallationReport {

@@ -49,6 +49,7 @@ describe('generated BMaaS server API code', () => {
       [1, 'machine_id', 9, ''],
       [2, 'hardware_report', 'cloud.bmaas.server.api.AgentHardwareReport', ''],
       [3, 'installation_report', 'cloud.bmaas.server.api.OSInstallationReport', ''],
+      [100, 'agent_log', 'cloud.agent.api.AgentLog', ''],
     ]);
     expect(shape(HeartbeatResponseSchema)).toEqual([
       [1, 'installation_request', 'cloud.bmaas.server.api.OSInstallationRequest', ''],

@@ -7,6 +7,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import {
   hardwareReport,
+  machineDetail,
   newMachine,
   osInstallation,
   osInstallationReport,
@@ -223,6 +224,25 @@ describe('Heartbeat', () => {
     );
     expect(error.code).toBe(Code.InvalidArgument);
     expect(await written(machineId)).toEqual({ heartbeat: 0, hardware: 0, installation: 0 });
+  });
+
+  test('the tail of the agent’s log is stored for the machine’s page; one over 64 KiB: INVALID_ARGUMENT, nothing written', async () => {
+    const agent = agentIdentity();
+    const machineId = await startedMachine(agent);
+    const client = agentClient(t.server.port, t.ca, agent);
+    await client.heartbeat({ machineId, agentLog: { text: 'bmaas-init: starting the agent\n<b>x</b>\n' } });
+    expect((await machineDetail(t.bmdb.db, machineId))?.agentLog?.text).toBe(
+      'bmaas-init: starting the agent\n<b>x</b>\n',
+    );
+
+    const other = agentIdentity();
+    const refused = await startedMachine(other);
+    const error = await refusal(
+      agentClient(t.server.port, t.ca, other).heartbeat({ machineId: refused, agentLog: { text: 'x'.repeat(65537) } }),
+    );
+    expect(error.code).toBe(Code.InvalidArgument);
+    expect(error.rawMessage).toBe(`agent_log of machine ${refused} has 65537 bytes, more than 65536`);
+    expect(await written(refused)).toEqual({ heartbeat: 0, hardware: 0, installation: 0 });
   });
 
   test('many agents at once, each on its own connection: all recorded, in fewer statements than heartbeats', async () => {

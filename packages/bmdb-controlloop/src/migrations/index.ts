@@ -13,6 +13,7 @@ import * as osInstallation from './0009_os_installation.js';
 import * as installationReportKey from './0010_installation_report_key.js';
 import * as rootDeviceHints from './0011_root_device_hints.js';
 import * as diskWipe from './0012_disk_wipe.js';
+import * as agentLog from './0013_agent_log.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -32,6 +33,7 @@ const MIGRATIONS: Record<string, Migration> = {
   '0010_installation_report_key': installationReportKey,
   '0011_root_device_hints': rootDeviceHints,
   '0012_disk_wipe': diskWipe,
+  '0013_agent_log': agentLog,
 };
 
 /** Migration bookkeeping tables; prefixed so they sit apart from other tools'. */

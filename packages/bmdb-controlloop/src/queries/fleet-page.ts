@@ -69,6 +69,8 @@ export interface MachineDetail extends Omit<MachineSummary, 'liveWork' | 'backof
   readonly hardware: MachineHardware | null;
   /** The agent's public key (AgentStarted tag), if started. */
   readonly agentPublicKey: Uint8Array | null;
+  /** The tail of its agent's log (at most 64 KiB) as the last heartbeat carrying one sent it, and when that was received. */
+  readonly agentLog: { readonly text: string; readonly receivedAt: Date } | null;
   readonly liveWork: readonly LiveWorkItem[];
   /** Every backoff of the machine, running (`active`) or expired, by process. */
   readonly backoffs: readonly WorkBackoffEntry[];
@@ -184,10 +186,12 @@ export async function machineDetail(
       power_row: string | null;
       power_read_failed_at: Date | null;
       power_read_failed_cause: string | null;
+      agent_log: string | null;
+      agent_log_received_at: Date | null;
     }
   >`
     SELECT ${machineColumns(options)}, a.agent_public_key, ps.machine_id AS power_row, ps.power_read_failed_at,
-      ps.power_read_failed_cause
+      ps.power_read_failed_cause, al.agent_log, al.agent_log_received_at
     FROM machines m
     LEFT JOIN machine_provided mp ON mp.machine_id = m.machine_id
     LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id
@@ -195,6 +199,7 @@ export async function machineDetail(
     LEFT JOIN machine_hold hd ON hd.machine_id = m.machine_id
     LEFT JOIN machine_power_state ps ON ps.machine_id = m.machine_id
     LEFT JOIN machine_os_installation_request iq ON iq.machine_id = m.machine_id
+    LEFT JOIN machine_agent_log al ON al.machine_id = m.machine_id
     WHERE m.machine_id = ${machineId}::uuid`.execute(db);
   const row = rows[0];
   if (row === undefined) return undefined;
@@ -237,6 +242,10 @@ export async function machineDetail(
     ...toMachineSummary(row),
     hardware: hardware ? machineHardware(hardware.hardware_report_raw, hardware.hardware_reported_at) : null,
     agentPublicKey: row.agent_public_key,
+    agentLog:
+      row.agent_log === null || row.agent_log_received_at === null
+        ? null
+        : { text: row.agent_log, receivedAt: row.agent_log_received_at },
     power:
       row.power_row === null
         ? null

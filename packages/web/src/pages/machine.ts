@@ -136,8 +136,17 @@ ${
 </div>
 <h2>Hardware</h2>
 <section class="hardware">${hardwareSection(m)}</section>
+<h2>Agent log <span class="muted">(its last 64 KiB)</span></h2>
+${agentLogSection(m)}
 <h2>Operator actions <span class="muted">(holds, power, installations; newest first)</span></h2>
 ${operatorActions}
 <h2>Work history <span class="muted">(newest first)</span></h2>
 ${timeline}`;
+}
+
+/** The tail of the agent's log its heartbeats carried, as text (whatever the agent wrote), with when it came. */
+function agentLogSection(m: MachineView): Html {
+  if (m.agentLog === null) return html`<p class="muted">No agent log: its agent has sent none.</p>`;
+  return html`<p class="muted">Received from its agent ${timeTag(m.agentLog.receivedAt, m.now)}.</p>
+<pre class="agent-log">${m.agentLog.text}</pre>`;
 }

@@ -8,7 +8,8 @@
 // (before cloud/bmaas was removed in 2025): same package, service, message
 // names and field numbers, plus this project's disk_image and disk_wipe
 // members of OSInstallationRequest.type (cloud/agent/api/disk_image.proto,
-// cloud/agent/api/disk_wipe.proto) and
+// cloud/agent/api/disk_wipe.proto), HeartbeatRequest.agent_log
+// (cloud/agent/api/agent_log.proto) and
 // HeartbeatResponse.installation_report_outcome
 // (cloud/agent/api/installation_report_outcome.proto). The same API
 // under the current upstream names is cloud/agent/api/agent.proto; the server
@@ -16,6 +17,8 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { AgentLog } from "../../../agent/api/agent_log_pb.js";
+import { file_cloud_agent_api_agent_log } from "../../../agent/api/agent_log_pb.js";
 import type { DiskImageInstallationRequest } from "../../../agent/api/disk_image_pb.js";
 import { file_cloud_agent_api_disk_image } from "../../../agent/api/disk_image_pb.js";
 import type { DiskWipeRequest } from "../../../agent/api/disk_wipe_pb.js";
@@ -30,7 +33,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cloud/bmaas/server/api/agent.proto.
  */
 export const file_cloud_bmaas_server_api_agent: GenFile = /*@__PURE__*/
-  fileDesc("CiJjbG91ZC9ibWFhcy9zZXJ2ZXIvYXBpL2FnZW50LnByb3RvEhZjbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpIk0KE0FnZW50SGFyZHdhcmVSZXBvcnQSJQoGcmVwb3J0GAEgASgLMhUuY2xvdWQuYWdlbnQuYXBpLk5vZGUSDwoHd2FybmluZxgCIAMoCSLlAQoUT1NJbnN0YWxsYXRpb25SZXBvcnQSEgoKZ2VuZXJhdGlvbhgBIAEoAxJHCgdzdWNjZXNzGAIgASgLMjQuY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5PU0luc3RhbGxhdGlvblJlcG9ydC5TdWNjZXNzSAASQwoFZXJyb3IYAyABKAsyMi5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk9TSW5zdGFsbGF0aW9uUmVwb3J0LkVycm9ySAAaCQoHU3VjY2VzcxoWCgVFcnJvchINCgVlcnJvchgBIAEoCUIICgZyZXN1bHQitwEKEEhlYXJ0YmVhdFJlcXVlc3QSEgoKbWFjaGluZV9pZBgBIAEoCRJECg9oYXJkd2FyZV9yZXBvcnQYAiABKAsyKy5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLkFnZW50SGFyZHdhcmVSZXBvcnQSSQoTaW5zdGFsbGF0aW9uX3JlcG9ydBgDIAEoCzIsLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuT1NJbnN0YWxsYXRpb25SZXBvcnQiOgodTWV0cm9wb2xpc0luc3RhbGxhdGlvblJlcXVlc3QSEwoLcm9vdF9kZXZpY2UYAyABKAlKBAgBEAIi/AEKFU9TSW5zdGFsbGF0aW9uUmVxdWVzdBISCgpnZW5lcmF0aW9uGAEgASgDEksKCm1ldHJvcG9saXMYAiABKAsyNS5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk1ldHJvcG9saXNJbnN0YWxsYXRpb25SZXF1ZXN0SAASQwoKZGlza19pbWFnZRhkIAEoCzItLmNsb3VkLmFnZW50LmFwaS5EaXNrSW1hZ2VJbnN0YWxsYXRpb25SZXF1ZXN0SAASNQoJZGlza193aXBlGGUgASgLMiAuY2xvdWQuYWdlbnQuYXBpLkRpc2tXaXBlUmVxdWVzdEgAQgYKBHR5cGUiswEKEUhlYXJ0YmVhdFJlc3BvbnNlEksKFGluc3RhbGxhdGlvbl9yZXF1ZXN0GAEgASgLMi0uY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5PU0luc3RhbGxhdGlvblJlcXVlc3QSUQobaW5zdGFsbGF0aW9uX3JlcG9ydF9vdXRjb21lGGQgASgOMiwuY2xvdWQuYWdlbnQuYXBpLk9TSW5zdGFsbGF0aW9uUmVwb3J0T3V0Y29tZTJxCg1BZ2VudENhbGxiYWNrEmAKCUhlYXJ0YmVhdBIoLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuSGVhcnRiZWF0UmVxdWVzdBopLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuSGVhcnRiZWF0UmVzcG9uc2VCK1opc291cmNlLm1vbm9nb24uZGV2L2Nsb3VkL2JtYWFzL3NlcnZlci9hcGliBnByb3RvMw", [file_cloud_agent_api_disk_image, file_cloud_agent_api_disk_wipe, file_cloud_agent_api_hwreport, file_cloud_agent_api_installation_report_outcome]);
+  fileDesc("CiJjbG91ZC9ibWFhcy9zZXJ2ZXIvYXBpL2FnZW50LnByb3RvEhZjbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpIk0KE0FnZW50SGFyZHdhcmVSZXBvcnQSJQoGcmVwb3J0GAEgASgLMhUuY2xvdWQuYWdlbnQuYXBpLk5vZGUSDwoHd2FybmluZxgCIAMoCSLlAQoUT1NJbnN0YWxsYXRpb25SZXBvcnQSEgoKZ2VuZXJhdGlvbhgBIAEoAxJHCgdzdWNjZXNzGAIgASgLMjQuY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5PU0luc3RhbGxhdGlvblJlcG9ydC5TdWNjZXNzSAASQwoFZXJyb3IYAyABKAsyMi5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLk9TSW5zdGFsbGF0aW9uUmVwb3J0LkVycm9ySAAaCQoHU3VjY2VzcxoWCgVFcnJvchINCgVlcnJvchgBIAEoCUIICgZyZXN1bHQi5QEKEEhlYXJ0YmVhdFJlcXVlc3QSEgoKbWFjaGluZV9pZBgBIAEoCRJECg9oYXJkd2FyZV9yZXBvcnQYAiABKAsyKy5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLkFnZW50SGFyZHdhcmVSZXBvcnQSSQoTaW5zdGFsbGF0aW9uX3JlcG9ydBgDIAEoCzIsLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuT1NJbnN0YWxsYXRpb25SZXBvcnQSLAoJYWdlbnRfbG9nGGQgASgLMhkuY2xvdWQuYWdlbnQuYXBpLkFnZW50TG9nIjoKHU1ldHJvcG9saXNJbnN0YWxsYXRpb25SZXF1ZXN0EhMKC3Jvb3RfZGV2aWNlGAMgASgJSgQIARACIvwBChVPU0luc3RhbGxhdGlvblJlcXVlc3QSEgoKZ2VuZXJhdGlvbhgBIAEoAxJLCgptZXRyb3BvbGlzGAIgASgLMjUuY2xvdWQuYm1hYXMuc2VydmVyLmFwaS5NZXRyb3BvbGlzSW5zdGFsbGF0aW9uUmVxdWVzdEgAEkMKCmRpc2tfaW1hZ2UYZCABKAsyLS5jbG91ZC5hZ2VudC5hcGkuRGlza0ltYWdlSW5zdGFsbGF0aW9uUmVxdWVzdEgAEjUKCWRpc2tfd2lwZRhlIAEoCzIgLmNsb3VkLmFnZW50LmFwaS5EaXNrV2lwZVJlcXVlc3RIAEIGCgR0eXBlIrMBChFIZWFydGJlYXRSZXNwb25zZRJLChRpbnN0YWxsYXRpb25fcmVxdWVzdBgBIAEoCzItLmNsb3VkLmJtYWFzLnNlcnZlci5hcGkuT1NJbnN0YWxsYXRpb25SZXF1ZXN0ElEKG2luc3RhbGxhdGlvbl9yZXBvcnRfb3V0Y29tZRhkIAEoDjIsLmNsb3VkLmFnZW50LmFwaS5PU0luc3RhbGxhdGlvblJlcG9ydE91dGNvbWUycQoNQWdlbnRDYWxsYmFjaxJgCglIZWFydGJlYXQSKC5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLkhlYXJ0YmVhdFJlcXVlc3QaKS5jbG91ZC5ibWFhcy5zZXJ2ZXIuYXBpLkhlYXJ0YmVhdFJlc3BvbnNlQitaKXNvdXJjZS5tb25vZ29uLmRldi9jbG91ZC9ibWFhcy9zZXJ2ZXIvYXBpYgZwcm90bzM", [file_cloud_agent_api_agent_log, file_cloud_agent_api_disk_image, file_cloud_agent_api_disk_wipe, file_cloud_agent_api_hwreport, file_cloud_agent_api_installation_report_outcome]);
 
 /**
  * @generated from message cloud.bmaas.server.api.AgentHardwareReport
@@ -165,6 +168,14 @@ export type HeartbeatRequest = Message<"cloud.bmaas.server.api.HeartbeatRequest"
    * @generated from field: cloud.bmaas.server.api.OSInstallationReport installation_report = 3;
    */
   installationReport?: OSInstallationReport | undefined;
+
+  /**
+   * This project's extension (cloud/agent/api/agent_log.proto), under a number
+   * upstream never used: the tail of the agent's log, when it changed.
+   *
+   * @generated from field: cloud.agent.api.AgentLog agent_log = 100;
+   */
+  agentLog?: AgentLog | undefined;
 };
 
 /**
