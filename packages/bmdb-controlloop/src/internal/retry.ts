@@ -11,12 +11,6 @@ export function isRetryable(error: unknown): boolean {
   return typeof code === 'string' && RETRYABLE.has(code);
 }
 
-/**
- * Runs one statement or transaction, retried as {@link withRetry} does, and
- * counted in the metrics of each processor (session label) it serves.
- */
-export type RunStatement = <T>(processors: readonly string[], attempt: () => Promise<T>) => Promise<T>;
-
 export interface RetryHooks {
   onAttempt(): void;
   onRetry(error: unknown, attempt: number): void;
