@@ -330,6 +330,44 @@ const flags = {
       defaultDescription: '@bmaas/agent’s dist/agent.cjs (npm run bundle -w @bmaas/agent)',
     },
   },
+  'agent-boot': {
+    'agent-boot-image-dir': {
+      kind: 'path',
+      describe:
+        'The agent image (shepherd agent-image build --out DIR) that machines whose inventory says "agentBoot": "virtual-media" or "network" are booted into through their BMC; no agent boot when unset',
+    },
+    'agent-boot-listen': {
+      describe: 'host:port the boot files (the image, each boot’s ISO and iPXE script) are served at',
+      default: '0.0.0.0:8081',
+    },
+    'agent-boot-url': {
+      describe:
+        'URL the machines’ BMCs and iPXE reach the boot files at, without a path (https://shepherd.example:8081)',
+      defaultDescription: 'the listening address',
+    },
+    'agent-boot-tls-cert': {
+      kind: 'path',
+      describe: 'PEM certificate (and chain) to serve the boot files over HTTPS with (with --agent-boot-tls-key)',
+    },
+    'agent-boot-tls-key': { kind: 'path', describe: 'PEM private key of --agent-boot-tls-cert' },
+    'agent-boot-tls-self-signed': {
+      boolean: true,
+      describe:
+        'Serve the boot files over HTTPS with a self-signed certificate made once as <data-dir>/agent-boot.crt (most BMCs do not check it; iPXE does)',
+    },
+    'agent-boot-enrollment-timeout': {
+      kind: 'duration',
+      describe:
+        'How long a booted agent has to enroll before the boot counts as failed (the firmware, the image download, the image’s start)',
+      default: '10m',
+    },
+    'agent-booter-db-query-rate': {
+      kind: 'rate',
+      describe: 'Rate of BMDB queries for agent boots (duration,count)',
+      default: '250ms,8',
+    },
+    'agent-booter-loop-parallelism': { kind: 'number', describe: 'Agent boots run in parallel', default: '10' },
+  },
   'power-sync': {
     'power-sync-rate': {
       kind: 'rate',
@@ -403,6 +441,7 @@ const GROUP_TITLES: Record<FlagGroup, string> = {
   operator: 'Holds and power actions (hold, unhold, power)',
   install: 'OS installation (install)',
   'agent-image': 'Agent image (agent-image build)',
+  'agent-boot': 'Agent boot through the BMC (run)',
   'power-sync': 'Power sync (run)',
   stop: 'Stopping (run)',
   web: 'Fleet page (web, run, server)',

@@ -6,6 +6,7 @@ export const log = {
   initializer: createDebug('shepherd:initializer'),
   recoverer: createDebug('shepherd:recoverer'),
   power: createDebug('shepherd:power'),
+  agentBooter: createDebug('shepherd:agent-booter'),
 };
 
 /** Steps within an event (an agent start begun, a reboot asked for): `shepherd:*` includes them, the CLI's default not. */
@@ -14,4 +15,5 @@ export const detail = {
   initializer: createDebug('shepherd:initializer:detail'),
   recoverer: createDebug('shepherd:recoverer:detail'),
   power: createDebug('shepherd:power:detail'),
+  agentBooter: createDebug('shepherd:agent-booter:detail'),
 };

@@ -3,7 +3,14 @@ import type { BMDB } from '@bmaas/bmdb-controlloop';
 import { DummyProvider, HeartbeatSimulator } from '@bmaas/provider-dummy';
 import { EquinixClient, EquinixPower, EquinixProvider, EquinixStatusUpdater } from '@bmaas/provider-equinix';
 import { IpmiClient, RedfishClient, StaticProvider } from '@bmaas/provider-static';
-import { type PowerControl, type Provider, Ssh2Client, type SshClient, SshKey } from '@bmaas/shepherd-manager';
+import {
+  type AgentBootControl,
+  type PowerControl,
+  type Provider,
+  Ssh2Client,
+  type SshClient,
+  SshKey,
+} from '@bmaas/shepherd-manager';
 import type { Registry } from 'prom-client';
 import { ensureDirectory } from '../directory.js';
 import { log } from '../logging.js';
@@ -28,6 +35,8 @@ export type Part = (signal: AbortSignal) => Promise<void>;
 export interface ProviderWiring {
   readonly provider: Provider;
   readonly power: PowerControl;
+  /** The provider's agent boot through its machines' BMCs; `undefined` for a provider without (Equinix). */
+  readonly agentBoot: (Provider & AgentBootControl) | undefined;
   /** Milliseconds the recoverer waits after a power cycle (`--equinix-reboot-wait`, `--static-reboot-wait`). */
   readonly powerCycleWait: number;
   readonly sshClient: SshClient;
@@ -70,6 +79,7 @@ function wireDummy(bmdb: BMDB, own: DummySettings): ProviderWiring {
   return {
     provider: dummy,
     power: dummy,
+    agentBoot: dummy,
     powerCycleWait: 0,
     sshClient: dummy.sshClient,
     providerLoop: (signal) => heartbeats.run(bmdb, { signal }),
@@ -97,6 +107,7 @@ async function wireStatic(bmdb: BMDB, own: StaticSettings, sshUser: string): Pro
   return {
     provider,
     power: provider,
+    agentBoot: provider,
     powerCycleWait: own.powerCycleWait,
     sshClient: new Ssh2Client({ privateKey: key.privateKey, username: sshUser }),
     providerLoop: (signal) => provider.run(bmdb, { signal }).finally(() => redfish.close()),
@@ -148,6 +159,7 @@ async function wireEquinix(
   return {
     provider: equinixProvider,
     power: new EquinixPower(client),
+    agentBoot: undefined,
     powerCycleWait: equinix.powerCycleWait,
     sshClient: new Ssh2Client({ privateKey: key.privateKey, username: sshUser }),
     providerLoop: (signal) => updater.run(bmdb, { signal }),

@@ -1,15 +1,27 @@
 import type { BMDB } from '@bmaas/bmdb-controlloop';
-import { Initializer, PowerSync, Provisioner, Recoverer } from '@bmaas/shepherd-manager';
+import {
+  type AgentBootControl,
+  AgentBooter,
+  AgentBootFiles,
+  Initializer,
+  PowerSync,
+  type Provider,
+  Provisioner,
+  Recoverer,
+} from '@bmaas/shepherd-manager';
 import type { Registry } from 'prom-client';
 import type { Argv } from '../settings.js';
 import { logProviders } from './log-providers.js';
 import { type Part, wireProvider } from './provider-wiring.js';
-import type { RunSettings } from './run-settings.js';
+import { log } from '../logging.js';
+import { loadTls } from '../tls.js';
+import type { AgentBootSettings, RunSettings } from './run-settings.js';
 
 /**
  * The shepherd's parts: provisioner, initializer and recoverer around one
- * provider, the power sync (unless turned off) and the provider's own loop;
- * each runs until the stop signal.
+ * provider, the agent booter with its boot files (with
+ * `--agent-boot-image-dir`), the power sync (unless turned off) and the
+ * provider's own loop; each runs until the stop signal.
  */
 export async function shepherdParts(
   bmdb: BMDB,
@@ -18,7 +30,7 @@ export async function shepherdParts(
   argv: Argv,
 ): Promise<Part[]> {
   const { agent } = settings;
-  const { provider, power, powerCycleWait, sshClient, providerLoop } = await wireProvider(
+  const { provider, power, agentBoot, powerCycleWait, sshClient, providerLoop } = await wireProvider(
     bmdb,
     settings,
     registry,
@@ -44,11 +56,47 @@ export async function shepherdParts(
     powerCycleWait,
   });
   const powerSync = settings.powerSync && new PowerSync(power, settings.powerSync);
+  const booter = settings.agentBoot && agentBoot && (await agentBooterPart(bmdb, settings, settings.agentBoot, agentBoot));
   return [
     (signal) => provisioner.run(bmdb, { signal }),
     (signal) => initializer.run(bmdb, { ...settings.initializer, stopGracePeriod: settings.stopGracePeriod, signal }),
     (signal) => recoverer.run(bmdb, { ...settings.recoverer, stopGracePeriod: settings.stopGracePeriod, signal }),
+    ...(booter ? [booter] : []),
     ...(powerSync ? [(signal: AbortSignal) => powerSync.run(bmdb, { signal })] : []),
     providerLoop,
   ];
+}
+
+/** The agent booter, and the boot files it serves from this process (where its tokens are made) until it stops. */
+async function agentBooterPart(
+  bmdb: BMDB,
+  settings: RunSettings,
+  own: AgentBootSettings,
+  provider: Provider & AgentBootControl,
+): Promise<Part> {
+  const tls = own.tls && (await loadTls(own.tls));
+  const files = await AgentBootFiles.start({
+    imageDir: own.imageDir,
+    listen: own.listen,
+    publicUrl: own.publicUrl,
+    ...(tls ? { tls: { cert: tls.cert, key: tls.key } } : {}),
+  });
+  log('agent boot files at %s (image %s)', files.url, own.imageDir);
+  const booter = new AgentBooter(provider, files, {
+    agentEndpoint: settings.agent.endpoint,
+    agentEndpointCaCertificate: settings.agent.caCertificate,
+    enrollmentWithin: own.enrollmentWithin,
+    firstHeartbeatWithin: settings.recoverer.firstHeartbeatWithin,
+    heartbeatWithin: settings.recoverer.heartbeatWithin,
+    installingHeartbeatWithin: settings.recoverer.installingHeartbeatWithin,
+  });
+  return (signal) =>
+    booter
+      .run(bmdb, {
+        claimLimiter: own.claimLimiter,
+        parallelism: own.parallelism,
+        stopGracePeriod: settings.stopGracePeriod,
+        signal,
+      })
+      .finally(() => files.close());
 }

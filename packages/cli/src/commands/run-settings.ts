@@ -1,4 +1,5 @@
 import { existsSync } from 'node:fs';
+import { access } from 'node:fs/promises';
 import path from 'node:path';
 import type { RateLimiter } from '@bmaas/bmdb-controlloop';
 import { Secret } from '@bmaas/provider-equinix';
@@ -19,6 +20,7 @@ import {
   optional,
   pemCertificate,
   pemCertificates,
+  hostPort,
   rate,
   required,
   secretFile,
@@ -26,6 +28,7 @@ import {
   sshKeyPath,
   UsageError,
 } from '../settings.js';
+import { type TlsSource, tlsFiles } from '../tls.js';
 import { type WebSettings, webSettings } from '../web-settings.js';
 
 export type ProviderKind = 'dummy' | 'equinix' | 'static';
@@ -60,11 +63,28 @@ export interface RunSettings {
     readonly heartbeatWithin: number;
     readonly installingHeartbeatWithin: number;
   };
+  /** The agent booter and its boot files, when `--agent-boot-image-dir` is given. */
+  readonly agentBoot: AgentBootSettings | undefined;
   /** The power sync, or `undefined` when `--power-sync-concurrency` is 0. */
   readonly powerSync: PowerSyncSettings | undefined;
   /** How long the initializer's and recoverer's work under way may go on after the stop signal. */
   readonly stopGracePeriod: number;
   readonly provider: DummySettings | EquinixSettings | StaticSettings;
+}
+
+/** Booting agents through the machines' BMCs: the image, where its files are served, how long enrollment may take. */
+export interface AgentBootSettings {
+  /** Holds `vmlinuz`, `initramfs` and `agent.iso` (checked at start). */
+  readonly imageDir: string;
+  readonly listen: { readonly host: string; readonly port: number };
+  /** `--agent-boot-url`; `undefined`: the listening address. */
+  readonly publicUrl: string | undefined;
+  /** HTTPS: files given, or a self-signed certificate under the data directory; `undefined`: plain HTTP. */
+  readonly tls: TlsSource | undefined;
+  /** Milliseconds. */
+  readonly enrollmentWithin: number;
+  readonly claimLimiter: RateLimiter;
+  readonly parallelism: number;
 }
 
 export interface PowerSyncSettings {
@@ -166,6 +186,7 @@ export async function runSettings(argv: Argv, kind: ProviderKind): Promise<RunSe
       heartbeatWithin: duration(argv, 'recoverer-heartbeat-timeout'),
       installingHeartbeatWithin: duration(argv, 'recoverer-installing-heartbeat-timeout'),
     },
+    agentBoot: await agentBootSettings(argv, kind),
     powerSync: powerSyncSettings(argv),
     stopGracePeriod: duration(argv, 'stop-grace-period'),
     provider:
@@ -181,6 +202,71 @@ export async function runSettings(argv: Argv, kind: ProviderKind): Promise<RunSe
       throw UsageError.invalid('agent-target-path', value, 'an absolute path, e.g. /root/agent');
     return value;
   }
+}
+
+const AGENT_BOOT_TLS_FLAGS = { cert: 'agent-boot-tls-cert', key: 'agent-boot-tls-key' } as const;
+/** What `shepherd agent-image build --out DIR` writes, and the boot files serve. */
+const AGENT_IMAGE_FILES = ['vmlinuz', 'initramfs', 'agent.iso'] as const;
+
+async function agentBootSettings(argv: Argv, kind: ProviderKind): Promise<AgentBootSettings | undefined> {
+  const imageDir = optional(argv, 'agent-boot-image-dir');
+  if (imageDir === undefined) return undefined;
+  if (kind === 'equinix') {
+    throw new UsageError(
+      'agent-boot-image-dir',
+      'not with the equinix provider: its machines get their OS from Equinix Metal, and their agent over SSH',
+    );
+  }
+  const dir = path.resolve(imageDir);
+  for (const file of AGENT_IMAGE_FILES) {
+    try {
+      await access(path.join(dir, file));
+    } catch {
+      throw UsageError.invalid(
+        'agent-boot-image-dir',
+        imageDir,
+        `a directory holding ${AGENT_IMAGE_FILES.join(', ')} (shepherd agent-image build --out DIR): ${file} is missing`,
+      );
+    }
+  }
+  const listen = hostPort(argv, 'agent-boot-listen');
+  if (listen === undefined) throw new UsageError('agent-boot-listen', 'required with --agent-boot-image-dir');
+  const files = tlsFiles(argv, AGENT_BOOT_TLS_FLAGS, 'for --agent-boot-tls-self-signed or plain HTTP');
+  const selfSigned = argv['agent-boot-tls-self-signed'] === true;
+  if (files && selfSigned) {
+    throw new UsageError(
+      'agent-boot-tls-self-signed',
+      'not with --agent-boot-tls-cert and --agent-boot-tls-key: one certificate or the other',
+    );
+  }
+  return {
+    imageDir: dir,
+    listen,
+    publicUrl: bootUrl(optional(argv, 'agent-boot-url')),
+    tls:
+      files ??
+      (selfSigned
+        ? { selfSignedDir: path.resolve(required(argv, 'data-dir', 'a self-signed certificate')), name: 'agent-boot' }
+        : undefined),
+    enrollmentWithin: duration(argv, 'agent-boot-enrollment-timeout'),
+    claimLimiter: rate(argv, 'agent-booter-db-query-rate'),
+    parallelism: integer(argv, 'agent-booter-loop-parallelism', 1, 1000),
+  };
+}
+
+/** `--agent-boot-url`: an http(s) URL with nothing after the host and port, since the paths are the server's. */
+function bootUrl(value: string | undefined): string | undefined {
+  if (value === undefined) return undefined;
+  let url: URL;
+  try {
+    url = new URL(value);
+  } catch {
+    throw UsageError.invalid('agent-boot-url', value, 'a URL such as https://shepherd.example:8081');
+  }
+  if ((url.protocol !== 'http:' && url.protocol !== 'https:') || url.pathname !== '/' || url.search || url.hash) {
+    throw UsageError.invalid('agent-boot-url', value, 'an http:// or https:// URL without a path');
+  }
+  return url.origin;
 }
 
 function powerSyncSettings(argv: Argv): PowerSyncSettings | undefined {
