@@ -20,10 +20,16 @@ export type { MemoryRecord } from './hardware/memory.js';
 export type { NicRecord } from './hardware/nics.js';
 export type { EfiSupport, SystemRecord } from './hardware/system.js';
 export { type AgentImage, type AgentImageOptions, buildAgentImage } from './image/build.js';
-export { type AgentBootConfig, type AgentNetwork, agentConfigArchive } from './image/config.js';
+export {
+  type AgentBootConfig,
+  type AgentEnrollmentConfig,
+  type AgentNetwork,
+  agentConfigArchive,
+  agentEnrollmentArchive,
+} from './image/config.js';
 export { type CpioEntry, cpioArchive } from './image/cpio.js';
 export { AgentImageError } from './image/errors.js';
-export { configureAgentIso } from './image/iso.js';
+export { AGENT_KERNEL_ARGUMENTS, configureAgentIso } from './image/iso.js';
 export { type BootKernel, findKernel, moduleOrder, sharedLibraries } from './image/kernel.js';
 export { InstallationError, type InstallationProblem } from './install/errors.js';
 export { type Installed, type InstallOptions, install } from './install/install.js';

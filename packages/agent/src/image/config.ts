@@ -74,6 +74,36 @@ export function agentConfigArchive(config: AgentBootConfig): Buffer {
   ]);
 }
 
+/** What a BMC-booted agent enrolls with: its machine's takeover settings and the one-time enrollment token. */
+export interface AgentEnrollmentConfig {
+  /** The takeover's settings: machine ID, BMaaS endpoint, its CA. */
+  readonly init: TakeoverInit;
+  /** The enrollment token the shepherd issued for this boot of this machine. */
+  readonly token: string;
+}
+
+/** Where a BMC-booted agent finds its {@link AgentEnrollmentConfig}. */
+const ENROLLMENT_JSON = `${CONFIG_DIR}/enrollment.json`;
+
+/**
+ * An initramfs (uncompressed cpio) holding `/etc/bmaas/enrollment.json`
+ * (`{"init": base64 TakeoverInit, "token": "..."}`, mode 0600), to load after
+ * the agent image's own: one boot's `/boot/config.cpio` of the ISO
+ * ({@link configureAgentIso}) or iPXE's second `initrd`. The agent makes its
+ * key on the machine and enrolls with the token, so no key travels here.
+ */
+export function agentEnrollmentArchive(config: AgentEnrollmentConfig): Buffer {
+  const text = JSON.stringify({
+    init: Buffer.from(toBinary(TakeoverInitSchema, config.init)).toString('base64'),
+    token: config.token,
+  });
+  return cpioArchive([
+    { kind: 'dir', path: '/etc' },
+    { kind: 'dir', path: CONFIG_DIR },
+    { kind: 'file', path: ENROLLMENT_JSON, data: Buffer.from(text), mode: 0o600 },
+  ]);
+}
+
 /** Shell assignments /init sources: every value checked here, so none can carry shell syntax. */
 function networkText(network: AgentNetwork): string {
   const [address, prefix, ...rest] = network.address.split('/');
