@@ -6,6 +6,7 @@ export const log = {
   initializer: createDebug('shepherd:initializer'),
   recoverer: createDebug('shepherd:recoverer'),
   power: createDebug('shepherd:power'),
+  bootFiles: createDebug('shepherd:boot-files'),
 };
 
 /** Steps within an event (an agent start begun, a reboot asked for): `shepherd:*` includes them, the CLI's default not. */
@@ -14,4 +15,6 @@ export const detail = {
   initializer: createDebug('shepherd:initializer:detail'),
   recoverer: createDebug('shepherd:recoverer:detail'),
   power: createDebug('shepherd:power:detail'),
+  /** Each request of an image file or a boot's ISO (BMCs fetch ISOs in many ranges). */
+  bootFiles: createDebug('shepherd:boot-files:detail'),
 };
