@@ -337,20 +337,17 @@ export class AgentBootFiles {
       response.writeHead(405, { allow: 'GET, HEAD' }).end();
       return;
     }
-    // A request line that is not a path (`*`, a full URL) is refused, not parsed against another host.
-    const target = request.url ?? '';
-    if (!target.startsWith('/')) {
-      response.writeHead(400).end();
+    const route = routeOf(request.url ?? '');
+    if (route === undefined) {
+      response.writeHead(400, { 'content-type': 'text/plain; charset=utf-8' }).end('not a path\n');
       return;
     }
-    const url = new URL(target, 'http://agent-boot.invalid');
-    const route = url.pathname.startsWith(`${PREFIX}/`) ? url.pathname.slice(PREFIX.length + 1) : undefined;
     try {
-      if (route === 'ipxe') {
-        this.#answerIpxe(url.searchParams.get('mac'), request, response, from);
+      if (route.path === 'ipxe') {
+        this.#answerIpxe(route.query.get('mac'), request, response, from);
         return;
       }
-      const image = IMAGE_FILES.find((file) => file === route);
+      const image = IMAGE_FILES.find((file) => file === route.path);
       if (image !== undefined) {
         const sent = await sendFile(request, response, path.join(this.#imageDir, image), {
           contentType: contentType(image),
@@ -359,7 +356,7 @@ export class AgentBootFiles {
         detail.bootFiles('%s %s %s', from, image, describeSent(sent));
         return;
       }
-      const bootFile = /^b\/([A-Za-z0-9_-]{43})\/([a-z.]+)$/.exec(route ?? '');
+      const bootFile = /^b\/([A-Za-z0-9_-]{43})\/([a-z.]+)$/.exec(route.path);
       const boot = bootFile ? this.#byCapability.get(bootFile[1] ?? '') : undefined;
       const name = BOOT_FILES.find((file) => file === bootFile?.[2]);
       if (boot === undefined || name === undefined) {
@@ -367,7 +364,7 @@ export class AgentBootFiles {
         detail.bootFiles(
           '%s asked for %s, which is not served',
           from,
-          route?.startsWith('b/') ? 'a boot file' : 'a path',
+          route.path.startsWith('b/') ? 'a boot file' : 'a path',
         );
         response.writeHead(404, { 'content-type': 'text/plain; charset=utf-8' }).end('not found\n');
         return;
@@ -414,6 +411,23 @@ export class AgentBootFiles {
     });
     response.end(request.method === 'HEAD' ? undefined : script);
   }
+}
+
+/**
+ * A request target's path under `/agent-boot/` (`''` for any other) and its query, from a
+ * path or a full URL (HTTP/1.1 servers must take both); undefined for `*` and what no URL parser takes.
+ */
+function routeOf(target: string): { path: string; query: URLSearchParams } | undefined {
+  const absolute = /^https?:\/\//i.test(target);
+  if (!absolute && (!target.startsWith('/') || target.startsWith('//'))) return undefined;
+  let url: URL;
+  try {
+    url = absolute ? new URL(target) : new URL(target, 'http://agent-boot.invalid');
+  } catch {
+    return undefined;
+  }
+  const path = url.pathname.startsWith(`${PREFIX}/`) ? url.pathname.slice(PREFIX.length + 1) : '';
+  return { path, query: url.searchParams };
 }
 
 function contentType(file: string): string {

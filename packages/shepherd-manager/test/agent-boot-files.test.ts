@@ -11,6 +11,7 @@ import { generateKeyPairSync, randomBytes, randomUUID } from 'node:crypto';
 import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { request as httpsRequest } from 'node:https';
+import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -224,6 +225,26 @@ describe('the image files', () => {
     } finally {
       await own.close();
     }
+  });
+
+  test('a request target that is no path is 400, a full URL is taken as its path, and the server serves on', async () => {
+    const statusOf = (target: string) =>
+      new Promise<string>((resolve, reject) => {
+        const socket = connect(files.port, '127.0.0.1', () =>
+          socket.write(`GET ${target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n`),
+        );
+        let text = '';
+        socket.on('data', (chunk: Buffer) => {
+          text += chunk.toString('latin1');
+        });
+        socket.on('end', () => resolve(text.split('\r\n')[0] ?? ''));
+        socket.on('error', reject);
+      });
+    expect(await statusOf('*')).toBe('HTTP/1.1 400 Bad Request');
+    expect(await statusOf('//[')).toBe('HTTP/1.1 400 Bad Request');
+    expect(await statusOf('http://[/agent-boot/vmlinuz')).toBe('HTTP/1.1 400 Bad Request');
+    expect(await statusOf('http://shepherd.example/agent-boot/ipxe?mac=02:00:00:00:00:01')).toBe('HTTP/1.1 200 OK');
+    expect((await fetchRaw(`${files.url}/agent-boot/initramfs`)).status).toBe(200);
   });
 
   test('a path that is not served is 404, a method other than GET and HEAD 405', async () => {
