@@ -6,7 +6,8 @@
  * and builds the agent environment it boots into (`buildAgentImage`: kernel,
  * initramfs, an ISO for BIOS and UEFI, the takeover payload) and one
  * machine's config for it, with the network a takeover captured
- * (`captureNetwork`).
+ * (`captureNetwork`), or, for a machine its BMC boots, the enrollment token
+ * its agent enrolls with (`agentEnrollmentArchive`, `bmaas-agent enroll`).
  *
  * @packageDocumentation
  */
@@ -20,7 +21,13 @@ export type { MemoryRecord } from './hardware/memory.js';
 export type { NicRecord } from './hardware/nics.js';
 export type { EfiSupport, SystemRecord } from './hardware/system.js';
 export { type AgentImage, type AgentImageOptions, buildAgentImage } from './image/build.js';
-export { type AgentBootConfig, type AgentNetwork, agentConfigArchive } from './image/config.js';
+export {
+  type AgentBootConfig,
+  type AgentEnrollmentConfig,
+  type AgentNetwork,
+  agentConfigArchive,
+  agentEnrollmentArchive,
+} from './image/config.js';
 export { type CpioEntry, cpioArchive } from './image/cpio.js';
 export { AgentImageError } from './image/errors.js';
 export { configureAgentIso } from './image/iso.js';
