@@ -6,7 +6,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { isUuid, Secret } from '@bmaas/common';
 import { type Kysely, sql } from 'kysely';
 import { BMDBError, type EnrollmentRefusal, EnrollmentRefusedError } from '../errors.js';
-import { hardwareTotals } from '../internal/hardware-totals.js';
+import { hardwareTotals } from '../hardware-totals.js';
 import type { Database } from '../schema.js';
 import { setAgentStarted } from './agent-tags.js';
 import { recordOperatorAction } from './operator-history.js';
