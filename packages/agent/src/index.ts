@@ -12,6 +12,8 @@
  * @packageDocumentation
  */
 
+// agentEnrollmentArchive takes the token as a Secret: its users need not add @bmaas/common.
+export { Secret } from '@bmaas/common';
 export { type AgentEnd, type AgentOptions, runAgent } from './agent.js';
 export type { AgentService } from './callback/heartbeat-client.js';
 export type { CpuRecord } from './hardware/cpu.js';

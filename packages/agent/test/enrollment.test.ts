@@ -20,7 +20,6 @@ import {
   newMachine,
   operatorHistory,
 } from '@bmaas/bmdb-controlloop';
-import { Secret } from '@bmaas/common';
 import { BmaasServer, type ServerTls, selfSignedServerTls } from '@bmaas/server';
 import { create } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
@@ -28,7 +27,7 @@ import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
 import { parseEnrollment } from '../src/enrollment.js';
 import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
-import { agentEnrollmentArchive } from '../src/index.js';
+import { agentEnrollmentArchive, Secret } from '../src/index.js';
 
 const packageDir = fileURLToPath(new URL('..', import.meta.url));
 /** The agent's command line as built by `tsc --build` (bin/agent.js runs dist/cli.js). */
