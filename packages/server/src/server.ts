@@ -131,7 +131,7 @@ export class BmaasServer {
         allowHTTP1: true,
         settings: { maxConcurrentStreams: limits.streamsPerConnection },
       },
-      libraryRequests(library, heartbeat, budget),
+      libraryRequests(library, heartbeat, enroll, budget),
     );
     routeStreams(server, grpcRoutes(heartbeat, enroll), budget);
     server.on('session', (connection: ServerHttp2Session) => {

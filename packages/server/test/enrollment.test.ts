@@ -137,6 +137,27 @@ describe('Enroll', () => {
     expect((await agentEnrollment(t.bmdb.db, machineId))?.enrolledAt).toBeUndefined();
   });
 
+  test('without a client certificate through the gRPC library (Connect): UNAUTHENTICATED, counted as Enroll', async () => {
+    const { machineId, token } = await machineWithToken();
+    const client = createClient(
+      AgentEnrollment,
+      createConnectTransport({
+        baseUrl: `https://localhost:${t.server.port}`,
+        httpVersion: '2',
+        nodeOptions: { ca: t.ca },
+      }),
+    );
+    const refusals = async () => {
+      const text = await registry.getSingleMetricAsString('bmaas_server_requests_total');
+      return Number(/bmaas_server_requests_total\{method="Enroll",code="unauthenticated"\} (\d+)/.exec(text)?.[1] ?? 0);
+    };
+    const before = await refusals();
+    const error = await refusal(client.enroll({ machineId, token }));
+    expect(error.code).toBe(Code.Unauthenticated);
+    expect((await agentEnrollment(t.bmdb.db, machineId))?.enrolledAt).toBeUndefined();
+    expect(await refusals()).toBe(before + 1);
+  });
+
   test('a malformed machine_id: INVALID_ARGUMENT naming it', async () => {
     const error = await refusal(enrollmentClient(agentIdentity()).enroll({ machineId: 'nope', token: 'x' }));
     expect(error.code).toBe(Code.InvalidArgument);
