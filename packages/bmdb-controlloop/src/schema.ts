@@ -341,6 +341,11 @@ export const OperatorAction = {
   CancelOSInstallation: 'CancelOSInstallation',
   /** A disk wipe requested (`shepherd decommission --wipe`): `detail` has the generation. */
   WipeDisks: 'WipeDisks',
+  /**
+   * A BMC-booted agent's enrollment (`enrollAgent`), `Succeeded` (`detail` has the agent's key) or
+   * `Refused` (`detail` has the reason); the actor is the agent, `bmaas-agent`.
+   */
+  EnrollAgent: 'EnrollAgent',
 } as const;
 
 /**

@@ -7,7 +7,7 @@ import { isUuid, Secret } from '@bmaas/common';
 import { type Kysely, sql } from 'kysely';
 import { BMDBError, type EnrollmentRefusal, EnrollmentRefusedError } from '../errors.js';
 import { hardwareTotals } from '../hardware-totals.js';
-import type { Database } from '../schema.js';
+import { type Database, OperatorAction } from '../schema.js';
 import { setAgentStarted } from './agent-tags.js';
 import { recordOperatorAction } from './operator-history.js';
 
@@ -37,8 +37,6 @@ export interface AgentEnrollmentState {
   readonly enrolledAt: Date | undefined;
 }
 
-/** The operator history's action for an enrollment, accepted or refused. */
-const ENROLL_ACTION = 'EnrollAgent';
 /** Who enrolls, in the operator history: the agent itself, not a person. */
 const ENROLL_ACTOR = 'bmaas-agent';
 
@@ -124,7 +122,7 @@ async function enrollIn(trx: Kysely<Database>, request: EnrollmentRequest): Prom
     if (refusal.machineExists) {
       await recordOperatorAction(trx, {
         machineId,
-        action: ENROLL_ACTION,
+        action: OperatorAction.EnrollAgent,
         outcome: 'Refused',
         actor: ENROLL_ACTOR,
         cause: new EnrollmentRefusedError(machineId, refusal.reason).message,
@@ -137,7 +135,7 @@ async function enrollIn(trx: Kysely<Database>, request: EnrollmentRequest): Prom
   if (request.hardwareReport !== undefined) await storeHardwareReport(trx, machineId, request.hardwareReport);
   await recordOperatorAction(trx, {
     machineId,
-    action: ENROLL_ACTION,
+    action: OperatorAction.EnrollAgent,
     outcome: 'Succeeded',
     actor: ENROLL_ACTOR,
     detail: { agentPublicKey: Buffer.from(request.agentPublicKey).toString('hex') },
