@@ -82,13 +82,16 @@ describe('issueEnrollmentToken', () => {
     expect(other.token.reveal()).not.toBe(issued.token.reveal());
   });
 
-  test('refuses a machine that does not exist and a validity that is not a positive number, naming the machine', async () => {
+  test('refuses a machine that does not exist and a validity under a second, naming the machine', async () => {
     const missing = '00000000-0000-4000-8000-000000000000';
     await expect(issueEnrollmentToken(bmdb.db, missing, { validForSeconds: 60 })).rejects.toThrow(
       new BMDBError(`enrollment token for machine ${missing}: no such machine`),
     );
     const machineId = await machine();
     await expect(issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 0 })).rejects.toThrow(machineId);
+    await expect(issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 1e-7 })).rejects.toThrow(
+      `enrollment token for machine ${machineId}: validForSeconds must be at least 1 second, got 1e-7`,
+    );
     await expect(issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: Number.NaN })).rejects.toThrow(BMDBError);
     expect(await agentEnrollment(bmdb.db, machineId)).toBeUndefined();
   });

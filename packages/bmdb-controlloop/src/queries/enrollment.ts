@@ -48,7 +48,7 @@ const TOKEN_BYTES = 32;
  * (used or not): an agent booted with the earlier token is refused.
  * Only the token's sha256 is stored.
  *
- * @throws {@link BMDBError} for a machine that does not exist, or a validity that is not a positive number of seconds
+ * @throws {@link BMDBError} for a machine that does not exist, or a validity under a second
  */
 export async function issueEnrollmentToken(
   db: Kysely<Database>,
@@ -56,9 +56,10 @@ export async function issueEnrollmentToken(
   options: { validForSeconds: number },
 ): Promise<EnrollmentToken> {
   const { validForSeconds } = options;
-  if (!Number.isFinite(validForSeconds) || validForSeconds <= 0) {
+  // At least a second: a shorter one could round to no time at all in the database's microseconds.
+  if (!Number.isFinite(validForSeconds) || validForSeconds < 1) {
     throw new BMDBError(
-      `enrollment token for machine ${machineId}: validForSeconds must be a positive number of seconds, got ${validForSeconds}`,
+      `enrollment token for machine ${machineId}: validForSeconds must be at least 1 second, got ${validForSeconds}`,
     );
   }
   if (!isUuid(machineId)) throw new BMDBError(`enrollment token for machine ${machineId}: no such machine`);
