@@ -6,11 +6,14 @@
  * and builds the agent environment it boots into (`buildAgentImage`: kernel,
  * initramfs, an ISO for BIOS and UEFI, the takeover payload) and one
  * machine's config for it, with the network a takeover captured
- * (`captureNetwork`).
+ * (`captureNetwork`), or, for a machine its BMC boots, the enrollment token
+ * its agent enrolls with (`agentEnrollmentArchive`, `bmaas-agent enroll`).
  *
  * @packageDocumentation
  */
 
+// agentEnrollmentArchive takes the token as a Secret: its users need not add @bmaas/common.
+export { Secret } from '@bmaas/common';
 export { type AgentEnd, type AgentOptions, runAgent } from './agent.js';
 export type { AgentService } from './callback/heartbeat-client.js';
 export type { CpuRecord } from './hardware/cpu.js';

@@ -13,6 +13,7 @@ export interface Database {
   machine_agent_pending: MachineAgentPendingTable;
   machine_hardware_report: MachineHardwareReportTable;
   machine_agent_log: MachineAgentLogTable;
+  machine_agent_enrollment: MachineAgentEnrollmentTable;
   machine_os_installation_report: MachineOsInstallationReportTable;
   machine_os_installation_request: MachineOsInstallationRequestTable;
   machine_unprovided: MachineUnprovidedTable;
@@ -137,6 +138,18 @@ export interface MachineAgentLogTable {
   machine_id: string;
   agent_log: string;
   agent_log_received_at: Timestamp;
+}
+
+/**
+ * A machine's one-time enrollment token (migration 0014): its sha256 only,
+ * when it was issued, until when it is good and when it was used.
+ */
+export interface MachineAgentEnrollmentTable {
+  machine_id: string;
+  token_sha256: Uint8Array;
+  issued_at: Timestamp;
+  expires_at: Timestamp;
+  enrolled_at: Timestamp | null;
 }
 
 /** How an OS installation the agent was asked for ended. */
@@ -328,6 +341,11 @@ export const OperatorAction = {
   CancelOSInstallation: 'CancelOSInstallation',
   /** A disk wipe requested (`shepherd decommission --wipe`): `detail` has the generation. */
   WipeDisks: 'WipeDisks',
+  /**
+   * A BMC-booted agent's enrollment (`enrollAgent`), `Succeeded` (`detail` has the agent's key) or
+   * `Refused` (`detail` has the reason); the actor is the agent, `bmaas-agent`.
+   */
+  EnrollAgent: 'EnrollAgent',
 } as const;
 
 /**

@@ -255,7 +255,7 @@ export class AgentBootFiles {
     );
     try {
       const config = path.join(dir, 'config.cpio');
-      await writeFile(config, agentEnrollmentArchive({ init: request.init, token: request.token.reveal() }), {
+      await writeFile(config, agentEnrollmentArchive({ init: request.init, token: request.token }), {
         mode: 0o600,
       });
       await writeFile(path.join(dir, 'script.ipxe'), script, { mode: 0o600 });

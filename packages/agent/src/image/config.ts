@@ -1,11 +1,12 @@
 import type { KeyObject } from 'node:crypto';
 import { isIP } from 'node:net';
+import type { Secret } from '@bmaas/common';
 import { toBinary } from '@bufbuild/protobuf';
 import { type TakeoverInit, TakeoverInitSchema } from '../gen/cloud/agent/api/takeover_pb.js';
 import type { NetworkConfig } from '../network/config.js';
 import { cpioArchive } from './cpio.js';
 import { AgentImageError } from './errors.js';
-import { CONFIG_DIR, NETWORK_JSON } from './init-script.js';
+import { CONFIG_DIR, ENROLLMENT_JSON, NETWORK_JSON } from './init-script.js';
 
 /** The machine's network as the agent environment sets it up instead of DHCP. */
 export interface AgentNetwork {
@@ -74,29 +75,34 @@ export function agentConfigArchive(config: AgentBootConfig): Buffer {
   ]);
 }
 
-/** What a BMC-booted agent enrolls with: its machine's takeover settings and the one-time enrollment token. */
+/** What a BMC-booted agent enrolls with (see {@link agentEnrollmentArchive}). */
 export interface AgentEnrollmentConfig {
-  /** The takeover's settings: machine ID, BMaaS endpoint, its CA. */
+  /** The machine, the BMaaS endpoint and its CA, as a takeover's init. */
   readonly init: TakeoverInit;
-  /** The enrollment token the shepherd issued for this boot of this machine. */
-  readonly token: string;
+  /** The machine's one-time enrollment token (the BMDB's `issueEnrollmentToken`). */
+  readonly token: Secret;
 }
-
-/** Where a BMC-booted agent finds its {@link AgentEnrollmentConfig}. */
-const ENROLLMENT_JSON = `${CONFIG_DIR}/enrollment.json`;
 
 /**
  * An initramfs (uncompressed cpio) holding `/etc/bmaas/enrollment.json`
- * (`{"init": base64 TakeoverInit, "token": "..."}`, mode 0600), to load after
- * the agent image's own: one boot's `/boot/config.cpio` of the ISO
- * ({@link configureAgentIso}) or iPXE's second `initrd`. The agent makes its
- * key on the machine and enrolls with the token, so no key travels here.
+ * (mode 0600): the init (protobuf, in base64) and the token, which the
+ * image's /init hands to `bmaas-agent enroll` when no handover.json is
+ * there. Loaded after the agent image's own: the ISO's `/boot/config.cpio`
+ * ({@link configureAgentIso}), or iPXE's second `initrd`. Whoever can read
+ * it can enroll as the machine until the token is used or expires: serve it
+ * only to that machine's boot, over TLS where the firmware allows.
+ *
+ * @throws {@link AgentImageError} for an init without a machine ID or endpoint, or an empty token
  */
 export function agentEnrollmentArchive(config: AgentEnrollmentConfig): Buffer {
-  const text = JSON.stringify({
-    init: Buffer.from(toBinary(TakeoverInitSchema, config.init)).toString('base64'),
-    token: config.token,
-  });
+  const { init } = config;
+  if (init.machineId === '') throw new AgentImageError('enrollment archive: the init has no machine_id');
+  if (init.bmaasEndpoint === '') {
+    throw new AgentImageError(`enrollment archive of machine ${init.machineId}: the init has no bmaas_endpoint`);
+  }
+  const token = config.token.reveal();
+  if (token === '') throw new AgentImageError(`enrollment archive of machine ${init.machineId}: the token is empty`);
+  const text = JSON.stringify({ init: Buffer.from(toBinary(TakeoverInitSchema, init)).toString('base64'), token });
   return cpioArchive([
     { kind: 'dir', path: '/etc' },
     { kind: 'dir', path: CONFIG_DIR },
