@@ -199,7 +199,14 @@ describe('createMachine', () => {
     const { provider } = await setup();
     await expect(
       provider.createMachine(session, {
-        unusedMachine: { id: undefined, address: undefined, availability: Availability.KnownUnused, failed: false },
+        unusedMachine: {
+          id: undefined,
+          address: undefined,
+          availability: Availability.KnownUnused,
+          failed: false,
+          agentBoot: 'ssh',
+          macs: [],
+        },
       }),
     ).rejects.toThrow('neither a device ID nor a reservation ID');
   });
@@ -365,7 +372,14 @@ describe('orphan adoption', () => {
     for (const device of [manual, renamed]) {
       const error = await provider
         .createMachine(session, {
-          unusedMachine: { id: device.id, address: undefined, availability: Availability.KnownUnused, failed: false },
+          unusedMachine: {
+            id: device.id,
+            address: undefined,
+            availability: Availability.KnownUnused,
+            failed: false,
+            agentBoot: 'ssh',
+            macs: [],
+          },
         })
         .catch((e: unknown) => e);
       expect(error).toBeInstanceOf(DeviceNotAdoptableError);

@@ -6,6 +6,12 @@
  */
 
 export {
+  type AgentBootControl,
+  AgentBootError,
+  type AgentBootMedia,
+  type AgentBootStarted,
+} from './agent-boot.js';
+export {
   AgentResponseError,
   type AgentResponseRejection,
   type AgentTakeover,
