@@ -13,6 +13,9 @@ import type { RedfishClientSettings } from './client-settings.js';
 import { isRecord } from './json.js';
 import type { RedfishTarget } from './target.js';
 
+/** The requests the client sends: reads, actions, and a PATCH of the boot override. */
+export type RedfishMethod = 'GET' | 'POST' | 'PATCH';
+
 const ACCEPTED = new Set([200, 202, 204]);
 /** Network errors raised before a request went out: the connection was never made. */
 const NOT_SENT = new Set([
@@ -60,7 +63,7 @@ export class RedfishTransport {
    */
   async send(
     target: RedfishTarget,
-    method: 'GET' | 'POST',
+    method: RedfishMethod,
     url: string,
     payload: unknown,
     signal: AbortSignal | undefined,
@@ -89,7 +92,7 @@ export class RedfishTransport {
   async #attempt(
     target: RedfishTarget,
     dispatcher: Dispatcher,
-    method: 'GET' | 'POST',
+    method: RedfishMethod,
     url: string,
     payload: unknown,
     signal: AbortSignal | undefined,
@@ -150,7 +153,7 @@ export class RedfishTransport {
     try {
       return { status: statusCode, body: JSON.parse(text) };
     } catch {
-      if (method === 'POST') return { status: statusCode, body: undefined };
+      if (method !== 'GET') return { status: statusCode, body: undefined };
       throw new BmcResponseError(
         target.machine,
         'redfish',
