@@ -170,13 +170,14 @@ describe('virtual media through Redfish', () => {
   });
 
   test('an InsertMedia refused is named, with the action that refused; nothing else is sent', async () => {
-    const p = await providerOf([redfishMachine('cd6', { agentBoot: 'virtual-media' })]);
-    bmc.fail('cd6', { status: 400, method: 'POST' });
+    const p = await providerOf([redfishMachine('cd6', { agentBoot: 'virtual-media' }, { refuseInsertMedia: true })]);
     const error = await failure(p.bootAgent('cd6', media));
     expect(error).toBeInstanceOf(BmcResponseError);
     expect(error.message).toBe(
-      `machine cd6: BMC ${bmc.url}/redfish/v1/Managers/cd6/VirtualMedia/CD/Actions/VirtualMedia.InsertMedia: InsertMedia of https://shepherd.example:8443/…/agent.iso refused: HTTP 400: injected HTTP 400`,
+      `machine cd6: BMC ${bmc.url}/redfish/v1/Managers/cd6/VirtualMedia/CD/Actions/VirtualMedia.InsertMedia: InsertMedia of https://shepherd.example:8443/…/agent.iso refused: HTTP 400: Unable to connect to the image at https://shepherd.example:8443/…/agent.iso`,
     );
+    // The BMC named the image whole; the error shows it without its path, and keeps no cause that has it.
+    expect(error.cause).toBeUndefined();
     expect(bmc.told('cd6')).toEqual([]);
     expect(bmc.bootOverride('cd6').target).toBe('None');
   });

@@ -94,12 +94,14 @@ export async function insertMedia(
     await transport.send(target, 'POST', media.insertTarget, body, signal);
   } catch (error) {
     if (!(error instanceof RedfishHttpError)) throw error;
+    // BMCs name the image in their refusals: its path is shown as mediaName shows it, and the
+    // HTTP error (which holds it whole) is not kept as the cause.
+    const detail = error.detail.replaceAll(image, mediaName(image));
     throw new BmcResponseError(
       target.machine,
       'redfish',
       media.insertTarget,
-      `InsertMedia of ${mediaName(image)} refused: HTTP ${error.status}${error.detail === '' ? '' : `: ${error.detail}`}`,
-      { cause: error },
+      `InsertMedia of ${mediaName(image)} refused: HTTP ${error.status}${detail === '' ? '' : `: ${detail}`}`,
     );
   }
 }

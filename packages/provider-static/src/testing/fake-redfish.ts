@@ -47,6 +47,8 @@ export interface FakeSystemOptions {
    * Supermicro and others now and then do. Default 0.
    */
   readonly ignoreBootOverrides?: number;
+  /** Refuse every InsertMedia (400), naming the image as iDRAC does: it could not reach it. */
+  readonly refuseInsertMedia?: boolean;
 }
 
 /** A system's CD virtual media, as last inserted or ejected. */
@@ -559,6 +561,9 @@ export class FakeRedfishServer {
     }
     if (media.inserted) {
       return { status: 409, json: redfishError('Virtual Media is already connected: eject it first') };
+    }
+    if (system.options.refuseInsertMedia) {
+      return { status: 400, json: redfishError(`Unable to connect to the image at ${image}`) };
     }
     const text = (value: unknown) => (typeof value === 'string' ? value : undefined);
     system.cd = {
