@@ -99,6 +99,8 @@ describe('listMachines', () => {
       reservationId: mine.id,
       hostname: own.hostname,
       state: 'active',
+      agentBoot: 'ssh',
+      macs: [],
     });
     expect(byId.get(failed.id)).toMatchObject({ availability: Availability.KnownUsed, failed: true });
     expect(byId.get(manual.id)).toMatchObject({ availability: Availability.KnownUsed, failed: false });
@@ -108,6 +110,8 @@ describe('listMachines', () => {
         address: undefined,
         availability: Availability.KnownUnused,
         failed: false,
+        agentBoot: 'ssh',
+        macs: [],
         reservationId: reservation?.id,
         hostname: undefined,
         state: undefined,
