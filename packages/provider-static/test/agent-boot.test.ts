@@ -169,6 +169,19 @@ describe('virtual media through Redfish', () => {
     await p.endAgentBoot('nocd1');
   });
 
+  test('a BMC that does not allow a Cd override is named; nothing is powered', async () => {
+    const p = await providerOf([
+      redfishMachine('cd8', { agentBoot: 'virtual-media' }, { bootSources: ['None', 'Pxe', 'Hdd'] }),
+    ]);
+    const error = await failure(p.bootAgent('cd8', media));
+    expect(error).toBeInstanceOf(BmcUnsupportedError);
+    expect(error.message).toBe(
+      `machine cd8: BMC ${bmc.systemUrl('cd8')}: boot override target Cd is not allowed by the BMC (allowed: None, Pxe, Hdd)`,
+    );
+    expect(bmc.told('cd8')).toEqual([`InsertMedia ${ISO} (HTTPS)`]);
+    expect(bmc.resetsOf('cd8')).toEqual([]);
+  });
+
   test('an InsertMedia refused is named, with the action that refused; nothing else is sent', async () => {
     const p = await providerOf([redfishMachine('cd6', { agentBoot: 'virtual-media' }, { refuseInsertMedia: true })]);
     const error = await failure(p.bootAgent('cd6', media));

@@ -47,6 +47,8 @@ export interface FakeSystemOptions {
    * Supermicro and others now and then do. Default 0.
    */
   readonly ignoreBootOverrides?: number;
+  /** The boot override targets it allows (`BootSourceOverrideTarget@Redfish.AllowableValues`). Default all of {@link FAKE_BOOT_SOURCES}. */
+  readonly bootSources?: readonly FakeBootSource[];
   /** Refuse every InsertMedia (400), naming the image as iDRAC does: it could not reach it. */
   readonly refuseInsertMedia?: boolean;
 }
@@ -445,8 +447,9 @@ export class FakeRedfishServer {
       const target = boot?.BootSourceOverrideTarget ?? system.boot.target;
       const enabled = boot?.BootSourceOverrideEnabled ?? (target === 'None' ? 'Disabled' : 'Once');
       const mode = boot?.BootSourceOverrideMode ?? system.boot.mode;
-      if (!boot || !(FAKE_BOOT_SOURCES as readonly unknown[]).includes(target)) {
-        return answer(400, redfishError(`want Boot.BootSourceOverrideTarget, one of ${FAKE_BOOT_SOURCES.join(', ')}`));
+      const sources = system.options.bootSources ?? FAKE_BOOT_SOURCES;
+      if (!boot || !(sources as readonly unknown[]).includes(target)) {
+        return answer(400, redfishError(`want Boot.BootSourceOverrideTarget, one of ${sources.join(', ')}`));
       }
       if (!(BOOT_ENABLED as readonly unknown[]).includes(enabled)) {
         return answer(400, redfishError(`want Boot.BootSourceOverrideEnabled, one of ${BOOT_ENABLED.join(', ')}`));
@@ -489,7 +492,7 @@ export class FakeRedfishServer {
         BootSourceOverrideTarget: system.boot.target,
         BootSourceOverrideEnabled: system.boot.enabled,
         ...(system.boot.mode === undefined ? {} : { BootSourceOverrideMode: system.boot.mode }),
-        'BootSourceOverrideTarget@Redfish.AllowableValues': [...FAKE_BOOT_SOURCES],
+        'BootSourceOverrideTarget@Redfish.AllowableValues': [...(system.options.bootSources ?? FAKE_BOOT_SOURCES)],
       },
       ...(system.options.virtualMedia === 'system' ? { VirtualMedia: { '@odata.id': `${base}/VirtualMedia` } } : {}),
       Links: { ManagedBy: [{ '@odata.id': `/redfish/v1/Managers/${encodeURIComponent(system.id)}` }] },
