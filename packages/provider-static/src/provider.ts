@@ -244,18 +244,22 @@ export class StaticProvider implements Provider, PowerControl, AgentBootControl 
     const bmc = await this.bmcOf(id, signal);
     const steps: string[] = [];
     let method: AgentBootStarted['method'] = entry.agentBoot;
-    if (method === 'virtual-media' && bmc instanceof RedfishBmc) {
-      try {
-        const inserted = await bmc.insertVirtualMedia(media.isoUrl, signal);
+    if (method === 'virtual-media') {
+      // The inventory allows virtual-media with a Redfish BMC only.
+      if (!(bmc instanceof RedfishBmc)) throw new AgentBootError(id, 'virtual-media needs a Redfish BMC');
+      const inserted = await bmc.insertVirtualMedia(media.isoUrl, signal).catch((error: unknown) => {
+        if (error instanceof VirtualMediaUnsupportedError && entry.macs.length > 0) return error;
+        throw error;
+      });
+      if (inserted instanceof VirtualMediaUnsupportedError) {
+        log.provider('machine %s: %s; network boot instead (its MACs are in the inventory)', id, inserted.message);
+        steps.push(`no virtual media (${inserted.message}): network boot instead`);
+        method = 'network';
+      } else {
         steps.push(
           `${inserted.ejected ? 'ejected, then ' : ''}inserted ${mediaName(media.isoUrl)} in virtual media ${inserted.media}`,
         );
         steps.push(await bmc.setCdBootOnce(entry.bootMode, signal));
-      } catch (error) {
-        if (!(error instanceof VirtualMediaUnsupportedError) || entry.macs.length === 0) throw error;
-        log.provider('machine %s: %s; network boot instead (its MACs are in the inventory)', id, error.message);
-        steps.push(`no virtual media (${error.message}): network boot instead`);
-        method = 'network';
       }
     }
     if (method === 'network') steps.push(await bmc.setNetworkBootOnce(entry.bootMode, signal));
