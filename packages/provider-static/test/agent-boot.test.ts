@@ -133,6 +133,25 @@ describe('virtual media through Redfish', () => {
     expect(started.detail).toContain('boot override Cd (Once, UEFI) (kept at attempt 3)');
   });
 
+  test('each override PATCH carries the system’s ETag as If-Match, for a BMC that requires it', async () => {
+    const p = await providerOf([
+      redfishMachine('cd9', { agentBoot: 'virtual-media' }, { requireIfMatch: true, ignoreBootOverrides: 1 }),
+    ]);
+    await p.bootAgent('cd9', media);
+    expect(bmc.told('cd9')).toEqual([
+      `InsertMedia ${ISO} (HTTPS)`,
+      'BootOverride Cd Once UEFI ignored',
+      'BootOverride Cd Once UEFI',
+      'Reset ForceRestart',
+    ]);
+    // A second boot reads the ETag the kept override changed, and sends that one.
+    await p.bootAgent('cd9', media);
+    expect(bmc.told('cd9').at(-2)).toBe('BootOverride Cd Once UEFI');
+    expect(bmc.requests.filter((r) => r.system === 'cd9' && r.method === 'PATCH').map((r) => r.status)).toEqual([
+      204, 204, 204,
+    ]);
+  });
+
   test('an override still ignored after the last attempt: no power request, an error naming machine and BMC', async () => {
     const p = await providerOf([redfishMachine('cd5', { agentBoot: 'virtual-media' }, { ignoreBootOverrides: 3 })]);
     const error = await failure(p.bootAgent('cd5', media));
@@ -258,8 +277,9 @@ describe.skipIf(!hasIpmiTools)('network boot through IPMI (ipmi_sim)', () => {
     await sim?.close();
   });
 
+  // ipmitool's own wait per message is generous: on a loaded machine a retransmitted set would be counted twice.
   const ipmi = () =>
-    new IpmiClient({ ipmitool: wrapper, timeout: 10_000, retryDelay: 1, messageTimeout: 1, messageRetries: 1 });
+    new IpmiClient({ ipmitool: wrapper, timeout: 20_000, retryDelay: 1, messageTimeout: 5, messageRetries: 1 });
   const machine = (id: string, entry: Record<string, unknown> = {}) => ({
     id,
     agentBoot: 'network',
@@ -309,12 +329,14 @@ describe.skipIf(!hasIpmiTools)('network boot through IPMI (ipmi_sim)', () => {
 
   test('a legacy machine is set without efiboot', async () => {
     const p = await providerOf([machine('ipmi2', { bootMode: 'legacy' })], ipmi());
+    await writeFile(path.join(sim.dir, 'power'), '1\n'); // on: it is reset
     expect((await p.bootAgent('ipmi2', media)).detail).toBe('chassis bootdev pxe; chassis power reset');
     expect(await commands()).toContain('chassis bootdev pxe');
   });
 
   test('a boot device the BMC dropped is set again; dropped every time, no power request and an error naming the BMC', async () => {
     const p = await providerOf([machine('ipmi3')], ipmi());
+    await writeFile(path.join(sim.dir, 'power'), '1\n'); // on: it is reset
     await sim.ignoreBootDeviceSets(1);
     await writeFile(path.join(sim.dir, 'boot'), 'default\n');
     expect((await p.bootAgent('ipmi3', media)).detail).toBe(

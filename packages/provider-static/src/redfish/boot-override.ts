@@ -24,7 +24,8 @@ export interface RedfishBootOverrideResult {
  * `BootSourceOverrideEnabled: Once`, and `BootSourceOverrideMode`: `mode`,
  * else the system's current one) by a PATCH of the ComputerSystem, reads it
  * back, and PATCHes again while the BMC did not keep it, up to
- * {@link BOOT_OVERRIDE_ATTEMPTS} times, as Ironic does.
+ * {@link BOOT_OVERRIDE_ATTEMPTS} times, as Ironic does. Each PATCH carries
+ * the system's `ETag` as `If-Match`, where the BMC sends one.
  *
  * @throws {@link BmcUnsupportedError} when the system lists its allowable targets and `bootTarget` is not one
  * @throws {@link BootOverrideIgnoredError} when it still reads otherwise after the last attempt
@@ -53,7 +54,8 @@ export async function setBootOverrideOnce(
     ...(wantedMode === undefined ? {} : { BootSourceOverrideMode: wantedMode }),
   };
   for (let attempt = 1; attempt <= BOOT_OVERRIDE_ATTEMPTS; attempt++) {
-    await transport.send(target, 'PATCH', target.url, { Boot: boot }, signal);
+    // The ETag of the system as last read: BMCs such as Supermicro's refuse a PATCH without it (428).
+    await transport.send(target, 'PATCH', target.url, { Boot: boot }, signal, { ifMatch: system.etag });
     system = await readSystem(transport, target, signal);
     if (kept(system, bootTarget, wantedMode)) {
       log.redfish(

@@ -118,14 +118,9 @@ export class RedfishClient {
         );
       }
       const resetType = choose(system.allowableResetTypes);
-      const status = await this.#transport.send(
-        target,
-        'POST',
-        system.resetTarget,
-        { ResetType: resetType },
-        signal,
-        actsTwice(resetType) ? resetType : undefined,
-      );
+      const status = await this.#transport.send(target, 'POST', system.resetTarget, { ResetType: resetType }, signal, {
+        actsTwice: actsTwice(resetType) ? resetType : undefined,
+      });
       log.redfish(
         'machine %s: %s accepted by %s (HTTP %d)',
         target.machine,

@@ -16,6 +16,8 @@ export interface RedfishSystem {
   readonly virtualMedia: string | undefined;
   /** Absolute URLs of the Managers that manage it (`Links.ManagedBy`), where a BMC keeps its virtual media. */
   readonly managedBy: readonly string[];
+  /** The resource's `ETag`, sent back as `If-Match` with a PATCH of it; `undefined` when the BMC sends none. */
+  readonly etag: string | undefined;
 }
 
 /** A ComputerSystem's `Boot`: the boot source override, as read back. */
@@ -36,7 +38,7 @@ export async function readSystem(
   target: RedfishTarget,
   signal: AbortSignal | undefined,
 ): Promise<RedfishSystem> {
-  const { body } = await transport.send(target, 'GET', target.url, undefined, signal);
+  const { body, etag } = await transport.send(target, 'GET', target.url, undefined, signal);
   if (!isRecord(body)) {
     throw new BmcResponseError(
       target.machine,
@@ -72,6 +74,7 @@ export async function readSystem(
     managedBy: (Array.isArray(links.ManagedBy) ? links.ManagedBy : [])
       .map((manager: unknown) => linkOf(target, manager))
       .filter((url): url is string => url !== undefined),
+    etag,
   };
 }
 

@@ -49,6 +49,12 @@ export interface FakeSystemOptions {
   readonly ignoreBootOverrides?: number;
   /** The boot override targets it allows (`BootSourceOverrideTarget@Redfish.AllowableValues`). Default all of {@link FAKE_BOOT_SOURCES}. */
   readonly bootSources?: readonly FakeBootSource[];
+  /**
+   * Refuse a PATCH without `If-Match` naming the system's current `ETag`
+   * (428, or 412 for a stale one), as Supermicro's BMCs do. The fake sends
+   * an `ETag` with every read of a system either way.
+   */
+  readonly requireIfMatch?: boolean;
   /** Refuse every InsertMedia (400), naming the image as iDRAC does: it could not reach it. */
   readonly refuseInsertMedia?: boolean;
 }
@@ -124,6 +130,8 @@ interface SystemState {
   cd: FakeVirtualMedia;
   /** What the BMC was told, in its words, oldest first. */
   readonly told: string[];
+  /** Bumped by each PATCH kept: the system's ETag. */
+  version: number;
 }
 
 /** A system's boot source override (`Boot` of the ComputerSystem), as last PATCHed. */
@@ -247,6 +255,7 @@ export class FakeRedfishServer {
       ignoreOverrides: options.ignoreBootOverrides ?? 0,
       cd: EJECTED,
       told: [],
+      version: 1,
     });
     return this.systemUrl(id);
   }
@@ -417,7 +426,11 @@ export class FakeRedfishServer {
       }
       return answer(404, redfishError(`no resource ${path}`));
     }
-    if (method === 'GET' && rest === '') return answer(200, await this.#resource(system, base));
+    const etag = `W/"${system.version}"`;
+    if (method === 'GET' && rest === '') {
+      res.setHeader('etag', etag);
+      return answer(200, await this.#resource(system, base));
+    }
     if (method === 'GET' && rest === '/ResetActionInfo' && system.options.actionInfo) {
       return answer(200, {
         '@odata.id': `${base}/ResetActionInfo`,
@@ -443,6 +456,13 @@ export class FakeRedfishServer {
       return answer(204);
     }
     if (method === 'PATCH' && rest === '') {
+      const ifMatch = req.headers['if-match'];
+      if (system.options.requireIfMatch && ifMatch === undefined) {
+        return answer(428, redfishError('If-Match is required to PATCH this resource'));
+      }
+      if (system.options.requireIfMatch && ifMatch !== etag) {
+        return answer(412, redfishError(`If-Match ${String(ifMatch)} is not the current ETag ${etag}`));
+      }
       const boot = isRecord(body) && isRecord(body.Boot) ? body.Boot : undefined;
       const target = boot?.BootSourceOverrideTarget ?? system.boot.target;
       const enabled = boot?.BootSourceOverrideEnabled ?? (target === 'None' ? 'Disabled' : 'Once');
@@ -465,6 +485,7 @@ export class FakeRedfishServer {
         return answer(204);
       }
       system.told.push(said);
+      system.version++;
       system.boot = {
         target: target as FakeBootSource,
         enabled: enabled as FakeBootOverride['enabled'],
