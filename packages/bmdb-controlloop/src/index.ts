@@ -138,6 +138,7 @@ export { redactUrl } from './redact-url.js';
 export { checkRootDeviceHints, RootDeviceHintError, type RootDeviceHints } from './root-device-hints.js';
 export { type RoundsOptions, runRounds } from './rounds.js';
 export {
+  type AgentBootMethod,
   type Database,
   OperatorAction,
   OperatorOutcome,

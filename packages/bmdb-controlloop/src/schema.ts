@@ -187,6 +187,15 @@ export const OSInstallationState = {
 } as const;
 export type OSInstallationState = (typeof OSInstallationState)[keyof typeof OSInstallationState];
 
+/**
+ * How a machine's agent arrives: `ssh`, today's takeover over SSH of a
+ * running OS (the default); `virtual-media`, its BMC boots the agent's ISO
+ * from Redfish virtual media; `network`, its BMC boots it once from the
+ * network (PXE, then iPXE). The last two are an agent boot: the agent
+ * enrolls itself with a one-time token instead of answering a takeover.
+ */
+export type AgentBootMethod = 'ssh' | 'virtual-media' | 'network';
+
 /** How the image is compressed as downloaded. */
 export type OSImageCompression = 'none' | 'gzip';
 

@@ -7,6 +7,12 @@
  */
 
 export {
+  type AgentBootControl,
+  AgentBootError,
+  type AgentBootMedia,
+  type AgentBootStarted,
+} from './agent-boot.js';
+export {
   AgentBootFiles,
   AgentBootFilesError,
   type AgentBootFilesOptions,
