@@ -1,16 +1,18 @@
 import { spawn, spawnSync } from 'node:child_process';
 import { createPrivateKey, type KeyObject } from 'node:crypto';
 import { appendFileSync } from 'node:fs';
-import { appendFile, readFile } from 'node:fs/promises';
+import { appendFile, readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { fromBinary } from '@bufbuild/protobuf';
 import { runAgent } from './agent.js';
 import type { AgentService } from './callback/heartbeat-client.js';
+import { enrollAgent, parseEnrollment } from './enrollment.js';
 import { type TakeoverInit, TakeoverInitSchema } from './gen/cloud/agent/api/takeover_pb.js';
 import { readHardware } from './hardware/inventory.js';
 import { readNics } from './hardware/nics.js';
 import { agentConfigArchive, handOverText } from './image/config.js';
+import { ENROLLMENT_JSON } from './image/init-script.js';
 import { KexecError, type KexecImage, kexecCommandLine, kexecUnavailable, sessionEnded, stageKexec } from './kexec.js';
 import { bringUpNetwork, networkSteps } from './network/bring-up.js';
 import { captureNetwork } from './network/capture.js';
@@ -28,6 +30,9 @@ The BMaaS agent. Commands:
                --foreground, in this process after closing standard output).
   run          Run the agent with the settings "takeover" hands it on standard input
                (JSON: the init and the key). Not for people.
+  enroll       On a machine its BMC booted into the agent image: make the agent's key, enroll
+               it with the one-time token of --enrollment (retrying while the server cannot be
+               reached; a refusal ends it, exit 1), then run the agent as "run" does.
   boot-image   Wait for the SSH session of process --after-pid to end, then kexec -e into
                the loaded agent image; if that returns, run the agent in place. Not for people.
   network-up   In the agent image: bring up the network a takeover captured (the JSON file
@@ -52,6 +57,10 @@ Flags:
   --node <program>             takeover: how to start node again for the detached process.
                                Default this one's.
   --after-pid <pid>            boot-image: the process whose SSH session to wait for.
+  --enrollment <file>          enroll: the enrollment file (JSON: the init, base64, and the
+                               token). Default ${ENROLLMENT_JSON}.
+  --write-handover <file>      enroll: once enrolled, write what "run" reads (the init and the
+                               key) there, mode 0600, so a restarted agent runs, not enrolls.
   --help                       This text.
 `;
 
@@ -74,6 +83,8 @@ const OPTIONS = {
   kexec: { type: 'string', default: 'kexec' },
   node: { type: 'string' },
   'after-pid': { type: 'string' },
+  enrollment: { type: 'string', default: ENROLLMENT_JSON },
+  'write-handover': { type: 'string' },
   help: { type: 'boolean', default: false },
 } as const;
 
@@ -101,6 +112,8 @@ export async function main(argv: readonly string[]): Promise<number> {
         return await takeoverCommand(argv, values);
       case 'run':
         return await runCommand(values);
+      case 'enroll':
+        return await enrollCommand(values);
       case 'boot-image':
         return await bootImageCommand(values);
       case 'network-up':
@@ -132,6 +145,8 @@ interface Values {
   kexec: string;
   node?: string | undefined;
   'after-pid'?: string | undefined;
+  enrollment: string;
+  'write-handover'?: string | undefined;
   help: boolean;
 }
 
@@ -265,23 +280,64 @@ async function runCommand(values: Values): Promise<number> {
   return runWith(values, (await readAll(process.stdin)).toString('utf8'));
 }
 
-async function runWith(values: Values, handOver: string): Promise<number> {
+/**
+ * Enrolls with the token of `--enrollment`, then runs the agent with the key
+ * enrolled. A refusal is thrown (exit 1, the server's message naming the
+ * machine and why); the token is in no line written.
+ */
+async function enrollCommand(values: Values): Promise<number> {
+  settingsOf(values); // Refuse bad flags before enrolling: the token is good once.
+  const file = values.enrollment;
+  const enrollment = parseEnrollment(await readFile(file, 'utf8'), file);
+  const log = agentLog(values, enrollment.init.machineId);
+  const stop = stopSignal();
+  let privateKey: KeyObject;
+  try {
+    privateKey = await enrollAgent(enrollment, {
+      root: values.root,
+      maxDelayMs: settingsOf(values).intervalMs,
+      signal: stop,
+      log,
+    });
+  } catch (error) {
+    if (!stop.aborted) throw error;
+    log('stopped before enrolling');
+    return 0;
+  }
+  const handOver = handOverText(enrollment.init, privateKey);
+  const handOverFile = values['write-handover'];
+  if (handOverFile !== undefined) await writeFile(handOverFile, handOver, { mode: 0o600 });
+  return runWith(values, handOver, stop);
+}
+
+/** One line of the agent's log: to --log-file, else standard error, with the process and the machine. */
+function agentLog(values: Values, machineId: string): (line: string) => void {
+  const logFile = values['log-file'];
+  return (line) => {
+    const text = `${new Date().toISOString()} ${process.pid} ${machineId}: ${line}\n`;
+    if (logFile) appendFileSync(logFile, text);
+    else process.stderr.write(text);
+  };
+}
+
+/** Aborted by SIGTERM or SIGINT. */
+function stopSignal(): AbortSignal {
+  const stop = new AbortController();
+  for (const signal of ['SIGTERM', 'SIGINT'] as const) process.once(signal, () => stop.abort());
+  return stop.signal;
+}
+
+async function runWith(values: Values, handOver: string, stop = stopSignal()): Promise<number> {
   const settings = settingsOf(values);
   const { init, privateKey } = JSON.parse(handOver) as { init: string; privateKey: string };
   const parsedInit = fromBinary(TakeoverInitSchema, Buffer.from(init, 'base64'));
   const logFile = values['log-file'];
-  const log = (line: string) => {
-    const text = `${new Date().toISOString()} ${process.pid} ${parsedInit.machineId}: ${line}\n`;
-    if (logFile) appendFileSync(logFile, text);
-    else process.stderr.write(text);
-  };
-  const stop = new AbortController();
-  for (const signal of ['SIGTERM', 'SIGINT'] as const) process.once(signal, () => stop.abort());
+  const log = agentLog(values, parsedInit.machineId);
   await runAgent({
     init: parsedInit,
     privateKey: createPrivateKey(privateKey),
     ...settings,
-    signal: stop.signal,
+    signal: stop,
     log,
     logFile: values['send-log'] ?? logFile,
   });

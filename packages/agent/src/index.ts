@@ -6,11 +6,14 @@
  * and builds the agent environment it boots into (`buildAgentImage`: kernel,
  * initramfs, an ISO for BIOS and UEFI, the takeover payload) and one
  * machine's config for it, with the network a takeover captured
- * (`captureNetwork`).
+ * (`captureNetwork`), or, for a machine its BMC boots, the enrollment token
+ * its agent enrolls with (`agentEnrollmentArchive`, `bmaas-agent enroll`).
  *
  * @packageDocumentation
  */
 
+// agentEnrollmentArchive takes the token as a Secret: its users need not add @bmaas/common.
+export { Secret } from '@bmaas/common';
 export { type AgentEnd, type AgentOptions, runAgent } from './agent.js';
 export type { AgentService } from './callback/heartbeat-client.js';
 export type { CpuRecord } from './hardware/cpu.js';
@@ -20,10 +23,16 @@ export type { MemoryRecord } from './hardware/memory.js';
 export type { NicRecord } from './hardware/nics.js';
 export type { EfiSupport, SystemRecord } from './hardware/system.js';
 export { type AgentImage, type AgentImageOptions, buildAgentImage } from './image/build.js';
-export { type AgentBootConfig, type AgentNetwork, agentConfigArchive } from './image/config.js';
+export {
+  type AgentBootConfig,
+  type AgentEnrollmentConfig,
+  type AgentNetwork,
+  agentConfigArchive,
+  agentEnrollmentArchive,
+} from './image/config.js';
 export { type CpioEntry, cpioArchive } from './image/cpio.js';
 export { AgentImageError } from './image/errors.js';
-export { configureAgentIso } from './image/iso.js';
+export { AGENT_KERNEL_ARGUMENTS, configureAgentIso } from './image/iso.js';
 export { type BootKernel, findKernel, moduleOrder, sharedLibraries } from './image/kernel.js';
 export { InstallationError, type InstallationProblem } from './install/errors.js';
 export { type Installed, type InstallOptions, install } from './install/install.js';

@@ -1,11 +1,11 @@
 import { execFile, spawn } from 'node:child_process';
 import { X509Certificate } from 'node:crypto';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
-import { hardwareReport, newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
+import { hardwareReport, issueEnrollmentToken, newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { parseTakeoverResponse } from '@bmaas/shepherd-manager';
 import { create, toBinary } from '@bufbuild/protobuf';
@@ -110,6 +110,25 @@ describe('the bundled agent, one file run by plain node', () => {
       /agent reported an error: standard input \(2 bytes\) is not a TakeoverInit/,
     );
     expect(stderr).toContain('is not a TakeoverInit');
+  });
+
+  test('enroll with a token that is not its machine’s is refused: exit 1, naming the machine and why', async () => {
+    const machineId = await newMachine(q);
+    await issueEnrollmentToken(q, machineId, { validForSeconds: 600 });
+    const { bytes } = await initFor(machineId);
+    const file = path.join(dir, `${machineId}.enrollment.json`);
+    await writeFile(file, JSON.stringify({ init: Buffer.from(bytes).toString('base64'), token: 'not-its-token' }));
+    const { code, stderr } = await runBundle([
+      'enroll',
+      '--enrollment',
+      file,
+      '--root',
+      path.join(fixtures, 'bios-vm'),
+    ]);
+    expect(code).toBe(1);
+    expect(stderr).toContain(
+      `bmaas-agent: enrollment of machine ${machineId} refused: the enrollment token is not the one issued for it`,
+    );
   });
 
   test('takeover answers, returns, and the detached agent heartbeats to the real server until SIGTERM', async () => {

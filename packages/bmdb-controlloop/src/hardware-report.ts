@@ -157,7 +157,7 @@ function fromNode(node: Node, warnings: readonly string[]): HardwareReport {
   };
 }
 
-/** From 0 to 2^53 - 1, as the totals count (internal/hardware-totals.ts). */
+/** From 0 to 2^53 - 1, as the totals count (hardware-totals.ts). */
 function bounded(value: bigint): number {
   return value > 0n ? Number(value > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : value) : 0;
 }

@@ -18,6 +18,8 @@ export {
   ConnectionClosedError,
   DatabaseUnreachableError,
   EmbeddedDatabaseError,
+  type EnrollmentRefusal,
+  EnrollmentRefusedError,
   InvalidSettingError,
   NothingToDoError,
   ProcessMismatchError,
@@ -55,6 +57,14 @@ export { activeBackoffs, backoffCauses, workBackoffs } from './queries/backoffs.
 export { hasLiveWork, inBackoff, isHeld } from './queries/conditions.js';
 export type { DecommissionReport, WipeDecommissionReport } from './queries/decommission.js';
 export { decommissionMachines, decommissionWithWipe } from './queries/decommission.js';
+export {
+  type AgentEnrollmentState,
+  agentEnrollment,
+  type EnrollmentRequest,
+  type EnrollmentToken,
+  enrollAgent,
+  issueEnrollmentToken,
+} from './queries/enrollment.js';
 export {
   backoffsByProcess,
   controlByLocation,
@@ -128,6 +138,7 @@ export { redactUrl } from './redact-url.js';
 export { checkRootDeviceHints, RootDeviceHintError, type RootDeviceHints } from './root-device-hints.js';
 export { type RoundsOptions, runRounds } from './rounds.js';
 export {
+  type AgentBootMethod,
   type Database,
   OperatorAction,
   OperatorOutcome,

@@ -13,6 +13,7 @@ export interface Database {
   machine_agent_pending: MachineAgentPendingTable;
   machine_hardware_report: MachineHardwareReportTable;
   machine_agent_log: MachineAgentLogTable;
+  machine_agent_enrollment: MachineAgentEnrollmentTable;
   machine_os_installation_report: MachineOsInstallationReportTable;
   machine_os_installation_request: MachineOsInstallationRequestTable;
   machine_unprovided: MachineUnprovidedTable;
@@ -139,6 +140,18 @@ export interface MachineAgentLogTable {
   agent_log_received_at: Timestamp;
 }
 
+/**
+ * A machine's one-time enrollment token (migration 0014): its sha256 only,
+ * when it was issued, until when it is good and when it was used.
+ */
+export interface MachineAgentEnrollmentTable {
+  machine_id: string;
+  token_sha256: Uint8Array;
+  issued_at: Timestamp;
+  expires_at: Timestamp;
+  enrolled_at: Timestamp | null;
+}
+
 /** How an OS installation the agent was asked for ended. */
 export const OSInstallationResult = { Success: 'Success', Error: 'Error' } as const;
 export type OSInstallationResult = (typeof OSInstallationResult)[keyof typeof OSInstallationResult];
@@ -173,6 +186,15 @@ export const OSInstallationState = {
   Canceled: 'Canceled',
 } as const;
 export type OSInstallationState = (typeof OSInstallationState)[keyof typeof OSInstallationState];
+
+/**
+ * How a machine's agent arrives: `ssh`, today's takeover over SSH of a
+ * running OS (the default); `virtual-media`, its BMC boots the agent's ISO
+ * from Redfish virtual media; `network`, its BMC boots it once from the
+ * network (PXE, then iPXE). The last two are an agent boot: the agent
+ * enrolls itself with a one-time token instead of answering a takeover.
+ */
+export type AgentBootMethod = 'ssh' | 'virtual-media' | 'network';
 
 /** How the image is compressed as downloaded. */
 export type OSImageCompression = 'none' | 'gzip';
@@ -328,6 +350,11 @@ export const OperatorAction = {
   CancelOSInstallation: 'CancelOSInstallation',
   /** A disk wipe requested (`shepherd decommission --wipe`): `detail` has the generation. */
   WipeDisks: 'WipeDisks',
+  /**
+   * A BMC-booted agent's enrollment (`enrollAgent`), `Succeeded` (`detail` has the agent's key) or
+   * `Refused` (`detail` has the reason); the actor is the agent, `bmaas-agent`.
+   */
+  EnrollAgent: 'EnrollAgent',
 } as const;
 
 /**

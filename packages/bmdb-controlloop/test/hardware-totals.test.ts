@@ -1,6 +1,6 @@
 import { BinaryWriter, WireType } from '@bufbuild/protobuf/wire';
 import { describe, expect, test } from 'vitest';
-import { hardwareTotals } from '../src/internal/hardware-totals.js';
+import { hardwareTotals } from '../src/hardware-totals.js';
 
 /** A message of `fields`, each written by its callback (the wire format by hand, as an agent's encoder may order it). */
 function message(...fields: ((writer: BinaryWriter) => void)[]): Uint8Array {

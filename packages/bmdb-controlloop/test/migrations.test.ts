@@ -49,6 +49,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0011_root_device_hints',
     '0012_disk_wipe',
     '0013_agent_log',
+    '0014_agent_enrollment',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
@@ -61,6 +62,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     FROM information_schema.columns WHERE table_schema = 'public' AND table_name NOT LIKE 'bmdb_migration%'
     GROUP BY table_name ORDER BY table_name`);
   expect(Object.fromEntries(rows.map((r) => [r.table_name, r.columns]))).toEqual({
+    machine_agent_enrollment: ['machine_id', 'token_sha256', 'issued_at', 'expires_at', 'enrolled_at'],
     machine_agent_heartbeat: ['machine_id', 'agent_heartbeat_at'],
     machine_agent_log: ['machine_id', 'agent_log', 'agent_log_received_at'],
     machine_agent_started: ['machine_id', 'agent_started_at', 'agent_public_key', 'has_heartbeat'],
@@ -226,6 +228,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0011_root_device_hints',
     '0012_disk_wipe',
     '0013_agent_log',
+    '0014_agent_enrollment',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // 0006 backfills a power state row for each provided machine.
@@ -325,6 +328,7 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     '0011_root_device_hints',
     '0012_disk_wipe',
     '0013_agent_log',
+    '0014_agent_enrollment',
   ]);
   expect(await controlByLocation(bmdb.db)).toEqual([
     {
@@ -404,6 +408,7 @@ test('a database migrated to 0008, as released before OS installation, takes 000
     '0011_root_device_hints',
     '0012_disk_wipe',
     '0013_agent_log',
+    '0014_agent_enrollment',
   ]);
   expect((await db.admin('SELECT count(*)::int AS n FROM machine_os_installation_request')).rows).toEqual([{ n: 0 }]);
 });

@@ -15,4 +15,4 @@ export { LAB_SSH_PORT, Lab, type LabBmcProtocol, type LabMachine, type LabOption
 export { QemuPower, VM_BOOT_DEVICES, type VmBootDevice, type VmPowerState } from './power.js';
 export { QmpClient, QmpCommandError, type QmpStatus } from './qmp.js';
 export { QemuRedfishPower } from './redfish-power.js';
-export { VirtualMachine, type VirtualMachineOptions, type VmBootSource } from './vm.js';
+export { VirtualMachine, type VirtualMachineOptions, type VmBootSource, type VmFirmware } from './vm.js';

@@ -15,7 +15,7 @@ import { findKernel } from './kernel.js';
 import { log } from './log.js';
 import { LabProcess } from './processes.js';
 import { QemuRedfishPower } from './redfish-power.js';
-import { VirtualMachine } from './vm.js';
+import { VirtualMachine, type VmFirmware } from './vm.js';
 
 /** How a lab machine's BMC is spoken to. */
 export type LabBmcProtocol = 'ipmi' | 'redfish';
@@ -37,6 +37,11 @@ export interface LabOptions {
   readonly webListen?: string;
   /** Which protocol VM `index` (from 0) gets. Default: IPMI for even indexes, Redfish for odd. */
   readonly protocol?: (index: number) => LabBmcProtocol;
+  /**
+   * Which firmware VM `index` (from 0) boots with. Default: OVMF (`uefi`) for the third VM,
+   * `lab-vm3`, SeaBIOS for the others: the lab has both kinds from three VMs on.
+   */
+  readonly firmware?: (index: number) => VmFirmware;
   /** The agent's heartbeat interval. Default 2s. */
   readonly heartbeatInterval?: string;
   /** The bundled agent the agent image runs. Default `packages/agent/dist/agent.cjs` (`npm run bundle -w @bmaas/agent`). */
@@ -129,6 +134,7 @@ export class Lab {
     const { dir, cacheDir } = this.options;
     const count = this.options.vms ?? 3;
     const protocol = this.options.protocol ?? ((index: number) => (index % 2 === 0 ? 'ipmi' : 'redfish'));
+    const firmware = this.options.firmware ?? ((index: number) => (index === 2 ? 'uefi' : 'bios'));
     await mkdir(dir, { recursive: true, mode: 0o700 });
     await chmod(dir, 0o700);
     this.#closers.push(async () => {
@@ -180,6 +186,7 @@ export class Lab {
           memory: 1024,
           diskSerial: diskSerialOf(index + 1),
           mac: macOf(index + 1),
+          firmware: firmware(index),
         }),
       ),
     );
@@ -189,7 +196,14 @@ export class Lab {
     }
     const signal = this.options.signal;
     signal?.throwIfAborted();
-    await Promise.all(vms.map((vm) => vm.waitForSsh(300_000, signal)));
+    await Promise.all(
+      vms.map(async (vm) => {
+        await vm.waitForSsh(300_000, signal);
+        this.#report(
+          `${vm.name} (${vm.firmware === 'uefi' ? 'UEFI' : 'BIOS'}): sshd answering ${seconds(vm.startedAt)} after its start`,
+        );
+      }),
+    );
     this.#report(`${count} VM(s) booted to sshd in ${seconds(started)} (load ${loadavg()[0]?.toFixed(2)})`);
 
     await writeFile(
@@ -335,7 +349,7 @@ export class Lab {
       `logs:         ${path.join(this.options.dir, 'shepherd-run.log')}, ${path.join(this.options.dir, 'shepherd-server.log')}`,
       '',
       ...this.machines.flatMap((m) => [
-        `${m.id} (${m.protocol.toUpperCase()} BMC)`,
+        `${m.id} (${m.protocol.toUpperCase()} BMC, ${m.vm.firmware === 'uefi' ? 'UEFI' : 'BIOS'})`,
         `  ssh:     ssh -i ${this.sshKeyPath} -p ${LAB_SSH_PORT} -o StrictHostKeyChecking=no root@${m.address}`,
         `  BMC:     ${m.bmcCommand}`,
         `  console: ${m.vm.consoleLog}`,

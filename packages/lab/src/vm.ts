@@ -1,5 +1,6 @@
 import { type ChildProcess, spawn } from 'node:child_process';
-import { copyFile, mkdir, open, rm, writeFile } from 'node:fs/promises';
+import { constants } from 'node:fs';
+import { access, copyFile, mkdir, open, rm, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import path from 'node:path';
 import { SshKey } from '@bmaas/shepherd-manager';
@@ -36,7 +37,16 @@ export interface VirtualMachineOptions {
   readonly diskSize?: number;
   /** The QEMU program. Default `qemu-system-x86_64`. */
   readonly qemu?: string;
+  /** Its firmware: SeaBIOS (`bios`, QEMU's own, the default) or OVMF (`uefi`, Debian's ovmf package). */
+  readonly firmware?: VmFirmware;
 }
+
+/** A VM's firmware: SeaBIOS or OVMF. */
+export type VmFirmware = 'bios' | 'uefi';
+
+/** Debian's OVMF (package ovmf): its code, read-only, and the variable store each UEFI VM gets a copy of. */
+const OVMF_CODE = '/usr/share/OVMF/OVMF_CODE.fd';
+const OVMF_VARS = '/usr/share/OVMF/OVMF_VARS.fd';
 
 /** What QEMU boots: the lab's kernel and initramfs (the default: the machine's "network boot"), or its disk. */
 export type VmBootSource = 'kernel' | 'disk';
@@ -53,7 +63,7 @@ export type VmBootSource = 'kernel' | 'disk';
  *
  * The BMC's boot device decides each boot, as firmware does: the lab's
  * kernel boots unless it is `disk`, and then the disk boots (its MBR, through
- * SeaBIOS). QEMU always boots `-kernel` first when given one, so at every
+ * SeaBIOS; under OVMF, what its NVRAM's BootOrder says). QEMU always boots `-kernel` first when given one, so at every
  * reset (the guest's reboot, a BMC's power on, cycle or reset) whose boot
  * device wants the other source, QEMU is started again with it: the same
  * disk, sockets and console log, a fresh boot.
@@ -112,6 +122,13 @@ export class VirtualMachine {
   get bootSource(): VmBootSource {
     return this.#bootSource;
   }
+  get firmware(): VmFirmware {
+    return this.options.firmware ?? 'bios';
+  }
+  /** A UEFI VM's variable store (its NVRAM): a copy of OVMF's, kept across its reboots and QEMU's restarts. */
+  get efiVariables(): string {
+    return path.join(this.options.dir, 'OVMF_VARS.fd');
+  }
 
   /** Writes its configuration and starts QEMU (the guest boots on its own, from what its boot device says). */
   static async start(options: VirtualMachineOptions): Promise<VirtualMachine> {
@@ -129,6 +146,19 @@ export class VirtualMachine {
       if ((await handle.stat()).size === 0) await handle.truncate(options.diskSize ?? 4 * 1024 ** 3);
     } finally {
       await handle.close();
+    }
+    if (options.firmware === 'uefi') {
+      for (const file of [OVMF_CODE, OVMF_VARS]) {
+        await access(file).catch(() => {
+          throw new VmError(options.name, `${file} not found: install Debian's ovmf package`);
+        });
+      }
+      // Copied once: the variables the agent writes (its boot entry, BootOrder) stay, as NVRAM does.
+      await copyFile(OVMF_VARS, path.join(dir, 'OVMF_VARS.fd'), constants.COPYFILE_EXCL).catch(
+        (error: NodeJS.ErrnoException) => {
+          if (error.code !== 'EEXIST') throw error;
+        },
+      );
     }
     const bootSource = bootSourceOf(await new QemuPower(options.name, '', path.join(dir, 'boot-device')).bootDevice());
     const child = await launch(options, bootSource);
@@ -292,7 +322,24 @@ async function launch(options: VirtualMachineOptions, bootSource: VmBootSource):
           '-append',
           'console=ttyS0 panic=-1 loglevel=4 mitigations=off',
         ]
-      : ['-boot', 'order=c'];
+      : options.firmware === 'uefi'
+        ? []
+        : ['-boot', 'order=c'];
+  const uefi = options.firmware === 'uefi';
+  const firmware = uefi
+    ? [
+        '-drive',
+        `if=pflash,format=raw,readonly=on,file=${OVMF_CODE}`,
+        '-drive',
+        `if=pflash,format=raw,file=${path.join(dir, 'OVMF_VARS.fd')}`,
+      ]
+    : [];
+  // SeaBIOS boots the disk by its bootindex. OVMF would too, and more: given any bootindex (QEMU's
+  // "bootorder" fw_cfg file), it rewrites BootOrder at every boot to put the entries matching those
+  // devices first, and the agent's entry (a partition and a file, no PCI path) matches none, so
+  // OVMF's own entry for the disk would boot instead of it. Without one, OVMF leaves BootOrder as
+  // the agent wrote it. The network boot needs none either way: -kernel boots before any entry.
+  const bootIndex = uefi ? '' : ',bootindex=1';
   const args = [
     '-name',
     options.name,
@@ -306,6 +353,7 @@ async function launch(options: VirtualMachineOptions, bootSource: VmBootSource):
     String(options.memory ?? 512),
     '-smp',
     '1',
+    ...firmware,
     ...boot,
     // Appended to, so the console of every boot stays, whichever QEMU booted it.
     '-chardev',
@@ -322,7 +370,7 @@ async function launch(options: VirtualMachineOptions, bootSource: VmBootSource):
     '-drive',
     `file=${path.join(dir, 'disk.img')},format=raw,if=none,id=disk0`,
     '-device',
-    `virtio-blk-pci,drive=disk0,bootindex=1${options.diskSerial ? `,serial=${options.diskSerial}` : ''}`,
+    `virtio-blk-pci,drive=disk0${bootIndex}${options.diskSerial ? `,serial=${options.diskSerial}` : ''}`,
     '-qmp',
     `unix:${path.join(dir, 'bmc.qmp')},server=on,wait=off`,
     '-qmp',

@@ -10,13 +10,18 @@
  * moved in the database past the heartbeat timeout, and the recoverer resets
  * that VM through its BMC: the VM boots its OS again (its cable back once it
  * does), is taken over again and its new agent heartbeats, and the other VMs
- * are left alone. Then the third VM is installed: a small bootable image the
- * test builds from this machine's Debian packages, requested with `shepherd
- * install` by its disk's serial number alone, downloaded over HTTPS by the
+ * are left alone. The third VM runs under UEFI (OVMF), the others under
+ * BIOS (SeaBIOS), and each hardware report says which. Then the third VM and
+ * the first are installed: a small image bootable under both, which the test
+ * builds from this machine's Debian packages, requested with `shepherd
+ * install` by each disk's serial number alone, downloaded over HTTPS by the
  * agent and written to the disk; the BMC's boot device set to the disk, the
- * agent's reboot boots the image, whose first boot the console shows. Each
- * phase's time is printed with the load average, and each VM's time from its
- * takeover to its agent's first heartbeat.
+ * agent's reboot boots the image, whose first boot the console shows: on the
+ * UEFI VM through the boot entry the agent wrote (BootCurrent names it, with
+ * the agent's description), on the BIOS VM through its MBR. Each phase's
+ * time is printed with the load average, and each VM's time from its
+ * takeover to its agent's first heartbeat and from its start to its first
+ * boot's sshd.
  */
 import { execFile, execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -38,6 +43,7 @@ import { createTestDatabase, type TestDatabase } from '../../../test/support/dat
 import { freePort } from '../../../test/support/ports.js';
 import { eventually } from '../../../test/support/wait.js';
 import { bundleAgent } from '../../agent/test/bundle-agent.js';
+import { EFISupport } from '../../server/src/gen/cloud/agent/api/hwreport_pb.js';
 import { buildBootImage, findKernel, Lab, type LabMachine, QmpClient } from '../src/index.js';
 import { missingForLab } from './support.js';
 
@@ -80,6 +86,10 @@ describe.skipIf(missing.length > 0)('the lab', () => {
       bmdbUrl: db.url,
       webListen: `127.0.0.1:${await freePort()}`,
       heartbeatInterval: '1s',
+      // Each VM's first boot, to compare OVMF's with SeaBIOS's.
+      report: (line) => {
+        if (line.includes('sshd answering')) timings.push(`lab timing: ${line} (load ${loadavg()[0]?.toFixed(2)})`);
+      },
       runFlags: {
         // Generous: a live agent on this loaded machine must never look silent. The test moves time instead.
         'recoverer-heartbeat-timeout': '2m',
@@ -122,8 +132,8 @@ describe.skipIf(missing.length > 0)('the lab', () => {
     return { os, image, last: lastImage > lastOs ? 'image' : 'os' };
   }
 
-  /** The disk serials and MACs of a machine's stored hardware report. */
-  async function reported(machineId: string): Promise<{ serials: string[]; macs: string[] }> {
+  /** The disk serials, MACs and EFI support of a machine's stored hardware report. */
+  async function reported(machineId: string): Promise<{ serials: string[]; macs: string[]; efi: EFISupport }> {
     const { rows } = await db.admin('SELECT hardware_report_raw FROM machine_hardware_report WHERE machine_id = $1', [
       machineId,
     ]);
@@ -134,6 +144,7 @@ describe.skipIf(missing.length > 0)('the lab', () => {
         report?.networkInterface.map((nic) =>
           [...nic.mac].map((byte) => byte.toString(16).padStart(2, '0')).join(':'),
         ) ?? [],
+      efi: report?.efiSupport ?? EFISupport.EFI_SUPPORT_INVALID,
     };
   }
 
@@ -176,7 +187,11 @@ describe.skipIf(missing.length > 0)('the lab', () => {
       const hardware = await reported(first.get(machine.id)?.machineId as string);
       expect(hardware.serials).toContain(machine.diskSerial);
       expect(hardware.macs).toContain(machine.mac);
+      // And how it booted: the UEFI VM's agent (kexeced from an OS OVMF booted) has EFI's runtime services.
+      if (machine.vm.firmware === 'uefi') expect(hardware.efi).toBe(EFISupport.EFI_SUPPORT_ENABLED);
+      else expect(hardware.efi).not.toBe(EFISupport.EFI_SUPPORT_ENABLED);
     }
+    expect(lab.machines.map((m) => m.vm.firmware)).toEqual(['bios', 'bios', 'uefi']);
     // Each takeover loaded the image for kexec: none ran the agent in place.
     expect(await readFile(path.join(lab.options.dir, 'shepherd-run.log'), 'utf8')).not.toContain('runs in place');
     // Their starts an hour back: only heartbeats keep them alive.
@@ -237,10 +252,11 @@ describe.skipIf(missing.length > 0)('the lab', () => {
     );
     expect(recovered.rows.map((row) => row.provider_id)).toEqual([ipmiVm.id, redfishVm.id].sort());
 
-    // The third VM installed: its BMC boots the disk from now on, the image is requested, the agent writes it and reboots.
-    const target = bystander;
-    const machineId = first.get(target.id)?.machineId as string;
-    const image = await buildBootImage(dir, findKernel(), target.id);
+    // The third VM (UEFI, left alone) and the first (BIOS, recovered) installed, together: each BMC boots
+    // the disk from now on, the image is requested, the agent writes it and reboots.
+    const targets = [bystander, ipmiVm];
+    expect(targets.map((m) => m.vm.firmware)).toEqual(['uefi', 'bios']);
+    const image = await buildBootImage(dir, findKernel(), 'lab');
     const gzipped = gzipSync(await readFile(image.path));
     const tlsDir = path.join(lab.options.dir, 'server-tls');
     // Served with the server's certificate, which names slirp's 10.0.2.2: the CA every agent was given.
@@ -251,6 +267,15 @@ describe.skipIf(missing.length > 0)('the lab', () => {
     );
     await new Promise<void>((resolve) => images.listen(0, '127.0.0.1', resolve));
     try {
+      phase = Date.now();
+      await Promise.all(targets.map((target) => installOn(target)));
+    } finally {
+      images.close();
+    }
+
+    async function installOn(target: LabMachine): Promise<void> {
+      const started = Date.now();
+      const machineId = first.get(target.id)?.machineId as string;
       const bmc = target.bmc as { host: string; port: number; username: string; passwordFile: string };
       await new IpmiClient({ timeout: 20_000 }).setBootDevice(
         {
@@ -264,7 +289,6 @@ describe.skipIf(missing.length > 0)('the lab', () => {
         'disk',
       );
       expect(await target.vm.power.bootDevice()).toBe('disk');
-      phase = Date.now();
       const port = (images.address() as AddressInfo).port;
       await promisify(execFile)(process.execPath, [
         path.join(ROOT, 'packages/cli/bin/shepherd.js'),
@@ -298,26 +322,39 @@ describe.skipIf(missing.length > 0)('the lab', () => {
         if (row?.installation_state === 'Failed') throw new Error(`installation failed: ${row.installation_error}`);
         return row?.installation_state === 'Succeeded' ? row : undefined;
       });
-      timing(
-        `${target.id}: ${(image.bytes / 2 ** 20).toFixed(1)} MiB image requested to installed (${installed.seconds.toFixed(1)} s by the database)`,
-      );
+      const installedAt = Date.now();
       // The agent's reboot boots the disk, as the BMC says: the image's first boot on the console.
-      await within(`${target.id} booted the installed image`, async () =>
-        (await readFile(target.vm.consoleLog, 'utf8')).includes(image.bootLine) ? true : undefined,
-      );
-      timing(`${target.id}: installed to the image's first boot from its disk`);
+      // Console lines end in CR LF, or begin with a CR under OVMF.
+      const booted = await within(`${target.id} booted the installed image`, async () => {
+        const text = await readFile(target.vm.consoleLog, 'utf8');
+        return text.split(/[\r\n]+/).find((line) => line.startsWith(image.bootLine));
+      });
+      const line = `lab timing: ${target.id} (${target.vm.firmware.toUpperCase()}): ${(image.bytes / 2 ** 20).toFixed(1)} MiB image requested to installed ${((installedAt - started) / 1000).toFixed(1)} s (${installed.seconds.toFixed(1)} s by the database), installed to the image's first boot from its disk ${((Date.now() - installedAt) / 1000).toFixed(1)} s (load ${loadavg()[0]?.toFixed(2)})`;
+      timings.push(line);
+      console.log(line);
       expect(target.vm.bootSource).toBe('disk');
-      // Installed: no agent, never recovered, and nobody starts one on it.
+      if (target.vm.firmware === 'uefi') {
+        // OVMF booted the entry the agent wrote, first in BootOrder: BootCurrent names it, with the agent's description.
+        const entry = /installed generation \d+: .*, boot entry (\d+)/.exec(
+          await readFile(target.vm.consoleLog, 'utf8'),
+        );
+        expect(entry, 'the agent wrote a boot entry').not.toBeNull();
+        const number = Number(entry?.[1]).toString(16).toUpperCase().padStart(4, '0');
+        expect(booted).toContain(`under UEFI, BootCurrent Boot${number} "BMaaS installed OS (vda)"`);
+      } else {
+        // SeaBIOS booted the disk's MBR, and the image knows no EFI.
+        expect(booted).toContain(' under BIOS, ');
+      }
+      // Installed: no agent, and nobody starts one on it; the left-alone VM never recovered either.
       expect((await agents()).has(target.id)).toBe(false);
       const { rows } = await db.admin(
         `SELECT w.process, w.event FROM work_history w JOIN machine_os_installation_request q USING (machine_id)
-         WHERE w.machine_id = $1 AND (w.process = 'ShepherdRecovery' OR w."timestamp" > q.requested_at)`,
-        [machineId],
+         WHERE w.machine_id = $1 AND (($2 AND w.process = 'ShepherdRecovery') OR w."timestamp" > q.requested_at)`,
+        [machineId, target === bystander],
       );
       expect(rows).toEqual([]);
-    } finally {
-      images.close();
     }
+    timing(`${targets.map((m) => m.id).join(' and ')} installed and booted from their disks`);
 
     // What Ctrl-C does: everything stopped (QEMU, ipmi_sim, the shepherd, its server) and the files removed.
     const pids = lab.machines.flatMap((m) => [m.vm.pid, m.ipmiSimulator?.pid]).filter((pid) => pid !== undefined);

@@ -14,12 +14,13 @@ export async function missingForLab(): Promise<string[]> {
   if (!existsSync('/usr/lib/syslinux/modules/bios')) missing.push('syslinux-common');
   if (!(await onPath('mcopy'))) missing.push('mtools');
   if (!(await onPath('mkfs.fat'))) missing.push('dosfstools');
+  if (!(await onPath('sfdisk'))) missing.push('fdisk');
   if (!existsSync('/boot') || !(await import('node:fs')).readdirSync('/boot').some((f) => f.startsWith('vmlinuz-'))) {
     missing.push('linux-image-amd64');
   }
-  // The agent image the VMs are taken over into (OVMF only for booting its ISO under UEFI).
+  // The agent image the VMs are taken over into; OVMF, the UEFI VM's firmware (lab-vm3).
   for (const pkg of await missingForAgentImage()) {
-    if (pkg !== 'ovmf' && !missing.includes(pkg)) missing.push(pkg);
+    if (!missing.includes(pkg)) missing.push(pkg);
   }
   return missing;
 }

@@ -1,9 +1,13 @@
 import { createHash } from 'node:crypto';
 import { setTimeout as delay } from 'node:timers/promises';
-import type { PowerState, Session } from '@bmaas/bmdb-controlloop';
+import type { AgentBootMethod, PowerState, Session } from '@bmaas/bmdb-controlloop';
 import { addProvided, newMachine } from '@bmaas/bmdb-controlloop';
 import {
   type AcceptedPowerCommand,
+  type AgentBootControl,
+  AgentBootError,
+  type AgentBootMedia,
+  type AgentBootStarted,
   Availability,
   type CreateMachineRequest,
   type Machine,
@@ -47,6 +51,12 @@ export interface DummyProviderOptions {
   readonly onAgentStart?: (event: AgentStartEvent) => void;
   /** Milliseconds a simulated power change takes (`PoweringOn`/`PoweringOff` meanwhile). Default 0. */
   readonly powerTransition?: number;
+  /**
+   * How every pretend machine's agent arrives, as listed. Default `ssh` (the
+   * fake agent's takeover); `virtual-media` or `network` make them machines
+   * whose agent a (pretend) BMC boots, each `network` one with a MAC.
+   */
+  readonly agentBoot?: AgentBootMethod;
 }
 
 /** One fake agent start beginning or ending on a pretend machine. */
@@ -77,9 +87,13 @@ const ID_PREFIX = 'dummy-';
  * discrepancy. Its power control is simulated ({@link DummyPower}): each
  * process has its own, every machine `On` at start.
  */
-export class DummyProvider implements Provider, PowerControl {
+export class DummyProvider implements Provider, PowerControl, AgentBootControl {
   readonly type = DUMMY_PROVIDER;
   readonly capacity: number;
+  /** How every machine's agent arrives (the option `agentBoot`). */
+  readonly agentBoot: AgentBootMethod;
+  /** The pretend virtual media inserted now (or the network boot set up), by provider ID; an agent boot's end removes it. */
+  readonly agentBootMedia = new Map<string, AgentBootMedia>();
   /** Power cycles made so far, by provider ID. */
   readonly powerCycles = new Map<string, number>();
   /** The fake agent: answers like the real one, failing `agentFailureRate` of starts. */
@@ -94,6 +108,7 @@ export class DummyProvider implements Provider, PowerControl {
       throw new RangeError(`dummy provider capacity must be a whole number 0–${MAX_CAPACITY}, got ${capacity}`);
     }
     this.capacity = capacity;
+    this.agentBoot = options.agentBoot ?? 'ssh';
     const agentFailureRate = share(options.agentFailureRate ?? 0, 'agent failure rate');
     this.#heartbeatFailureRate = share(options.heartbeatFailureRate ?? 0, 'heartbeat failure rate');
     const random = options.random ?? Math.random;
@@ -134,20 +149,22 @@ export class DummyProvider implements Provider, PowerControl {
   }
 
   async listMachines(): Promise<Machine[]> {
-    return Array.from({ length: this.capacity }, (_, slot) => machineAt(slot, Availability.PossiblyUsed));
+    return Array.from({ length: this.capacity }, (_, slot) =>
+      machineAt(slot, Availability.PossiblyUsed, this.agentBoot),
+    );
   }
 
   async getMachine(id: string): Promise<Machine> {
     const slot = slotOfId(id, this.capacity);
     if (slot === undefined) throw new MachineNotFoundError(this.type, id);
-    return machineAt(slot, Availability.KnownUsed);
+    return machineAt(slot, Availability.KnownUsed, this.agentBoot);
   }
 
   async createMachine(session: Session, request: CreateMachineRequest): Promise<Machine> {
     const { id } = request.unusedMachine;
     const slot = id === undefined ? undefined : slotOfId(id, this.capacity);
     if (id === undefined || slot === undefined) throw new MachineNotFoundError(this.type, id ?? '(none)');
-    const machine = machineAt(slot, Availability.KnownUsed);
+    const machine = machineAt(slot, Availability.KnownUsed, this.agentBoot);
     const machineId = await session.transact(async (q) => {
       const created = await newMachine(q);
       await addProvided(q, created, {
@@ -191,6 +208,33 @@ export class DummyProvider implements Provider, PowerControl {
     return { command: 'simulated power cycle' };
   }
 
+  /**
+   * A pretend agent boot: the media is kept in {@link DummyProvider.agentBootMedia},
+   * and the machine powered on (when off) or power-cycled. No agent comes of
+   * it: a test enrolls one for the machine.
+   *
+   * @throws {@link AgentBootError} when the machines take their agent over SSH (`agentBoot` left `ssh`)
+   */
+  async bootAgent(id: string, media: AgentBootMedia): Promise<AgentBootStarted> {
+    this.#known(id);
+    const method = this.agentBoot;
+    if (method === 'ssh') {
+      throw new AgentBootError(id, "the dummy provider's machines take their agent over SSH (agentBoot ssh)");
+    }
+    this.agentBootMedia.set(id, media);
+    const off = this.power.state(id) === 'Off';
+    const power = off ? await this.powerOn(id) : await this.powerCycle(id);
+    // The media's URL is never shown: its path keeps the boot's token unguessable.
+    const how = method === 'virtual-media' ? 'simulated virtual media' : 'simulated network boot';
+    detail('agent boot of %s: %s; %s', id, how, power.command);
+    return { method, detail: `${how}; ${power.command}` };
+  }
+
+  /** Ends a pretend agent boot: its media is removed. */
+  async endAgentBoot(id: string): Promise<void> {
+    this.agentBootMedia.delete(this.#known(id));
+  }
+
   #known(id: string): string {
     if (slotOfId(id, this.capacity) === undefined) throw new MachineNotFoundError(this.type, id);
     return id;
@@ -207,13 +251,20 @@ export class DummyProvider implements Provider, PowerControl {
   }
 }
 
-function machineAt(slot: number, availability: Availability): Machine {
+function machineAt(slot: number, availability: Availability, agentBoot: AgentBootMethod): Machine {
   const n = slot + 1;
+  const bytes = [(n >> 16) & 255, (n >> 8) & 255, n & 255];
   return {
     id: `${ID_PREFIX}${String(slot).padStart(6, '0')}`,
-    address: `10.${(n >> 16) & 255}.${(n >> 8) & 255}.${n & 255}`,
+    address: `10.${bytes.join('.')}`,
     availability,
     failed: false,
+    agentBoot,
+    // A locally administered MAC per slot, for a pretend network boot.
+    macs:
+      agentBoot === 'network'
+        ? [['02', '00', '0a', ...bytes.map((b) => b.toString(16).padStart(2, '0'))].join(':')]
+        : [],
   };
 }
 

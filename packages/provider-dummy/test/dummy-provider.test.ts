@@ -1,5 +1,6 @@
 import { parseLimiter, providedMachines, setAgentStarted } from '@bmaas/bmdb-controlloop';
 import {
+  AgentBootError,
   Availability,
   Initializer,
   MachineNotFoundError,
@@ -36,9 +37,30 @@ describe('DummyProvider', () => {
     const provider = new DummyProvider({ capacity: 3 });
     const machines = await provider.listMachines();
     expect(machines).toEqual([
-      { id: 'dummy-000000', address: '10.0.0.1', availability: Availability.PossiblyUsed, failed: false },
-      { id: 'dummy-000001', address: '10.0.0.2', availability: Availability.PossiblyUsed, failed: false },
-      { id: 'dummy-000002', address: '10.0.0.3', availability: Availability.PossiblyUsed, failed: false },
+      {
+        id: 'dummy-000000',
+        address: '10.0.0.1',
+        availability: Availability.PossiblyUsed,
+        failed: false,
+        agentBoot: 'ssh',
+        macs: [],
+      },
+      {
+        id: 'dummy-000001',
+        address: '10.0.0.2',
+        availability: Availability.PossiblyUsed,
+        failed: false,
+        agentBoot: 'ssh',
+        macs: [],
+      },
+      {
+        id: 'dummy-000002',
+        address: '10.0.0.3',
+        availability: Availability.PossiblyUsed,
+        failed: false,
+        agentBoot: 'ssh',
+        macs: [],
+      },
     ]);
     expect(await provider.getMachine('dummy-000002')).toMatchObject({ address: '10.0.0.3', availability: 'KnownUsed' });
     await expect(provider.getMachine('dummy-000003')).rejects.toBeInstanceOf(MachineNotFoundError);
@@ -263,6 +285,37 @@ describe('simulated power', () => {
     ]) {
       await expect(call()).rejects.toBeInstanceOf(MachineNotFoundError);
     }
+  });
+
+  test('a pretend agent boot keeps the media, powers on a machine found off and cycles one found on', async () => {
+    const provider = new DummyProvider({ capacity: 2, agentBoot: 'network' });
+    expect((await provider.listMachines())[1]).toMatchObject({ agentBoot: 'network', macs: ['02:00:0a:00:00:02'] });
+    await provider.powerOff('dummy-000001', { graceful: false });
+    const media = { isoUrl: 'https://shepherd.example/agent-boot/x/agent.iso' };
+    expect(await provider.bootAgent('dummy-000001', media)).toEqual({
+      method: 'network',
+      detail: 'simulated network boot; simulated power on',
+    });
+    expect(await provider.readPowerState('dummy-000001')).toBe('On');
+    expect(await provider.bootAgent('dummy-000001', media)).toMatchObject({ detail: /simulated power cycle$/ });
+    expect(provider.powerCycles.get('dummy-000001')).toBe(1);
+    expect(provider.agentBootMedia.get('dummy-000001')).toEqual(media);
+    await provider.endAgentBoot('dummy-000001');
+    expect(provider.agentBootMedia.has('dummy-000001')).toBe(false);
+
+    const cd = new DummyProvider({ capacity: 1, agentBoot: 'virtual-media' });
+    expect(await cd.bootAgent('dummy-000000', media)).toEqual({
+      method: 'virtual-media',
+      detail: 'simulated virtual media; simulated power cycle',
+    });
+    expect((await cd.getMachine('dummy-000000')).macs).toEqual([]);
+    await expect(cd.bootAgent('dummy-000001', media)).rejects.toBeInstanceOf(MachineNotFoundError);
+
+    const ssh = new DummyProvider({ capacity: 1 });
+    const refused = ssh.bootAgent('dummy-000000', media);
+    await expect(refused).rejects.toBeInstanceOf(AgentBootError);
+    await expect(refused).rejects.toThrow('machine dummy-000000: the agent cannot be booted: the dummy provider');
+    expect(ssh.powerCycles.size).toBe(0);
   });
 
   test('the recoverer powers on a silent machine found off, instead of power-cycling it', async () => {

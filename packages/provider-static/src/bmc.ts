@@ -1,9 +1,14 @@
 import type { PowerState } from '@bmaas/bmdb-controlloop';
 import type { AcceptedPowerCommand } from '@bmaas/shepherd-manager';
+import type { InventoryBootMode } from './inventory.js';
+
+/** Times a one-time boot override is set before giving up on a BMC that ignores it (Ironic tries as often). */
+export const BOOT_OVERRIDE_ATTEMPTS = 3;
 
 /**
  * One machine's baseboard management controller, as the static provider
- * uses it: read the power state, power on, power off and power-cycle. A port: the Redfish client
+ * uses it: read the power state, power on, power off and power-cycle, and
+ * make the next boot a network boot. A port: the Redfish client
  * is its first implementation (`RedfishBmc`); the provider picks one per
  * inventory machine. Each call resolves once the BMC accepted the request,
  * with the BMC's own name for what it was told.
@@ -21,4 +26,13 @@ export interface Bmc {
    * `PowerOutcomeUnknownError` (a second one could reset the machine twice).
    */
   powerCycle(signal?: AbortSignal): Promise<AcceptedPowerCommand>;
+  /**
+   * Makes the next boot, and only it, a network boot (PXE) in `bootMode`:
+   * set, read back and set again while the BMC ignores it, at most
+   * {@link BOOT_OVERRIDE_ATTEMPTS} times. Resolves with what the BMC was
+   * told, for logs and history.
+   *
+   * @throws {@link BootOverrideIgnoredError} when the BMC still says otherwise after the last attempt
+   */
+  setNetworkBootOnce(bootMode: InventoryBootMode | undefined, signal?: AbortSignal): Promise<string>;
 }

@@ -133,9 +133,51 @@ export class BmcUnsupportedError extends BmcError {
   override name = 'BmcUnsupportedError';
 }
 
-/** The BMC answered something its protocol does not: not a Redfish ComputerSystem, a link to another origin. */
+/**
+ * The BMC has no virtual media an agent boot can use: no `VirtualMedia`
+ * collection on the ComputerSystem or its Manager, no CD or DVD among them,
+ * or no `#VirtualMedia.InsertMedia` action. A machine with MACs in the
+ * inventory is network-booted instead.
+ */
+export class VirtualMediaUnsupportedError extends BmcUnsupportedError {
+  override name = 'VirtualMediaUnsupportedError';
+}
+
+/**
+ * The BMC answered something its protocol does not (not a Redfish
+ * ComputerSystem, a link to another origin), or refused what an agent boot
+ * asked of it (an `InsertMedia` answered with an error); the message names
+ * what refused.
+ */
 export class BmcResponseError extends BmcError {
   override name = 'BmcResponseError';
+}
+
+/**
+ * The BMC accepted a one-time boot override and did not keep it: read back
+ * after each attempt (Redfish's `Boot`, IPMI's boot flags, `chassis
+ * bootparam get 5`), it still said otherwise when the attempts ran out.
+ * iDRAC, Supermicro and others are known to drop an override now and then.
+ */
+export class BootOverrideIgnoredError extends BmcError {
+  override name = 'BootOverrideIgnoredError';
+  constructor(
+    machine: string,
+    protocol: BmcProtocol,
+    bmc: string,
+    /** What was asked: `Cd (Once, UEFI)`, `pxe (next boot, EFI)`. */
+    readonly wanted: string,
+    /** What the BMC said last when read back. */
+    readonly readBack: string,
+    readonly attempts: number,
+  ) {
+    super(
+      machine,
+      protocol,
+      bmc,
+      `ignored the one-time boot override to ${wanted}: read back it says ${readBack}, after ${attempts} attempt(s)`,
+    );
+  }
 }
 
 /** A Redfish BMC answered an HTTP status other than the ones expected (after retries for 5xx). */

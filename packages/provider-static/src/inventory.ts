@@ -1,7 +1,7 @@
 import { readFile, stat } from 'node:fs/promises';
 import { isIP } from 'node:net';
 import path from 'node:path';
-import { redactUrl } from '@bmaas/bmdb-controlloop';
+import { type AgentBootMethod, redactUrl } from '@bmaas/bmdb-controlloop';
 import { describeError, Secret } from '@bmaas/common';
 import { InventoryError } from './errors.js';
 import { IPMI_DEFAULT_CIPHER_SUITE, IPMI_DEFAULT_PORT } from './ipmi/target.js';
@@ -42,17 +42,38 @@ export interface InventoryIpmiBmc {
   readonly cipherSuite: number;
 }
 
+/** The firmware's boot mode, for a boot override that must name it. */
+export type InventoryBootMode = 'uefi' | 'legacy';
+
 /** One machine of the inventory. */
 export interface InventoryMachine {
   /** Provider ID, unique in the inventory. */
   readonly id: string;
-  /** IPv4 or IPv6 literal the shepherd reaches the machine at over SSH. */
-  readonly address: string;
+  /**
+   * IPv4 or IPv6 literal the shepherd reaches the machine at over SSH.
+   * Required when the agent arrives over SSH; a machine whose BMC boots
+   * its agent may leave it out.
+   */
+  readonly address: string | undefined;
   readonly location: string | undefined;
   readonly bmc: InventoryBmc | undefined;
+  /** How the machine's agent arrives (`agentBoot`): `ssh` unless given. */
+  readonly agentBoot: AgentBootMethod;
+  /** The machine's NIC MACs (`macs`), lower case and colon-separated; empty when not given. */
+  readonly macs: readonly string[];
+  /**
+   * `bootMode`: the firmware's boot mode, for the one-time boot override.
+   * `undefined`: a Redfish BMC's own current mode, and UEFI over IPMI.
+   */
+  readonly bootMode: InventoryBootMode | undefined;
 }
 
-const MACHINE_KEYS = ['id', 'address', 'location', 'bmc'] as const;
+const MACHINE_KEYS = ['id', 'address', 'location', 'bmc', 'agentBoot', 'macs', 'bootMode'] as const;
+/** Ways a machine's agent arrives; `ssh` when `agentBoot` is left out. */
+const AGENT_BOOT_METHODS: readonly AgentBootMethod[] = ['ssh', 'virtual-media', 'network'];
+const BOOT_MODES: readonly InventoryBootMode[] = ['uefi', 'legacy'];
+/** A MAC address: six hex pairs separated by colons or hyphens. */
+const MAC = /^[0-9a-f]{2}([:-])[0-9a-f]{2}(?:\1[0-9a-f]{2}){4}$/i;
 /** The upstream Go shepherd's "mini" device list. */
 const MINI_KEYS = { ID: 'id', Addr: 'address', Location: 'location' } as const;
 const BMC_KEYS = ['protocol', 'url', 'username', 'password', 'passwordFile', 'insecure'] as const;
@@ -64,7 +85,8 @@ const MAX_INVENTORY_BYTES = 16 * 1024 * 1024;
 
 /**
  * Parses and checks an inventory's text: a JSON array of machines. Either
- * the shepherd's own keys (`id`, `address`, `location`, `bmc`) or the
+ * the shepherd's own keys (`id`, `address`, `location`, `bmc`, `agentBoot`,
+ * `macs`, `bootMode`) or the
  * upstream mini device list's (`ID`, `Addr`, `Location`) per entry.
  *
  * @param source - the file or URL the text came from, named in errors
@@ -84,18 +106,29 @@ export function parseInventory(text: string, source: string): InventoryMachine[]
   const machines: InventoryMachine[] = [];
   const byId = new Map<string, number>();
   const byAddress = new Map<string, number>();
+  const byMac = new Map<string, number>();
   data.forEach((entry: unknown, index) => {
     const machine = parseMachine(entry, source, index);
     const fail = (field: string, problem: string) =>
       new InventoryError(source, { index, id: machine.id, field }, problem);
     const sameId = byId.get(machine.id);
     if (sameId !== undefined) throw fail('id', `duplicate id: entry ${sameId} has it too`);
-    const sameAddress = byAddress.get(machine.address);
-    if (sameAddress !== undefined) {
-      throw fail('address', `duplicate address ${machine.address}: entry ${sameAddress} has it too`);
+    if (machine.address !== undefined) {
+      const sameAddress = byAddress.get(machine.address);
+      if (sameAddress !== undefined) {
+        throw fail('address', `duplicate address ${machine.address}: entry ${sameAddress} has it too`);
+      }
+      byAddress.set(machine.address, index);
     }
+    // A network boot finds the machine by the MAC it boots from: one MAC, one machine.
+    machine.macs.forEach((mac, i) => {
+      const sameMac = byMac.get(mac);
+      if (sameMac !== undefined) {
+        throw fail(`macs[${i}]`, `duplicate MAC ${mac}: entry ${sameMac} has it too`);
+      }
+      byMac.set(mac, index);
+    });
     byId.set(machine.id, index);
-    byAddress.set(machine.address, index);
     machines.push(machine);
   });
   return machines;
@@ -123,10 +156,21 @@ function parseMachine(entry: unknown, source: string, index: number): InventoryM
     throw fail(idKey, `want a non-empty id without spaces or control characters, got ${JSON.stringify(id)}`);
   }
 
+  const agentBoot = entry.agentBoot ?? 'ssh';
+  if (!(AGENT_BOOT_METHODS as readonly unknown[]).includes(agentBoot)) {
+    throw fail('agentBoot', `want one of ${AGENT_BOOT_METHODS.join(', ')} (ssh when left out), got ${show(agentBoot)}`);
+  }
+  const method = agentBoot as AgentBootMethod;
+
   const addressKey = pickKey(entry, 'address', 'Addr', source, index, id);
-  if (addressKey === undefined) throw fail('address', 'missing');
-  const address = entry[addressKey];
-  if (typeof address !== 'string' || isIP(address) === 0) {
+  if (addressKey === undefined && method === 'ssh') {
+    throw fail(
+      'address',
+      'missing (the agent arrives over SSH, agentBoot ssh: the shepherd needs the address to reach it)',
+    );
+  }
+  const address = addressKey === undefined ? undefined : entry[addressKey];
+  if (addressKey !== undefined && (typeof address !== 'string' || isIP(address) === 0)) {
     throw fail(addressKey, `want an IPv4 or IPv6 literal, got ${show(address)}`);
   }
 
@@ -138,7 +182,46 @@ function parseMachine(entry: unknown, source: string, index: number): InventoryM
 
   const bmc =
     entry.bmc === undefined ? undefined : parseBmc(entry.bmc, (field, problem) => fail(`bmc.${field}`, problem));
-  return { id, address, location: location === '' ? undefined : location, bmc };
+  const macs = parseMacs(entry.macs, fail);
+  const { bootMode } = entry;
+  if (bootMode !== undefined && !(BOOT_MODES as readonly unknown[]).includes(bootMode)) {
+    throw fail('bootMode', `want one of ${BOOT_MODES.join(', ')}, got ${show(bootMode)}`);
+  }
+  if (method === 'virtual-media' && bmc?.protocol !== 'redfish') {
+    throw fail(
+      'agentBoot',
+      `virtual-media needs a Redfish BMC (bmc with a url), got ${bmc === undefined ? 'no bmc' : 'an IPMI bmc; use network'}`,
+    );
+  }
+  if (method === 'network') {
+    if (bmc === undefined) throw fail('agentBoot', 'network needs a bmc (Redfish or IPMI) to set the boot device');
+    if (macs.length === 0) throw fail('macs', 'missing: a network boot needs the MAC of at least one of its NICs');
+  }
+  return {
+    id,
+    address: address as string | undefined,
+    location: location === '' ? undefined : location,
+    bmc,
+    agentBoot: method,
+    macs,
+    bootMode: bootMode as InventoryBootMode | undefined,
+  };
+}
+
+/** `macs`: MAC addresses, lower-cased and colon-separated. */
+function parseMacs(value: unknown, fail: (field: string, problem: string) => InventoryError): string[] {
+  if (value === undefined) return [];
+  if (!Array.isArray(value)) throw fail('macs', `want an array of MAC addresses, got ${kindOf(value)}`);
+  const macs: string[] = [];
+  value.forEach((mac: unknown, i) => {
+    if (typeof mac !== 'string' || !MAC.test(mac)) {
+      throw fail(`macs[${i}]`, `want a MAC address like "aa:bb:cc:dd:ee:ff", got ${show(mac)}`);
+    }
+    const normal = mac.toLowerCase().replaceAll('-', ':');
+    if (macs.includes(normal)) throw fail(`macs[${i}]`, `duplicate MAC ${normal}`);
+    macs.push(normal);
+  });
+  return macs;
 }
 
 /** The one of two spellings of a key the entry uses; both at once is an error. */

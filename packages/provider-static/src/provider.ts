@@ -13,6 +13,10 @@ import {
 import { describeError, Secret } from '@bmaas/common';
 import {
   type AcceptedPowerCommand,
+  type AgentBootControl,
+  AgentBootError,
+  type AgentBootMedia,
+  type AgentBootStarted,
   Availability,
   type CreateMachineRequest,
   type Machine,
@@ -21,7 +25,7 @@ import {
   type Provider,
 } from '@bmaas/shepherd-manager';
 import type { Bmc } from './bmc.js';
-import { BmcCredentialsError, NoBmcError, StaticProviderError } from './errors.js';
+import { BmcCredentialsError, NoBmcError, StaticProviderError, VirtualMediaUnsupportedError } from './errors.js';
 import { log } from './internal/log.js';
 import { type InventoryMachine, InventorySource } from './inventory.js';
 import { IpmiBmc } from './ipmi/bmc.js';
@@ -29,6 +33,7 @@ import { IpmiClient } from './ipmi/client.js';
 import { RedfishBmc } from './redfish/bmc.js';
 import type { RedfishClient } from './redfish/client.js';
 import type { ResetType } from './redfish/reset-types.js';
+import { mediaName } from './redfish/virtual-media.js';
 
 /** The provider name in the BMDB. */
 export const STATIC_PROVIDER = 'Static';
@@ -36,7 +41,8 @@ export const STATIC_PROVIDER = 'Static';
 /** A machine of the inventory as the provisioner sees it. */
 export interface StaticMachine extends Machine {
   readonly id: string;
-  readonly address: string;
+  /** `undefined` for a machine whose BMC boots its agent and whose inventory entry gives none. */
+  readonly address: string | undefined;
   readonly location: string | undefined;
 }
 
@@ -85,8 +91,11 @@ export interface StaticProviderOptions {
  * reconciliation pass; a bad one fails that pass (nothing in the BMDB
  * changes) and the next pass reads it again. Changed addresses and locations
  * are written to the BMDB by {@link StaticProvider.run}.
+ *
+ * Machines whose inventory says `agentBoot` `virtual-media` or `network` get
+ * their agent booted through their BMC ({@link StaticProvider.bootAgent}).
  */
-export class StaticProvider implements Provider, PowerControl {
+export class StaticProvider implements Provider, PowerControl, AgentBootControl {
   /** The provider name in the BMDB: `Static`. */
   readonly type = STATIC_PROVIDER;
   readonly inventory: InventorySource;
@@ -151,7 +160,11 @@ export class StaticProvider implements Provider, PowerControl {
       );
     }
     const entry = await this.#entry(id, signal);
-    const facts = { providerIpAddress: entry.address, providerLocation: entry.location ?? null };
+    // No address in the entry (its BMC boots its agent): a recorded one is kept.
+    const facts = {
+      ...(entry.address === undefined ? {} : { providerIpAddress: entry.address }),
+      providerLocation: entry.location ?? null,
+    };
     const machineId = await session.transact(async (q) => {
       if (await updateProviderStatus(q, STATIC_PROVIDER, id, facts)) return undefined;
       const machineId = await newMachine(q);
@@ -159,12 +172,13 @@ export class StaticProvider implements Provider, PowerControl {
         provider: STATIC_PROVIDER,
         providerId: id,
         providerStatus: ProviderStatus.Unknown,
-        ...facts,
+        providerIpAddress: entry.address ?? null,
+        providerLocation: entry.location ?? null,
       });
       return machineId;
     });
     if (machineId === undefined) log.provider('machine %s was already recorded; address and location refreshed', id);
-    else log.provider('machine %s (%s) recorded as machine %s', id, entry.address, machineId);
+    else log.provider('machine %s (%s) recorded as machine %s', id, entry.address ?? 'no address', machineId);
     return toMachine(entry, Availability.KnownUsed);
   }
 
@@ -198,6 +212,84 @@ export class StaticProvider implements Provider, PowerControl {
     const accepted = await (await this.bmcOf(id, signal)).powerCycle(signal);
     log.provider('machine %s: BMC accepted %s', id, accepted.command);
     return accepted;
+  }
+
+  /**
+   * Boots the machine into the agent through its BMC, as its inventory
+   * entry's `agentBoot` says. `virtual-media` (Redfish): the ISO at
+   * `media.isoUrl` inserted in the CD virtual media (what was inserted
+   * ejected first), a one-time boot override to `Cd`; a BMC without usable
+   * virtual media gets a network boot instead when the entry has MACs.
+   * `network`: a one-time PXE boot (Redfish override `Pxe`, IPMI `chassis
+   * bootdev pxe`). Each override is read back and set again while the BMC
+   * ignores it. Then the machine is powered on when off, else power-cycled
+   * (`ForceRestart`, `chassis power reset`).
+   *
+   * @throws {@link MachineNotFoundError} when the inventory does not have it
+   * @throws {@link AgentBootError} when its entry says `agentBoot` `ssh`
+   * @throws {@link NoBmcError}, {@link BmcCredentialsError} as {@link StaticProvider.bmcOf} does
+   * @throws {@link VirtualMediaUnsupportedError} when its BMC has no virtual media and its entry no MACs
+   * @throws {@link BmcResponseError} when the BMC refuses the InsertMedia
+   * @throws {@link BootOverrideIgnoredError} when the BMC did not keep the boot override
+   * @throws {@link BmcError} subclasses, {@link PowerOutcomeUnknownError} as the power requests do
+   */
+  async bootAgent(id: string, media: AgentBootMedia, signal?: AbortSignal): Promise<AgentBootStarted> {
+    const entry = await this.#entry(id, signal);
+    if (entry.agentBoot === 'ssh') {
+      throw new AgentBootError(
+        id,
+        `the inventory ${this.inventory.name} says its agent arrives over SSH (agentBoot ssh, the default); set agentBoot to virtual-media or network`,
+      );
+    }
+    const bmc = await this.bmcOf(id, signal);
+    const steps: string[] = [];
+    let method: AgentBootStarted['method'] = entry.agentBoot;
+    if (method === 'virtual-media') {
+      // The inventory allows virtual-media with a Redfish BMC only.
+      if (!(bmc instanceof RedfishBmc)) throw new AgentBootError(id, 'virtual-media needs a Redfish BMC');
+      const inserted = await bmc.insertVirtualMedia(media.isoUrl, signal).catch((error: unknown) => {
+        if (error instanceof VirtualMediaUnsupportedError && entry.macs.length > 0) return error;
+        throw error;
+      });
+      if (inserted instanceof VirtualMediaUnsupportedError) {
+        log.provider('machine %s: %s; network boot instead (its MACs are in the inventory)', id, inserted.message);
+        steps.push(`no virtual media (${inserted.message}): network boot instead`);
+        method = 'network';
+      } else {
+        steps.push(
+          `${inserted.ejected ? 'ejected, then ' : ''}inserted ${mediaName(media.isoUrl)} in virtual media ${inserted.media}`,
+        );
+        steps.push(await bmc.setCdBootOnce(entry.bootMode, signal));
+      }
+    }
+    if (method === 'network') steps.push(await bmc.setNetworkBootOnce(entry.bootMode, signal));
+    const power = await bmc.powerState(signal);
+    const accepted =
+      power === 'Off' || power === 'PoweringOff' ? await bmc.powerOn(signal) : await bmc.powerCycle(signal);
+    steps.push(accepted.command);
+    const detail = steps.join('; ');
+    log.provider('machine %s: agent boot (%s): %s', id, method, detail);
+    return { method, detail };
+  }
+
+  /**
+   * Ends the machine's agent boot: ejects its virtual media (a
+   * `virtual-media` machine's; nothing when its BMC has none, as it then
+   * was network-booted). Nothing for a network boot.
+   *
+   * @throws {@link MachineNotFoundError} when the inventory does not have it
+   * @throws {@link BmcError} subclasses when the BMC does not eject
+   */
+  async endAgentBoot(id: string, signal?: AbortSignal): Promise<void> {
+    const entry = await this.#entry(id, signal);
+    if (entry.agentBoot !== 'virtual-media') return;
+    const bmc = await this.bmcOf(id, signal);
+    if (!(bmc instanceof RedfishBmc)) return;
+    try {
+      await bmc.ejectVirtualMedia(signal);
+    } catch (error) {
+      if (!(error instanceof VirtualMediaUnsupportedError)) throw error;
+    }
   }
 
   /**
@@ -271,16 +363,18 @@ export class StaticProvider implements Provider, PowerControl {
         const entry = inventory.get(machine.providerId);
         if (entry === undefined) continue;
         const location = entry.location ?? null;
-        if (machine.providerIpAddress === entry.address && machine.providerLocation === location) continue;
+        // An entry without an address (its BMC boots its agent) leaves the recorded one as it is.
+        const address = entry.address ?? machine.providerIpAddress;
+        if (machine.providerIpAddress === address && machine.providerLocation === location) continue;
         await updateProviderStatus(q, STATIC_PROVIDER, entry.id, {
-          providerIpAddress: entry.address,
+          providerIpAddress: address,
           providerLocation: location,
         });
         log.provider(
           'machine %s: address %s -> %s, location %s -> %s (from the inventory)',
           entry.id,
           machine.providerIpAddress,
-          entry.address,
+          address,
           machine.providerLocation,
           location,
         );
@@ -363,5 +457,13 @@ export async function readPasswordFile(file: string, fail: (problem: string) => 
 }
 
 function toMachine(entry: InventoryMachine, availability: Availability): StaticMachine {
-  return { id: entry.id, address: entry.address, location: entry.location, availability, failed: false };
+  return {
+    id: entry.id,
+    address: entry.address,
+    location: entry.location,
+    availability,
+    failed: false,
+    agentBoot: entry.agentBoot,
+    macs: entry.macs,
+  };
 }

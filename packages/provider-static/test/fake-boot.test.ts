@@ -50,12 +50,12 @@ test('a boot override is kept, shown and handed to the backend; disabling it han
     204,
   );
   expect(await boot('node07')).toMatchObject({ BootSourceOverrideTarget: 'Pxe', BootSourceOverrideEnabled: 'Once' });
-  expect(bmc.bootOverride('node07')).toEqual({ target: 'Pxe', enabled: 'Once' });
+  expect(bmc.bootOverride('node07')).toEqual({ target: 'Pxe', enabled: 'Once', mode: 'UEFI' });
   expect(await patch('node07', { Boot: { BootSourceOverrideEnabled: 'Disabled' } })).toBe(204);
   expect(handed).toEqual(['Pxe', 'None']);
   // Simulated power keeps no boot device: the fake records the override all the same.
   expect(await patch('node08', { Boot: { BootSourceOverrideTarget: 'Hdd' } })).toBe(204);
-  expect(bmc.bootOverride('node08')).toEqual({ target: 'Hdd', enabled: 'Once' });
+  expect(bmc.bootOverride('node08')).toEqual({ target: 'Hdd', enabled: 'Once', mode: 'UEFI' });
 });
 
 test('a bad override is refused and changes nothing; so is one without credentials', async () => {
@@ -63,6 +63,9 @@ test('a bad override is refused and changes nothing; so is one without credentia
   expect(
     await patch('node08', { Boot: { BootSourceOverrideTarget: 'Pxe', BootSourceOverrideEnabled: 'Always' } }),
   ).toBe(400);
+  expect(await patch('node08', { Boot: { BootSourceOverrideTarget: 'Pxe', BootSourceOverrideMode: 'BIOS' } })).toBe(
+    400,
+  );
   expect(await patch('node08', { Boot: { BootSourceOverrideTarget: 'Pxe' } }, 'wrong')).toBe(401);
-  expect(bmc.bootOverride('node08')).toEqual({ target: 'Hdd', enabled: 'Once' });
+  expect(bmc.bootOverride('node08')).toEqual({ target: 'Hdd', enabled: 'Once', mode: 'UEFI' });
 });

@@ -49,6 +49,8 @@ describe('parseInventory', () => {
           password: { kind: 'file', path: bmc.passwordFile },
           insecure: false,
         },
+        agentBoot: 'ssh',
+        macs: [],
       },
       {
         id: 'rack1-node08',
@@ -59,8 +61,10 @@ describe('parseInventory', () => {
           username: undefined,
           insecure: true,
         }),
+        agentBoot: 'ssh',
+        macs: [],
       },
-      { id: 'rack1-node09', address: '10.0.7.9', location: undefined, bmc: undefined },
+      { id: 'rack1-node09', address: '10.0.7.9', location: undefined, bmc: undefined, agentBoot: 'ssh', macs: [] },
     ]);
     const password = machines[1]?.bmc?.password;
     expect(password?.kind).toBe('inline');
@@ -131,8 +135,35 @@ describe('parseInventory', () => {
         SOURCE,
       ),
     ).toEqual([
-      { id: 'm1', address: '192.0.2.1', location: 'lab', bmc: undefined },
-      { id: 'm2', address: '192.0.2.2', location: undefined, bmc: undefined },
+      { id: 'm1', address: '192.0.2.1', location: 'lab', bmc: undefined, agentBoot: 'ssh', macs: [] },
+      { id: 'm2', address: '192.0.2.2', location: undefined, bmc: undefined, agentBoot: 'ssh', macs: [] },
+    ]);
+  });
+
+  test('reads how each agent arrives: MACs lower-cased, no address needed when the BMC boots it', () => {
+    const ipmi = { protocol: 'ipmi', host: '10.1.7.9' };
+    const machines = parseInventory(
+      JSON.stringify([
+        { id: 'cd1', agentBoot: 'virtual-media', bmc, bootMode: 'legacy' },
+        { id: 'cd2', agentBoot: 'virtual-media', bmc, macs: ['AA:BB:CC:00:11:22'], address: '10.0.7.2' },
+        { id: 'pxe1', agentBoot: 'network', bmc: ipmi, macs: ['aa-bb-cc-00-11-33', '52:54:00:00:00:01'] },
+        { id: 'ssh1', agentBoot: 'ssh', address: '10.0.7.4', macs: ['52:54:00:00:00:02'], bootMode: 'uefi' },
+      ]),
+      SOURCE,
+    );
+    expect(
+      machines.map(({ id, address, agentBoot, macs, bootMode }) => ({ id, address, agentBoot, macs, bootMode })),
+    ).toEqual([
+      { id: 'cd1', address: undefined, agentBoot: 'virtual-media', macs: [], bootMode: 'legacy' },
+      { id: 'cd2', address: '10.0.7.2', agentBoot: 'virtual-media', macs: ['aa:bb:cc:00:11:22'], bootMode: undefined },
+      {
+        id: 'pxe1',
+        address: undefined,
+        agentBoot: 'network',
+        macs: ['aa:bb:cc:00:11:33', '52:54:00:00:00:01'],
+        bootMode: undefined,
+      },
+      { id: 'ssh1', address: '10.0.7.4', agentBoot: 'ssh', macs: ['52:54:00:00:00:02'], bootMode: 'uefi' },
     ]);
   });
 
@@ -160,7 +191,80 @@ describe('parseInventory', () => {
       ],
       'entry 1 (id "n1"), field id: duplicate id: entry 0 has it too',
     ],
-    ['a missing address', [{ id: 'n1' }], 'entry 0 (id "n1"), field address: missing'],
+    ['a missing address', [{ id: 'n1' }], 'entry 0 (id "n1"), field address: missing (the agent arrives over SSH'],
+    [
+      'a missing address of an ssh machine',
+      [{ id: 'n1', agentBoot: 'ssh', bmc, macs: ['aa:bb:cc:dd:ee:ff'] }],
+      'entry 0 (id "n1"), field address: missing',
+    ],
+    [
+      'an unknown agentBoot',
+      [{ id: 'n1', address: '10.0.0.1', agentBoot: 'pxe' }],
+      'entry 0 (id "n1"), field agentBoot: want one of ssh, virtual-media, network (ssh when left out), got "pxe"',
+    ],
+    [
+      'virtual media without a bmc',
+      [{ id: 'n1', agentBoot: 'virtual-media' }],
+      'entry 0 (id "n1"), field agentBoot: virtual-media needs a Redfish BMC (bmc with a url), got no bmc',
+    ],
+    [
+      'virtual media with an IPMI bmc',
+      [{ id: 'n1', agentBoot: 'virtual-media', bmc: { protocol: 'ipmi', host: '10.1.0.1' } }],
+      'entry 0 (id "n1"), field agentBoot: virtual-media needs a Redfish BMC (bmc with a url), got an IPMI bmc; use network',
+    ],
+    [
+      'a network boot without a bmc',
+      [{ id: 'n1', agentBoot: 'network', macs: ['aa:bb:cc:dd:ee:ff'] }],
+      'entry 0 (id "n1"), field agentBoot: network needs a bmc (Redfish or IPMI)',
+    ],
+    [
+      'a network boot without MACs',
+      [{ id: 'n1', agentBoot: 'network', bmc }],
+      'entry 0 (id "n1"), field macs: missing: a network boot needs the MAC of at least one of its NICs',
+    ],
+    [
+      'a network boot with no MAC in macs',
+      [{ id: 'n1', agentBoot: 'network', bmc, macs: [] }],
+      'entry 0 (id "n1"), field macs: missing',
+    ],
+    [
+      'macs that is no array',
+      [{ id: 'n1', address: '10.0.0.1', macs: 'aa:bb:cc:dd:ee:ff' }],
+      'entry 0 (id "n1"), field macs: want an array of MAC addresses, got string "aa:bb:cc:dd:ee:ff"',
+    ],
+    [
+      'a bad MAC',
+      [{ id: 'n1', address: '10.0.0.1', macs: ['aa:bb:cc:dd:ee:ff', 'aa:bb:cc:dd:ee'] }],
+      'entry 0 (id "n1"), field macs[1]: want a MAC address like "aa:bb:cc:dd:ee:ff", got "aa:bb:cc:dd:ee"',
+    ],
+    [
+      'a MAC with mixed separators',
+      [{ id: 'n1', address: '10.0.0.1', macs: ['aa:bb-cc:dd:ee:ff'] }],
+      'field macs[0]: want a MAC address like "aa:bb:cc:dd:ee:ff", got "aa:bb-cc:dd:ee:ff"',
+    ],
+    [
+      'a MAC that is no string',
+      [{ id: 'n1', address: '10.0.0.1', macs: [42] }],
+      'field macs[0]: want a MAC address like "aa:bb:cc:dd:ee:ff", got 42',
+    ],
+    [
+      'a MAC twice in one entry',
+      [{ id: 'n1', address: '10.0.0.1', macs: ['aa:bb:cc:dd:ee:ff', 'AA:BB:CC:DD:EE:FF'] }],
+      'entry 0 (id "n1"), field macs[1]: duplicate MAC aa:bb:cc:dd:ee:ff',
+    ],
+    [
+      'a MAC of two machines',
+      [
+        { id: 'n1', address: '10.0.0.1', macs: ['aa:bb:cc:dd:ee:ff'] },
+        { id: 'n2', agentBoot: 'network', bmc, macs: ['52:54:00:00:00:01', 'AA-BB-CC-DD-EE-FF'] },
+      ],
+      'entry 1 (id "n2"), field macs[1]: duplicate MAC aa:bb:cc:dd:ee:ff: entry 0 has it too',
+    ],
+    [
+      'an unknown bootMode',
+      [{ id: 'n1', address: '10.0.0.1', bootMode: 'UEFI' }],
+      'entry 0 (id "n1"), field bootMode: want one of uefi, legacy, got "UEFI"',
+    ],
     [
       'a host name for an address',
       [{ id: 'n1', address: 'node1.example.com' }],
@@ -188,7 +292,7 @@ describe('parseInventory', () => {
     [
       'an unknown key',
       [{ id: 'n1', address: '10.0.0.1', adress: '10.0.0.2' }],
-      'entry 0 (id "n1"), field adress: unknown key (want id, address, location, bmc',
+      'entry 0 (id "n1"), field adress: unknown key (want id, address, location, bmc, agentBoot, macs, bootMode',
     ],
     [
       'both spellings of a key',

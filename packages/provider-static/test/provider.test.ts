@@ -113,6 +113,46 @@ describe('provisioning from the inventory', () => {
     expect(rows[0].n).toBe(0); // its session closed at the stop
   });
 
+  test('a machine whose BMC boots its agent is recorded without an address; a recorded address is kept', async () => {
+    const ipmi = { protocol: 'ipmi', host: '10.1.0.9' };
+    const file = await writeInventory('fleet.json', [
+      { id: 'n1', address: '10.0.0.1', location: 'ams1' },
+      { id: 'n2', address: '10.0.9.2', location: 'ams1' },
+      // n3 had an address; now its BMC boots its agent and the inventory gives none.
+      { id: 'n3', agentBoot: 'network', bmc: ipmi, macs: ['52:54:00:00:00:03'], location: 'fra1' },
+      { id: 'n4', agentBoot: 'network', bmc: ipmi, macs: ['52:54:00:00:00:04'] },
+    ]);
+    const p = provider(file);
+    expect((await p.listMachines()).slice(2)).toEqual([
+      {
+        id: 'n3',
+        address: undefined,
+        location: 'fra1',
+        availability: 'PossiblyUsed',
+        failed: false,
+        agentBoot: 'network',
+        macs: ['52:54:00:00:00:03'],
+      },
+      expect.objectContaining({ id: 'n4', agentBoot: 'network', macs: ['52:54:00:00:00:04'] }),
+    ]);
+    const session = await bmdb.startSession();
+    try {
+      expect(await provisionerFor(p).reconcile(session)).toMatchObject({ created: ['n4'] });
+      expect(await p.syncAddresses(session)).toEqual(['n3']);
+    } finally {
+      await session.close();
+    }
+    expect((await recorded()).map((m) => [m.providerId, m.providerIpAddress, m.providerLocation])).toEqual([
+      ['n1', '10.0.0.1', 'ams1'],
+      ['n2', '10.0.9.2', 'ams1'],
+      ['n3', '2001:db8::3', 'fra1'],
+      ['n4', null, null],
+    ]);
+    await db.admin(
+      `DELETE FROM machines WHERE machine_id IN (SELECT machine_id FROM machine_provided WHERE provider_id = 'n4')`,
+    );
+  });
+
   test('a bad inventory fails the pass and changes nothing; a machine removed is refused, naming the way out', async () => {
     const session = await bmdb.startSession();
     try {

@@ -5,7 +5,9 @@
  * they returned in TakeoverSuccess; heartbeats and the reports they carry go
  * into the BMDB, and each answer carries the machine's pending OS
  * installation request. The messages under the newer name are exported as
- * `agentApi`.
+ * `agentApi`. An agent its machine's BMC booted, which handed no key back,
+ * enrolls first (`cloud.bmaas.server.api.AgentEnrollment`, this project's
+ * extension) with its machine's one-time enrollment token.
  *
  * @packageDocumentation
  */
@@ -34,6 +36,13 @@ export {
   type OSInstallationRequest,
   OSInstallationRequestSchema,
 } from './gen/cloud/bmaas/server/api/agent_pb.js';
+export {
+  AgentEnrollment,
+  type EnrollRequest,
+  EnrollRequestSchema,
+  type EnrollResponse,
+  EnrollResponseSchema,
+} from './gen/cloud/bmaas/server/api/enrollment_pb.js';
 export type { ServerLimits } from './limits.js';
 export { BmaasServer, type BmaasServerOptions } from './server.js';
 export { loadServerTls, type SelfSignedTlsOptions, type ServerTls, selfSignedServerTls } from './tls.js';

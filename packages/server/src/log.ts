@@ -5,4 +5,6 @@ export const log = {
   server: createDebug('bmaas:server'),
   /** One line per refused heartbeat; recorded ones are counted, not logged. */
   heartbeat: createDebug('bmaas:server:heartbeat'),
+  /** One line per enrollment, enrolled or refused: the machine and why, never the token. */
+  enrollment: createDebug('bmaas:server:enrollment'),
 };

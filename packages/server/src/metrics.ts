@@ -1,8 +1,8 @@
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 
 /**
- * The server's Prometheus metrics: heartbeats by gRPC status and their
- * latency; the bytes of requests not yet whole it holds, and the requests
+ * The server's Prometheus metrics: heartbeats and enrollments by gRPC status
+ * and their latency, enrollments by result; the bytes of requests not yet whole it holds, and the requests
  * it cut off for a limit (`limits.ts`). Batch sizes are the library's `bmdb_agent_heartbeat_batch_size`,
  * on the registry given to `BMDB.open`.
  */
@@ -11,11 +11,12 @@ export class ServerMetrics {
   readonly duration: Histogram<'method'>;
   readonly buffered: Gauge;
   readonly cutOff: Counter<'limit'>;
+  readonly enrollments: Counter<'result'>;
 
   constructor(registry: Registry) {
     this.requests = new Counter({
       name: 'bmaas_server_requests_total',
-      help: 'AgentCallback requests answered, by method and gRPC status code name (ok, unauthenticated, …).',
+      help: 'Agent requests answered (Heartbeat, Enroll), by method and gRPC status code name (ok, unauthenticated, …).',
       labelNames: ['method', 'code'],
       registers: [registry],
     });
@@ -35,6 +36,12 @@ export class ServerMetrics {
       name: 'bmaas_server_requests_cut_off_total',
       help: 'Requests cut off before they were whole, by the limit they passed (bufferedBytesPerConnection, bufferedBytes, requestTimeout).',
       labelNames: ['limit'],
+      registers: [registry],
+    });
+    this.enrollments = new Counter({
+      name: 'bmaas_server_enrollments_total',
+      help: 'Agent enrollments, by result: Enrolled, or why one was refused (NoToken, WrongToken, Expired, Used).',
+      labelNames: ['result'],
       registers: [registry],
     });
   }

@@ -3,6 +3,7 @@ import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import type { GenService } from '@bufbuild/protobuf/codegenv2';
 import type { ConnectRouter } from '@connectrpc/connect';
 import type { HeartbeatHandler } from './agent-callback.js';
+import type { EnrollHandler } from './enrollment.js';
 import { AgentCallback as AgentCallbackUnderAgentApi } from './gen/cloud/agent/api/agent_pb.js';
 import {
   AgentCallback,
@@ -11,6 +12,13 @@ import {
   type HeartbeatResponse,
   HeartbeatResponseSchema,
 } from './gen/cloud/bmaas/server/api/agent_pb.js';
+import {
+  AgentEnrollment,
+  type EnrollRequest,
+  EnrollRequestSchema,
+  type EnrollResponse,
+  EnrollResponseSchema,
+} from './gen/cloud/bmaas/server/api/enrollment_pb.js';
 import type { UnaryRoute } from './grpc-unary.js';
 import { connectionPeerKey, peerKey } from './peer-key.js';
 
@@ -37,10 +45,14 @@ export const HEARTBEAT_SERVICES: readonly HeartbeatService[] = [
   AgentCallbackUnderAgentApi as unknown as HeartbeatService,
 ];
 
-/** The lean gRPC path's routes, by `:path`: protobuf gRPC calls of Heartbeat on every service name. */
-export function grpcRoutes(
-  handler: HeartbeatHandler,
-): ReadonlyMap<string, UnaryRoute<HeartbeatRequest, HeartbeatResponse>> {
+/** A route of the lean path: Heartbeat's, or Enroll's. */
+export type LeanRoute = UnaryRoute<HeartbeatRequest, HeartbeatResponse> | UnaryRoute<EnrollRequest, EnrollResponse>;
+
+/**
+ * The lean gRPC path's routes, by `:path`: protobuf gRPC calls of Heartbeat
+ * on every service name, and of AgentEnrollment.Enroll.
+ */
+export function grpcRoutes(handler: HeartbeatHandler, enroll: EnrollHandler): ReadonlyMap<string, LeanRoute> {
   const route: UnaryRoute<HeartbeatRequest, HeartbeatResponse> = {
     decode: (message) => fromBinary(HeartbeatRequestSchema, message),
     // Whatever the handler answers, installation requests included, is encoded here: nothing is pre-built.
@@ -51,19 +63,34 @@ export function grpcRoutes(
     admit: (stream) =>
       connectionPeerKey(stream.session) === undefined ? handler(create(HeartbeatRequestSchema), undefined) : undefined,
   };
-  return new Map(HEARTBEAT_SERVICES.map((service) => [`/${service.typeName}/${service.method.heartbeat.name}`, route]));
+  const enrollRoute: UnaryRoute<EnrollRequest, EnrollResponse> = {
+    decode: (message) => fromBinary(EnrollRequestSchema, message),
+    encode: (response) => toBinary(EnrollResponseSchema, response),
+    answer: (request, stream) => enroll(request, connectionPeerKey(stream.session)),
+    // As Heartbeat's: a connection without a key is refused (and counted) before its body is read.
+    admit: (stream) =>
+      connectionPeerKey(stream.session) === undefined ? enroll(create(EnrollRequestSchema), undefined) : undefined,
+  };
+  return new Map<string, LeanRoute>([
+    ...HEARTBEAT_SERVICES.map((service): [string, LeanRoute] => [
+      `/${service.typeName}/${service.method.heartbeat.name}`,
+      route,
+    ]),
+    [`/${AgentEnrollment.typeName}/${AgentEnrollment.method.enroll.name}`, enrollRoute],
+  ]);
 }
 
 /**
- * The gRPC library's routes: Heartbeat on every service name, for every
- * protocol and encoding the lean path leaves to it (Connect, gRPC-Web, gRPC
- * with JSON) and for whatever else reaches it.
+ * The gRPC library's routes: Heartbeat on every service name, and Enroll,
+ * for every protocol and encoding the lean path leaves to it (Connect,
+ * gRPC-Web, gRPC with JSON) and for whatever else reaches it.
  */
-export function libraryRoutes(handler: HeartbeatHandler): (router: ConnectRouter) => void {
+export function libraryRoutes(handler: HeartbeatHandler, enroll: EnrollHandler): (router: ConnectRouter) => void {
   return (router) => {
     for (const service of HEARTBEAT_SERVICES) {
       router.service(service, { heartbeat: (request, context) => handler(request, context.values.get(peerKey)) });
     }
+    router.service(AgentEnrollment, { enroll: (request, context) => enroll(request, context.values.get(peerKey)) });
   };
 }
 

@@ -11,6 +11,7 @@ import { createContextValues } from '@connectrpc/connect';
 import { compressionGzip, connectNodeAdapter } from '@connectrpc/connect-node';
 import type { Registry } from 'prom-client';
 import { heartbeatHandler } from './agent-callback.js';
+import { enrollHandler } from './enrollment.js';
 import { ListenError } from './errors.js';
 import { READ_MAX_BYTES, serveUnaryCall } from './grpc-unary.js';
 import { libraryRequests } from './library-requests.js';
@@ -39,7 +40,8 @@ function routeStreams(server: Http2SecureServer, routes: ReturnType<typeof grpcR
     'stream',
     (stream: ServerHttp2Stream, headers: IncomingHttpHeaders, flags: number, rawHeaders: string[]) => {
       const route = leanRoute(routes, headers);
-      if (route !== undefined) serveUnaryCall(stream, headers, route, budget);
+      // Each route reads and answers its own messages: the call itself needs nothing of their types.
+      if (route !== undefined) serveUnaryCall<unknown, unknown>(stream, headers, route, budget);
       else toLibrary.call(server, stream, headers, flags, rawHeaders);
     },
   );
@@ -47,7 +49,7 @@ function routeStreams(server: Http2SecureServer, routes: ReturnType<typeof grpcR
 
 /** Options of {@link BmaasServer.start}. */
 export interface BmaasServerOptions {
-  /** The BMDB heartbeats are recorded in. */
+  /** The BMDB heartbeats and enrollments are recorded in. */
   readonly bmdb: BMDB;
   /** Where to listen; port 0 picks a free one. */
   readonly listen: { readonly host: string; readonly port: number };
@@ -60,8 +62,8 @@ export interface BmaasServerOptions {
 }
 
 /**
- * The BMaaS server: AgentCallback over gRPC (and Connect and gRPC-Web) on
- * HTTP/2 with TLS. It asks every client for a certificate and checks no
+ * The BMaaS server: AgentCallback and AgentEnrollment over gRPC (and Connect
+ * and gRPC-Web) on HTTP/2 with TLS. It asks every client for a certificate and checks no
  * chain: an agent's is self-signed over its ed25519 key, and what
  * authenticates a heartbeat is that key being its machine's (see
  * `BMDB.recordAgentHeartbeat`).
@@ -111,8 +113,9 @@ export class BmaasServer {
     const metrics = options.metrics ? new ServerMetrics(options.metrics) : undefined;
     const budget = new RequestBudget(limits, metrics);
     const heartbeat = heartbeatHandler(options.bmdb, metrics);
+    const enroll = enrollHandler(options.bmdb, metrics);
     const library = connectNodeAdapter({
-      routes: libraryRoutes(heartbeat),
+      routes: libraryRoutes(heartbeat, enroll),
       contextValues: (request) => createContextValues().set(peerKey, peerKeyOf(request)),
       // Requests may come gzipped, as on the lean path; answers are too small to be worth compressing.
       acceptCompression: [compressionGzip],
@@ -128,9 +131,9 @@ export class BmaasServer {
         allowHTTP1: true,
         settings: { maxConcurrentStreams: limits.streamsPerConnection },
       },
-      libraryRequests(library, heartbeat, budget),
+      libraryRequests(library, heartbeat, enroll, budget),
     );
-    routeStreams(server, grpcRoutes(heartbeat), budget);
+    routeStreams(server, grpcRoutes(heartbeat, enroll), budget);
     server.on('session', (connection: ServerHttp2Session) => {
       // Closed as an agent would close it between heartbeats: a GOAWAY, after which it connects again.
       connection.setTimeout(limits.idleTimeout, () => connection.close());
@@ -149,7 +152,7 @@ export class BmaasServer {
       });
     });
     const bmaas = new BmaasServer(server);
-    log.server('serving AgentCallback at %s:%d', host, bmaas.port);
+    log.server('serving AgentCallback and AgentEnrollment at %s:%d', host, bmaas.port);
     return bmaas;
   }
 

@@ -8,9 +8,12 @@ import {
 } from '../src/gen/cloud/bmaas/server/api/agent_pb.js';
 import {
   AgentCallback,
+  AgentEnrollment,
   AgentHardwareReportSchema,
   agentApi,
   DiskImageInstallationRequestSchema,
+  EnrollRequestSchema,
+  EnrollResponseSchema,
   HeartbeatRequestSchema,
   HeartbeatResponseSchema,
   OSInstallationReportSchema,
@@ -116,5 +119,18 @@ describe('generated BMaaS server API code', () => {
       [11, 'block_device'],
       [12, 'network_interface'],
     ]);
+  });
+
+  test("AgentEnrollment, this project's extension: its service, method and fields", () => {
+    expect(AgentEnrollment.typeName).toBe('cloud.bmaas.server.api.AgentEnrollment');
+    expect(AgentEnrollment.method.enroll.name).toBe('Enroll');
+    expect(AgentEnrollment.method.enroll.input.typeName).toBe('cloud.bmaas.server.api.EnrollRequest');
+    expect(AgentEnrollment.method.enroll.output.typeName).toBe('cloud.bmaas.server.api.EnrollResponse');
+    expect(shape(EnrollRequestSchema)).toEqual([
+      [1, 'machine_id', 9, ''],
+      [2, 'token', 9, ''],
+      [3, 'hardware_report', 'cloud.bmaas.server.api.AgentHardwareReport', ''],
+    ]);
+    expect(shape(EnrollResponseSchema)).toEqual([]);
   });
 });

@@ -1,10 +1,24 @@
 /**
  * The shepherd: brings machines in from a provider, starts the agent on each
- * over SSH, and power-cycles the ones whose agent went silent, all through the BMDB.
+ * over SSH, and power-cycles the ones whose agent went silent, all through the BMDB;
+ * and serves the agent image and each boot's files to machines whose BMC boots the agent.
  *
  * @packageDocumentation
  */
 
+export {
+  type AgentBootControl,
+  AgentBootError,
+  type AgentBootMedia,
+  type AgentBootStarted,
+} from './agent-boot.js';
+export {
+  AgentBootFiles,
+  AgentBootFilesError,
+  type AgentBootFilesOptions,
+  type AgentBootRequest,
+  type PreparedAgentBoot,
+} from './agent-boot-files.js';
 export {
   AgentResponseError,
   type AgentResponseRejection,

@@ -7,6 +7,7 @@ export const log = {
   recoverer: createDebug('shepherd:recoverer'),
   power: createDebug('shepherd:power'),
   agentBooter: createDebug('shepherd:agent-booter'),
+  bootFiles: createDebug('shepherd:boot-files'),
 };
 
 /** Steps within an event (an agent start begun, a reboot asked for): `shepherd:*` includes them, the CLI's default not. */
@@ -16,4 +17,6 @@ export const detail = {
   recoverer: createDebug('shepherd:recoverer:detail'),
   power: createDebug('shepherd:power:detail'),
   agentBooter: createDebug('shepherd:agent-booter:detail'),
+  /** Each request of an image file or a boot's ISO (BMCs fetch ISOs in many ranges). */
+  bootFiles: createDebug('shepherd:boot-files:detail'),
 };

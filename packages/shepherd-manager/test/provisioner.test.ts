@@ -93,7 +93,14 @@ describe('Provisioner', () => {
       ['rogue-b', false],
       ['broken', true],
     ] as const) {
-      provider.machines.set(id, { id, address: '192.0.2.1', availability: Availability.KnownUsed, failed });
+      provider.machines.set(id, {
+        id,
+        address: '192.0.2.1',
+        availability: Availability.KnownUsed,
+        failed,
+        agentBoot: 'ssh',
+        macs: [],
+      });
     }
     // ...and a BMDB machine the provider no longer lists.
     provider.machines.delete('machine-0');
@@ -133,6 +140,8 @@ describe('Provisioner', () => {
       address: undefined,
       availability: Availability.PossiblyUsed,
       failed: true,
+      agentBoot: 'ssh',
+      macs: [],
     });
     const provisioner = new Provisioner(provider, { maxCount: 5, chunkSize: 5, ...fastLimiters() });
     const session = await bmdb.startSession();
@@ -174,6 +183,8 @@ describe('Provisioner', () => {
       address: undefined,
       availability: Availability.KnownUsed,
       failed: false,
+      agentBoot: 'ssh',
+      macs: [],
     });
     const provisioner = new Provisioner(provider, { maxCount: 3, chunkSize: 3, ...fastLimiters() });
     const stop = new AbortController();
@@ -203,6 +214,8 @@ describe('resolvePossiblyUsed', () => {
     availability,
     address: undefined,
     failed: false,
+    agentBoot: 'ssh',
+    macs: [],
   });
 
   test.each([

@@ -50,6 +50,8 @@ export class TestProvider implements Provider, PowerControl {
         address: undefined,
         availability: Availability.KnownUnused,
         failed: false,
+        agentBoot: 'ssh' as const,
+        macs: [],
       })),
     ];
   }
@@ -64,7 +66,14 @@ export class TestProvider implements Provider, PowerControl {
     const id = `machine-${this.createAttempts.length}`;
     this.createAttempts.push(id);
     if (this.failCreation.has(id)) throw new Error(`provider refused to create ${id}`);
-    const machine: TestMachine = { id, address: this.address, availability: Availability.KnownUsed, failed: false };
+    const machine: TestMachine = {
+      id,
+      address: this.address,
+      availability: Availability.KnownUsed,
+      failed: false,
+      agentBoot: 'ssh',
+      macs: [],
+    };
     await session.transact(async (q) => {
       const machineId = await newMachine(q);
       await addProvided(q, machineId, { provider: this.type, providerId: id, providerIpAddress: this.address });

@@ -1,11 +1,12 @@
 import type { KeyObject } from 'node:crypto';
 import { isIP } from 'node:net';
+import type { Secret } from '@bmaas/common';
 import { toBinary } from '@bufbuild/protobuf';
 import { type TakeoverInit, TakeoverInitSchema } from '../gen/cloud/agent/api/takeover_pb.js';
 import type { NetworkConfig } from '../network/config.js';
 import { cpioArchive } from './cpio.js';
 import { AgentImageError } from './errors.js';
-import { CONFIG_DIR, NETWORK_JSON } from './init-script.js';
+import { CONFIG_DIR, ENROLLMENT_JSON, NETWORK_JSON } from './init-script.js';
 
 /** The machine's network as the agent environment sets it up instead of DHCP. */
 export interface AgentNetwork {
@@ -71,6 +72,41 @@ export function agentConfigArchive(config: AgentBootConfig): Buffer {
     { kind: 'dir', path: '/etc' },
     { kind: 'dir', path: CONFIG_DIR },
     ...files.map((file) => ({ kind: 'file' as const, path: file.path, data: Buffer.from(file.text), mode: file.mode })),
+  ]);
+}
+
+/** What a BMC-booted agent enrolls with (see {@link agentEnrollmentArchive}). */
+export interface AgentEnrollmentConfig {
+  /** The machine, the BMaaS endpoint and its CA, as a takeover's init. */
+  readonly init: TakeoverInit;
+  /** The machine's one-time enrollment token (the BMDB's `issueEnrollmentToken`). */
+  readonly token: Secret;
+}
+
+/**
+ * An initramfs (uncompressed cpio) holding `/etc/bmaas/enrollment.json`
+ * (mode 0600): the init (protobuf, in base64) and the token, which the
+ * image's /init hands to `bmaas-agent enroll` when no handover.json is
+ * there. Loaded after the agent image's own: the ISO's `/boot/config.cpio`
+ * ({@link configureAgentIso}), or iPXE's second `initrd`. Whoever can read
+ * it can enroll as the machine until the token is used or expires: serve it
+ * only to that machine's boot, over TLS where the firmware allows.
+ *
+ * @throws {@link AgentImageError} for an init without a machine ID or endpoint, or an empty token
+ */
+export function agentEnrollmentArchive(config: AgentEnrollmentConfig): Buffer {
+  const { init } = config;
+  if (init.machineId === '') throw new AgentImageError('enrollment archive: the init has no machine_id');
+  if (init.bmaasEndpoint === '') {
+    throw new AgentImageError(`enrollment archive of machine ${init.machineId}: the init has no bmaas_endpoint`);
+  }
+  const token = config.token.reveal();
+  if (token === '') throw new AgentImageError(`enrollment archive of machine ${init.machineId}: the token is empty`);
+  const text = JSON.stringify({ init: Buffer.from(toBinary(TakeoverInitSchema, init)).toString('base64'), token });
+  return cpioArchive([
+    { kind: 'dir', path: '/etc' },
+    { kind: 'dir', path: CONFIG_DIR },
+    { kind: 'file', path: ENROLLMENT_JSON, data: Buffer.from(text), mode: 0o600 },
   ]);
 }
 

@@ -9,19 +9,25 @@ export const AGENT_PATH = '/opt/bmaas/agent.cjs';
 /** Modules to load, in order, one path under /lib/modules per line (`<release>/kernel/...`). */
 export const MODULE_LIST = `${CONFIG_DIR}/modules`;
 export const UDHCPC_SCRIPT = `${CONFIG_DIR}/udhcpc.script`;
+/**
+ * What a BMC boot hands the agent instead of a takeover's handover.json: the
+ * init and its machine's one-time enrollment token (`bmaas-agent enroll`).
+ */
+export const ENROLLMENT_JSON = `${CONFIG_DIR}/enrollment.json`;
 /** The running OS's network the takeover captured (a NetworkConfig as JSON), brought up again by MAC. */
 export const NETWORK_JSON = `${CONFIG_DIR}/network.json`;
 
 /**
  * The environment's /init: mounts, modules, network (handed over, else DHCP
- * on every NIC with link), then the agent, restarted if it ends without a
- * reboot. Everything it prints goes to the console (the last `console=` of
+ * on every NIC with link), then the agent (`run` with a takeover's
+ * handover.json; `enroll` with a BMC boot's enrollment.json and no
+ * handover.json), restarted if it ends without a reboot. Everything it prints goes to the console (the last `console=` of
  * the command line, the serial port on the ISO) and to {@link AGENT_LOG}.
  */
 export const INIT_SCRIPT = `#!/bin/sh
 # The BMaaS agent environment (busybox). Nothing machine-specific is in this image:
-# ${CONFIG_DIR}/handover.json, agent-flags and network come from an initramfs appended by
-# the takeover or the boot medium; bmaas.interface/address/gateway/dns on the kernel
+# ${CONFIG_DIR}/handover.json (or, booted by the BMC, enrollment.json), agent-flags and network
+# come from an initramfs appended by the takeover or the boot medium; bmaas.interface/address/gateway/dns on the kernel
 # command line override the network.
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 mount -t proc proc /proc
@@ -97,15 +103,27 @@ if [ -z "$handed" ]; then
 fi
 ip -4 addr show | grep inet | tee -a ${AGENT_LOG}
 
-if [ ! -f ${CONFIG_DIR}/handover.json ]; then
-  say "no ${CONFIG_DIR}/handover.json handed over: the agent cannot start"
+if [ ! -f ${CONFIG_DIR}/handover.json ] && [ ! -f ${ENROLLMENT_JSON} ]; then
+  say "neither ${CONFIG_DIR}/handover.json nor ${ENROLLMENT_JSON} handed over: the agent cannot start"
   while true; do sleep 3600; done
 fi
 set --
 [ -f ${CONFIG_DIR}/agent-flags ] && while IFS= read -r flag; do [ -n "$flag" ] && set -- "$@" "$flag"; done <${CONFIG_DIR}/agent-flags
 while true; do
-  say "starting the agent"
-  node ${AGENT_PATH} run --reboot-command "reboot -f" --send-log ${AGENT_LOG} "$@" <${CONFIG_DIR}/handover.json 2>&1 | tee -a ${AGENT_LOG}
+  if [ -f ${CONFIG_DIR}/handover.json ]; then
+    say "starting the agent"
+    node ${AGENT_PATH} run --reboot-command "reboot -f" --send-log ${AGENT_LOG} "$@" <${CONFIG_DIR}/handover.json 2>&1 | tee -a ${AGENT_LOG}
+  else
+    # Booted by the BMC: no takeover handed a key over. The agent makes one, enrolls it with the
+    # one-time token, and writes handover.json, so that a restart runs it rather than enrolling again.
+    say "enrolling the agent"
+    node ${AGENT_PATH} enroll --enrollment ${ENROLLMENT_JSON} --write-handover ${CONFIG_DIR}/handover.json --reboot-command "reboot -f" --send-log ${AGENT_LOG} "$@" 2>&1 | tee -a ${AGENT_LOG}
+    if [ ! -f ${CONFIG_DIR}/handover.json ]; then
+      # Refused (the token is wrong, expired or used): asking again would be refused again.
+      say "the enrollment was refused: the agent cannot start until this machine is booted with a new token"
+      while true; do sleep 3600; done
+    fi
+  fi
   say "the agent ended; starting it again in 10 s"
   sleep 10
 done

@@ -5,8 +5,11 @@ import { tool } from './tools.js';
 
 /** The ISO's volume ID: GRUB finds the ISO by it under UEFI. */
 export const ISO_VOLUME = 'BMAAS_AGENT';
-/** The kernel command line: the console is the first serial port (the last console= wins /dev/console). */
-const KERNEL_ARGUMENTS = 'console=tty0 console=ttyS0,115200 panic=10';
+/**
+ * The agent kernel's command line, from the ISO and from iPXE alike: the console is the first
+ * serial port (the last console= wins /dev/console), where a BMC's serial-over-LAN shows it.
+ */
+export const AGENT_KERNEL_ARGUMENTS = 'console=tty0 console=ttyS0,115200 panic=10';
 
 /** Boot-loader files from Debian's packages: isolinux (BIOS), GRUB's EFI modules. */
 export const BOOT_FILES = {
@@ -41,7 +44,7 @@ TIMEOUT 0
 LABEL agent
   KERNEL /boot/vmlinuz
   INITRD /boot/initramfs,/boot/config.cpio
-  APPEND ${KERNEL_ARGUMENTS}
+  APPEND ${AGENT_KERNEL_ARGUMENTS}
 `;
 
 const GRUB_CFG = `serial --unit=0 --speed=115200
@@ -49,7 +52,7 @@ terminal_input console serial
 terminal_output console serial
 search --no-floppy --set=root --label ${ISO_VOLUME}
 echo "Booting the BMaaS agent environment"
-linux /boot/vmlinuz ${KERNEL_ARGUMENTS}
+linux /boot/vmlinuz ${AGENT_KERNEL_ARGUMENTS}
 initrd /boot/initramfs /boot/config.cpio
 boot
 `;

@@ -1,10 +1,10 @@
 import type { AgentHeartbeat, AgentHeartbeatAnswer } from '../agent-heartbeat-check.js';
+import { hardwareTotals } from '../hardware-totals.js';
 import type { BMDBMetrics } from '../metrics.js';
 import type { RootDeviceHints } from '../root-device-hints.js';
 import type { OSImageCompression, OSRequestKind } from '../schema.js';
 import { type Batch, Batcher } from './batcher.js';
 import { isConnectionLost } from './connection-lost.js';
-import { hardwareTotals } from './hardware-totals.js';
 import type { PreparedStatements } from './prepared.js';
 import { withRetry } from './retry.js';
 import { retryMetrics } from './retry-metrics.js';

@@ -128,6 +128,27 @@ export class IpmiClient {
   }
 
   /**
+   * The device the next boot starts from, as the BMC reads back its boot
+   * flags (`chassis bootparam get 5`): ipmitool's words after "Boot Device
+   * Selector", e.g. `Force PXE`, `Force Boot from default Hard-Drive`.
+   *
+   * @throws {@link IpmiCommandError} when the answer has no boot device selector
+   */
+  async nextBootDevice(target: IpmiTarget, signal?: AbortSignal): Promise<string> {
+    const stdout = await this.#command(target, ['chassis', 'bootparam', 'get', '5'], signal);
+    const selector = /Boot Device Selector\s*:\s*(.+)/.exec(stdout)?.[1]?.trim();
+    if (selector === undefined) {
+      throw new IpmiCommandError(
+        target.machine,
+        bmcName(target),
+        'chassis bootparam get 5',
+        `no boot device selector in the answer ${JSON.stringify(stdout.trim().slice(0, 200))}`,
+      );
+    }
+    return selector;
+  }
+
+  /**
    * One command under the fleet-wide bound, with retries; resolves with
    * ipmitool's stdout. A command that `actsTwice` is sent once per run and
    * run again only when no session was set up.

@@ -1,7 +1,9 @@
 import { PowerState } from '@bmaas/bmdb-controlloop';
 import type { AcceptedPowerCommand } from '@bmaas/shepherd-manager';
 import type { Bmc } from '../bmc.js';
-import type { RedfishClient } from './client.js';
+import type { InventoryBootMode } from '../inventory.js';
+import type { RedfishBootOverrideResult } from './boot-override.js';
+import type { RedfishClient, RedfishMediaResult } from './client.js';
 import { POWER_OFF_TYPES, POWER_ON_TYPES, type ResetType, SHUTDOWN_TYPES } from './reset-types.js';
 import type { RedfishTarget } from './target.js';
 
@@ -10,7 +12,9 @@ import type { RedfishTarget } from './target.js';
  * `#ComputerSystem.Reset` action: `On` (else `ForceOn`) to power on,
  * `ForceOff` or `GracefulShutdown` to power off, and for a power cycle the type
  * {@link chooseResetType} picks (`ForceRestart`, else `PowerCycle`, else
- * `GracefulRestart`; `resetType` overrides). Requests go through `client`,
+ * `GracefulRestart`; `resetType` overrides). An agent boot inserts the ISO
+ * in its CD virtual media and sets a one-time boot override (`Cd`, or
+ * `Pxe` for a network boot). Requests go through `client`,
  * whose concurrency bound holds across the fleet.
  */
 export class RedfishBmc implements Bmc {
@@ -41,6 +45,39 @@ export class RedfishBmc implements Bmc {
     const reset = await this.client.powerCycleSystem(this.target, { resetType: this.options.resetType }, signal);
     return { command: reset.resetType };
   }
+
+  async setNetworkBootOnce(bootMode: InventoryBootMode | undefined, signal?: AbortSignal): Promise<string> {
+    return describeOverride(
+      await this.client.setBootOverrideOnce(this.target, 'Pxe', { mode: redfishBootMode(bootMode) }, signal),
+    );
+  }
+
+  /** Makes the next boot, and only it, start from the virtual CD (see {@link RedfishClient.setBootOverrideOnce}). */
+  async setCdBootOnce(bootMode: InventoryBootMode | undefined, signal?: AbortSignal): Promise<string> {
+    return describeOverride(
+      await this.client.setBootOverrideOnce(this.target, 'Cd', { mode: redfishBootMode(bootMode) }, signal),
+    );
+  }
+
+  /** Inserts the ISO at `image` in the CD virtual media, ejecting what is there (see {@link RedfishClient.insertVirtualMedia}). */
+  insertVirtualMedia(image: string, signal?: AbortSignal): Promise<RedfishMediaResult> {
+    return this.client.insertVirtualMedia(this.target, image, signal);
+  }
+
+  /** Ejects the CD virtual media's image, if one is inserted. */
+  ejectVirtualMedia(signal?: AbortSignal): Promise<RedfishMediaResult> {
+    return this.client.ejectVirtualMedia(this.target, signal);
+  }
+}
+
+function redfishBootMode(bootMode: InventoryBootMode | undefined): 'UEFI' | 'Legacy' | undefined {
+  return bootMode === undefined ? undefined : bootMode === 'uefi' ? 'UEFI' : 'Legacy';
+}
+
+function describeOverride(result: RedfishBootOverrideResult): string {
+  const mode = result.mode === undefined ? '' : `, ${result.mode}`;
+  const kept = result.attempts === 1 ? '' : ` (kept at attempt ${result.attempts})`;
+  return `boot override ${result.target} (Once${mode})${kept}`;
 }
 
 const REDFISH_POWER_STATES: readonly string[] = [

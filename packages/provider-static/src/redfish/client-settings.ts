@@ -18,7 +18,10 @@ export interface RedfishClientOptions {
   readonly maxAttempts?: number | undefined;
   /** Pause before the first retry, doubling after (with jitter). Default 1 s. */
   readonly retryDelay?: number | undefined;
-  /** Resets in flight at once across the fleet: BMCs are slow and serve few clients. Default 8. */
+  /**
+   * Resets (and an agent boot's steps: virtual media, a boot override) in
+   * flight at once across the fleet: BMCs are slow and serve few clients. Default 8.
+   */
   readonly concurrency?: number | undefined;
 }
 

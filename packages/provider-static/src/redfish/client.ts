@@ -1,11 +1,18 @@
 import { Semaphore } from '@bmaas/common';
 import { BmcUnsupportedError } from '../errors.js';
 import { log } from '../internal/log.js';
+import {
+  type RedfishBootMode,
+  type RedfishBootOverrideResult,
+  type RedfishBootTarget,
+  setBootOverrideOnce,
+} from './boot-override.js';
 import { clientSettings, type RedfishClientOptions, type RedfishClientSettings } from './client-settings.js';
 import { actsTwice, chooseAllowed, chooseResetType, type ResetType } from './reset-types.js';
 import { type RedfishSystem, readSystem } from './system.js';
 import type { RedfishTarget } from './target.js';
 import { RedfishTransport } from './transport.js';
+import { ejectMedia, findCdMedia, insertMedia, mediaName } from './virtual-media.js';
 
 /**
  * What the BMC accepted of a `#ComputerSystem.Reset` action, the one Redfish
@@ -19,10 +26,19 @@ export interface RedfishResetResult {
   readonly status: number;
 }
 
+/** What a virtual media request did. */
+export interface RedfishMediaResult {
+  /** The CD or DVD virtual media resource used. */
+  readonly media: string;
+  /** Whether an inserted image was ejected (before an insert, or as asked). */
+  readonly ejected: boolean;
+}
+
 /**
  * A small Redfish client: just what power control of a machine through its
  * BMC takes (its power state, power on, off, and the reset that power-cycles
- * it). HTTP basic authentication; TLS verified against the system trust
+ * it), and what booting it into the agent takes (virtual media, a one-time
+ * boot override). HTTP basic authentication; TLS verified against the system trust
  * store or the given CA; timeouts on every request; retries with jitter for
  * network errors, timeouts and 5xx (never 4xx), except that a restart is
  * posted again only when it never went out or the BMC answered 5xx; a bound
@@ -102,14 +118,9 @@ export class RedfishClient {
         );
       }
       const resetType = choose(system.allowableResetTypes);
-      const status = await this.#transport.send(
-        target,
-        'POST',
-        system.resetTarget,
-        { ResetType: resetType },
-        signal,
-        actsTwice(resetType) ? resetType : undefined,
-      );
+      const status = await this.#transport.send(target, 'POST', system.resetTarget, { ResetType: resetType }, signal, {
+        actsTwice: actsTwice(resetType) ? resetType : undefined,
+      });
       log.redfish(
         'machine %s: %s accepted by %s (HTTP %d)',
         target.machine,
@@ -118,6 +129,76 @@ export class RedfishClient {
         status.status,
       );
       return { resetType, target: system.resetTarget, status: status.status };
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Inserts `image` (an `http(s)://` URL of an ISO) into the system's CD or
+   * DVD virtual media: the System's `VirtualMedia`, else its Manager's
+   * (`Links.ManagedBy`). An image already inserted is ejected first.
+   *
+   * @throws {@link BmcUnsupportedError} when the BMC has no CD or DVD virtual media, or no InsertMedia action
+   * @throws {@link BmcResponseError} when the BMC refuses the InsertMedia
+   */
+  async insertVirtualMedia(target: RedfishTarget, image: string, signal?: AbortSignal): Promise<RedfishMediaResult> {
+    return this.#withSlot(signal, async () => {
+      const media = await findCdMedia(
+        this.#transport,
+        target,
+        await readSystem(this.#transport, target, signal),
+        signal,
+      );
+      if (media.inserted) await ejectMedia(this.#transport, target, media, signal);
+      await insertMedia(this.#transport, target, media, image, signal);
+      log.redfish('machine %s: %s inserted in %s', target.machine, mediaName(image), media.url);
+      return { media: media.url, ejected: media.inserted };
+    });
+  }
+
+  /**
+   * Ejects the image of the system's CD or DVD virtual media, if one is inserted.
+   *
+   * @throws {@link BmcUnsupportedError} when the BMC has no CD or DVD virtual media, or no EjectMedia action
+   */
+  async ejectVirtualMedia(target: RedfishTarget, signal?: AbortSignal): Promise<RedfishMediaResult> {
+    return this.#withSlot(signal, async () => {
+      const media = await findCdMedia(
+        this.#transport,
+        target,
+        await readSystem(this.#transport, target, signal),
+        signal,
+      );
+      if (media.inserted) {
+        await ejectMedia(this.#transport, target, media, signal);
+        log.redfish('machine %s: ejected the virtual media of %s', target.machine, media.url);
+      }
+      return { media: media.url, ejected: media.inserted };
+    });
+  }
+
+  /**
+   * Sets a one-time boot override to `bootTarget` in `options.mode` (else
+   * the system's own mode), read back and set again while the BMC ignores
+   * it (see {@link setBootOverrideOnce}).
+   *
+   * @throws {@link BootOverrideIgnoredError} when the BMC still had not kept it after the last attempt
+   * @throws {@link BmcUnsupportedError} when the BMC does not allow `bootTarget`
+   */
+  async setBootOverrideOnce(
+    target: RedfishTarget,
+    bootTarget: RedfishBootTarget,
+    options: { readonly mode?: RedfishBootMode | undefined } = {},
+    signal?: AbortSignal,
+  ): Promise<RedfishBootOverrideResult> {
+    return this.#withSlot(signal, () => setBootOverrideOnce(this.#transport, target, bootTarget, options.mode, signal));
+  }
+
+  async #withSlot<T>(signal: AbortSignal | undefined, run: () => Promise<T>): Promise<T> {
+    const release = await this.#slots.acquire(signal);
+    try {
+      return await run();
     } finally {
       release();
     }

@@ -13,6 +13,16 @@ import type { RedfishClientSettings } from './client-settings.js';
 import { isRecord } from './json.js';
 import type { RedfishTarget } from './target.js';
 
+/** The requests the client sends: reads, actions, and a PATCH of the boot override. */
+export type RedfishMethod = 'GET' | 'POST' | 'PATCH';
+
+/** An accepted answer: its status, parsed body and `ETag` header. */
+export interface RedfishAnswer {
+  readonly status: number;
+  readonly body: unknown;
+  readonly etag: string | undefined;
+}
+
 const ACCEPTED = new Set([200, 202, 204]);
 /** Network errors raised before a request went out: the connection was never made. */
 const NOT_SENT = new Set([
@@ -54,20 +64,21 @@ export class RedfishTransport {
 
   /**
    * One request with retries; resolves with the parsed body of an accepted
-   * answer. `actsTwice` names what a POST tells the BMC when sending it again
-   * would act again (a `ForceRestart`): it is not sent again once it may
-   * have reached the BMC.
+   * answer and its `ETag`. `actsTwice` names what a POST tells the BMC when
+   * sending it again would act again (a `ForceRestart`): it is not sent
+   * again once it may have reached the BMC. `ifMatch` is sent as `If-Match`
+   * (the ETag of the resource a PATCH changes, which some BMCs require).
    */
   async send(
     target: RedfishTarget,
-    method: 'GET' | 'POST',
+    method: RedfishMethod,
     url: string,
     payload: unknown,
     signal: AbortSignal | undefined,
-    actsTwice?: string,
-  ): Promise<{ status: number; body: unknown }> {
+    options: { readonly actsTwice?: string | undefined; readonly ifMatch?: string | undefined } = {},
+  ): Promise<RedfishAnswer> {
     const dispatcher = this.#dispatcher(target, url);
-    return retry(() => this.#attempt(target, dispatcher, method, url, payload, signal, actsTwice), {
+    return retry(() => this.#attempt(target, dispatcher, method, url, payload, signal, options), {
       maxAttempts: this.#settings.maxAttempts,
       baseDelay: this.#settings.retryDelay,
       retryable: isPassingFailure,
@@ -89,17 +100,18 @@ export class RedfishTransport {
   async #attempt(
     target: RedfishTarget,
     dispatcher: Dispatcher,
-    method: 'GET' | 'POST',
+    method: RedfishMethod,
     url: string,
     payload: unknown,
     signal: AbortSignal | undefined,
-    actsTwice: string | undefined,
-  ): Promise<{ status: number; body: unknown }> {
+    { actsTwice, ifMatch }: { readonly actsTwice?: string | undefined; readonly ifMatch?: string | undefined },
+  ): Promise<RedfishAnswer> {
     const timeout = this.#settings.timeout;
     const timer = AbortSignal.timeout(timeout);
     const authorization = `Basic ${Buffer.from(`${target.username}:${target.password.reveal()}`).toString('base64')}`;
     let statusCode: number;
     let text: string;
+    let etag: string | undefined;
     try {
       const response = await request(url, {
         method,
@@ -110,10 +122,13 @@ export class RedfishTransport {
           accept: 'application/json',
           'odata-version': '4.0',
           ...(payload === undefined ? {} : { 'content-type': 'application/json' }),
+          ...(ifMatch === undefined ? {} : { 'if-match': ifMatch }),
         },
         ...(payload === undefined ? {} : { body: JSON.stringify(payload) }),
       });
       statusCode = response.statusCode;
+      const header = response.headers.etag;
+      etag = typeof header === 'string' ? header : undefined;
       text = await readBody(response.body);
     } catch (error) {
       if (signal?.aborted) throw signal.reason;
@@ -146,11 +161,11 @@ export class RedfishTransport {
       const error = new RedfishHttpError(target.machine, url, method, statusCode, target.password.scrub(detail(text)));
       throw error;
     }
-    if (text.trim() === '') return { status: statusCode, body: undefined };
+    if (text.trim() === '') return { status: statusCode, body: undefined, etag };
     try {
-      return { status: statusCode, body: JSON.parse(text) };
+      return { status: statusCode, body: JSON.parse(text), etag };
     } catch {
-      if (method === 'POST') return { status: statusCode, body: undefined };
+      if (method !== 'GET') return { status: statusCode, body: undefined, etag };
       throw new BmcResponseError(
         target.machine,
         'redfish',

@@ -28,6 +28,11 @@ export interface FakePowerBackend {
    * no boot device, the fake records the override all the same.
    */
   setBootSource?(target: FakeBootSource): Promise<void>;
+  /**
+   * The ISO in the system's virtual CD: its URL when inserted, `undefined`
+   * when ejected. Optional: the fake records the media all the same.
+   */
+  setMedia?(image: string | undefined): Promise<void>;
 }
 
 /** Boot source overrides the fake accepts (Redfish `BootSourceOverrideTarget`). */

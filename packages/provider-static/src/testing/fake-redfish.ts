@@ -33,6 +33,38 @@ export interface FakeSystemOptions {
   readonly omitPowerState?: boolean;
   /** Drive this backend instead of simulated power (a VM, say); `powerState` and `powerTransition` then do nothing. */
   readonly power?: FakePowerBackend;
+  /**
+   * Where its virtual media is: `manager`, under the Manager the system
+   * links in `Links.ManagedBy` (as iDRAC keeps it; the default); `system`,
+   * its own `VirtualMedia` collection; `none`, a BMC without virtual media.
+   * Either collection has a `RemovableDisk` (USBStick) and a `CD` (CD, DVD).
+   */
+  readonly virtualMedia?: 'manager' | 'system' | 'none';
+  /** `Boot.BootSourceOverrideMode` at start. Default `UEFI`; `null` for a BMC without the property. */
+  readonly bootMode?: 'UEFI' | 'Legacy' | null;
+  /**
+   * PATCHes of its boot override to answer 204 and drop, as iDRAC,
+   * Supermicro and others now and then do. Default 0.
+   */
+  readonly ignoreBootOverrides?: number;
+  /** The boot override targets it allows (`BootSourceOverrideTarget@Redfish.AllowableValues`). Default all of {@link FAKE_BOOT_SOURCES}. */
+  readonly bootSources?: readonly FakeBootSource[];
+  /**
+   * Refuse a PATCH without `If-Match` naming the system's current `ETag`
+   * (428, or 412 for a stale one), as Supermicro's BMCs do. The fake sends
+   * an `ETag` with every read of a system either way.
+   */
+  readonly requireIfMatch?: boolean;
+  /** Refuse every InsertMedia (400), naming the image as iDRAC does: it could not reach it. */
+  readonly refuseInsertMedia?: boolean;
+}
+
+/** A system's CD virtual media, as last inserted or ejected. */
+export interface FakeVirtualMedia {
+  readonly inserted: boolean;
+  readonly image: string | undefined;
+  readonly writeProtected: boolean | undefined;
+  readonly transferProtocolType: string | undefined;
 }
 
 /** A failure to inject into the next requests for a system. Without `status` or `drop` the request is only delayed. */
@@ -92,13 +124,33 @@ interface SystemState {
   options: FakeSystemOptions;
   power: FakePowerBackend;
   boot: FakeBootOverride;
+  /** Boot override PATCHes still to drop. */
+  ignoreOverrides: number;
+  /** The CD's; the RemovableDisk is never inserted. */
+  cd: FakeVirtualMedia;
+  /** What the BMC was told, in its words, oldest first. */
+  readonly told: string[];
+  /** Bumped by each PATCH kept: the system's ETag. */
+  version: number;
 }
 
 /** A system's boot source override (`Boot` of the ComputerSystem), as last PATCHed. */
 export interface FakeBootOverride {
   readonly target: FakeBootSource;
   readonly enabled: 'Disabled' | 'Once' | 'Continuous';
+  /** `BootSourceOverrideMode`; `undefined` for a BMC without it. */
+  readonly mode: 'UEFI' | 'Legacy' | undefined;
 }
+
+const BOOT_MODES = ['UEFI', 'Legacy'] as const;
+/** The virtual media of each collection: what iDRAC has. */
+const MEDIA: Readonly<Record<string, readonly string[]>> = { RemovableDisk: ['USBStick'], CD: ['CD', 'DVD'] };
+const EJECTED: FakeVirtualMedia = {
+  inserted: false,
+  image: undefined,
+  writeProtected: undefined,
+  transferProtocolType: undefined,
+};
 
 const BOOT_ENABLED = ['Disabled', 'Once', 'Continuous'] as const;
 
@@ -122,6 +174,13 @@ const DEFAULT_ALLOWABLE = ['On', 'ForceOff', 'GracefulShutdown', 'GracefulRestar
  * `GracefulShutdown` a graceful off, `ForceRestart`/`GracefulRestart`/
  * `PowerCycle` a restart (answered 409 for a system that is off, as many
  * BMCs do), `PushPowerButton` toggles; others are accepted and do nothing.
+ *
+ * For an agent boot each system has virtual media (under its Manager,
+ * `/redfish/v1/Managers/<id>`, or its own; or none) with `InsertMedia` and
+ * `EjectMedia` actions (an insert over inserted media is refused, 409, as
+ * iDRAC refuses it), and a boot override (`Boot`) that is kept and read
+ * back, or dropped the first times if asked. {@link FakeRedfishServer.told}
+ * lists what each system was told, in order.
  *
  * @example
  * ```ts
@@ -187,13 +246,43 @@ export class FakeRedfishServer {
   /** Adds (or replaces) a ComputerSystem; returns its URL. */
   addSystem(id: string, options: FakeSystemOptions = {}): string {
     const power = options.power ?? new SimulatedPower(options.powerState ?? 'On', options.powerTransition ?? 0);
-    this.#systems.set(id, { id, options, power, boot: { target: 'None', enabled: 'Disabled' } });
+    const mode = options.bootMode === undefined ? 'UEFI' : (options.bootMode ?? undefined);
+    this.#systems.set(id, {
+      id,
+      options,
+      power,
+      boot: { target: 'None', enabled: 'Disabled', mode },
+      ignoreOverrides: options.ignoreBootOverrides ?? 0,
+      cd: EJECTED,
+      told: [],
+      version: 1,
+    });
     return this.systemUrl(id);
   }
 
-  /** Changes a system's reset action, allowable values or `PowerState` reporting; its power stays as it is. */
+  /**
+   * Changes a system's reset action, allowable values, `PowerState`
+   * reporting, virtual media or overrides to drop; its power, boot override
+   * and inserted media stay as they are.
+   */
   configureSystem(id: string, options: FakeSystemOptions): void {
-    this.#system(id).options = options;
+    const system = this.#system(id);
+    system.options = options;
+    system.ignoreOverrides = options.ignoreBootOverrides ?? 0;
+  }
+
+  /** A system's CD virtual media now. */
+  virtualMedia(id: string): FakeVirtualMedia {
+    return this.#system(id).cd;
+  }
+
+  /**
+   * What system `id` was told, oldest first: `InsertMedia <image> (<type>)`,
+   * `EjectMedia`, `BootOverride <target> <enabled> <mode>` (with `ignored`
+   * when dropped), `Reset <type>`.
+   */
+  told(id: string): string[] {
+    return [...this.#system(id).told];
   }
 
   /** A system's boot source override, as last set through a PATCH of its `Boot`. */
@@ -262,8 +351,9 @@ export class FakeRedfishServer {
   private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const method = req.method ?? 'GET';
     const path = new URL(req.url ?? '/', 'http://fake').pathname.replace(/(.)\/$/, '$1');
-    const match = /^\/redfish\/v1\/Systems\/([^/]+)(\/.*)?$/.exec(path);
-    const systemId = match?.[1] === undefined ? undefined : decodeURIComponent(match[1]);
+    // A system and its Manager share an ID; faults apply to both.
+    const match = /^\/redfish\/v1\/(Systems|Managers)\/([^/]+)(\/.*)?$/.exec(path);
+    const systemId = match?.[2] === undefined ? undefined : decodeURIComponent(match[2]);
     const credentials = basicAuth(req.headers.authorization);
     const record: FakeRedfishRequest = { method, path, system: systemId, username: credentials?.username, status: 0 };
     this.#requests.push(record);
@@ -310,9 +400,37 @@ export class FakeRedfishServer {
     }
     const system = systemId === undefined ? undefined : this.#systems.get(systemId);
     if (!system) return answer(404, redfishError(`no resource ${path}`));
-    const rest = match?.[2] ?? '';
-    const base = `/redfish/v1/Systems/${encodeURIComponent(system.id)}`;
-    if (method === 'GET' && rest === '') return answer(200, await this.#resource(system, base));
+    const rest = match?.[3] ?? '';
+    const kind = match?.[1];
+    const base = `/redfish/v1/${kind}/${encodeURIComponent(system.id)}`;
+    const where = system.options.virtualMedia ?? 'manager';
+    if (rest.startsWith('/VirtualMedia') && where === (kind === 'Managers' ? 'manager' : 'system')) {
+      const reply = await this.#virtualMedia(
+        system,
+        method,
+        `${base}/VirtualMedia`,
+        rest.slice('/VirtualMedia'.length),
+        body,
+      );
+      return answer(reply.status, reply.json);
+    }
+    if (kind === 'Managers') {
+      if (method === 'GET' && rest === '') {
+        return answer(200, {
+          '@odata.id': base,
+          '@odata.type': '#Manager.v1_10_0.Manager',
+          Id: system.id,
+          ManagerType: 'BMC',
+          ...(where === 'manager' ? { VirtualMedia: { '@odata.id': `${base}/VirtualMedia` } } : {}),
+        });
+      }
+      return answer(404, redfishError(`no resource ${path}`));
+    }
+    const etag = `W/"${system.version}"`;
+    if (method === 'GET' && rest === '') {
+      res.setHeader('etag', etag);
+      return answer(200, await this.#resource(system, base));
+    }
     if (method === 'GET' && rest === '/ResetActionInfo' && system.options.actionInfo) {
       return answer(200, {
         '@odata.id': `${base}/ResetActionInfo`,
@@ -333,20 +451,46 @@ export class FakeRedfishServer {
         return answer(409, redfishError(`${resetType} refused: ${error.message}`));
       }
       this.#resets.push({ system: system.id, resetType, at: new Date() });
+      system.told.push(`Reset ${resetType}`);
       log.fake('system %s: %s', system.id, resetType);
       return answer(204);
     }
     if (method === 'PATCH' && rest === '') {
+      const ifMatch = req.headers['if-match'];
+      if (system.options.requireIfMatch && ifMatch === undefined) {
+        return answer(428, redfishError('If-Match is required to PATCH this resource'));
+      }
+      if (system.options.requireIfMatch && ifMatch !== etag) {
+        return answer(412, redfishError(`If-Match ${String(ifMatch)} is not the current ETag ${etag}`));
+      }
       const boot = isRecord(body) && isRecord(body.Boot) ? body.Boot : undefined;
       const target = boot?.BootSourceOverrideTarget ?? system.boot.target;
       const enabled = boot?.BootSourceOverrideEnabled ?? (target === 'None' ? 'Disabled' : 'Once');
-      if (!boot || !(FAKE_BOOT_SOURCES as readonly unknown[]).includes(target)) {
-        return answer(400, redfishError(`want Boot.BootSourceOverrideTarget, one of ${FAKE_BOOT_SOURCES.join(', ')}`));
+      const mode = boot?.BootSourceOverrideMode ?? system.boot.mode;
+      const sources = system.options.bootSources ?? FAKE_BOOT_SOURCES;
+      if (!boot || !(sources as readonly unknown[]).includes(target)) {
+        return answer(400, redfishError(`want Boot.BootSourceOverrideTarget, one of ${sources.join(', ')}`));
       }
       if (!(BOOT_ENABLED as readonly unknown[]).includes(enabled)) {
         return answer(400, redfishError(`want Boot.BootSourceOverrideEnabled, one of ${BOOT_ENABLED.join(', ')}`));
       }
-      system.boot = { target: target as FakeBootSource, enabled: enabled as FakeBootOverride['enabled'] };
+      if (mode !== undefined && !(BOOT_MODES as readonly unknown[]).includes(mode)) {
+        return answer(400, redfishError(`want Boot.BootSourceOverrideMode, one of ${BOOT_MODES.join(', ')}`));
+      }
+      const said = `BootOverride ${String(target)} ${String(enabled)}${mode === undefined ? '' : ` ${String(mode)}`}`;
+      if (system.ignoreOverrides > 0) {
+        system.ignoreOverrides--;
+        system.told.push(`${said} ignored`);
+        log.fake('system %s: boot source override %s ignored', system.id, target);
+        return answer(204);
+      }
+      system.told.push(said);
+      system.version++;
+      system.boot = {
+        target: target as FakeBootSource,
+        enabled: enabled as FakeBootOverride['enabled'],
+        mode: mode as FakeBootOverride['mode'],
+      };
       await system.power.setBootSource?.(system.boot.enabled === 'Disabled' ? 'None' : system.boot.target);
       log.fake('system %s: boot source override %s (%s)', system.id, system.boot.target, system.boot.enabled);
       return answer(204);
@@ -368,10 +512,94 @@ export class FakeRedfishServer {
       Boot: {
         BootSourceOverrideTarget: system.boot.target,
         BootSourceOverrideEnabled: system.boot.enabled,
-        'BootSourceOverrideTarget@Redfish.AllowableValues': [...FAKE_BOOT_SOURCES],
+        ...(system.boot.mode === undefined ? {} : { BootSourceOverrideMode: system.boot.mode }),
+        'BootSourceOverrideTarget@Redfish.AllowableValues': [...(system.options.bootSources ?? FAKE_BOOT_SOURCES)],
       },
+      ...(system.options.virtualMedia === 'system' ? { VirtualMedia: { '@odata.id': `${base}/VirtualMedia` } } : {}),
+      Links: { ManagedBy: [{ '@odata.id': `/redfish/v1/Managers/${encodeURIComponent(system.id)}` }] },
       Actions: system.options.resetAction === false ? {} : { '#ComputerSystem.Reset': action },
     };
+  }
+
+  /** A request under a `VirtualMedia` collection at `collection`; `rest` is the path below it. */
+  async #virtualMedia(
+    system: SystemState,
+    method: string,
+    collection: string,
+    rest: string,
+    body: unknown,
+  ): Promise<{ status: number; json?: unknown }> {
+    if (method === 'GET' && rest === '') {
+      return {
+        status: 200,
+        json: {
+          '@odata.id': collection,
+          '@odata.type': '#VirtualMediaCollection.VirtualMediaCollection',
+          Members: Object.keys(MEDIA).map((id) => ({ '@odata.id': `${collection}/${id}` })),
+          'Members@odata.count': Object.keys(MEDIA).length,
+        },
+      };
+    }
+    const [, id, action] =
+      /^\/([^/]+)(?:\/Actions\/(VirtualMedia\.InsertMedia|VirtualMedia\.EjectMedia))?$/.exec(rest) ?? [];
+    const types = id === undefined ? undefined : MEDIA[id];
+    if (id === undefined || types === undefined) return { status: 404, json: redfishError(`no virtual media ${rest}`) };
+    const url = `${collection}/${id}`;
+    const media = id === 'CD' ? system.cd : EJECTED;
+    if (method === 'GET' && action === undefined) {
+      return {
+        status: 200,
+        json: {
+          '@odata.id': url,
+          '@odata.type': '#VirtualMedia.v1_6_0.VirtualMedia',
+          Id: id,
+          MediaTypes: types,
+          Inserted: media.inserted,
+          Image: media.image ?? null,
+          WriteProtected: media.writeProtected ?? true,
+          TransferProtocolType: media.transferProtocolType ?? null,
+          Actions: {
+            '#VirtualMedia.InsertMedia': { target: `${url}/Actions/VirtualMedia.InsertMedia` },
+            '#VirtualMedia.EjectMedia': { target: `${url}/Actions/VirtualMedia.EjectMedia` },
+          },
+        },
+      };
+    }
+    if (method !== 'POST' || action === undefined || id !== 'CD') {
+      return {
+        status: 405,
+        json: redfishError(`${method} ${url}${action === undefined ? '' : ` ${action}`} is not supported`),
+      };
+    }
+    if (action === 'VirtualMedia.EjectMedia') {
+      if (!media.inserted) return { status: 409, json: redfishError('no media is inserted') };
+      system.cd = EJECTED;
+      system.told.push('EjectMedia');
+      await system.power.setMedia?.(undefined);
+      log.fake('system %s: virtual media ejected', system.id);
+      return { status: 204 };
+    }
+    const image = isRecord(body) ? body.Image : undefined;
+    if (typeof image !== 'string' || !/^https?:\/\//.test(image)) {
+      return { status: 400, json: redfishError('want Image, an http(s):// URL') };
+    }
+    if (media.inserted) {
+      return { status: 409, json: redfishError('Virtual Media is already connected: eject it first') };
+    }
+    if (system.options.refuseInsertMedia) {
+      return { status: 400, json: redfishError(`Unable to connect to the image at ${image}`) };
+    }
+    const text = (value: unknown) => (typeof value === 'string' ? value : undefined);
+    system.cd = {
+      inserted: isRecord(body) && body.Inserted !== false,
+      image,
+      writeProtected: isRecord(body) && typeof body.WriteProtected === 'boolean' ? body.WriteProtected : undefined,
+      transferProtocolType: isRecord(body) ? text(body.TransferProtocolType) : undefined,
+    };
+    system.told.push(`InsertMedia ${image} (${system.cd.transferProtocolType ?? 'no TransferProtocolType'})`);
+    await system.power.setMedia?.(image);
+    log.fake('system %s: virtual media inserted', system.id);
+    return { status: 204 };
   }
 
   #takeFault(systemId: string, method: string): PendingFault | undefined {

@@ -24,5 +24,6 @@ export {
   type FakeRedfishServerOptions,
   type FakeReset,
   type FakeSystemOptions,
+  type FakeVirtualMedia,
 } from './fake-redfish.js';
 export { IPMI_SIM, IpmiSimulator, type IpmiSimulatorOptions, onPath } from './ipmi-sim.js';

@@ -27,6 +27,12 @@ export interface IpmiSimulatorOptions {
   readonly chassisDevice?: boolean;
   /** The simulated machine's power at start, for the default chassis control. Default on. */
   readonly powerOn?: boolean;
+  /**
+   * Boot device sets (`chassis bootdev`) the default chassis control drops
+   * before it keeps one, as a BMC that ignores a boot override. Default 0;
+   * {@link IpmiSimulator.ignoreBootDeviceSets} changes it later.
+   */
+  readonly ignoreBootDeviceSets?: number;
   /** Where ipmi_sim's files go. Default a new temporary directory, removed by `close`. */
   readonly dir?: string;
 }
@@ -55,7 +61,11 @@ case $op in
       case $1 in
         power) echo "$2" > "$dir/power" ;;
         shutdown) echo 0 > "$dir/power" ;;
-        boot) echo "$2" > "$dir/boot" ;;
+        boot)
+          # A BMC that drops the boot device now and then: the first "ignore-boot" sets are not kept.
+          left=$(cat "$dir/ignore-boot" 2>/dev/null || echo 0)
+          if [ "$left" -gt 0 ]; then echo $((left - 1)) > "$dir/ignore-boot"; echo "ignored boot $2" >> "$dir/calls"
+          else echo "$2" > "$dir/boot"; fi ;;
       esac
       shift 2
     done ;;
@@ -124,6 +134,7 @@ export class IpmiSimulator {
       const script = path.join(dir, 'chassis-control');
       await writeFile(script, CHASSIS_SCRIPT, { mode: 0o755 });
       await writeFile(path.join(dir, 'power'), options.powerOn === false ? '0\n' : '1\n');
+      await writeFile(path.join(dir, 'ignore-boot'), `${options.ignoreBootDeviceSets ?? 0}\n`);
       chassisControl = script;
     }
     if (chassisControl.includes('"')) {
@@ -185,6 +196,16 @@ export class IpmiSimulator {
   async calls(): Promise<string[]> {
     const text = await readFile(path.join(this.dir, 'calls'), 'utf8').catch(() => '');
     return text.split('\n').filter((line) => line !== '');
+  }
+
+  /** Makes the default chassis control drop the next `count` boot device sets. */
+  async ignoreBootDeviceSets(count: number): Promise<void> {
+    await writeFile(path.join(this.dir, 'ignore-boot'), `${count}\n`);
+  }
+
+  /** The boot device the default chassis control keeps (`pxe`, `cdrom`, …; `default` before any was set). */
+  async bootDevice(): Promise<string> {
+    return (await readFile(path.join(this.dir, 'boot'), 'utf8').catch(() => 'default')).trim();
   }
 
   /** The simulated machine's power (default script): true when on. */

@@ -1,0 +1,199 @@
+/**
+ * The enrollment of an agent its machine's BMC booted: a one-time token
+ * issued for one boot of one machine, presented by the agent with its key.
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import { isUuid, Secret } from '@bmaas/common';
+import { type Kysely, sql } from 'kysely';
+import { BMDBError, type EnrollmentRefusal, EnrollmentRefusedError } from '../errors.js';
+import { hardwareTotals } from '../hardware-totals.js';
+import { type Database, OperatorAction } from '../schema.js';
+import { setAgentStarted } from './agent-tags.js';
+import { recordOperatorAction } from './operator-history.js';
+
+/** A machine's enrollment token as issued; its plain text is nowhere else. */
+export interface EnrollmentToken {
+  readonly machineId: string;
+  /** 32 random bytes, base64url. Never log it. */
+  readonly token: Secret;
+  /** The database's time after which the token is refused. */
+  readonly expiresAt: Date;
+}
+
+/** What an agent presents to enroll (see {@link enrollAgent}). */
+export interface EnrollmentRequest {
+  readonly machineId: string;
+  readonly token: string;
+  /** The agent's public key (ed25519, raw), as AgentStarted holds it. */
+  readonly agentPublicKey: Uint8Array;
+  /** A serialized `cloud.bmaas.server.api.AgentHardwareReport`, stored as a heartbeat's would be. */
+  readonly hardwareReport?: Uint8Array | undefined;
+}
+
+/** A machine's enrollment token, without it: when it was issued, until when it is good, when it was used. */
+export interface AgentEnrollmentState {
+  readonly issuedAt: Date;
+  readonly expiresAt: Date;
+  readonly enrolledAt: Date | undefined;
+}
+
+/** Who enrolls, in the operator history: the agent itself, not a person. */
+const ENROLL_ACTOR = 'bmaas-agent';
+
+const TOKEN_BYTES = 32;
+
+/**
+ * Issues a one-time enrollment token for `machineId`, good for
+ * `validForSeconds` by the database's clock, replacing any earlier one
+ * (used or not): an agent booted with the earlier token is refused.
+ * Only the token's sha256 is stored.
+ *
+ * @throws {@link BMDBError} for a machine that does not exist, or a validity under a second
+ */
+export async function issueEnrollmentToken(
+  db: Kysely<Database>,
+  machineId: string,
+  options: { validForSeconds: number },
+): Promise<EnrollmentToken> {
+  const { validForSeconds } = options;
+  // At least a second: a shorter one could round to no time at all in the database's microseconds.
+  if (!Number.isFinite(validForSeconds) || validForSeconds < 1) {
+    throw new BMDBError(
+      `enrollment token for machine ${machineId}: validForSeconds must be at least 1 second, got ${validForSeconds}`,
+    );
+  }
+  if (!isUuid(machineId)) throw new BMDBError(`enrollment token for machine ${machineId}: no such machine`);
+  const token = randomBytes(TOKEN_BYTES).toString('base64url');
+  const row = await sql<{ expires_at: Date }>`
+    INSERT INTO machine_agent_enrollment (machine_id, token_sha256, issued_at, expires_at, enrolled_at)
+    SELECT machine_id, ${sha256(token)}, now(), now() + make_interval(secs => ${validForSeconds}), NULL
+    FROM machines WHERE machine_id = ${machineId}
+    ON CONFLICT (machine_id) DO UPDATE
+    SET token_sha256 = excluded.token_sha256, issued_at = excluded.issued_at, expires_at = excluded.expires_at,
+        enrolled_at = NULL
+    RETURNING expires_at`.execute(db);
+  const [issued] = row.rows;
+  if (issued === undefined) throw new BMDBError(`enrollment token for machine ${machineId}: no such machine`);
+  return { machineId, token: new Secret(token), expiresAt: issued.expires_at };
+}
+
+/**
+ * Enrolls a BMC-booted agent: in one transaction, marks the machine's token
+ * used, sets AgentStarted with the agent's key (as a takeover's finish
+ * does), stores its hardware report (as a heartbeat does) and records an
+ * `EnrollAgent` entry, `Succeeded`, in the operator history. The token is
+ * compared by its sha256 in the database, and marked used by one UPDATE
+ * that also checks it is unused and unexpired by the database's clock: of
+ * two enrollments with one token, the second waits for the first's row lock
+ * and then finds it used. (A constant-time comparison is not needed: what
+ * is compared is a hash, which tells a guesser nothing about the token.)
+ *
+ * A refusal is recorded too (`Refused`, its reason in `detail`, never the
+ * token) when the machine exists, and committed before the error is thrown;
+ * call this outside a transaction of your own, or that record goes with it.
+ *
+ * @throws {@link EnrollmentRefusedError} naming the machine and why
+ * @throws {@link BMDBError} when the machine is installed (its OS runs, not an agent) and has no newer request
+ */
+export async function enrollAgent(db: Kysely<Database>, request: EnrollmentRequest): Promise<void> {
+  const { machineId } = request;
+  if (!isUuid(machineId)) throw new EnrollmentRefusedError(machineId, 'NoToken');
+  const refusal = db.isTransaction
+    ? await enrollIn(db, request)
+    : await db
+        .transaction()
+        .setIsolationLevel('read committed')
+        .execute((trx) => enrollIn(trx, request));
+  if (refusal !== undefined) throw new EnrollmentRefusedError(machineId, refusal);
+}
+
+/** The enrollment's statements in `trx`; returns why it was refused, if it was. */
+async function enrollIn(trx: Kysely<Database>, request: EnrollmentRequest): Promise<EnrollmentRefusal | undefined> {
+  const { machineId } = request;
+  const tokenSha256 = sha256(request.token);
+  // READ COMMITTED: a concurrent use of the same token holds the row; this
+  // UPDATE waits for it, re-reads the row's new version and matches nothing.
+  const used = await sql<{ machine_id: string }>`
+    UPDATE machine_agent_enrollment SET enrolled_at = now()
+    WHERE machine_id = ${machineId} AND token_sha256 = ${tokenSha256}
+      AND enrolled_at IS NULL AND expires_at > now()
+    RETURNING machine_id`.execute(trx);
+  if (used.rows.length === 0) {
+    const refusal = await whyRefused(trx, machineId, tokenSha256);
+    if (refusal.machineExists) {
+      await recordOperatorAction(trx, {
+        machineId,
+        action: OperatorAction.EnrollAgent,
+        outcome: 'Refused',
+        actor: ENROLL_ACTOR,
+        cause: new EnrollmentRefusedError(machineId, refusal.reason).message,
+        detail: { reason: refusal.reason },
+      });
+    }
+    return refusal.reason;
+  }
+  await setAgentStarted(trx, machineId, { publicKey: request.agentPublicKey });
+  if (request.hardwareReport !== undefined) await storeHardwareReport(trx, machineId, request.hardwareReport);
+  await recordOperatorAction(trx, {
+    machineId,
+    action: OperatorAction.EnrollAgent,
+    outcome: 'Succeeded',
+    actor: ENROLL_ACTOR,
+    detail: { agentPublicKey: Buffer.from(request.agentPublicKey).toString('hex') },
+  });
+  return undefined;
+}
+
+/**
+ * Why the token did not enroll the machine: a token that is not the
+ * machine's is `WrongToken` whatever the state of the machine's own, so a
+ * guesser learns nothing of it.
+ */
+async function whyRefused(
+  trx: Kysely<Database>,
+  machineId: string,
+  tokenSha256: Buffer,
+): Promise<{ reason: EnrollmentRefusal; machineExists: boolean }> {
+  const { rows } = await sql<{ matches: boolean | null; used: boolean | null }>`
+    SELECT e.token_sha256 = ${tokenSha256} AS matches, e.enrolled_at IS NOT NULL AS used
+    FROM machines m LEFT JOIN machine_agent_enrollment e ON e.machine_id = m.machine_id
+    WHERE m.machine_id = ${machineId}`.execute(trx);
+  const [row] = rows;
+  if (row === undefined) return { reason: 'NoToken', machineExists: false };
+  // Matching, unused and yet not enrolled: expired (the UPDATE checked it by the same clock).
+  const reason: EnrollmentRefusal =
+    row.matches === null ? 'NoToken' : !row.matches ? 'WrongToken' : row.used ? 'Used' : 'Expired';
+  return { reason, machineExists: true };
+}
+
+/** The hardware report as the heartbeat statement stores it, with its totals for the fleet's gauges. */
+async function storeHardwareReport(trx: Kysely<Database>, machineId: string, report: Uint8Array): Promise<void> {
+  const totals = hardwareTotals(report);
+  await sql`
+    INSERT INTO machine_hardware_report
+      (machine_id, hardware_report_raw, hardware_reported_at, cpu_threads, memory_bytes, disks, disk_bytes)
+    VALUES (${machineId}, ${Buffer.from(report)}, now(), ${totals?.cpuThreads ?? null}, ${totals?.memoryBytes ?? null},
+            ${totals?.disks ?? null}, ${totals?.diskBytes ?? null})
+    ON CONFLICT (machine_id) DO UPDATE
+    SET hardware_report_raw = excluded.hardware_report_raw, hardware_reported_at = excluded.hardware_reported_at,
+        cpu_threads = excluded.cpu_threads, memory_bytes = excluded.memory_bytes, disks = excluded.disks,
+        disk_bytes = excluded.disk_bytes`.execute(trx);
+}
+
+/** The machine's enrollment token's state (never the token), if one was issued: for a loop waiting for its agent. */
+export async function agentEnrollment(
+  db: Kysely<Database>,
+  machineId: string,
+): Promise<AgentEnrollmentState | undefined> {
+  if (!isUuid(machineId)) return undefined;
+  const row = await db
+    .selectFrom('machine_agent_enrollment')
+    .select(['issued_at', 'expires_at', 'enrolled_at'])
+    .where('machine_id', '=', machineId)
+    .executeTakeFirst();
+  return row && { issuedAt: row.issued_at, expiresAt: row.expires_at, enrolledAt: row.enrolled_at ?? undefined };
+}
+
+function sha256(token: string): Buffer {
+  return createHash('sha256').update(token).digest();
+}

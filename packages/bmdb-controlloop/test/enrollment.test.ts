@@ -1,0 +1,250 @@
+import { createHash } from 'node:crypto';
+import { Secret } from '@bmaas/common';
+import { create, toBinary } from '@bufbuild/protobuf';
+import { BinaryWriter, WireType } from '@bufbuild/protobuf/wire';
+import { beforeAll, describe, expect, test } from 'vitest';
+import { testBMDB } from '../../../test/support/database.js';
+import { NodeSchema } from '../src/gen/cloud/agent/api/hwreport_pb.js';
+import {
+  agentEnrollment,
+  BMDBError,
+  EnrollmentRefusedError,
+  enrollAgent,
+  hardwareReport,
+  issueEnrollmentToken,
+  newMachine,
+  operatorHistory,
+  type Session,
+} from '../src/index.js';
+import { provideMachines } from './helpers.js';
+
+const { db, bmdb } = await testBMDB();
+let session: Session;
+
+beforeAll(async () => {
+  session = await bmdb.startSession();
+});
+
+const key = (byte: number) => new Uint8Array(32).fill(byte);
+
+/** An AgentHardwareReport (report = 1) around a node with 8 threads, as the agent sends it. */
+const report = new BinaryWriter()
+  .tag(1, WireType.LengthDelimited)
+  .bytes(toBinary(NodeSchema, create(NodeSchema, { manufacturer: 'Dell Inc.', cpu: [{ hardwareThreads: 8 }] })))
+  .finish();
+
+async function machine(): Promise<string> {
+  const [machineId] = (await provideMachines(session, 1, 'Enroll')) as [string];
+  return machineId;
+}
+
+async function refusal(enrolling: Promise<void>): Promise<EnrollmentRefusedError> {
+  const error = await enrolling.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(error).toBeInstanceOf(EnrollmentRefusedError);
+  return error as EnrollmentRefusedError;
+}
+
+async function agentStarted(machineId: string): Promise<string | undefined> {
+  const { rows } = await db.admin(
+    'SELECT encode(agent_public_key, $2) AS key FROM machine_agent_started WHERE machine_id = $1',
+    [machineId, 'hex'],
+  );
+  return rows[0]?.key;
+}
+
+async function enrollments(machineId: string) {
+  return (await operatorHistory(bmdb.db, machineId)).filter((entry) => entry.action === 'EnrollAgent');
+}
+
+describe('issueEnrollmentToken', () => {
+  test('issues 32 random bytes, base64url, stored as their sha256 only, expiring by the database clock', async () => {
+    const machineId = await machine();
+    const issued = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    expect(issued.machineId).toBe(machineId);
+    expect(issued.token).toBeInstanceOf(Secret);
+    expect(String(issued.token)).not.toContain(issued.token.reveal());
+    expect(Buffer.from(issued.token.reveal(), 'base64url')).toHaveLength(32);
+    const { rows } = await db.admin(
+      `SELECT encode(token_sha256, 'hex') AS sha, expires_at - issued_at AS validity, row_to_json(e)::text AS row
+       FROM machine_agent_enrollment e WHERE machine_id = $1`,
+      [machineId],
+    );
+    expect(rows[0].sha).toBe(createHash('sha256').update(issued.token.reveal()).digest('hex'));
+    expect(rows[0].validity).toEqual({ minutes: 10 });
+    expect(rows[0].row).not.toContain(issued.token.reveal());
+    const state = await agentEnrollment(bmdb.db, machineId);
+    expect(state?.expiresAt).toEqual(issued.expiresAt);
+    expect(state?.enrolledAt).toBeUndefined();
+    const other = await issueEnrollmentToken(bmdb.db, await machine(), { validForSeconds: 600 });
+    expect(other.token.reveal()).not.toBe(issued.token.reveal());
+  });
+
+  test('refuses a machine that does not exist and a validity under a second, naming the machine', async () => {
+    const missing = '00000000-0000-4000-8000-000000000000';
+    await expect(issueEnrollmentToken(bmdb.db, missing, { validForSeconds: 60 })).rejects.toThrow(
+      new BMDBError(`enrollment token for machine ${missing}: no such machine`),
+    );
+    const machineId = await machine();
+    await expect(issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 0 })).rejects.toThrow(machineId);
+    await expect(issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 1e-7 })).rejects.toThrow(
+      `enrollment token for machine ${machineId}: validForSeconds must be at least 1 second, got 1e-7`,
+    );
+    await expect(issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: Number.NaN })).rejects.toThrow(BMDBError);
+    expect(await agentEnrollment(bmdb.db, machineId)).toBeUndefined();
+  });
+});
+
+describe('enrollAgent', () => {
+  test('sets AgentStarted with the key, stores the hardware report and marks the token used, recorded as Succeeded', async () => {
+    const machineId = await machine();
+    const { token } = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    await enrollAgent(bmdb.db, { machineId, token: token.reveal(), agentPublicKey: key(7), hardwareReport: report });
+    expect(await agentStarted(machineId)).toBe(Buffer.from(key(7)).toString('hex'));
+    expect((await hardwareReport(bmdb.db, machineId))?.raw).toEqual(Buffer.from(report));
+    // With its totals, for the fleet's hardware gauges, as a heartbeat stores it.
+    const totals = await db.admin(
+      'SELECT cpu_threads::int AS threads FROM machine_hardware_report WHERE machine_id = $1',
+      [machineId],
+    );
+    expect(totals.rows).toEqual([{ threads: 8 }]);
+    expect((await agentEnrollment(bmdb.db, machineId))?.enrolledAt).toBeInstanceOf(Date);
+    const [entry, ...more] = await enrollments(machineId);
+    expect(more).toEqual([]);
+    expect(entry).toMatchObject({ outcome: 'Succeeded', actor: 'bmaas-agent', cause: null });
+    // The heartbeats of that key are accepted, as after a takeover.
+    expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key(7) })).toBe('recorded');
+    expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key(8) })).toBe('unauthenticated');
+  });
+
+  test('refuses a wrong token, and records the refusal with its reason, never the token', async () => {
+    const machineId = await machine();
+    const { token } = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    const wrong = `${token.reveal().slice(0, -1)}${token.reveal().endsWith('A') ? 'B' : 'A'}`;
+    const error = await refusal(enrollAgent(bmdb.db, { machineId, token: wrong, agentPublicKey: key(1) }));
+    expect(error).toMatchObject({ machine: machineId, reason: 'WrongToken' });
+    expect(error.message).toBe(
+      `enrollment of machine ${machineId} refused: the enrollment token is not the one issued for it`,
+    );
+    expect(error.message).not.toContain(wrong);
+    expect(await agentStarted(machineId)).toBeUndefined();
+    const [entry] = await enrollments(machineId);
+    expect(entry).toMatchObject({ outcome: 'Refused', cause: error.message, detail: { reason: 'WrongToken' } });
+    expect(JSON.stringify(await enrollments(machineId))).not.toContain(wrong);
+    // The right token still works: a wrong guess does not use it up.
+    await enrollAgent(bmdb.db, { machineId, token: token.reveal(), agentPublicKey: key(1) });
+    expect(await agentStarted(machineId)).toBe(Buffer.from(key(1)).toString('hex'));
+  });
+
+  test('refuses an expired token (time moved in the database)', async () => {
+    const machineId = await machine();
+    const { token } = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    await db.admin(
+      `UPDATE machine_agent_enrollment SET issued_at = now() - interval '11 minutes', expires_at = now() - interval '1 minute'
+       WHERE machine_id = $1`,
+      [machineId],
+    );
+    const error = await refusal(enrollAgent(bmdb.db, { machineId, token: token.reveal(), agentPublicKey: key(2) }));
+    expect(error).toMatchObject({ machine: machineId, reason: 'Expired' });
+    expect(await agentStarted(machineId)).toBeUndefined();
+    expect((await agentEnrollment(bmdb.db, machineId))?.enrolledAt).toBeUndefined();
+    expect((await enrollments(machineId)).map((e) => e.detail)).toEqual([{ reason: 'Expired' }]);
+  });
+
+  test('refuses a token used already, keeping the first agent', async () => {
+    const machineId = await machine();
+    const { token } = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    await enrollAgent(bmdb.db, { machineId, token: token.reveal(), agentPublicKey: key(3) });
+    const error = await refusal(enrollAgent(bmdb.db, { machineId, token: token.reveal(), agentPublicKey: key(4) }));
+    expect(error).toMatchObject({ machine: machineId, reason: 'Used' });
+    expect(await agentStarted(machineId)).toBe(Buffer.from(key(3)).toString('hex'));
+    expect((await enrollments(machineId)).map((e) => e.outcome)).toEqual(['Succeeded', 'Refused']);
+  });
+
+  test("refuses another machine's token", async () => {
+    const [mine, theirs] = [await machine(), await machine()];
+    await issueEnrollmentToken(bmdb.db, mine, { validForSeconds: 600 });
+    const { token } = await issueEnrollmentToken(bmdb.db, theirs, { validForSeconds: 600 });
+    const error = await refusal(
+      enrollAgent(bmdb.db, { machineId: mine, token: token.reveal(), agentPublicKey: key(5) }),
+    );
+    expect(error).toMatchObject({ machine: mine, reason: 'WrongToken' });
+    expect(await agentStarted(mine)).toBeUndefined();
+    expect((await enrollments(theirs)).length).toBe(0);
+    // Theirs is still good for them.
+    await enrollAgent(bmdb.db, { machineId: theirs, token: token.reveal(), agentPublicKey: key(5) });
+  });
+
+  test('refuses a machine with no token issued, and one that does not exist (recorded only for the one that does)', async () => {
+    const machineId = await machine();
+    const error = await refusal(enrollAgent(bmdb.db, { machineId, token: 'x', agentPublicKey: key(6) }));
+    expect(error).toMatchObject({ machine: machineId, reason: 'NoToken' });
+    expect((await enrollments(machineId)).map((e) => e.detail)).toEqual([{ reason: 'NoToken' }]);
+    for (const missing of ['00000000-0000-4000-8000-000000000000', 'not-a-machine']) {
+      const none = await refusal(enrollAgent(bmdb.db, { machineId: missing, token: 'x', agentPublicKey: key(6) }));
+      expect(none).toMatchObject({ machine: missing, reason: 'NoToken' });
+    }
+    const { rows } = await db.admin(
+      `SELECT count(*)::int AS n FROM operator_history WHERE machine_id::text LIKE '00000000%'`,
+    );
+    expect(rows).toEqual([{ n: 0 }]);
+  });
+
+  test('a new token replaces the earlier one, used or not', async () => {
+    const machineId = await machine();
+    const first = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    const second = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    const error = await refusal(
+      enrollAgent(bmdb.db, { machineId, token: first.token.reveal(), agentPublicKey: key(9) }),
+    );
+    expect(error.reason).toBe('WrongToken');
+    await enrollAgent(bmdb.db, { machineId, token: second.token.reveal(), agentPublicKey: key(9) });
+    // Issued again after use: the next boot's agent enrolls with the new one.
+    const third = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    expect((await agentEnrollment(bmdb.db, machineId))?.enrolledAt).toBeUndefined();
+    await enrollAgent(bmdb.db, { machineId, token: third.token.reveal(), agentPublicKey: key(10) });
+    expect(await agentStarted(machineId)).toBe(Buffer.from(key(10)).toString('hex'));
+  });
+
+  test('of concurrent enrollments with one token, exactly one wins, and its key is the one stored', async () => {
+    const machineId = await machine();
+    const { token } = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    const keys = Array.from({ length: 8 }, (_, i) => key(100 + i));
+    const results = await Promise.allSettled(
+      keys.map((agentPublicKey) => enrollAgent(bmdb.db, { machineId, token: token.reveal(), agentPublicKey })),
+    );
+    const won = results.flatMap((result, i) => (result.status === 'fulfilled' ? [i] : []));
+    expect(won).toHaveLength(1);
+    for (const result of results) {
+      if (result.status === 'rejected') expect(result.reason).toMatchObject({ machine: machineId, reason: 'Used' });
+    }
+    expect(await agentStarted(machineId)).toBe(Buffer.from(keys[won[0] as number] as Uint8Array).toString('hex'));
+    expect((await enrollments(machineId)).map((e) => e.outcome).sort()).toEqual([
+      'Refused',
+      'Refused',
+      'Refused',
+      'Refused',
+      'Refused',
+      'Refused',
+      'Refused',
+      'Succeeded',
+    ]);
+  });
+
+  test('an installed machine is refused its agent and keeps its token unused', async () => {
+    const machineId = await newMachine(bmdb.db);
+    await db.admin(
+      `INSERT INTO machine_os_installation_request (machine_id, generation, image_url, image_sha256, root_device,
+         compression, requested_by, installation_state)
+       VALUES ($1, 1, 'https://images.example.com/os.img', $2, '/dev/sda', 'none', 'tech', 'Succeeded')`,
+      [machineId, 'ab'.repeat(32)],
+    );
+    const { token } = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    await expect(enrollAgent(bmdb.db, { machineId, token: token.reveal(), agentPublicKey: key(11) })).rejects.toThrow(
+      `machine ${machineId} is installed`,
+    );
+    expect((await agentEnrollment(bmdb.db, machineId))?.enrolledAt).toBeUndefined();
+  });
+});

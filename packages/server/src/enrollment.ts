@@ -1,0 +1,100 @@
+import { performance } from 'node:perf_hooks';
+import {
+  type BMDB,
+  BMDBError,
+  ConnectionClosedError,
+  DatabaseUnreachableError,
+  EnrollmentRefusedError,
+  enrollAgent,
+} from '@bmaas/bmdb-controlloop';
+import { isUuid } from '@bmaas/common';
+import { create, toBinary } from '@bufbuild/protobuf';
+import { Code, ConnectError } from '@connectrpc/connect';
+import { AgentHardwareReportSchema } from './gen/cloud/bmaas/server/api/agent_pb.js';
+import {
+  type EnrollRequest,
+  type EnrollResponse,
+  EnrollResponseSchema,
+} from './gen/cloud/bmaas/server/api/enrollment_pb.js';
+import { log } from './log.js';
+import type { ServerMetrics } from './metrics.js';
+
+/**
+ * Answers one Enroll from the agent whose connection proved it holds `key`
+ * (as {@link HeartbeatHandler} does). Every route Enroll is served on
+ * answers through the one handler.
+ */
+export type EnrollHandler = (request: EnrollRequest, key: Uint8Array | undefined) => Promise<EnrollResponse>;
+
+const ENROLLED: EnrollResponse = create(EnrollResponseSchema);
+
+/**
+ * Enroll over the BMDB (`enrollAgent`): the connection's client-certificate
+ * key becomes the machine's AgentStarted key, as a takeover's would, so the
+ * agent's heartbeats are accepted from then on. A refused token is answered
+ * PERMISSION_DENIED with the library's message (the machine and why, never
+ * the token): the agent proved its key, but not that it may be this
+ * machine's; UNAUTHENTICATED stays what it is for heartbeats, a connection
+ * without a key. An installed machine (its OS runs, no newer request) is
+ * FAILED_PRECONDITION; a BMDB that cannot be reached, UNAVAILABLE (the
+ * agent tries again). Each enrollment is counted by its result
+ * (`bmaas_server_enrollments_total`), and as a request by its status.
+ */
+export function enrollHandler(bmdb: BMDB, metrics: ServerMetrics | undefined): EnrollHandler {
+  return async (request, key) => {
+    const started = performance.now();
+    try {
+      await enroll(bmdb, request, key);
+      metrics?.enrollments.inc({ result: 'Enrolled' });
+      metrics?.requests.inc({ method: 'Enroll', code: 'ok' });
+      return ENROLLED;
+    } catch (error) {
+      if (error instanceof ConnectError && error.cause instanceof EnrollmentRefusedError) {
+        metrics?.enrollments.inc({ result: error.cause.reason });
+      }
+      const code = error instanceof ConnectError ? Code[error.code] : 'Unknown';
+      metrics?.requests.inc({ method: 'Enroll', code: code.replace(/([a-z])([A-Z])/g, '$1_$2').toLowerCase() });
+      throw error;
+    } finally {
+      metrics?.duration.observe({ method: 'Enroll' }, (performance.now() - started) / 1000);
+    }
+  };
+}
+
+async function enroll(bmdb: BMDB, request: EnrollRequest, key: Uint8Array | undefined): Promise<void> {
+  const { machineId } = request;
+  if (key === undefined) {
+    log.enrollment('refused an enrollment of machine %o: no client certificate over an ed25519 key', machineId);
+    throw new ConnectError(
+      `enrollment of machine ${machineId} refused: no client certificate over an ed25519 key`,
+      Code.Unauthenticated,
+    );
+  }
+  if (!isUuid(machineId)) {
+    throw new ConnectError(`machine_id ${JSON.stringify(machineId)} is not a UUID`, Code.InvalidArgument);
+  }
+  try {
+    await enrollAgent(bmdb.db, {
+      machineId,
+      token: request.token,
+      agentPublicKey: key,
+      ...(request.hardwareReport && { hardwareReport: toBinary(AgentHardwareReportSchema, request.hardwareReport) }),
+    });
+  } catch (error) {
+    if (error instanceof EnrollmentRefusedError) {
+      log.enrollment('%s', error.message);
+      throw new ConnectError(error.message, Code.PermissionDenied, undefined, undefined, error);
+    }
+    // What the BMDB refused of the machine itself (it is installed), not a database out of reach.
+    if (
+      error instanceof BMDBError &&
+      !(error instanceof DatabaseUnreachableError || error instanceof ConnectionClosedError)
+    ) {
+      log.enrollment('refused an enrollment of machine %s: %s', machineId, error.message);
+      throw new ConnectError(error.message, Code.FailedPrecondition);
+    }
+    log.server('could not record the enrollment of machine %s: %s', machineId, (error as Error).message);
+    throw new ConnectError(`could not record the enrollment of machine ${machineId}`, Code.Unavailable);
+  }
+  log.enrollment('enrolled the agent of machine %s with key %s', machineId, Buffer.from(key).toString('hex'));
+}

@@ -1,0 +1,514 @@
+/**
+ * The agent boot files over a real server on 127.0.0.1, plain and over real
+ * TLS: the image's files in ranges (as BMCs fetch ISOs), each boot's ISO and
+ * config holding its machine's enrollment, the iPXE script by MAC, a boot
+ * forgotten or replaced, and no capability or token in the log. The image is
+ * a small ISO made here with xorriso (isolinux's boot record in it, as the real
+ * image has), so no 50 MiB image is built.
+ */
+import { execFile } from 'node:child_process';
+import { generateKeyPairSync, randomBytes, randomUUID } from 'node:crypto';
+import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
+import { request as httpsRequest } from 'node:https';
+import { connect } from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { certificatePem, Secret, selfSignedCertificate } from '@bmaas/common';
+import { create, fromBinary } from '@bufbuild/protobuf';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { captureDebugLog } from '../../../test/support/debug-log.js';
+import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
+import { AgentBootFiles, AgentBootFilesError, type AgentBootRequest } from '../src/index.js';
+
+const run = promisify(execFile);
+
+let dir: string;
+let imageDir: string;
+let files: AgentBootFiles;
+/** What the image directory holds, byte for byte. */
+const image: Record<'vmlinuz' | 'initramfs', Buffer> = {
+  vmlinuz: randomBytes(1_000_003),
+  initramfs: randomBytes(300_001),
+};
+
+interface Answer {
+  readonly status: number;
+  readonly headers: IncomingHttpHeaders;
+  readonly body: Buffer;
+}
+
+/** One HTTP/1.1 request, as a BMC or iPXE makes it; `ca` for HTTPS. */
+function fetchRaw(url: string, options: { method?: string; headers?: Record<string, string>; ca?: string } = {}) {
+  return new Promise<Answer>((resolve, reject) => {
+    const send = url.startsWith('https:') ? httpsRequest : httpRequest;
+    const request = send(
+      url,
+      { method: options.method ?? 'GET', headers: options.headers, ca: options.ca, agent: false },
+      (response) => {
+        const chunks: Buffer[] = [];
+        response.on('data', (chunk: Buffer) => chunks.push(chunk));
+        response.on('end', () =>
+          resolve({ status: response.statusCode ?? 0, headers: response.headers, body: Buffer.concat(chunks) }),
+        );
+        response.on('error', reject);
+      },
+    );
+    request.on('error', reject);
+    request.end();
+  });
+}
+
+/** The files of a newc cpio archive: path → mode and bytes. */
+function parseCpio(archive: Buffer): Map<string, { mode: number; data: Buffer }> {
+  const entries = new Map<string, { mode: number; data: Buffer }>();
+  const align = (n: number) => Math.ceil(n / 4) * 4;
+  let offset = 0;
+  for (;;) {
+    expect(archive.subarray(offset, offset + 6).toString('ascii')).toBe('070701');
+    const field = (i: number) =>
+      Number.parseInt(archive.subarray(offset + 6 + i * 8, offset + 14 + i * 8).toString('ascii'), 16);
+    const [mode, size, nameSize] = [field(1), field(6), field(11)];
+    const nameStart = offset + 110;
+    const name = archive.subarray(nameStart, nameStart + nameSize - 1).toString('utf8');
+    const dataStart = align(nameStart + nameSize);
+    if (name === 'TRAILER!!!') return entries;
+    entries.set(name, { mode, data: archive.subarray(dataStart, dataStart + size) });
+    offset = align(dataStart + size);
+  }
+}
+
+/** `/etc/bmaas/enrollment.json` of a config archive, and its mode. */
+function enrollmentOf(archive: Buffer) {
+  const file = parseCpio(archive).get('etc/bmaas/enrollment.json');
+  expect(file).toBeDefined();
+  const json = JSON.parse(file?.data.toString('utf8') ?? '{}') as { init: string; token: string };
+  return {
+    mode: (file?.mode ?? 0) & 0o7777,
+    init: fromBinary(TakeoverInitSchema, Buffer.from(json.init, 'base64')),
+    token: json.token,
+  };
+}
+
+function bootOf(machineId = randomUUID(), macs: readonly string[] = []): AgentBootRequest {
+  return {
+    machineId,
+    macs,
+    init: create(TakeoverInitSchema, { machineId, bmaasEndpoint: 'bmaas.example:4443' }),
+    token: new Secret(randomBytes(24).toString('base64url')),
+  };
+}
+
+/** The per-boot directories under `workDir`'s server directory. */
+async function bootDirs(workDir: string): Promise<string[]> {
+  const [server] = await readdir(workDir);
+  return server === undefined ? [] : readdir(path.join(workDir, server));
+}
+
+beforeAll(async () => {
+  dir = await mkdtemp(path.join(tmpdir(), 'agent-boot-files-'));
+  imageDir = path.join(dir, 'image');
+  const root = path.join(dir, 'iso-root');
+  await mkdir(path.join(root, 'boot'), { recursive: true });
+  await mkdir(path.join(root, 'isolinux'), { recursive: true });
+  await mkdir(imageDir);
+  await writeFile(path.join(imageDir, 'vmlinuz'), image.vmlinuz);
+  await writeFile(path.join(imageDir, 'initramfs'), image.initramfs);
+  await writeFile(path.join(root, 'boot', 'vmlinuz'), image.vmlinuz);
+  await writeFile(path.join(root, 'boot', 'config.cpio'), Buffer.alloc(0));
+  // xorriso patches a boot info table into its copy: Debian's file stays untouched.
+  await copyFile('/usr/lib/ISOLINUX/isolinux.bin', path.join(root, 'isolinux', 'isolinux.bin'));
+  await run('xorriso', [
+    ...['-as', 'mkisofs', '-quiet', '-o', path.join(imageDir, 'agent.iso'), '-V', 'BMAAS_AGENT', '-R', '-J'],
+    ...['-b', 'isolinux/isolinux.bin', '-c', 'isolinux/boot.cat', '-no-emul-boot', '-boot-load-size', '4'],
+    ...['-boot-info-table', root],
+  ]);
+  files = await AgentBootFiles.start({
+    imageDir,
+    workDir: path.join(dir, 'work'),
+    listen: { host: '127.0.0.1', port: 0 },
+  });
+});
+
+afterAll(async () => {
+  await files?.close();
+  await rm(dir, { recursive: true, force: true });
+});
+
+describe('the image files', () => {
+  test('a GET answers the whole file with its length, an ETag and Accept-Ranges; a HEAD the same without a body', async () => {
+    const url = `${files.url}/agent-boot/vmlinuz`;
+    const got = await fetchRaw(url);
+    expect(got.status).toBe(200);
+    expect(got.body.equals(image.vmlinuz)).toBe(true);
+    expect(got.headers['content-length']).toBe(String(image.vmlinuz.length));
+    expect(got.headers['accept-ranges']).toBe('bytes');
+    expect(got.headers.etag).toMatch(/^"[0-9a-z-]+"$/);
+    const head = await fetchRaw(url, { method: 'HEAD' });
+    expect(head.status).toBe(200);
+    expect(head.body.length).toBe(0);
+    expect(head.headers['content-length']).toBe(String(image.vmlinuz.length));
+    expect(head.headers.etag).toBe(got.headers.etag);
+    const iso = await fetchRaw(`${files.url}/agent-boot/agent.iso`, { method: 'HEAD' });
+    expect(iso.headers['content-length']).toBe(String((await stat(path.join(imageDir, 'agent.iso'))).size));
+    expect(iso.headers['content-type']).toBe('application/x-iso9660-image');
+  });
+
+  test('a range is answered 206 with Content-Range: the first bytes, a suffix, an open end, one past the end clipped', async () => {
+    const url = `${files.url}/agent-boot/initramfs`;
+    const size = image.initramfs.length;
+    const cases = [
+      { range: 'bytes=0-2047', first: 0, last: 2047 },
+      { range: 'bytes=-1000', first: size - 1000, last: size - 1 },
+      { range: 'bytes=299990-', first: 299_990, last: size - 1 },
+      { range: 'bytes=100-999999999', first: 100, last: size - 1 },
+      { range: `bytes=${size - 1}-${size - 1}`, first: size - 1, last: size - 1 },
+    ];
+    for (const { range, first, last } of cases) {
+      const got = await fetchRaw(url, { headers: { range } });
+      expect(got.status, range).toBe(206);
+      expect(got.headers['content-range'], range).toBe(`bytes ${first}-${last}/${size}`);
+      expect(got.headers['content-length'], range).toBe(String(last - first + 1));
+      expect(got.body.equals(image.initramfs.subarray(first, last + 1)), range).toBe(true);
+    }
+    // A suffix longer than the file is the whole file, as a range.
+    const longSuffix = await fetchRaw(url, { headers: { range: `bytes=-${size + 10}` } });
+    expect(longSuffix.status).toBe(206);
+    expect(longSuffix.body.equals(image.initramfs)).toBe(true);
+  });
+
+  test('a range past the end is 416 naming the size; several ranges, or one that is not, get the whole file', async () => {
+    const url = `${files.url}/agent-boot/initramfs`;
+    const size = image.initramfs.length;
+    for (const range of [`bytes=${size}-`, `bytes=${size + 5}-${size + 10}`, 'bytes=-0']) {
+      const got = await fetchRaw(url, { headers: { range } });
+      expect(got.status, range).toBe(416);
+      expect(got.headers['content-range'], range).toBe(`bytes */${size}`);
+    }
+    for (const range of ['bytes=0-9,20-29', 'bytes=9-0', 'items=0-9', 'bytes=abc']) {
+      const got = await fetchRaw(url, { headers: { range } });
+      expect(got.status, range).toBe(200);
+      expect(got.body.equals(image.initramfs), range).toBe(true);
+    }
+    // HEAD describes the whole file: ranges are a GET's.
+    const head = await fetchRaw(url, { method: 'HEAD', headers: { range: 'bytes=0-9' } });
+    expect(head.status).toBe(200);
+  });
+
+  test('If-Range with the current ETag gets the range; once the file changed, the old ETag gets the whole new file', async () => {
+    const ownDir = path.join(dir, 'if-range-image');
+    await mkdir(ownDir);
+    for (const file of ['vmlinuz', 'initramfs', 'agent.iso'])
+      await copyFile(path.join(imageDir, file), path.join(ownDir, file));
+    const own = await AgentBootFiles.start({
+      imageDir: ownDir,
+      workDir: path.join(dir, 'work-if-range'),
+      listen: { host: '127.0.0.1', port: 0 },
+    });
+    try {
+      const url = `${own.url}/agent-boot/vmlinuz`;
+      const { etag } = (await fetchRaw(url, { method: 'HEAD' })).headers;
+      expect(etag).toBeDefined();
+      const current = await fetchRaw(url, { headers: { range: 'bytes=0-99', 'if-range': etag ?? '' } });
+      expect(current.status).toBe(206);
+      expect(current.body.equals(image.vmlinuz.subarray(0, 100))).toBe(true);
+      const rebuilt = randomBytes(image.vmlinuz.length + 7);
+      await writeFile(path.join(ownDir, 'vmlinuz'), rebuilt);
+      const stale = await fetchRaw(url, { headers: { range: 'bytes=0-99', 'if-range': etag ?? '' } });
+      expect(stale.status).toBe(200);
+      expect(stale.headers.etag).not.toBe(etag);
+      expect(stale.body.equals(rebuilt)).toBe(true);
+      // A date is no strong validator here: the whole file.
+      const dated = await fetchRaw(url, { headers: { range: 'bytes=0-99', 'if-range': new Date().toUTCString() } });
+      expect(dated.status).toBe(200);
+    } finally {
+      await own.close();
+    }
+  });
+
+  test('a request target that is no path is 400, a full URL is taken as its path, and the server serves on', async () => {
+    const statusOf = (target: string) =>
+      new Promise<string>((resolve, reject) => {
+        const socket = connect(files.port, '127.0.0.1', () =>
+          socket.write(`GET ${target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n`),
+        );
+        let text = '';
+        socket.on('data', (chunk: Buffer) => {
+          text += chunk.toString('latin1');
+        });
+        socket.on('end', () => resolve(text.split('\r\n')[0] ?? ''));
+        socket.on('error', reject);
+      });
+    expect(await statusOf('*')).toBe('HTTP/1.1 400 Bad Request');
+    expect(await statusOf('//[')).toBe('HTTP/1.1 400 Bad Request');
+    expect(await statusOf('http://[/agent-boot/vmlinuz')).toBe('HTTP/1.1 400 Bad Request');
+    expect(await statusOf('http://shepherd.example/agent-boot/ipxe?mac=02:00:00:00:00:01')).toBe('HTTP/1.1 200 OK');
+    expect((await fetchRaw(`${files.url}/agent-boot/initramfs`)).status).toBe(200);
+  });
+
+  test('a path that is not served is 404, a method other than GET and HEAD 405', async () => {
+    expect((await fetchRaw(`${files.url}/agent-boot/takeover`)).status).toBe(404);
+    expect((await fetchRaw(`${files.url}/agent-boot/../etc/passwd`)).status).toBe(404);
+    expect((await fetchRaw(`${files.url}/agent-boot/b/${'A'.repeat(43)}/agent.iso`)).status).toBe(404);
+    const post = await fetchRaw(`${files.url}/agent-boot/vmlinuz`, { method: 'POST' });
+    expect(post.status).toBe(405);
+    expect(post.headers.allow).toBe('GET, HEAD');
+  });
+});
+
+describe('a boot', () => {
+  test('its ISO is the image’s with its machine’s enrollment as /boot/config.cpio, boot record kept; its config URL the same archive', async () => {
+    const boot = bootOf();
+    const prepared = await files.prepare(boot);
+    expect(prepared.isoUrl).toMatch(new RegExp(`^${files.url}/agent-boot/b/[A-Za-z0-9_-]{43}/agent\\.iso$`));
+    expect(prepared.configUrl).toBe(prepared.isoUrl.replace(/agent\.iso$/, 'config.cpio'));
+    expect(prepared.ipxeScriptUrl).toBe(prepared.isoUrl.replace(/agent\.iso$/, 'script.ipxe'));
+
+    const iso = await fetchRaw(prepared.isoUrl);
+    expect(iso.status).toBe(200);
+    expect(iso.headers['cache-control']).toBe('no-store');
+    const isoFile = path.join(dir, 'fetched.iso');
+    await writeFile(isoFile, iso.body);
+    const extracted = path.join(dir, 'extracted.cpio');
+    await run('xorriso', ['-osirrox', 'on', '-indev', isoFile, '-extract', '/boot/config.cpio', extracted]);
+    const config = await readFile(extracted);
+    const enrollment = enrollmentOf(config);
+    expect(enrollment.token).toBe(boot.token.reveal());
+    expect(enrollment.init.machineId).toBe(boot.machineId);
+    expect(enrollment.init.bmaasEndpoint).toBe('bmaas.example:4443');
+    expect(enrollment.mode).toBe(0o600);
+    const { stdout } = await run('xorriso', ['-indev', isoFile, '-report_el_torito', 'plain']);
+    expect(stdout).toMatch(/BIOS\s+y/);
+    // The rest of the image is there, unchanged.
+    await run('xorriso', ['-osirrox', 'on', '-indev', isoFile, '-extract', '/boot/vmlinuz', path.join(dir, 'vmlinuz')]);
+    expect((await readFile(path.join(dir, 'vmlinuz'))).equals(image.vmlinuz)).toBe(true);
+
+    const configAnswer = await fetchRaw(prepared.configUrl);
+    expect(configAnswer.status).toBe(200);
+    expect(configAnswer.body.equals(config)).toBe(true);
+    // The ISO in pieces, as a BMC reads it.
+    const piece = await fetchRaw(prepared.isoUrl, { headers: { range: 'bytes=32768-34815' } });
+    expect(piece.status).toBe(206);
+    expect(piece.body.equals(iso.body.subarray(32768, 34816))).toBe(true);
+    await files.forget(boot.machineId);
+  });
+
+  test('its files are mode 0600 in the work directory, and a forgotten boot’s files are gone from it', async () => {
+    const workDir = path.join(dir, 'work-modes');
+    const own = await AgentBootFiles.start({ imageDir, workDir, listen: { host: '127.0.0.1', port: 0 } });
+    try {
+      const boot = bootOf();
+      await own.prepare(boot);
+      const [serverDir = ''] = await readdir(workDir);
+      expect((await stat(path.join(workDir, serverDir))).mode & 0o777).toBe(0o700);
+      const [bootDir = ''] = await bootDirs(workDir);
+      const names = (await readdir(path.join(workDir, serverDir, bootDir))).sort();
+      expect(names).toEqual(['agent.iso', 'config.cpio', 'script.ipxe']);
+      for (const name of names) {
+        expect((await stat(path.join(workDir, serverDir, bootDir, name))).mode & 0o777, name).toBe(0o600);
+      }
+      await own.forget(boot.machineId);
+      expect(await bootDirs(workDir)).toEqual([]);
+      await own.prepare(bootOf());
+    } finally {
+      await own.close();
+    }
+    expect(await readdir(workDir)).toEqual([]);
+  });
+
+  test('the iPXE script is answered by any of the machine’s MACs, with colons or dashes, in either case', async () => {
+    const boot = bootOf(randomUUID(), ['52:54:00:12:34:56', '52:54:00:AB:CD:EF']);
+    const prepared = await files.prepare(boot);
+    const script = (await fetchRaw(prepared.ipxeScriptUrl)).body.toString('utf8');
+    expect(script.split('\n')).toEqual([
+      '#!ipxe',
+      `kernel ${files.url}/agent-boot/vmlinuz console=tty0 console=ttyS0,115200 panic=10`,
+      `initrd ${files.url}/agent-boot/initramfs`,
+      `initrd ${prepared.configUrl}`,
+      'boot',
+      '',
+    ]);
+    for (const mac of ['52:54:00:12:34:56', '52-54-00-12-34-56', '52:54:00:AB:CD:EF', '52-54-00-ab-cd-ef']) {
+      const got = await fetchRaw(`${files.url}/agent-boot/ipxe?mac=${mac}`);
+      expect(got.status, mac).toBe(200);
+      expect(got.body.toString('utf8'), mac).toBe(script);
+    }
+    // What the script names is served: the kernel, the initramfs and this boot's config.
+    expect((await fetchRaw(prepared.configUrl)).status).toBe(200);
+    await files.forget(boot.machineId);
+  });
+
+  test('an unknown MAC, or none, gets a script that says why on the console and exits to the next boot device', async () => {
+    const unknown = await fetchRaw(`${files.url}/agent-boot/ipxe?mac=02:00:00:00:00:99`);
+    // 200: iPXE runs no script from an error response, so a 404 would not say why.
+    expect(unknown.status).toBe(200);
+    expect(unknown.body.toString('utf8')).toBe(
+      '#!ipxe\necho BMaaS shepherd: no agent boot is prepared for MAC 02:00:00:00:00:99; going on to the next boot device\nexit 1\n',
+    );
+    // The last: iPXE's variable unexpanded, as a DHCP server quoting it wrongly sends it.
+    for (const query of ['', '?mac=', '?mac=not-a-mac', '?mac=%24%7Bnet0/mac%7D']) {
+      const got = await fetchRaw(`${files.url}/agent-boot/ipxe${query}`);
+      expect(got.status, query).toBe(200);
+      expect(got.body.toString('utf8'), query).toMatch(
+        /^#!ipxe\necho BMaaS shepherd: no MAC address in the request[^\n$]*\nexit 1\n$/,
+      );
+    }
+  });
+
+  test('a forgotten boot’s URLs and MACs answer nothing', async () => {
+    const boot = bootOf(randomUUID(), ['02:00:00:00:01:01']);
+    const prepared = await files.prepare(boot);
+    expect((await fetchRaw(prepared.isoUrl, { method: 'HEAD' })).status).toBe(200);
+    await files.forget(boot.machineId);
+    for (const url of [prepared.isoUrl, prepared.configUrl, prepared.ipxeScriptUrl]) {
+      expect((await fetchRaw(url)).status, url).toBe(404);
+    }
+    expect((await fetchRaw(`${files.url}/agent-boot/ipxe?mac=02:00:00:00:01:01`)).body.toString()).toMatch(
+      /no agent boot is prepared/,
+    );
+    await files.forget(boot.machineId); // twice: nothing to do
+  });
+
+  test('a machine prepared again has its old boot replaced: old URLs 404, its MAC answers the new script, the new token', async () => {
+    const machineId = randomUUID();
+    const first = await files.prepare(bootOf(machineId, ['02:00:00:00:02:02']));
+    const again = bootOf(machineId, ['02:00:00:00:02:02']);
+    const second = await files.prepare(again);
+    expect(second.isoUrl).not.toBe(first.isoUrl);
+    for (const url of [first.isoUrl, first.configUrl, first.ipxeScriptUrl])
+      expect((await fetchRaw(url)).status, url).toBe(404);
+    const script = (await fetchRaw(`${files.url}/agent-boot/ipxe?mac=02:00:00:00:02:02`)).body.toString();
+    expect(script).toContain(`initrd ${second.configUrl}\n`);
+    expect(enrollmentOf((await fetchRaw(second.configUrl)).body).token).toBe(again.token.reveal());
+    await files.forget(machineId);
+  });
+
+  test('prepares of one machine called together end with the last one’s boot alone on disk', async () => {
+    const workDir = path.join(dir, 'work-together');
+    const own = await AgentBootFiles.start({ imageDir, workDir, listen: { host: '127.0.0.1', port: 0 } });
+    try {
+      const machineId = randomUUID();
+      const boots = [bootOf(machineId), bootOf(machineId), bootOf(machineId)];
+      const prepared = await Promise.all(boots.map((boot) => own.prepare(boot)));
+      expect(await bootDirs(workDir)).toHaveLength(1);
+      for (const earlier of prepared.slice(0, 2)) expect((await fetchRaw(earlier.configUrl)).status).toBe(404);
+      const last = prepared[2]?.configUrl ?? '';
+      expect(enrollmentOf((await fetchRaw(last)).body).token).toBe(boots[2]?.token.reveal());
+    } finally {
+      await own.close();
+    }
+  });
+
+  test('a MAC that is not one is refused naming the machine; a closed server prepares nothing', async () => {
+    const boot = bootOf(randomUUID(), ['52:54:00:12:34']);
+    const error = await files.prepare(boot).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(AgentBootFilesError);
+    expect((error as AgentBootFilesError).machine).toBe(boot.machineId);
+    expect((error as Error).message).toBe(
+      `machine ${boot.machineId}: MAC address "52:54:00:12:34" is not one (want aa:bb:cc:dd:ee:ff)`,
+    );
+    const own = await AgentBootFiles.start({
+      imageDir,
+      workDir: path.join(dir, 'work-closed'),
+      listen: { host: '127.0.0.1', port: 0 },
+    });
+    await own.close();
+    await expect(own.prepare(bootOf())).rejects.toThrow(AgentBootFilesError);
+  });
+
+  test('nothing logged names a capability or a token; the machine, the file and the range are', async () => {
+    const { lines, restore } = captureDebugLog('shepherd:*');
+    let prepared: Awaited<ReturnType<AgentBootFiles['prepare']>>;
+    const boot = bootOf(randomUUID(), ['02:00:00:00:03:03']);
+    try {
+      prepared = await files.prepare(boot);
+      await fetchRaw(prepared.isoUrl, { headers: { range: 'bytes=0-2047' } });
+      await fetchRaw(prepared.configUrl);
+      await fetchRaw(`${files.url}/agent-boot/ipxe?mac=02-00-00-00-03-03`);
+      await fetchRaw(`${prepared.isoUrl}x`);
+      await files.forget(boot.machineId);
+      await fetchRaw(prepared.configUrl);
+    } finally {
+      restore();
+    }
+    const capability = /\/b\/([^/]+)\//.exec(prepared.isoUrl)?.[1] ?? '';
+    expect(capability).toHaveLength(43);
+    const text = lines.join('\n');
+    expect(text).not.toContain(capability);
+    expect(text).not.toContain(boot.token.reveal());
+    expect(text).toContain(`machine ${boot.machineId}: agent.iso 206 bytes 0-2047/`);
+    expect(text).toContain(`machine ${boot.machineId}: config.cpio 200`);
+    expect(text).toContain(`machine ${boot.machineId}: iPXE script for MAC 02:00:00:00:03:03`);
+    expect(text).toContain(`forgot the agent boot of machine ${boot.machineId}`);
+  });
+});
+
+test('over TLS: the image in ranges, and a boot’s URLs under the public URL', async () => {
+  const { privateKey } = generateKeyPairSync('ec', { namedCurve: 'P-256' });
+  const cert = certificatePem(
+    selfSignedCertificate(privateKey, { commonName: 'shepherd', altNames: ['127.0.0.1', 'localhost'] }),
+  );
+  const key = privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
+  const tls = await AgentBootFiles.start({
+    imageDir,
+    workDir: path.join(dir, 'work-tls'),
+    listen: { host: '127.0.0.1', port: 0 },
+    tls: { cert, key },
+  });
+  try {
+    expect(tls.url).toBe(`https://127.0.0.1:${tls.port}`);
+    const piece = await fetchRaw(`${tls.url}/agent-boot/vmlinuz`, { headers: { range: 'bytes=-4096' }, ca: cert });
+    expect(piece.status).toBe(206);
+    expect(piece.body.equals(image.vmlinuz.subarray(-4096))).toBe(true);
+    const boot = bootOf();
+    const prepared = await tls.prepare(boot);
+    expect(enrollmentOf((await fetchRaw(prepared.configUrl, { ca: cert })).body).token).toBe(boot.token.reveal());
+    // Plain HTTP to the TLS port is no answer.
+    await expect(fetchRaw(prepared.configUrl.replace('https:', 'http:'))).rejects.toThrow();
+  } finally {
+    await tls.close();
+  }
+  // Behind another name: the URLs say the name machines resolve.
+  const named = await AgentBootFiles.start({
+    imageDir,
+    workDir: path.join(dir, 'work-named'),
+    listen: { host: '127.0.0.1', port: 0 },
+    tls: { cert, key },
+    publicUrl: 'https://shepherd.example:8443/',
+  });
+  try {
+    expect(named.url).toBe('https://shepherd.example:8443');
+    expect((await named.prepare(bootOf())).isoUrl).toMatch(
+      /^https:\/\/shepherd\.example:8443\/agent-boot\/b\/[\w-]{43}\/agent\.iso$/,
+    );
+  } finally {
+    await named.close();
+  }
+});
+
+test('start refuses an image directory without the image, and a public URL with a path, naming them', async () => {
+  const empty = path.join(dir, 'no-image');
+  await mkdir(empty);
+  const missing = await AgentBootFiles.start({ imageDir: empty, listen: { host: '127.0.0.1', port: 0 } }).catch(
+    (e: unknown) => e,
+  );
+  expect(missing).toBeInstanceOf(AgentBootFilesError);
+  expect((missing as Error).message).toContain(
+    `agent image ${path.join(empty, 'vmlinuz')} is missing (build it with shepherd agent-image build --out ${empty})`,
+  );
+  const badUrl = await AgentBootFiles.start({
+    imageDir,
+    listen: { host: '127.0.0.1', port: 0 },
+    publicUrl: 'https://shepherd.example/boot',
+  }).catch((e: unknown) => e);
+  expect(badUrl).toBeInstanceOf(AgentBootFilesError);
+  expect((badUrl as Error).message).toBe(
+    'public URL "https://shepherd.example/boot": want http(s)://host[:port] with no path, query or credentials',
+  );
+  const taken = await AgentBootFiles.start({ imageDir, listen: { host: '127.0.0.1', port: files.port } }).catch(
+    (e: unknown) => e,
+  );
+  expect(taken).toBeInstanceOf(AgentBootFilesError);
+  expect((taken as Error).message).toBe(`cannot serve agent boot files on 127.0.0.1:${files.port} (EADDRINUSE)`);
+});
