@@ -32,7 +32,9 @@ export {
 export { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
 export type { ComponentSchema } from './migrations/index.js';
+export { type AgentBootCounts, agentBootCounts, agentBootMethod, setAgentBootMethods } from './queries/agent-boot.js';
 export {
+  agentBootSelection,
   agentRecoverySelection,
   agentStartSelection,
   machinesForAgentRecovery,
@@ -128,6 +130,7 @@ export { redactUrl } from './redact-url.js';
 export { checkRootDeviceHints, RootDeviceHintError, type RootDeviceHints } from './root-device-hints.js';
 export { type RoundsOptions, runRounds } from './rounds.js';
 export {
+  type AgentBootMethod,
   type Database,
   OperatorAction,
   OperatorOutcome,

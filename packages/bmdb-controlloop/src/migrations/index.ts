@@ -14,6 +14,7 @@ import * as installationReportKey from './0010_installation_report_key.js';
 import * as rootDeviceHints from './0011_root_device_hints.js';
 import * as diskWipe from './0012_disk_wipe.js';
 import * as agentLog from './0013_agent_log.js';
+import * as agentBootMethod from './0015_agent_boot_method.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -34,6 +35,7 @@ const MIGRATIONS: Record<string, Migration> = {
   '0011_root_device_hints': rootDeviceHints,
   '0012_disk_wipe': diskWipe,
   '0013_agent_log': agentLog,
+  '0015_agent_boot_method': agentBootMethod,
 };
 
 /** Migration bookkeeping tables; prefixed so they sit apart from other tools'. */
