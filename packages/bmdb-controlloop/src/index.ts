@@ -37,6 +37,7 @@ export {
   agentBootSelection,
   agentRecoverySelection,
   agentStartSelection,
+  machinesForAgentBoot,
   machinesForAgentRecovery,
   machinesForAgentStart,
   powerActionSelection,

@@ -214,6 +214,8 @@ function machineAt(slot: number, availability: Availability): Machine {
     address: `10.${(n >> 16) & 255}.${(n >> 8) & 255}.${n & 255}`,
     availability,
     failed: false,
+    agentBoot: 'ssh',
+    macs: [],
   };
 }
 

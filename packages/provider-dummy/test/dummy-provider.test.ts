@@ -36,9 +36,30 @@ describe('DummyProvider', () => {
     const provider = new DummyProvider({ capacity: 3 });
     const machines = await provider.listMachines();
     expect(machines).toEqual([
-      { id: 'dummy-000000', address: '10.0.0.1', availability: Availability.PossiblyUsed, failed: false },
-      { id: 'dummy-000001', address: '10.0.0.2', availability: Availability.PossiblyUsed, failed: false },
-      { id: 'dummy-000002', address: '10.0.0.3', availability: Availability.PossiblyUsed, failed: false },
+      {
+        id: 'dummy-000000',
+        address: '10.0.0.1',
+        availability: Availability.PossiblyUsed,
+        failed: false,
+        agentBoot: 'ssh',
+        macs: [],
+      },
+      {
+        id: 'dummy-000001',
+        address: '10.0.0.2',
+        availability: Availability.PossiblyUsed,
+        failed: false,
+        agentBoot: 'ssh',
+        macs: [],
+      },
+      {
+        id: 'dummy-000002',
+        address: '10.0.0.3',
+        availability: Availability.PossiblyUsed,
+        failed: false,
+        agentBoot: 'ssh',
+        macs: [],
+      },
     ]);
     expect(await provider.getMachine('dummy-000002')).toMatchObject({ address: '10.0.0.3', availability: 'KnownUsed' });
     await expect(provider.getMachine('dummy-000003')).rejects.toBeInstanceOf(MachineNotFoundError);

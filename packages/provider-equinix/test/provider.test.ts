@@ -95,6 +95,8 @@ describe('listMachines', () => {
     expect(byId.get(own.id)).toMatchObject({
       availability: Availability.PossiblyUsed,
       failed: false,
+      agentBoot: 'ssh',
+      macs: [],
       address: own.ip_addresses?.find((ip) => ip.public && ip.address_family === 4)?.address,
       reservationId: mine.id,
       hostname: own.hostname,
@@ -108,6 +110,8 @@ describe('listMachines', () => {
         address: undefined,
         availability: Availability.KnownUnused,
         failed: false,
+        agentBoot: 'ssh',
+        macs: [],
         reservationId: reservation?.id,
         hostname: undefined,
         state: undefined,
@@ -199,7 +203,14 @@ describe('createMachine', () => {
     const { provider } = await setup();
     await expect(
       provider.createMachine(session, {
-        unusedMachine: { id: undefined, address: undefined, availability: Availability.KnownUnused, failed: false },
+        unusedMachine: {
+          id: undefined,
+          address: undefined,
+          availability: Availability.KnownUnused,
+          failed: false,
+          agentBoot: 'ssh',
+          macs: [],
+        },
       }),
     ).rejects.toThrow('neither a device ID nor a reservation ID');
   });
@@ -365,7 +376,14 @@ describe('orphan adoption', () => {
     for (const device of [manual, renamed]) {
       const error = await provider
         .createMachine(session, {
-          unusedMachine: { id: device.id, address: undefined, availability: Availability.KnownUnused, failed: false },
+          unusedMachine: {
+            id: device.id,
+            address: undefined,
+            availability: Availability.KnownUnused,
+            failed: false,
+            agentBoot: 'ssh',
+            macs: [],
+          },
         })
         .catch((e: unknown) => e);
       expect(error).toBeInstanceOf(DeviceNotAdoptableError);

@@ -363,5 +363,13 @@ export async function readPasswordFile(file: string, fail: (problem: string) => 
 }
 
 function toMachine(entry: InventoryMachine, availability: Availability): StaticMachine {
-  return { id: entry.id, address: entry.address, location: entry.location, availability, failed: false };
+  return {
+    id: entry.id,
+    address: entry.address,
+    location: entry.location,
+    availability,
+    failed: false,
+    agentBoot: 'ssh',
+    macs: [],
+  };
 }

@@ -1,4 +1,4 @@
-import type { Session } from '@bmaas/bmdb-controlloop';
+import type { AgentBootMethod, Session } from '@bmaas/bmdb-controlloop';
 
 /**
  * Whether a provider machine is in use by us. `PossiblyUsed` means the
@@ -28,6 +28,10 @@ export interface Machine {
    * Failed machines are exempt from the provider/BMDB discrepancy check.
    */
   readonly failed: boolean;
+  /** How the machine's agent arrives: over SSH (a takeover), or booted by its BMC. */
+  readonly agentBoot: AgentBootMethod;
+  /** The machine's NIC MAC addresses (lower case, colon-separated), for a network boot; empty when unknown. */
+  readonly macs: readonly string[];
 }
 
 /** What the provisioner asks a provider to create. */

@@ -83,6 +83,15 @@ export function agentRecoverySelection(
  *
  * No live shepherd work, no running ShepherdAgentBoot backoff, not held.
  */
+export async function machinesForAgentBoot(
+  db: Kysely<Database>,
+  options: { provider: string; limit: number } & RecoveryThresholds,
+): Promise<ProvidedMachine[]> {
+  const rows = await agentBootQuery(db, options).limit(options.limit).execute();
+  return rows.map(toProvidedMachine);
+}
+
+/** {@link machinesForAgentBoot} as a {@link Selection}, for one-statement claims of `ShepherdAgentBoot`. */
 export function agentBootSelection(
   db: Kysely<Database>,
   options: { provider: string } & RecoveryThresholds,

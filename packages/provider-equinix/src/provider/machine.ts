@@ -32,6 +32,8 @@ export function deviceMachine(device: EquinixDevice, prefix: string, availabilit
       availability ??
       (!failed && adoptionRefusal(device, prefix) === undefined ? Availability.PossiblyUsed : Availability.KnownUsed),
     failed,
+    agentBoot: 'ssh',
+    macs: [],
     reservationId: deviceReservationId(device),
     hostname: device.hostname,
     state: device.state,
@@ -45,6 +47,8 @@ export function reservationMachine(reservation: EquinixHardwareReservation): Equ
     address: undefined,
     availability: Availability.KnownUnused,
     failed: false,
+    agentBoot: 'ssh',
+    macs: [],
     reservationId: reservation.id,
     hostname: undefined,
     state: undefined,
