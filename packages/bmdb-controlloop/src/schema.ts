@@ -385,6 +385,12 @@ export const Process = {
   ShepherdAgentBoot: 'ShepherdAgentBoot',
 } as const;
 
+/**
+ * The processes that bring a machine's agent up, by an SSH takeover or an
+ * agent boot: a machine under live work of either is in stage `agentStarting`.
+ */
+export const AGENT_STARTING_PROCESSES: readonly string[] = [Process.ShepherdAgentStart, Process.ShepherdAgentBoot];
+
 /** Processes whose live work excludes a machine from every shepherd selection. */
 export const SHEPHERD_PROCESSES: readonly string[] = [
   Process.ShepherdAccess,

@@ -8,7 +8,11 @@ import {
   agentRecoverySelection,
   agentStartSelection,
   BMDBError,
+  fleetStages,
+  fleetStats,
   holdMachine,
+  machineDetail,
+  machinePage,
   machinesForAgentRecovery,
   machinesForAgentStart,
   newMachine,
@@ -284,13 +288,26 @@ describe('agentBootSelection', () => {
     }
   });
 
-  test('the claim takes a BMC-booted machine for ShepherdAgentBoot', async () => {
+  test('the claim takes a BMC-booted machine for ShepherdAgentBoot, which is then agentStarting everywhere', async () => {
     const a = await machine('Claim', 'network');
-    await machine('Claim', 'ssh');
+    const ssh = await machine('Claim', 'ssh');
+    expect((await machineDetail(q, a))?.agentBoot).toBe('network');
+    expect((await machineDetail(q, ssh))?.agentBoot).toBe('ssh');
     const session = await bmdb.startSession({ processor: 'agent-boot-test' });
     try {
+      const before = (await fleetStages(q)).stages;
       const work = await session.work(Process.ShepherdAgentBoot, agentBootSelection(q, { provider: 'Claim' }));
       expect(work.machineId).toBe(a);
+      // An agent boot under way is the agent starting, as an SSH takeover is.
+      const during = (await fleetStages(q)).stages;
+      expect([during.agentStarting, during.provided]).toEqual([before.agentStarting + 1, before.provided - 1]);
+      expect((await fleetStats(q, { provider: 'Claim' })).stages).toMatchObject({ agentStarting: 1, provided: 1 });
+      expect((await machineDetail(q, a))?.stage).toBe('agentStarting');
+      const page = await machinePage(q, { stage: 'agentStarting', limit: 1000 });
+      expect(page.machines.map((m) => m.machineId)).toContain(a);
+      const provided = await machinePage(q, { stage: 'provided', limit: 1000 });
+      expect(provided.machines.map((m) => m.machineId)).toEqual(expect.arrayContaining([ssh]));
+      expect(provided.machines.map((m) => m.machineId)).not.toContain(a);
       await work.cancel();
     } finally {
       await session.close();
