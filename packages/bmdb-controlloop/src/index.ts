@@ -34,9 +34,12 @@ export {
 export { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
 export type { ComponentSchema } from './migrations/index.js';
+export { type AgentBootCounts, agentBootCounts, agentBootMethod, setAgentBootMethods } from './queries/agent-boot.js';
 export {
+  agentBootSelection,
   agentRecoverySelection,
   agentStartSelection,
+  machinesForAgentBoot,
   machinesForAgentRecovery,
   machinesForAgentStart,
   powerActionSelection,

@@ -11,6 +11,7 @@ export interface Database {
   machine_agent_started: MachineAgentStartedTable;
   machine_agent_heartbeat: MachineAgentHeartbeatTable;
   machine_agent_pending: MachineAgentPendingTable;
+  machine_agent_boot: MachineAgentBootTable;
   machine_hardware_report: MachineHardwareReportTable;
   machine_agent_log: MachineAgentLogTable;
   machine_agent_enrollment: MachineAgentEnrollmentTable;
@@ -65,6 +66,25 @@ export interface MachineProvidedTable {
 export interface MachineAgentPendingTable {
   machine_id: string;
   provider: string;
+  /** Whether the machine's BMC boots its agent (migration 0015, from `machine_agent_boot`); kept by triggers. */
+  agent_boot: Generated<boolean>;
+}
+
+/**
+ * How a machine's agent arrives:
+ * - `ssh`: the initializer takes the running OS over through SSH (a takeover); the default.
+ * - `virtual-media`: the machine's BMC boots the agent's ISO from virtual media (Redfish `InsertMedia`).
+ * - `network`: the machine's BMC boots it from the network once (PXE, then iPXE fetching its script).
+ */
+export type AgentBootMethod = 'ssh' | 'virtual-media' | 'network';
+
+/**
+ * A machine whose BMC boots its agent (migration 0015), and how; a machine
+ * without a row is taken over through SSH. Written by `setAgentBootMethods`.
+ */
+export interface MachineAgentBootTable {
+  machine_id: string;
+  boot_method: Exclude<AgentBootMethod, 'ssh'>;
 }
 
 /** Machines without a Provided tag (migration 0004). Kept by triggers; never written by hand. */
@@ -186,15 +206,6 @@ export const OSInstallationState = {
   Canceled: 'Canceled',
 } as const;
 export type OSInstallationState = (typeof OSInstallationState)[keyof typeof OSInstallationState];
-
-/**
- * How a machine's agent arrives: `ssh`, today's takeover over SSH of a
- * running OS (the default); `virtual-media`, its BMC boots the agent's ISO
- * from Redfish virtual media; `network`, its BMC boots it once from the
- * network (PXE, then iPXE). The last two are an agent boot: the agent
- * enrolls itself with a one-time token instead of answering a takeover.
- */
-export type AgentBootMethod = 'ssh' | 'virtual-media' | 'network';
 
 /** How the image is compressed as downloaded. */
 export type OSImageCompression = 'none' | 'gzip';
@@ -388,7 +399,15 @@ export const Process = {
   ShepherdRecovery: 'ShepherdRecovery',
   /** An operator's power action on one machine (`shepherd power on|off|cycle`). */
   ShepherdPowerAction: 'ShepherdPowerAction',
+  /** Booting a machine's agent through its BMC (virtual media or network), for machines whose boot method is not SSH. */
+  ShepherdAgentBoot: 'ShepherdAgentBoot',
 } as const;
+
+/**
+ * The processes that bring a machine's agent up, by an SSH takeover or an
+ * agent boot: a machine under live work of either is in stage `agentStarting`.
+ */
+export const AGENT_STARTING_PROCESSES: readonly string[] = [Process.ShepherdAgentStart, Process.ShepherdAgentBoot];
 
 /** Processes whose live work excludes a machine from every shepherd selection. */
 export const SHEPHERD_PROCESSES: readonly string[] = [
@@ -396,4 +415,5 @@ export const SHEPHERD_PROCESSES: readonly string[] = [
   Process.ShepherdAgentStart,
   Process.ShepherdRecovery,
   Process.ShepherdPowerAction,
+  Process.ShepherdAgentBoot,
 ];

@@ -307,6 +307,7 @@ describe('fleet per provider and location', () => {
       ShepherdAgentStart: 1,
       ShepherdRecovery: 0,
       ShepherdPowerAction: 0,
+      ShepherdAgentBoot: 0,
     });
     // The awaiting-recovery machine is held and powered off; others read On, PoweringOn, or failed.
     expect(await controlByLocation(q)).toEqual([
@@ -404,12 +405,14 @@ describe('FleetMetrics', () => {
       'process=ShepherdAgentStart': 1,
       'process=ShepherdRecovery': 0,
       'process=ShepherdPowerAction': 0,
+      'process=ShepherdAgentBoot': 0,
     });
     expect(await samples(leaderRegistry, 'bmdb_fleet_work')).toEqual({
       'process=ShepherdAccess': 0,
       'process=ShepherdAgentStart': 1,
       'process=ShepherdRecovery': 0,
       'process=ShepherdPowerAction': 0,
+      'process=ShepherdAgentBoot': 0,
     });
     expect(await samples(leaderRegistry, 'bmdb_fleet_holds')).toEqual({
       'location=,provider=Dummy': 1,

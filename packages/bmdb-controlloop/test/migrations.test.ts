@@ -50,6 +50,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0012_disk_wipe',
     '0013_agent_log',
     '0014_agent_enrollment',
+    '0015_agent_boot_method',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
@@ -63,6 +64,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     GROUP BY table_name ORDER BY table_name`);
   expect(Object.fromEntries(rows.map((r) => [r.table_name, r.columns]))).toEqual({
     machine_agent_enrollment: ['machine_id', 'token_sha256', 'issued_at', 'expires_at', 'enrolled_at'],
+    machine_agent_boot: ['machine_id', 'boot_method'],
     machine_agent_heartbeat: ['machine_id', 'agent_heartbeat_at'],
     machine_agent_log: ['machine_id', 'agent_log', 'agent_log_received_at'],
     machine_agent_started: ['machine_id', 'agent_started_at', 'agent_public_key', 'has_heartbeat'],
@@ -75,7 +77,7 @@ test('migrations create the schema once; running them again is a no-op', async (
       'provider_location',
       'provider_status',
     ],
-    machine_agent_pending: ['machine_id', 'provider'],
+    machine_agent_pending: ['machine_id', 'provider', 'agent_boot'],
     machine_hardware_report: [
       'machine_id',
       'hardware_report_raw',
@@ -172,7 +174,8 @@ test('migrations create the schema once; running them again is a no-op', async (
       'work_backoff_machine_process_key',
       'work_history_machine_idx',
       'sessions_deadline_idx',
-      'machine_agent_pending_provider_idx',
+      'machine_agent_pending_ssh_idx',
+      'machine_agent_pending_boot_idx',
       'machine_agent_started_silent_idx',
       'work_history_failed_idx',
       'machine_provided_provider_machine_idx',
@@ -184,6 +187,8 @@ test('migrations create the schema once; running them again is a no-op', async (
       'fleet_location_totals_pkey',
     ]),
   );
+  // 0015 split it into the SSH machines' and the BMC-booted machines' partial indexes.
+  expect(indexes.rows.map((r) => r.indexname)).not.toContain('machine_agent_pending_provider_idx');
 
   // Deleting a session releases its work; deleting a machine under live work is refused.
   const session = await bmdb.startSession();
@@ -229,6 +234,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0012_disk_wipe',
     '0013_agent_log',
     '0014_agent_enrollment',
+    '0015_agent_boot_method',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // 0006 backfills a power state row for each provided machine.
@@ -329,6 +335,7 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     '0012_disk_wipe',
     '0013_agent_log',
     '0014_agent_enrollment',
+    '0015_agent_boot_method',
   ]);
   expect(await controlByLocation(bmdb.db)).toEqual([
     {
@@ -409,6 +416,7 @@ test('a database migrated to 0008, as released before OS installation, takes 000
     '0012_disk_wipe',
     '0013_agent_log',
     '0014_agent_enrollment',
+    '0015_agent_boot_method',
   ]);
   expect((await db.admin('SELECT count(*)::int AS n FROM machine_os_installation_request')).rows).toEqual([{ n: 0 }]);
 });

@@ -95,6 +95,8 @@ describe('listMachines', () => {
     expect(byId.get(own.id)).toMatchObject({
       availability: Availability.PossiblyUsed,
       failed: false,
+      agentBoot: 'ssh',
+      macs: [],
       address: own.ip_addresses?.find((ip) => ip.public && ip.address_family === 4)?.address,
       reservationId: mine.id,
       hostname: own.hostname,

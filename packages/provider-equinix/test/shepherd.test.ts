@@ -373,7 +373,13 @@ describe('orphans through the provisioner', () => {
       expect(machines.get(orphan.id)).toMatchObject({ provider: 'Equinix', providerReservationId: reservationId });
 
       // Settled: the next pass manages both and refuses nothing.
-      expect(await provisioner.reconcile(session)).toEqual({ managed: 2, available: 1, created: [], failed: [] });
+      expect(await provisioner.reconcile(session)).toEqual({
+        managed: 2,
+        available: 1,
+        created: [],
+        failed: [],
+        bootMethodsChanged: 0,
+      });
     } finally {
       await session.close();
     }

@@ -19,6 +19,7 @@ export {
   type AgentBootRequest,
   type PreparedAgentBoot,
 } from './agent-boot-files.js';
+export { AgentBooter, type AgentBooterOptions, AgentEnrollmentTimeoutError } from './agent-booter.js';
 export {
   AgentResponseError,
   type AgentResponseRejection,

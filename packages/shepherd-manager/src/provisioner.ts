@@ -1,4 +1,5 @@
 import {
+  type AgentBootMethod,
   type BMDB,
   type ProvidedMachine,
   ProviderStatus,
@@ -9,6 +10,7 @@ import {
   type Session,
   SessionClosedError,
   SessionExpiredError,
+  setAgentBootMethods,
 } from '@bmaas/bmdb-controlloop';
 import { describeError, isStop } from '@bmaas/common';
 import { detail, log } from './internal.js';
@@ -69,15 +71,18 @@ export interface ReconcileReport {
   readonly created: readonly string[];
   /** Machines whose creation failed in this pass, with the reason. */
   readonly failed: readonly { readonly machine: Machine; readonly error: unknown }[];
+  /** Machines whose boot method (`Machine.agentBoot`) the BMDB took from the provider in this pass. */
+  readonly bootMethodsChanged: number;
 }
 
 const PROCESSOR = 'shepherd-provisioner';
 
 /**
  * Brings machines in from a provider, up to a limit: each pass lists the
- * provider's machines and the BMDB's in parallel, checks they agree, and
- * creates machines from unused capacity. It claims no work: creation is the
- * provider's, recorded in the BMDB in the same step.
+ * provider's machines and the BMDB's in parallel, records the boot method of
+ * each machine in use in the BMDB (so the BMDB follows the inventory), checks
+ * they agree, and creates machines from unused capacity. It claims no work:
+ * creation is the provider's, recorded in the BMDB in the same step.
  */
 export class Provisioner {
   readonly #maxCount: number;
@@ -168,6 +173,12 @@ export class Provisioner {
         throw new ShepherdError(`provider ${type} listed a machine in use without an ID (address ${machine.address})`);
     }
 
+    // Before the agreement check: a machine both know boots as its inventory says, whatever else disagrees.
+    const bootMethods = new Map(
+      [...used.values()].filter((m) => inBMDB.has(m.id as string)).map((m) => [m.id as string, m.agentBoot]),
+    );
+    let bootMethodsChanged = await this.#recordBootMethods(session, bootMethods);
+
     const missingFromBMDB = [...used.values()].filter((m) => !inBMDB.has(m.id as string) && !m.failed).map((m) => m.id);
     const missingFromProvider = [...inBMDB].filter((id) => !used.has(id) && !failedInBMDB.has(id));
     if (missingFromBMDB.length > 0 || missingFromProvider.length > 0) {
@@ -200,6 +211,10 @@ export class Provisioner {
         const result = await this.provider.createMachine(session, { unusedMachine: machine }, signal);
         log.provisioner('provided machine %s at %s (%s)', result.id, type, result.address ?? 'no address yet');
         created.push(result.id ?? '');
+        // At once, not next pass: a new machine booted by its BMC must not be offered to the SSH initializer meanwhile.
+        if (result.id !== undefined && result.agentBoot !== 'ssh') {
+          bootMethodsChanged += await this.#recordBootMethods(session, new Map([[result.id, result.agentBoot]]));
+        }
       } catch (error) {
         if (isStop(error, signal) || error instanceof SessionExpiredError) throw error;
         // One failed creation must not stop the others.
@@ -207,7 +222,16 @@ export class Provisioner {
         failed.push({ machine, error });
       }
     }
-    return { managed, available: available.length, created, failed };
+    return { managed, available: available.length, created, failed, bootMethodsChanged };
+  }
+
+  /** `setAgentBootMethods`, one statement that writes only what changed; logs a change. */
+  async #recordBootMethods(session: Session, methods: ReadonlyMap<string, AgentBootMethod>): Promise<number> {
+    const type = this.provider.type;
+    const changed = await session.transact((q) => setAgentBootMethods(q, type, methods));
+    if (changed > 0)
+      log.provisioner('%d machine(s) of %s changed boot method (ssh, virtual-media, network)', changed, type);
+    return changed;
   }
 }
 

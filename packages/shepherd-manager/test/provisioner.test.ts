@@ -1,4 +1,7 @@
 import {
+  agentBootMethod,
+  machinesForAgentBoot,
+  machinesForAgentStart,
   ProviderStatus,
   parseLimiter,
   providedMachines,
@@ -145,7 +148,13 @@ describe('Provisioner', () => {
     });
     const provisioner = new Provisioner(provider, { maxCount: 5, chunkSize: 5, ...fastLimiters() });
     const session = await bmdb.startSession();
-    expect(await provisioner.reconcile(session)).toEqual({ managed: 0, available: 0, created: [], failed: [] });
+    expect(await provisioner.reconcile(session)).toEqual({
+      managed: 0,
+      available: 0,
+      created: [],
+      failed: [],
+      bootMethodsChanged: 0,
+    });
     expect(provider.createAttempts).toEqual([]);
     await session.close();
   });
@@ -197,6 +206,49 @@ describe('Provisioner', () => {
     stop.abort();
     await running;
     expect(provider.createAttempts).toHaveLength(3);
+    await forget(provider);
+  });
+
+  test("the BMDB follows the provider's boot methods: new machines at once, a switched one in the next pass", async () => {
+    const provider = new TestProvider(10);
+    const provisioner = new Provisioner(provider, { maxCount: 3, chunkSize: 3, ...fastLimiters() });
+    const session = await bmdb.startSession();
+    provider.agentBoot = 'virtual-media';
+    const first = await provisioner.reconcile(session);
+    expect(first.created).toHaveLength(2 + 1);
+    expect(first.bootMethodsChanged).toBe(3);
+    const byProviderId = async () =>
+      new Map((await providedMachines(bmdb.db, provider.type)).map((m) => [m.providerId, m.machineId]));
+    const ids = await byProviderId();
+    const machineOf = (providerId: string) => ids.get(providerId) ?? '';
+    const booted = async () =>
+      (await machinesForAgentBoot(bmdb.db, { provider: provider.type, limit: 10 })).map((m) => m.machineId).sort();
+    const started = async () =>
+      (await machinesForAgentStart(bmdb.db, { provider: provider.type, limit: 10 })).map((m) => m.machineId).sort();
+    expect(await booted()).toEqual([...ids.values()].sort());
+    expect(await started()).toEqual([]);
+
+    // The inventory switches one machine to SSH and another to network boot.
+    const [a, b] = ['machine-0', 'machine-1'];
+    for (const [id, method] of [
+      [a, 'ssh'],
+      [b, 'network'],
+    ] as const) {
+      const machine = provider.machines.get(id);
+      if (machine === undefined) throw new Error(`no ${id}`);
+      machine.agentBoot = method;
+    }
+    const second = await provisioner.reconcile(session);
+    expect(second.bootMethodsChanged).toBe(2);
+    expect([await agentBootMethod(bmdb.db, machineOf(a)), await agentBootMethod(bmdb.db, machineOf(b))]).toEqual([
+      'ssh',
+      'network',
+    ]);
+    expect(await started()).toEqual([machineOf(a)]);
+    expect(await booted()).not.toContain(machineOf(a));
+    // Nothing changed: nothing written.
+    expect((await provisioner.reconcile(session)).bootMethodsChanged).toBe(0);
+    await session.close();
     await forget(provider);
   });
 

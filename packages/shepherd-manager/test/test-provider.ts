@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import type { PowerState, Session } from '@bmaas/bmdb-controlloop';
+import type { AgentBootMethod, PowerState, Session } from '@bmaas/bmdb-controlloop';
 import { addProvided, newMachine } from '@bmaas/bmdb-controlloop';
 import { expect } from 'vitest';
 import {
@@ -16,6 +16,7 @@ interface TestMachine extends Machine {
   id: string;
   availability: Availability;
   failed: boolean;
+  agentBoot: AgentBootMethod;
 }
 
 /**
@@ -37,6 +38,8 @@ export class TestProvider implements Provider, PowerControl {
   readonly failCreation = new Set<string>();
   /** Address of every machine; by default 127.0.0.1 so a local sshd can stand in. */
   address = '127.0.0.1';
+  /** How the agent of every machine created from now on arrives; tests change a machine's in `machines`. */
+  agentBoot: AgentBootMethod = 'ssh';
 
   constructor(readonly capacity: number) {}
 
@@ -50,7 +53,7 @@ export class TestProvider implements Provider, PowerControl {
         address: undefined,
         availability: Availability.KnownUnused,
         failed: false,
-        agentBoot: 'ssh' as const,
+        agentBoot: this.agentBoot,
         macs: [],
       })),
     ];
@@ -71,7 +74,7 @@ export class TestProvider implements Provider, PowerControl {
       address: this.address,
       availability: Availability.KnownUsed,
       failed: false,
-      agentBoot: 'ssh',
+      agentBoot: this.agentBoot,
       macs: [],
     };
     await session.transact(async (q) => {

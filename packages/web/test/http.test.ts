@@ -3,6 +3,7 @@ import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { providedMachine, setAgentBootMethods } from '@bmaas/bmdb-controlloop';
 import { type ServerTls, selfSignedServerTls } from '@bmaas/server';
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, testBMDB } from '../../../test/support/database.js';
@@ -95,6 +96,24 @@ describe('pages', () => {
     expect(headers.get('content-security-policy')).toContain("default-src 'none'");
     expect(headers.get('cache-control')).toBe('no-store');
     expect(await bmdbDigest()).toBe(before);
+  });
+
+  test('the machine page and its JSON say how its agent arrives', async () => {
+    const provided = await providedMachine(bmdb.db, fleet.heartbeating);
+    if (provided === undefined) throw new Error('the heartbeating machine has no Provided tag');
+    await setAgentBootMethods(bmdb.db, provided.provider, new Map([[provided.providerId, 'virtual-media']]));
+    try {
+      expect(await page(`/machines/${fleet.heartbeating}`)).toContain(
+        '<dt>agent boot</dt><dd>virtual-media: its BMC boots the agent from virtual media</dd>',
+      );
+      expect(await json(`/api/machines/${fleet.heartbeating}`)).toMatchObject({ agentBoot: 'virtual-media' });
+      expect(await page(`/machines/${fleet.installed}`)).toContain(
+        '<dt>agent boot</dt><dd>ssh: the shepherd takes its running OS over through SSH</dd>',
+      );
+      expect(await json(`/api/machines/${fleet.installed}`)).toMatchObject({ agentBoot: 'ssh' });
+    } finally {
+      await setAgentBootMethods(bmdb.db, provided.provider, new Map([[provided.providerId, 'ssh']]));
+    }
   });
 
   test('the machine table filters by stage, provider, live work and backoff', async () => {

@@ -15,6 +15,7 @@ import * as rootDeviceHints from './0011_root_device_hints.js';
 import * as diskWipe from './0012_disk_wipe.js';
 import * as agentLog from './0013_agent_log.js';
 import * as agentEnrollment from './0014_agent_enrollment.js';
+import * as agentBootMethod from './0015_agent_boot_method.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -36,6 +37,7 @@ const MIGRATIONS: Record<string, Migration> = {
   '0012_disk_wipe': diskWipe,
   '0013_agent_log': agentLog,
   '0014_agent_enrollment': agentEnrollment,
+  '0015_agent_boot_method': agentBootMethod,
 };
 
 /** Migration bookkeeping tables; prefixed so they sit apart from other tools'. */

@@ -1,5 +1,8 @@
-/** The shepherd's selections: machines whose agent must be started, and those whose agent went silent. */
-import { type Kysely, sql } from 'kysely';
+/**
+ * The shepherd's selections: machines whose agent must be started over SSH,
+ * those whose agent went silent, and those whose BMC must boot their agent.
+ */
+import { type Kysely, type RawBuilder, sql } from 'kysely';
 import { type Database, type MachineProvidedRow, Process, SHEPHERD_PROCESSES } from '../schema.js';
 import { type Selection, selectionFor } from '../selection.js';
 import { hasLiveWork, inBackoff, isHeld } from './conditions.js';
@@ -7,9 +10,9 @@ import { type ProvidedMachine, toProvidedMachine } from './provided-tags.js';
 import { installingRecently, type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
 
 /**
- * Machines of `provider` whose agent must be started: provided, no
- * AgentStarted tag, no live shepherd work, no running ShepherdAgentStart
- * backoff, not held.
+ * Machines of `provider` whose agent must be started over SSH: provided, no
+ * AgentStarted tag, boot method `ssh`, no live shepherd work, no running
+ * ShepherdAgentStart backoff, not held.
  */
 export async function machinesForAgentStart(
   db: Kysely<Database>,
@@ -37,8 +40,10 @@ export function agentStartSelection(
 /**
  * Machines of `provider` whose agent went silent: AgentStarted and either no
  * heartbeat `firstHeartbeatWithin` after the start, or a last heartbeat older
- * than `heartbeatWithin`; no live shepherd work, no running
- * ShepherdRecovery backoff, not held.
+ * than `heartbeatWithin`; boot method `ssh` (a machine whose BMC boots its
+ * agent is booted into it again, see {@link agentBootSelection}, not
+ * power-cycled); no live shepherd work, no running ShepherdRecovery backoff,
+ * not held.
  */
 export async function machinesForAgentRecovery(
   db: Kysely<Database>,
@@ -61,22 +66,93 @@ export function agentRecoverySelection(
 }
 
 /**
+ * Machines of `provider` whose BMC must boot their agent (boot method
+ * `virtual-media` or `network`) because they need one:
+ * - no AgentStarted tag: a machine never started (a blank one), or one whose
+ *   agent a recovery removed;
+ * - installed (its OS installation `Succeeded`, so its agent is gone by
+ *   design) and asked for a newer request since, an installation or a disk
+ *   wipe (a reinstall, `shepherd decommission --wipe` of an installed
+ *   machine): the new request takes the machine out of `Succeeded`, which
+ *   puts it back among the machines without an agent; an installed machine
+ *   without a newer request is left alone;
+ * - its agent silent past the recovery thresholds (the recoverer's, see
+ *   {@link RecoveryThresholds}), unless it is installing and showed life
+ *   within the installing threshold, as the recoverer has it: such a machine
+ *   is booted into the agent again rather than power-cycled.
+ *
+ * No live shepherd work, no running ShepherdAgentBoot backoff, not held.
+ */
+export async function machinesForAgentBoot(
+  db: Kysely<Database>,
+  options: { provider: string; limit: number } & RecoveryThresholds,
+): Promise<ProvidedMachine[]> {
+  const rows = await agentBootQuery(db, options).limit(options.limit).execute();
+  return rows.map(toProvidedMachine);
+}
+
+/** {@link machinesForAgentBoot} as a {@link Selection}, for one-statement claims of `ShepherdAgentBoot`. */
+export function agentBootSelection(
+  db: Kysely<Database>,
+  options: { provider: string } & RecoveryThresholds,
+): Selection<ProvidedMachine, MachineProvidedRow> {
+  return {
+    process: Process.ShepherdAgentBoot,
+    query: agentBootQuery(db, options),
+    toCandidate: toProvidedMachine,
+  };
+}
+
+/**
+ * The machines without an agent come from range scans of the partial index
+ * `machine_agent_pending_boot_idx` (migration 0015), from a random machine ID
+ * onwards then up to it, as the agent start's do; the silent ones from the
+ * recovery's two range scans, each with a key probe of `machine_agent_boot`.
+ * SSH machines are in neither, however many there are.
+ */
+function agentBootQuery(db: Kysely<Database>, options: { provider: string } & RecoveryThresholds) {
+  const { provider } = options;
+  const { installingWithin } = thresholdSeconds(options);
+  const needing = sql<{ machine_id: string }>`(
+    WITH start AS (SELECT gen_random_uuid() AS at)
+    (SELECT machine_id FROM machine_agent_pending
+     WHERE provider = ${provider} AND agent_boot AND machine_id >= (SELECT at FROM start) ORDER BY machine_id)
+    UNION ALL
+    (SELECT machine_id FROM machine_agent_pending
+     WHERE provider = ${provider} AND agent_boot AND machine_id < (SELECT at FROM start) ORDER BY machine_id)
+    UNION ALL
+    (SELECT silent.machine_id FROM (${silentAgents(db, options)}) AS silent
+     WHERE ${bootedByBmc('silent.machine_id')}
+       AND NOT ${installingRecently('silent.machine_id', installingWithin)}))`;
+  return db
+    .selectFrom(needing.as('needing'))
+    .innerJoin('machine_provided as mp', 'mp.machine_id', 'needing.machine_id')
+    .selectAll('mp')
+    .where('mp.provider', '=', provider)
+    .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', SHEPHERD_PROCESSES)}`)
+    .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', Process.ShepherdAgentBoot)}`)
+    .where(sql<boolean>`NOT ${isHeld('mp.machine_id')}`);
+}
+
+/**
  * The candidates come from `machine_agent_pending` (provided machines
  * without AgentStarted and not installed, kept by triggers of migrations
  * 0002 and 0009 in the same
- * transaction as the tags): index range scans, however many machines are
- * started. They are read from a random machine ID onwards, then from the
- * start of the range up to it, so parallel claims start at different
- * machines instead of all walking past the same few being claimed.
+ * transaction as the tags), those taken over through SSH: range scans of
+ * the partial index `machine_agent_pending_ssh_idx` (0015), however many
+ * machines are started or wait for their BMC. They are read from a random
+ * machine ID onwards, then from the start of the range up to it, so
+ * parallel claims start at different machines instead of all walking past
+ * the same few being claimed.
  */
 function agentStartQuery(db: Kysely<Database>, provider: string) {
   const pending = sql<{ machine_id: string }>`(
     WITH start AS (SELECT gen_random_uuid() AS at)
     (SELECT machine_id FROM machine_agent_pending
-     WHERE provider = ${provider} AND machine_id >= (SELECT at FROM start) ORDER BY machine_id)
+     WHERE provider = ${provider} AND NOT agent_boot AND machine_id >= (SELECT at FROM start) ORDER BY machine_id)
     UNION ALL
     (SELECT machine_id FROM machine_agent_pending
-     WHERE provider = ${provider} AND machine_id < (SELECT at FROM start) ORDER BY machine_id))`;
+     WHERE provider = ${provider} AND NOT agent_boot AND machine_id < (SELECT at FROM start) ORDER BY machine_id))`;
   return db
     .selectFrom(pending.as('pending'))
     .innerJoin('machine_provided as mp', 'mp.machine_id', 'pending.machine_id')
@@ -94,11 +170,31 @@ function agentStartQuery(db: Kysely<Database>, provider: string) {
  * `machine_agent_started_silent_idx`). Healthy machines are in neither, and
  * neither are installed ones: their agent tags went with their report
  * (migration 0009). A machine installing is left alone while it shows life
- * within the installing threshold (a key probe per silent candidate).
+ * within the installing threshold (a key probe per silent candidate), and so
+ * is a machine whose BMC boots its agent (a key probe of `machine_agent_boot`).
  */
 function agentRecoveryQuery(db: Kysely<Database>, options: { provider: string } & RecoveryThresholds) {
-  const { firstWithin, within, installingWithin } = thresholdSeconds(options);
-  const silent = db
+  const { installingWithin } = thresholdSeconds(options);
+  return db
+    .selectFrom('machine_provided as mp')
+    .selectAll('mp')
+    .where('mp.provider', '=', options.provider)
+    .where('mp.machine_id', 'in', silentAgents(db, options))
+    .where(sql<boolean>`NOT ${bootedByBmc('mp.machine_id')}`)
+    .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', SHEPHERD_PROCESSES)}`)
+    .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', 'ShepherdRecovery')}`)
+    .where(sql<boolean>`NOT ${isHeld('mp.machine_id')}`)
+    .where(sql<boolean>`NOT ${installingRecently('mp.machine_id', installingWithin)}`);
+}
+
+/**
+ * The machines whose started agent went silent past the thresholds, whatever
+ * their boot method: two index range scans, one per way of going silent
+ * (`machine_agent_heartbeat_at_idx`, the partial `machine_agent_started_silent_idx`).
+ */
+function silentAgents(db: Kysely<Database>, thresholds: RecoveryThresholds) {
+  const { firstWithin, within } = thresholdSeconds(thresholds);
+  return db
     .selectFrom('machine_agent_heartbeat as h')
     .innerJoin('machine_agent_started as a', 'a.machine_id', 'h.machine_id')
     .select('h.machine_id')
@@ -111,15 +207,11 @@ function agentRecoveryQuery(db: Kysely<Database>, options: { provider: string } 
         .where(sql<boolean>`a.agent_started_at < now() - make_interval(secs => ${firstWithin})`)
         .where(sql<boolean>`NOT EXISTS (SELECT 1 FROM machine_agent_heartbeat h WHERE h.machine_id = a.machine_id)`),
     );
-  return db
-    .selectFrom('machine_provided as mp')
-    .selectAll('mp')
-    .where('mp.provider', '=', options.provider)
-    .where('mp.machine_id', 'in', silent)
-    .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', SHEPHERD_PROCESSES)}`)
-    .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', 'ShepherdRecovery')}`)
-    .where(sql<boolean>`NOT ${isHeld('mp.machine_id')}`)
-    .where(sql<boolean>`NOT ${installingRecently('mp.machine_id', installingWithin)}`);
+}
+
+/** Whether the machine at `machineId` has its agent booted by its BMC: a primary-key probe of `machine_agent_boot`. */
+function bootedByBmc(machineId: string): RawBuilder<boolean> {
+  return sql<boolean>`EXISTS (SELECT 1 FROM machine_agent_boot ab WHERE ab.machine_id = ${sql.ref(machineId)})`;
 }
 
 /**

@@ -4,7 +4,12 @@
  * 100,000 machines; `npm run bench` (section `fleet`) prints their plans.
  */
 import { type Kysely, sql } from 'kysely';
-import { type Database, type FleetLocationTotalsTable, SHEPHERD_PROCESSES } from '../schema.js';
+import {
+  AGENT_STARTING_PROCESSES,
+  type Database,
+  type FleetLocationTotalsTable,
+  SHEPHERD_PROCESSES,
+} from '../schema.js';
 import { type FleetControl, type FleetStages, MACHINE_STAGES, type PowerStateCounts } from './fleet-stats.js';
 import { type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
 
@@ -84,7 +89,7 @@ export async function fleetStagesByLocation(
     FROM work w JOIN sessions s ON s.session_id = w.session_id
       JOIN machine_agent_pending p ON p.machine_id = w.machine_id
       JOIN machine_provided mp ON mp.machine_id = w.machine_id
-    WHERE w.process = 'ShepherdAgentStart' AND s.deadline > now()
+    WHERE w.process IN (${sql.join(AGENT_STARTING_PROCESSES)}) AND s.deadline > now()
     GROUP BY 2, 3
     UNION ALL
     SELECT CASE WHEN a.agent_started_at < now() - make_interval(secs => ${firstWithin})

@@ -2,7 +2,14 @@ import { isUuid } from '@bmaas/common';
 /** The fleet page's machine table and machine detail. */
 import { type Kysely, type RawBuilder, sql } from 'kysely';
 import { type MachineHardware, machineHardware } from '../hardware-report.js';
-import type { Database, OSInstallationState, PowerState, ProviderStatus } from '../schema.js';
+import {
+  AGENT_STARTING_PROCESSES,
+  type AgentBootMethod,
+  type Database,
+  type OSInstallationState,
+  type PowerState,
+  type ProviderStatus,
+} from '../schema.js';
 import { type WorkBackoffEntry, workBackoffs } from './backoffs.js';
 import { hasLiveWork } from './conditions.js';
 import { isInstalled, type MachineStage } from './fleet-stats.js';
@@ -69,6 +76,8 @@ export interface MachineDetail extends Omit<MachineSummary, 'liveWork' | 'backof
   readonly hardware: MachineHardware | null;
   /** The agent's public key (AgentStarted tag), if started. */
   readonly agentPublicKey: Uint8Array | null;
+  /** How its agent arrives: `ssh` (a takeover), or booted by its BMC from `virtual-media` or the `network`. */
+  readonly agentBoot: AgentBootMethod;
   /** The tail of its agent's log (at most 64 KiB) as the last heartbeat carrying one sent it, and when that was received. */
   readonly agentLog: { readonly text: string; readonly receivedAt: Date } | null;
   readonly liveWork: readonly LiveWorkItem[];
@@ -188,10 +197,11 @@ export async function machineDetail(
       power_read_failed_cause: string | null;
       agent_log: string | null;
       agent_log_received_at: Date | null;
+      boot_method: Exclude<AgentBootMethod, 'ssh'> | null;
     }
   >`
     SELECT ${machineColumns(options)}, a.agent_public_key, ps.machine_id AS power_row, ps.power_read_failed_at,
-      ps.power_read_failed_cause, al.agent_log, al.agent_log_received_at
+      ps.power_read_failed_cause, al.agent_log, al.agent_log_received_at, ab.boot_method
     FROM machines m
     LEFT JOIN machine_provided mp ON mp.machine_id = m.machine_id
     LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id
@@ -200,6 +210,7 @@ export async function machineDetail(
     LEFT JOIN machine_power_state ps ON ps.machine_id = m.machine_id
     LEFT JOIN machine_os_installation_request iq ON iq.machine_id = m.machine_id
     LEFT JOIN machine_agent_log al ON al.machine_id = m.machine_id
+    LEFT JOIN machine_agent_boot ab ON ab.machine_id = m.machine_id
     WHERE m.machine_id = ${machineId}::uuid`.execute(db);
   const row = rows[0];
   if (row === undefined) return undefined;
@@ -242,6 +253,7 @@ export async function machineDetail(
     ...toMachineSummary(row),
     hardware: hardware ? machineHardware(hardware.hardware_report_raw, hardware.hardware_reported_at) : null,
     agentPublicKey: row.agent_public_key,
+    agentBoot: row.boot_method ?? 'ssh',
     agentLog:
       row.agent_log === null || row.agent_log_received_at === null
         ? null
@@ -278,7 +290,7 @@ function stageOf(thresholds: RecoveryThresholds): RawBuilder<MachineStage> {
     WHEN mp.machine_id IS NULL THEN 'unprovided'
     WHEN a.machine_id IS NULL THEN
       CASE WHEN ${isInstalled('m.machine_id')} THEN 'installed'
-           WHEN ${hasLiveWork('m.machine_id', ['ShepherdAgentStart'])} THEN 'agentStarting' ELSE 'provided' END
+           WHEN ${hasLiveWork('m.machine_id', AGENT_STARTING_PROCESSES)} THEN 'agentStarting' ELSE 'provided' END
     WHEN ${lostAgent(thresholds)} THEN 'awaitingRecovery'
     WHEN h.machine_id IS NULL THEN 'agentStarted'
     ELSE 'heartbeating' END`;

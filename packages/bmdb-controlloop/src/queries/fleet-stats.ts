@@ -1,6 +1,6 @@
 /** The fleet at a glance: machines per stage, live work, sessions and providers. */
 import { type Kysely, type RawBuilder, sql } from 'kysely';
-import type { Database, PowerState } from '../schema.js';
+import { AGENT_STARTING_PROCESSES, type Database, type PowerState } from '../schema.js';
 import { hasLiveWork } from './conditions.js';
 import { lostAgent, type RecoveryThresholds } from './recovery-thresholds.js';
 
@@ -8,9 +8,9 @@ import { lostAgent, type RecoveryThresholds } from './recovery-thresholds.js';
 export interface FleetStages {
   /** Machines without a Provided tag (rare: a half-created machine). */
   readonly unprovided: number;
-  /** Provided, agent not started, no agent start under way. */
+  /** Provided, agent not started, no agent start under way (whichever its boot method). */
   readonly provided: number;
-  /** Provided, agent not started, an agent start claimed right now. */
+  /** Provided, agent not started, an agent start or an agent boot claimed right now. */
   readonly agentStarting: number;
   /** Agent started, no heartbeat yet, still within the first-heartbeat threshold. */
   readonly agentStarted: number;
@@ -101,12 +101,12 @@ export async function fleetStats(
       sql<number>`(count(*) FILTER (WHERE mp.machine_id IS NULL))::int`.as('unprovided'),
       sql<number>`(count(*) FILTER (WHERE mp.machine_id IS NOT NULL AND a.machine_id IS NULL
         AND NOT ${isInstalled('m.machine_id')}
-        AND NOT ${hasLiveWork('m.machine_id', ['ShepherdAgentStart'])}))::int`.as('provided'),
+        AND NOT ${hasLiveWork('m.machine_id', AGENT_STARTING_PROCESSES)}))::int`.as('provided'),
       sql<number>`(count(*) FILTER (WHERE mp.machine_id IS NOT NULL AND a.machine_id IS NULL
         AND ${isInstalled('m.machine_id')}))::int`.as('installed'),
       sql<number>`(count(*) FILTER (WHERE mp.machine_id IS NOT NULL AND a.machine_id IS NULL
         AND NOT ${isInstalled('m.machine_id')}
-        AND ${hasLiveWork('m.machine_id', ['ShepherdAgentStart'])}))::int`.as('agent_starting'),
+        AND ${hasLiveWork('m.machine_id', AGENT_STARTING_PROCESSES)}))::int`.as('agent_starting'),
       sql<number>`(count(*) FILTER (WHERE a.machine_id IS NOT NULL AND h.machine_id IS NULL
         AND NOT ${lostAgent(options)}))::int`.as('agent_started'),
       sql<number>`(count(*) FILTER (WHERE a.machine_id IS NOT NULL AND h.machine_id IS NOT NULL

@@ -1,6 +1,6 @@
 /** Which machines a fleet page lists: the filter, and the index-served subquery its IDs come from. */
 import { type RawBuilder, sql } from 'kysely';
-import type { OSInstallationState, PowerState } from '../schema.js';
+import { AGENT_STARTING_PROCESSES, type OSInstallationState, type PowerState } from '../schema.js';
 import { hasLiveWork } from './conditions.js';
 import type { MachineStage } from './fleet-stats.js';
 import { type RecoveryThresholds, thresholdSeconds } from './recovery-thresholds.js';
@@ -72,10 +72,10 @@ export function drivingIds(
       return sql`(SELECT x.machine_id FROM machine_unprovided x)`;
     case 'provided':
       return sql`(SELECT x.machine_id FROM machine_agent_pending x
-        WHERE NOT ${hasLiveWork('x.machine_id', ['ShepherdAgentStart'])})`;
+        WHERE NOT ${hasLiveWork('x.machine_id', AGENT_STARTING_PROCESSES)})`;
     case 'agentStarting':
       return sql`(SELECT w.machine_id FROM work w JOIN sessions s ON s.session_id = w.session_id
-        WHERE w.process = 'ShepherdAgentStart' AND s.deadline > now()
+        WHERE w.process IN (${sql.join(AGENT_STARTING_PROCESSES)}) AND s.deadline > now()
           AND EXISTS (SELECT 1 FROM machine_agent_pending p WHERE p.machine_id = w.machine_id))`;
     case 'agentStarted':
       return sql`(SELECT x.machine_id FROM machine_agent_started x

@@ -10,11 +10,11 @@ import {
   Recoverer,
 } from '@bmaas/shepherd-manager';
 import type { Registry } from 'prom-client';
+import { log } from '../logging.js';
 import type { Argv } from '../settings.js';
+import { loadTls } from '../tls.js';
 import { logProviders } from './log-providers.js';
 import { type Part, wireProvider } from './provider-wiring.js';
-import { log } from '../logging.js';
-import { loadTls } from '../tls.js';
 import type { AgentBootSettings, RunSettings } from './run-settings.js';
 
 /**
@@ -56,7 +56,8 @@ export async function shepherdParts(
     powerCycleWait,
   });
   const powerSync = settings.powerSync && new PowerSync(power, settings.powerSync);
-  const booter = settings.agentBoot && agentBoot && (await agentBooterPart(bmdb, settings, settings.agentBoot, agentBoot));
+  const booter =
+    settings.agentBoot && agentBoot && (await agentBooterPart(bmdb, settings, settings.agentBoot, agentBoot));
   return [
     (signal) => provisioner.run(bmdb, { signal }),
     (signal) => initializer.run(bmdb, { ...settings.initializer, stopGracePeriod: settings.stopGracePeriod, signal }),

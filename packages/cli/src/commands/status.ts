@@ -1,5 +1,7 @@
 import {
+  type AgentBootCounts,
   activeBackoffs,
+  agentBootCounts,
   type FleetStats,
   fleetStats,
   heldMachines,
@@ -61,6 +63,8 @@ export interface Status extends FleetStats {
   readonly holds: readonly Hold[];
   /** Machines per OS installation state. */
   readonly installations: OSInstallationCounts;
+  /** Machines whose BMC boots their agent, per boot method; the other provided machines are taken over through SSH. */
+  readonly agentBoots: AgentBootCounts;
   /** Installations requested, delivered (installing) or failed, most recent first (at most 50). */
   readonly installationRequests: readonly Installation[];
 }
@@ -73,7 +77,7 @@ const INSTALLATIONS_SHOWN = 50;
  * `shepherd status`: the fleet at a glance — machines per lifecycle stage,
  * held machines with reason, actor and age, machines per power state, OS
  * installations per state (those under way or failed listed, with the
- * agent's error), live work per process, machines in backoff with cause and
+ * agent's error), machines per boot method, live work per process, machines in backoff with cause and
  * time left.
  */
 export async function status(argv: Argv, write: (text: string) => void): Promise<void> {
@@ -90,6 +94,7 @@ export async function status(argv: Argv, write: (text: string) => void): Promise
     const result: Status = {
       ...stats,
       installations: await osInstallationCounts(q),
+      agentBoots: await agentBootCounts(q),
       installationRequests: installations.map((i) => ({
         machineId: i.machineId,
         provider: i.provider,
@@ -193,6 +198,16 @@ function render(status: Status): string {
         ]),
       ]),
     );
+  }
+  // Machines the BMDB has no method for are taken over through SSH, the default.
+  const bmcBooted = status.agentBoots['virtual-media'] + status.agentBoots.network;
+  lines.push('', 'Agent boot:');
+  for (const [label, count] of [
+    ['ssh', Math.max(0, status.machines - status.stages.unprovided - bmcBooted)],
+    ['virtual-media', status.agentBoots['virtual-media']],
+    ['network', status.agentBoots.network],
+  ] as const) {
+    if (count > 0 || label === 'ssh') lines.push(`  ${label.padEnd(20)}${String(count).padStart(8)}`);
   }
   lines.push('', 'Active work:');
   const work = Object.entries(status.activeWork);

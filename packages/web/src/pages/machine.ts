@@ -36,6 +36,13 @@ ${what}
   }`;
 }
 
+/** How the machine's agent arrives, as its inventory says. */
+function agentBootText(m: MachineView): string {
+  if (m.agentBoot === 'virtual-media') return 'virtual-media: its BMC boots the agent from virtual media';
+  if (m.agentBoot === 'network') return 'network: its BMC boots the agent from the network';
+  return 'ssh: the shepherd takes its running OS over through SSH';
+}
+
 /**
  * `/machines/<id>`: tags with its hold and power state, live work, backoffs,
  * its last hardware report, what operators did to it, and the work history
@@ -57,6 +64,7 @@ ${
 <dt>reservation</dt><dd class="id">${p.providerReservationId ?? none}</dd>`
     : html`<dt>provided</dt><dd>${none} no Provided tag</dd>`
 }
+<dt>agent boot</dt><dd>${agentBootText(m)}</dd>
 <dt>agent started</dt><dd>${m.agentStartedAt ? timeTag(m.agentStartedAt, m.now) : html`${none} not started`}</dd>
 <dt>agent key</dt><dd class="id">${m.agentKeyFingerprint ?? none}</dd>
 <dt>hold</dt><dd>${
