@@ -101,8 +101,6 @@ describe('listMachines', () => {
       reservationId: mine.id,
       hostname: own.hostname,
       state: 'active',
-      agentBoot: 'ssh',
-      macs: [],
     });
     expect(byId.get(failed.id)).toMatchObject({ availability: Availability.KnownUsed, failed: true });
     expect(byId.get(manual.id)).toMatchObject({ availability: Availability.KnownUsed, failed: false });
