@@ -1,0 +1,321 @@
+/**
+ * The agent booter with its real parts around it: a real BMDB, the real
+ * BMaaS server over TLS, the real boot files, and the real agent. The BMC is
+ * a fake that does what a machine booted from virtual media does: it fetches
+ * the boot's ISO from the URL it was given, takes the config initramfs out
+ * of it (xorriso, busybox cpio: as the kernel unpacks it) and starts
+ * `bmaas-agent enroll` with it, which makes its key, enrolls with the token
+ * and heartbeats. A BMC that boots nothing, and one that refuses, fail the
+ * work with the cause, and the boot's files are gone either way.
+ */
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { X509Certificate } from 'node:crypto';
+import { copyFile, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { addProvided, newMachine, Process, setAgentBootMethods } from '@bmaas/bmdb-controlloop';
+import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { testBMDB } from '../../../test/support/database.js';
+import { eventually } from '../../../test/support/wait.js';
+import {
+  type AgentBootControl,
+  AgentBootError,
+  AgentBooter,
+  AgentBootFiles,
+  type AgentBootMedia,
+  type AgentBootStarted,
+  AgentEnrollmentTimeoutError,
+  Availability,
+  type Machine,
+  MachineNotFoundError,
+  NotImplementedError,
+  type Provider,
+} from '../src/index.js';
+
+const run = promisify(execFile);
+const PROVIDER = 'BootTest';
+const agentBin = fileURLToPath(new URL('../../agent/bin/agent.js', import.meta.url));
+
+const { bmdb } = await testBMDB();
+const q = bmdb.db;
+
+/** How the fake BMC answers a machine's agent boot. */
+type Behaviour = 'boots' | 'boots-nothing' | 'refuses';
+
+/** What the fake BMC was told, in order, per provider ID. */
+type Told = { readonly act: 'boot'; readonly isoUrl: string } | { readonly act: 'end' };
+
+/**
+ * A provider whose machines' BMCs boot the agent from virtual media: the
+ * "machine" fetches the ISO and runs the real agent with its config.
+ */
+class VirtualMediaBoard implements Provider, AgentBootControl {
+  readonly behaviour = new Map<string, Behaviour>();
+  readonly told = new Map<string, Told[]>();
+  readonly agents: ChildProcess[] = [];
+
+  constructor(
+    readonly type: string,
+    private readonly dir: string,
+  ) {}
+
+  async listMachines(): Promise<Machine[]> {
+    return [...this.behaviour.keys()].map((id) => this.#machine(id));
+  }
+
+  async getMachine(id: string): Promise<Machine> {
+    if (!this.behaviour.has(id)) throw new MachineNotFoundError(this.type, id);
+    return this.#machine(id);
+  }
+
+  async createMachine(): Promise<Machine> {
+    throw new NotImplementedError(this.type, 'createMachine');
+  }
+
+  async bootAgent(id: string, media: AgentBootMedia): Promise<AgentBootStarted> {
+    this.#tell(id, { act: 'boot', isoUrl: media.isoUrl });
+    const behaviour = this.behaviour.get(id);
+    if (behaviour === 'refuses') throw new AgentBootError(id, 'the BMC refused InsertMedia (test)');
+    if (behaviour === 'boots') await this.#bootFromIso(id, media.isoUrl);
+    return { method: 'virtual-media', detail: `test BMC of ${id}: ${behaviour}` };
+  }
+
+  async endAgentBoot(id: string): Promise<void> {
+    this.#tell(id, { act: 'end' });
+  }
+
+  /** What the machine's firmware and the image's /init do: the ISO's config unpacked, the agent enrolling with it. */
+  async #bootFromIso(id: string, isoUrl: string): Promise<void> {
+    const response = await fetch(isoUrl);
+    expect(response.status).toBe(200);
+    const machineDir = path.join(this.dir, id);
+    await mkdir(machineDir, { recursive: true });
+    const iso = path.join(machineDir, 'agent.iso');
+    await writeFile(iso, Buffer.from(await response.arrayBuffer()));
+    const cpio = path.join(machineDir, 'config.cpio');
+    await run('xorriso', ['-osirrox', 'on', '-indev', iso, '-extract', '/boot/config.cpio', cpio]);
+    const root = path.join(machineDir, 'root');
+    await mkdir(root);
+    await run('sh', ['-c', `busybox cpio -i -d < "${cpio}"`], { cwd: root });
+    const agent = spawn(
+      process.execPath,
+      [agentBin, 'enroll', '--enrollment', path.join(root, 'etc/bmaas/enrollment.json'), '--interval', '500ms'],
+      { stdio: ['ignore', 'ignore', 'pipe'] },
+    );
+    this.agents.push(agent);
+  }
+
+  #tell(id: string, told: Told): void {
+    this.told.set(id, [...(this.told.get(id) ?? []), told]);
+  }
+
+  #machine(id: string): Machine {
+    return {
+      id,
+      address: undefined,
+      availability: Availability.KnownUsed,
+      failed: false,
+      agentBoot: 'virtual-media',
+      macs: [],
+    };
+  }
+}
+
+let dir: string;
+let server: BmaasServer;
+let files: AgentBootFiles;
+let board: VirtualMediaBoard;
+const stop = new AbortController();
+let loop: Promise<void>;
+
+beforeAll(async () => {
+  dir = await mkdtemp(path.join(tmpdir(), 'agent-booter-'));
+  const tls = await selfSignedServerTls(dir);
+  server = await BmaasServer.start({ bmdb, listen: { host: '127.0.0.1', port: 0 }, tls });
+  // A small ISO with the real image's layout where it matters: /boot/config.cpio, replaced per boot.
+  const imageDir = path.join(dir, 'image');
+  const isoRoot = path.join(dir, 'iso-root');
+  await mkdir(path.join(isoRoot, 'boot'), { recursive: true });
+  await mkdir(path.join(isoRoot, 'isolinux'));
+  await mkdir(imageDir);
+  await writeFile(path.join(imageDir, 'vmlinuz'), 'kernel');
+  await writeFile(path.join(imageDir, 'initramfs'), 'initramfs');
+  await writeFile(path.join(isoRoot, 'boot', 'config.cpio'), Buffer.alloc(0));
+  await copyFile('/usr/lib/ISOLINUX/isolinux.bin', path.join(isoRoot, 'isolinux', 'isolinux.bin'));
+  await run('xorriso', [
+    ...['-as', 'mkisofs', '-quiet', '-o', path.join(imageDir, 'agent.iso'), '-V', 'BMAAS_AGENT', '-R', '-J'],
+    ...['-b', 'isolinux/isolinux.bin', '-c', 'isolinux/boot.cat', '-no-emul-boot', '-boot-load-size', '4'],
+    ...['-boot-info-table', isoRoot],
+  ]);
+  files = await AgentBootFiles.start({
+    imageDir,
+    workDir: path.join(dir, 'work'),
+    listen: { host: '127.0.0.1', port: 0 },
+  });
+  board = new VirtualMediaBoard(PROVIDER, path.join(dir, 'machines'));
+  const booter = new AgentBooter(board, files, {
+    agentEndpoint: `localhost:${server.port}`,
+    agentEndpointCaCertificate: new X509Certificate(tls.cert).raw,
+    enrollmentWithin: 60_000,
+    enrollmentPollInterval: 100,
+  });
+  loop = booter.run(bmdb, { signal: stop.signal, parallelism: 4, maxIdleDelay: 200 });
+});
+
+afterAll(async () => {
+  stop.abort();
+  await loop;
+  for (const agent of board?.agents ?? []) agent.kill('SIGTERM');
+  await files?.close();
+  await server?.close();
+  await rm(dir, { recursive: true, force: true });
+});
+
+/** A provided machine whose inventory says its BMC boots its agent from virtual media. */
+async function bmcBootedMachine(providerId: string, behaviour: Behaviour, on = board): Promise<string> {
+  const machineId = await newMachine(q);
+  await addProvided(q, machineId, { provider: on.type, providerId });
+  on.behaviour.set(providerId, behaviour);
+  await setAgentBootMethods(q, on.type, new Map([[providerId, 'virtual-media']]));
+  return machineId;
+}
+
+const history = (machineId: string) =>
+  q
+    .selectFrom('work_history')
+    .select(['event', 'process'])
+    .where('machine_id', '=', machineId)
+    .where('process', '=', Process.ShepherdAgentBoot)
+    .orderBy('timestamp')
+    .execute();
+
+const backoff = (machineId: string) =>
+  q
+    .selectFrom('work_backoff')
+    .select('cause')
+    .where('machine_id', '=', machineId)
+    .where('process', '=', Process.ShepherdAgentBoot)
+    .executeTakeFirst();
+
+describe('a machine whose BMC boots its agent', () => {
+  test('is booted from its ISO, its agent enrolls and heartbeats, the media is ejected and the ISO gone', async () => {
+    const machineId = await bmcBootedMachine('vm-boots', 'boots');
+    const started = await eventually(async () => {
+      const row = await q
+        .selectFrom('machine_agent_started')
+        .select('agent_public_key')
+        .where('machine_id', '=', machineId)
+        .executeTakeFirst();
+      expect(row).toBeDefined();
+      return row;
+    }, 60_000);
+    // The key recorded is the one the agent made and wrote down after enrolling.
+    const handover = JSON.parse(
+      await readFile(path.join(dir, 'machines', 'vm-boots', 'root', 'etc', 'bmaas', 'enrollment.json'), 'utf8'),
+    ) as { token: string };
+    expect(handover.token.length).toBeGreaterThan(20);
+    expect(started?.agent_public_key.length).toBe(32);
+    await eventually(async () => {
+      const heartbeat = await q
+        .selectFrom('machine_agent_heartbeat')
+        .select('agent_heartbeat_at')
+        .where('machine_id', '=', machineId)
+        .executeTakeFirst();
+      expect(heartbeat).toBeDefined();
+    }, 30_000);
+    await eventually(async () => {
+      expect((await history(machineId)).map((row) => row.event)).toEqual(['Started', 'Finished']);
+    });
+    const told = board.told.get('vm-boots') ?? [];
+    expect(told.map((t) => t.act)).toEqual(['boot', 'end']);
+    const [boot] = told;
+    if (boot?.act !== 'boot') throw new Error('no boot told');
+    // The boot's ISO, which held the token, is gone once the agent enrolled.
+    expect((await fetch(boot.isoUrl)).status).toBe(404);
+    // The token was used: a second enrollment with it is refused.
+    const refused = spawn(
+      process.execPath,
+      [
+        agentBin,
+        'enroll',
+        '--enrollment',
+        path.join(dir, 'machines', 'vm-boots', 'root', 'etc', 'bmaas', 'enrollment.json'),
+        '--interval',
+        '500ms',
+      ],
+      { stdio: ['ignore', 'ignore', 'pipe'] },
+    );
+    let stderr = '';
+    refused.stderr?.on('data', (chunk: Buffer) => {
+      stderr += chunk.toString();
+    });
+    const code = await new Promise<number | null>((resolve) => refused.on('exit', resolve));
+    expect(code).toBe(1);
+    expect(stderr).toContain(machineId);
+    expect(stderr).not.toContain(handover.token);
+  }, 120_000);
+
+  test('whose agent never enrolls fails its work after the bound, naming the machine and the boot, and is ejected', async () => {
+    // A booter of its own with a short bound, for a provider of its own, beside the suite's.
+    const shortStop = new AbortController();
+    const silentBoard = new VirtualMediaBoard('SilentBootTest', path.join(dir, 'machines'));
+    const short = new AgentBooter(silentBoard, files, {
+      agentEndpoint: `localhost:${server.port}`,
+      enrollmentWithin: 500,
+      enrollmentPollInterval: 100,
+    });
+    const machineId = await bmcBootedMachine('vm-silent', 'boots-nothing', silentBoard);
+    const shortLoop = short.run(bmdb, { signal: shortStop.signal, maxIdleDelay: 200 });
+    try {
+      const row = await eventually(async () => {
+        const found = await backoff(machineId);
+        expect(found).toBeDefined();
+        return found;
+      }, 60_000);
+      expect(row?.cause).toContain(machineId);
+      expect(row?.cause).toContain('no enrollment');
+      expect(row?.cause).toContain('test BMC of vm-silent: boots-nothing');
+      expect(new AgentEnrollmentTimeoutError(machineId, 'vm-silent', { method: 'network', detail: 'x' }, 1).name).toBe(
+        'AgentEnrollmentTimeoutError',
+      );
+      const told = silentBoard.told.get('vm-silent') ?? [];
+      expect(told.map((t) => t.act)).toEqual(['boot', 'end']);
+      const [boot] = told;
+      if (boot?.act !== 'boot') throw new Error('no boot told');
+      expect((await fetch(boot.isoUrl)).status).toBe(404);
+      expect((await history(machineId)).map((r) => r.event)).toEqual(['Started', 'Failed']);
+    } finally {
+      shortStop.abort();
+      await shortLoop;
+    }
+  }, 90_000);
+
+  test('whose BMC refuses fails its work with the refusal, its boot files gone', async () => {
+    const machineId = await bmcBootedMachine('vm-refuses', 'refuses');
+    const row = await eventually(async () => {
+      const found = await backoff(machineId);
+      expect(found).toBeDefined();
+      return found;
+    }, 30_000);
+    expect(row?.cause).toContain('machine vm-refuses: the agent cannot be booted: the BMC refused InsertMedia');
+    const told = board.told.get('vm-refuses') ?? [];
+    expect(told.map((t) => t.act)).toEqual(['boot', 'end']);
+    const [boot] = told;
+    if (boot?.act !== 'boot') throw new Error('no boot told');
+    expect((await fetch(boot.isoUrl)).status).toBe(404);
+  }, 60_000);
+
+  test('an ssh machine of the same provider is left to the initializer', async () => {
+    const machineId = await newMachine(q);
+    await addProvided(q, machineId, { provider: PROVIDER, providerId: 'vm-ssh' });
+    board.behaviour.set('vm-ssh', 'boots');
+    // A machine booted meanwhile shows the loop is running; the ssh one got no boot.
+    await bmcBootedMachine('vm-after-ssh', 'refuses');
+    await eventually(async () => expect(board.told.get('vm-after-ssh')?.length).toBe(2), 30_000);
+    expect(board.told.get('vm-ssh')).toBeUndefined();
+    expect(await history(machineId)).toEqual([]);
+  }, 60_000);
+});
