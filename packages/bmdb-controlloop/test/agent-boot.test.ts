@@ -27,6 +27,7 @@ import { sql } from 'kysely';
 import pg from 'pg';
 import { describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
+import { eventually } from '../../../test/support/wait.js';
 import { claimSelectedStatement } from '../src/sql/claim.js';
 
 const { db, bmdb } = await testBMDB();
@@ -211,6 +212,26 @@ describe('agentBootSelection', () => {
     expect([await startable('Switch'), await bootable('Switch')]).toEqual([[], [a]]);
     await setAgentBootMethods(q, 'Switch', new Map([[providerId, 'ssh']]));
     expect([await startable('Switch'), await bootable('Switch')]).toEqual([[a], []]);
+  });
+
+  test('a switch of a machine waiting for its agent wakes idle loops; one of a started machine does not', async () => {
+    const waiting = await machine('Wake', 'ssh');
+    const started = await machine('Wake', 'ssh');
+    await startAgent(started);
+    const listener = new pg.Client({ connectionString: db.url });
+    await listener.connect();
+    const heard: string[] = [];
+    listener.on('notification', (n) => heard.push(n.payload ?? ''));
+    try {
+      await listener.query('LISTEN bmdb_machines_changed');
+      await setAgentBootMethods(q, 'Wake', new Map([[await providerIdOf(started), 'network']]));
+      await setAgentBootMethods(q, 'Wake', new Map([[await providerIdOf(waiting), 'virtual-media']]));
+      await eventually('the switch notified', async () => (heard.length > 0 ? true : undefined));
+      // Notifications arrive in commit order: had the first switch notified, it would be here first.
+      expect(heard).toEqual(['machine_agent_boot']);
+    } finally {
+      await listener.end();
+    }
   });
 
   test('an installed machine is offered once a reinstall or a decommission wipe is requested, not before', async () => {
