@@ -119,6 +119,20 @@ describe('enrollAgent', () => {
     expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key(8) })).toBe('unauthenticated');
   });
 
+  test("a machine booted again because its agent went silent loses the old agent's heartbeat with the new key", async () => {
+    const machineId = await machine();
+    const first = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    await enrollAgent(bmdb.db, { machineId, token: first.token.reveal(), agentPublicKey: key(1) });
+    expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key(1) })).toBe('recorded');
+    const heartbeats = () => db.admin('SELECT 1 FROM machine_agent_heartbeat WHERE machine_id = $1', [machineId]);
+    expect((await heartbeats()).rows).toHaveLength(1);
+    // Booted into the agent again: the stale heartbeat was the old agent's, not the new one's.
+    const second = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    await enrollAgent(bmdb.db, { machineId, token: second.token.reveal(), agentPublicKey: key(2) });
+    expect((await heartbeats()).rows).toHaveLength(0);
+    expect(await agentStarted(machineId)).toBe(Buffer.from(key(2)).toString('hex'));
+  });
+
   test('refuses a wrong token, and records the refusal with its reason, never the token', async () => {
     const machineId = await machine();
     const { token } = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });

@@ -203,32 +203,36 @@ const backoff = (machineId: string) =>
 describe('a machine whose BMC boots its agent', () => {
   test('is booted from its ISO, its agent enrolls and heartbeats, the media is ejected and the ISO gone', async () => {
     const machineId = await bmcBootedMachine('vm-boots', 'boots');
-    const started = await eventually(async () => {
-      const row = await q
-        .selectFrom('machine_agent_started')
-        .select('agent_public_key')
-        .where('machine_id', '=', machineId)
-        .executeTakeFirst();
-      expect(row).toBeDefined();
-      return row;
-    }, 60_000);
+    const started = await eventually(
+      'the agent enrolled',
+      () =>
+        q
+          .selectFrom('machine_agent_started')
+          .select('agent_public_key')
+          .where('machine_id', '=', machineId)
+          .executeTakeFirst(),
+      60_000,
+    );
     // The key recorded is the one the agent made and wrote down after enrolling.
     const handover = JSON.parse(
       await readFile(path.join(dir, 'machines', 'vm-boots', 'root', 'etc', 'bmaas', 'enrollment.json'), 'utf8'),
     ) as { token: string };
     expect(handover.token.length).toBeGreaterThan(20);
     expect(started?.agent_public_key.length).toBe(32);
-    await eventually(async () => {
-      const heartbeat = await q
-        .selectFrom('machine_agent_heartbeat')
-        .select('agent_heartbeat_at')
-        .where('machine_id', '=', machineId)
-        .executeTakeFirst();
-      expect(heartbeat).toBeDefined();
-    }, 30_000);
-    await eventually(async () => {
-      expect((await history(machineId)).map((row) => row.event)).toEqual(['Started', 'Finished']);
-    });
+    await eventually(
+      'its first heartbeat',
+      () =>
+        q
+          .selectFrom('machine_agent_heartbeat')
+          .select('agent_heartbeat_at')
+          .where('machine_id', '=', machineId)
+          .executeTakeFirst(),
+      30_000,
+    );
+    await eventually('the work finished', async () =>
+      (await history(machineId)).some((row) => row.event === 'Finished') ? true : undefined,
+    );
+    expect((await history(machineId)).map((row) => row.event)).toEqual(['Started', 'Finished']);
     const told = board.told.get('vm-boots') ?? [];
     expect(told.map((t) => t.act)).toEqual(['boot', 'end']);
     const [boot] = told;
@@ -270,11 +274,7 @@ describe('a machine whose BMC boots its agent', () => {
     const machineId = await bmcBootedMachine('vm-silent', 'boots-nothing', silentBoard);
     const shortLoop = short.run(bmdb, { signal: shortStop.signal, maxIdleDelay: 200 });
     try {
-      const row = await eventually(async () => {
-        const found = await backoff(machineId);
-        expect(found).toBeDefined();
-        return found;
-      }, 60_000);
+      const row = await eventually('the work backed off', () => backoff(machineId), 60_000);
       expect(row?.cause).toContain(machineId);
       expect(row?.cause).toContain('no enrollment');
       expect(row?.cause).toContain('test BMC of vm-silent: boots-nothing');
@@ -295,11 +295,7 @@ describe('a machine whose BMC boots its agent', () => {
 
   test('whose BMC refuses fails its work with the refusal, its boot files gone', async () => {
     const machineId = await bmcBootedMachine('vm-refuses', 'refuses');
-    const row = await eventually(async () => {
-      const found = await backoff(machineId);
-      expect(found).toBeDefined();
-      return found;
-    }, 30_000);
+    const row = await eventually('the work backed off', () => backoff(machineId), 30_000);
     expect(row?.cause).toContain('machine vm-refuses: the agent cannot be booted: the BMC refused InsertMedia');
     const told = board.told.get('vm-refuses') ?? [];
     expect(told.map((t) => t.act)).toEqual(['boot', 'end']);
@@ -314,7 +310,7 @@ describe('a machine whose BMC boots its agent', () => {
     board.behaviour.set('vm-ssh', 'boots');
     // A machine booted meanwhile shows the loop is running; the ssh one got no boot.
     await bmcBootedMachine('vm-after-ssh', 'refuses');
-    await eventually(async () => expect(board.told.get('vm-after-ssh')?.length).toBe(2), 30_000);
+    await eventually('the later machine booted', async () => board.told.get('vm-after-ssh')?.[1], 30_000);
     expect(board.told.get('vm-ssh')).toBeUndefined();
     expect(await history(machineId)).toEqual([]);
   }, 60_000);

@@ -133,6 +133,9 @@ async function enrollIn(trx: Kysely<Database>, request: EnrollmentRequest): Prom
     return refusal.reason;
   }
   await setAgentStarted(trx, machineId, { publicKey: request.agentPublicKey });
+  // A new agent: the last one's heartbeat is not its own. Left in place, a machine booted again because its
+  // agent went silent would stay silent, and eligible for another boot, until the new agent's first heartbeat.
+  await trx.deleteFrom('machine_agent_heartbeat').where('machine_id', '=', machineId).execute();
   if (request.hardwareReport !== undefined) await storeHardwareReport(trx, machineId, request.hardwareReport);
   await recordOperatorAction(trx, {
     machineId,
