@@ -8,6 +8,7 @@ import {
   agentRecoverySelection,
   agentStartSelection,
   BMDBError,
+  decommissionWithWipe,
   fleetStages,
   fleetStats,
   holdMachine,
@@ -392,5 +393,29 @@ describe('at 10,000 machines', () => {
       await client.end();
       await session.close();
     }
+  });
+});
+
+describe('decommissionWithWipe', () => {
+  test('requests the wipe of an agentless machine whose BMC boots its agent (booted for it), refuses an SSH one', async () => {
+    const blank = await machine('Wipe', 'virtual-media');
+    const installed = await machine('Wipe', 'network');
+    await install(installed);
+    const sshOnly = await machine('Wipe', 'ssh');
+    const report = await decommissionWithWipe(
+      q,
+      'Wipe',
+      [await providerIdOf(blank), await providerIdOf(installed), await providerIdOf(sshOnly)],
+      { actor: 'alice@ops', reason: 'returned', retryFailed: false },
+    );
+    expect(report.noAgent.map((m) => m.machineId)).toEqual([sshOnly]);
+    expect(report.wiping.map((m) => [m.machineId, m.requestedNow]).sort()).toEqual(
+      [
+        [blank, true],
+        [installed, true],
+      ].sort(),
+    );
+    // Both are the agent booter's now: the blank one has no agent, the installed one a newer request.
+    expect(await bootable('Wipe')).toEqual([blank, installed].sort());
   });
 });

@@ -83,7 +83,10 @@ export interface WipeDecommissionReport extends DecommissionReport {
     readonly generation: bigint;
     readonly error: string;
   }[];
-  /** No agent runs on them (no AgentStarted tag): nothing can wipe their disks yet; kept. */
+  /**
+   * No agent runs on them (no AgentStarted tag) and none can be booted (their agent arrives over SSH):
+   * nothing can wipe their disks yet; kept.
+   */
   readonly noAgent: readonly { readonly providerId: string; readonly machineId: string }[];
 }
 
@@ -92,8 +95,10 @@ export interface WipeDecommissionReport extends DecommissionReport {
  * decommission wipe succeeded is removed (as {@link decommissionMachines},
  * refused while live work is on it); one with a wipe under way is left to
  * it; one with a running agent and no such wipe (or a failed one, when
- * `retryFailed`) gets one requested (`decommission` set); one without an
- * agent is refused, as is one whose wipe failed (with its error). Its
+ * `retryFailed`) gets one requested (`decommission` set), as does one
+ * without an agent whose BMC boots its agent (the agent booter boots one to
+ * wipe it); one without an agent that arrives over SSH is refused, as is one
+ * whose wipe failed (with its error). Its
  * machines' rows are locked first, so concurrent calls take turns.
  */
 export async function decommissionWithWipe(
@@ -111,6 +116,7 @@ export async function decommissionWithWipe(
           .innerJoin('machine_provided as mp', 'mp.machine_id', 'm.machine_id')
           .leftJoin('machine_os_installation_request as q', 'q.machine_id', 'm.machine_id')
           .leftJoin('machine_agent_started as a', 'a.machine_id', 'm.machine_id')
+          .leftJoin('machine_agent_boot as b', 'b.machine_id', 'm.machine_id')
           .select([
             'm.machine_id',
             'mp.provider_id',
@@ -120,6 +126,7 @@ export async function decommissionWithWipe(
             'q.generation',
             'q.installation_error',
             'a.machine_id as agent',
+            'b.boot_method',
           ])
           .where('mp.provider', '=', provider)
           .where('mp.provider_id', 'in', wanted)
@@ -144,7 +151,8 @@ export async function decommissionWithWipe(
         generation: BigInt(row.generation ?? 0),
         error: row.installation_error ?? 'the agent reported an error without a message',
       });
-    } else if (row.agent === null) {
+    } else if (row.agent === null && row.boot_method === null) {
+      // A machine whose BMC boots its agent gets the request all the same: the agent booter boots the agent for it.
       noAgent.push(ids);
     } else {
       const requested = await requestDiskWipe(db, row.machine_id, {
