@@ -1,7 +1,8 @@
 /**
  * The shepherd: brings machines in from a provider, starts the agent on each
  * over SSH, and power-cycles the ones whose agent went silent, all through the BMDB;
- * and serves the agent image and each boot's files to machines whose BMC boots the agent.
+ * and boots the agent through the BMC of machines with no OS to take over (the agent booter),
+ * serving them the agent image and each boot's files.
  *
  * @packageDocumentation
  */
