@@ -8,6 +8,7 @@ import {
   providedMachines,
   runRounds,
   type Session,
+  setAgentBootMethods,
   updateProviderStatus,
 } from '@bmaas/bmdb-controlloop';
 import { describeError, Secret } from '@bmaas/common';
@@ -175,6 +176,8 @@ export class StaticProvider implements Provider, PowerControl, AgentBootControl 
         providerIpAddress: entry.address ?? null,
         providerLocation: entry.location ?? null,
       });
+      // In the same transaction: a BMC-booted machine is never the SSH initializer's, not even for a moment.
+      await setAgentBootMethods(q, STATIC_PROVIDER, new Map([[id, entry.agentBoot]]));
       return machineId;
     });
     if (machineId === undefined) log.provider('machine %s was already recorded; address and location refreshed', id);

@@ -7,7 +7,7 @@
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { decommissionMachines, parseLimiter, providedMachines } from '@bmaas/bmdb-controlloop';
+import { agentBootMethod, decommissionMachines, parseLimiter, providedMachines } from '@bmaas/bmdb-controlloop';
 import { MachineNotFoundError, ProviderDiscrepancyError, Provisioner } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
@@ -151,6 +151,25 @@ describe('provisioning from the inventory', () => {
     await db.admin(
       `DELETE FROM machines WHERE machine_id IN (SELECT machine_id FROM machine_provided WHERE provider_id = 'n4')`,
     );
+  });
+
+  test('a machine created records its boot method with it, so the SSH initializer never sees a BMC-booted one', async () => {
+    const file = await writeInventory('boot.json', [
+      { id: 'vm-blank', agentBoot: 'virtual-media', bmc: { url: 'https://10.1.0.7/redfish/v1/Systems/1' } },
+    ]);
+    const p = provider(file);
+    const [unused] = await p.listMachines();
+    if (unused === undefined) throw new Error('no machine listed');
+    const session = await bmdb.startSession();
+    try {
+      await p.createMachine(session, { unusedMachine: { ...unused, availability: 'KnownUnused' } });
+    } finally {
+      await session.close();
+    }
+    const [created] = (await recorded()).filter((m) => m.providerId === 'vm-blank');
+    if (created === undefined) throw new Error('vm-blank not recorded');
+    expect(await agentBootMethod(bmdb.db, created.machineId)).toBe('virtual-media');
+    await db.admin('DELETE FROM machines WHERE machine_id = $1', [created.machineId]);
   });
 
   test('a bad inventory fails the pass and changes nothing; a machine removed is refused, naming the way out', async () => {
