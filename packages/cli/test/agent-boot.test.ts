@@ -10,15 +10,16 @@
  * Bad agent boot flags exit 2 naming the flag, before anything is touched.
  */
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
-import { copyFile, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
-import { createServer } from 'node:net';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { FakeRedfishServer, selfSignedCertificate } from '@bmaas/provider-static/testing';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { smallAgentImage } from '../../../test/support/agent-image.js';
 import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
+import { freePort } from '../../../test/support/ports.js';
 import { buildOnce, eventually, expectUsageError, type Shepherd, shepherd, start } from './helpers.js';
 
 const execute = promisify(execFile);
@@ -34,18 +35,6 @@ let agent: ChildProcess | undefined;
 
 const db = await createTestDatabase();
 
-/** A port free now, for a flag that wants one (the boot files' listener). */
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const probe = createServer();
-    probe.once('error', reject);
-    probe.listen(0, '127.0.0.1', () => {
-      const address = probe.address();
-      probe.close(() => resolve(typeof address === 'object' && address ? address.port : 0));
-    });
-  });
-}
-
 beforeAll(async () => {
   buildOnce();
   dir = await mkdtemp(path.join(tmpdir(), 'shepherd-agent-boot-'));
@@ -59,21 +48,7 @@ beforeAll(async () => {
   await writeFile(path.join(dir, 'bmc-ca.pem'), certificate.cert);
   bmc = await FakeRedfishServer.start({ tls: certificate, password: 'bmc-Pa55word' });
   await writeFile(path.join(dir, 'bmc-password'), `${bmc.password}\n`, { mode: 0o600 });
-  // A small image with the real one's layout where it matters: the ISO's /boot/config.cpio is each boot's.
-  imageDir = path.join(dir, 'image');
-  const isoRoot = path.join(dir, 'iso-root');
-  await mkdir(path.join(isoRoot, 'boot'), { recursive: true });
-  await mkdir(path.join(isoRoot, 'isolinux'));
-  await mkdir(imageDir);
-  await writeFile(path.join(imageDir, 'vmlinuz'), 'kernel');
-  await writeFile(path.join(imageDir, 'initramfs'), 'initramfs');
-  await writeFile(path.join(isoRoot, 'boot', 'config.cpio'), Buffer.alloc(0));
-  await copyFile('/usr/lib/ISOLINUX/isolinux.bin', path.join(isoRoot, 'isolinux', 'isolinux.bin'));
-  await execute('xorriso', [
-    ...['-as', 'mkisofs', '-quiet', '-o', path.join(imageDir, 'agent.iso'), '-V', 'BMAAS_AGENT', '-R', '-J'],
-    ...['-b', 'isolinux/isolinux.bin', '-c', 'isolinux/boot.cat', '-no-emul-boot', '-boot-load-size', '4'],
-    ...['-boot-info-table', isoRoot],
-  ]);
+  imageDir = await smallAgentImage(dir);
 });
 
 afterAll(async () => {

@@ -18,6 +18,7 @@ import { promisify } from 'node:util';
 import { certificatePem, Secret, selfSignedCertificate } from '@bmaas/common';
 import { create, fromBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { smallAgentImage } from '../../../test/support/agent-image.js';
 import { captureDebugLog } from '../../../test/support/debug-log.js';
 import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
 import { AgentBootFiles, AgentBootFilesError, type AgentBootRequest } from '../src/index.js';
@@ -108,22 +109,7 @@ async function bootDirs(workDir: string): Promise<string[]> {
 
 beforeAll(async () => {
   dir = await mkdtemp(path.join(tmpdir(), 'agent-boot-files-'));
-  imageDir = path.join(dir, 'image');
-  const root = path.join(dir, 'iso-root');
-  await mkdir(path.join(root, 'boot'), { recursive: true });
-  await mkdir(path.join(root, 'isolinux'), { recursive: true });
-  await mkdir(imageDir);
-  await writeFile(path.join(imageDir, 'vmlinuz'), image.vmlinuz);
-  await writeFile(path.join(imageDir, 'initramfs'), image.initramfs);
-  await writeFile(path.join(root, 'boot', 'vmlinuz'), image.vmlinuz);
-  await writeFile(path.join(root, 'boot', 'config.cpio'), Buffer.alloc(0));
-  // xorriso patches a boot info table into its copy: Debian's file stays untouched.
-  await copyFile('/usr/lib/ISOLINUX/isolinux.bin', path.join(root, 'isolinux', 'isolinux.bin'));
-  await run('xorriso', [
-    ...['-as', 'mkisofs', '-quiet', '-o', path.join(imageDir, 'agent.iso'), '-V', 'BMAAS_AGENT', '-R', '-J'],
-    ...['-b', 'isolinux/isolinux.bin', '-c', 'isolinux/boot.cat', '-no-emul-boot', '-boot-load-size', '4'],
-    ...['-boot-info-table', root],
-  ]);
+  imageDir = await smallAgentImage(dir, image);
   files = await AgentBootFiles.start({
     imageDir,
     workDir: path.join(dir, 'work'),

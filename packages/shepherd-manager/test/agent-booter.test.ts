@@ -10,7 +10,7 @@
  */
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { X509Certificate } from 'node:crypto';
-import { copyFile, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -18,6 +18,7 @@ import { promisify } from 'node:util';
 import { addProvided, newMachine, Process, setAgentBootMethods } from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { smallAgentImage } from '../../../test/support/agent-image.js';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
 import {
@@ -135,21 +136,7 @@ beforeAll(async () => {
   dir = await mkdtemp(path.join(tmpdir(), 'agent-booter-'));
   const tls = await selfSignedServerTls(dir);
   server = await BmaasServer.start({ bmdb, listen: { host: '127.0.0.1', port: 0 }, tls });
-  // A small ISO with the real image's layout where it matters: /boot/config.cpio, replaced per boot.
-  const imageDir = path.join(dir, 'image');
-  const isoRoot = path.join(dir, 'iso-root');
-  await mkdir(path.join(isoRoot, 'boot'), { recursive: true });
-  await mkdir(path.join(isoRoot, 'isolinux'));
-  await mkdir(imageDir);
-  await writeFile(path.join(imageDir, 'vmlinuz'), 'kernel');
-  await writeFile(path.join(imageDir, 'initramfs'), 'initramfs');
-  await writeFile(path.join(isoRoot, 'boot', 'config.cpio'), Buffer.alloc(0));
-  await copyFile('/usr/lib/ISOLINUX/isolinux.bin', path.join(isoRoot, 'isolinux', 'isolinux.bin'));
-  await run('xorriso', [
-    ...['-as', 'mkisofs', '-quiet', '-o', path.join(imageDir, 'agent.iso'), '-V', 'BMAAS_AGENT', '-R', '-J'],
-    ...['-b', 'isolinux/isolinux.bin', '-c', 'isolinux/boot.cat', '-no-emul-boot', '-boot-load-size', '4'],
-    ...['-boot-info-table', isoRoot],
-  ]);
+  const imageDir = await smallAgentImage(dir);
   files = await AgentBootFiles.start({
     imageDir,
     workDir: path.join(dir, 'work'),
