@@ -291,7 +291,10 @@ export class Lab {
           'stop-grace-period': '5s',
           'initializer-loop-parallelism': String(Math.min(count, 4)),
           'recoverer-first-heartbeat-timeout': '120s',
-          'recoverer-heartbeat-timeout': '30s',
+          // An agent its BMC booted heartbeats at the agent's own interval (30 s: its boot's
+          // configuration carries no flags), and a heartbeat timeout no longer than that has the
+          // agent booter boot it again mid-installation, as silent.
+          'recoverer-heartbeat-timeout': this.bootFilesPort === 0 ? '30s' : '90s',
           ...this.#redfishRunFlags(),
           ...this.#agentBootFlags(path.dirname(image.iso)),
           ...this.options.runFlags,

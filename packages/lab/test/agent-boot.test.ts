@@ -13,12 +13,16 @@
  * Each path's time from the BMC's power on to the enrollment is printed
  * with the load average.
  */
-import { execFileSync } from 'node:child_process';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
-import { connect } from 'node:net';
+import { execFile, execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { mkdir, mkdtemp, open, readFile, rm } from 'node:fs/promises';
+import { createServer } from 'node:https';
+import { type AddressInfo, connect } from 'node:net';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { gzipSync } from 'node:zlib';
 import { AgentHardwareReportSchema } from '@bmaas/server';
 import { fromBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
@@ -27,7 +31,7 @@ import { createTestDatabase, type TestDatabase } from '../../../test/support/dat
 import { freePort } from '../../../test/support/ports.js';
 import { eventually } from '../../../test/support/wait.js';
 import { bundleAgent } from '../../agent/test/bundle-agent.js';
-import { Lab, type LabMachine } from '../src/index.js';
+import { buildBootImage, findKernel, Lab, type LabMachine } from '../src/index.js';
 import { missingForBlankLab } from './support.js';
 
 const missing = await missingForBlankLab();
@@ -37,6 +41,8 @@ if (missing.length > 0) {
 
 const ROOT = fileURLToPath(new URL('../../..', import.meta.url));
 const CACHE = path.join(ROOT, '.tmp/lab-cache');
+const SHEPHERD = path.join(ROOT, 'packages/cli/bin/shepherd.js');
+const execute = promisify(execFile);
 
 describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their BMCs', () => {
   let db: TestDatabase;
@@ -63,7 +69,7 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
       vms: 2,
       dir: path.join(dir, 'lab'),
       cacheDir: CACHE,
-      shepherd: path.join(ROOT, 'packages/cli/bin/shepherd.js'),
+      shepherd: SHEPHERD,
       bmdbUrl: db.url,
       webListen: `127.0.0.1:${await freePort()}`,
       heartbeatInterval: '1s',
@@ -152,6 +158,134 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
     await enrolled(machine, 'network, iPXE, IPMI');
     // Booted from its NIC (iPXE writes to the screen, not the serial console the log has).
     expect(machine.vm.bootSource).toBe('network');
+  });
+
+  /** Serves the images to install over HTTPS with the server's certificate, which the agents trust. */
+  async function imageServer(
+    images: Map<string, Buffer>,
+  ): Promise<{ url: (name: string) => string; close: () => void }> {
+    const tlsDir = path.join(lab.options.dir, 'server-tls');
+    const server = createServer(
+      { cert: await readFile(path.join(tlsDir, 'server.crt')), key: await readFile(path.join(tlsDir, 'server.key')) },
+      (request, response) => {
+        const image = images.get((request.url ?? '').slice(1));
+        return image ? response.end(image) : response.writeHead(404).end();
+      },
+    );
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const port = (server.address() as AddressInfo).port;
+    return { url: (name) => `https://10.0.2.2:${port}/${name}`, close: () => server.close() };
+  }
+
+  /** `shepherd install` of `image` on `machine`, its root disk named by its serial number alone. */
+  async function install(machine: LabMachine, url: string, image: Buffer): Promise<void> {
+    await execute(process.execPath, [
+      SHEPHERD,
+      'install',
+      ...['--bmdb-url', db.url, '--provider', 'Static', '--provider-id', machine.id],
+      ...['--image-url', url, '--image-sha256', createHash('sha256').update(image).digest('hex')],
+      ...['--root-device-hint', `serialNumber=${machine.diskSerial}`, '--compression', 'gzip'],
+      ...['--reason', 'lab agent boot test'],
+    ]);
+  }
+
+  /** Waits for `machine`'s installation of `generation` to succeed and its image's first boot from its disk. */
+  async function installed(machine: LabMachine, generation: number, bootLine: string): Promise<void> {
+    await within(`${machine.id} installed (generation ${generation})`, async () => {
+      const { rows } = await db.admin(
+        `SELECT q.generation, q.installation_state, q.installation_error FROM machine_os_installation_request q
+         JOIN machine_provided p USING (machine_id) WHERE p.provider_id = $1`,
+        [machine.id],
+      );
+      const row = rows[0];
+      if (row?.installation_state === 'Failed') throw new Error(`installation failed: ${row.installation_error}`);
+      return row?.installation_state === 'Succeeded' && Number(row.generation) === generation ? true : undefined;
+    });
+    await within(`${machine.id} booted the installed image`, async () =>
+      (await readFile(machine.vm.consoleLog, 'utf8')).includes(bootLine) ? true : undefined,
+    );
+  }
+
+  test('the virtual media VM is installed by its disk serial, then reinstalled through an agent its BMC boots again', async () => {
+    const machine = lab.machines[0] as LabMachine;
+    const bmc = lab.redfish;
+    if (bmc === undefined) throw new Error('the lab has no Redfish BMC');
+    const bootImage = async (marker: string) => {
+      await mkdir(path.join(dir, marker));
+      return buildBootImage(path.join(dir, marker), findKernel(), marker);
+    };
+    const first = await bootImage('first');
+    const second = await bootImage('second');
+    const images = new Map([
+      ['first.img.gz', gzipSync(await readFile(first.path))],
+      ['second.img.gz', gzipSync(await readFile(second.path))],
+    ]);
+    const server = await imageServer(images);
+    try {
+      let phase = Date.now();
+      await install(machine, server.url('first.img.gz'), images.get('first.img.gz') as Buffer);
+      await installed(machine, 1, first.bootLine);
+      timing(`${machine.id}: installed by its disk serial and booted from its disk in ${seconds(phase)}`);
+      // Installed: its agent is gone, and the BMC's CD holds nothing.
+      expect((await startedAgents(db, 'providerId')).has(machine.id)).toBe(false);
+      expect(bmc.virtualMedia(machine.id).inserted).toBe(false);
+      const inserts = () => bmc.told(machine.id).filter((line) => line.startsWith('InsertMedia')).length;
+      expect(inserts()).toBe(1);
+
+      // A second installation: no agent runs, so the booter boots one through the BMC again, which installs.
+      phase = Date.now();
+      await install(machine, server.url('second.img.gz'), images.get('second.img.gz') as Buffer);
+      await installed(machine, 2, second.bootLine);
+      timing(
+        `${machine.id}: reinstalled through an agent booted from virtual media, booted from its disk in ${seconds(phase)}`,
+      );
+      expect(inserts()).toBe(2);
+      const console = await readFile(machine.vm.consoleLog, 'utf8');
+      // The agent environment booted between the two images' boots.
+      const agentBoots = [...console.matchAll(/bmaas-init: agent environment starting/g)].map((m) => m.index);
+      expect(agentBoots.length).toBe(2);
+      expect(console.indexOf(first.bootLine)).toBeLessThan(agentBoots[1] as number);
+      expect(console.lastIndexOf(second.bootLine)).toBeGreaterThan(agentBoots[1] as number);
+      expect(bmc.virtualMedia(machine.id).inserted).toBe(false);
+    } finally {
+      server.close();
+    }
+  });
+
+  test('the installed VM is decommissioned with a wipe by an agent its BMC boots: its disk is zero at both ends', async () => {
+    const machine = lab.machines[0] as LabMachine;
+    const disk = path.join(machine.vm.options.dir, 'disk.img');
+    const MiB = 2 ** 20;
+    // Something at the disk's far end too (the image lies at its start), so a wipe that skipped it would show.
+    const handle = await open(disk, 'r+');
+    const size = (await handle.stat()).size;
+    await handle.write(Buffer.alloc(MiB, 0xab), 0, MiB, size - MiB);
+    await handle.close();
+    const { rows: provided } = await db.admin(
+      "SELECT machine_id FROM machine_provided WHERE provider = 'Static' AND provider_id = $1",
+      [machine.id],
+    );
+    const machineId = provided[0]?.machine_id as string;
+    const phase = Date.now();
+    const { stdout } = await execute(process.execPath, [
+      SHEPHERD,
+      'decommission',
+      ...['--bmdb-url', db.url, '--provider', 'Static', '--provider-id', machine.id],
+      ...['--wipe', '--reason', 'lab agent boot test'],
+    ]);
+    expect(stdout).toMatch(new RegExp(`wiped and removed Static ${machine.id}`));
+    timing(`${machine.id}: decommissioned with a wipe (its agent booted from virtual media) in ${seconds(phase)}`);
+    // Gone from the BMDB (the inventory still lists the VM: a later pass brings it in again, as a new machine).
+    const { rows } = await db.admin('SELECT 1 FROM machine_provided WHERE machine_id = $1', [machineId]);
+    expect(rows).toEqual([]);
+    const ends = await open(disk, 'r');
+    const head = Buffer.alloc(MiB);
+    const tail = Buffer.alloc(MiB);
+    await ends.read(head, 0, MiB, 0);
+    await ends.read(tail, 0, MiB, size - MiB);
+    await ends.close();
+    expect(head.equals(Buffer.alloc(MiB))).toBe(true);
+    expect(tail.equals(Buffer.alloc(MiB))).toBe(true);
   });
 });
 
