@@ -74,7 +74,9 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
       webListen: `127.0.0.1:${await freePort()}`,
       heartbeatInterval: '1s',
       protocol: (index) => (index === 0 ? 'redfish' : 'ipmi'),
-      firmware: () => 'bios',
+      // The virtual media VM under OVMF (its ISO boots GRUB EFI; its installed image the agent's boot entry
+      // or OVMF's own for the disk), the network VM under SeaBIOS (iPXE's BIOS ROM).
+      firmware: (index) => (index === 0 ? 'uefi' : 'bios'),
       agentBoot: (index) => (index === 0 ? 'virtual-media' : 'network'),
       runFlags: { 'agent-booter-db-query-rate': '250ms,4', 'recoverer-first-heartbeat-timeout': '10m' },
     });
@@ -139,11 +141,12 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
     expect(machine.agentBoot).toBe('virtual-media');
     const bmc = lab.redfish;
     if (bmc === undefined) throw new Error('the lab has no Redfish BMC');
-    await enrolled(machine, 'virtual media, Redfish');
+    await enrolled(machine, 'virtual media, Redfish, UEFI');
+    expect(machine.vm.firmware).toBe('uefi');
     expect(machine.vm.bootSource).toBe('cdrom');
     const told = bmc.told(machine.id);
     expect(told[0]).toMatch(/^InsertMedia http:\/\/10\.0\.2\.2:\d+\/agent-boot\/b\/[A-Za-z0-9_-]{43}\/agent\.iso/);
-    expect(told[1]).toMatch(/^BootOverride Cd Once/);
+    expect(told[1]).toMatch(/^BootOverride Cd Once UEFI/);
     // Enrolled, its media is ejected: the BMC's, and the VM's CD drive with it.
     await within(`${machine.id}'s virtual media ejected`, async () =>
       bmc.told(machine.id).includes('EjectMedia') ? true : undefined,
@@ -155,7 +158,7 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
   test('a blank IPMI VM boots the agent over the network through iPXE and its agent enrolls', async () => {
     const machine = lab.machines[1] as LabMachine;
     expect(machine.agentBoot).toBe('network');
-    await enrolled(machine, 'network, iPXE, IPMI');
+    await enrolled(machine, 'network, iPXE, IPMI, BIOS');
     // Booted from its NIC (iPXE writes to the screen, not the serial console the log has).
     expect(machine.vm.bootSource).toBe('network');
   });
