@@ -1,6 +1,6 @@
 import { createWriteStream } from 'node:fs';
 import { rename, rm } from 'node:fs/promises';
-import { get as httpGet } from 'node:http';
+import { get as httpGet, type IncomingMessage } from 'node:http';
 import { get as httpsGet } from 'node:https';
 import { pipeline } from 'node:stream/promises';
 import { VmError } from './errors.js';
@@ -25,7 +25,7 @@ export async function downloadMedia(vm: string, url: string, file: string): Prom
   if (target.hostname === GUEST_HOST) target.hostname = '127.0.0.1';
   const partial = `${file}.part`;
   try {
-    const response = await new Promise<import('node:http').IncomingMessage>((resolve, reject) => {
+    const response = await new Promise<IncomingMessage>((resolve, reject) => {
       const request =
         target.protocol === 'https:'
           ? httpsGet(target, { rejectUnauthorized: false }, resolve)

@@ -243,12 +243,19 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
         `${machine.id}: reinstalled through an agent booted from virtual media, booted from its disk in ${seconds(phase)}`,
       );
       expect(inserts()).toBe(2);
-      const console = await readFile(machine.vm.consoleLog, 'utf8');
+      const text = await readFile(machine.vm.consoleLog, 'utf8');
       // The agent environment booted between the two images' boots.
-      const agentBoots = [...console.matchAll(/bmaas-init: agent environment starting/g)].map((m) => m.index);
+      const agentBoots = [...text.matchAll(/bmaas-init: agent environment starting/g)].map((m) => m.index);
       expect(agentBoots.length).toBe(2);
-      expect(console.indexOf(first.bootLine)).toBeLessThan(agentBoots[1] as number);
-      expect(console.lastIndexOf(second.bootLine)).toBeGreaterThan(agentBoots[1] as number);
+      expect(text.indexOf(first.bootLine)).toBeLessThan(agentBoots[1] as number);
+      expect(text.lastIndexOf(second.bootLine)).toBeGreaterThan(agentBoots[1] as number);
+      // Under OVMF each image booted through the boot entry its agent wrote: BootCurrent names it.
+      for (const [generation, image] of [first, second].entries()) {
+        const entry = new RegExp(`installed generation ${generation + 1}: .*, boot entry (\\d+)`).exec(text);
+        expect(entry, `the agent of generation ${generation + 1} wrote a boot entry`).not.toBeNull();
+        const number = Number(entry?.[1]).toString(16).toUpperCase().padStart(4, '0');
+        expect(text).toContain(`${image.bootLine} under UEFI, BootCurrent Boot${number} "BMaaS installed OS (vda)"`);
+      }
       expect(bmc.virtualMedia(machine.id).inserted).toBe(false);
     } finally {
       server.close();
