@@ -11,7 +11,7 @@ export { LabSetupError, VmError } from './errors.js';
 export { type GuestShare, prepareGuestShare } from './guest-share.js';
 export { buildInitramfs, type Initramfs } from './initramfs.js';
 export { findKernel, type GuestKernel } from './kernel.js';
-export { LAB_SSH_PORT, Lab, type LabBmcProtocol, type LabMachine, type LabOptions } from './lab.js';
+export { LAB_SSH_PORT, Lab, type LabAgentBoot, type LabBmcProtocol, type LabMachine, type LabOptions } from './lab.js';
 export { QemuPower, VM_BOOT_DEVICES, type VmBootDevice, type VmPowerState } from './power.js';
 export { QmpClient, QmpCommandError, type QmpStatus } from './qmp.js';
 export { QemuRedfishPower } from './redfish-power.js';

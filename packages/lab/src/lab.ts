@@ -20,6 +20,13 @@ import { VirtualMachine, type VmFirmware } from './vm.js';
 /** How a lab machine's BMC is spoken to. */
 export type LabBmcProtocol = 'ipmi' | 'redfish';
 
+/**
+ * How a blank lab machine's agent arrives, booted by its BMC (the
+ * inventory's `agentBoot`): from virtual media (a Redfish BMC's CD) or over
+ * the network (iPXE, any BMC).
+ */
+export type LabAgentBoot = 'virtual-media' | 'network';
+
 /** Options of {@link Lab.start}. */
 export interface LabOptions {
   /** Virtual machines. Default 3. */
@@ -42,6 +49,13 @@ export interface LabOptions {
    * `lab-vm3`, SeaBIOS for the others: the lab has both kinds from three VMs on.
    */
   readonly firmware?: (index: number) => VmFirmware;
+  /**
+   * Which VMs (by index, from 0) are blank: an empty disk and no OS, their
+   * agent booted by their BMC as this says (`undefined`: the VM boots the
+   * lab's "installed OS" and is taken over over SSH, the default for all).
+   * A `virtual-media` VM needs a Redfish BMC (see `protocol`).
+   */
+  readonly agentBoot?: (index: number) => LabAgentBoot | undefined;
   /** The agent's heartbeat interval. Default 2s. */
   readonly heartbeatInterval?: string;
   /** The bundled agent the agent image runs. Default `packages/agent/dist/agent.cjs` (`npm run bundle -w @bmaas/agent`). */
@@ -65,6 +79,8 @@ export interface LabMachine {
   readonly mac: string;
   readonly vm: VirtualMachine;
   readonly protocol: LabBmcProtocol;
+  /** A blank VM's way its agent arrives through its BMC; `undefined`: over SSH, into its installed OS. */
+  readonly agentBoot: LabAgentBoot | undefined;
   /** The inventory's `bmc` entry for it. */
   readonly bmc: Record<string, unknown>;
   /** Its `ipmi_sim`, for an IPMI VM. */
@@ -99,6 +115,8 @@ export class Lab {
   redfish: FakeRedfishServer | undefined;
   #redfishCa: string | undefined;
   serverPort = 0;
+  /** The port of the shepherd's agent boot files (`0`: no blank VM, none served). */
+  bootFilesPort = 0;
   /** The agent image the VMs are taken over into; its `takeover` payload is what the initializer uploads. */
   agentImage: AgentImage | undefined;
   readonly dataDir: string;
@@ -169,10 +187,20 @@ export class Lab {
       `agent image ${image.cached.initramfs ? 'from the cache' : 'built'} in ${seconds(started)}: takeover payload ${(image.takeoverBytes / 2 ** 20).toFixed(1)} MiB`,
     );
 
+    const agentBoot = this.options.agentBoot ?? (() => undefined);
+    const blank = Array.from({ length: count }, (_, index) => agentBoot(index)).some((way) => way !== undefined);
+    if (blank) this.bootFilesPort = await freePort();
     started = Date.now();
     const vms = await Promise.all(
       Array.from({ length: count }, (_, index) =>
         VirtualMachine.start({
+          blank: agentBoot(index) !== undefined,
+          // QEMU's DHCP hands the NIC's iPXE the shepherd's script for this MAC (QEMU expands no
+          // ${net0/mac} of iPXE's): the iPXE script then loads this boot's kernel and initramfs.
+          netBootFile:
+            agentBoot(index) === 'network'
+              ? `http://10.0.2.2:${this.bootFilesPort}/agent-boot/ipxe?mac=${macOf(index + 1)}`
+              : undefined,
           name: `lab-vm${index + 1}`,
           dir: path.join(dir, `vm${index + 1}`),
           kernel,
@@ -192,12 +220,14 @@ export class Lab {
     );
     this.#closers.push(() => Promise.all(vms.map((vm) => vm.stop())).then(() => undefined));
     for (const [index, vm] of vms.entries()) {
-      this.machines.push(await this.#bmcFor(vm, protocol(index)));
+      this.machines.push(await this.#bmcFor(vm, protocol(index), agentBoot(index)));
     }
     const signal = this.options.signal;
     signal?.throwIfAborted();
     await Promise.all(
       vms.map(async (vm) => {
+        // A blank VM has nothing to answer SSH: its BMC boots its agent once the shepherd runs.
+        if (vm.options.blank) return;
         await vm.waitForSsh(300_000, signal);
         this.#report(
           `${vm.name} (${vm.firmware === 'uefi' ? 'UEFI' : 'BIOS'}): sshd answering ${seconds(vm.startedAt)} after its start`,
@@ -209,7 +239,18 @@ export class Lab {
     await writeFile(
       this.inventoryPath,
       `${JSON.stringify(
-        this.machines.map((m) => ({ id: m.id, address: m.address, location: 'lab', bmc: m.bmc })),
+        this.machines.map((m) =>
+          m.agentBoot === undefined
+            ? { id: m.id, address: m.address, location: 'lab', bmc: m.bmc }
+            : {
+                id: m.id,
+                agentBoot: m.agentBoot,
+                ...(m.agentBoot === 'network' ? { macs: [m.mac] } : {}),
+                bootMode: m.vm.firmware === 'uefi' ? 'uefi' : 'legacy',
+                location: 'lab',
+                bmc: m.bmc,
+              },
+        ),
         null,
         2,
       )}\n`,
@@ -250,8 +291,12 @@ export class Lab {
           'stop-grace-period': '5s',
           'initializer-loop-parallelism': String(Math.min(count, 4)),
           'recoverer-first-heartbeat-timeout': '120s',
-          'recoverer-heartbeat-timeout': '30s',
+          // An agent its BMC booted heartbeats at the agent's own interval (30 s: its boot's
+          // configuration carries no flags), and a heartbeat timeout no longer than that has the
+          // agent booter boot it again mid-installation, as silent.
+          'recoverer-heartbeat-timeout': this.bootFilesPort === 0 ? '30s' : '90s',
           ...this.#redfishRunFlags(),
+          ...this.#agentBootFlags(path.dirname(image.iso)),
           ...this.options.runFlags,
         }),
       ],
@@ -279,7 +324,14 @@ export class Lab {
   }
 
   /** The BMC of `vm` over `protocol`, started. */
-  async #bmcFor(vm: VirtualMachine, protocol: LabBmcProtocol): Promise<LabMachine> {
+  async #bmcFor(
+    vm: VirtualMachine,
+    protocol: LabBmcProtocol,
+    agentBoot: LabAgentBoot | undefined,
+  ): Promise<LabMachine> {
+    if (agentBoot === 'virtual-media' && protocol !== 'redfish') {
+      throw new LabSetupError(`${vm.name}: virtual media needs a Redfish BMC, and its BMC is ${protocol}`);
+    }
     const passwordFile = path.join(vm.options.dir, 'bmc-password');
     if (protocol === 'ipmi') {
       // The built program (`../dist` from the sources and from the build alike): ipmi_sim runs it with node.
@@ -304,6 +356,7 @@ export class Lab {
         mac: vm.options.mac ?? '',
         vm,
         protocol,
+        agentBoot,
         bmc: { protocol: 'ipmi', host: sim.host, port: sim.port, username: sim.username, passwordFile, cipherSuite: 3 },
         ipmiSimulator: sim,
         bmcCommand: `IPMI_PASSWORD=$(cat ${passwordFile}) ipmitool -I lanplus -C 3 -H ${sim.host} -p ${sim.port} -U ${sim.username} -E chassis power status`,
@@ -317,7 +370,7 @@ export class Lab {
       this.#redfishCa = path.join(this.options.dir, 'redfish-ca.pem');
       await writeFile(this.#redfishCa, certificate.cert);
     }
-    const url = this.redfish.addSystem(vm.name, { power: new QemuRedfishPower(vm.power) });
+    const url = this.redfish.addSystem(vm.name, { power: new QemuRedfishPower(vm) });
     await writeFile(passwordFile, `${REDFISH_PASSWORD}\n`, { mode: 0o600 });
     return {
       id: vm.name,
@@ -326,6 +379,7 @@ export class Lab {
       mac: vm.options.mac ?? '',
       vm,
       protocol,
+      agentBoot,
       bmc: { url, username: this.redfish.username, passwordFile },
       bmcCommand: `curl --cacert ${this.#redfishCa} -u ${this.redfish.username}:$(cat ${passwordFile}) ${url}`,
     };
@@ -338,6 +392,21 @@ export class Lab {
 
   #redfishRunFlags(): Record<string, string> {
     return this.#redfishCa === undefined ? {} : { 'redfish-ca-file': this.#redfishCa };
+  }
+
+  /**
+   * The agent booter's flags, when a VM is blank: the agent image's
+   * directory, its boot files served over plain HTTP to the VMs at
+   * `10.0.2.2` (the iPXE ROM QEMU runs checks HTTPS certificates against
+   * roots of its own, which a self-signed one is not).
+   */
+  #agentBootFlags(imageDir: string): Record<string, string> {
+    if (this.bootFilesPort === 0) return {};
+    return {
+      'agent-boot-image-dir': imageDir,
+      'agent-boot-listen': `127.0.0.1:${this.bootFilesPort}`,
+      'agent-boot-url': `http://10.0.2.2:${this.bootFilesPort}`,
+    };
   }
 
   /** Where to look, for a person. */

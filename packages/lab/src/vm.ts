@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { constants } from 'node:fs';
-import { access, copyFile, mkdir, open, rm, writeFile } from 'node:fs/promises';
+import { access, copyFile, mkdir, open, readFile, rm, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import path from 'node:path';
 import { SshKey } from '@bmaas/shepherd-manager';
@@ -39,6 +39,15 @@ export interface VirtualMachineOptions {
   readonly qemu?: string;
   /** Its firmware: SeaBIOS (`bios`, QEMU's own, the default) or OVMF (`uefi`, Debian's ovmf package). */
   readonly firmware?: VmFirmware;
+  /**
+   * A blank machine: no lab kernel, no installed OS. It boots what its boot
+   * device says from its own devices: its disk (by default; empty, nothing
+   * boots), its CD drive (`cdrom`: the virtual media its BMC inserted) or its
+   * NIC (`pxe`: the NIC's iPXE ROM, given `netBootFile` by QEMU's DHCP).
+   */
+  readonly blank?: boolean;
+  /** The boot file QEMU's user-mode DHCP hands a network boot (an `http://` URL iPXE fetches). */
+  readonly netBootFile?: string;
 }
 
 /** A VM's firmware: SeaBIOS or OVMF. */
@@ -48,8 +57,11 @@ export type VmFirmware = 'bios' | 'uefi';
 const OVMF_CODE = '/usr/share/OVMF/OVMF_CODE.fd';
 const OVMF_VARS = '/usr/share/OVMF/OVMF_VARS.fd';
 
-/** What QEMU boots: the lab's kernel and initramfs (the default: the machine's "network boot"), or its disk. */
-export type VmBootSource = 'kernel' | 'disk';
+/**
+ * What QEMU boots: the lab's kernel and initramfs (the default: the machine's
+ * "network boot"), or its disk; a blank VM its disk, its CD drive or its NIC.
+ */
+export type VmBootSource = 'kernel' | 'disk' | 'cdrom' | 'network';
 
 /**
  * One QEMU virtual machine under software emulation (`-accel tcg`; KVM is not
@@ -80,6 +92,8 @@ export class VirtualMachine {
   readonly #exited: Promise<number | null>;
   #resolveExited!: (code: number | null) => void;
   readonly startedAt = Date.now();
+  /** When its last reset came (the guest's reboot, a BMC's power on, cycle or reset): its last boot's start. */
+  lastResetAt: number | undefined;
 
   private constructor(
     readonly options: VirtualMachineOptions,
@@ -125,6 +139,35 @@ export class VirtualMachine {
   get firmware(): VmFirmware {
     return this.options.firmware ?? 'bios';
   }
+  /** The file a blank VM's CD drive holds, named in this file (none: the drive is empty). */
+  get #mediaFile(): string {
+    return path.join(this.options.dir, 'cdrom-media');
+  }
+
+  /**
+   * Puts `file` in a blank VM's CD drive (`undefined`: ejects what it holds),
+   * as its BMC's virtual media does: over QMP (`blockdev-change-medium`,
+   * `eject`) into the running QEMU, and kept in the VM's directory for the
+   * QEMU a reset starts again (a switch of boot source).
+   */
+  async setMedia(file: string | undefined): Promise<void> {
+    if (!this.options.blank) throw new VmError(this.name, 'has no CD drive: only a blank VM has one');
+    await writeFile(this.#mediaFile, file ?? '');
+    // A restart under way reads the file; the QEMU running after it gets the medium over QMP as well.
+    await this.#switching.catch(() => undefined);
+    await QmpClient.with(this.bmcQmpSocket, (qmp) =>
+      file === undefined
+        ? qmp.execute('eject', { id: CDROM_DEVICE, force: true })
+        : qmp.execute('blockdev-change-medium', {
+            id: CDROM_DEVICE,
+            filename: file,
+            format: 'raw',
+            'read-only-mode': 'read-only',
+          }),
+    );
+    log('%s: CD drive %s', this.name, file === undefined ? 'ejected' : `holds ${file}`);
+  }
+
   /** A UEFI VM's variable store (its NVRAM): a copy of OVMF's, kept across its reboots and QEMU's restarts. */
   get efiVariables(): string {
     return path.join(this.options.dir, 'OVMF_VARS.fd');
@@ -160,7 +203,10 @@ export class VirtualMachine {
         },
       );
     }
-    const bootSource = bootSourceOf(await new QemuPower(options.name, '', path.join(dir, 'boot-device')).bootDevice());
+    const bootSource = bootSourceOf(
+      await new QemuPower(options.name, '', path.join(dir, 'boot-device')).bootDevice(),
+      options.blank === true,
+    );
     const child = await launch(options, bootSource);
     const vm = new VirtualMachine(options, child, bootSource);
     try {
@@ -197,7 +243,9 @@ export class VirtualMachine {
     }
     const events = await QmpClient.connect(path.join(this.options.dir, 'events.qmp'));
     events.onEvent((event) => {
-      if (event.event === 'RESET') this.#switching = this.#switching.then(() => this.#afterReset(event.data));
+      if (event.event !== 'RESET') return;
+      this.lastResetAt = Date.now();
+      this.#switching = this.#switching.then(() => this.#afterReset(event.data));
     });
     this.#events = events;
   }
@@ -210,7 +258,7 @@ export class VirtualMachine {
    */
   async #afterReset(data: unknown): Promise<void> {
     if (this.#stopping) return;
-    const wanted = bootSourceOf(await this.power.bootDevice());
+    const wanted = bootSourceOf(await this.power.bootDevice(), this.options.blank === true);
     if (wanted === this.#bootSource) return;
     if (!(data as { guest?: boolean } | undefined)?.guest) {
       for (const deadline = Date.now() + 2_000; Date.now() < deadline; ) {
@@ -292,10 +340,18 @@ function sshBanner(host: string, port: number): Promise<boolean> {
   });
 }
 
-/** The BMC's boot device as what QEMU boots: the disk for `disk`, the lab's kernel for anything else. */
-function bootSourceOf(device: VmBootDevice): VmBootSource {
+/**
+ * The BMC's boot device as what QEMU boots: the disk for `disk`, the lab's
+ * kernel for anything else; a blank VM's CD drive for `cdrom`, its NIC for
+ * `pxe`, its disk otherwise.
+ */
+function bootSourceOf(device: VmBootDevice, blank: boolean): VmBootSource {
+  if (blank) return device === 'cdrom' ? 'cdrom' : device === 'pxe' ? 'network' : 'disk';
   return device === 'disk' ? 'disk' : 'kernel';
 }
+
+/** A blank VM's CD drive, as QMP names it. */
+const CDROM_DEVICE = 'cdrom0';
 
 const STDERR = new WeakMap<ChildProcess, string>();
 
@@ -312,6 +368,7 @@ async function launch(options: VirtualMachineOptions, bootSource: VmBootSource):
     '-device',
     `virtio-9p-pci,fsdev=${id},mount_tag=${id}`,
   ];
+  if (options.blank) return spawnQemu(options, blankDevices(options, bootSource, await currentMedia(dir)));
   const boot =
     bootSource === 'kernel'
       ? [
@@ -340,6 +397,71 @@ async function launch(options: VirtualMachineOptions, bootSource: VmBootSource):
   // OVMF's own entry for the disk would boot instead of it. Without one, OVMF leaves BootOrder as
   // the agent wrote it. The network boot needs none either way: -kernel boots before any entry.
   const bootIndex = uefi ? '' : ',bootindex=1';
+  return spawnQemu(options, [
+    ...firmware,
+    ...boot,
+    '-netdev',
+    `user,id=net0,hostfwd=tcp:${options.address}:${options.sshPort}-:22`,
+    '-device',
+    `virtio-net-pci,netdev=net0${options.mac ? `,mac=${options.mac}` : ''}`,
+    ...share(GUEST_SHARE, options.guestDir),
+    ...share(CONFIG_SHARE, path.join(dir, 'config')),
+    // The disk as a device of its own: the drive's serial= is gone from newer QEMUs, the device's is not.
+    '-drive',
+    `file=${path.join(dir, 'disk.img')},format=raw,if=none,id=disk0`,
+    '-device',
+    `virtio-blk-pci,drive=disk0${bootIndex}${options.diskSerial ? `,serial=${options.diskSerial}` : ''}`,
+  ]);
+}
+
+/** The file a blank VM's CD drive holds, as `setMedia` left it; `undefined` when empty. */
+async function currentMedia(dir: string): Promise<string | undefined> {
+  const text = (await readFile(path.join(dir, 'cdrom-media'), 'utf8').catch(() => '')).trim();
+  return text === '' ? undefined : text;
+}
+
+/**
+ * A blank VM's devices: its disk, its CD drive (holding `media`) and its NIC,
+ * the one `bootSource` names first in the boot order (`bootindex`), the disk
+ * after it, as firmware tries a machine's devices. No lab kernel, no shares:
+ * nothing of the lab's runs in it.
+ */
+function blankDevices(options: VirtualMachineOptions, bootSource: VmBootSource, media: string | undefined): string[] {
+  const uefi = options.firmware === 'uefi';
+  const order = (source: VmBootSource) => (source === bootSource ? ',bootindex=1' : '');
+  const disk = bootSource === 'disk' ? ',bootindex=1' : ',bootindex=2';
+  const netdev = [
+    'user,id=net0',
+    `hostfwd=tcp:${options.address}:${options.sshPort}-:22`,
+    ...(options.netBootFile ? [`bootfile=${options.netBootFile}`] : []),
+  ].join(',');
+  return [
+    ...(uefi
+      ? [
+          '-drive',
+          `if=pflash,format=raw,readonly=on,file=${OVMF_CODE}`,
+          '-drive',
+          `if=pflash,format=raw,file=${path.join(options.dir, 'OVMF_VARS.fd')}`,
+        ]
+      : []),
+    '-netdev',
+    netdev,
+    '-device',
+    `virtio-net-pci,netdev=net0${options.mac ? `,mac=${options.mac}` : ''}${order('network')}`,
+    '-drive',
+    `if=none,id=cd0,media=cdrom,readonly=on${media ? `,format=raw,file=${media}` : ''}`,
+    '-device',
+    `ide-cd,drive=cd0,id=${CDROM_DEVICE}${order('cdrom')}`,
+    '-drive',
+    `file=${path.join(options.dir, 'disk.img')},format=raw,if=none,id=disk0`,
+    '-device',
+    `virtio-blk-pci,drive=disk0${disk}${options.diskSerial ? `,serial=${options.diskSerial}` : ''}`,
+  ];
+}
+
+/** Starts QEMU with the lab's common options and `devices`; resolves once the process runs. */
+async function spawnQemu(options: VirtualMachineOptions, devices: readonly string[]): Promise<ChildProcess> {
+  const { dir } = options;
   const args = [
     '-name',
     options.name,
@@ -353,24 +475,12 @@ async function launch(options: VirtualMachineOptions, bootSource: VmBootSource):
     String(options.memory ?? 512),
     '-smp',
     '1',
-    ...firmware,
-    ...boot,
+    ...devices,
     // Appended to, so the console of every boot stays, whichever QEMU booted it.
     '-chardev',
     `file,id=console,path=${path.join(dir, 'console.log')},append=on`,
     '-serial',
     'chardev:console',
-    '-netdev',
-    `user,id=net0,hostfwd=tcp:${options.address}:${options.sshPort}-:22`,
-    '-device',
-    `virtio-net-pci,netdev=net0${options.mac ? `,mac=${options.mac}` : ''}`,
-    ...share(GUEST_SHARE, options.guestDir),
-    ...share(CONFIG_SHARE, path.join(dir, 'config')),
-    // The disk as a device of its own: the drive's serial= is gone from newer QEMUs, the device's is not.
-    '-drive',
-    `file=${path.join(dir, 'disk.img')},format=raw,if=none,id=disk0`,
-    '-device',
-    `virtio-blk-pci,drive=disk0${bootIndex}${options.diskSerial ? `,serial=${options.diskSerial}` : ''}`,
     '-qmp',
     `unix:${path.join(dir, 'bmc.qmp')},server=on,wait=off`,
     '-qmp',

@@ -25,6 +25,13 @@ export async function missingForLab(): Promise<string[]> {
   return missing;
 }
 
+/** What the lab's blank machines need besides the lab's: the NIC's iPXE ROM QEMU boots the network with. */
+export async function missingForBlankLab(): Promise<string[]> {
+  const missing = await missingForLab();
+  if (!existsSync('/usr/lib/ipxe/qemu/efi-virtio.rom')) missing.push('ipxe-qemu');
+  return missing;
+}
+
 /** A process as `/proc` shows it: its ID with its start time, so a reused ID is not taken for it. */
 export interface ProcessRecord {
   readonly pid: number;
