@@ -291,10 +291,9 @@ export class Lab {
           'stop-grace-period': '5s',
           'initializer-loop-parallelism': String(Math.min(count, 4)),
           'recoverer-first-heartbeat-timeout': '120s',
-          // An agent its BMC booted heartbeats at the agent's own interval (30 s: its boot's
-          // configuration carries no flags), and a heartbeat timeout no longer than that has the
-          // agent booter boot it again mid-installation, as silent.
-          'recoverer-heartbeat-timeout': this.bootFilesPort === 0 ? '30s' : '90s',
+          // An agent its BMC booted is told to heartbeat every 10 s, a third of this (the agent
+          // booter's `--interval` in the boot's configuration).
+          'recoverer-heartbeat-timeout': '30s',
           ...this.#redfishRunFlags(),
           ...this.#agentBootFlags(path.dirname(image.iso)),
           ...this.options.runFlags,

@@ -46,6 +46,8 @@ export interface AgentBootRequest {
   readonly init: TakeoverInit;
   /** This boot's enrollment token; it is written into the boot's config and nowhere else. */
   readonly token: Secret;
+  /** The agent's flags (`--interval=10s`), written into the boot's config beside the token. */
+  readonly flags?: readonly string[];
 }
 
 /** Where a machine's BMC or iPXE fetches its boot; the paths are unguessable, and hold the token's files. */
@@ -255,9 +257,13 @@ export class AgentBootFiles {
     );
     try {
       const config = path.join(dir, 'config.cpio');
-      await writeFile(config, agentEnrollmentArchive({ init: request.init, token: request.token }), {
-        mode: 0o600,
-      });
+      await writeFile(
+        config,
+        agentEnrollmentArchive({ init: request.init, token: request.token, flags: request.flags ?? [] }),
+        {
+          mode: 0o600,
+        },
+      );
       await writeFile(path.join(dir, 'script.ipxe'), script, { mode: 0o600 });
       const iso = path.join(dir, 'agent.iso');
       await configureAgentIso(path.join(this.#imageDir, 'agent.iso'), config, iso);

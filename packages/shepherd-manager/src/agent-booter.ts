@@ -40,6 +40,10 @@ export interface AgentBooterOptions extends RecoveryThresholds {
 }
 
 const DEFAULT_ENROLLMENT_WITHIN = 10 * 60_000;
+/** The agent's own heartbeat interval, which a booted agent keeps unless the thresholds want it shorter. */
+const AGENT_INTERVAL = 30_000;
+/** Heartbeats an agent sends within the recoverer's heartbeat threshold, so that one late never makes it "silent". */
+const HEARTBEATS_PER_THRESHOLD = 3;
 const DEFAULT_ENROLLMENT_POLL_INTERVAL = 2_000;
 /** The token outlives the wait by this much, so an agent enrolling at the wait's last moment is not refused. */
 const TOKEN_GRACE_SECONDS = 60;
@@ -85,6 +89,8 @@ export class AgentBooter implements ControlLoop<ProvidedMachine> {
   readonly #thresholds: RecoveryThresholds;
   readonly #enrollmentWithin: number;
   readonly #pollInterval: number;
+  /** What the booted agents are started with: a heartbeat interval their silence threshold allows. */
+  readonly #agentFlags: readonly string[];
   /** The BMDB `run` was given: where tokens are issued and enrollments looked for. */
   #bmdb: BMDB | undefined;
 
@@ -101,6 +107,7 @@ export class AgentBooter implements ControlLoop<ProvidedMachine> {
       options.enrollmentPollInterval ?? DEFAULT_ENROLLMENT_POLL_INTERVAL,
       'enrollment poll interval',
     );
+    this.#agentFlags = agentFlags(heartbeatWithin);
   }
 
   /** Runs the loop until `options.signal` aborts (see `runControlLoop`). */
@@ -126,7 +133,13 @@ export class AgentBooter implements ControlLoop<ProvidedMachine> {
       bmaasEndpoint: this.options.agentEndpoint,
       ...(this.options.agentEndpointCaCertificate ? { caCertificate: this.options.agentEndpointCaCertificate } : {}),
     });
-    const files = await this.files.prepare({ machineId, macs: machine.macs, init, token: token.token });
+    const files = await this.files.prepare({
+      machineId,
+      macs: machine.macs,
+      init,
+      token: token.token,
+      flags: this.#agentFlags,
+    });
     try {
       const started = await this.provider.bootAgent(providerId, { isoUrl: files.isoUrl }, task.signal);
       log.agentBooter('booting the agent on machine %s (provider ID %s): %s', machineId, providerId, started.detail);
@@ -180,6 +193,19 @@ export class AgentBooter implements ControlLoop<ProvidedMachine> {
       );
     }
   }
+}
+
+/**
+ * A booted agent's flags: its heartbeat interval, a third of the recoverer's
+ * heartbeat threshold where that is under the agent's own 30 s (the agent
+ * booter takes a BMC-booted machine whose agent is silent past it, and would
+ * boot a working agent again). The SSH takeover's agents get theirs from the
+ * image they are built into.
+ */
+function agentFlags(heartbeatWithin: number | undefined): readonly string[] {
+  if (heartbeatWithin === undefined) return [];
+  const interval = Math.floor(heartbeatWithin / HEARTBEATS_PER_THRESHOLD);
+  return interval < AGENT_INTERVAL ? [`--interval=${Math.max(interval, 100)}ms`] : [];
 }
 
 function positive(ms: number, what: string): number {

@@ -148,6 +148,8 @@ beforeAll(async () => {
     agentEndpointCaCertificate: new X509Certificate(tls.cert).raw,
     enrollmentWithin: 60_000,
     enrollmentPollInterval: 100,
+    // Silent after 9 s: its agents are told to heartbeat every 3 s.
+    heartbeatWithin: 9_000,
   });
   loop = booter.run(bmdb, { signal: stop.signal, parallelism: 4, maxIdleDelay: 200 });
 });
@@ -205,6 +207,10 @@ describe('a machine whose BMC boots its agent', () => {
       await readFile(path.join(dir, 'machines', 'vm-boots', 'root', 'etc', 'bmaas', 'enrollment.json'), 'utf8'),
     ) as { token: string };
     expect(handover.token.length).toBeGreaterThan(20);
+    // The agent heartbeats three times within the recoverer's threshold, so a late one never makes it silent.
+    expect(await readFile(path.join(dir, 'machines', 'vm-boots', 'root', 'etc', 'bmaas', 'agent-flags'), 'utf8')).toBe(
+      '--interval=3000ms\n',
+    );
     expect(started?.agent_public_key.length).toBe(32);
     await eventually(
       'its first heartbeat',

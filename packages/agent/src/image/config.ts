@@ -58,12 +58,7 @@ export function agentConfigArchive(config: AgentBootConfig): Buffer {
   const files: { path: string; text: string; mode: number }[] = [
     { path: `${CONFIG_DIR}/handover.json`, text: handOverText(config.init, config.privateKey), mode: 0o600 },
   ];
-  if (config.flags?.length) {
-    for (const flag of config.flags) {
-      if (/[\n\0]/.test(flag)) throw new AgentImageError(`agent flag ${JSON.stringify(flag)}: one line each`);
-    }
-    files.push({ path: `${CONFIG_DIR}/agent-flags`, text: `${config.flags.join('\n')}\n`, mode: 0o644 });
-  }
+  if (config.flags?.length) files.push(agentFlagsFile(config.flags));
   if (config.network) files.push({ path: `${CONFIG_DIR}/network`, text: networkText(config.network), mode: 0o644 });
   if (config.capturedNetwork) {
     files.push({ path: NETWORK_JSON, text: `${JSON.stringify(config.capturedNetwork)}\n`, mode: 0o644 });
@@ -81,6 +76,8 @@ export interface AgentEnrollmentConfig {
   readonly init: TakeoverInit;
   /** The machine's one-time enrollment token (the BMDB's `issueEnrollmentToken`). */
   readonly token: Secret;
+  /** The agent's flags (`--interval=10s`), one word each, as a takeover's {@link AgentBootConfig.flags}. */
+  readonly flags?: readonly string[];
 }
 
 /**
@@ -103,11 +100,21 @@ export function agentEnrollmentArchive(config: AgentEnrollmentConfig): Buffer {
   const token = config.token.reveal();
   if (token === '') throw new AgentImageError(`enrollment archive of machine ${init.machineId}: the token is empty`);
   const text = JSON.stringify({ init: Buffer.from(toBinary(TakeoverInitSchema, init)).toString('base64'), token });
+  const files = [{ path: ENROLLMENT_JSON, text, mode: 0o600 }];
+  if (config.flags?.length) files.push(agentFlagsFile(config.flags));
   return cpioArchive([
     { kind: 'dir', path: '/etc' },
     { kind: 'dir', path: CONFIG_DIR },
-    { kind: 'file', path: ENROLLMENT_JSON, data: Buffer.from(text), mode: 0o600 },
+    ...files.map((file) => ({ kind: 'file' as const, path: file.path, data: Buffer.from(file.text), mode: file.mode })),
   ]);
+}
+
+/** `/etc/bmaas/agent-flags`, which /init passes to the agent (`run` or `enroll`), one flag a line. */
+function agentFlagsFile(flags: readonly string[]): { path: string; text: string; mode: number } {
+  for (const flag of flags) {
+    if (/[\n\0]/.test(flag)) throw new AgentImageError(`agent flag ${JSON.stringify(flag)}: one line each`);
+  }
+  return { path: `${CONFIG_DIR}/agent-flags`, text: `${flags.join('\n')}\n`, mode: 0o644 };
 }
 
 /** Shell assignments /init sources: every value checked here, so none can carry shell syntax. */
