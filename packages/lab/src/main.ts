@@ -5,18 +5,21 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { Lab } from './lab.js';
 
-const USAGE = `usage: npm run lab -- [--vms N] [--web-listen HOST:PORT] [--cache-dir DIR] [--dir DIR] [--keep]
+const USAGE = `usage: npm run lab -- [--vms N] [--blank N] [--web-listen HOST:PORT] [--cache-dir DIR] [--dir DIR] [--keep]
 
 Starts N QEMU virtual machines (default 3) booting Debian's kernel, a BMC for
 each (ipmi_sim for odd-numbered VMs, the fake Redfish BMC for even ones), and
 the shepherd around them: shepherd run static, shepherd server and the fleet
-page. Ctrl-C (or SIGINT, SIGTERM or SIGHUP to the lab's process) stops everything and
+page. With --blank N the last N VMs have an empty disk and no OS: their BMC
+boots the agent (virtual media for a Redfish one, iPXE for an IPMI one), and
+the agent enrolls. Ctrl-C (or SIGINT, SIGTERM or SIGHUP to the lab's process) stops everything and
 removes the lab's files (--keep leaves them).`;
 
 /** `npm run lab`: exit code 0 after a clean stop, 2 for a bad flag, 1 when the lab cannot start. */
 export async function main(argv: readonly string[]): Promise<number> {
   let values: {
     vms?: string;
+    blank?: string;
     'web-listen'?: string;
     'cache-dir'?: string;
     dir?: string;
@@ -28,6 +31,7 @@ export async function main(argv: readonly string[]): Promise<number> {
       args: [...argv],
       options: {
         vms: { type: 'string' },
+        blank: { type: 'string' },
         'web-listen': { type: 'string' },
         'cache-dir': { type: 'string' },
         dir: { type: 'string' },
@@ -47,6 +51,13 @@ export async function main(argv: readonly string[]): Promise<number> {
   const vms = Number(values.vms ?? '3');
   if (!Number.isSafeInteger(vms) || vms < 1 || vms > 20) {
     process.stderr.write(`lab: --vms must be a whole number from 1 to 20, got ${JSON.stringify(values.vms)}\n`);
+    return 2;
+  }
+  const blank = Number(values.blank ?? '0');
+  if (!Number.isSafeInteger(blank) || blank < 0 || blank > vms) {
+    process.stderr.write(
+      `lab: --blank must be a whole number from 0 to --vms (${vms}), got ${JSON.stringify(values.blank)}\n`,
+    );
     return 2;
   }
   const webListen = values['web-listen'] ?? '127.0.0.1:8080';
@@ -89,6 +100,8 @@ export async function main(argv: readonly string[]): Promise<number> {
       cacheDir,
       keep: values.keep ?? false,
       webListen,
+      // The lab's BMCs alternate, IPMI first: a blank Redfish VM boots from virtual media, a blank IPMI one through iPXE.
+      agentBoot: (index) => (index < vms - blank ? undefined : index % 2 === 0 ? 'network' : 'virtual-media'),
       shepherd: fileURLToPath(new URL('../../cli/bin/shepherd.js', import.meta.url)),
       report: say,
       signal: stop.signal,
