@@ -66,21 +66,22 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
     const before = Date.now();
     lab = await Lab.start({
       agentBundle,
-      vms: 2,
+      vms: 3,
       dir: path.join(dir, 'lab'),
       cacheDir: CACHE,
       shepherd: SHEPHERD,
       bmdbUrl: db.url,
       webListen: `127.0.0.1:${await freePort()}`,
       heartbeatInterval: '1s',
-      protocol: (index) => (index === 0 ? 'redfish' : 'ipmi'),
-      // The virtual media VM under OVMF (its ISO boots GRUB EFI; its installed image the agent's boot entry
-      // or OVMF's own for the disk), the network VM under SeaBIOS (iPXE's BIOS ROM).
+      protocol: (index) => (index === 1 ? 'ipmi' : 'redfish'),
+      // The first virtual media VM under OVMF (its ISO boots GRUB EFI; its installed image the agent's boot
+      // entry or OVMF's own for the disk), the network VM under SeaBIOS (iPXE's BIOS ROM), and a second
+      // virtual media VM under SeaBIOS (its ISO boots isolinux).
       firmware: (index) => (index === 0 ? 'uefi' : 'bios'),
-      agentBoot: (index) => (index === 0 ? 'virtual-media' : 'network'),
+      agentBoot: (index) => (index === 1 ? 'network' : 'virtual-media'),
       runFlags: { 'agent-booter-db-query-rate': '250ms,4', 'recoverer-first-heartbeat-timeout': '10m' },
     });
-    timing(`agent image, 2 blank VMs, BMCs, shepherd run static and shepherd server started in ${seconds(before)}`);
+    timing(`agent image, 3 blank VMs, BMCs, shepherd run static and shepherd server started in ${seconds(before)}`);
   }, 600_000);
   afterAll(async () => {
     await lab?.stop();
@@ -161,6 +162,14 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
     await enrolled(machine, 'network, iPXE, IPMI, BIOS');
     // Booted from its NIC (iPXE writes to the screen, not the serial console the log has).
     expect(machine.vm.bootSource).toBe('network');
+  });
+
+  test('a blank Redfish VM under SeaBIOS boots the agent ISO (isolinux) from virtual media and its agent enrolls', async () => {
+    const machine = lab.machines[2] as LabMachine;
+    expect(machine.agentBoot).toBe('virtual-media');
+    await enrolled(machine, 'virtual media, Redfish, BIOS');
+    expect(machine.vm.firmware).toBe('bios');
+    expect(lab.redfish?.told(machine.id)[1]).toMatch(/^BootOverride Cd Once/);
   });
 
   /** Serves the images to install over HTTPS with the server's certificate, which the agents trust. */
