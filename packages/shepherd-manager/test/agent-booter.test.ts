@@ -92,7 +92,9 @@ class VirtualMediaBoard implements Provider, AgentBootControl {
   async #bootFromIso(id: string, isoUrl: string): Promise<void> {
     const response = await fetch(isoUrl);
     expect(response.status).toBe(200);
-    const machineDir = path.join(this.dir, id);
+    // Each boot unpacks afresh, as a machine's RAM does: the first into `id`, a later one beside it.
+    const boots = (this.told.get(id) ?? []).filter((told) => told.act === 'boot').length;
+    const machineDir = path.join(this.dir, boots === 1 ? id : `${id}-${boots}`);
     await mkdir(machineDir, { recursive: true });
     const iso = path.join(machineDir, 'agent.iso');
     await writeFile(iso, Buffer.from(await response.arrayBuffer()));
@@ -296,6 +298,55 @@ describe('a machine whose BMC boots its agent', () => {
     if (boot?.act !== 'boot') throw new Error('no boot told');
     expect((await fetch(boot.isoUrl)).status).toBe(404);
   }, 60_000);
+
+  test('whose enrolled agent went silent is booted into the agent again, and enrolls with a new key', async () => {
+    const machineId = await bmcBootedMachine('vm-silenced', 'boots');
+    const firstKey = await eventually(
+      'the first agent enrolled and heartbeats',
+      async () =>
+        (
+          await q
+            .selectFrom('machine_agent_started')
+            .innerJoin(
+              'machine_agent_heartbeat',
+              'machine_agent_heartbeat.machine_id',
+              'machine_agent_started.machine_id',
+            )
+            .select('agent_public_key')
+            .where('machine_agent_started.machine_id', '=', machineId)
+            .executeTakeFirst()
+        )?.agent_public_key,
+      60_000,
+    );
+    // The agent stops (the machine hangs), and its last heartbeat is long past the suite's 9 s threshold.
+    const first = board.agents.at(-1);
+    first?.kill('SIGKILL');
+    await q
+      .updateTable('machine_agent_heartbeat')
+      .set({ agent_heartbeat_at: new Date(Date.now() - 3_600_000) })
+      .where('machine_id', '=', machineId)
+      .execute();
+    const secondKey = await eventually(
+      'booted again, a second agent enrolled',
+      async () => {
+        const row = await q
+          .selectFrom('machine_agent_started')
+          .select('agent_public_key')
+          .where('machine_id', '=', machineId)
+          .executeTakeFirst();
+        return row && !Buffer.from(row.agent_public_key).equals(Buffer.from(firstKey))
+          ? row.agent_public_key
+          : undefined;
+      },
+      60_000,
+    );
+    expect(secondKey.length).toBe(32);
+    await eventually('the second boot finished', async () =>
+      (await history(machineId)).length === 4 ? true : undefined,
+    );
+    expect((await history(machineId)).map((row) => row.event)).toEqual(['Started', 'Finished', 'Started', 'Finished']);
+    expect((board.told.get('vm-silenced') ?? []).map((t) => t.act)).toEqual(['boot', 'end', 'boot', 'end']);
+  }, 120_000);
 
   test('an ssh machine of the same provider is left to the initializer', async () => {
     const machineId = await newMachine(q);
