@@ -324,7 +324,7 @@ export class VirtualMachine {
 }
 
 /** Whether an SSH server answers at host:port with its banner (slirp accepts before the guest does). */
-function sshBanner(host: string, port: number): Promise<boolean> {
+export function sshBanner(host: string, port: number): Promise<boolean> {
   return new Promise((resolve) => {
     const socket = connect({ host, port });
     const done = (ok: boolean) => {

@@ -17,7 +17,7 @@ import { execFile, execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdir, mkdtemp, open, readFile, rm } from 'node:fs/promises';
 import { createServer } from 'node:https';
-import { type AddressInfo, connect } from 'node:net';
+import type { AddressInfo } from 'node:net';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -32,6 +32,7 @@ import { freePort } from '../../../test/support/ports.js';
 import { eventually } from '../../../test/support/wait.js';
 import { bundleAgent } from '../../agent/test/bundle-agent.js';
 import { buildBootImage, findKernel, Lab, type LabMachine } from '../src/index.js';
+import { sshBanner } from '../src/vm.js';
 import { missingForBlankLab } from './support.js';
 
 const missing = await missingForBlankLab();
@@ -310,19 +311,4 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
 
 function seconds(since: number): string {
   return `${((Date.now() - since) / 1000).toFixed(1)} s`;
-}
-
-/** Whether an SSH server answers at host:port with its banner (QEMU's forward accepts, then closes, without one). */
-function sshBanner(host: string, port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const socket = connect({ host, port });
-    const done = (ok: boolean) => {
-      socket.destroy();
-      resolve(ok);
-    };
-    socket.setTimeout(10_000, () => done(false));
-    socket.once('data', (chunk) => done(chunk.toString('latin1').startsWith('SSH-')));
-    socket.once('error', () => done(false));
-    socket.once('close', () => done(false));
-  });
 }
