@@ -23,8 +23,6 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { gzipSync } from 'node:zlib';
-import { AgentHardwareReportSchema } from '@bmaas/server';
-import { fromBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { startedAgents } from '../../../test/support/agents.js';
 import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
@@ -33,7 +31,7 @@ import { eventually } from '../../../test/support/wait.js';
 import { bundleAgent } from '../../agent/test/bundle-agent.js';
 import { buildBootImage, findKernel, Lab, type LabMachine } from '../src/index.js';
 import { sshBanner } from '../src/vm.js';
-import { missingForBlankLab } from './support.js';
+import { missingForBlankLab, reportedHardware } from './support.js';
 
 const missing = await missingForBlankLab();
 if (missing.length > 0) {
@@ -100,21 +98,6 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
     }
   }
 
-  /** The disk serials and MACs of a machine's stored hardware report. */
-  async function reported(machineId: string): Promise<{ serials: string[]; macs: string[] }> {
-    const { rows } = await db.admin('SELECT hardware_report_raw FROM machine_hardware_report WHERE machine_id = $1', [
-      machineId,
-    ]);
-    const report = fromBinary(AgentHardwareReportSchema, rows[0].hardware_report_raw).report;
-    return {
-      serials: report?.blockDevice.map((disk) => disk.serialNumber) ?? [],
-      macs:
-        report?.networkInterface.map((nic) =>
-          [...nic.mac].map((byte) => byte.toString(16).padStart(2, '0')).join(':'),
-        ) ?? [],
-    };
-  }
-
   /** Waits for `machine`'s agent to enroll and report its hardware; prints the time from its power on. */
   async function enrolled(machine: LabMachine, path: string): Promise<string> {
     const agent = await within(`${machine.id}'s agent enrolled, heartbeating with a hardware report`, async () => {
@@ -129,7 +112,7 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
     timing(
       `${machine.id} (${path}): enrolled ${((enrolledAt - (poweredOn ?? 0)) / 1000).toFixed(1)} s after its BMC powered it on`,
     );
-    const hardware = await reported(agent.machineId);
+    const hardware = await reportedHardware(db, agent.machineId);
     expect(hardware.serials).toContain(machine.diskSerial);
     expect(hardware.macs).toContain(machine.mac);
     // The agent environment booted, from the BMC's boot, and nothing answers SSH on the machine.

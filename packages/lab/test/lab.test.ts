@@ -35,8 +35,6 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { gzipSync } from 'node:zlib';
 import { IpmiClient, Secret } from '@bmaas/provider-static';
-import { AgentHardwareReportSchema } from '@bmaas/server';
-import { fromBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { startedAgents } from '../../../test/support/agents.js';
 import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
@@ -45,7 +43,7 @@ import { eventually } from '../../../test/support/wait.js';
 import { bundleAgent } from '../../agent/test/bundle-agent.js';
 import { EFISupport } from '../../server/src/gen/cloud/agent/api/hwreport_pb.js';
 import { buildBootImage, findKernel, Lab, type LabMachine, QmpClient } from '../src/index.js';
-import { missingForLab } from './support.js';
+import { missingForLab, reportedHardware } from './support.js';
 
 const missing = await missingForLab();
 if (missing.length > 0) {
@@ -132,22 +130,6 @@ describe.skipIf(missing.length > 0)('the lab', () => {
     return { os, image, last: lastImage > lastOs ? 'image' : 'os' };
   }
 
-  /** The disk serials, MACs and EFI support of a machine's stored hardware report. */
-  async function reported(machineId: string): Promise<{ serials: string[]; macs: string[]; efi: EFISupport }> {
-    const { rows } = await db.admin('SELECT hardware_report_raw FROM machine_hardware_report WHERE machine_id = $1', [
-      machineId,
-    ]);
-    const report = fromBinary(AgentHardwareReportSchema, rows[0].hardware_report_raw).report;
-    return {
-      serials: report?.blockDevice.map((disk) => disk.serialNumber) ?? [],
-      macs:
-        report?.networkInterface.map((nic) =>
-          [...nic.mac].map((byte) => byte.toString(16).padStart(2, '0')).join(':'),
-        ) ?? [],
-      efi: report?.efiSupport ?? EFISupport.EFI_SUPPORT_INVALID,
-    };
-  }
-
   /** Pulls or plugs the VM's network cable. */
   function setLink(machine: LabMachine, up: boolean): Promise<unknown> {
     return QmpClient.with(machine.vm.labQmpSocket, (qmp) => qmp.execute('set_link', { name: 'net0', up }));
@@ -184,7 +166,7 @@ describe.skipIf(missing.length > 0)('the lab', () => {
       expect(boots.last).toBe('image');
       expect(boots.image.at(-1)).not.toBe(boots.os.at(-1));
       // Its hardware report is this VM's: the disk serial and MAC QEMU was given.
-      const hardware = await reported(first.get(machine.id)?.machineId as string);
+      const hardware = await reportedHardware(db, first.get(machine.id)?.machineId as string);
       expect(hardware.serials).toContain(machine.diskSerial);
       expect(hardware.macs).toContain(machine.mac);
       // And how it booted: the UEFI VM's agent (kexeced from an OS OVMF booted) has EFI's runtime services.

@@ -1,5 +1,9 @@
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { IpmiSimulator, onPath } from '@bmaas/provider-static/testing';
+import { AgentHardwareReportSchema } from '@bmaas/server';
+import { fromBinary } from '@bufbuild/protobuf';
+import type { TestDatabase } from '../../../test/support/database.js';
+import { EFISupport } from '../../server/src/gen/cloud/agent/api/hwreport_pb.js';
 
 /** What the lab's tests need from Debian, and the package of each; the tests skip, saying so, without them. */
 export async function missingForLab(): Promise<string[]> {
@@ -104,4 +108,22 @@ export async function missingForAgentImage(): Promise<string[]> {
     missing.push('linux-image-amd64');
   }
   return missing;
+}
+
+/** The disk serials, MACs and EFI support of a machine's stored hardware report, as its agent sent it. */
+export async function reportedHardware(
+  db: TestDatabase,
+  machineId: string,
+): Promise<{ serials: string[]; macs: string[]; efi: EFISupport }> {
+  const { rows } = await db.admin('SELECT hardware_report_raw FROM machine_hardware_report WHERE machine_id = $1', [
+    machineId,
+  ]);
+  const report = fromBinary(AgentHardwareReportSchema, rows[0].hardware_report_raw).report;
+  return {
+    serials: report?.blockDevice.map((disk) => disk.serialNumber) ?? [],
+    macs:
+      report?.networkInterface.map((nic) => [...nic.mac].map((byte) => byte.toString(16).padStart(2, '0')).join(':')) ??
+      [],
+    efi: report?.efiSupport ?? EFISupport.EFI_SUPPORT_INVALID,
+  };
 }
