@@ -1,7 +1,6 @@
-import type { KeyObject } from 'node:crypto';
 import { fromBinary, toBinary } from '@bufbuild/protobuf';
 import { type Client, createClient } from '@connectrpc/connect';
-import { createGrpcTransport, Http2SessionManager } from '@connectrpc/connect-node';
+import { createGrpcTransport, type Http2SessionManager } from '@connectrpc/connect-node';
 import {
   AgentCallback,
   type HeartbeatRequest,
@@ -10,7 +9,7 @@ import {
   HeartbeatResponseSchema,
 } from '../gen/cloud/agent/api/agent_pb.js';
 import * as older from '../gen/cloud/bmaas/server/api/agent_pb.js';
-import { clientCertificate } from './client-certificate.js';
+import { type ServerConnectionOptions, serverConnection } from './client-certificate.js';
 
 /**
  * The package of the AgentCallback service the agent calls: `cloud.agent.api`
@@ -21,14 +20,7 @@ import { clientCertificate } from './client-certificate.js';
 export type AgentService = 'cloud.agent.api' | 'cloud.bmaas.server.api';
 
 /** Where and how the agent calls the server. */
-export interface HeartbeatClientOptions {
-  readonly machineId: string;
-  /** host:port of the BMaaS server (TakeoverInit.bmaas_endpoint). */
-  readonly endpoint: string;
-  /** The agent's ed25519 key, whose public half the server knows from the takeover. */
-  readonly privateKey: KeyObject;
-  /** PEM CA certificate of the server; absent: the system's CAs. */
-  readonly ca?: string | undefined;
+export interface HeartbeatClientOptions extends ServerConnectionOptions {
   readonly service?: AgentService | undefined;
   /** How long one call may take, in milliseconds; 10 s as upstream. */
   readonly timeoutMs?: number | undefined;
@@ -44,12 +36,8 @@ export class HeartbeatClient {
   readonly #session: Http2SessionManager;
 
   constructor(options: HeartbeatClientOptions) {
-    const baseUrl = `https://${options.endpoint}`;
-    this.#session = new Http2SessionManager(baseUrl, undefined, {
-      cert: clientCertificate(options.privateKey, options.machineId),
-      key: options.privateKey.export({ type: 'pkcs8', format: 'pem' }).toString(),
-      ...(options.ca !== undefined && { ca: options.ca }),
-    });
+    const { baseUrl, session } = serverConnection(options);
+    this.#session = session;
     const transport = createGrpcTransport({
       baseUrl,
       sessionManager: this.#session,
