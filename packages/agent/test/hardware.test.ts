@@ -252,3 +252,43 @@ describe('a VM booted by BIOS, read without privileges: no SMBIOS table, virtio 
     ]);
   });
 });
+
+describe('NVMe under native multipath: a namespace whose device is its subsystem, not a controller', () => {
+  async function multipathServer(): Promise<string> {
+    const root = await mkdtemp(path.join(tmpdir(), 'agent-nvme-'));
+    scratch.push(root);
+    await cp(path.join(fixtures, 'nvme-multipath'), root, { recursive: true, verbatimSymlinks: true });
+    return root;
+  }
+  const controllerAlarm = (root: string, controller: string, hwmon: string) =>
+    path.join(root, `sys/class/block/nvme0n1/device/${controller}/hwmon/${hwmon}/temp1_alarm`);
+
+  test("the identity from the subsystem, the health from its controllers' alarms; its paths are no disks", async () => {
+    const disks = await readDisks(path.join(fixtures, 'nvme-multipath'), []);
+    expect(disks.map((d) => [d.name, d.protocol, d.model, d.serialNumber, d.wwn])).toEqual([
+      ['nvme0n1', 'nvme', 'SAMSUNG MZWLR3T8HBLS-00007', 'S6EXNE0R600123', '0x36344730526059940025384500000001'],
+      ['nvme1n1', 'nvme', 'SAMSUNG MZQLB960HAJR-00007', 'S437NA0M598765', ''],
+    ]);
+    expect(disks[0]?.health).toEqual({ criticalWarning: false });
+  });
+
+  test.each([
+    ['nvme0', 'hwmon1'],
+    ['nvme1', 'hwmon3'],
+  ])("a raised temperature alarm of controller %s is the namespace's critical warning", async (controller, hwmon) => {
+    const root = await multipathServer();
+    await writeFile(controllerAlarm(root, controller, hwmon), '1\n');
+    const inventory = await readHardware(root);
+    expect(inventory.disks.find((d) => d.name === 'nvme0n1')?.health).toEqual({ criticalWarning: true });
+    expect(hardwareNode(inventory).blockDevice[0]?.criticalWarning).toBe(true);
+  });
+
+  test('a subsystem whose controllers have no hwmon: its health is unknown, not good, and a warning says so', async () => {
+    const warnings: string[] = [];
+    const disks = await readDisks(path.join(fixtures, 'nvme-multipath'), warnings);
+    expect(disks.find((d) => d.name === 'nvme1n1')?.health).toEqual({});
+    expect(warnings).toEqual([
+      "disk nvme1n1: no controller of it has an NVMe temperature alarm (hwmon): its health is unknown, reported as no critical warning (the report's critical_warning cannot say unknown)",
+    ]);
+  });
+});

@@ -87,6 +87,7 @@ test('the initramfs unpacks, holding /init, busybox, node with its libraries, th
     'opt/bmaas/agent.cjs',
     'etc/bmaas/modules',
     'etc/bmaas/udhcpc.script',
+    'etc/bmaas/dhcp-on-link',
     `lib/modules/${release}/kernel/drivers/block/virtio_blk.ko`,
     `lib/modules/${release}/kernel/drivers/nvme/host/nvme.ko`,
     `lib/modules/${release}/kernel/drivers/ata/ahci.ko`,

@@ -1,4 +1,5 @@
-import { readFile } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, test } from 'vitest';
@@ -108,6 +109,31 @@ describe('capturing the network', () => {
     expect(fromProcfs.config).toEqual(fromIp.config);
   });
 
+  test("systemd-resolved's stub 127.0.0.53 is replaced by its upstream servers, read by ip -j's capture and procfs's alike", async () => {
+    const stub =
+      '# This is /run/systemd/resolve/stub-resolv.conf\nnameserver 127.0.0.53\noptions edns0 trust-ad\nsearch .\n';
+    const upstream = '# This is /run/systemd/resolve/resolv.conf\nnameserver 192.0.2.53\nnameserver 2001:db8::53\n';
+    const fromIp = networkFromIp({ ...(await ipOutput('virtio-vm')), resolvConf: stub, upstreamResolvConf: upstream });
+    expect(fromIp.config.nameservers).toEqual(['192.0.2.53', '2001:db8::53']);
+    const root = await mkdtemp(path.join(tmpdir(), 'agent-net-'));
+    try {
+      await cp(path.join(fixtures, 'virtio-vm'), root, { recursive: true });
+      await writeFile(path.join(root, 'etc/resolv.conf'), stub);
+      await mkdir(path.join(root, 'run/systemd/resolve'), { recursive: true });
+      await writeFile(path.join(root, 'run/systemd/resolve/resolv.conf'), upstream);
+      expect((await networkFromProcfs(root)).config.nameservers).toEqual(['192.0.2.53', '2001:db8::53']);
+    } finally {
+      await rm(root, { recursive: true, force: true });
+    }
+  });
+
+  test('a loopback resolver without upstream servers (a local cache, resolved stopped) is captured as it is', async () => {
+    for (const local of ['127.0.0.1', '::1', '127.0.0.53']) {
+      const { config } = networkFromIp({ ...(await ipOutput('virtio-vm')), resolvConf: `nameserver ${local}\n` });
+      expect(config.nameservers).toEqual([local]);
+    }
+  });
+
   test('output that is not iproute2 JSON (busybox ip) is refused, so the capture falls back to procfs', () => {
     expect(() => networkFromIp({ links: '1: lo: <LOOPBACK,UP>', addresses: '', routes4: '', routes6: '' })).toThrow(
       SyntaxError,
@@ -154,6 +180,24 @@ describe('bringing the network up in the agent image', () => {
     ]);
     expect(plan.dhcp).toEqual(['eth0']);
     expect(plan.warnings).toEqual([]);
+  });
+
+  test("a loopback nameserver (the OS's own stub, not running here) is left out of resolv.conf, each named in a warning for the agent log", () => {
+    const config: NetworkConfig = {
+      interfaces: [],
+      nameservers: ['127.0.0.53', '192.0.2.53', '::1', '127.0.0.1'],
+    };
+    const plan = networkSteps(config, []);
+    expect(plan.steps).toEqual([{ kind: 'write', file: '/etc/resolv.conf', text: 'nameserver 192.0.2.53\n' }]);
+    const why =
+      "is a resolver on the loopback of the OS taken over (a stub such as systemd-resolved's, or a cache), which this image does not run, and no upstream server of it was captured: left out (DNS from DHCP, if any)";
+    expect(plan.warnings).toEqual([
+      `nameserver 127.0.0.53 ${why}`,
+      `nameserver ::1 ${why}`,
+      `nameserver 127.0.0.1 ${why}`,
+    ]);
+    // Only loopback ones: no resolv.conf is written at all.
+    expect(networkSteps({ interfaces: [], nameservers: ['127.0.0.53'] }, []).steps).toEqual([]);
   });
 
   test('a NIC whose MAC is not on this machine is left out with what stands on it, each named in a warning', () => {

@@ -77,7 +77,8 @@ const flags = {
   agent: {
     'agent-executable-path': {
       kind: 'path',
-      describe: 'The agent executable uploaded to machines (required for equinix; dummy: the bundled test agent)',
+      describe:
+        'The agent executable uploaded to machines taken over through SSH (required for equinix, and for static when its inventory has a machine with agentBoot ssh; dummy: the bundled test agent)',
     },
     'agent-target-path': {
       describe: 'Where the agent is uploaded to and run from on machines',

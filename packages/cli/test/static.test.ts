@@ -309,6 +309,13 @@ describe('run static: bad input exits 2 with one line naming the flag, before an
       /--inventory: required for run static \(or set SHEPHERD_INVENTORY\)/,
     ],
     [
+      'no agent executable while a machine of the inventory arrives over SSH',
+      () =>
+        base().filter((arg, i, all) => arg !== '--agent-executable-path' && all[i - 1] !== '--agent-executable-path'),
+      {},
+      /--agent-executable-path: required for run static: machine n1 of the inventory .*good\.json arrives over SSH \(agentBoot ssh, the default\), which uploads it \(or set SHEPHERD_AGENT_EXECUTABLE_PATH\)/,
+    ],
+    [
       'a missing inventory file',
       () => [...base().slice(0, 3), path.join(dir, 'nope.json'), ...base().slice(4)],
       {},

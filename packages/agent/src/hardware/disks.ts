@@ -5,7 +5,10 @@ export type DiskProtocol = 'scsi' | 'ata' | 'nvme' | 'mmc' | 'virtio';
 
 /** What the kernel tells of a disk's health; each field absent where it tells nothing. */
 export interface DiskHealth {
-  /** NVMe: a temperature alarm of the controller's hwmon is raised (its critical warning's temperature bit). */
+  /**
+   * NVMe: a temperature alarm of the controller's hwmon is raised (its critical warning's temperature bit);
+   * behind a multipath subsystem, of any of its controllers. Absent where no controller has hwmon.
+   */
   readonly criticalWarning?: boolean;
 }
 
@@ -56,6 +59,11 @@ export async function readDisks(root: string, warnings: string[]): Promise<DiskR
       continue;
     }
     const identity = await identityOf(root, name, kind);
+    if (identity.protocol === 'nvme' && identity.health.criticalWarning === undefined) {
+      warnings.push(
+        `disk ${name}: no controller of it has an NVMe temperature alarm (hwmon): its health is unknown, reported as no critical warning (the report's critical_warning cannot say unknown)`,
+      );
+    }
     disks.push({
       name,
       path: `/dev/${name}`,
@@ -92,8 +100,10 @@ async function identityOf(
       };
     }
     case 'nvme': {
-      // The namespace's device is its controller, which holds the model and serial.
-      const alarms = await hwmonAlarms(root, device);
+      // The namespace's device is its controller, which holds the model and serial; under native
+      // multipath it is the subsystem (which holds them too), and the alarms are its controllers'.
+      const controllers = await subsystemControllers(root, device);
+      const alarms = await anyAlarm(root, controllers.length > 0 ? controllers : [device]);
       return {
         protocol: 'nvme',
         vendor: '',
@@ -141,14 +151,29 @@ export function wwnOf(wwid: string | undefined): string {
   return match ? `0x${(match[1] as string).toLowerCase()}` : '';
 }
 
-/** Whether any temperature alarm of the NVMe controller's hwmon is raised; undefined when it has none. */
-async function hwmonAlarms(root: string, controller: string): Promise<boolean | undefined> {
+/**
+ * The controllers of an NVMe subsystem (`nvme-subsysN`, the device of a
+ * namespace under native multipath): its links named `nvmeN`. None for a
+ * controller, whose own entries are its namespaces (`nvme0n1`) and `ng0n1`.
+ */
+async function subsystemControllers(root: string, device: string): Promise<string[]> {
+  return (await listNames(root, device)).filter((name) => /^nvme\d+$/.test(name)).map((name) => `${device}/${name}`);
+}
+
+/**
+ * Whether any temperature alarm of the NVMe controllers' hwmon is raised;
+ * undefined when none of them has one (a subsystem or an older kernel
+ * without hwmon: the health is unknown, not good).
+ */
+async function anyAlarm(root: string, controllers: readonly string[]): Promise<boolean | undefined> {
   let seen = false;
-  for (const hwmon of await listNames(root, `${controller}/hwmon`)) {
-    for (const file of await listNames(root, `${controller}/hwmon/${hwmon}`)) {
-      if (!/^temp\d+_(?:crit_)?alarm$/.test(file)) continue;
-      seen = true;
-      if ((await readText(root, `${controller}/hwmon/${hwmon}/${file}`)) === '1') return true;
+  for (const controller of controllers) {
+    for (const hwmon of await listNames(root, `${controller}/hwmon`)) {
+      for (const file of await listNames(root, `${controller}/hwmon/${hwmon}`)) {
+        if (!/^temp\d+_(?:crit_)?alarm$/.test(file)) continue;
+        seen = true;
+        if ((await readText(root, `${controller}/hwmon/${hwmon}/${file}`)) === '1') return true;
+      }
     }
   }
   return seen ? false : undefined;

@@ -9,7 +9,16 @@ import { promisify } from 'node:util';
 import { gzip } from 'node:zlib';
 import { type CpioEntry, cpioArchive } from './cpio.js';
 import { AgentImageError } from './errors.js';
-import { AGENT_PATH, CONFIG_DIR, INIT_SCRIPT, MODULE_LIST, UDHCPC_SCRIPT, UDHCPC_SCRIPT_TEXT } from './init-script.js';
+import {
+  AGENT_PATH,
+  CONFIG_DIR,
+  DHCP_ON_LINK,
+  DHCP_ON_LINK_TEXT,
+  INIT_SCRIPT,
+  MODULE_LIST,
+  UDHCPC_SCRIPT,
+  UDHCPC_SCRIPT_TEXT,
+} from './init-script.js';
 import { BOOT_FILES, checkBootFiles, writeIso } from './iso.js';
 import { type BootKernel, findKernel, moduleOrder, sharedLibraries } from './kernel.js';
 import { writeTakeoverPayload } from './payload.js';
@@ -127,7 +136,7 @@ export async function buildAgentImage(options: AgentImageOptions): Promise<Agent
     ...modules.map((module) => path.join(kernel.modules, module)),
   ];
   const initramfsKey = createHash('sha256').update(
-    `format ${FORMAT} gzip ${GZIP_LEVEL}\n${INIT_SCRIPT}\n${UDHCPC_SCRIPT_TEXT}\n${applets.join(' ')}\n`,
+    `format ${FORMAT} gzip ${GZIP_LEVEL}\n${INIT_SCRIPT}\n${UDHCPC_SCRIPT_TEXT}\n${DHCP_ON_LINK_TEXT}\n${applets.join(' ')}\n`,
   );
   for (const input of inputs) initramfsKey.update(`${input} ${await contentHash(input)}\n`);
   const initramfsHash = initramfsKey.digest('hex').slice(0, 16);
@@ -244,6 +253,7 @@ function initramfsEntries(parts: {
   for (const applet of parts.applets) entries.push({ kind: 'symlink', path: `/bin/${applet}`, target: '/bin/busybox' });
   entries.push({ kind: 'file', path: '/init', data: Buffer.from(INIT_SCRIPT), mode: 0o755 });
   entries.push({ kind: 'file', path: UDHCPC_SCRIPT, data: Buffer.from(UDHCPC_SCRIPT_TEXT), mode: 0o755 });
+  entries.push({ kind: 'file', path: DHCP_ON_LINK, data: Buffer.from(DHCP_ON_LINK_TEXT), mode: 0o755 });
   entries.push({
     kind: 'file',
     path: MODULE_LIST,

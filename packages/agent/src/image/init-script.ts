@@ -9,6 +9,13 @@ export const AGENT_PATH = '/opt/bmaas/agent.cjs';
 /** Modules to load, in order, one path under /lib/modules per line (`<release>/kernel/...`). */
 export const MODULE_LIST = `${CONFIG_DIR}/modules`;
 export const UDHCPC_SCRIPT = `${CONFIG_DIR}/udhcpc.script`;
+/** Asks DHCP on NICs as they gain link ({@link dhcpOnLinkScript}). */
+export const DHCP_ON_LINK = `${CONFIG_DIR}/dhcp-on-link`;
+/**
+ * How long NICs without link are watched for one after the first 10 s: a
+ * switch port's spanning tree takes 30-50 s, a cable may be plugged in later.
+ */
+export const LINK_WATCH_SECONDS = 600;
 /**
  * What a BMC boot hands the agent instead of a takeover's handover.json: the
  * init and its machine's one-time enrollment token (`bmaas-agent enroll`).
@@ -19,7 +26,7 @@ export const NETWORK_JSON = `${CONFIG_DIR}/network.json`;
 
 /**
  * The environment's /init: mounts, modules, network (handed over, else DHCP
- * on every NIC with link), then the agent (`run` with a takeover's
+ * on every NIC as it gains link, {@link dhcpOnLinkScript}), then the agent (`run` with a takeover's
  * handover.json; `enroll` with a BMC boot's enrollment.json and no
  * handover.json), restarted if it ends without a reboot. Everything it prints goes to the console (the last `console=` of
  * the command line, the serial port on the ISO) and to {@link AGENT_LOG}.
@@ -63,9 +70,6 @@ for path in /sys/class/net/*; do
   [ -e "$path/device" ] && nics="$nics \${path##*/}"
 done
 for nic in $nics; do ip link set "$nic" up; done
-# Keeps asking DHCP on a NIC and renewing its lease while the environment runs (no -q): five tries
-# in the foreground, then on in the background (-b).
-dhcp() { udhcpc -i "$1" -s ${UDHCPC_SCRIPT} -t 5 -T 2 -b >/dev/null 2>&1 || say "$1: no DHCP lease"; }
 handed=""
 if [ -n "$BMAAS_ADDRESS" ]; then
   # The NIC by name or by MAC; none given (or none matching), the first.
@@ -86,21 +90,11 @@ elif [ -f ${NETWORK_JSON} ]; then
   mkdir -p /run/bmaas
   node ${AGENT_PATH} network-up ${NETWORK_JSON} >/run/bmaas/dhcp 2>/run/bmaas/network-up.log || say "network-up failed"
   tee -a ${AGENT_LOG} </run/bmaas/network-up.log
-  for nic in $(cat /run/bmaas/dhcp); do dhcp "$nic"; done
+  [ -s /run/bmaas/dhcp ] && ${DHCP_ON_LINK} $(cat /run/bmaas/dhcp)
   # Neither a default route nor a lease: the capture held nothing that reaches the server.
   if [ -n "$(ip route show default)" ] || [ -s /run/bmaas/dhcp ]; then handed=yes; else say "the captured network has no default route: DHCP instead"; fi
 fi
-if [ -z "$handed" ]; then
-  # Carrier takes a moment after the link is set up: up to 10 s for any NIC to get one.
-  tries=0
-  while [ $tries -lt 20 ]; do
-    linked=""
-    for nic in $nics; do [ "$(cat /sys/class/net/$nic/carrier 2>/dev/null)" = 1 ] && linked="$linked $nic"; done
-    [ -n "$linked" ] && break
-    tries=$((tries + 1)); sleep 0.5
-  done
-  for nic in $linked; do dhcp "$nic"; done
-fi
+[ -n "$handed" ] || ${DHCP_ON_LINK} $nics
 ip -4 addr show | grep inet | tee -a ${AGENT_LOG}
 
 if [ ! -f ${CONFIG_DIR}/handover.json ] && [ ! -f ${ENROLLMENT_JSON} ]; then
@@ -129,21 +123,98 @@ while true; do
 done
 `;
 
-/** udhcpc's lease script: configures the NIC, its default route and resolv.conf from the lease. */
-export const UDHCPC_SCRIPT_TEXT = `#!/bin/sh
+/**
+ * `/etc/bmaas/dhcp-on-link`: asks DHCP on each NIC named (`dhcp-on-link eth0 eth1`)
+ * once it has link. Those with link within the first 10 s (carrier takes a
+ * moment after the link is set up) are asked in the foreground, so that the
+ * agent starts with a lease; the rest are watched in the background for
+ * `linkWatchSeconds` and asked as each gains link. udhcpc keeps asking and
+ * renewing its lease while the environment runs (no -q): five tries in the
+ * foreground, then on in the background (-b).
+ *
+ * @param root - the directory sysfs and the log are under: empty (`/`) in the image, a scratch tree in tests
+ */
+export function dhcpOnLinkScript(root = '', linkWatchSeconds = LINK_WATCH_SECONDS): string {
+  return `#!/bin/sh
+say() { echo "bmaas-init: $*" | tee -a ${root}${AGENT_LOG}; }
+dhcp() { udhcpc -i "$1" -s ${UDHCPC_SCRIPT} -t 5 -T 2 -b >/dev/null 2>&1 || say "$1: no DHCP lease"; }
+linked() { [ "$(cat ${root}/sys/class/net/$1/carrier 2>/dev/null)" = 1 ]; }
+tries=0
+while [ $tries -lt 20 ]; do
+  for nic in "$@"; do linked "$nic" && break 2; done
+  tries=$((tries + 1)); sleep 0.5
+done
+unlinked=""
+for nic in "$@"; do
+  if linked "$nic"; then dhcp "$nic"; else unlinked="$unlinked $nic"; fi
+done
+[ -n "$unlinked" ] || exit 0
+say "no link yet on$unlinked: watching for ${linkWatchSeconds} s, DHCP on each that gains it"
+(
+  seconds=0
+  while [ -n "$unlinked" ] && [ $seconds -lt ${linkWatchSeconds} ]; do
+    sleep 1
+    seconds=$((seconds + 1))
+    still=""
+    for nic in $unlinked; do
+      if linked "$nic"; then
+        say "$nic: link up: asking DHCP"
+        dhcp "$nic" &
+      else
+        still="$still $nic"
+      fi
+    done
+    unlinked=$still
+  done
+  [ -z "$unlinked" ] || say "no link on$unlinked after ${linkWatchSeconds} s: no longer watched"
+) &
+exit 0
+`;
+}
+
+/**
+ * udhcpc's lease script: the lease's address on the NIC, its default route
+ * and resolv.conf. What a lease added is kept in /run/bmaas/lease.<NIC>, so
+ * that a lease lost (deconfig) or changed takes away only its own address
+ * and route: addresses set beside it (a captured network's) stay.
+ *
+ * @param root - the directory /run, /etc, the log and the console are under: empty (`/`) in the image, a scratch tree in tests
+ */
+export function leaseScript(root = ''): string {
+  return `#!/bin/sh
+lease=${root}/run/bmaas/lease.$interface
+# What the last lease added: "address/prefix gateway".
+added="" gateway=""
+[ -f "$lease" ] && read -r added gateway <"$lease"
+drop() {
+  [ -n "$gateway" ] && ip route del default via "$gateway" dev "$interface"
+  [ -n "$added" ] && ip addr del "$added" dev "$interface"
+  rm -f "$lease"
+}
 case "$1" in
-  deconfig) ip addr flush dev "$interface"; ip link set "$interface" up ;;
+  deconfig) drop; ip link set "$interface" up ;;
   bound|renew)
     # A renewal of the same lease changes nothing: connections over it stay up.
-    if ! ip -4 addr show dev "$interface" | grep -q "inet $ip/\${mask:-24} "; then
-      ip addr flush dev "$interface"
+    if [ "$added" != "$ip/\${mask:-24}" ]; then
+      drop
+      mkdir -p ${root}/run/bmaas
       ip addr add "$ip/\${mask:-24}" dev "$interface"
-      for gateway in $router; do ip route add default via "$gateway" dev "$interface" && break; done
+      gateway=""
+      for candidate in $router; do
+        ip route add default via "$candidate" dev "$interface" && gateway=$candidate && break
+      done
+      echo "$ip/\${mask:-24} $gateway" >"$lease"
       # udhcpc's own output is discarded; this line goes to the console and the log.
-      echo "bmaas-init: $interface: $ip/\${mask:-24} (DHCP)" | tee -a ${AGENT_LOG} >/dev/console
+      echo "bmaas-init: $interface: $ip/\${mask:-24} (DHCP)" | tee -a ${root}${AGENT_LOG} >${root}/dev/console
     fi
-    [ -n "$dns" ] && for server in $dns; do echo "nameserver $server"; done >/etc/resolv.conf
+    [ -n "$dns" ] && for server in $dns; do echo "nameserver $server"; done >${root}/etc/resolv.conf
     ;;
 esac
 exit 0
 `;
+}
+
+/** udhcpc's lease script in the image. */
+export const UDHCPC_SCRIPT_TEXT = leaseScript();
+/** `/etc/bmaas/dhcp-on-link` in the image. */
+export const DHCP_ON_LINK_TEXT = dhcpOnLinkScript();

@@ -2,7 +2,7 @@ import { execFile } from 'node:child_process';
 import { writeFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
 import type { NicRecord } from '../hardware/nics.js';
-import type { NetworkConfig, NetworkInterface } from './config.js';
+import { isLoopback, type NetworkConfig, type NetworkInterface } from './config.js';
 
 /** One step of bringing a network up: a command (busybox `ip`), or a write to sysfs or /etc. */
 export type NetworkStep =
@@ -26,7 +26,9 @@ export interface NetworkPlan {
  * names they had, and every interface gets its MTU, its addresses and then
  * its routes (after all addresses, as a gateway must be on a link first).
  * An interface whose NIC (or parent, or every member) is missing is left
- * out with a warning. `/etc/resolv.conf` gets the nameservers.
+ * out with a warning. `/etc/resolv.conf` gets the nameservers, but for
+ * loopback ones (a stub resolver of the OS taken over, not running here),
+ * each left out with a warning.
  */
 export function networkSteps(config: NetworkConfig, nics: readonly Pick<NicRecord, 'name' | 'mac'>[]): NetworkPlan {
   const warnings: string[] = [];
@@ -98,11 +100,17 @@ export function networkSteps(config: NetworkConfig, nics: readonly Pick<NicRecor
       );
     }
   }
-  if (config.nameservers.length > 0) {
+  const nameservers = config.nameservers.filter((server) => !isLoopback(server));
+  for (const server of config.nameservers.filter(isLoopback)) {
+    warnings.push(
+      `nameserver ${server} is a resolver on the loopback of the OS taken over (a stub such as systemd-resolved's, or a cache), which this image does not run, and no upstream server of it was captured: left out (DNS from DHCP, if any)`,
+    );
+  }
+  if (nameservers.length > 0) {
     steps.push({
       kind: 'write',
       file: '/etc/resolv.conf',
-      text: config.nameservers.map((s) => `nameserver ${s}\n`).join(''),
+      text: nameservers.map((s) => `nameserver ${s}\n`).join(''),
     });
   }
   const dhcp = placed.filter((i) => i.dhcp).map((i) => nameOf.get(i.name) as string);

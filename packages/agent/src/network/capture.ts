@@ -23,6 +23,7 @@ export async function captureNetwork(root = '/'): Promise<CapturedNetwork> {
         routes4: await ip('-4', 'route', 'show', 'table', 'main'),
         routes6: await ip('-6', 'route', 'show', 'table', 'main'),
         resolvConf: await readText(root, 'etc/resolv.conf'),
+        upstreamResolvConf: await readText(root, 'run/systemd/resolve/resolv.conf'),
       });
       return { config, source: 'ip', warnings: found };
     } catch (error) {

@@ -1,3 +1,5 @@
+import { BlockList, isIP } from 'node:net';
+
 // The running OS's network configuration as the takeover hands it to the agent image (upstream's
 // osbase/net/proto Net, reduced to what busybox can set up): interfaces keyed by MAC, not by name,
 // since the agent image's kernel may name the NICs otherwise.
@@ -61,14 +63,39 @@ export interface CapturedNetwork {
   readonly warnings: readonly string[];
 }
 
-/** The nameservers of a resolv.conf. */
-export function nameserversOf(resolvConf: string | undefined): string[] {
+/**
+ * The nameservers the OS resolves through: those of its `/etc/resolv.conf`,
+ * each loopback stub there (systemd-resolved's 127.0.0.53, a local cache's
+ * 127.0.0.1 or ::1) replaced by the upstream servers of `upstreamResolvConf`
+ * (systemd-resolved's `/run/systemd/resolve/resolv.conf`). A stub with no
+ * upstream servers stays: {@link networkSteps} leaves it out of the agent
+ * image, saying so.
+ */
+export function nameserversOf(resolvConf: string | undefined, upstreamResolvConf?: string | undefined): string[] {
+  const upstream = serversOf(upstreamResolvConf).filter((server) => !isLoopback(server));
+  const servers = serversOf(resolvConf).flatMap((server) =>
+    isLoopback(server) && upstream.length > 0 ? upstream : [server],
+  );
+  return [...new Set(servers)];
+}
+
+function serversOf(resolvConf: string | undefined): string[] {
   const servers: string[] = [];
   for (const line of (resolvConf ?? '').split('\n')) {
     const match = /^\s*nameserver\s+(\S+)/.exec(line);
     if (match?.[1]) servers.push(match[1]);
   }
   return servers;
+}
+
+const LOOPBACK = new BlockList();
+LOOPBACK.addSubnet('127.0.0.0', 8, 'ipv4');
+LOOPBACK.addAddress('::1', 'ipv6');
+
+/** A loopback address: a resolver there is the OS's own, which the agent image does not run. */
+export function isLoopback(address: string): boolean {
+  const family = isIP(address);
+  return family !== 0 && LOOPBACK.check(address, family === 4 ? 'ipv4' : 'ipv6');
 }
 
 /**

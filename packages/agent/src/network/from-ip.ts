@@ -9,6 +9,8 @@ export interface IpOutput {
   readonly routes6: string;
   /** `/etc/resolv.conf`, if any. */
   readonly resolvConf?: string | undefined;
+  /** systemd-resolved's upstream servers (`/run/systemd/resolve/resolv.conf`), if any. */
+  readonly upstreamResolvConf?: string | undefined;
 }
 
 interface IpLink {
@@ -61,7 +63,8 @@ const CONFIGURED = new Set([undefined, 'boot', 'static', 'unspec']);
  * addresses (a dynamic IPv4 address, leased by DHCP, makes the interface ask
  * DHCP instead; a dynamic IPv6 one is SLAAC's, which the kernel does again);
  * the main table's routes somebody configured (not the kernel's own, not
- * DHCP's or router advertisements'), each on its interface.
+ * DHCP's or router advertisements'), each on its interface; the
+ * nameservers ({@link nameserversOf}: a loopback stub's upstream servers).
  *
  * @throws SyntaxError when an output is not iproute2's JSON
  */
@@ -140,7 +143,10 @@ export function networkFromIp(output: IpOutput): { config: NetworkConfig; warnin
     i.kind === 'bond' ? { ...i, members: membersOf.get(i.name) ?? [] } : i,
   );
   return {
-    config: { interfaces: usedInterfaces(interfaces), nameservers: nameserversOf(output.resolvConf) },
+    config: {
+      interfaces: usedInterfaces(interfaces),
+      nameservers: nameserversOf(output.resolvConf, output.upstreamResolvConf),
+    },
     warnings,
   };
 }

@@ -103,7 +103,10 @@ export async function networkFromProcfs(root: string): Promise<{ config: Network
   return {
     config: {
       interfaces: usedInterfaces([...byName.values()]),
-      nameservers: nameserversOf(await readText(root, 'etc/resolv.conf')),
+      nameservers: nameserversOf(
+        await readText(root, 'etc/resolv.conf'),
+        await readText(root, 'run/systemd/resolve/resolv.conf'),
+      ),
     },
     warnings,
   };

@@ -18,8 +18,8 @@ import { type Part, wireProvider } from './provider-wiring.js';
 import type { AgentBootSettings, RunSettings } from './run-settings.js';
 
 /**
- * The shepherd's parts: provisioner, initializer and recoverer around one
- * provider, the agent booter with its boot files (with
+ * The shepherd's parts: provisioner, initializer (when there is an agent
+ * executable to upload) and recoverer around one provider, the agent booter with its boot files (with
  * `--agent-boot-image-dir`), the power sync (unless turned off) and the
  * provider's own loop; each runs until the stop signal.
  */
@@ -39,16 +39,23 @@ export async function shepherdParts(
 
   await logProviders(bmdb, provider.type);
   const provisioner = new Provisioner(provider, settings.provisioner);
-  const initializer = new Initializer(provider, {
-    agentExecutable: agent.executable,
-    agentTargetPath: agent.targetPath,
-    agentEndpoint: agent.endpoint,
-    ...(agent.caCertificate ? { agentEndpointCaCertificate: agent.caCertificate } : {}),
-    sshClient,
-    sshPort: agent.sshPort,
-    sshConnectTimeout: agent.connectTimeout,
-    sshExecTimeout: agent.execTimeout,
-  });
+  const initializer =
+    agent.executable &&
+    new Initializer(provider, {
+      agentExecutable: agent.executable,
+      agentTargetPath: agent.targetPath,
+      agentEndpoint: agent.endpoint,
+      ...(agent.caCertificate ? { agentEndpointCaCertificate: agent.caCertificate } : {}),
+      sshClient,
+      sshPort: agent.sshPort,
+      sshConnectTimeout: agent.connectTimeout,
+      sshExecTimeout: agent.execTimeout,
+    });
+  if (!initializer) {
+    log(
+      'no initializer: no --agent-executable-path, and no machine of the inventory arrives over SSH (one added with agentBoot ssh waits for a start with the flag)',
+    );
+  }
   const recoverer = new Recoverer(power, {
     firstHeartbeatWithin: settings.recoverer.firstHeartbeatWithin,
     heartbeatWithin: settings.recoverer.heartbeatWithin,
@@ -60,7 +67,12 @@ export async function shepherdParts(
     settings.agentBoot && agentBoot && (await agentBooterPart(bmdb, settings, settings.agentBoot, agentBoot));
   return [
     (signal) => provisioner.run(bmdb, { signal }),
-    (signal) => initializer.run(bmdb, { ...settings.initializer, stopGracePeriod: settings.stopGracePeriod, signal }),
+    ...(initializer
+      ? [
+          (signal: AbortSignal) =>
+            initializer.run(bmdb, { ...settings.initializer, stopGracePeriod: settings.stopGracePeriod, signal }),
+        ]
+      : []),
     (signal) => recoverer.run(bmdb, { ...settings.recoverer, stopGracePeriod: settings.stopGracePeriod, signal }),
     ...(booter ? [booter] : []),
     ...(powerSync ? [(signal: AbortSignal) => powerSync.run(bmdb, { signal })] : []),

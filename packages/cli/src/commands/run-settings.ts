@@ -3,7 +3,13 @@ import { access } from 'node:fs/promises';
 import path from 'node:path';
 import type { RateLimiter } from '@bmaas/bmdb-controlloop';
 import { Secret } from '@bmaas/provider-equinix';
-import { InventoryError, InventorySource, RESET_TYPES, type ResetType } from '@bmaas/provider-static';
+import {
+  InventoryError,
+  type InventoryMachine,
+  InventorySource,
+  RESET_TYPES,
+  type ResetType,
+} from '@bmaas/provider-static';
 import { log } from '../logging.js';
 import {
   type Argv,
@@ -11,6 +17,7 @@ import {
   type DatabaseSettings,
   databaseSettings,
   duration,
+  envName,
   fileContents,
   hostPort,
   integer,
@@ -40,7 +47,12 @@ export interface RunSettings {
   /** The fleet page, when --web-listen is given. */
   readonly web: WebSettings | undefined;
   readonly agent: {
-    readonly executable: Uint8Array;
+    /**
+     * What the initializer uploads to machines it takes over through SSH.
+     * Undefined only for `run static` whose inventory, as read at start, has
+     * no machine with `agentBoot` `ssh`: no initializer runs then.
+     */
+    readonly executable: Uint8Array | undefined;
     readonly targetPath: string;
     readonly endpoint: string;
     readonly caCertificate: Uint8Array | undefined;
@@ -146,17 +158,23 @@ export interface StaticSettings {
 
 export async function runSettings(argv: Argv, kind: ProviderKind): Promise<RunSettings> {
   const context = `run ${kind}`;
-  const executablePath = optional(argv, 'agent-executable-path') ?? (kind === 'dummy' ? bundledTestAgent() : undefined);
+  // Equinix takes every machine over through SSH; the static inventory says which of its machines (read below).
+  const executablePath =
+    optional(argv, 'agent-executable-path') ??
+    (kind === 'dummy'
+      ? bundledTestAgent()
+      : kind === 'equinix'
+        ? required(argv, 'agent-executable-path', context)
+        : undefined);
+  const executable =
+    executablePath === undefined ? undefined : await fileContents('agent-executable-path', executablePath);
   const caPath = optional(argv, 'agent-endpoint-ca-certificate-path');
   return {
     database: databaseSettings(argv),
     metrics: metricsSettings(argv),
     web: webSettings(argv),
     agent: {
-      executable: await fileContents(
-        'agent-executable-path',
-        executablePath ?? required(argv, 'agent-executable-path', context),
-      ),
+      executable,
       targetPath: absolutePath(required(argv, 'agent-target-path', context)),
       endpoint:
         kind === 'dummy'
@@ -194,7 +212,7 @@ export async function runSettings(argv: Argv, kind: ProviderKind): Promise<RunSe
         ? dummySettings(argv)
         : kind === 'equinix'
           ? equinixSettings(argv, context)
-          : await staticSettings(argv, context),
+          : await runStaticSettings(argv, context, executable !== undefined),
   };
 
   function absolutePath(value: string): string {
@@ -288,7 +306,7 @@ export async function powerProviderSettings(
 ): Promise<DummySettings | EquinixApiSettings | StaticSettings> {
   if (kind === 'dummy') return dummySettings(argv);
   if (kind === 'equinix') return equinixApiSettings(argv, context);
-  return staticSettings(argv, context);
+  return (await staticSettings(argv, context)).settings;
 }
 
 function dummySettings(argv: Argv): DummySettings {
@@ -326,7 +344,28 @@ function equinixSettings(argv: Argv, context: string): EquinixSettings {
   };
 }
 
-async function staticSettings(argv: Argv, context: string): Promise<StaticSettings> {
+/**
+ * `run static`'s provider settings: as {@link staticSettings}, and the agent
+ * executable is required only when a machine of the inventory arrives over
+ * SSH (`agentBoot` `ssh`, the default), whose takeover uploads it.
+ */
+async function runStaticSettings(argv: Argv, context: string, hasExecutable: boolean): Promise<StaticSettings> {
+  const { settings, machines } = await staticSettings(argv, context);
+  const overSsh = machines.find((machine) => machine.agentBoot === 'ssh');
+  if (overSsh !== undefined && !hasExecutable) {
+    throw new UsageError(
+      'agent-executable-path',
+      `required for ${context}: machine ${overSsh.id} of the inventory ${settings.inventory.name} arrives over SSH (agentBoot ssh, the default), which uploads it (or set ${envName('agent-executable-path')})`,
+    );
+  }
+  return settings;
+}
+
+/** The static provider's settings, and its inventory as read now: a bad one stops the start (exit 2). */
+async function staticSettings(
+  argv: Argv,
+  context: string,
+): Promise<{ settings: StaticSettings; machines: readonly InventoryMachine[] }> {
   const location = required(argv, 'inventory', context);
   const passwordFile = optional(argv, 'redfish-password-file');
   const ipmiPasswordFile = optional(argv, 'ipmi-password-file');
@@ -352,11 +391,11 @@ async function staticSettings(argv: Argv, context: string): Promise<StaticSettin
   try {
     const machines = await settings.inventory.read();
     log('inventory %s: %d machine(s)', settings.inventory.name, machines.length);
+    return { settings, machines };
   } catch (error) {
     if (error instanceof InventoryError) throw new UsageError('inventory', error.message);
     throw error;
   }
-  return settings;
 }
 
 function inventorySource(location: string): InventorySource {
