@@ -63,6 +63,8 @@ export { decommissionMachines, decommissionWithWipe } from './queries/decommissi
 export {
   type AgentEnrollmentState,
   agentEnrollment,
+  ENROLLMENT_REFUSALS_RECORDED_EVERY_SECONDS,
+  type EnrollmentOutcome,
   type EnrollmentRequest,
   type EnrollmentToken,
   enrollAgent,
