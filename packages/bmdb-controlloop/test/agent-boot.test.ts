@@ -17,6 +17,8 @@ import {
   machinesForAgentRecovery,
   machinesForAgentStart,
   newMachine,
+  osInstallation,
+  osInstallationReport,
   Process,
   requestDiskWipe,
   requestOSInstallation,
@@ -334,6 +336,81 @@ describe('agentBootSelection', () => {
     } finally {
       await session.close();
     }
+  });
+});
+
+describe('heartbeats during an agent boot', () => {
+  test('while a ShepherdAgentBoot work row holds the machine, no report is stored and no request handed out', async () => {
+    const [installing, waiting] = [await machine('Booting'), await machine('Booting')];
+    const keys = new Map([
+      [installing, await startAgent(installing)],
+      [waiting, await startAgent(waiting)],
+    ]);
+    const key = (machineId: string) => keys.get(machineId) ?? new Uint8Array();
+    const image = {
+      imageUrl: 'https://images.example.com/os.img',
+      imageSha256: 'ab'.repeat(32),
+      rootDevice: '/dev/sda',
+      actor: 'alice@ops',
+      reason: 'install',
+    };
+    const { generation } = await requestOSInstallation(q, installing, image);
+    // Handed out before the boot: the agent installs it.
+    const handed = await bmdb.answerAgentHeartbeat({ machineId: installing, publicKey: key(installing) });
+    expect(handed).toMatchObject({ installationRequest: { generation } });
+    await requestOSInstallation(q, waiting, image);
+    const state = async (machineId: string) => (await osInstallation(q, machineId))?.state;
+    const session = await bmdb.startSession({ processor: 'agent-boot-test' });
+    // The booter's claim (its selection took them as silent; here by ID): the machines are about to be reset.
+    const boots = [];
+    for (const machineId of [installing, waiting]) {
+      boots.push(
+        await session.work(Process.ShepherdAgentBoot, {
+          process: Process.ShepherdAgentBoot,
+          query: q.selectFrom('machine_provided').selectAll().where('machine_id', '=', machineId),
+          toCandidate: (row) => ({ machineId: row.machine_id }),
+        }),
+      );
+    }
+    try {
+      // The old agent's Success is not stored: the machine stays out of Succeeded, with its agent.
+      const report = { generation, result: 'Success' as const, raw: new Uint8Array([8, Number(generation)]) };
+      const late = await bmdb.answerAgentHeartbeat({
+        machineId: installing,
+        publicKey: key(installing),
+        installationReport: report,
+      });
+      expect(late).toMatchObject({ result: 'recorded', report: 'ignored', installationRequest: undefined });
+      expect(await state(installing)).toBe('Delivered');
+      expect(
+        (
+          await q
+            .selectFrom('machine_agent_started')
+            .select('machine_id')
+            .where('machine_id', '=', installing)
+            .execute()
+        ).length,
+      ).toBe(1);
+      expect(await osInstallationReport(q, installing)).toBeUndefined();
+      // A revived agent is handed no request while its machine's reset is on its way.
+      const revived = await bmdb.answerAgentHeartbeat({ machineId: waiting, publicKey: key(waiting) });
+      expect(revived).toMatchObject({ result: 'recorded', installationRequest: undefined });
+      expect(await state(waiting)).toBe('Requested');
+    } finally {
+      for (const work of boots) await work.cancel();
+      await session.close();
+    }
+    // The boot over, the requests go out again and the report is taken.
+    const after = await bmdb.answerAgentHeartbeat({ machineId: waiting, publicKey: key(waiting) });
+    expect(after).toMatchObject({ installationRequest: { kind: 'DiskImage' } });
+    expect(await state(waiting)).toBe('Delivered');
+    const stored = await bmdb.answerAgentHeartbeat({
+      machineId: installing,
+      publicKey: key(installing),
+      installationReport: { generation, result: 'Success', raw: new Uint8Array([8, Number(generation)]) },
+    });
+    expect(stored).toMatchObject({ report: 'stored' });
+    expect(await state(installing)).toBe('Succeeded');
   });
 });
 
