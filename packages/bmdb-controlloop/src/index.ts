@@ -42,6 +42,7 @@ export {
   machinesForAgentBoot,
   machinesForAgentRecovery,
   machinesForAgentStart,
+  needsAgentBoot,
   powerActionSelection,
 } from './queries/agent-selections.js';
 export {

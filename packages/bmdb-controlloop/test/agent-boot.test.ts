@@ -8,6 +8,7 @@ import {
   agentRecoverySelection,
   agentStartSelection,
   BMDBError,
+  cancelOSInstallation,
   decommissionWithWipe,
   fleetStages,
   fleetStats,
@@ -16,6 +17,7 @@ import {
   machinePage,
   machinesForAgentRecovery,
   machinesForAgentStart,
+  needsAgentBoot,
   newMachine,
   osInstallation,
   osInstallationReport,
@@ -250,6 +252,65 @@ describe('agentBootSelection', () => {
     });
     await requestDiskWipe(q, wiped, { actor: 'alice@ops', reason: 'leaving', decommission: true });
     expect(await bootable('Inst')).toEqual([reinstalled, wiped].sort());
+  });
+
+  test('an installed machine whose reinstall or wipe was canceled before an agent came is not offered: its OS runs', async () => {
+    const [reinstalled, wiped, again] = [await machine('Cancel'), await machine('Cancel'), await machine('Cancel')];
+    for (const m of [reinstalled, wiped, again]) await install(m);
+    const image = {
+      imageUrl: 'https://images.example.com/os2.img',
+      imageSha256: 'cd'.repeat(32),
+      rootDevice: '/dev/sda',
+      actor: 'alice@ops',
+      reason: 'reinstall',
+    };
+    await requestOSInstallation(q, reinstalled, image);
+    await requestDiskWipe(q, wiped, { actor: 'alice@ops', reason: 'leaving' });
+    await requestOSInstallation(q, again, image);
+    expect(await bootable('Cancel')).toEqual([reinstalled, wiped, again].sort());
+    const withdraw = { actor: 'alice@ops', reason: 'not now' };
+    for (const m of [reinstalled, wiped, again]) await cancelOSInstallation(q, m, withdraw);
+    expect(await bootable('Cancel')).toEqual([]);
+    for (const m of [reinstalled, wiped]) expect(await needsAgentBoot(q, m, { provider: 'Cancel' })).toBe(false);
+    // Asked again: offered again.
+    await requestOSInstallation(q, again, image);
+    expect(await bootable('Cancel')).toEqual([again]);
+    expect(await needsAgentBoot(q, again, { provider: 'Cancel' })).toBe(true);
+    // A blank machine whose first installation was canceled still needs its agent: it runs nothing.
+    const blank = await machine('Cancel');
+    await requestOSInstallation(q, blank, image);
+    await cancelOSInstallation(q, blank, withdraw);
+    expect(await bootable('Cancel')).toEqual([again, blank].sort());
+  });
+
+  test('needsAgentBoot: the state the selection reads, for one machine, whatever its work', async () => {
+    const [silent, installed] = [await machine('Needs'), await machine('Needs')];
+    await startAgent(silent);
+    await db.admin(
+      `UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() - interval '11 minutes' WHERE machine_id = $1`,
+      [silent],
+    );
+    const blank = await machine('Needs');
+    const session = await bmdb.startSession({ processor: 'agent-boot-test' });
+    try {
+      const claimed = [];
+      for (let i = 0; i < 2; i++) {
+        claimed.push(
+          (await session.work(Process.ShepherdAgentBoot, agentBootSelection(q, { provider: 'Needs' }))).machineId,
+        );
+      }
+      expect(claimed.sort()).toEqual([silent, blank].sort());
+      // Claimed, they still need it; once the agent is alive again, or the machine installed, no more.
+      expect(await needsAgentBoot(q, silent, { provider: 'Needs' })).toBe(true);
+      expect(await needsAgentBoot(q, blank, { provider: 'Needs' })).toBe(true);
+      await setAgentHeartbeat(q, silent);
+      expect(await needsAgentBoot(q, silent, { provider: 'Needs' })).toBe(false);
+      await install(installed);
+      expect(await needsAgentBoot(q, installed, { provider: 'Needs' })).toBe(false);
+      expect(await needsAgentBoot(q, blank, { provider: 'Other' })).toBe(false);
+    } finally {
+      await session.close();
+    }
   });
 
   test('a machine whose agent went silent past the recovery thresholds is offered, and left out of the recoverer', async () => {
