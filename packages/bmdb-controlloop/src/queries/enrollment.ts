@@ -104,9 +104,9 @@ export const ENROLLMENT_REFUSALS_RECORDED_EVERY_SECONDS = 60;
  *
  * The token used already, presented again with the key it enrolled (the
  * machine's AgentStarted key), is answered as the first was (`repeated`),
- * whenever it comes and writing nothing: the answer to the first was lost,
- * and the agent asks again with the same token and key. Any other key is
- * refused (`Used`).
+ * expired or not, until a new token replaces it, and writes nothing: the
+ * answer to the first was lost, and the agent asks again with the same
+ * token and key. Any other key is refused (`Used`).
  *
  * A refusal is recorded too (`Refused`, its reason in `detail`, never the
  * token) when the machine exists, unless the machine's last `EnrollAgent`
