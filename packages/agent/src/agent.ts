@@ -1,4 +1,3 @@
-import { spawn } from 'node:child_process';
 import type { KeyObject } from 'node:crypto';
 import { certificatePem, sleep } from '@bmaas/common';
 import { create } from '@bufbuild/protobuf';
@@ -18,6 +17,7 @@ import { hardwareNode, readHardware } from './hardware/inventory.js';
 import { install } from './install/install.js';
 import { wipeDisks } from './install/wipe.js';
 import { type LogVersion, readLogTail } from './log-tail.js';
+import { runRebootCommand } from './reboot.js';
 
 /** What the agent runs with. */
 export interface AgentOptions {
@@ -239,10 +239,5 @@ async function reboot(command: string | undefined, log: (line: string) => void):
     return;
   }
   log(`installed; rebooting: ${command}`);
-  const code = await new Promise<number | null>((resolve) => {
-    const child = spawn('sh', ['-c', command], { stdio: 'ignore' });
-    child.on('error', () => resolve(-1));
-    child.on('close', resolve);
-  });
-  log(`reboot command exited ${code}`);
+  await runRebootCommand(command, log);
 }

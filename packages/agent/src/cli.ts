@@ -7,7 +7,7 @@ import { parseArgs } from 'node:util';
 import { fromBinary } from '@bufbuild/protobuf';
 import { runAgent } from './agent.js';
 import type { AgentService } from './callback/heartbeat-client.js';
-import { enrollAgent, parseEnrollment } from './enrollment.js';
+import { EnrollmentRefusedError, enrollAgent, parseEnrollment } from './enrollment.js';
 import { type TakeoverInit, TakeoverInitSchema } from './gen/cloud/agent/api/takeover_pb.js';
 import { readHardware } from './hardware/inventory.js';
 import { readNics } from './hardware/nics.js';
@@ -17,6 +17,7 @@ import { KexecError, type KexecImage, kexecCommandLine, kexecUnavailable, sessio
 import { bringUpNetwork, networkSteps } from './network/bring-up.js';
 import { captureNetwork } from './network/capture.js';
 import type { NetworkConfig } from './network/config.js';
+import { runRebootCommand } from './reboot.js';
 import { IN_PLACE_WARNING, takeover, takeoverResponse } from './takeover.js';
 
 const USAGE = `Usage: bmaas-agent <command> [flags]
@@ -32,7 +33,8 @@ The BMaaS agent. Commands:
                (JSON: the init and the key). Not for people.
   enroll       On a machine its BMC booted into the agent image: make the agent's key, enroll
                it with the one-time token of --enrollment (retrying while the server cannot be
-               reached; a refusal ends it, exit 1), then run the agent as "run" does.
+               reached; a refusal runs --reboot-command, the machine's disk boots, and ends
+               it, exit 1), then run the agent as "run" does.
   boot-image   Wait for the SSH session of process --after-pid to end, then kexec -e into
                the loaded agent image; if that returns, run the agent in place. Not for people.
   network-up   In the agent image: bring up the network a takeover captured (the JSON file
@@ -46,7 +48,8 @@ Flags:
   --efivars <dir>              efivarfs, for the boot entry. Default /sys/firmware/efi/efivars.
   --install-timeout <duration> The bound of one installation. Default 15m.
   --reboot-command <command>   Run with sh -c after a successful installation was reported
-                               (reboot -f). Default: none; the agent stops instead.
+                               (reboot -f), and by enroll after a refusal. Default: none; the
+                               agent stops instead.
   --log-file <file>            Append the agent's log lines there (else standard error); its
                                tail goes to the server with the heartbeats.
   --send-log <file>            run: the log whose tail (last 64 KiB) heartbeats carry to the
@@ -282,8 +285,12 @@ async function runCommand(values: Values): Promise<number> {
 
 /**
  * Enrolls with the token of `--enrollment`, then runs the agent with the key
- * enrolled. A refusal is thrown (exit 1, the server's message naming the
- * machine and why); the token is in no line written.
+ * enrolled. A refusal runs `--reboot-command` first, then is thrown (exit 1,
+ * the server's message naming the machine and why): asking again would be
+ * refused again, and the boot that brought the agent was a one-time
+ * override whose media the booter ejects, so the machine boots its disk (an
+ * installed machine its OS) rather than sitting in the agent. The token is
+ * in no line written.
  */
 async function enrollCommand(values: Values): Promise<number> {
   settingsOf(values); // Refuse bad flags before enrolling: the token is good once.
@@ -300,6 +307,12 @@ async function enrollCommand(values: Values): Promise<number> {
       log,
     });
   } catch (error) {
+    if (error instanceof EnrollmentRefusedError) {
+      const reboot = values['reboot-command'];
+      log(`${error.message}; ${reboot ? `rebooting: ${reboot}` : 'no reboot command: stopping'}`);
+      if (reboot) await runRebootCommand(reboot, log);
+      throw error;
+    }
     if (!stop.aborted) throw error;
     log('stopped before enrolling');
     return 0;

@@ -8,7 +8,7 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { createPrivateKey, createPublicKey, X509Certificate } from 'node:crypto';
 import { mkdir, mkdtemp, readFile, rm, stat } from 'node:fs/promises';
-import { createServer } from 'node:net';
+import { type AddressInfo, connect, createServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -22,6 +22,7 @@ import {
 } from '@bmaas/bmdb-controlloop';
 import { BmaasServer, type ServerTls, selfSignedServerTls } from '@bmaas/server';
 import { create } from '@bufbuild/protobuf';
+import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
@@ -33,7 +34,7 @@ const packageDir = fileURLToPath(new URL('..', import.meta.url));
 /** The agent's command line as built by `tsc --build` (bin/agent.js runs dist/cli.js). */
 const agentBin = path.join(packageDir, 'bin/agent.js');
 const root = path.join(packageDir, 'test/fixtures/bios-vm');
-const { bmdb } = await testBMDB();
+const { db, bmdb } = await testBMDB();
 const q = bmdb.db;
 
 let tls: ServerTls;
@@ -102,6 +103,34 @@ function enroll(args: readonly string[]) {
     }),
   );
   return { child, exited, stderr: () => stderr };
+}
+
+/** A TCP proxy to the server on `target`; `cut` ends every connection through it, as a network that lost them. */
+async function tcpProxy(target: number) {
+  const sockets = new Set<Socket>();
+  const hold = (socket: Socket) => {
+    sockets.add(socket);
+    socket.on('close', () => sockets.delete(socket));
+    socket.on('error', () => {});
+  };
+  const proxy = createServer((client) => {
+    const upstream = connect(target, '127.0.0.1');
+    hold(client);
+    hold(upstream);
+    client.pipe(upstream);
+    upstream.pipe(client);
+  });
+  await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+  return {
+    port: (proxy.address() as AddressInfo).port,
+    cut: () => {
+      for (const socket of sockets) socket.destroy();
+    },
+    close: () => {
+      for (const socket of sockets) socket.destroy();
+      return new Promise<void>((resolve) => proxy.close(() => resolve()));
+    },
+  };
 }
 
 describe('agentEnrollmentArchive', () => {
@@ -178,6 +207,89 @@ describe('bmaas-agent enroll', () => {
       `bmaas-agent: enrollment of machine ${machineId} refused: its enrollment token was used already`,
     );
     expect(second.stderr).not.toContain(token);
+    await expect(stat(handOver)).rejects.toThrow(/ENOENT/);
+  });
+
+  test('its answer lost (the connection cut while the server records it): enrolls on its retry, same token and key', async () => {
+    const proxy = await tcpProxy(server.port);
+    const { machineId, file, unpacked } = await bootedMachine(proxy.port);
+    const log = path.join(unpacked, 'agent.log');
+    const handOver = path.join(unpacked, 'handover.json');
+    // The enrollment's UPDATE waits for this hold of the machine's token; the answer then comes to a cut connection.
+    const holder = new pg.Client({ connectionString: db.url });
+    await holder.connect();
+    let agent: ReturnType<typeof enroll> | undefined;
+    try {
+      await holder.query('BEGIN');
+      await holder.query('SELECT 1 FROM machine_agent_enrollment WHERE machine_id = $1 FOR UPDATE', [machineId]);
+      agent = enroll(['--enrollment', file, '--write-handover', handOver, '--log-file', log]);
+      await eventually('the enrollment waiting in the BMDB', async () => {
+        const { rowCount } = await db.admin(
+          `SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`,
+        );
+        return rowCount ? true : undefined;
+      });
+      proxy.cut();
+      await eventually('the agent saw its call fail', async () =>
+        (await readFile(log, 'utf8').catch(() => '')).includes('enrollment failed') ? true : undefined,
+      );
+    } finally {
+      await holder.query('ROLLBACK');
+      await holder.end();
+    }
+    try {
+      await eventually('a heartbeat recorded', () => lastHeartbeat(machineId));
+    } finally {
+      agent?.child.kill('SIGTERM');
+      await agent?.exited;
+      await proxy.close();
+    }
+    // The first call enrolled the key; the retry was answered as it, and the handover holds that key.
+    const { privateKey } = JSON.parse(await readFile(handOver, 'utf8')) as { privateKey: string };
+    const raw = Buffer.from(
+      createPublicKey(createPrivateKey(privateKey)).export({ format: 'jwk' }).x ?? '',
+      'base64url',
+    );
+    const started = await q
+      .selectFrom('machine_agent_started')
+      .select('agent_public_key')
+      .where('machine_id', '=', machineId)
+      .executeTakeFirstOrThrow();
+    expect(Buffer.from(started.agent_public_key)).toEqual(raw);
+    expect((await operatorHistory(q, machineId)).map((e) => [e.action, e.outcome])).toEqual([
+      ['EnrollAgent', 'Succeeded'],
+    ]);
+    expect(await readFile(log, 'utf8')).toContain(`${machineId}: enrolled`);
+  });
+
+  test('refused (its machine installed meanwhile): runs the reboot command, so its disk boots, and exits 1', async () => {
+    const { machineId, file, unpacked } = await bootedMachine();
+    await db.admin(
+      `INSERT INTO machine_os_installation_request (machine_id, generation, image_url, image_sha256, root_device,
+         compression, requested_by, installation_state)
+       VALUES ($1, 1, 'https://images.example.com/os.img', $2, '/dev/sda', 'none', 'tech', 'Succeeded')`,
+      [machineId, 'ab'.repeat(32)],
+    );
+    const log = path.join(unpacked, 'agent.log');
+    const rebooted = path.join(unpacked, 'rebooted');
+    const handOver = path.join(unpacked, 'handover.json');
+    const { code, stderr } = await enroll([
+      '--enrollment',
+      file,
+      '--write-handover',
+      handOver,
+      '--log-file',
+      log,
+      '--reboot-command',
+      `echo rebooted > ${rebooted}`,
+    ]).exited;
+    expect(code).toBe(1);
+    expect(stderr).toContain(`bmaas-agent: machine ${machineId} is installed`);
+    expect(await readFile(rebooted, 'utf8')).toBe('rebooted\n');
+    const text = await readFile(log, 'utf8');
+    expect(text).toContain(`${machineId}: machine ${machineId} is installed`);
+    expect(text).toContain('rebooting: echo rebooted');
+    expect(text).toContain('reboot command exited 0');
     await expect(stat(handOver)).rejects.toThrow(/ENOENT/);
   });
 

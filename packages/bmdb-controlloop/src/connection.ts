@@ -321,7 +321,10 @@ export class BMDB {
    * nor while an operator holds it unless delivered already (a hold keeps an
    * installation from starting, not from finishing), nor to a heartbeat
    * reporting `Success` of another generation (its agent may reboot into
-   * that image whatever the answer).
+   * that image whatever the answer). While an agent boot of the machine is
+   * under way (a `ShepherdAgentBoot` work row), no request is handed out and
+   * no report stored (`ignored`): the machine is about to be reset into a
+   * new agent.
    *
    * @throws {@link BMDBError} as recordAgentHeartbeat
    */

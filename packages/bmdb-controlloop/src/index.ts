@@ -42,6 +42,7 @@ export {
   machinesForAgentBoot,
   machinesForAgentRecovery,
   machinesForAgentStart,
+  needsAgentBoot,
   powerActionSelection,
 } from './queries/agent-selections.js';
 export {
@@ -63,6 +64,8 @@ export { decommissionMachines, decommissionWithWipe } from './queries/decommissi
 export {
   type AgentEnrollmentState,
   agentEnrollment,
+  ENROLLMENT_REFUSALS_RECORDED_EVERY_SECONDS,
+  type EnrollmentOutcome,
   type EnrollmentRequest,
   type EnrollmentToken,
   enrollAgent,

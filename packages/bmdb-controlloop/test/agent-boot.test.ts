@@ -8,6 +8,7 @@ import {
   agentRecoverySelection,
   agentStartSelection,
   BMDBError,
+  cancelOSInstallation,
   decommissionWithWipe,
   fleetStages,
   fleetStats,
@@ -16,7 +17,10 @@ import {
   machinePage,
   machinesForAgentRecovery,
   machinesForAgentStart,
+  needsAgentBoot,
   newMachine,
+  osInstallation,
+  osInstallationReport,
   Process,
   requestDiskWipe,
   requestOSInstallation,
@@ -250,6 +254,65 @@ describe('agentBootSelection', () => {
     expect(await bootable('Inst')).toEqual([reinstalled, wiped].sort());
   });
 
+  test('an installed machine whose reinstall or wipe was canceled before an agent came is not offered: its OS runs', async () => {
+    const [reinstalled, wiped, again] = [await machine('Cancel'), await machine('Cancel'), await machine('Cancel')];
+    for (const m of [reinstalled, wiped, again]) await install(m);
+    const image = {
+      imageUrl: 'https://images.example.com/os2.img',
+      imageSha256: 'cd'.repeat(32),
+      rootDevice: '/dev/sda',
+      actor: 'alice@ops',
+      reason: 'reinstall',
+    };
+    await requestOSInstallation(q, reinstalled, image);
+    await requestDiskWipe(q, wiped, { actor: 'alice@ops', reason: 'leaving' });
+    await requestOSInstallation(q, again, image);
+    expect(await bootable('Cancel')).toEqual([reinstalled, wiped, again].sort());
+    const withdraw = { actor: 'alice@ops', reason: 'not now' };
+    for (const m of [reinstalled, wiped, again]) await cancelOSInstallation(q, m, withdraw);
+    expect(await bootable('Cancel')).toEqual([]);
+    for (const m of [reinstalled, wiped]) expect(await needsAgentBoot(q, m, { provider: 'Cancel' })).toBe(false);
+    // Asked again: offered again.
+    await requestOSInstallation(q, again, image);
+    expect(await bootable('Cancel')).toEqual([again]);
+    expect(await needsAgentBoot(q, again, { provider: 'Cancel' })).toBe(true);
+    // A blank machine whose first installation was canceled still needs its agent: it runs nothing.
+    const blank = await machine('Cancel');
+    await requestOSInstallation(q, blank, image);
+    await cancelOSInstallation(q, blank, withdraw);
+    expect(await bootable('Cancel')).toEqual([again, blank].sort());
+  });
+
+  test('needsAgentBoot: the state the selection reads, for one machine, whatever its work', async () => {
+    const [silent, installed] = [await machine('Needs'), await machine('Needs')];
+    await startAgent(silent);
+    await db.admin(
+      `UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() - interval '11 minutes' WHERE machine_id = $1`,
+      [silent],
+    );
+    const blank = await machine('Needs');
+    const session = await bmdb.startSession({ processor: 'agent-boot-test' });
+    try {
+      const claimed = [];
+      for (let i = 0; i < 2; i++) {
+        claimed.push(
+          (await session.work(Process.ShepherdAgentBoot, agentBootSelection(q, { provider: 'Needs' }))).machineId,
+        );
+      }
+      expect(claimed.sort()).toEqual([silent, blank].sort());
+      // Claimed, they still need it; once the agent is alive again, or the machine installed, no more.
+      expect(await needsAgentBoot(q, silent, { provider: 'Needs' })).toBe(true);
+      expect(await needsAgentBoot(q, blank, { provider: 'Needs' })).toBe(true);
+      await setAgentHeartbeat(q, silent);
+      expect(await needsAgentBoot(q, silent, { provider: 'Needs' })).toBe(false);
+      await install(installed);
+      expect(await needsAgentBoot(q, installed, { provider: 'Needs' })).toBe(false);
+      expect(await needsAgentBoot(q, blank, { provider: 'Other' })).toBe(false);
+    } finally {
+      await session.close();
+    }
+  });
+
   test('a machine whose agent went silent past the recovery thresholds is offered, and left out of the recoverer', async () => {
     const stale = await machine('Silent');
     await startAgent(stale);
@@ -334,6 +397,81 @@ describe('agentBootSelection', () => {
     } finally {
       await session.close();
     }
+  });
+});
+
+describe('heartbeats during an agent boot', () => {
+  test('while a ShepherdAgentBoot work row holds the machine, no report is stored and no request handed out', async () => {
+    const [installing, waiting] = [await machine('Booting'), await machine('Booting')];
+    const keys = new Map([
+      [installing, await startAgent(installing)],
+      [waiting, await startAgent(waiting)],
+    ]);
+    const key = (machineId: string) => keys.get(machineId) ?? new Uint8Array();
+    const image = {
+      imageUrl: 'https://images.example.com/os.img',
+      imageSha256: 'ab'.repeat(32),
+      rootDevice: '/dev/sda',
+      actor: 'alice@ops',
+      reason: 'install',
+    };
+    const { generation } = await requestOSInstallation(q, installing, image);
+    // Handed out before the boot: the agent installs it.
+    const handed = await bmdb.answerAgentHeartbeat({ machineId: installing, publicKey: key(installing) });
+    expect(handed).toMatchObject({ installationRequest: { generation } });
+    await requestOSInstallation(q, waiting, image);
+    const state = async (machineId: string) => (await osInstallation(q, machineId))?.state;
+    const session = await bmdb.startSession({ processor: 'agent-boot-test' });
+    // The booter's claim (its selection took them as silent; here by ID): the machines are about to be reset.
+    const boots = [];
+    for (const machineId of [installing, waiting]) {
+      boots.push(
+        await session.work(Process.ShepherdAgentBoot, {
+          process: Process.ShepherdAgentBoot,
+          query: q.selectFrom('machine_provided').selectAll().where('machine_id', '=', machineId),
+          toCandidate: (row) => ({ machineId: row.machine_id }),
+        }),
+      );
+    }
+    try {
+      // The old agent's Success is not stored: the machine stays out of Succeeded, with its agent.
+      const report = { generation, result: 'Success' as const, raw: new Uint8Array([8, Number(generation)]) };
+      const late = await bmdb.answerAgentHeartbeat({
+        machineId: installing,
+        publicKey: key(installing),
+        installationReport: report,
+      });
+      expect(late).toMatchObject({ result: 'recorded', report: 'ignored', installationRequest: undefined });
+      expect(await state(installing)).toBe('Delivered');
+      expect(
+        (
+          await q
+            .selectFrom('machine_agent_started')
+            .select('machine_id')
+            .where('machine_id', '=', installing)
+            .execute()
+        ).length,
+      ).toBe(1);
+      expect(await osInstallationReport(q, installing)).toBeUndefined();
+      // A revived agent is handed no request while its machine's reset is on its way.
+      const revived = await bmdb.answerAgentHeartbeat({ machineId: waiting, publicKey: key(waiting) });
+      expect(revived).toMatchObject({ result: 'recorded', installationRequest: undefined });
+      expect(await state(waiting)).toBe('Requested');
+    } finally {
+      for (const work of boots) await work.cancel();
+      await session.close();
+    }
+    // The boot over, the requests go out again and the report is taken.
+    const after = await bmdb.answerAgentHeartbeat({ machineId: waiting, publicKey: key(waiting) });
+    expect(after).toMatchObject({ installationRequest: { kind: 'DiskImage' } });
+    expect(await state(waiting)).toBe('Delivered');
+    const stored = await bmdb.answerAgentHeartbeat({
+      machineId: installing,
+      publicKey: key(installing),
+      installationReport: { generation, result: 'Success', raw: new Uint8Array([8, Number(generation)]) },
+    });
+    expect(stored).toMatchObject({ report: 'stored' });
+    expect(await state(installing)).toBe('Succeeded');
   });
 });
 

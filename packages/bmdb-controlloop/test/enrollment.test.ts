@@ -2,8 +2,10 @@ import { createHash } from 'node:crypto';
 import { Secret } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { BinaryWriter, WireType } from '@bufbuild/protobuf/wire';
+import pg from 'pg';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
+import { eventually } from '../../../test/support/wait.js';
 import { NodeSchema } from '../src/gen/cloud/agent/api/hwreport_pb.js';
 import {
   agentEnrollment,
@@ -38,7 +40,7 @@ async function machine(): Promise<string> {
   return machineId;
 }
 
-async function refusal(enrolling: Promise<void>): Promise<EnrollmentRefusedError> {
+async function refusal(enrolling: Promise<unknown>): Promise<EnrollmentRefusedError> {
   const error = await enrolling.then(
     () => undefined,
     (e: unknown) => e,
@@ -53,6 +55,27 @@ async function agentStarted(machineId: string): Promise<string | undefined> {
     [machineId, 'hex'],
   );
   return rows[0]?.key;
+}
+
+/**
+ * `call`'s outcome, failing if it waited for a lock first: raced against
+ * any session of this database waiting for one.
+ */
+async function withoutWaiting<T>(call: Promise<T>): Promise<T> {
+  let settled = false;
+  const outcome = call.finally(() => {
+    settled = true;
+  });
+  outcome.catch(() => {});
+  const first = await eventually('the call answered, or waiting for a lock', async () => {
+    if (settled) return 'answered';
+    const { rowCount } = await db.admin(
+      `SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`,
+    );
+    return rowCount ? 'waiting' : undefined;
+  });
+  expect(first).toBe('answered');
+  return outcome;
 }
 
 async function enrollments(machineId: string) {
@@ -235,16 +258,137 @@ describe('enrollAgent', () => {
       if (result.status === 'rejected') expect(result.reason).toMatchObject({ machine: machineId, reason: 'Used' });
     }
     expect(await agentStarted(machineId)).toBe(Buffer.from(keys[won[0] as number] as Uint8Array).toString('hex'));
-    expect((await enrollments(machineId)).map((e) => e.outcome).sort()).toEqual([
-      'Refused',
-      'Refused',
-      'Refused',
-      'Refused',
-      'Refused',
+    // The seven refusals in one entry: the others found it (or its writer at work) and wrote nothing.
+    expect((await enrollments(machineId)).map((e) => e.outcome).sort()).toEqual(['Refused', 'Succeeded']);
+  });
+
+  test('the used token presented again with the key it enrolled is answered as the first was, writing nothing', async () => {
+    const machineId = await machine();
+    const { token } = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    expect(await enrollAgent(bmdb.db, { machineId, token: token.reveal(), agentPublicKey: key(12) })).toBe('enrolled');
+    expect(await bmdb.recordAgentHeartbeat({ machineId, publicKey: key(12) })).toBe('recorded');
+    const written = async () =>
+      (
+        await db.admin(
+          `SELECT (SELECT row_to_json(e)::text FROM machine_agent_enrollment e WHERE machine_id = $1) AS enrollment,
+             (SELECT row_to_json(a)::text FROM machine_agent_started a WHERE machine_id = $1) AS started,
+             (SELECT count(*)::int FROM machine_agent_heartbeat WHERE machine_id = $1) AS heartbeats,
+             (SELECT count(*)::int FROM operator_history WHERE machine_id = $1) AS history`,
+          [machineId],
+        )
+      ).rows[0];
+    const before = await written();
+    // The answer was lost: the agent asks again with its token and key, even once the token expired.
+    expect(await enrollAgent(bmdb.db, { machineId, token: token.reveal(), agentPublicKey: key(12) })).toBe('repeated');
+    await db.admin(
+      `UPDATE machine_agent_enrollment SET expires_at = now() - interval '1 second',
+      issued_at = now() - interval '1 hour' WHERE machine_id = $1`,
+      [machineId],
+    );
+    expect(await enrollAgent(bmdb.db, { machineId, token: token.reveal(), agentPublicKey: key(12) })).toBe('repeated');
+    const after = await written();
+    expect({ ...after, enrollment: undefined }).toEqual({ ...before, enrollment: undefined });
+    // Another key with that token is refused: the token enrolled one agent.
+    const error = await refusal(enrollAgent(bmdb.db, { machineId, token: token.reveal(), agentPublicKey: key(13) }));
+    expect(error).toMatchObject({ machine: machineId, reason: 'Used' });
+    expect(await agentStarted(machineId)).toBe(Buffer.from(key(12)).toString('hex'));
+    expect((await enrollments(machineId)).map((e) => e.outcome)).toEqual(['Succeeded', 'Refused']);
+  });
+
+  test('refusals of a machine are recorded once a minute after its last enrollment entry; the others write nothing', async () => {
+    const machineId = await machine();
+    const { token } = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    for (let i = 0; i < 20; i++) {
+      await refusal(enrollAgent(bmdb.db, { machineId, token: `wrong-${i}`, agentPublicKey: key(14) }));
+    }
+    expect((await enrollments(machineId)).map((e) => [e.outcome, e.detail])).toEqual([
+      ['Refused', { reason: 'WrongToken' }],
+    ]);
+    // A minute later (moved in the database), the next refusal is recorded, with its own reason.
+    await db.admin(
+      `UPDATE operator_history SET "timestamp" = "timestamp" - interval '61 seconds' WHERE machine_id = $1`,
+      [machineId],
+    );
+    await db.admin(
+      `UPDATE machine_agent_enrollment SET expires_at = now() - interval '1 second',
+      issued_at = now() - interval '1 hour' WHERE machine_id = $1`,
+      [machineId],
+    );
+    for (let i = 0; i < 5; i++) {
+      await refusal(enrollAgent(bmdb.db, { machineId, token: token.reveal(), agentPublicKey: key(14) }));
+    }
+    expect((await enrollments(machineId)).map((e) => e.detail)).toEqual([
+      { reason: 'WrongToken' },
+      { reason: 'Expired' },
+    ]);
+    // An enrollment between refusals is recorded, and the refusal after it too.
+    const fresh = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    await enrollAgent(bmdb.db, { machineId, token: fresh.token.reveal(), agentPublicKey: key(15) });
+    await refusal(enrollAgent(bmdb.db, { machineId, token: fresh.token.reveal(), agentPublicKey: key(16) }));
+    await refusal(enrollAgent(bmdb.db, { machineId, token: 'wrong', agentPublicKey: key(16) }));
+    expect((await enrollments(machineId)).map((e) => e.outcome)).toEqual([
       'Refused',
       'Refused',
       'Succeeded',
+      'Refused',
     ]);
+    for (const entry of await enrollments(machineId)) {
+      if (entry.outcome === 'Refused') expect(entry.cause).toContain(`enrollment of machine ${machineId} refused`);
+    }
+  });
+
+  test('a refusal waits for no lock: wrong, used and expired tokens answered while another holds the machine rows', async () => {
+    const machineId = await machine();
+    const used = await machine();
+    const expired = await machine();
+    const { token } = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 600 });
+    const usedToken = await issueEnrollmentToken(bmdb.db, used, { validForSeconds: 600 });
+    await enrollAgent(bmdb.db, { machineId: used, token: usedToken.token.reveal(), agentPublicKey: key(17) });
+    const expiredToken = await issueEnrollmentToken(bmdb.db, expired, { validForSeconds: 600 });
+    await db.admin(
+      `UPDATE machine_agent_enrollment SET expires_at = now() - interval '1 second',
+      issued_at = now() - interval '1 hour' WHERE machine_id = $1`,
+      [expired],
+    );
+    const holder = new pg.Client({ connectionString: db.url });
+    await holder.connect();
+    try {
+      // As an enrollment under way, or a token being issued, holds them.
+      await holder.query('BEGIN');
+      await holder.query(
+        `SELECT 1 FROM machine_agent_enrollment e JOIN machines m USING (machine_id)
+         WHERE machine_id = ANY ($1::uuid[]) FOR UPDATE`,
+        [[machineId, used, expired]],
+      );
+      for (let i = 0; i < 3; i++) {
+        const wrong = await refusal(
+          withoutWaiting(enrollAgent(bmdb.db, { machineId, token: `${token.reveal()}x`, agentPublicKey: key(18) })),
+        );
+        expect(wrong.reason).toBe('WrongToken');
+        const again = await refusal(
+          withoutWaiting(
+            enrollAgent(bmdb.db, { machineId: used, token: usedToken.token.reveal(), agentPublicKey: key(18) }),
+          ),
+        );
+        expect(again.reason).toBe('Used');
+        const late = await refusal(
+          withoutWaiting(
+            enrollAgent(bmdb.db, { machineId: expired, token: expiredToken.token.reveal(), agentPublicKey: key(18) }),
+          ),
+        );
+        expect(late.reason).toBe('Expired');
+      }
+      // The repeat of an enrollment, too.
+      expect(
+        await withoutWaiting(
+          enrollAgent(bmdb.db, { machineId: used, token: usedToken.token.reveal(), agentPublicKey: key(17) }),
+        ),
+      ).toBe('repeated');
+    } finally {
+      await holder.query('ROLLBACK');
+      await holder.end();
+    }
+    await enrollAgent(bmdb.db, { machineId, token: token.reveal(), agentPublicKey: key(18) });
   });
 
   test('an installed machine is refused its agent and keeps its token unused', async () => {

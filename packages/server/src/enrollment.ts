@@ -4,6 +4,7 @@ import {
   BMDBError,
   ConnectionClosedError,
   DatabaseUnreachableError,
+  type EnrollmentOutcome,
   EnrollmentRefusedError,
   enrollAgent,
 } from '@bmaas/bmdb-controlloop';
@@ -34,7 +35,9 @@ const ENROLLED: EnrollResponse = create(EnrollResponseSchema);
  * agent's heartbeats are accepted from then on. A refused token is answered
  * PERMISSION_DENIED with the library's message (the machine and why, never
  * the token): the agent proved its key, but not that it may be this
- * machine's; UNAUTHENTICATED stays what it is for heartbeats, a connection
+ * machine's. The token used already, presented again with the key it
+ * enrolled (the answer to the first was lost), is answered OK again, and
+ * counted as `Repeated`; UNAUTHENTICATED stays what it is for heartbeats, a connection
  * without a key. An installed machine (its OS runs, no newer request) is
  * FAILED_PRECONDITION; a BMDB that cannot be reached, UNAVAILABLE (the
  * agent tries again). Each enrollment is counted by its result
@@ -44,8 +47,8 @@ export function enrollHandler(bmdb: BMDB, metrics: ServerMetrics | undefined): E
   return async (request, key) => {
     const started = performance.now();
     try {
-      await enroll(bmdb, request, key);
-      metrics?.enrollments.inc({ result: 'Enrolled' });
+      const outcome = await enroll(bmdb, request, key);
+      metrics?.enrollments.inc({ result: outcome === 'repeated' ? 'Repeated' : 'Enrolled' });
       metrics?.requests.inc({ method: 'Enroll', code: 'ok' });
       return ENROLLED;
     } catch (error) {
@@ -61,7 +64,7 @@ export function enrollHandler(bmdb: BMDB, metrics: ServerMetrics | undefined): E
   };
 }
 
-async function enroll(bmdb: BMDB, request: EnrollRequest, key: Uint8Array | undefined): Promise<void> {
+async function enroll(bmdb: BMDB, request: EnrollRequest, key: Uint8Array | undefined): Promise<EnrollmentOutcome> {
   const { machineId } = request;
   if (key === undefined) {
     log.enrollment('refused an enrollment of machine %o: no client certificate over an ed25519 key', machineId);
@@ -73,8 +76,9 @@ async function enroll(bmdb: BMDB, request: EnrollRequest, key: Uint8Array | unde
   if (!isUuid(machineId)) {
     throw new ConnectError(`machine_id ${JSON.stringify(machineId)} is not a UUID`, Code.InvalidArgument);
   }
+  let outcome: EnrollmentOutcome;
   try {
-    await enrollAgent(bmdb.db, {
+    outcome = await enrollAgent(bmdb.db, {
       machineId,
       token: request.token,
       agentPublicKey: key,
@@ -96,5 +100,11 @@ async function enroll(bmdb: BMDB, request: EnrollRequest, key: Uint8Array | unde
     log.server('could not record the enrollment of machine %s: %s', machineId, (error as Error).message);
     throw new ConnectError(`could not record the enrollment of machine ${machineId}`, Code.Unavailable);
   }
-  log.enrollment('enrolled the agent of machine %s with key %s', machineId, Buffer.from(key).toString('hex'));
+  const hex = Buffer.from(key).toString('hex');
+  if (outcome === 'repeated') {
+    log.enrollment('enrolled the agent of machine %s with key %s already: answered again as then', machineId, hex);
+  } else {
+    log.enrollment('enrolled the agent of machine %s with key %s', machineId, hex);
+  }
+  return outcome;
 }

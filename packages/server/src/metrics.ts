@@ -40,7 +40,7 @@ export class ServerMetrics {
     });
     this.enrollments = new Counter({
       name: 'bmaas_server_enrollments_total',
-      help: 'Agent enrollments, by result: Enrolled, or why one was refused (NoToken, WrongToken, Expired, Used).',
+      help: 'Agent enrollments, by result: Enrolled, Repeated (its token presented again with the key it enrolled), or why one was refused (NoToken, WrongToken, Expired, Used).',
       labelNames: ['result'],
       registers: [registry],
     });

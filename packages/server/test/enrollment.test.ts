@@ -130,6 +130,36 @@ describe('Enroll', () => {
     for (const secret of [token, expiring.token]) expect(log).not.toContain(secret);
   });
 
+  test('its token again with the key it enrolled (the answer lost): OK as the first, counted Repeated, nothing written', async () => {
+    const agent = agentIdentity();
+    const { machineId, token } = await machineWithToken();
+    const repeats = async () =>
+      Number(
+        /bmaas_server_enrollments_total\{result="Repeated"\} (\d+)/.exec(
+          await registry.getSingleMetricAsString('bmaas_server_enrollments_total'),
+        )?.[1] ?? 0,
+      );
+    const before = await repeats();
+    await enrollmentClient(agent).enroll({ machineId, token, hardwareReport: sentHardwareReport });
+    // The agent asks again over a new connection, with its key and token, as after an answer that never came.
+    const logged = captureDebugLog('bmaas:server*');
+    try {
+      await enrollmentClient(agent).enroll({ machineId, token, hardwareReport: sentHardwareReport });
+    } finally {
+      logged.restore();
+    }
+    expect(await repeats()).toBe(before + 1);
+    expect(logged.lines.join('\n')).toContain(`enrolled the agent of machine ${machineId}`);
+    expect(logged.lines.join('\n')).not.toContain(token);
+    expect(await agentKey(machineId)).toEqual(agent.publicKey);
+    expect((await operatorHistory(t.bmdb.db, machineId)).map((e) => e.outcome)).toEqual(['Succeeded']);
+    await agentClient(t.server.port, t.ca, agent).heartbeat({ machineId });
+    // Another key with the used token is still refused.
+    const other = await refusal(enrollmentClient(agentIdentity()).enroll({ machineId, token }));
+    expect(other.code).toBe(Code.PermissionDenied);
+    expect(other.rawMessage).toBe(`enrollment of machine ${machineId} refused: its enrollment token was used already`);
+  });
+
   test('without a client certificate: UNAUTHENTICATED, the token left unused', async () => {
     const { machineId, token } = await machineWithToken();
     const error = await refusal(enrollmentClient().enroll({ machineId, token }));

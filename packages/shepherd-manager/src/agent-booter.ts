@@ -7,6 +7,7 @@ import {
   type ControlLoop,
   type ControlLoopOptions,
   issueEnrollmentToken,
+  needsAgentBoot,
   Process,
   type ProvidedMachine,
   type RecoveryThresholds,
@@ -75,7 +76,9 @@ export class AgentEnrollmentTimeoutError extends ShepherdError {
  * asked to install again or to wipe, or an agent silent past the recoverer's
  * thresholds (booted into the agent again, rather than power-cycled forever).
  *
- * For each: a one-time enrollment token, this boot's files holding it
+ * For each, once it checked the claimed machine still needs it
+ * (`needsAgentBoot`; else the work is canceled, the machine left as it is):
+ * a one-time enrollment token, this boot's files holding it
  * ({@link AgentBootFiles}), the BMC's boot ({@link AgentBootControl.bootAgent}),
  * then the wait for the agent's enrollment, which records AgentStarted as a
  * takeover would. The media is ejected and the boot's files removed however
@@ -125,6 +128,14 @@ export class AgentBooter implements ControlLoop<ProvidedMachine> {
     const { machineId, providerId } = task.candidate;
     const db = this.#db();
     const machine = await this.provider.getMachine(providerId, task.signal);
+    // Checked again now that the claim holds it, last before the token and the reset: a heartbeat whose statement
+    // began before the claim committed may have settled its installation (the OS runs) or shown its agent alive,
+    // or the reinstall was canceled. Heartbeats after the claim store no report and hand out no request.
+    if (!(await needsAgentBoot(db, machineId, { provider: this.provider.type, ...this.#thresholds }))) {
+      log.agentBooter('machine %s (provider ID %s) needs no agent boot any more: not booted', machineId, providerId);
+      await task.work.cancel();
+      return;
+    }
     const token = await issueEnrollmentToken(db, machineId, {
       validForSeconds: Math.ceil(this.#enrollmentWithin / 1000) + TOKEN_GRACE_SECONDS,
     });

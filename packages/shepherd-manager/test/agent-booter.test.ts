@@ -15,7 +15,18 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
-import { addProvided, newMachine, Process, setAgentBootMethods } from '@bmaas/bmdb-controlloop';
+import {
+  addProvided,
+  agentEnrollment,
+  deleteAgentHeartbeat,
+  deleteAgentStarted,
+  newMachine,
+  Process,
+  requestOSInstallation,
+  setAgentBootMethods,
+  setAgentHeartbeat,
+  setAgentStarted,
+} from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { smallAgentImage } from '../../../test/support/agent-image.js';
@@ -57,6 +68,8 @@ class VirtualMediaBoard implements Provider, AgentBootControl {
   readonly behaviour = new Map<string, Behaviour>();
   readonly told = new Map<string, Told[]>();
   readonly agents: ChildProcess[] = [];
+  /** What happens, per provider ID, when the booter asks for the machine: after its claim, before its boot. */
+  readonly onGetMachine = new Map<string, () => Promise<void>>();
 
   constructor(
     readonly type: string,
@@ -69,6 +82,7 @@ class VirtualMediaBoard implements Provider, AgentBootControl {
 
   async getMachine(id: string): Promise<Machine> {
     if (!this.behaviour.has(id)) throw new MachineNotFoundError(this.type, id);
+    await this.onGetMachine.get(id)?.();
     return this.#machine(id);
   }
 
@@ -347,6 +361,61 @@ describe('a machine whose BMC boots its agent', () => {
     expect((await history(machineId)).map((row) => row.event)).toEqual(['Started', 'Finished', 'Started', 'Finished']);
     expect((board.told.get('vm-silenced') ?? []).map((t) => t.act)).toEqual(['boot', 'end', 'boot', 'end']);
   }, 120_000);
+
+  test('claimed, but installed or alive again before its boot (a heartbeat of before the claim): not booted', async () => {
+    const image = {
+      imageUrl: 'https://images.example.com/os.img',
+      imageSha256: 'ab'.repeat(32),
+      rootDevice: '/dev/sda',
+      actor: 'alice@ops',
+      reason: 'install',
+    };
+    // Each machine's old agent is silent past the thresholds; one was installing long ago.
+    const silentMachine = async (providerId: string) => {
+      const machineId = await newMachine(q);
+      await addProvided(q, machineId, { provider: PROVIDER, providerId });
+      await setAgentStarted(q, machineId, { publicKey: new Uint8Array(32).fill(9) });
+      await setAgentHeartbeat(q, machineId, new Date(Date.now() - 3_600_000));
+      board.behaviour.set(providerId, 'boots-nothing');
+      return machineId;
+    };
+    const installed = await silentMachine('vm-installed-meanwhile');
+    await requestOSInstallation(q, installed, image);
+    await q
+      .updateTable('machine_os_installation_request')
+      .set({ installation_state: 'Delivered', delivered_at: new Date(Date.now() - 3 * 3_600_000) })
+      .where('machine_id', '=', installed)
+      .execute();
+    const revived = await silentMachine('vm-revived');
+    // What the heartbeat statements that began before the claim committed wrote once it had: the old agent's
+    // Success (the machine runs its OS, its agent's tags gone), and the other's heartbeat.
+    board.onGetMachine.set('vm-installed-meanwhile', async () => {
+      await q
+        .updateTable('machine_os_installation_request')
+        .set({ installation_state: 'Succeeded' })
+        .where('machine_id', '=', installed)
+        .execute();
+      await deleteAgentHeartbeat(q, installed);
+      await deleteAgentStarted(q, installed);
+    });
+    board.onGetMachine.set('vm-revived', () => setAgentHeartbeat(q, revived));
+    await setAgentBootMethods(
+      q,
+      PROVIDER,
+      new Map([
+        ['vm-installed-meanwhile', 'virtual-media'],
+        ['vm-revived', 'virtual-media'],
+      ]),
+    );
+    for (const machineId of [installed, revived]) {
+      await eventually('the claim ended', async () => ((await history(machineId)).length === 2 ? true : undefined));
+      expect((await history(machineId)).map((row) => row.event)).toEqual(['Started', 'Canceled']);
+      expect(await backoff(machineId)).toBeUndefined();
+    }
+    expect(board.told.get('vm-installed-meanwhile')).toBeUndefined();
+    expect(board.told.get('vm-revived')).toBeUndefined();
+    expect(await agentEnrollment(q, installed)).toBeUndefined();
+  }, 60_000);
 
   test('an ssh machine of the same provider is left to the initializer', async () => {
     const machineId = await newMachine(q);

@@ -113,8 +113,12 @@ while true; do
     say "enrolling the agent"
     node ${AGENT_PATH} enroll --enrollment ${ENROLLMENT_JSON} --write-handover ${CONFIG_DIR}/handover.json --reboot-command "reboot -f" --send-log ${AGENT_LOG} "$@" 2>&1 | tee -a ${AGENT_LOG}
     if [ ! -f ${CONFIG_DIR}/handover.json ]; then
-      # Refused (the token is wrong, expired or used): asking again would be refused again.
-      say "the enrollment was refused: the agent cannot start until this machine is booted with a new token"
+      # Refused (the token is wrong, expired or used; the machine installed): asking again would be
+      # refused again. The agent ran the reboot command already; should that have returned, reboot
+      # here. This boot was a one-time override whose media the booter ejects: the disk boots (an
+      # installed machine its OS), and a machine that needs the agent is booted with a new token.
+      say "the enrollment was refused: rebooting into the machine's disk"
+      reboot -f
       while true; do sleep 3600; done
     fi
   fi

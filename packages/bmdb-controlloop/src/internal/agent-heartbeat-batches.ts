@@ -44,6 +44,14 @@ const PROCESSOR = 'agent-callback';
  *   requested): its agent may reboot into that image whatever the answer,
  *   and the request would then show `Delivered` on a machine that runs
  *   another image. It goes to the agent's next heartbeat.
+ * - While an agent boot of the machine is under way (a `ShepherdAgentBoot`
+ *   work row, live or not: a key probe of `work_machine_process_key`, only
+ *   for machines with an open request), its agent's report is not stored
+ *   (`ignored`) and no request is handed out: the booter is about to reset
+ *   the machine into a new agent, and a `Succeeded` landing now would leave
+ *   that agent refused on a machine no selection takes, and a request
+ *   handed out now would be cut short by the reset. The new agent gets the
+ *   request once the boot's work ended.
  * - A report of that generation is stored with the key that sent it, and
  *   the request marked `Succeeded` or `Failed` (with the agent's error); a
  *   report of any other generation is ignored. A request handed out for the
@@ -105,7 +113,7 @@ const HEARTBEAT_SQL = `
   open AS (
     SELECT a.ord, a.machine_id, a.public_key, a.installation_report, a.installation_error, q.generation,
       q.installation_state, q.request_kind, q.image_url, q.image_sha256, q.root_device, q.root_device_hints, q.compression, q.user_data,
-      CASE WHEN a.generation = q.generation THEN a.result END AS result,
+      CASE WHEN a.generation = q.generation AND NOT b.booting THEN a.result END AS result,
       -- Not held unless delivered, not under recovery: queries/conditions.ts's
       -- isHeld and hasLiveWork, written out in this statement's raw text.
       (q.installation_state = 'Delivered'
@@ -113,8 +121,12 @@ const HEARTBEAT_SQL = `
         AND NOT EXISTS (SELECT 1 FROM work w JOIN sessions s ON s.session_id = w.session_id
           WHERE w.machine_id = a.machine_id AND w.process = 'ShepherdRecovery' AND s.deadline > now())
         AND a.result IS DISTINCT FROM 'Success'
+        AND NOT b.booting
         AS deliverable
     FROM authenticated a JOIN machine_os_installation_request q ON q.machine_id = a.machine_id
+      -- An agent boot of the machine: its work row, whoever's session (the booter may reset it still).
+      CROSS JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM work w
+        WHERE w.machine_id = a.machine_id AND w.process = 'ShepherdAgentBoot') AS booting) b
     WHERE q.installation_state IN ('Requested', 'Delivered')),
   installation AS (
     INSERT INTO machine_os_installation_report

@@ -75,7 +75,8 @@ export function agentRecoverySelection(
  *   wipe (a reinstall, `shepherd decommission --wipe` of an installed
  *   machine): the new request takes the machine out of `Succeeded`, which
  *   puts it back among the machines without an agent; an installed machine
- *   without a newer request is left alone;
+ *   without a newer request is left alone, and so is one whose newer request
+ *   was canceled before an agent came for it (its OS still runs);
  * - its agent silent past the recovery thresholds (the recoverer's, see
  *   {@link RecoveryThresholds}), unless it is installing and showed life
  *   within the installing threshold, as the recoverer has it: such a machine
@@ -89,6 +90,26 @@ export async function machinesForAgentBoot(
 ): Promise<ProvidedMachine[]> {
   const rows = await agentBootQuery(db, options).limit(options.limit).execute();
   return rows.map(toProvidedMachine);
+}
+
+/**
+ * Whether the machine still needs its BMC to boot its agent, as
+ * {@link machinesForAgentBoot} has it (`options.provider` its provider's),
+ * whatever work, backoff or hold it has: for the agent booter to check
+ * again once it claimed the machine, before it resets it. A heartbeat whose
+ * statement began before the claim committed may have settled the machine's
+ * installation since (it runs its OS) or shown its silent agent alive, and
+ * an operator may have canceled the reinstall it was taken for.
+ */
+export async function needsAgentBoot(
+  db: Kysely<Database>,
+  machineId: string,
+  options: { provider: string } & RecoveryThresholds,
+): Promise<boolean> {
+  const { rows } = await sql<{ machine_id: string }>`
+    SELECT needing.machine_id FROM ${needingAgentBoot(db, options)} AS needing
+    WHERE needing.machine_id = ${machineId}`.execute(db);
+  return rows.length > 0;
 }
 
 /** {@link machinesForAgentBoot} as a {@link Selection}, for one-statement claims of `ShepherdAgentBoot`. */
@@ -112,26 +133,52 @@ export function agentBootSelection(
  */
 function agentBootQuery(db: Kysely<Database>, options: { provider: string } & RecoveryThresholds) {
   const { provider } = options;
-  const { installingWithin } = thresholdSeconds(options);
-  const needing = sql<{ machine_id: string }>`(
-    WITH start AS (SELECT gen_random_uuid() AS at)
-    (SELECT machine_id FROM machine_agent_pending
-     WHERE provider = ${provider} AND agent_boot AND machine_id >= (SELECT at FROM start) ORDER BY machine_id)
-    UNION ALL
-    (SELECT machine_id FROM machine_agent_pending
-     WHERE provider = ${provider} AND agent_boot AND machine_id < (SELECT at FROM start) ORDER BY machine_id)
-    UNION ALL
-    (SELECT silent.machine_id FROM (${silentAgents(db, options)}) AS silent
-     WHERE ${bootedByBmc('silent.machine_id')}
-       AND NOT ${installingRecently('silent.machine_id', installingWithin)}))`;
   return db
-    .selectFrom(needing.as('needing'))
+    .selectFrom(needingAgentBoot(db, options).as('needing'))
     .innerJoin('machine_provided as mp', 'mp.machine_id', 'needing.machine_id')
     .selectAll('mp')
     .where('mp.provider', '=', provider)
     .where(sql<boolean>`NOT ${hasLiveWork('mp.machine_id', SHEPHERD_PROCESSES)}`)
     .where(sql<boolean>`NOT ${inBackoff('mp.machine_id', Process.ShepherdAgentBoot)}`)
     .where(sql<boolean>`NOT ${isHeld('mp.machine_id')}`);
+}
+
+/**
+ * The machines of `options.provider` whose BMC must boot their agent, by
+ * their state alone (see {@link agentBootQuery}): the pending ones, but
+ * those still running the OS of a report a canceled request did not
+ * replace (two key probes each), and the silent ones.
+ */
+function needingAgentBoot(db: Kysely<Database>, options: { provider: string } & RecoveryThresholds) {
+  const { provider } = options;
+  const { installingWithin } = thresholdSeconds(options);
+  return sql<{ machine_id: string }>`(
+    WITH start AS (SELECT gen_random_uuid() AS at)
+    (SELECT p.machine_id FROM machine_agent_pending p
+     WHERE p.provider = ${provider} AND p.agent_boot AND p.machine_id >= (SELECT at FROM start)
+       AND NOT ${stillInstalled('p.machine_id')} ORDER BY p.machine_id)
+    UNION ALL
+    (SELECT p.machine_id FROM machine_agent_pending p
+     WHERE p.provider = ${provider} AND p.agent_boot AND p.machine_id < (SELECT at FROM start)
+       AND NOT ${stillInstalled('p.machine_id')} ORDER BY p.machine_id)
+    UNION ALL
+    (SELECT silent.machine_id FROM (${silentAgents(db, options)}) AS silent
+     WHERE ${bootedByBmc('silent.machine_id')}
+       AND NOT ${installingRecently('silent.machine_id', installingWithin)}))`;
+}
+
+/**
+ * Whether the machine at `machineId`, pending an agent, still runs the OS
+ * its last report installed: its newer request (a reinstall, a wipe) took
+ * it out of `Succeeded` and was canceled before any agent reported on it,
+ * so its report is still that `Success`. Booting it into the agent would
+ * reset a running OS for nothing. Key probes of the request and the report.
+ */
+function stillInstalled(machineId: string): RawBuilder<boolean> {
+  return sql<boolean>`EXISTS (SELECT 1 FROM machine_os_installation_request sq
+    JOIN machine_os_installation_report sr ON sr.machine_id = sq.machine_id
+    WHERE sq.machine_id = ${sql.ref(machineId)} AND sq.installation_state = 'Canceled'
+      AND sr.os_installation_result = 'Success')`;
 }
 
 /**

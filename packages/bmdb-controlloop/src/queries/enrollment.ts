@@ -78,6 +78,20 @@ export async function issueEnrollmentToken(
 }
 
 /**
+ * What {@link enrollAgent} did: `enrolled`, the token used now; `repeated`,
+ * the same token presented again with the key it enrolled (the agent never
+ * got the first answer), answered as the first was and nothing written.
+ */
+export type EnrollmentOutcome = 'enrolled' | 'repeated';
+
+/**
+ * How often a machine's refused enrollments are recorded: at most one
+ * `Refused` entry in this many seconds since its last `EnrollAgent` entry,
+ * so a client presenting tokens in a loop costs a read each, not a row each.
+ */
+export const ENROLLMENT_REFUSALS_RECORDED_EVERY_SECONDS = 60;
+
+/**
  * Enrolls a BMC-booted agent: in one transaction, marks the machine's token
  * used, sets AgentStarted with the agent's key (as a takeover's finish
  * does), stores its hardware report (as a heartbeat does) and records an
@@ -88,48 +102,56 @@ export async function issueEnrollmentToken(
  * and then finds it used. (A constant-time comparison is not needed: what
  * is compared is a hash, which tells a guesser nothing about the token.)
  *
+ * The token used already, presented again with the key it enrolled (the
+ * machine's AgentStarted key), is answered as the first was (`repeated`),
+ * expired or not, until a new token replaces it, and writes nothing: the
+ * answer to the first was lost, and the agent asks again with the same
+ * token and key. Any other key is refused (`Used`).
+ *
  * A refusal is recorded too (`Refused`, its reason in `detail`, never the
- * token) when the machine exists, and committed before the error is thrown;
- * call this outside a transaction of your own, or that record goes with it.
+ * token) when the machine exists, unless the machine's last `EnrollAgent`
+ * entry is a refusal of the last {@link ENROLLMENT_REFUSALS_RECORDED_EVERY_SECONDS}
+ * (the server's metrics count each); it is committed before the error is
+ * thrown, so call this outside a transaction of your own, or that record
+ * goes with it. A refusal takes no row lock: the UPDATE matches no row for a
+ * wrong, used or expired token, so it waits for nobody; what follows only
+ * reads, and writes at most that one entry.
  *
  * @throws {@link EnrollmentRefusedError} naming the machine and why
  * @throws {@link BMDBError} when the machine is installed (its OS runs, not an agent) and has no newer request
  */
-export async function enrollAgent(db: Kysely<Database>, request: EnrollmentRequest): Promise<void> {
+export async function enrollAgent(db: Kysely<Database>, request: EnrollmentRequest): Promise<EnrollmentOutcome> {
   const { machineId } = request;
   if (!isUuid(machineId)) throw new EnrollmentRefusedError(machineId, 'NoToken');
-  const refusal = db.isTransaction
+  const outcome = db.isTransaction
     ? await enrollIn(db, request)
     : await db
         .transaction()
         .setIsolationLevel('read committed')
         .execute((trx) => enrollIn(trx, request));
-  if (refusal !== undefined) throw new EnrollmentRefusedError(machineId, refusal);
+  if (outcome === 'enrolled' || outcome === 'repeated') return outcome;
+  throw new EnrollmentRefusedError(machineId, outcome);
 }
 
-/** The enrollment's statements in `trx`; returns why it was refused, if it was. */
-async function enrollIn(trx: Kysely<Database>, request: EnrollmentRequest): Promise<EnrollmentRefusal | undefined> {
+/** The enrollment's statements in `trx`; returns what it did, or why it was refused. */
+async function enrollIn(
+  trx: Kysely<Database>,
+  request: EnrollmentRequest,
+): Promise<EnrollmentOutcome | EnrollmentRefusal> {
   const { machineId } = request;
   const tokenSha256 = sha256(request.token);
   // READ COMMITTED: a concurrent use of the same token holds the row; this
   // UPDATE waits for it, re-reads the row's new version and matches nothing.
+  // A wrong, used or expired token matches no version of the row, so it locks nothing and waits for no one.
   const used = await sql<{ machine_id: string }>`
     UPDATE machine_agent_enrollment SET enrolled_at = now()
     WHERE machine_id = ${machineId} AND token_sha256 = ${tokenSha256}
       AND enrolled_at IS NULL AND expires_at > now()
     RETURNING machine_id`.execute(trx);
   if (used.rows.length === 0) {
-    const refusal = await whyRefused(trx, machineId, tokenSha256);
-    if (refusal.machineExists) {
-      await recordOperatorAction(trx, {
-        machineId,
-        action: OperatorAction.EnrollAgent,
-        outcome: 'Refused',
-        actor: ENROLL_ACTOR,
-        cause: new EnrollmentRefusedError(machineId, refusal.reason).message,
-        detail: { reason: refusal.reason },
-      });
-    }
+    const refusal = await whyRefused(trx, machineId, tokenSha256, request.agentPublicKey);
+    if (refusal.repeated) return 'repeated';
+    if (refusal.machineExists) await recordRefusal(trx, machineId, refusal.reason);
     return refusal.reason;
   }
   await setAgentStarted(trx, machineId, { publicKey: request.agentPublicKey });
@@ -144,29 +166,61 @@ async function enrollIn(trx: Kysely<Database>, request: EnrollmentRequest): Prom
     actor: ENROLL_ACTOR,
     detail: { agentPublicKey: Buffer.from(request.agentPublicKey).toString('hex') },
   });
-  return undefined;
+  return 'enrolled';
 }
 
 /**
  * Why the token did not enroll the machine: a token that is not the
  * machine's is `WrongToken` whatever the state of the machine's own, so a
- * guesser learns nothing of it.
+ * guesser learns nothing of it. The machine's token, used, with the key
+ * its enrollment recorded is `repeated`, no refusal.
  */
 async function whyRefused(
   trx: Kysely<Database>,
   machineId: string,
   tokenSha256: Buffer,
-): Promise<{ reason: EnrollmentRefusal; machineExists: boolean }> {
-  const { rows } = await sql<{ matches: boolean | null; used: boolean | null }>`
-    SELECT e.token_sha256 = ${tokenSha256} AS matches, e.enrolled_at IS NOT NULL AS used
+  agentPublicKey: Uint8Array,
+): Promise<{ reason: EnrollmentRefusal; machineExists: boolean; repeated: boolean }> {
+  const { rows } = await sql<{ matches: boolean | null; used: boolean | null; same_key: boolean | null }>`
+    SELECT e.token_sha256 = ${tokenSha256} AS matches, e.enrolled_at IS NOT NULL AS used,
+      a.agent_public_key = ${Buffer.from(agentPublicKey)} AS same_key
     FROM machines m LEFT JOIN machine_agent_enrollment e ON e.machine_id = m.machine_id
+      LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id
     WHERE m.machine_id = ${machineId}`.execute(trx);
   const [row] = rows;
-  if (row === undefined) return { reason: 'NoToken', machineExists: false };
+  if (row === undefined) return { reason: 'NoToken', machineExists: false, repeated: false };
   // Matching, unused and yet not enrolled: expired (the UPDATE checked it by the same clock).
   const reason: EnrollmentRefusal =
     row.matches === null ? 'NoToken' : !row.matches ? 'WrongToken' : row.used ? 'Used' : 'Expired';
-  return { reason, machineExists: true };
+  return { reason, machineExists: true, repeated: reason === 'Used' && row.same_key === true };
+}
+
+/**
+ * Records the refusal, unless the machine's last `EnrollAgent` entry within
+ * {@link ENROLLMENT_REFUSALS_RECORDED_EVERY_SECONDS} is a refusal: a range
+ * of `operator_history_machine_idx` (the machine's last interval), no row
+ * lock. Concurrent refusals of one machine take turns at a transaction's
+ * advisory lock of the machine, tried, never waited for: a refusal that
+ * finds it taken leaves the record to its holder; one that gets it reads
+ * after the last holder's commit, so it sees that holder's entry. The two-key
+ * advisory locks are a space apart from the one-key ones others take.
+ */
+async function recordRefusal(trx: Kysely<Database>, machineId: string, reason: EnrollmentRefusal): Promise<void> {
+  const { rows } = await sql<{ turn: boolean }>`
+    SELECT pg_try_advisory_xact_lock(hashtext('bmdb enrollment refusal'), hashtext(${machineId})) AS turn`.execute(trx);
+  if (rows[0]?.turn !== true) return;
+  const cause = new EnrollmentRefusedError(machineId, reason).message;
+  await sql`
+    INSERT INTO operator_history (machine_id, action, outcome, actor, cause, detail)
+    SELECT ${machineId}::uuid, ${OperatorAction.EnrollAgent}, 'Refused', ${ENROLL_ACTOR}, ${cause},
+      ${JSON.stringify({ reason })}::jsonb
+    WHERE NOT EXISTS (
+      SELECT 1 FROM (
+        SELECT outcome FROM operator_history
+        WHERE machine_id = ${machineId} AND action = ${OperatorAction.EnrollAgent}
+          AND "timestamp" > now() - make_interval(secs => ${ENROLLMENT_REFUSALS_RECORDED_EVERY_SECONDS})
+        ORDER BY "timestamp" DESC LIMIT 1) AS last
+      WHERE last.outcome = 'Refused')`.execute(trx);
 }
 
 /** The hardware report as the heartbeat statement stores it, with its totals for the fleet's gauges. */
