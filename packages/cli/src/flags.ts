@@ -355,6 +355,18 @@ const flags = {
       describe:
         'Serve the boot files over HTTPS with a self-signed certificate made once as <data-dir>/agent-boot.crt (most BMCs do not check it; iPXE does)',
     },
+    'agent-boot-idle-timeout': {
+      kind: 'duration',
+      describe:
+        'How long a boot files connection may go without a byte read or written before it is closed (a download whose client stopped reading, its file with it)',
+      default: '1m',
+    },
+    'agent-boot-max-connections': {
+      kind: 'number',
+      describe:
+        'Boot files connections open at once; past it a new one is closed as it is accepted (the BMC tries again)',
+      default: '1024',
+    },
     'agent-boot-enrollment-timeout': {
       kind: 'duration',
       describe:

@@ -15,6 +15,7 @@ import {
   hostPort,
   integer,
   metricsSettings,
+  timerDuration,
   UsageError,
 } from '../settings.js';
 import { loadTls, type TlsSource, tlsFiles } from '../tls.js';
@@ -141,17 +142,11 @@ function serverLimits(argv: Argv): ServerLimits {
       `${argv['max-buffered-bytes-per-connection']} is more than --max-buffered-bytes (${argv['max-buffered-bytes']})`,
     );
   }
-  const longest = 2 ** 31 - 1;
-  const timeout = (flag: string) => {
-    const ms = duration(argv, flag);
-    if (ms > longest) throw UsageError.invalid(flag, String(argv[flag]), 'a duration of at most 596h');
-    return ms;
-  };
   return {
     streamsPerConnection: integer(argv, 'max-streams-per-connection', 1, 2 ** 32 - 1),
     bufferedBytesPerConnection,
     bufferedBytes,
-    requestTimeout: timeout('request-timeout'),
-    idleTimeout: timeout('idle-timeout'),
+    requestTimeout: timerDuration(argv, 'request-timeout'),
+    idleTimeout: timerDuration(argv, 'idle-timeout'),
   };
 }
