@@ -128,10 +128,10 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
 }
 
 /**
- * What a client may hold of the server, from its flags: streams per
- * connection, bytes of requests not yet whole per connection and in all
- * (a connection's share at most the whole), the time a request may take,
- * a connection's idle time.
+ * What a client may hold of the server, from its flags: connections,
+ * streams per connection, bytes of requests not yet answered per
+ * connection and in all (a connection's share at most the whole), the time
+ * a request may take, a connection's idle time.
  */
 function serverLimits(argv: Argv): ServerLimits {
   const bufferedBytes = byteSize(argv, 'max-buffered-bytes', 1024);
@@ -143,6 +143,7 @@ function serverLimits(argv: Argv): ServerLimits {
     );
   }
   return {
+    connections: integer(argv, 'max-connections', 1, 10_000_000),
     streamsPerConnection: integer(argv, 'max-streams-per-connection', 1, 2 ** 32 - 1),
     bufferedBytesPerConnection,
     bufferedBytes,
