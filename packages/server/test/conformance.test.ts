@@ -642,6 +642,9 @@ describe('limits: what a client may hold of the server', () => {
       'server limits: requestTimeout must be a whole number above zero, got 0',
     );
     await expect(start({ streamsPerConnection: 1.5 })).rejects.toThrow(BmaasServerError);
+    await expect(start({ connections: 0 })).rejects.toThrow(
+      'server limits: connections must be a whole number above zero, got 0',
+    );
   });
 
   test('a request not whole within requestTimeout is cut off, naming it; a connection without a frame for idleTimeout is closed', async () => {
