@@ -671,7 +671,8 @@ describe('limits: what a client may hold of the server', () => {
   });
 
   test('an idle HTTP/1.1 connection is closed after idleTimeout, as an HTTP/2 one is', async () => {
-    const { server } = await limitedServer({ idleTimeout: 300 });
+    // Long enough for the handshake, the request and its answer under a loaded machine's database.
+    const { server } = await limitedServer({ idleTimeout: 1500 });
     const { agent, machineId } = await agentWithMachine();
     const socket = tlsConnect({
       host: '127.0.0.1',

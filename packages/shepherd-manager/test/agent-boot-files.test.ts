@@ -496,7 +496,8 @@ describe('what a client may hold of the server', () => {
       imageDir: large,
       workDir: path.join(dir, 'work-idle'),
       listen: { host: '127.0.0.1', port: 0 },
-      limits: { idleTimeout: 200 },
+      // Long enough for each download's first bytes on a loaded machine.
+      limits: { idleTimeout: 1000 },
     });
     try {
       const stalled = await Promise.all(
