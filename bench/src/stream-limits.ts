@@ -4,7 +4,7 @@
  * finish them, from one connection and from several, with its limits off
  * (as it was before it had them) and at their defaults; meanwhile real
  * agents heartbeat, each on its own TLS connection. Prints, per run, the
- * server's resident memory and the bytes it holds of requests not yet whole
+ * server's resident memory and the bytes it holds of requests not yet answered
  * (their peaks), the requests it cut off, and the agents' heartbeats
  * answered and their latency (p50, p99), with the load average; writes
  * bench/results/stream-limits.{json,md}.
@@ -107,7 +107,7 @@ export interface LimitsFigure extends Run {
   /** The server's resident memory before the load, and its peak under it (MiB). */
   readonly rssBeforeMiB: number;
   readonly rssPeakMiB: number;
-  /** The bytes of requests not yet whole the server held at most (MiB). */
+  /** The bytes of requests not yet answered the server held at most (MiB). */
   readonly bufferedPeakMiB: number;
   readonly cutOff: Record<string, number>;
   readonly hostileStreamsOpened: number;
@@ -321,7 +321,7 @@ function render(figures: readonly LimitsFigure[]): string {
   const lines = [
     `shepherd server under unfinished requests: ${AGENTS} agents at ${RATE}/s each; hostile connections keep ${STREAMS} streams each announcing 4 MiB, never whole; ${SECONDS} s a run`,
     '',
-    '| limits | hostile connections | certificate | server RSS before → peak (MiB) | held not yet whole, peak (MiB) | cut off | hostile streams opened | heartbeats answered / failed | p50 (ms) | p99 (ms) | load average |',
+    '| limits | hostile connections | certificate | server RSS before → peak (MiB) | held not yet answered, peak (MiB) | cut off | hostile streams opened | heartbeats answered / failed | p50 (ms) | p99 (ms) | load average |',
     '|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|',
   ];
   for (const f of figures) {

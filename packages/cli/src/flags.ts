@@ -204,6 +204,12 @@ const flags = {
         'Processes taking heartbeats, sharing the listen socket, each batching its own (1: one process; set it to the cores the server may use)',
       default: '1',
     },
+    'max-connections': {
+      kind: 'number',
+      describe:
+        'Connections open at once (of each worker; each a file descriptor); past it a new one is closed as it is accepted',
+      default: '20000',
+    },
     'max-streams-per-connection': {
       kind: 'number',
       describe: 'Requests one agent connection may have open at once (HTTP/2 streams; the client is told, and waits)',
@@ -211,22 +217,23 @@ const flags = {
     },
     'max-buffered-bytes-per-connection': {
       describe:
-        'Bytes of requests not yet whole one connection may make the server hold (e.g. 16MiB); the request that would pass it is cut off',
+        'Bytes of requests not yet answered one connection may make the server hold (e.g. 16MiB); the request that would pass it is cut off',
       default: '16MiB',
     },
     'max-buffered-bytes': {
       describe:
-        'Bytes of requests not yet whole all connections together (of each worker) may make the server hold (e.g. 256MiB); the request that would pass it is cut off',
+        'Bytes of requests not yet answered all connections together (of each worker) may make the server hold (e.g. 256MiB); the request that would pass it is cut off',
       default: '256MiB',
     },
     'request-timeout': {
       kind: 'duration',
-      describe: 'How long a request may take to arrive whole; one slower is cut off',
+      describe: 'How long a request may take from its headers to its answer; one slower is cut off',
       default: '30s',
     },
     'idle-timeout': {
       kind: 'duration',
-      describe: 'How long a connection may stay without a frame before it is closed (agents connect again)',
+      describe:
+        'How long a connection may stay without a frame (HTTP/2) or a byte (HTTP/1.1) before it is closed (agents connect again)',
       default: '5m',
     },
   },
@@ -355,6 +362,18 @@ const flags = {
       boolean: true,
       describe:
         'Serve the boot files over HTTPS with a self-signed certificate made once as <data-dir>/agent-boot.crt (most BMCs do not check it; iPXE does)',
+    },
+    'agent-boot-idle-timeout': {
+      kind: 'duration',
+      describe:
+        'How long a boot files connection may go without a byte read or written before it is closed (a download whose client stopped reading, its file with it)',
+      default: '1m',
+    },
+    'agent-boot-max-connections': {
+      kind: 'number',
+      describe:
+        'Boot files connections open at once; past it a new one is closed as it is accepted (the BMC tries again)',
+      default: '1024',
     },
     'agent-boot-enrollment-timeout': {
       kind: 'duration',

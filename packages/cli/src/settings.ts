@@ -57,6 +57,16 @@ export function duration(argv: Argv, flag: string, options: { allowZero?: boolea
   return ms;
 }
 
+/** Timers wait at most 2^31-1 ms (about 596 hours). */
+const LONGEST_TIMER_MS = 2 ** 31 - 1;
+
+/** A duration a timer waits: greater than zero, at most 596h, in whole milliseconds (rounded up). */
+export function timerDuration(argv: Argv, flag: string): number {
+  const ms = Math.ceil(duration(argv, flag));
+  if (ms > LONGEST_TIMER_MS) throw UsageError.invalid(flag, String(argv[flag]), 'a duration of at most 596h');
+  return ms;
+}
+
 export function rate(argv: Argv, flag: string): RateLimiter {
   const value = required(argv, flag, 'this command');
   try {

@@ -192,7 +192,7 @@ test('run static: a blank machine is booted from virtual media, its agent enroll
 }, 180_000);
 
 describe('bad agent boot flags exit 2 naming the flag, touching nothing', () => {
-  test('an image directory without the image, a URL with a path, both a certificate and a self-signed one', async () => {
+  test('an image directory without the image, a URL with a path, both a certificate and a self-signed one, limits that cannot hold', async () => {
     await writeFile(path.join(dir, 'inventory.json'), '[]', { mode: 0o600 });
     const empty = path.join(dir, 'empty-image');
     await mkdir(empty, { recursive: true });
@@ -228,5 +228,20 @@ describe('bad agent boot flags exit 2 naming the flag, touching nothing', () => 
       /--agent-boot-tls-self-signed: not with --agent-boot-tls-cert and --agent-boot-tls-key/,
       dataDir,
     );
+    for (const [flag, value, message] of [
+      ['--agent-boot-max-connections', '0', /--agent-boot-max-connections: invalid value "0": want a whole number/],
+      ['--agent-boot-idle-timeout', '0s', /--agent-boot-idle-timeout: invalid value "0s": want a duration greater/],
+      [
+        '--agent-boot-idle-timeout',
+        '1000h',
+        /--agent-boot-idle-timeout: invalid value "1000h": want a duration of at most 596h/,
+      ],
+    ] as const) {
+      await expectUsageError(
+        await shepherd([...args, '--agent-boot-image-dir', imageDir, flag, value]),
+        message,
+        dataDir,
+      );
+    }
   });
 });

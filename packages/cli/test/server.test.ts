@@ -50,6 +50,10 @@ describe('shepherd server', () => {
       [['--workers', '0'], /^shepherd: --workers: invalid value "0": want a whole number from 1 to 64/],
       [['--workers', 'two'], /^shepherd: --workers: invalid value "two"/],
       [
+        ['--max-connections', '0'],
+        /^shepherd: --max-connections: invalid value "0": want a whole number from 1 to 10000000/,
+      ],
+      [
         ['--max-streams-per-connection', '0'],
         /^shepherd: --max-streams-per-connection: invalid value "0": want a whole number from 1 to 4294967295/,
       ],
@@ -131,7 +135,7 @@ describe('shepherd server', () => {
     expect((await second.exited).code).toBe(0);
   });
 
-  test('--max-streams-per-connection and --request-timeout hold its clients: told the cap, a slow body cut off naming the time', async () => {
+  test('--max-connections, --max-streams-per-connection and --request-timeout hold its clients: a connection past the cap closed, told the stream cap, a slow body cut off naming the time', async () => {
     const port = await freePort();
     const dataDir = path.join(dir, 'limits');
     const server = start([
@@ -146,15 +150,18 @@ describe('shepherd server', () => {
       '3',
       '--request-timeout',
       '300ms',
+      '--max-connections',
+      '1',
     ]);
     try {
       await server.logged(/BMaaS server listening/);
       const { privateKey } = generateKeyPairSync('ed25519');
-      const session = connect(`https://localhost:${port}`, {
+      const options = {
         ca: await readFile(path.join(dataDir, 'server.crt'), 'utf8'),
         cert: certificatePem(selfSignedCertificate(privateKey, { commonName: 'agent' })),
         key: privateKey.export({ type: 'pkcs8', format: 'pem' }),
-      });
+      };
+      const session = connect(`https://localhost:${port}`, options);
       try {
         const stream = session.request({
           ':method': 'POST',
@@ -170,6 +177,15 @@ describe('shepherd server', () => {
           'grpc-message': 'request cut off: not whole within 300 ms',
         });
         expect(session.remoteSettings.maxConcurrentStreams).toBe(3);
+        // A second connection, past --max-connections 1, is closed as it is accepted.
+        const second = connect(`https://localhost:${port}`, options);
+        second.on('error', () => {});
+        let connected = false;
+        second.once('connect', () => {
+          connected = true;
+        });
+        await eventually('the second connection closed', async () => (second.destroyed ? true : undefined));
+        expect(connected).toBe(false);
       } finally {
         session.destroy();
       }

@@ -12,6 +12,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { AgentBootError } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { captureDebugLog } from '../../../test/support/debug-log.js';
 import {
   BmcResponseError,
   BmcUnsupportedError,
@@ -212,6 +213,30 @@ describe('virtual media through Redfish', () => {
     expect(error.cause).toBeUndefined();
     expect(bmc.told('cd6')).toEqual([]);
     expect(bmc.bootOverride('cd6').target).toBe('None');
+  });
+
+  test('an InsertMedia the BMC answers 5xx naming the image is tried again, and no log line holds the image’s path', async () => {
+    const p = await providerOf([redfishMachine('cd10', { agentBoot: 'virtual-media' })]);
+    // A BMC whose fetch of the image failed for a while, saying which it fetched, as iDRAC does.
+    bmc.fail('cd10', {
+      status: 503,
+      method: 'POST',
+      times: 2,
+      message: `Unable to connect to the image at ${ISO} (path /${SECRET_PATH}/agent.iso)`,
+    });
+    const { lines, restore } = captureDebugLog('shepherd:static:*');
+    try {
+      await p.bootAgent('cd10', media);
+    } finally {
+      restore();
+    }
+    expect(bmc.told('cd10')).toEqual([`InsertMedia ${ISO} (HTTPS)`, 'BootOverride Cd Once UEFI', 'Reset ForceRestart']);
+    const retries = lines.filter((line) => line.includes('machine cd10: POST') && line.includes('failed'));
+    expect(retries).toHaveLength(2);
+    expect(retries[0]).toContain(
+      'Unable to connect to the image at https://shepherd.example:8443/…/agent.iso (path /…/agent.iso)',
+    );
+    expect(lines.filter((line) => line.includes(SECRET_PATH))).toEqual([]);
   });
 
   test('the agent boot’s end ejects the media, once', async () => {

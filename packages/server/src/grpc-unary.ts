@@ -59,11 +59,13 @@ const OK_TRAILERS = { 'grpc-status': '0' };
  *   answered; its request, if whole, was handed to the route regardless.
  * - The route's `admit` answering: that answer, before a byte of the body
  *   is read (the rest is never read).
- * - Bytes of the body are held against `budget` until it is whole: a chunk
- *   that would pass its connection's share, or the server's, is
- *   RESOURCE_EXHAUSTED; a body not whole within its `requestTimeout` is
- *   DEADLINE_EXCEEDED. Either names the limit, and the stream is reset
- *   after the answer.
+ * - Bytes of the body, and of a gzipped message as it inflated, are held
+ *   against `budget` until the route answered (past the call's answer when
+ *   that came first: the route still holds the request): a chunk that would
+ *   pass its connection's share, or the server's, is RESOURCE_EXHAUSTED; a
+ *   call not answered within its `requestTimeout` is DEADLINE_EXCEEDED
+ *   (saying whether its body was whole). Either names the limit, and the
+ *   stream is reset after the answer.
  *
  * The codes and messages are those `@connectrpc/connect` answers with, so a
  * call answers the same here as through the library; `grpc-message` is
@@ -76,9 +78,13 @@ export function serveUnaryCall<Request, Response>(
   budget: RequestBudget,
 ): void {
   let answered = false;
+  // The route has the request: its bytes stay held until the route answers, even past the call's own answer.
+  let answering = false;
+  let whole = false;
   let deadline: NodeJS.Timeout | undefined;
-  let incomplete: NodeJS.Timeout | undefined;
-  // The body's bytes held against the budget, from the first one read.
+  // The budget's requestTimeout, from the headers to the answer.
+  let overtime: NodeJS.Timeout | undefined;
+  // The request's bytes held against the budget, from the first one read until it is answered.
   let held: HeldBody | undefined;
   // The request's bytes: the first chunk alone, which usually holds the whole message, or all of them.
   let first: Buffer | undefined;
@@ -91,8 +97,8 @@ export function serveUnaryCall<Request, Response>(
     if (answered) return false;
     answered = true;
     if (deadline !== undefined) clearTimeout(deadline);
-    clearTimeout(incomplete);
-    held?.release();
+    clearTimeout(overtime);
+    if (!answering) held?.release();
     return true;
   };
   const refuse = (error: unknown) => {
@@ -122,7 +128,19 @@ export function serveUnaryCall<Request, Response>(
       refuse(new ConnectError(`parse binary: ${(error as Error).message}`, Code.Internal));
       return;
     }
-    route.answer(request, stream).then(respond, refuse);
+    answering = true;
+    route.answer(request, stream).then(
+      (response) => {
+        answering = false;
+        held?.release();
+        respond(response);
+      },
+      (error: unknown) => {
+        answering = false;
+        held?.release();
+        refuse(error);
+      },
+    );
   };
 
   stream.on('error', ignore);
@@ -161,15 +179,15 @@ export function serveUnaryCall<Request, Response>(
   const cutOff = (overrun: Overrun) =>
     refuse(
       new ConnectError(
-        overrunMessage(overrun, budget.limits),
+        overrunMessage(overrun, budget.limits, whole),
         overrun === 'requestTimeout' ? Code.DeadlineExceeded : Code.ResourceExhausted,
       ),
     );
-  incomplete = setTimeout(() => cutOff(budget.overrun('requestTimeout')), budget.limits.requestTimeout);
-  incomplete.unref();
+  overtime = setTimeout(() => cutOff(budget.overrun('requestTimeout')), budget.limits.requestTimeout);
+  overtime.unref();
   stream.on('close', () => {
-    clearTimeout(incomplete);
-    body.release();
+    clearTimeout(overtime);
+    if (!answering) body.release();
   });
 
   stream.on('data', (chunk: Buffer) => {
@@ -195,8 +213,7 @@ export function serveUnaryCall<Request, Response>(
     }
   });
   stream.on('end', () => {
-    clearTimeout(incomplete);
-    body.release();
+    whole = true;
     if (answered) return;
     if (first === undefined) {
       return refuse(new ConnectError('protocol error: missing input message for unary method', Code.Unimplemented));
@@ -210,7 +227,11 @@ export function serveUnaryCall<Request, Response>(
     if (!gzip) {
       return refuse(new ConnectError('received compressed envelope, but do not know how to decompress', Code.Internal));
     }
-    compressionGzip.decompress(message, READ_MAX_BYTES).then(answer, refuse);
+    compressionGzip.decompress(message, READ_MAX_BYTES).then((inflated) => {
+      const overrun = body.take(inflated.length);
+      if (overrun !== undefined) cutOff(overrun);
+      else answer(inflated);
+    }, refuse);
   });
 }
 

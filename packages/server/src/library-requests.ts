@@ -25,12 +25,14 @@ type Response = ServerResponse | Http2ServerResponse;
  *   Enroll's handler for Enroll's path, Heartbeat's for any other), as
  *   a Connect error with its HTTP status, and `grpc-status` and
  *   `grpc-message` for gRPC and gRPC-Web clients, which read those.
- * - The body's bytes are held against `budget` until it is whole; a request
- *   that would pass its connection's share or the server's, or that is not
- *   whole within `requestTimeout`, is cut off: its HTTP/2 stream reset
- *   (ENHANCE_YOUR_CALM), its HTTP/1.1 connection closed. The library is
- *   answering nothing yet (it answers once the body is whole), so there is
- *   no answer to spoil.
+ * - The body's bytes are held against `budget` until the answer is sent
+ *   (or the client went); a request that would pass its connection's share
+ *   or the server's, or that is not answered within `requestTimeout`, is
+ *   cut off: its HTTP/2 stream reset (ENHANCE_YOUR_CALM), its HTTP/1.1
+ *   connection closed. The library has answered nothing yet (it answers
+ *   once its handler did), so there is no answer to spoil. What a gzipped
+ *   body inflates to inside the library is not counted (at most 4 MiB a
+ *   request, `readMaxBytes`): agents call the lean path.
  */
 export function libraryRequests(
   library: (request: Request, response: Response) => void,
@@ -51,35 +53,33 @@ export function libraryRequests(
       );
       return;
     }
-    holdBody(request, budget);
+    holdBody(request, response, budget);
     library(request, response);
   };
 }
 
 /**
- * Counts each chunk of the body as the request takes it in, where node:http
+ * Counts each chunk of the body as the request takes it in, until the
+ * answer is sent or the client went, where node:http
  * and node:http2's compatibility layer hand it over (its `push`), without
  * reading it: the library reads the body when it wants, and a listener of
  * `data` would start the flow before it does (its first chunks lost to it).
  */
-function holdBody(request: Request, budget: RequestBudget): void {
+function holdBody(request: Request, response: Response, budget: RequestBudget): void {
   const connection = 'stream' in request ? request.stream.session : request.socket;
   const body = budget.hold(connection ?? request);
+  let whole = false;
   const cutOff = (overrun: Overrun) => {
-    log.server('cut off a request to %s: %s', request.url, overrunMessage(overrun, budget.limits));
+    log.server('cut off a request to %s: %s', request.url, overrunMessage(overrun, budget.limits, whole));
     body.release();
     if ('stream' in request) request.stream.close(constants.NGHTTP2_ENHANCE_YOUR_CALM);
     else request.socket.destroy();
   };
-  const incomplete = setTimeout(() => cutOff(budget.overrun('requestTimeout')), budget.limits.requestTimeout);
-  incomplete.unref();
-  const whole = () => {
-    clearTimeout(incomplete);
-    body.release();
-  };
+  const overtime = setTimeout(() => cutOff(budget.overrun('requestTimeout')), budget.limits.requestTimeout);
+  overtime.unref();
   const push = request.push;
   request.push = (chunk: unknown, encoding?: BufferEncoding) => {
-    if (chunk === null) whole();
+    if (chunk === null) whole = true;
     else if (chunk instanceof Uint8Array) {
       const overrun = body.take(chunk.length);
       if (overrun !== undefined) {
@@ -89,7 +89,11 @@ function holdBody(request: Request, budget: RequestBudget): void {
     }
     return push.call(request, chunk, encoding);
   };
-  request.once('close', whole);
+  // Sent, or its client gone: the library holds the request no more, but for a handler still at the database.
+  response.once('close', () => {
+    clearTimeout(overtime);
+    body.release();
+  });
 }
 
 /** A refusal as the Connect protocol writes it, with gRPC's status headers beside it. */

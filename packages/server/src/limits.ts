@@ -3,29 +3,39 @@ import type { ServerMetrics } from './metrics.js';
 
 /**
  * What one client, and all of them together, may hold of the server. A
- * request's body is *buffered* from its first byte until it is whole (or
- * its stream ends): that is what a client that never finishes its requests
- * would make the server keep. Durations in milliseconds.
+ * request is *buffered* from the first byte of its body until it is
+ * answered (or, on the gRPC library's routes, its answer is sent or its
+ * client went): its body while it arrives, then the request decoded (a
+ * gzipped message counted again as it inflates) while its handler waits on
+ * the database. That is what a client that never finishes its requests, or
+ * sends them faster than the database answers, would make the server keep.
+ * Durations in milliseconds.
  */
 export interface ServerLimits {
+  /** Connections open at once (of each worker); past it a new one is closed as it is accepted. Default 20,000. */
+  readonly connections: number;
   /** Streams one HTTP/2 connection may have open at once (its SETTINGS_MAX_CONCURRENT_STREAMS). Default 100. */
   readonly streamsPerConnection: number;
-  /** Bytes of requests not yet whole one connection may have buffered. Default 16 MiB. */
+  /** Bytes of requests not yet answered one connection may have buffered. Default 16 MiB. */
   readonly bufferedBytesPerConnection: number;
-  /** Bytes of requests not yet whole all connections together may have buffered. Default 256 MiB. */
+  /** Bytes of requests not yet answered all connections together may have buffered. Default 256 MiB. */
   readonly bufferedBytes: number;
-  /** How long a request may take from its headers to the end of its body. Default 30 s. */
+  /** How long a request may take from its headers to its answer. Default 30 s. */
   readonly requestTimeout: number;
-  /** How long a connection may stay without a frame before it is closed. Default 5 minutes. */
+  /** How long a connection, HTTP/2 or HTTP/1.1, may stay without a frame or a byte before it is closed. Default 5 minutes. */
   readonly idleTimeout: number;
 }
 
 /**
- * The defaults: an agent calls one heartbeat at a time, of a few kilobytes
- * (a hardware report at most tens), every few seconds to minutes; four of
- * the largest messages a call takes (4 MiB) fit in one connection's share.
+ * The defaults: an agent keeps one connection and calls one heartbeat at a
+ * time, of a few kilobytes (a hardware report at most tens), every few
+ * seconds to minutes; four of the largest messages a call takes (4 MiB) fit
+ * in one connection's share. Each connection is a file descriptor: 20,000
+ * stay well under the open files a service is let have (systemd's 524,288,
+ * which Node takes as its own), with room for the database's.
  */
 export const DEFAULT_LIMITS: ServerLimits = {
+  connections: 20_000,
   streamsPerConnection: 100,
   bufferedBytesPerConnection: 16 * 1024 * 1024,
   bufferedBytes: 256 * 1024 * 1024,
@@ -63,7 +73,7 @@ export function serverLimits(given: Partial<ServerLimits> = {}): ServerLimits {
 }
 
 /**
- * The bytes of requests not yet whole, per connection and in all, held
+ * The bytes of requests not yet answered, per connection and in all, held
  * against {@link ServerLimits}: a chunk that would pass either share is not
  * taken, and its request is cut off.
  */
@@ -84,7 +94,7 @@ export class RequestBudget {
     return this.#total;
   }
 
-  /** A request's body on `connection` (an HTTP/2 connection, or the socket of an HTTP/1.1 one), held until {@link HeldBody.release}. */
+  /** A request on `connection` (an HTTP/2 connection, or the socket of an HTTP/1.1 one), held until {@link HeldBody.release}. */
   hold(connection: object): HeldBody {
     return new HeldBody(this, connection);
   }
@@ -117,7 +127,7 @@ export class RequestBudget {
   }
 }
 
-/** One request's share of a {@link RequestBudget}. */
+/** One request's share of a {@link RequestBudget}: its body's bytes, and what its message inflated to. */
 export class HeldBody {
   #bytes = 0;
   #released = false;
@@ -127,7 +137,7 @@ export class HeldBody {
     private readonly connection: object,
   ) {}
 
-  /** Takes a chunk of the body; a limit it would pass, if so (the chunk is then not taken). */
+  /** Takes a chunk of the body (or of the inflated message); a limit it would pass, if so (the chunk is then not taken). */
   take(bytes: number): Overrun | undefined {
     if (this.#released) return undefined;
     const overrun = this.budget.take(this.connection, bytes);
@@ -135,7 +145,7 @@ export class HeldBody {
     return overrun;
   }
 
-  /** The body is whole, or its stream ended: its bytes are no longer held. Idempotent. */
+  /** The request is answered, or its stream ended with nothing else holding it: its bytes are no longer held. Idempotent. */
   release(): void {
     if (this.#released) return;
     this.#released = true;
@@ -144,14 +154,18 @@ export class HeldBody {
   }
 }
 
-/** What a client is told when its request passed `overrun`, naming the limit and its value. */
-export function overrunMessage(overrun: Overrun, limits: ServerLimits): string {
+/**
+ * What a client is told when its request passed `overrun`, naming the limit
+ * and its value; a request timed out after its body was `whole` was waiting
+ * for its answer.
+ */
+export function overrunMessage(overrun: Overrun, limits: ServerLimits, whole = false): string {
   switch (overrun) {
     case 'bufferedBytesPerConnection':
-      return `request cut off: this connection's requests not yet whole passed ${limits.bufferedBytesPerConnection} bytes`;
+      return `request cut off: this connection's requests not yet answered passed ${limits.bufferedBytesPerConnection} bytes`;
     case 'bufferedBytes':
-      return `request cut off: the server holds ${limits.bufferedBytes} bytes of requests not yet whole`;
+      return `request cut off: the server holds ${limits.bufferedBytes} bytes of requests not yet answered`;
     case 'requestTimeout':
-      return `request cut off: not whole within ${limits.requestTimeout} ms`;
+      return `request cut off: not ${whole ? 'answered' : 'whole'} within ${limits.requestTimeout} ms`;
   }
 }

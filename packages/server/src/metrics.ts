@@ -2,8 +2,8 @@ import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 
 /**
  * The server's Prometheus metrics: heartbeats and enrollments by gRPC status
- * and their latency, enrollments by result; the bytes of requests not yet whole it holds, and the requests
- * it cut off for a limit (`limits.ts`). Batch sizes are the library's `bmdb_agent_heartbeat_batch_size`,
+ * and their latency, enrollments by result; the bytes of requests not yet answered it holds, the requests
+ * it cut off for a limit and the connections it refused (`limits.ts`). Batch sizes are the library's `bmdb_agent_heartbeat_batch_size`,
  * on the registry given to `BMDB.open`.
  */
 export class ServerMetrics {
@@ -12,6 +12,7 @@ export class ServerMetrics {
   readonly buffered: Gauge;
   readonly cutOff: Counter<'limit'>;
   readonly enrollments: Counter<'result'>;
+  readonly connectionsRefused: Counter;
 
   constructor(registry: Registry) {
     this.requests = new Counter({
@@ -29,13 +30,18 @@ export class ServerMetrics {
     });
     this.buffered = new Gauge({
       name: 'bmaas_server_buffered_request_bytes',
-      help: 'Bytes of requests not yet whole the server holds, of every connection.',
+      help: 'Bytes of requests not yet answered the server holds, of every connection.',
       registers: [registry],
     });
     this.cutOff = new Counter({
       name: 'bmaas_server_requests_cut_off_total',
-      help: 'Requests cut off before they were whole, by the limit they passed (bufferedBytesPerConnection, bufferedBytes, requestTimeout).',
+      help: 'Requests cut off before they were answered, by the limit they passed (bufferedBytesPerConnection, bufferedBytes, requestTimeout).',
       labelNames: ['limit'],
+      registers: [registry],
+    });
+    this.connectionsRefused = new Counter({
+      name: 'bmaas_server_connections_refused_total',
+      help: 'Connections closed as they were accepted: the server had its connections limit open.',
       registers: [registry],
     });
     this.enrollments = new Counter({

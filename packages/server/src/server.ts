@@ -6,6 +6,7 @@ import {
   type ServerHttp2Stream,
 } from 'node:http2';
 import type { AddressInfo, Socket } from 'node:net';
+import type { TLSSocket } from 'node:tls';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
 import { createContextValues } from '@connectrpc/connect';
 import { compressionGzip, connectNodeAdapter } from '@connectrpc/connect-node';
@@ -47,6 +48,40 @@ function routeStreams(server: Http2SecureServer, routes: ReturnType<typeof grpcR
   );
 }
 
+/**
+ * Holds the server's connections to `limits`: at most `connections` open
+ * (node:net closes the others as it accepts them; the first of a run of
+ * them is logged, each counted), and each closed after `idleTimeout`
+ * without a frame (HTTP/2) or a byte (HTTP/1.1). An HTTP/2 connection is
+ * asked to go, as an agent would close it between heartbeats (a GOAWAY,
+ * after which it connects again). An HTTP/1.1 one is node:http's, which on
+ * a node:http2 server has no idle timeout of its own: its socket's timeout
+ * is it, and node:http destroys the socket when it fires (no one listens
+ * for `timeout`).
+ */
+function holdConnections(server: Http2SecureServer, limits: ServerLimits, metrics: ServerMetrics | undefined): void {
+  server.maxConnections = limits.connections;
+  let refusing = false;
+  server.on('drop', () => {
+    metrics?.connectionsRefused.inc();
+    if (refusing) return;
+    refusing = true;
+    log.server(
+      'at %d open connections (its connections limit): refusing new ones until some close',
+      limits.connections,
+    );
+  });
+  server.on('connection', () => {
+    refusing = false;
+  });
+  server.on('session', (connection: ServerHttp2Session) => {
+    connection.setTimeout(limits.idleTimeout, () => connection.close());
+  });
+  server.on('secureConnection', (socket: TLSSocket) => {
+    if (socket.alpnProtocol !== 'h2') socket.setTimeout(limits.idleTimeout);
+  });
+}
+
 /** Options of {@link BmaasServer.start}. */
 export interface BmaasServerOptions {
   /** The BMDB heartbeats and enrollments are recorded in. */
@@ -57,7 +92,7 @@ export interface BmaasServerOptions {
   readonly tls: Pick<ServerTls, 'cert' | 'key'>;
   /** Register request metrics here. */
   readonly metrics?: Registry;
-  /** What clients may hold of the server (streams, bytes of requests not yet whole, time); the rest default. */
+  /** What clients may hold of the server (connections, streams, bytes of requests not yet answered, time); the rest default. */
   readonly limits?: Partial<ServerLimits>;
 }
 
@@ -72,13 +107,13 @@ export interface BmaasServerOptions {
  * path on `node:http2`'s streams (`grpc-unary.ts`); everything else goes
  * to `@connectrpc/connect-node` as it arrives (`library-requests.ts`). Both
  * answer through the same handler, from the same table of service names
- * (`routes.ts`), and both hold clients to the same {@link ServerLimits}: a
- * connection without a certificate is refused before a request's body is
- * read; a connection has at most `streamsPerConnection` streams open (as
- * HTTP/2 tells the client), and its requests' bodies are held against its
- * share and the server's of bytes buffered, and cut off if not whole in
- * `requestTimeout`; a connection without a frame for `idleTimeout` is
- * closed.
+ * (`routes.ts`), and both hold clients to the same {@link ServerLimits}: at
+ * most `connections` are open; a connection without a certificate is
+ * refused before a request's body is read; a connection has at most
+ * `streamsPerConnection` streams open (as HTTP/2 tells the client), and its
+ * requests are held against its share and the server's of bytes buffered
+ * until answered, and cut off if not answered in `requestTimeout`; a
+ * connection, HTTP/2 or HTTP/1.1, idle for `idleTimeout` is closed.
  *
  * @example
  * ```ts
@@ -134,10 +169,7 @@ export class BmaasServer {
       libraryRequests(library, heartbeat, enroll, budget),
     );
     routeStreams(server, grpcRoutes(heartbeat, enroll), budget);
-    server.on('session', (connection: ServerHttp2Session) => {
-      // Closed as an agent would close it between heartbeats: a GOAWAY, after which it connects again.
-      connection.setTimeout(limits.idleTimeout, () => connection.close());
-    });
+    holdConnections(server, limits, metrics);
     // A client that breaks off its handshake or connection is its own business.
     server.on('tlsClientError', (error) => log.server('TLS handshake failed: %s', error.message));
     server.on('sessionError', (error) => log.server('HTTP/2 connection failed: %s', error.message));

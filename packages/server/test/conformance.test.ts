@@ -10,6 +10,7 @@
 
 import { constants } from 'node:http2';
 import { connect } from 'node:net';
+import { connect as tlsConnect } from 'node:tls';
 import { gzipSync } from 'node:zlib';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError, createClient } from '@connectrpc/connect';
@@ -19,6 +20,7 @@ import pg from 'pg';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
+import { captureDebugLog } from '../../../test/support/debug-log.js';
 import { eventually } from '../../../test/support/wait.js';
 import {
   AgentCallback,
@@ -37,7 +39,7 @@ import {
   startTestServer,
   type TestServer,
 } from './helpers.js';
-import { GrpcJsAgent, grpcFrame, RawGrpcClient } from './standard-clients.js';
+import { GrpcJsAgent, grpcFrame, type RawAnswer, RawGrpcClient } from './standard-clients.js';
 
 const registry = new Registry();
 let t: TestServer;
@@ -573,7 +575,7 @@ describe('limits: what a client may hold of the server', () => {
     const cut = await second.answer;
     expect(cut.grpcStatus).toBe(Code.ResourceExhausted);
     expect(cut.grpcMessage).toBe(
-      `request cut off: this connection's requests not yet whole passed ${perConnection} bytes`,
+      `request cut off: this connection's requests not yet answered passed ${perConnection} bytes`,
     );
     // The library's requests are held to the same shares: one passing the connection's is reset.
     const library = first.open({ 'content-type': 'application/proto', 'connect-protocol-version': '1' });
@@ -596,7 +598,7 @@ describe('limits: what a client may hold of the server', () => {
     fourth.stream.write(unfinished(1024 * 1024, chunk));
     const over = await fourth.answer;
     expect(over.grpcStatus).toBe(Code.ResourceExhausted);
-    expect(over.grpcMessage).toBe(`request cut off: the server holds ${overall} bytes of requests not yet whole`);
+    expect(over.grpcMessage).toBe(`request cut off: the server holds ${overall} bytes of requests not yet answered`);
     expect(await buffered(own)).toBe(3 * (chunk + 5));
     // An agent's heartbeat fits beside them.
     expect((await client(agent).call(grpcFrame(heartbeatMessage(machineId)))).grpcStatus).toBe(status.OK);
@@ -640,6 +642,9 @@ describe('limits: what a client may hold of the server', () => {
       'server limits: requestTimeout must be a whole number above zero, got 0',
     );
     await expect(start({ streamsPerConnection: 1.5 })).rejects.toThrow(BmaasServerError);
+    await expect(start({ connections: 0 })).rejects.toThrow(
+      'server limits: connections must be a whole number above zero, got 0',
+    );
   });
 
   test('a request not whole within requestTimeout is cut off, naming it; a connection without a frame for idleTimeout is closed', async () => {
@@ -663,5 +668,177 @@ describe('limits: what a client may hold of the server', () => {
     expect(await buffered(own)).toBe(0);
     // Left idle, the connection is asked to go.
     await eventually('the connection closed', async () => (raw.session.closed ? true : undefined));
+  });
+
+  test('an idle HTTP/1.1 connection is closed after idleTimeout, as an HTTP/2 one is', async () => {
+    // Long enough for the handshake, the request and its answer under a loaded machine's database.
+    const { server } = await limitedServer({ idleTimeout: 1500 });
+    const { agent, machineId } = await agentWithMachine();
+    const socket = tlsConnect({
+      host: '127.0.0.1',
+      port: server.port,
+      servername: 'localhost',
+      ca: t.ca,
+      cert: agent.cert,
+      key: agent.key,
+      ALPNProtocols: ['http/1.1'],
+    });
+    closing.push({ close: () => socket.destroy() });
+    let received = '';
+    let closed = false;
+    socket.on('data', (chunk: Buffer) => {
+      received += chunk.toString();
+    });
+    socket.on('close', () => {
+      closed = true;
+    });
+    await new Promise((resolve, reject) => socket.once('secureConnect', resolve).once('error', reject));
+    socket.on('error', () => {});
+    expect(socket.alpnProtocol).toBe('http/1.1');
+    // A Connect call with JSON, kept alive as HTTP/1.1 keeps connections.
+    const body = JSON.stringify({ machineId });
+    socket.write(
+      `POST /cloud.bmaas.server.api.AgentCallback/Heartbeat HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+    );
+    await eventually('the answer', async () => (received.includes('\r\n\r\n') ? true : undefined));
+    expect(received).toMatch(/^HTTP\/1\.1 200 /);
+    expect(received).not.toMatch(/connection: close/i);
+    expect(await heartbeatRecorded(machineId)).toBe(true);
+    await eventually('the idle connection closed by the server', async () => (closed ? true : undefined), 10_000);
+  });
+
+  test('at most `connections` are open: those past it are closed as they are accepted, counted, logged once; once one closes, a new one is served', async () => {
+    const { registry: own, client } = await limitedServer({ connections: 2 });
+    const { agent, machineId } = await agentWithMachine();
+    const first = client(agent);
+    const second = client(agent);
+    for (const open of [first, second]) {
+      expect((await open.call(grpcFrame(heartbeatMessage(machineId)))).grpcStatus).toBe(status.OK);
+    }
+    const { lines, restore } = captureDebugLog('bmaas:server');
+    try {
+      for (let i = 0; i < 2; i++) {
+        const refused = client(agent);
+        let connected = false;
+        refused.session.once('connect', () => {
+          connected = true;
+        });
+        await eventually('the connection past the limit closed', async () =>
+          refused.session.destroyed ? true : undefined,
+        );
+        expect(connected).toBe(false);
+      }
+    } finally {
+      restore();
+    }
+    expect(lines.filter((line) => line.includes('connections limit'))).toEqual([
+      expect.stringContaining('at 2 open connections (its connections limit): refusing new ones until some close'),
+    ]);
+    expect(await own.getSingleMetricAsString('bmaas_server_connections_refused_total')).toMatch(
+      /bmaas_server_connections_refused_total 2/,
+    );
+    first.close();
+    await eventually('a new connection served', async () => {
+      const wire = await client(agent)
+        .call(grpcFrame(heartbeatMessage(machineId)))
+        .catch(() => undefined);
+      return wire?.grpcStatus === status.OK ? true : undefined;
+    });
+  });
+
+  /** A HeartbeatRequest carrying a hardware report warning of `bytes` bytes. */
+  function reportMessage(machineId: string, bytes: number): Uint8Array {
+    return toBinary(
+      HeartbeatRequestSchema,
+      create(HeartbeatRequestSchema, { machineId, hardwareReport: { warning: ['x'.repeat(bytes)] } }),
+    );
+  }
+
+  /** Holds `machineId`'s AgentStarted row until `release`: its heartbeats wait on the database. */
+  async function holdMachine(machineId: string): Promise<{ release(): Promise<void> }> {
+    const blocker = new pg.Client({ connectionString: t.db.url });
+    await blocker.connect();
+    await blocker.query('BEGIN');
+    await blocker.query('SELECT 1 FROM machine_agent_started WHERE machine_id = $1 FOR UPDATE', [machineId]);
+    return {
+      async release() {
+        await blocker.query('ROLLBACK');
+        await blocker.end();
+      },
+    };
+  }
+
+  test('heartbeats waiting on the database are held against the connection’s share until answered: the one that would pass it is cut off', async () => {
+    const perConnection = 64 * 1024;
+    const { registry: own, client } = await limitedServer({ bufferedBytesPerConnection: perConnection });
+    const { agent, machineId } = await agentWithMachine();
+    const frame = grpcFrame(reportMessage(machineId, 20 * 1024));
+    const held = await holdMachine(machineId);
+    const raw = client(agent);
+    let waiting: Promise<RawAnswer>[] = [];
+    try {
+      waiting = [1, 2, 3].map(() => raw.call(frame));
+      await eventually('three whole heartbeats held while they wait', async () =>
+        (await buffered(own)) === 3 * frame.length ? true : undefined,
+      );
+      const cut = await raw.call(frame);
+      expect(cut.grpcStatus).toBe(Code.ResourceExhausted);
+      expect(cut.grpcMessage).toBe(
+        `request cut off: this connection's requests not yet answered passed ${perConnection} bytes`,
+      );
+    } finally {
+      await held.release();
+    }
+    expect((await Promise.all(waiting)).map((wire) => wire.grpcStatus)).toEqual([status.OK, status.OK, status.OK]);
+    await eventually('the answered heartbeats let go', async () => ((await buffered(own)) === 0 ? true : undefined));
+  });
+
+  test('a request not answered within requestTimeout is cut off, naming it; its bytes are held until the database answered', async () => {
+    const { registry: own, client } = await limitedServer({ requestTimeout: 500 });
+    const { agent, machineId } = await agentWithMachine();
+    const frame = grpcFrame(heartbeatMessage(machineId));
+    const held = await holdMachine(machineId);
+    const raw = client(agent);
+    try {
+      const wire = await raw.call(frame);
+      expect(wire.grpcStatus).toBe(Code.DeadlineExceeded);
+      expect(wire.grpcMessage).toBe('request cut off: not answered within 500 ms');
+      // The library's: reset.
+      const library = raw.open({ 'content-type': 'application/proto', 'connect-protocol-version': '1' });
+      library.stream.end(heartbeatMessage(machineId));
+      await expect(library.answer).rejects.toThrow();
+      expect(library.stream.rstCode).toBe(constants.NGHTTP2_ENHANCE_YOUR_CALM);
+      // The handler still holds the lean path's request, waiting on the database.
+      expect(await buffered(own)).toBe(frame.length);
+    } finally {
+      await held.release();
+    }
+    await eventually('the request let go once the database answered', async () =>
+      (await buffered(own)) === 0 ? true : undefined,
+    );
+    expect(await own.getSingleMetricAsString('bmaas_server_requests_cut_off_total')).toMatch(
+      /limit="requestTimeout"\} 2/,
+    );
+  });
+
+  test('a gzipped message is held as it inflates: one inflating past the connection’s share is cut off', async () => {
+    const perConnection = 64 * 1024;
+    const { registry: own, client } = await limitedServer({ bufferedBytesPerConnection: perConnection });
+    const { agent, machineId } = await agentWithMachine();
+    const compressed = gzipSync(reportMessage(machineId, 200 * 1024));
+    expect(compressed.length).toBeLessThan(4 * 1024);
+    const raw = client(agent);
+    const cut = await raw.call(grpcFrame(compressed, true), { 'grpc-encoding': 'gzip' });
+    expect(cut.grpcStatus).toBe(Code.ResourceExhausted);
+    expect(cut.grpcMessage).toBe(
+      `request cut off: this connection's requests not yet answered passed ${perConnection} bytes`,
+    );
+    expect(await heartbeatRecorded(machineId)).toBe(false);
+    // One that inflates to less goes through.
+    const small = await raw.call(grpcFrame(gzipSync(reportMessage(machineId, 20 * 1024)), true), {
+      'grpc-encoding': 'gzip',
+    });
+    expect(small.grpcStatus).toBe(status.OK);
+    await eventually('nothing held', async () => ((await buffered(own)) === 0 ? true : undefined));
   });
 });

@@ -9,6 +9,7 @@ import { AGENT_KERNEL_ARGUMENTS, agentEnrollmentArchive, configureAgentIso } fro
 import { describeError, type Secret } from '@bmaas/common';
 import { type FileSent, sendFile } from './boot-files/file-response.js';
 import { agentBootScript, noAgentBootScript, normalizeMac } from './boot-files/ipxe.js';
+import { type AgentBootFilesLimits, agentBootFilesLimits, holdConnections } from './boot-files/limits.js';
 import type { TakeoverInit } from './gen/cloud/agent/api/takeover_pb.js';
 import { detail, log } from './internal.js';
 import { ShepherdError } from './provider.js';
@@ -35,6 +36,8 @@ export interface AgentBootFilesOptions {
    * Default the listening address.
    */
   readonly publicUrl?: string | undefined;
+  /** What clients may hold of the server (connections, time without progress); the rest default. */
+  readonly limits?: Partial<AgentBootFilesLimits> | undefined;
 }
 
 /** One boot of one machine's agent, as {@link AgentBootFiles.prepare} takes it. */
@@ -120,8 +123,10 @@ export class AgentBootFiles {
    * Checks the image directory, makes the work directory and listens.
    *
    * @throws {@link AgentBootFilesError} naming the missing image file, a public URL that is not one, or the address it could not listen on
+   * @throws RangeError naming a limit that is not a whole number above zero
    */
   static async start(options: AgentBootFilesOptions): Promise<AgentBootFiles> {
+    const limits = agentBootFilesLimits(options.limits);
     for (const file of IMAGE_FILES) {
       await access(path.join(options.imageDir, file)).catch((error: unknown) => {
         throw new AgentBootFilesError(
@@ -140,6 +145,7 @@ export class AgentBootFiles {
     const server: Server = options.tls
       ? createTlsServer({ cert: options.tls.cert, key: options.tls.key }, handler)
       : createServer(handler);
+    holdConnections(server, limits);
     const { host, port } = options.listen;
     await new Promise<void>((resolve, reject) => {
       server.once('error', (error: NodeJS.ErrnoException) =>

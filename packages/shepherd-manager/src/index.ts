@@ -29,6 +29,7 @@ export {
   parseTakeoverResponse,
   type TakeoverInitParams,
 } from './agent-protocol.js';
+export type { AgentBootFilesLimits } from './boot-files/limits.js';
 export { TakeoverResponseSchema } from './gen/cloud/agent/api/takeover_pb.js';
 export {
   type HostKeyPinStore,

@@ -8,10 +8,10 @@
  */
 import { execFile } from 'node:child_process';
 import { generateKeyPairSync, randomBytes, randomUUID } from 'node:crypto';
-import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, mkdtemp, readdir, readFile, readlink, rm, stat, truncate, writeFile } from 'node:fs/promises';
 import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { request as httpsRequest } from 'node:https';
-import { connect } from 'node:net';
+import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -20,8 +20,14 @@ import { create, fromBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { smallAgentImage } from '../../../test/support/agent-image.js';
 import { captureDebugLog } from '../../../test/support/debug-log.js';
+import { eventually } from '../../../test/support/wait.js';
 import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
-import { AgentBootFiles, AgentBootFilesError, type AgentBootRequest } from '../src/index.js';
+import {
+  AgentBootFiles,
+  AgentBootFilesError,
+  type AgentBootFilesOptions,
+  type AgentBootRequest,
+} from '../src/index.js';
 
 const run = promisify(execFile);
 
@@ -427,6 +433,134 @@ describe('a boot', () => {
     expect(text).toContain(`machine ${boot.machineId}: config.cpio 200`);
     expect(text).toContain(`machine ${boot.machineId}: iPXE script for MAC 02:00:00:00:03:03`);
     expect(text).toContain(`forgot the agent boot of machine ${boot.machineId}`);
+  });
+});
+
+describe('what a client may hold of the server', () => {
+  /** An image directory whose vmlinuz (64 MiB, sparse) is more than the kernel buffers for a client that stopped reading. */
+  async function largeImage(name: string): Promise<{ imageDir: string; kernel: string }> {
+    const large = path.join(dir, name);
+    await mkdir(large);
+    for (const file of ['initramfs', 'agent.iso']) await copyFile(path.join(imageDir, file), path.join(large, file));
+    const kernel = path.join(large, 'vmlinuz');
+    await writeFile(kernel, '');
+    await truncate(kernel, 64 * 1024 * 1024);
+    return { imageDir: large, kernel };
+  }
+
+  /** How many descriptors of this process (the server's) are open on `file`. */
+  async function descriptorsOn(file: string): Promise<number> {
+    let count = 0;
+    for (const fd of await readdir('/proc/self/fd')) {
+      const target = await readlink(path.join('/proc/self/fd', fd)).catch(() => undefined);
+      if (target === file) count++;
+    }
+    return count;
+  }
+
+  /** A plain HTTP/1.1 connection to `port` asking for `target`, which stops reading once its first bytes came. */
+  interface StalledDownload {
+    readonly socket: Socket;
+    /** Bytes it read. */
+    readonly received: () => number;
+    readonly closed: () => boolean;
+  }
+
+  function stalledDownload(port: number, target: string, firstBytes = true): Promise<StalledDownload> {
+    return new Promise((resolve, reject) => {
+      let received = 0;
+      let closed = false;
+      const socket = connect(port, '127.0.0.1');
+      const download = { socket, received: () => received, closed: () => closed };
+      socket.on('error', () => {});
+      socket.on('close', () => {
+        closed = true;
+        resolve(download);
+      });
+      socket.on('data', (chunk: Buffer) => {
+        if (received === 0) socket.pause();
+        received += chunk.length;
+        resolve(download);
+      });
+      socket.once('connect', () => {
+        socket.write(`GET ${target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`);
+        if (!firstBytes) resolve(download);
+      });
+      socket.once('error', reject);
+    });
+  }
+
+  test('downloads whose clients stopped reading are closed after idleTimeout, and their files with them', async () => {
+    const { imageDir: large, kernel } = await largeImage('large-image-idle');
+    const own = await AgentBootFiles.start({
+      imageDir: large,
+      workDir: path.join(dir, 'work-idle'),
+      listen: { host: '127.0.0.1', port: 0 },
+      // Long enough for each download's first bytes on a loaded machine.
+      limits: { idleTimeout: 1000 },
+    });
+    try {
+      const stalled = await Promise.all(
+        Array.from({ length: 5 }, () => stalledDownload(own.port, '/agent-boot/vmlinuz')),
+      );
+      expect(stalled.every((download) => download.received() > 0 && !download.closed())).toBe(true);
+      expect(await descriptorsOn(kernel)).toBe(5);
+      await eventually('their files closed', async () => ((await descriptorsOn(kernel)) === 0 ? true : undefined));
+      // A paused socket sees nothing of its end: read on, each ends short of the 64 MiB.
+      for (const download of stalled) download.socket.resume();
+      await eventually('the stalled downloads closed by the server', async () =>
+        stalled.every((download) => download.closed()) ? true : undefined,
+      );
+      expect(stalled.every((download) => download.received() < 64 * 1024 * 1024)).toBe(true);
+      // The server serves on.
+      expect((await fetchRaw(`${own.url}/agent-boot/initramfs`)).status).toBe(200);
+    } finally {
+      await own.close();
+    }
+  });
+
+  test('connections past the limit are closed as they are accepted, logged once; once some close, new ones are served', async () => {
+    const { imageDir: large } = await largeImage('large-image-cap');
+    const own = await AgentBootFiles.start({
+      imageDir: large,
+      workDir: path.join(dir, 'work-cap'),
+      listen: { host: '127.0.0.1', port: 0 },
+      limits: { connections: 2 },
+    });
+    const { lines, restore } = captureDebugLog('shepherd:boot-files');
+    try {
+      const held = await Promise.all([1, 2].map(() => stalledDownload(own.port, '/agent-boot/vmlinuz')));
+      for (let i = 0; i < 2; i++) {
+        const refused = await stalledDownload(own.port, '/agent-boot/initramfs', false);
+        await eventually('the connection past the limit closed', async () => (refused.closed() ? true : undefined));
+        expect(refused.received()).toBe(0);
+      }
+      expect(lines.filter((line) => line.includes('connections limit'))).toEqual([
+        expect.stringContaining(
+          'at 2 open connections (the agent boot files connections limit): refusing new ones until some close',
+        ),
+      ]);
+      for (const download of held) download.socket.destroy();
+      const served = await eventually('a connection served again', async () => {
+        const answer = await fetchRaw(`${own.url}/agent-boot/initramfs`).catch(() => undefined);
+        return answer?.status === 200 ? answer : undefined;
+      });
+      expect(served.body.equals(image.initramfs)).toBe(true);
+    } finally {
+      restore();
+      await own.close();
+    }
+  });
+
+  test('limits that are not whole numbers above zero are refused, naming the limit', async () => {
+    const start = (limits: AgentBootFilesOptions['limits']) =>
+      AgentBootFiles.start({ imageDir, listen: { host: '127.0.0.1', port: 0 }, limits });
+    await expect(start({ connections: 0 })).rejects.toThrow(
+      new RangeError('agent boot files limits: connections must be a whole number above zero, got 0'),
+    );
+    await expect(start({ idleTimeout: 2 ** 31 })).rejects.toThrow(
+      'agent boot files limits: idleTimeout must be at most 2147483647 ms, got 2147483648',
+    );
   });
 });
 

@@ -92,6 +92,7 @@ async function agentBooterPart(
     imageDir: own.imageDir,
     listen: own.listen,
     publicUrl: own.publicUrl,
+    limits: own.limits,
     ...(tls ? { tls: { cert: tls.cert, key: tls.key } } : {}),
   });
   log('agent boot files at %s (image %s)', files.url, own.imageDir);

@@ -10,6 +10,7 @@ import {
   RESET_TYPES,
   type ResetType,
 } from '@bmaas/provider-static';
+import type { AgentBootFilesLimits } from '@bmaas/shepherd-manager';
 import { log } from '../logging.js';
 import {
   type Argv,
@@ -33,6 +34,7 @@ import {
   secretFile,
   share,
   sshKeyPath,
+  timerDuration,
   UsageError,
 } from '../settings.js';
 import { type TlsSource, tlsFiles } from '../tls.js';
@@ -93,6 +95,8 @@ export interface AgentBootSettings {
   readonly publicUrl: string | undefined;
   /** HTTPS: files given, or a self-signed certificate under the data directory; `undefined`: plain HTTP. */
   readonly tls: TlsSource | undefined;
+  /** What the boot files' clients may hold of their server. */
+  readonly limits: AgentBootFilesLimits;
   /** Milliseconds. */
   readonly enrollmentWithin: number;
   readonly claimLimiter: RateLimiter;
@@ -266,6 +270,10 @@ async function agentBootSettings(argv: Argv, kind: ProviderKind): Promise<AgentB
       (selfSigned
         ? { selfSignedDir: path.resolve(required(argv, 'data-dir', 'a self-signed certificate')), name: 'agent-boot' }
         : undefined),
+    limits: {
+      connections: integer(argv, 'agent-boot-max-connections', 1, 1_000_000),
+      idleTimeout: timerDuration(argv, 'agent-boot-idle-timeout'),
+    },
     enrollmentWithin: duration(argv, 'agent-boot-enrollment-timeout'),
     claimLimiter: rate(argv, 'agent-booter-db-query-rate'),
     parallelism: integer(argv, 'agent-booter-loop-parallelism', 1, 1000),

@@ -15,6 +15,7 @@ import {
   hostPort,
   integer,
   metricsSettings,
+  timerDuration,
   UsageError,
 } from '../settings.js';
 import { loadTls, type TlsSource, tlsFiles } from '../tls.js';
@@ -127,10 +128,10 @@ export async function server(argv: Argv, write: (text: string) => void): Promise
 }
 
 /**
- * What a client may hold of the server, from its flags: streams per
- * connection, bytes of requests not yet whole per connection and in all
- * (a connection's share at most the whole), the time a request may take,
- * a connection's idle time.
+ * What a client may hold of the server, from its flags: connections,
+ * streams per connection, bytes of requests not yet answered per
+ * connection and in all (a connection's share at most the whole), the time
+ * a request may take, a connection's idle time.
  */
 function serverLimits(argv: Argv): ServerLimits {
   const bufferedBytes = byteSize(argv, 'max-buffered-bytes', 1024);
@@ -141,17 +142,12 @@ function serverLimits(argv: Argv): ServerLimits {
       `${argv['max-buffered-bytes-per-connection']} is more than --max-buffered-bytes (${argv['max-buffered-bytes']})`,
     );
   }
-  const longest = 2 ** 31 - 1;
-  const timeout = (flag: string) => {
-    const ms = duration(argv, flag);
-    if (ms > longest) throw UsageError.invalid(flag, String(argv[flag]), 'a duration of at most 596h');
-    return ms;
-  };
   return {
+    connections: integer(argv, 'max-connections', 1, 10_000_000),
     streamsPerConnection: integer(argv, 'max-streams-per-connection', 1, 2 ** 32 - 1),
     bufferedBytesPerConnection,
     bufferedBytes,
-    requestTimeout: timeout('request-timeout'),
-    idleTimeout: timeout('idle-timeout'),
+    requestTimeout: timerDuration(argv, 'request-timeout'),
+    idleTimeout: timerDuration(argv, 'idle-timeout'),
   };
 }

@@ -23,6 +23,13 @@ export interface RedfishAnswer {
   readonly etag: string | undefined;
 }
 
+/** How one request is sent: see {@link RedfishTransport.send}. */
+export interface RequestOptions {
+  readonly actsTwice?: string | undefined;
+  readonly ifMatch?: string | undefined;
+  readonly conceal?: ((text: string) => string) | undefined;
+}
+
 const ACCEPTED = new Set([200, 202, 204]);
 /** Network errors raised before a request went out: the connection was never made. */
 const NOT_SENT = new Set([
@@ -68,6 +75,9 @@ export class RedfishTransport {
    * sending it again would act again (a `ForceRestart`): it is not sent
    * again once it may have reached the BMC. `ifMatch` is sent as `If-Match`
    * (the ETag of the resource a PATCH changes, which some BMCs require).
+   * `conceal` is applied to the BMC's error text before it is put in an
+   * error, so before any retry logs it: BMCs echo what they were sent (an
+   * image URL whose path is a boot's capability) in their refusals.
    */
   async send(
     target: RedfishTarget,
@@ -75,7 +85,7 @@ export class RedfishTransport {
     url: string,
     payload: unknown,
     signal: AbortSignal | undefined,
-    options: { readonly actsTwice?: string | undefined; readonly ifMatch?: string | undefined } = {},
+    options: RequestOptions = {},
   ): Promise<RedfishAnswer> {
     const dispatcher = this.#dispatcher(target, url);
     return retry(() => this.#attempt(target, dispatcher, method, url, payload, signal, options), {
@@ -104,7 +114,7 @@ export class RedfishTransport {
     url: string,
     payload: unknown,
     signal: AbortSignal | undefined,
-    { actsTwice, ifMatch }: { readonly actsTwice?: string | undefined; readonly ifMatch?: string | undefined },
+    { actsTwice, ifMatch, conceal }: RequestOptions,
   ): Promise<RedfishAnswer> {
     const timeout = this.#settings.timeout;
     const timer = AbortSignal.timeout(timeout);
@@ -158,8 +168,11 @@ export class RedfishTransport {
     }
     const accepted = method === 'GET' ? statusCode === 200 : ACCEPTED.has(statusCode);
     if (!accepted) {
-      const error = new RedfishHttpError(target.machine, url, method, statusCode, target.password.scrub(detail(text)));
-      throw error;
+      const shown = (message: string) => {
+        const scrubbed = target.password.scrub(message);
+        return conceal ? conceal(scrubbed) : scrubbed;
+      };
+      throw new RedfishHttpError(target.machine, url, method, statusCode, detail(text, shown));
     }
     if (text.trim() === '') return { status: statusCode, body: undefined, etag };
     try {
@@ -233,8 +246,8 @@ async function readBody(body: Dispatcher.ResponseData['body']): Promise<string> 
   return Buffer.concat(chunks).toString('utf8');
 }
 
-/** A Redfish error body's message, or the start of the body. */
-function detail(text: string): string {
+/** A Redfish error body's message, or the start of the body, as `shown` shows it (before it is cut short, so nothing hidden is cut in half). */
+function detail(text: string, shown: (message: string) => string): string {
   let message = text.trim();
   try {
     const parsed: unknown = JSON.parse(text);
@@ -244,6 +257,6 @@ function detail(text: string): string {
     if (typeof first === 'string') message = first;
     else if (typeof error?.message === 'string') message = error.message;
   } catch {}
-  message = message.replace(/\s+/g, ' ');
+  message = shown(message).replace(/\s+/g, ' ');
   return message.length > 200 ? `${message.slice(0, 197)}...` : message;
 }

@@ -91,12 +91,14 @@ export async function insertMedia(
     TransferProtocolType: new URL(image).protocol === 'https:' ? 'HTTPS' : 'HTTP',
   };
   try {
-    await transport.send(target, 'POST', media.insertTarget, body, signal);
+    // BMCs name the image in their refusals, the ones retried (and logged) too.
+    await transport.send(target, 'POST', media.insertTarget, body, signal, {
+      conceal: (text) => concealImagePath(text, image),
+    });
   } catch (error) {
     if (!(error instanceof RedfishHttpError)) throw error;
-    // BMCs name the image in their refusals: its path is shown as mediaName shows it, and the
-    // HTTP error (which holds it whole) is not kept as the cause.
-    const detail = error.detail.replaceAll(image, mediaName(image));
+    // Its detail is concealed already; the HTTP error is not kept as the cause all the same.
+    const { detail } = error;
     throw new BmcResponseError(
       target.machine,
       'redfish',
@@ -140,6 +142,22 @@ export function mediaName(image: string): string {
   } catch {
     return '(an image URL that does not parse)';
   }
+}
+
+/**
+ * `text` with the image's directory path (the URL's path but its file name)
+ * shown as `/…`, as {@link mediaName} shows it: the whole URL, or its path
+ * alone, as a BMC may quote either.
+ */
+function concealImagePath(text: string, image: string): string {
+  let directory: string;
+  try {
+    const { pathname } = new URL(image);
+    directory = pathname.slice(0, pathname.lastIndexOf('/'));
+  } catch {
+    return text;
+  }
+  return directory === '' ? text : text.replaceAll(directory, '/…');
 }
 
 function readMedia(target: RedfishTarget, url: string, body: Record<string, unknown>): RedfishVirtualMedia {

@@ -71,6 +71,8 @@ export interface FakeVirtualMedia {
 export interface FakeRedfishFault {
   /** Answer with this HTTP status (401, 500, 503, …) instead of handling the request. */
   readonly status?: number;
+  /** The Redfish error message answered with `status`. Default `injected HTTP <status>`. */
+  readonly message?: string;
   /** Close the connection without answering. */
   readonly drop?: boolean;
   /** Wait this long (ms) before doing anything: a slow BMC. */
@@ -382,7 +384,9 @@ export class FakeRedfishServer {
         return;
       }
     }
-    if (fault?.status !== undefined) return answer(fault.status, redfishError(`injected HTTP ${fault.status}`));
+    if (fault?.status !== undefined) {
+      return answer(fault.status, redfishError(fault.message ?? `injected HTTP ${fault.status}`));
+    }
 
     if (!credentials || credentials.username !== this.username || !sameText(credentials.password, this.password)) {
       res.setHeader('www-authenticate', 'Basic realm="fake-redfish"');
