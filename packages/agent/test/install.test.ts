@@ -1,6 +1,7 @@
-import { createHash } from 'node:crypto';
+import { execFileSync, spawn } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
 import { mkdir, mkdtemp, readdir, readFile, rm, symlink, writeFile } from 'node:fs/promises';
-import { createServer, type Server } from 'node:http';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -8,7 +9,9 @@ import path from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { selfSignedServerTls } from '@bmaas/server';
 import { create } from '@bufbuild/protobuf';
+import { build } from 'esbuild';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { eventually } from '../../../test/support/wait.js';
 import { OSInstallationRequestSchema } from '../src/gen/cloud/agent/api/agent_pb.js';
 import { DiskImageInstallationRequest_Compression as Compression } from '../src/gen/cloud/agent/api/disk_image_pb.js';
 import { addBootEntry, bootOrder, EFI_GLOBAL_VARIABLE, encodeLoadOption } from '../src/install/efi-boot.js';
@@ -25,9 +28,37 @@ const image = gptDiskImage(6 * MiB, [
   { type: ESP_TYPE_GUID, guid: ESP_GUID, firstLba: 2048, lastLba: 6143 },
   { type: LINUX_TYPE_GUID, guid: '11111111-2222-4333-8444-555555555555', firstLba: 6144, lastLba: 12254 },
 ]);
+// A MiB that does not compress (qemu-img -c stores such clusters as they are) and one of zeros
+// (a qcow2 leaves them unallocated; the disk must still read zeros there).
+randomBytes(MiB).copy(image, 2 * MiB);
+image.fill(0, 3 * MiB, 4 * MiB);
 const imageSha256 = createHash('sha256').update(image).digest('hex');
 const gzipped = gzipSync(image);
 const gzippedSha256 = createHash('sha256').update(gzipped).digest('hex');
+const sha256 = (bytes: Uint8Array) => createHash('sha256').update(bytes).digest('hex');
+
+/** The image as operators have it, made by the real tools: name → bytes. */
+const served = new Map<string, Buffer>([
+  ['image.raw', image],
+  ['image.raw.gz', gzipped],
+]);
+/** Paths the server answers without honouring Range, as a server that does not serve ranges. */
+const noRanges = new Set<string>();
+/** The requests the server got, as `Range` header or `whole`, by path. */
+const requests: string[] = [];
+
+/** Answers a GET of a served image, honouring one `Range: bytes=a-b` (206) unless the path is in noRanges. */
+function serveImage(request: IncomingMessage, response: ServerResponse, name: string, bytes: Buffer): void {
+  const range = /^bytes=(\d+)-(\d+)$/.exec(request.headers.range ?? '');
+  requests.push(`${name} ${request.headers.range ?? 'whole'}`);
+  if (!range || noRanges.has(name)) {
+    response.end(bytes);
+    return;
+  }
+  const [start, end] = [Number(range[1]), Math.min(Number(range[2]) + 1, bytes.length)];
+  response.writeHead(206, { 'content-range': `bytes ${start}-${end - 1}/${bytes.length}` });
+  response.end(bytes.subarray(start, end));
+}
 
 let server: Server;
 let base: string;
@@ -37,10 +68,46 @@ const stalled: import('node:http').ServerResponse[] = [];
 
 beforeAll(async () => {
   dir = await mkdtemp(path.join(tmpdir(), 'agent-install-'));
+  // The images as operators have them, made by the real tools (xz-utils, zstd, qemu-utils).
+  const raw = path.join(dir, 'image.raw');
+  await writeFile(raw, image);
+  const run = (program: string, ...args: string[]) => execFileSync(program, args, { cwd: dir, stdio: 'pipe' });
+  run('xz', '-k', '-T1', 'image.raw');
+  run('zstd', '-q', '-k', 'image.raw');
+  run('qemu-img', 'convert', '-f', 'raw', '-O', 'qcow2', 'image.raw', 'image.qcow2');
+  run('qemu-img', 'convert', '-c', '-f', 'raw', '-O', 'qcow2', 'image.raw', 'compressed.qcow2');
+  run('qemu-img', 'convert', '-f', 'raw', '-O', 'qcow2', '-o', 'compat=0.10', 'image.raw', 'v2.qcow2');
+  run('qemu-img', 'create', '-q', '-f', 'qcow2', '-b', 'image.qcow2', '-F', 'qcow2', 'overlay.qcow2');
+  run('xz', '-k', '-T1', 'image.qcow2');
+  for (const name of [
+    'image.raw.xz',
+    'image.raw.zst',
+    'image.qcow2',
+    'compressed.qcow2',
+    'v2.qcow2',
+    'overlay.qcow2',
+    'image.qcow2.xz',
+  ]) {
+    served.set(name, await readFile(path.join(dir, name)));
+  }
   server = createServer((request, response) => {
-    if (request.url === '/image.raw') response.end(image);
-    else if (request.url === '/image.raw.gz') response.end(gzipped);
-    else if (request.url === '/stall') {
+    const url = request.url ?? '';
+    const name = url.slice(1);
+    const redirect = /^\/redirect\/(\d+)\/(.*)$/.exec(url);
+    if (served.has(name)) serveImage(request, response, name, served.get(name) as Buffer);
+    else if (redirect) {
+      // /redirect/N/x: N more redirects before x, the first two relative, then absolute.
+      const [more, rest] = [Number(redirect[1]), redirect[2] as string];
+      const location = more > 1 ? `/redirect/${more - 1}/${rest}` : `${base}/${rest}`;
+      response.writeHead(more % 2 === 0 ? 302 : 307, { location });
+      response.end();
+    } else if (url === '/redirect-to-ftp') {
+      response.writeHead(301, { location: 'ftp://127.0.0.1/image.raw' });
+      response.end();
+    } else if (url === '/stall-at-4MiB') {
+      response.write(image.subarray(0, 4 * MiB));
+      stalled.push(response);
+    } else if (url === '/stall') {
       // Two MiB of the image, then nothing more.
       response.write(image.subarray(0, 2 * MiB));
       stalled.push(response);
@@ -67,16 +134,32 @@ async function oldDisk(bytes = 8 * MiB): Promise<string> {
   return file;
 }
 
+/** A file standing in for a disk of 8 MiB holding an old GPT OS: "EFI PART" at LBA 1 and in its last LBA. */
+async function oldGptDisk(): Promise<string> {
+  const file = path.join(dir, `disk-${disks++}`);
+  await writeFile(
+    file,
+    gptDiskImage(
+      8 * MiB,
+      [{ type: ESP_TYPE_GUID, guid: '0D5F3D9E-8D1A-4C55-9A49-0C6C7B1A2F10', firstLba: 2048, lastLba: 6143 }],
+      0xaa,
+    ),
+  );
+  return file;
+}
+
 const zeros = (bytes: Buffer) => bytes.every((byte) => byte === 0);
 
 describe('writing a disk image', () => {
-  test('a raw image lands at the disk start, flushed; the rest of the disk is untouched', async () => {
+  test('a raw image lands at the disk start, flushed; the rest of the disk is untouched but its last MiB, zeroed', async () => {
     const disk = await oldDisk();
     const written = await writeDiskImage({ url: `${base}/image.raw`, sha256: imageSha256, compression: 'none' }, disk);
-    expect(written).toEqual({ bytes: image.length, downloaded: image.length });
+    expect(written).toEqual({ bytes: image.length, downloaded: image.length, format: 'raw' });
     const contents = await readFile(disk);
     expect(contents.subarray(0, image.length).equals(image)).toBe(true);
-    expect(contents.subarray(image.length).every((byte) => byte === 0xaa)).toBe(true);
+    // The old disk's backup GPT would lie in its last MiB: zeroed before the download started.
+    expect(contents.subarray(image.length, contents.length - MiB).every((byte) => byte === 0xaa)).toBe(true);
+    expect(zeros(contents.subarray(contents.length - MiB))).toBe(true);
   });
 
   test('a gzip image is checked as downloaded and written decompressed', async () => {
@@ -85,7 +168,7 @@ describe('writing a disk image', () => {
       { url: `${base}/image.raw.gz`, sha256: gzippedSha256.toUpperCase(), compression: 'gzip' },
       disk,
     );
-    expect(written).toEqual({ bytes: image.length, downloaded: gzipped.length });
+    expect(written).toEqual({ bytes: image.length, downloaded: gzipped.length, format: 'gzip' });
     expect((await readFile(disk)).subarray(0, image.length).equals(image)).toBe(true);
   });
 
@@ -170,6 +253,197 @@ describe('writing a disk image', () => {
     stop.abort();
     await expect(failure).rejects.toMatchObject({ problem: 'stopped' });
     expect(zeros((await readFile(disk)).subarray(0, MiB))).toBe(true);
+  });
+});
+
+describe('images as operators have them', () => {
+  test.each([
+    ['image.raw.xz', 'xz'],
+    ['image.raw.zst', 'zstd'],
+    ['image.qcow2', 'qcow2'],
+    ['compressed.qcow2', 'qcow2'],
+    ['v2.qcow2', 'qcow2'],
+  ] as const)(
+    '%s is written as the disk it holds (%s), checked against the sha256 of its bytes as downloaded',
+    async (name, format) => {
+      const bytes = served.get(name) as Buffer;
+      const disk = await oldDisk();
+      const written = await writeDiskImage(
+        { url: `${base}/${name}`, sha256: sha256(bytes), compression: 'none' },
+        disk,
+      );
+      expect(written).toEqual({ bytes: image.length, downloaded: bytes.length, format });
+      const contents = await readFile(disk);
+      // The zero MiB too: a qcow2 leaves it unallocated, and the old disk's bytes there must not show through.
+      expect(contents.subarray(0, image.length).equals(image)).toBe(true);
+      expect(contents.subarray(image.length, contents.length - MiB).every((byte) => byte === 0xaa)).toBe(true);
+    },
+  );
+
+  test('a qcow2 is mapped with range reads, then downloaded once, front to back', async () => {
+    const bytes = served.get('compressed.qcow2') as Buffer;
+    requests.length = 0;
+    await writeDiskImage(
+      { url: `${base}/compressed.qcow2`, sha256: sha256(bytes), compression: 'none' },
+      await oldDisk(),
+    );
+    const whole = requests.filter((r) => r.endsWith(' whole'));
+    // One whole GET whose first bytes told the format, one for the conversion; ranges for the header, L1 and L2.
+    expect(whole).toEqual(['compressed.qcow2 whole', 'compressed.qcow2 whole']);
+    expect(requests.filter((r) => r.includes('bytes=')).length).toBeGreaterThanOrEqual(3);
+  });
+
+  test('a wrong sha256 of a qcow2 or an xz image fails the installation and leaves both ends zeroed', async () => {
+    for (const name of ['image.qcow2', 'image.raw.xz']) {
+      const disk = await oldGptDisk();
+      await expect(
+        writeDiskImage({ url: `${base}/${name}`, sha256: 'e'.repeat(64), compression: 'none' }, disk),
+      ).rejects.toMatchObject({
+        problem: 'sha256-mismatch',
+        message: expect.stringContaining(`sha256 of ${base}/${name} is ${sha256(served.get(name) as Buffer)}`),
+      });
+      const contents = await readFile(disk);
+      expect(zeros(contents.subarray(0, MiB)), name).toBe(true);
+      expect(zeros(contents.subarray(contents.length - MiB)), name).toBe(true);
+    }
+  });
+
+  test('refused, naming the image: a qcow2 with a backing file, one from a server without ranges, a compressed qcow2, gzip that is not', async () => {
+    const overlay = served.get('overlay.qcow2') as Buffer;
+    await expect(
+      writeDiskImage({ url: `${base}/overlay.qcow2`, sha256: sha256(overlay), compression: 'none' }, await oldDisk()),
+    ).rejects.toMatchObject({
+      problem: 'format',
+      message: `qcow2 image ${base}/overlay.qcow2: it has a backing file: serve the image flattened`,
+    });
+    noRanges.add('v2.qcow2');
+    try {
+      await expect(
+        writeDiskImage(
+          { url: `${base}/v2.qcow2`, sha256: sha256(served.get('v2.qcow2') as Buffer), compression: 'none' },
+          await oldDisk(),
+        ),
+      ).rejects.toMatchObject({
+        problem: 'download',
+        message: `${base}/v2.qcow2 answered a range request with the whole file (status 200): its server does not serve ranges`,
+      });
+    } finally {
+      noRanges.delete('v2.qcow2');
+    }
+    const xzQcow2 = served.get('image.qcow2.xz') as Buffer;
+    await expect(
+      writeDiskImage({ url: `${base}/image.qcow2.xz`, sha256: sha256(xzQcow2), compression: 'none' }, await oldDisk()),
+    ).rejects.toMatchObject({
+      problem: 'format',
+      message: `${base}/image.qcow2.xz is a qcow2 image compressed with xz: serve the qcow2 itself, which the agent reads as it is`,
+    });
+    await expect(
+      writeDiskImage(
+        { url: `${base}/image.raw.zst`, sha256: sha256(served.get('image.raw.zst') as Buffer), compression: 'gzip' },
+        await oldDisk(),
+      ),
+    ).rejects.toMatchObject({
+      problem: 'format',
+      message: `${base}/image.raw.zst was asked for as gzip, but its first bytes say zstd`,
+    });
+  });
+
+  test('redirects are followed, relative or absolute, up to five; a sixth, or one to another scheme, is an error naming it', async () => {
+    const disk = await oldDisk();
+    const written = await writeDiskImage(
+      {
+        url: `${base}/redirect/5/image.qcow2`,
+        sha256: sha256(served.get('image.qcow2') as Buffer),
+        compression: 'none',
+      },
+      disk,
+    );
+    expect(written.format).toBe('qcow2');
+    expect((await readFile(disk)).subarray(0, image.length).equals(image)).toBe(true);
+    await expect(
+      writeDiskImage(
+        { url: `${base}/redirect/6/image.raw`, sha256: imageSha256, compression: 'none' },
+        await oldDisk(),
+      ),
+    ).rejects.toMatchObject({
+      problem: 'download',
+      message: `${base}/redirect/6/image.raw: more than 5 redirects (the last to ${base}/image.raw)`,
+    });
+    await expect(
+      writeDiskImage({ url: `${base}/redirect-to-ftp`, sha256: imageSha256, compression: 'none' }, await oldDisk()),
+    ).rejects.toMatchObject({
+      problem: 'download',
+      message: `${base}/redirect-to-ftp redirects to ftp://127.0.0.1/image.raw: not http or https`,
+    });
+  });
+
+  test('a download that stalls mid-body is reported as stalled, naming the URL, not as "aborted"', async () => {
+    const failure = writeDiskImage(
+      { url: `${base}/stall`, sha256: imageSha256, compression: 'none' },
+      await oldDisk(),
+      {
+        idleTimeoutMs: 200,
+      },
+    );
+    await expect(failure).rejects.toMatchObject({
+      problem: 'stalled',
+      message: `download of ${base}/stall stalled: no data within 0.2 s`,
+    });
+  });
+});
+
+describe('a write that never boots half an image', () => {
+  test('both ends of the disk are zeroed and flushed before the download starts', async () => {
+    const disk = await oldGptDisk();
+    const stop = new AbortController();
+    const failure = writeDiskImage({ url: `${base}/stall-at-4MiB`, sha256: imageSha256, compression: 'none' }, disk, {
+      signal: stop.signal,
+    });
+    failure.catch(() => {});
+    // Mid-download: the body is arriving, the image's head is not written, the old one is gone.
+    const contents = await eventually('the image body on the disk', async () => {
+      const now = await readFile(disk);
+      return now.subarray(3 * MiB, 4 * MiB).equals(image.subarray(3 * MiB, 4 * MiB)) ? now : undefined;
+    });
+    expect(contents.subarray(512, 520).toString('latin1')).not.toBe('EFI PART');
+    expect(zeros(contents.subarray(0, MiB))).toBe(true);
+    expect(zeros(contents.subarray(contents.length - MiB))).toBe(true);
+    stop.abort();
+    await expect(failure).rejects.toMatchObject({ problem: 'stopped' });
+  });
+
+  test('an agent killed (SIGKILL) in the middle of a write leaves a disk holding nothing at its ends', async () => {
+    const child = path.join(dir, 'write-image-child.cjs');
+    await build({
+      entryPoints: [path.join(import.meta.dirname, 'write-image-child.ts')],
+      bundle: true,
+      platform: 'node',
+      format: 'cjs',
+      outfile: child,
+      logLevel: 'warning',
+    });
+    const disk = await oldGptDisk();
+    const writer = spawn(process.execPath, [child, `${base}/stall-at-4MiB`, imageSha256, disk], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    const exited = new Promise<NodeJS.Signals | null>((resolve) =>
+      writer.on('exit', (_code, signal) => resolve(signal)),
+    );
+    try {
+      // 4 MiB of the 6 MiB image have reached the disk (past its first MiB) when it is killed.
+      await eventually('the image body on the disk', async () => {
+        const now = await readFile(disk);
+        return now.subarray(3 * MiB, 4 * MiB).equals(image.subarray(3 * MiB, 4 * MiB)) || undefined;
+      });
+    } finally {
+      writer.kill('SIGKILL');
+    }
+    expect(await exited).toBe('SIGKILL');
+    const contents = await readFile(disk);
+    expect(contents.subarray(512, 520).toString('latin1')).not.toBe('EFI PART');
+    expect(contents.subarray(contents.length - 512, contents.length - 504).toString('latin1')).not.toBe('EFI PART');
+    expect(zeros(contents.subarray(0, MiB))).toBe(true);
+    expect(zeros(contents.subarray(contents.length - MiB))).toBe(true);
   });
 });
 
