@@ -35,7 +35,6 @@ export { AgentImageError } from './image/errors.js';
 export { AGENT_KERNEL_ARGUMENTS, configureAgentIso } from './image/iso.js';
 export { type BootKernel, findKernel, moduleOrder, sharedLibraries } from './image/kernel.js';
 export { InstallationError, type InstallationProblem } from './install/errors.js';
-export type { ImageFormat } from './install/image-format.js';
 export { type Installed, type InstallOptions, install } from './install/install.js';
 export { type DiskImage, type WriteImageOptions, type WrittenImage, writeDiskImage } from './install/write-image.js';
 export { captureNetwork } from './network/capture.js';

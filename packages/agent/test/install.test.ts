@@ -8,12 +8,15 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { selfSignedServerTls } from '@bmaas/server';
-import { create } from '@bufbuild/protobuf';
+import { create, fromBinary } from '@bufbuild/protobuf';
 import { build } from 'esbuild';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { eventually } from '../../../test/support/wait.js';
 import { OSInstallationRequestSchema } from '../src/gen/cloud/agent/api/agent_pb.js';
-import { DiskImageInstallationRequest_Compression as Compression } from '../src/gen/cloud/agent/api/disk_image_pb.js';
+import {
+  DiskImageInstallationRequest_Compression as Compression,
+  RootDeviceHintsSchema,
+} from '../src/gen/cloud/agent/api/disk_image_pb.js';
 import { addBootEntry, bootOrder, EFI_GLOBAL_VARIABLE, encodeLoadOption } from '../src/install/efi-boot.js';
 import { InstallationError } from '../src/install/errors.js';
 import { guidBytes } from '../src/install/gpt.js';
@@ -519,10 +522,31 @@ describe('installing a request', () => {
       },
     });
 
+  let machines = 0;
+  /**
+   * A machine root: sysfs entries for whole disks of 8 MiB (files standing in for their nodes
+   * under dev/, every byte 0xAA), a partition of the first and a dm device.
+   */
+  async function machine(names: readonly string[] = ['vda']): Promise<string> {
+    const root = path.join(dir, `machine-${machines++}`);
+    const entry = async (name: string, partition: boolean) => {
+      await mkdir(path.join(root, 'sys/class/block', name, 'queue'), { recursive: true });
+      await writeFile(path.join(root, 'sys/class/block', name, 'size'), `${(8 * MiB) / 512}\n`);
+      if (partition) await writeFile(path.join(root, 'sys/class/block', name, 'partition'), '1\n');
+      await mkdir(path.join(root, 'dev'), { recursive: true });
+      await writeFile(path.join(root, 'dev', name), Buffer.alloc(8 * MiB, 0xaa));
+    };
+    for (const name of names) await entry(name, false);
+    await entry(`${names[0]}1`, true);
+    await entry('dm-0', false);
+    return root;
+  }
+
   test('on a UEFI machine: the image, then a boot entry for its ESP, first in BootOrder', async () => {
-    const disk = await oldDisk();
+    const root = await machine();
+    const disk = path.join(root, 'dev/vda');
     const efivars = await mkdtemp(path.join(dir, 'efivars-'));
-    const installed = await install(request({ rootDevice: disk }), { efivars });
+    const installed = await install(request({ rootDevice: '/dev/vda' }), { root, efivars });
     expect(installed).toEqual({ device: disk, bytes: image.length, bootEntry: 0 });
     expect(await bootOrder(efivars)).toEqual([0]);
     const entry = await readFile(path.join(efivars, `Boot0000-${EFI_GLOBAL_VARIABLE}`));
@@ -537,11 +561,110 @@ describe('installing a request', () => {
     expect(entry.subarray(4).equals(option)).toBe(true);
   });
 
+  test('our earlier boot entries are removed (and dropped from BootOrder) before the write starts; others stay', async () => {
+    const root = await machine();
+    const efivars = await mkdtemp(path.join(dir, 'efivars-'));
+    const esp = {
+      number: 1,
+      uniqueGuid: guidBytes('0D5F3D9E-8D1A-4C55-9A49-0C6C7B1A2F10'),
+      firstLba: 2048n,
+      lastLba: 6143n,
+    };
+    const variable = (name: string, data: Uint8Array) =>
+      writeFile(path.join(efivars, `${name}-${EFI_GLOBAL_VARIABLE}`), Buffer.concat([Buffer.from([7, 0, 0, 0]), data]));
+    // Two entries of earlier installations (one naming another disk), the network's, and BootOrder over all three.
+    await variable('Boot0000', encodeLoadOption({ description: 'UEFI PXEv4', partition: esp, loader: '\\x' }));
+    await variable(
+      'Boot0001',
+      encodeLoadOption({ description: 'BMaaS installed OS (vda)', partition: esp, loader: '\\x' }),
+    );
+    await variable(
+      'Boot0003',
+      encodeLoadOption({ description: 'BMaaS installed OS (sdb)', partition: esp, loader: '\\x' }),
+    );
+    await variable('BootOrder', Uint8Array.from([1, 0, 3, 0, 0, 0]));
+    // Mid-write, the earlier entries are gone: none names the old ESP while the new image is half written.
+    const stop = new AbortController();
+    const stalledRequest = create(OSInstallationRequestSchema, {
+      generation: 8n,
+      type: { case: 'diskImage', value: { url: `${base}/stall`, sha256: imageSha256, rootDevice: '/dev/vda' } },
+    });
+    const failure = install(stalledRequest, { root, efivars, signal: stop.signal });
+    failure.catch(() => {});
+    await eventually('the write under way', async () => {
+      const now = await readFile(path.join(root, 'dev/vda'));
+      return now.subarray(MiB, 2 * MiB).equals(image.subarray(MiB, 2 * MiB)) || undefined;
+    });
+    expect((await readdir(efivars)).sort()).toEqual([
+      `Boot0000-${EFI_GLOBAL_VARIABLE}`,
+      `BootOrder-${EFI_GLOBAL_VARIABLE}`,
+    ]);
+    expect(await bootOrder(efivars)).toEqual([0]);
+    stop.abort();
+    await expect(failure).rejects.toMatchObject({ problem: 'stopped' });
+    // The next installation adds its own, first.
+    const installed = await install(request({ rootDevice: '/dev/vda' }), { root, efivars });
+    expect(installed.bootEntry).toBe(1);
+    expect(await bootOrder(efivars)).toEqual([1, 0]);
+  });
+
   test('on a BIOS machine (no efivarfs), no boot entry', async () => {
-    const disk = await oldDisk();
-    expect(await install(request({ rootDevice: disk }), { efivars: path.join(dir, 'no-efivars') })).toEqual({
-      device: disk,
-      bytes: image.length,
+    const root = await machine();
+    expect(await install(request({ rootDevice: '/dev/vda' }), { root, efivars: path.join(dir, 'no-efivars') })).toEqual(
+      {
+        device: path.join(root, 'dev/vda'),
+        bytes: image.length,
+      },
+    );
+  });
+
+  test('a root device that is not a whole disk of the machine is refused, naming it, and nothing is written', async () => {
+    const root = await machine();
+    const outside = await oldDisk();
+    for (const [rootDevice, expected] of [
+      [
+        '/dev/vda1',
+        /^root device \/dev\/vda1 of generation 7 is not a whole disk of this machine \(a partition, a dm or md device, a file are not\); disks: \/dev\/vda \(/,
+      ],
+      ['/dev/dm-0', /^root device \/dev\/dm-0 of generation 7 is not a whole disk of this machine/],
+      ['/dev/md0', /^root device \/dev\/md0 of generation 7 is not a whole disk of this machine/],
+      [outside, /^root device hint deviceName: ".*" is not a path under \/dev\/$/],
+    ] as const) {
+      await expect(install(request({ rootDevice }), { root }), rootDevice).rejects.toMatchObject({
+        message: expect.stringMatching(expected),
+      });
+    }
+    for (const name of ['vda', 'vda1', 'dm-0']) {
+      expect(
+        (await readFile(path.join(root, 'dev', name))).every((byte) => byte === 0xaa),
+        name,
+      ).toBe(true);
+    }
+    expect((await readFile(outside)).every((byte) => byte === 0xaa)).toBe(true);
+  });
+
+  test('hints a newer server sends that this agent does not know are refused by field number, not as "$unknown"', async () => {
+    const root = await machine(['vda', 'vdb']);
+    // RootDeviceHints with serial_number (4) and a field 8 this agent's schema lacks, as a newer server would encode it.
+    const hints = Buffer.concat([
+      Buffer.from([0x22, 3]),
+      Buffer.from('abc'),
+      Buffer.from([0x42, 2]),
+      Buffer.from('ok'),
+    ]);
+    const decoded = fromBinary(RootDeviceHintsSchema, hints);
+    expect(decoded.$unknown?.map((field) => field.no)).toEqual([8]);
+    const asked = create(OSInstallationRequestSchema, {
+      generation: 9n,
+      type: {
+        case: 'diskImage',
+        value: { url: `${base}/image.raw`, sha256: imageSha256, rootDeviceHints: decoded },
+      },
+    });
+    await expect(install(asked, { root })).rejects.toMatchObject({
+      problem: 'request',
+      message:
+        "root device hints of generation 9 carry field 8, unknown to this agent (a newer server's hint): refused, as a hint left out could choose another disk; update the agent image",
     });
   });
 
