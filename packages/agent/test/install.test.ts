@@ -1,6 +1,7 @@
 import { execFileSync, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { mkdir, mkdtemp, readdir, readFile, rm, symlink, writeFile } from 'node:fs/promises';
+import { constants, existsSync } from 'node:fs';
+import { mkdir, mkdtemp, open, readdir, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
@@ -21,6 +22,7 @@ import { addBootEntry, bootOrder, EFI_GLOBAL_VARIABLE, encodeLoadOption } from '
 import { InstallationError } from '../src/install/errors.js';
 import { guidBytes } from '../src/install/gpt.js';
 import { install } from '../src/install/install.js';
+import { wipeDisk } from '../src/install/wipe.js';
 import { HEAD_BYTES, writeDiskImage } from '../src/install/write-image.js';
 import { ESP_TYPE_GUID, gptDiskImage, LINUX_TYPE_GUID } from './disk-image-builder.js';
 
@@ -447,6 +449,54 @@ describe('a write that never boots half an image', () => {
     expect(contents.subarray(contents.length - 512, contents.length - 504).toString('latin1')).not.toBe('EFI PART');
     expect(zeros(contents.subarray(0, MiB))).toBe(true);
     expect(zeros(contents.subarray(contents.length - MiB))).toBe(true);
+  });
+});
+
+// A loop device over a file: a real block device, opened exclusively as a disk is.
+const loopable = process.getuid?.() === 0 && existsSync('/dev/loop-control');
+if (!loopable) console.warn('installing: the loop device tests are skipped: they need root and /dev/loop-control');
+describe.skipIf(!loopable)('onto a real block device (a loop device)', () => {
+  async function withLoop(run: (loop: string, backing: string) => Promise<void>): Promise<void> {
+    const backing = await oldGptDisk();
+    const loop = execFileSync('losetup', ['--find', '--show', backing], { encoding: 'utf8' }).trim();
+    try {
+      await run(loop, backing);
+    } finally {
+      execFileSync('losetup', ['--detach', loop]);
+    }
+  }
+
+  test('the image is written through the device, its size read from sysfs', async () => {
+    await withLoop(async (loop, backing) => {
+      const qcow2 = served.get('compressed.qcow2') as Buffer;
+      const written = await writeDiskImage(
+        { url: `${base}/compressed.qcow2`, sha256: sha256(qcow2), compression: 'none' },
+        loop,
+      );
+      expect(written).toMatchObject({ bytes: image.length, format: 'qcow2' });
+      const contents = await readFile(backing);
+      expect(contents.subarray(0, image.length).equals(image)).toBe(true);
+      expect(zeros(contents.subarray(contents.length - MiB))).toBe(true);
+    });
+  });
+
+  test('a device another program holds exclusively (as a mount does) is refused, naming it, and left as it was', async () => {
+    await withLoop(async (loop, backing) => {
+      const before = await readFile(backing);
+      const holder = await open(loop, constants.O_RDONLY | constants.O_EXCL);
+      try {
+        await expect(
+          writeDiskImage({ url: `${base}/image.raw`, sha256: imageSha256, compression: 'none' }, loop),
+        ).rejects.toMatchObject({
+          problem: 'device',
+          message: `root device ${loop} cannot be opened exclusively: it is in use (a partition of it is mounted, or another program holds it)`,
+        });
+        await expect(wipeDisk(loop)).rejects.toMatchObject({ problem: 'device' });
+      } finally {
+        await holder.close();
+      }
+      expect((await readFile(backing)).equals(before)).toBe(true);
+    });
   });
 });
 
