@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { Writable } from 'node:stream';
-import { inflateRawSync } from 'node:zlib';
+import { constants, inflateRawSync } from 'node:zlib';
 import { InstallationError } from './errors.js';
 import type { TargetDisk } from './target-disk.js';
 
@@ -175,57 +175,120 @@ export async function mapQcow2(read: ReadRange, url: string): Promise<Qcow2Map> 
   };
 }
 
-/** One span of the file to act on as the download passes it: a cluster to write, or metadata to compare. */
-interface Span {
-  readonly start: number;
-  readonly end: number;
-  /** The cluster's index in the disk; -1 for metadata. */
-  readonly guest: number;
-  readonly compressed: boolean;
-  readonly sha256?: string;
-}
+/** One span of the file to act on as the download passes it: metadata to compare, or a cluster to write. */
+type Span =
+  | { readonly kind: 'metadata'; readonly start: number; readonly end: number; readonly sha256: string }
+  | {
+      readonly kind: 'cluster';
+      readonly start: number;
+      readonly end: number;
+      /** The cluster's index in the disk. */
+      readonly index: number;
+      readonly compressed: boolean;
+    };
 
 /**
  * A stream taking the qcow2 file front to back and writing its clusters to
  * `disk` as they pass; at its end, it writes zeros where the image has no
  * data. It keeps no more of the file than the longest span under way.
+ *
+ * @throws {@link InstallationError} (`too-large`) when the image's disk is larger than `disk`
  */
 export function qcow2Writer(map: Qcow2Map, disk: TargetDisk, url: string): Writable {
-  const { clusterSize, virtualSize } = map.header;
+  const { virtualSize } = map.header;
   if (virtualSize > disk.capacity) {
     throw new InstallationError(
       'too-large',
       `root device ${disk.device} holds ${disk.capacity} bytes; the image ${url} is a disk of ${virtualSize}`,
     );
   }
-  const spans: Span[] = map.metadata.map((m) => ({ ...m, guest: -1, compressed: false }));
-  const { guest, host, compressedBytes } = map.clusters;
-  for (let k = 0; k < guest.length; k++) {
-    const compressed = (compressedBytes[k] as number) > 0;
-    const start = host[k] as number;
-    spans.push({
-      start,
-      end: start + (compressed ? (compressedBytes[k] as number) : clusterSize),
-      guest: guest[k] as number,
-      compressed,
-    });
-  }
-  spans.sort((a, b) => a.start - b.start);
-  const clusterCount = Math.ceil(virtualSize / clusterSize);
-  const written = new Uint8Array(clusterCount);
-  let next = 0;
-  // The downloaded bytes from `windowStart` on, not yet past every span that needs them.
-  let window: Buffer[] = [];
-  let windowStart = 0;
-  let windowEnd = 0;
+  return new Qcow2Writer(map, disk, url);
+}
 
-  const take = (start: number, end: number): Buffer => {
-    const whole = window.length === 1 ? (window[0] as Buffer) : Buffer.concat(window);
-    window = [whole];
-    return whole.subarray(start - windowStart, Math.min(end, windowEnd) - windowStart);
-  };
-  const act = async (span: Span, bytes: Buffer) => {
-    if (span.guest < 0) {
+class Qcow2Writer extends Writable {
+  readonly #disk: TargetDisk;
+  readonly #url: string;
+  readonly #clusterSize: number;
+  readonly #virtualSize: number;
+  /** Every span, in the order of the file. */
+  readonly #spans: Span[];
+  /** The next span to act on. */
+  #next = 0;
+  /** Whether each cluster of the disk was written from the image. */
+  readonly #written: Uint8Array;
+  /** The downloaded bytes from `#windowStart` on, not yet past every span that needs them. */
+  #window: Buffer[] = [];
+  #windowStart = 0;
+  #windowEnd = 0;
+
+  constructor(map: Qcow2Map, disk: TargetDisk, url: string) {
+    super({ highWaterMark: 4 << 20 });
+    this.#disk = disk;
+    this.#url = url;
+    this.#clusterSize = map.header.clusterSize;
+    this.#virtualSize = map.header.virtualSize;
+    this.#written = new Uint8Array(Math.ceil(this.#virtualSize / this.#clusterSize));
+    const spans: Span[] = map.metadata.map((m) => ({ kind: 'metadata', ...m }));
+    const { guest, host, compressedBytes } = map.clusters;
+    for (let k = 0; k < guest.length; k++) {
+      const compressed = (compressedBytes[k] as number) > 0;
+      const start = host[k] as number;
+      const end = start + (compressed ? (compressedBytes[k] as number) : this.#clusterSize);
+      spans.push({ kind: 'cluster', start, end, index: guest[k] as number, compressed });
+    }
+    this.#spans = spans.sort((a, b) => a.start - b.start);
+  }
+
+  override _write(chunk: Buffer, _encoding: BufferEncoding, done: (error?: Error | null) => void): void {
+    if (this.#window.length === 0) this.#windowStart = this.#windowEnd;
+    this.#window.push(chunk);
+    this.#windowEnd += chunk.length;
+    this.#drain(false).then(() => done(), done);
+  }
+
+  override _final(done: (error?: Error | null) => void): void {
+    this.#drain(true)
+      .then(() => this.#writeZeros())
+      .then(() => done(), done);
+  }
+
+  /** Bytes `start` to `end` of the file, as far as the window holds them. */
+  #take(start: number, end: number): Buffer {
+    const whole = this.#window.length === 1 ? (this.#window[0] as Buffer) : Buffer.concat(this.#window);
+    this.#window = [whole];
+    return whole.subarray(start - this.#windowStart, Math.min(end, this.#windowEnd) - this.#windowStart);
+  }
+
+  /** Acts on every span the window holds whole (every one left, at the end), then drops what none needs. */
+  async #drain(ended: boolean): Promise<void> {
+    while (this.#next < this.#spans.length) {
+      const span = this.#spans[this.#next] as Span;
+      if (span.end > this.#windowEnd && !ended) break;
+      // A compressed cluster's last sector may lie past the file's end; nothing else may.
+      if (
+        span.start >= this.#windowEnd ||
+        (span.end > this.#windowEnd && !(span.kind === 'cluster' && span.compressed))
+      ) {
+        throw new InstallationError(
+          'format',
+          `qcow2 image ${this.#url}: it ends at ${this.#windowEnd}, before its ${span.kind} at ${span.start} to ${span.end}`,
+        );
+      }
+      await this.#act(span, this.#take(span.start, span.end));
+      this.#next++;
+    }
+    const following = this.#spans[this.#next];
+    const keepFrom = following ? Math.min(following.start, this.#windowEnd) : this.#windowEnd;
+    if (keepFrom > this.#windowStart) {
+      const kept = this.#take(keepFrom, this.#windowEnd);
+      this.#window = kept.length > 0 ? [Buffer.from(kept)] : [];
+      this.#windowStart = keepFrom;
+    }
+  }
+
+  async #act(span: Span, bytes: Buffer): Promise<void> {
+    const url = this.#url;
+    if (span.kind === 'metadata') {
       if (createHash('sha256').update(bytes).digest('hex') !== span.sha256) {
         throw new InstallationError(
           'format',
@@ -234,91 +297,47 @@ export function qcow2Writer(map: Qcow2Map, disk: TargetDisk, url: string): Writa
       }
       return;
     }
-    const at = span.guest * clusterSize;
-    const length = Math.min(clusterSize, virtualSize - at);
-    let data: Buffer;
+    const at = span.index * this.#clusterSize;
+    const length = Math.min(this.#clusterSize, this.#virtualSize - at);
+    let data = bytes;
     if (span.compressed) {
       try {
-        data = inflateRawSync(bytes, { finishFlush: 2 /* Z_SYNC_FLUSH */, maxOutputLength: clusterSize });
+        data = inflateRawSync(bytes, { finishFlush: constants.Z_SYNC_FLUSH, maxOutputLength: this.#clusterSize });
       } catch (error) {
         throw new InstallationError(
           'format',
-          `qcow2 image ${url}: compressed cluster ${span.guest} at ${span.start} does not inflate: ${(error as Error).message}`,
+          `qcow2 image ${url}: compressed cluster ${span.index} at ${span.start} does not inflate: ${(error as Error).message}`,
           { cause: error },
         );
       }
-      if (data.length < length) {
-        throw new InstallationError(
-          'format',
-          `qcow2 image ${url}: compressed cluster ${span.guest} inflates to ${data.length} bytes, not ${length}`,
-        );
-      }
-    } else {
-      if (bytes.length < length) {
-        throw new InstallationError(
-          'format',
-          `qcow2 image ${url}: cluster ${span.guest} at ${span.start} is past the file's end`,
-        );
-      }
-      data = bytes;
     }
-    await disk.write(at, data.subarray(0, length));
-    written[span.guest] = 1;
-  };
-  /** Acts on every span the window holds whole (every one left, at the end), then drops what none needs. */
-  const drain = async (ended: boolean) => {
-    while (next < spans.length) {
-      const span = spans[next] as Span;
-      if (span.end > windowEnd && !ended) break;
-      if (span.start >= windowEnd) {
-        if (span.guest < 0 || !span.compressed) {
-          throw new InstallationError(
-            'format',
-            `qcow2 image ${url}: it ends at ${windowEnd}, before its data at ${span.start}`,
-          );
-        }
-      }
-      await act(span, take(span.start, span.end));
-      next++;
+    if (data.length < length) {
+      throw new InstallationError(
+        'format',
+        `qcow2 image ${url}: cluster ${span.index} at ${span.start} holds ${data.length} bytes, not ${length}`,
+      );
     }
-    const keepFrom = next < spans.length ? Math.min((spans[next] as Span).start, windowEnd) : windowEnd;
-    if (keepFrom > windowStart) {
-      const kept = take(keepFrom, windowEnd);
-      window = kept.length > 0 ? [Buffer.from(kept)] : [];
-      windowStart = keepFrom;
-    }
-  };
-  const zeros = Buffer.alloc(Math.max(clusterSize, 4 << 20));
-  const writeZeros = async () => {
-    // Runs of clusters without data, written as zeros in large writes; the first MiB is zeros in memory already.
-    disk.extendHead(virtualSize);
-    for (let cluster = 0; cluster < clusterCount; ) {
-      if (written[cluster]) {
+    await this.#disk.write(at, data.subarray(0, length));
+    this.#written[span.index] = 1;
+  }
+
+  /** Writes zeros where the image has no data, in runs of up to 4 MiB; the first MiB is zeros in memory already. */
+  async #writeZeros(): Promise<void> {
+    this.#disk.extendHead(this.#virtualSize);
+    const zeros = Buffer.alloc(Math.max(this.#clusterSize, 4 << 20));
+    const count = this.#written.length;
+    for (let cluster = 0; cluster < count; ) {
+      if (this.#written[cluster]) {
         cluster++;
         continue;
       }
-      const from = cluster * clusterSize;
+      const from = cluster * this.#clusterSize;
       let to = from;
-      while (cluster < clusterCount && !written[cluster] && to - from < zeros.length) {
+      while (cluster < count && !this.#written[cluster] && to - from < zeros.length) {
         cluster++;
-        to = Math.min(cluster * clusterSize, virtualSize);
+        to = Math.min(cluster * this.#clusterSize, this.#virtualSize);
       }
-      await disk.write(from, zeros.subarray(0, to - from));
+      await this.#disk.write(from, zeros.subarray(0, to - from));
     }
-  };
-  return new Writable({
-    highWaterMark: 4 << 20,
-    write(chunk: Buffer, _encoding, done) {
-      // Bytes before the next span are dropped at once; the rest waits in the window.
-      if (window.length === 0) windowStart = windowEnd;
-      window.push(chunk);
-      windowEnd += chunk.length;
-      drain(false).then(() => done(), done);
-    },
-    final(done) {
-      drain(true)
-        .then(writeZeros)
-        .then(() => done(), done);
-    },
-  });
+  }
 }

@@ -147,7 +147,7 @@ async function writeImage(writing: Writing): Promise<WrittenImage> {
     await pipeline(response, hashed, writer, { signal });
     bytes = map.header.virtualSize;
   } else {
-    const writer = sequentialWriter(disk, image.url, format);
+    const writer = new SequentialWriter(disk, image.url, format);
     await pipeline(response, hashed, ...(format === 'raw' ? [] : [decompressor(format, image.url)]), writer, {
       signal,
     });
@@ -165,29 +165,36 @@ async function writeImage(writing: Writing): Promise<WrittenImage> {
 }
 
 /** A stream writing what it is given to the disk from its first byte on, in order. */
-function sequentialWriter(disk: TargetDisk, url: string, format: ImageFormat): Writable & { position: number } {
-  const writer = new Writable({
-    highWaterMark: 4 << 20,
-    // The chunks waiting while a write is under way arrive together (writev) and go to the disk in one write.
-    writev(chunks, done) {
-      const bytes =
-        chunks.length === 1 ? (chunks[0]?.chunk as Buffer) : Buffer.concat(chunks.map(({ chunk }) => chunk as Buffer));
-      if (writer.position === 0 && format !== 'raw' && formatOf(bytes) === 'qcow2') {
-        done(
-          new InstallationError(
-            'format',
-            `${url} is a qcow2 image compressed with ${format}: serve the qcow2 itself, which the agent reads as it is`,
-          ),
-        );
-        return;
-      }
-      const at = writer.position;
-      writer.position += bytes.length;
-      disk.write(at, bytes).then(() => done(), done);
-    },
-  }) as Writable & { position: number };
-  writer.position = 0;
-  return writer;
+class SequentialWriter extends Writable {
+  /** Bytes written so far (the image's size, at its end). */
+  position = 0;
+
+  constructor(
+    private readonly disk: TargetDisk,
+    private readonly url: string,
+    /** How the image was stored: a decompressed one must not be a qcow2. */
+    private readonly format: ImageFormat,
+  ) {
+    super({ highWaterMark: 4 << 20 });
+  }
+
+  // The chunks waiting while a write is under way arrive together and go to the disk in one write.
+  override _writev(chunks: { chunk: Buffer }[], done: (error?: Error | null) => void): void {
+    const bytes =
+      chunks.length === 1 ? (chunks[0] as { chunk: Buffer }).chunk : Buffer.concat(chunks.map((c) => c.chunk));
+    if (this.position === 0 && this.format !== 'raw' && formatOf(bytes) === 'qcow2') {
+      done(
+        new InstallationError(
+          'format',
+          `${this.url} is a qcow2 image compressed with ${this.format}: serve the qcow2 itself, which the agent reads as it is`,
+        ),
+      );
+      return;
+    }
+    const at = this.position;
+    this.position += bytes.length;
+    this.disk.write(at, bytes).then(() => done(), done);
+  }
 }
 
 /** The first `count` bytes of `stream` (fewer if it ends first), put back to be read again. */
