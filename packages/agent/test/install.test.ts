@@ -82,6 +82,9 @@ beforeAll(async () => {
   run('qemu-img', 'convert', '-f', 'raw', '-O', 'qcow2', 'image.raw', 'image.qcow2');
   run('qemu-img', 'convert', '-c', '-f', 'raw', '-O', 'qcow2', 'image.raw', 'compressed.qcow2');
   run('qemu-img', 'convert', '-f', 'raw', '-O', 'qcow2', '-o', 'compat=0.10', 'image.raw', 'v2.qcow2');
+  // The smallest and the largest clusters qcow2 has, compressed: other widths of a compressed entry's fields.
+  run('qemu-img', 'convert', '-c', '-f', 'raw', '-O', 'qcow2', '-o', 'cluster_size=512', 'image.raw', '512.qcow2');
+  run('qemu-img', 'convert', '-c', '-f', 'raw', '-O', 'qcow2', '-o', 'cluster_size=2M', 'image.raw', '2M.qcow2');
   run('qemu-img', 'create', '-q', '-f', 'qcow2', '-b', 'image.qcow2', '-F', 'qcow2', 'overlay.qcow2');
   run('xz', '-k', '-T1', 'image.qcow2');
   for (const name of [
@@ -90,6 +93,8 @@ beforeAll(async () => {
     'image.qcow2',
     'compressed.qcow2',
     'v2.qcow2',
+    '512.qcow2',
+    '2M.qcow2',
     'overlay.qcow2',
     'image.qcow2.xz',
   ]) {
@@ -268,6 +273,8 @@ describe('images as operators have them', () => {
     ['image.qcow2', 'qcow2'],
     ['compressed.qcow2', 'qcow2'],
     ['v2.qcow2', 'qcow2'],
+    ['512.qcow2', 'qcow2'],
+    ['2M.qcow2', 'qcow2'],
   ] as const)(
     '%s is written as the disk it holds (%s), checked against the sha256 of its bytes as downloaded',
     async (name, format) => {
