@@ -1,6 +1,6 @@
 import { execFileSync, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { constants, existsSync } from 'node:fs';
+import { constants, existsSync, readFileSync } from 'node:fs';
 import { mkdir, mkdtemp, open, readdir, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
@@ -49,6 +49,8 @@ const served = new Map<string, Buffer>([
 ]);
 /** Paths the server answers without honouring Range, as a server that does not serve ranges. */
 const noRanges = new Set<string>();
+/** The xz image cut short, made in beforeAll. */
+let truncatedXz: Buffer;
 /** The requests the server got, as `Range` header or `whole`, by path. */
 const requests: string[] = [];
 
@@ -68,6 +70,9 @@ function serveImage(request: IncomingMessage, response: ServerResponse, name: st
 let server: Server;
 let base: string;
 let dir: string;
+/** The disk /watched reads when the image is asked for, and whether its ends were zeros then, a request each. */
+let watchedDisk: string | undefined;
+const endsAtRequest: boolean[] = [];
 /** Requests to /stall, whose answers never end: ended when the file's tests are. */
 const stalled: import('node:http').ServerResponse[] = [];
 
@@ -100,6 +105,8 @@ beforeAll(async () => {
   ]) {
     served.set(name, await readFile(path.join(dir, name)));
   }
+  truncatedXz = (served.get('image.raw.xz') as Buffer).subarray(0, 200_000);
+  served.set('truncated.raw.xz', truncatedXz);
   server = createServer((request, response) => {
     const url = request.url ?? '';
     const name = url.slice(1);
@@ -114,6 +121,13 @@ beforeAll(async () => {
     } else if (url === '/redirect-to-ftp') {
       response.writeHead(301, { location: 'ftp://127.0.0.1/image.raw' });
       response.end();
+    } else if (url === '/watched') {
+      // What the watched disk holds at its ends the moment the image is asked for.
+      if (watchedDisk !== undefined) {
+        const now = readFileSync(watchedDisk);
+        endsAtRequest.push(zeros(now.subarray(0, MiB)) && zeros(now.subarray(now.length - MiB)));
+      }
+      response.end(image);
     } else if (url === '/stall-at-4MiB') {
       response.write(image.subarray(0, 4 * MiB));
       stalled.push(response);
@@ -358,6 +372,20 @@ describe('images as operators have them', () => {
       problem: 'format',
       message: `${base}/image.raw.zst was asked for as gzip, but its first bytes say zstd`,
     });
+    // An xz cut short: xz's own words, and the disk's ends zeroed.
+    const disk = await oldGptDisk();
+    await expect(
+      writeDiskImage({ url: `${base}/truncated.raw.xz`, sha256: sha256(truncatedXz), compression: 'none' }, disk),
+    ).rejects.toMatchObject({
+      problem: 'format',
+      message: expect.stringMatching(
+        new RegExp(
+          `^decompressing ${base}/truncated\\.raw\\.xz with xz failed \\(exit 1\\): xz: .*Unexpected end of input`,
+        ),
+      ),
+    });
+    const contents = await readFile(disk);
+    expect(zeros(contents.subarray(0, MiB)) && zeros(contents.subarray(contents.length - MiB))).toBe(true);
   });
 
   test('redirects are followed, relative or absolute, up to five; a sixth, or one to another scheme, is an error naming it', async () => {
@@ -406,6 +434,14 @@ describe('images as operators have them', () => {
 
 describe('a write that never boots half an image', () => {
   test('both ends of the disk are zeroed and flushed before the download starts', async () => {
+    const watched = await oldGptDisk();
+    watchedDisk = watched;
+    try {
+      await writeDiskImage({ url: `${base}/watched`, sha256: imageSha256, compression: 'none' }, watched);
+    } finally {
+      watchedDisk = undefined;
+    }
+    expect(endsAtRequest).toEqual([true]);
     const disk = await oldGptDisk();
     const stop = new AbortController();
     const failure = writeDiskImage({ url: `${base}/stall-at-4MiB`, sha256: imageSha256, compression: 'none' }, disk, {
