@@ -51,6 +51,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0018_retired_machines',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
@@ -65,9 +66,10 @@ test('migrations create the schema once; running them again is a no-op', async (
   expect(Object.fromEntries(rows.map((r) => [r.table_name, r.columns]))).toEqual({
     machine_agent_enrollment: ['machine_id', 'token_sha256', 'issued_at', 'expires_at', 'enrolled_at'],
     machine_agent_boot: ['machine_id', 'boot_method'],
-    machine_agent_heartbeat: ['machine_id', 'agent_heartbeat_at'],
+    machine_agent_heartbeat: ['machine_id', 'agent_heartbeat_at', 'agent_boot'],
     machine_agent_log: ['machine_id', 'agent_log', 'agent_log_received_at'],
-    machine_agent_started: ['machine_id', 'agent_started_at', 'agent_public_key', 'has_heartbeat'],
+    machine_agent_started: ['machine_id', 'agent_started_at', 'agent_public_key', 'has_heartbeat', 'agent_boot'],
+    machine_retired: ['provider', 'provider_id', 'machine_id', 'retired_at', 'retired_by', 'retire_reason', 'wiped'],
     machine_provided: [
       'machine_id',
       'provider',
@@ -185,6 +187,9 @@ test('migrations create the schema once; running them again is a no-op', async (
       'machine_power_state_state_idx',
       'machine_power_state_failed_idx',
       'fleet_location_totals_pkey',
+      'machine_agent_heartbeat_boot_idx',
+      'machine_agent_started_boot_silent_idx',
+      'machine_retired_pkey',
     ]),
   );
   // 0015 split it into the SSH machines' and the BMC-booted machines' partial indexes.
@@ -235,6 +240,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0018_retired_machines',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // 0006 backfills a power state row for each provided machine.
@@ -336,6 +342,7 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0018_retired_machines',
   ]);
   expect(await controlByLocation(bmdb.db)).toEqual([
     {
@@ -417,6 +424,7 @@ test('a database migrated to 0008, as released before OS installation, takes 000
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0018_retired_machines',
   ]);
   expect((await db.admin('SELECT count(*)::int AS n FROM machine_os_installation_request')).rows).toEqual([{ n: 0 }]);
 });

@@ -12,6 +12,7 @@ import { hold, unhold } from './commands/hold.js';
 import { install } from './commands/install.js';
 import { migrate } from './commands/migrate.js';
 import { POWER_COMMANDS, type PowerCommand, power, powerCommand } from './commands/power.js';
+import { recommission } from './commands/recommission.js';
 import { type ProviderKind, run } from './commands/run.js';
 import { server } from './commands/server.js';
 import { sshKey } from './commands/ssh-key.js';
@@ -163,7 +164,7 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
     )
     .command(
       'status',
-      'The fleet at a glance: machines per lifecycle stage, active work, backoffs with causes',
+      'The fleet at a glance: machines per lifecycle stage, active work, backoffs with causes, retired machines',
       (y) => y.options(optionsOf('status')).strict(),
       (argv) => status(argv, io.stdout),
     )
@@ -184,11 +185,20 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
     )
     .command(
       'decommission',
-      'Remove machines gone for good at their provider from the BMDB (refused for machines with live work; their history stays); with --wipe, wipe their disks first',
+      'Remove machines from the BMDB and retire them, so that the provisioner does not bring them back while their provider lists them (refused for machines with live work; their history stays); with --wipe, wipe their disks first',
       (y) => y.options(optionsOf('decommission')).strict(),
       async (argv) => {
         enableLogs();
         await decommission(argv, io.stdout);
+      },
+    )
+    .command(
+      'recommission',
+      'Bring retired (decommissioned) machines back: the provisioner brings each in again as a new machine while its provider lists it',
+      (y) => y.options(optionsOf('recommission')).strict(),
+      async (argv) => {
+        enableLogs();
+        await recommission(argv, io.stdout);
       },
     )
     .command(
@@ -261,7 +271,7 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
     )
     .demandCommand(
       1,
-      'say which command to run: run, migrate, status, ssh-key, server, decommission, hold, unhold, install, power, web or agent-image',
+      'say which command to run: run, migrate, status, ssh-key, server, decommission, recommission, hold, unhold, install, power, web or agent-image',
     )
     .fail((message, error) => {
       // Our handlers' errors and yargs' own validation (unknown flag, missing command) end here.
@@ -289,6 +299,8 @@ const COMMAND_ARGUMENTS: Record<string, number> = {
   'ssh-key': 0,
   server: 0,
   web: 0,
+  decommission: 0,
+  recommission: 0,
   hold: 0,
   unhold: 0,
   install: 0,
@@ -319,6 +331,7 @@ const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
   status: ['database'],
   server: SERVER_GROUPS,
   decommission: ['database', 'decommission'],
+  recommission: ['database', 'decommission'],
   web: ['database', 'observability', 'web'],
   hold: ['database', 'decommission'],
   unhold: ['database', 'decommission'],
@@ -334,6 +347,7 @@ const COMMAND_FLAGS: Record<string, string[]> = {
   unhold: ['machine-id', 'reason', 'actor'],
   install: ['machine-id', 'reason', 'actor'],
   decommission: ['wipe', 'wipe-timeout', 'reason', 'actor'],
+  recommission: ['reason', 'actor'],
   power: ['reason', 'actor', 'graceful'],
   status: ['json'],
   'ssh-key': ['data-dir', 'ssh-key-path'],
