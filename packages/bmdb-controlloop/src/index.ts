@@ -142,6 +142,7 @@ export {
   NotRetiredError,
   type RetiredMachine,
   recommissionMachines,
+  retiredMachine,
   retiredMachineCount,
   retiredMachines,
   retiredProviderIds,

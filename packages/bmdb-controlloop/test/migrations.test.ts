@@ -197,6 +197,7 @@ test('migrations create the schema once; running them again is a no-op', async (
       'machine_agent_heartbeat_boot_idx',
       'machine_agent_started_boot_silent_idx',
       'machine_retired_pkey',
+      'machine_retired_machine_idx',
     ]),
   );
   // 0015 split it into the SSH machines' and the BMC-booted machines' partial indexes.

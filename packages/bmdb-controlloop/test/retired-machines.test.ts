@@ -7,6 +7,7 @@ import {
   NotRetiredError,
   newMachine,
   recommissionMachines,
+  retiredMachine,
   retiredMachineCount,
   retiredMachines,
   retiredProviderIds,
@@ -34,6 +35,8 @@ describe('retirement', () => {
       { provider: 'Retire', providerId: 'r1', machineId: first, actor: 'alice@ops', reason: 'returned', wiped: false },
     ]);
     expect(await retiredProviderIds(q, 'Retire')).toEqual(new Set(['r1']));
+    expect(await retiredMachine(q, first)).toMatchObject({ providerId: 'r1', machineId: first });
+    expect(await retiredMachine(q, 'not-a-machine-id')).toBeUndefined();
 
     // Brought back by hand under the same ID and decommissioned again, without saying who: remembered as last.
     const second = await provided('Retire', 'r1');

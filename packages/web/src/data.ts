@@ -25,6 +25,7 @@ import {
   type RecoveryThresholds,
   type RetiredMachine,
   recentFailures,
+  retiredMachine,
   retiredMachineCount,
   retiredMachines,
   SHEPHERD_PROCESSES,
@@ -154,6 +155,11 @@ export async function readMachine(
       consoleUrl: detail.provided ? consoleUrl(detail.provided.provider, detail.provided.providerId) : null,
     };
   });
+}
+
+/** The retirement of the machine that had `machineId`, for a page asked for a machine no longer in the BMDB. */
+export function readRetiredMachine(db: BMDBReader, machineId: string): Promise<RetiredMachine | undefined> {
+  return readOnly(db, (q) => retiredMachine(q, machineId));
 }
 
 function installationView(installation: OSInstallation): InstallationView {

@@ -165,6 +165,19 @@ describe('pages', () => {
       );
       expect(body).not.toContain(HOSTILE_REASON);
       const overview = await json('/api/overview');
+      // Its page, asked for by the machine ID it had, is gone and says why.
+      const gone = await get(`/machines/${machineId}`);
+      expect(gone.status).toBe(404);
+      expect(await gone.text()).toMatch(
+        new RegExp(
+          `machine ${machineId} is retired: Static rack9-node1, decommissioned \\S+ by tech@rack9: swap &lt;b&gt;PSU&lt;/b&gt; &amp; fans; shepherd recommission brings it back as a new machine`,
+        ),
+      );
+      const goneJson = await get(`/api/machines/${machineId}`);
+      expect(goneJson.status).toBe(404);
+      expect(((await goneJson.json()) as { error: string }).error).toContain(
+        `machine ${machineId} is retired: Static rack9-node1`,
+      );
       expect(overview.retired).toBe(1);
       expect(overview.retiredMachines).toEqual([
         {

@@ -43,6 +43,8 @@ async function createRetiredMachines(db: Kysely<unknown>): Promise<void> {
       wiped boolean NOT NULL,
       PRIMARY KEY (provider, provider_id)
     )`.execute(db);
+  // The fleet page names a retired machine asked for by the machine ID it had.
+  await sql`CREATE INDEX machine_retired_machine_idx ON machine_retired (machine_id)`.execute(db);
 }
 
 async function flagBmcBootedAgents(db: Kysely<unknown>): Promise<void> {

@@ -3,6 +3,7 @@
  * (migration 0018) so that the provisioner does not bring them back from an
  * inventory that still lists them.
  */
+import { isUuid } from '@bmaas/common';
 import { type Kysely, type Selectable, sql } from 'kysely';
 import { BMDBError } from '../errors.js';
 import type { Database, MachineRetiredTable } from '../schema.js';
@@ -35,6 +36,19 @@ export async function retiredMachines(
     .limit(options.limit ?? 100)
     .execute();
   return rows.map(toRetiredMachine);
+}
+
+/** The retirement of the machine that had `machineId`, if it is retired (the latest, were the ID ever reused). */
+export async function retiredMachine(db: Kysely<Database>, machineId: string): Promise<RetiredMachine | undefined> {
+  if (!isUuid(machineId)) return undefined;
+  const row = await db
+    .selectFrom('machine_retired')
+    .selectAll()
+    .where('machine_id', '=', machineId)
+    .orderBy('retired_at', 'desc')
+    .limit(1)
+    .executeTakeFirst();
+  return row && toRetiredMachine(row);
 }
 
 /** How many machines are retired, of every provider. */
