@@ -92,8 +92,9 @@ const PROCESSOR = 'shepherd-provisioner';
  *
  * A retired machine (decommissioned) the provider still lists is neither
  * capacity nor missing from the BMDB: it is left out until an operator
- * recommissions it; once the provider lists it no more, its retirement is
- * forgotten, so an entry added again under its ID is a new machine.
+ * recommissions it; once the provider lists it no more (in a pass in which
+ * the provider and the BMDB agree), its retirement is forgotten, so an entry
+ * added again under its ID is a new machine.
  */
 export class Provisioner {
   readonly #maxCount: number;
@@ -153,12 +154,12 @@ export class Provisioner {
     const type = this.provider.type;
     const listing = new AbortController();
     const listingSignal = signal ? AbortSignal.any([signal, listing.signal]) : listing.signal;
-    let inProvider: Machine[];
+    let listed: Machine[];
     let provided: ProvidedMachine[];
     let retiredIds: Set<string>;
     try {
       // In parallel; the first failure cancels the provider listing.
-      [inProvider, [provided, retiredIds]] = await Promise.all([
+      [listed, [provided, retiredIds]] = await Promise.all([
         this.provider.listMachines(listingSignal),
         session.transact(async (q) => [await providedMachines(q, type), await retiredProviderIds(q, type)] as const),
       ]);
@@ -167,15 +168,14 @@ export class Provisioner {
       throw error;
     }
     const inBMDB = new Set(provided.map((m) => m.providerId));
-    const forgotten = await this.#forgetUnlisted(session, inProvider, retiredIds);
     // A machine the BMDB has is managed even if retired under its ID (brought back by hand, say).
     const retired = (machine: Machine) =>
       machine.id !== undefined && retiredIds.has(machine.id) && !inBMDB.has(machine.id);
-    const retiredListed = inProvider.filter(retired).map((m) => m.id as string);
+    const retiredListed = listed.filter(retired).map((m) => m.id as string);
     if (retiredListed.length > 0) {
       detail.provisioner('%s lists %d retired machine(s), left out: %s', type, retiredListed.length, retiredListed);
     }
-    inProvider = inProvider.filter((machine) => !retired(machine));
+    const inProvider = listed.filter((machine) => !retired(machine));
     // A machine whose provisioning failed for good may well be gone at the provider.
     const failedInBMDB = new Set(
       provided.filter((m) => m.providerStatus === ProviderStatus.ProvisioningFailedPermanent).map((m) => m.providerId),
@@ -205,6 +205,8 @@ export class Provisioner {
     if (missingFromBMDB.length > 0 || missingFromProvider.length > 0) {
       throw new ProviderDiscrepancyError(type, missingFromBMDB as string[], missingFromProvider.sort());
     }
+    // Only once they agree: a listing that lost machines (an inventory served empty) must not forget retirements.
+    const forgotten = await this.#forgetUnlisted(session, listed, retiredIds);
 
     const managed = [...used.keys()].filter((id) => inBMDB.has(id)).length;
     const wanted = this.#maxCount === 0 ? Number.POSITIVE_INFINITY : this.#maxCount - managed;
