@@ -140,6 +140,16 @@ export {
   updateProviderStatus,
 } from './queries/provided-tags.js';
 export type { RecoveryThresholds } from './queries/recovery-thresholds.js';
+export {
+  forgetUnlistedRetiredMachines,
+  NotRetiredError,
+  type RetiredMachine,
+  recommissionMachines,
+  retiredMachine,
+  retiredMachineCount,
+  retiredMachines,
+  retiredProviderIds,
+} from './queries/retired-machines.js';
 export { redactUrl } from './redact-url.js';
 export { checkRootDeviceHints, RootDeviceHintError, type RootDeviceHints } from './root-device-hints.js';
 export { type RoundsOptions, runRounds } from './rounds.js';

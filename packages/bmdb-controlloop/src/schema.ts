@@ -26,6 +26,7 @@ export interface Database {
   machine_hold: MachineHoldTable;
   machine_power_state: MachinePowerStateTable;
   operator_history: OperatorHistoryTable;
+  machine_retired: MachineRetiredTable;
 }
 
 /** Timestamps are read as `Date` and written as `Date` or a SQL expression. */
@@ -127,11 +128,15 @@ export interface MachineAgentStartedTable {
   agent_public_key: Uint8Array;
   /** Whether an AgentHeartbeat row exists; kept by triggers, for the recovery index. Never write it. */
   has_heartbeat: Generated<boolean>;
+  /** Whether the machine's BMC boots its agent (migration 0018, from `machine_agent_boot`); kept by triggers. Never write it. */
+  agent_boot: Generated<boolean>;
 }
 
 export interface MachineAgentHeartbeatTable {
   machine_id: string;
   agent_heartbeat_at: Timestamp;
+  /** Whether the machine's BMC boots its agent (migration 0018, from `machine_agent_boot`); kept by triggers. Never write it. */
+  agent_boot: Generated<boolean>;
 }
 
 /** The agent's last hardware report (a serialized `cloud.bmaas.server.api.AgentHardwareReport`). */
@@ -384,6 +389,25 @@ export interface OperatorHistoryTable {
   cause: string | null;
   /** The action's particulars (`{"graceful": true}`, what the BMC was told), as JSON. */
   detail: ColumnType<unknown | null, string | null | undefined, string | null>;
+}
+
+/**
+ * A machine decommissioned, by provider and provider ID (migration 0018):
+ * its machine row is gone, and the provisioner does not bring it back from
+ * its provider's inventory until the entry leaves the inventory or an
+ * operator recommissions it.
+ */
+export interface MachineRetiredTable {
+  provider: string;
+  provider_id: string;
+  /** The machine ID it had, which its work and operator history keep. */
+  machine_id: string;
+  retired_at: Generated<Date>;
+  /** Who decommissioned it; null when not said. */
+  retired_by: string | null;
+  retire_reason: string | null;
+  /** Whether its disks were wiped before (`decommission --wipe`). */
+  wiped: boolean;
 }
 
 export type MachineProvidedRow = Selectable<MachineProvidedTable>;

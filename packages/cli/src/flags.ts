@@ -288,10 +288,11 @@ const flags = {
     },
     reason: {
       describe:
-        'Why: recorded with the hold, power action or installation request (required for hold, install and every power action but status)',
+        'Why: recorded with the hold, power action, installation request or decommissioned machine’s retirement (required for hold, install, decommission --wipe and every power action but status)',
     },
     actor: {
-      describe: 'Who: recorded with the hold, power action or installation request',
+      describe:
+        'Who: recorded with the hold, power action, installation request or decommissioned machine’s retirement; logged by recommission',
       defaultDescription: '<user>@<host> of this process',
     },
     graceful: {
@@ -300,7 +301,7 @@ const flags = {
     },
     wipe: {
       describe:
-        "decommission: first wipe each machine's disks through its running agent (discard, both ends zeroed), and remove it once its agent reported success; needs --reason",
+        "decommission: first wipe each machine's disks through its running agent, or one its BMC boots for it (discard, both ends zeroed), and remove it once its agent reported success; needs --reason",
       boolean: true,
     },
     'wipe-timeout': {
@@ -463,7 +464,7 @@ const GROUP_TITLES: Record<FlagGroup, string> = {
   dummy: 'Dummy provider (run dummy, power)',
   server: 'BMaaS server (server)',
   static: 'Static provider (run static, power)',
-  decommission: 'Machines (decommission, hold, unhold, power, install)',
+  decommission: 'Machines (decommission, recommission, hold, unhold, power, install)',
   operator: 'Holds and power actions (hold, unhold, power)',
   install: 'OS installation (install)',
   'agent-image': 'Agent image (agent-image build)',

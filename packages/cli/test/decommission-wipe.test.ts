@@ -4,7 +4,14 @@ import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { addProvided, newMachine, operatorHistory, osInstallation, setAgentStarted } from '@bmaas/bmdb-controlloop';
+import {
+  addProvided,
+  newMachine,
+  operatorHistory,
+  osInstallation,
+  retiredMachines,
+  setAgentStarted,
+} from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { encodeTakeoverInit, parseTakeoverResponse } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, expect, test } from 'vitest';
@@ -103,6 +110,11 @@ test('decommission --wipe: a machine whose agent wiped its disks is removed; a f
   expect(result.stderr).toContain(
     `Static wipe-agentless (machine ${agentless.machineId}): no agent runs on it, so its disks cannot be wiped yet`,
   );
+  // Its agent arrives over SSH: booting one through the BMC is for the machines whose inventory says so.
+  expect(result.stderr).toContain(
+    `wipe-agentless (machine ${agentless.machineId}): no agent runs on it, so its disks cannot be wiped yet: its agent arrives over SSH (boot method ssh), which only the initializer's takeover of a running OS starts, and its BMC boots none; kept in the BMDB`,
+  );
+  expect(result.stderr).not.toContain('not built yet');
   expect(result.stderr).toMatch(
     new RegExp(
       `Static wipe-broken \\(machine ${broken.machineId}\\): its wipe \\(generation 1\\) failed: disk wipe: 1 of 3 disks not wiped: /dev/sda \\(BTYF01234567480BGN\\)`,
@@ -118,6 +130,16 @@ test('decommission --wipe: a machine whose agent wiped its disks is removed; a f
     expect(bytes.subarray(bytes.length - MiB).every((byte) => byte === 0)).toBe(true);
   }
   expect(await exited(wipedAgent)).toBe(0);
+  // Retired, wiped: the provisioner does not bring it back from the inventory.
+  expect(await retiredMachines(q, { provider: 'Static' })).toMatchObject([
+    {
+      providerId: 'wipe-ok',
+      machineId: wiped.machineId,
+      actor: 'tech@rack3',
+      reason: 'returned to the lessor',
+      wiped: true,
+    },
+  ]);
   expect(await readFile(`${wiped.root}.log`, 'utf8')).toContain('wiped; stopping');
 
   // Kept, visible with the agent's error; the agentless one untouched.
