@@ -199,9 +199,7 @@ export class AgentBooter implements ControlLoop<ProvidedMachine> {
       // A BMC without virtual media fell back to a network boot: armed now, before the firmware's PXE asks.
       if (boot.started.method === 'network' && !boot.networkArmed) await this.#armNetworkBoot(db, boot, machine, init);
       // The wait starts now, however long the BMC took: the token is good for it from now too.
-      if (boot.started.method === 'virtual-media') {
-        await renewEnrollmentToken(db, machineId, boot.bootId, { validForSeconds: this.#tokenValidForSeconds() });
-      }
+      if (boot.started.method === 'virtual-media') await this.#renewToken(db, boot);
       await this.#waitForEnrollment(db, task, boot, boot.started);
       log.agentBooter('agent enrolled on machine %s (provider ID %s)', machineId, providerId);
     } finally {
@@ -249,6 +247,24 @@ export class AgentBooter implements ControlLoop<ProvidedMachine> {
       boot.providerId,
       machine.macs.join(', ') || 'no MAC',
     );
+  }
+
+  /**
+   * Makes the token good for the wait from now. A failure (the BMDB failing
+   * over) is logged, not failed on: the machine is booting, and the token
+   * keeps the validity it was issued with.
+   */
+  async #renewToken(db: Kysely<Database>, boot: BootUnderWay): Promise<void> {
+    try {
+      await renewEnrollmentToken(db, boot.machineId, boot.bootId, { validForSeconds: this.#tokenValidForSeconds() });
+    } catch (error) {
+      log.agentBooter(
+        'machine %s (provider ID %s): making its token good for the wait failed, it keeps its first expiry: %s',
+        boot.machineId,
+        boot.providerId,
+        describeError(error),
+      );
+    }
   }
 
   /**
