@@ -357,14 +357,21 @@ export class AgentBootFiles {
     const config = await serveNetworkBootConfig(this.#db, capability, from);
     if (config === undefined) return false;
     if (!config.served) {
-      log.bootFiles(
-        config.reason === 'AlreadyServed'
-          ? 'machine %s: the config of its network boot was fetched again, by %s, after it was served to %s: refused, and the boot fails'
-          : 'machine %s: the config of its network boot was fetched by %s while no boot waits for it%s: refused',
-        config.machineId,
-        from,
-        config.servedTo ?? '',
-      );
+      if (config.reason === 'AlreadyServed') {
+        log.bootFiles(
+          'machine %s: the config of its network boot was fetched again, by %s, after it was served to %s: refused, and the boot fails%s',
+          config.machineId,
+          from,
+          config.servedTo,
+          config.distrusted ? '; the agent its token enrolled is trusted no more' : '',
+        );
+      } else {
+        log.bootFiles(
+          'machine %s: the config of its network boot was fetched by %s while no boot waits for it: refused',
+          config.machineId,
+          from,
+        );
+      }
       response.writeHead(410, { 'content-type': 'text/plain; charset=utf-8' }).end('gone\n');
       return true;
     }

@@ -28,6 +28,7 @@ import {
   operatorHistory,
   Process,
   revokeEnrollmentToken,
+  setAgentHeartbeat,
 } from '@bmaas/bmdb-controlloop';
 import { certificatePem, Secret, selfSignedCertificate } from '@bmaas/common';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
@@ -474,11 +475,38 @@ describe('a network boot', () => {
       ['ServeBootConfig', 'Refused'],
     ]);
     expect(history[1]?.cause).toBe(
-      `machine ${boot.machineId}: its network boot's config was fetched again, by 127.0.0.1, after it was served to 127.0.0.1: the boot fails; whoever fetched it first may have enrolled in the machine's place`,
+      `machine ${boot.machineId}: its network boot's config was fetched again, by 127.0.0.1, after it was served to 127.0.0.1: the boot fails; its token had enrolled no agent`,
     );
     // The token served enrolls, once.
     await enrollAgent(q, { machineId: boot.machineId, token: enrollment.token, agentPublicKey: randomBytes(32) });
     expect((await agentEnrollment(q, boot.machineId))?.enrolledAt).toBeInstanceOf(Date);
+    await endNetworkBoot(q, boot.machineId, boot.bootId);
+  });
+
+  test('fetched again after its token enrolled an agent, that agent is trusted no more: its AgentStarted and heartbeat go', async () => {
+    const boot = await armedBoot([]);
+    const configUrl = `${files.url}/agent-boot/b/${boot.capability}/config.cpio`;
+    const { token } = enrollmentOf((await fetchRaw(configUrl)).body);
+    // Whoever was served first enrolled, and heartbeats.
+    await enrollAgent(q, { machineId: boot.machineId, token, agentPublicKey: randomBytes(32) });
+    await setAgentHeartbeat(q, boot.machineId);
+    expect((await fetchRaw(configUrl)).status).toBe(410);
+    const started = await q
+      .selectFrom('machine_agent_started')
+      .select('machine_id')
+      .where('machine_id', '=', boot.machineId)
+      .execute();
+    expect(started).toEqual([]);
+    const heartbeat = await q
+      .selectFrom('machine_agent_heartbeat')
+      .select('machine_id')
+      .where('machine_id', '=', boot.machineId)
+      .execute();
+    expect(heartbeat).toEqual([]);
+    const refused = (await operatorHistory(q, boot.machineId)).filter((entry) => entry.outcome === 'Refused');
+    expect(refused.map((entry) => entry.cause)).toEqual([
+      `machine ${boot.machineId}: its network boot's config was fetched again, by 127.0.0.1, after it was served to 127.0.0.1: the boot fails; the agent its token enrolled is trusted no more (AgentStarted removed), so the machine is booted again`,
+    ]);
     await endNetworkBoot(q, boot.machineId, boot.bootId);
   });
 

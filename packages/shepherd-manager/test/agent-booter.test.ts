@@ -68,7 +68,10 @@ const q = bmdb.db;
  * `slow-bmc` (the BMC calls take an hour, by the database's clock, and the
  * firmware boots once the wait for the agent began); `boots-held` (the
  * agent starts when the test says). Network: `pxe-boots`; `pxe-fetched-first`
- * (someone on the boot network fetched the boot's script and config first).
+ * (someone on the boot network fetched the boot's script and config first);
+ * `pxe-enrolled-first` (and enrolled with the token, and the booter took it
+ * for the machine before the machine's own fetch came; the machine's next
+ * boot is its own).
  */
 type Behaviour =
   | 'boots'
@@ -79,7 +82,8 @@ type Behaviour =
   | 'slow-bmc'
   | 'boots-held'
   | 'pxe-boots'
-  | 'pxe-fetched-first';
+  | 'pxe-fetched-first'
+  | 'pxe-enrolled-first';
 
 /** What the fake BMC was told, in order, per provider ID. */
 type Told =
@@ -133,8 +137,8 @@ class BmcBoard implements Provider, AgentBootControl {
     const { behaviour, macs } = this.machines.get(id) ?? { behaviour: 'boots-nothing', macs: [] };
     const started = (method: AgentBootStarted['method']) => ({ method, detail: `test BMC of ${id}: ${behaviour}` });
     if (behaviour === 'refuses') throw new AgentBootError(id, 'the BMC refused InsertMedia (test)');
-    if (behaviour === 'pxe-boots' || behaviour === 'pxe-fetched-first') {
-      this.#firmware(id, () => this.#bootFromNetwork(id, macs[0] ?? '', behaviour === 'pxe-fetched-first'));
+    if (behaviour.startsWith('pxe-')) {
+      this.#firmware(id, () => this.#bootFromNetwork(id, macs[0] ?? '', behaviour));
       return started('network');
     }
     const isoUrl = media.isoUrl;
@@ -216,16 +220,27 @@ class BmcBoard implements Provider, AgentBootControl {
   }
 
   /** What iPXE does: the script by MAC, then the config it names (the kernel's fetch left out), unpacked by the kernel. */
-  async #bootFromNetwork(id: string, mac: string, fetchedFirst: boolean): Promise<void> {
+  async #bootFromNetwork(id: string, mac: string, behaviour: Behaviour): Promise<void> {
     const files = this.networkFiles?.();
     if (files === undefined) throw new Error('no boot files for network boots');
     const script = await (await fetch(`${files.url}/agent-boot/ipxe?mac=${mac}`)).text();
     const configUrl = /^initrd (\S+\/config\.cpio)$/m.exec(script)?.[1];
     if (configUrl === undefined) throw new Error(`machine ${id}: no config in the script: ${script}`);
-    if (fetchedFirst) {
+    if (behaviour !== 'pxe-boots') {
       // A bystander who knows the MAC, faster than the machine's firmware.
-      const stolen = await fetch(configUrl);
-      this.stolen.set(id, Buffer.from(await stolen.arrayBuffer()));
+      const stolen = Buffer.from(await (await fetch(configUrl)).arrayBuffer());
+      this.stolen.set(id, stolen);
+      if (behaviour === 'pxe-enrolled-first') {
+        const machineId = await machineIdOf(id);
+        const token = /"token":"([^"]+)"/.exec(stolen.toString('latin1'))?.[1] ?? '';
+        await enrollAgent(q, { machineId, token, agentPublicKey: BYSTANDER_KEY });
+        // The worst case: the booter saw the enrollment and finished before the machine's own fetch came.
+        await eventually(
+          'the booter took the bystander for the machine',
+          async () => (await history(machineId)).some((row) => row.event === 'Finished') || undefined,
+        );
+        this.machines.set(id, { behaviour: 'pxe-boots', macs: [mac] });
+      }
     }
     const response = await fetch(configUrl);
     if (response.status !== 200) throw new Error(`machine ${id}: the config answered ${response.status}`);
@@ -264,6 +279,9 @@ class BmcBoard implements Provider, AgentBootControl {
     };
   }
 }
+
+/** The key of an agent a bystander enrolled with a token it fetched. */
+const BYSTANDER_KEY = new Uint8Array(32).fill(0xbb);
 
 async function machineIdOf(providerId: string): Promise<string> {
   const row = await q
@@ -647,5 +665,36 @@ describe('a machine whose BMC boots its agent over the network', () => {
       (e: unknown) => e,
     );
     expect((refused as EnrollmentRefusedError).reason).toBe('Expired');
+  }, 120_000);
+
+  test('whose config a bystander fetched and enrolled with first: the machine’s own fetch makes that agent untrusted, and the machine is booted again into its own', async () => {
+    const machineId = await bmcBootedMachine('pxe-enrolled', 'pxe-enrolled-first', board, ['52:54:00:00:aa:03']);
+    await eventually(
+      'booted again, the machine’s own agent enrolled',
+      async () => {
+        const events = (await history(machineId)).map((row) => row.event);
+        return events.length === 4 && events[3] === 'Finished' ? events : undefined;
+      },
+      90_000,
+    );
+    expect((await history(machineId)).map((row) => row.event)).toEqual(['Started', 'Finished', 'Started', 'Finished']);
+    expect(board.firmwareFailures.get('pxe-enrolled')).toBe('Error: machine pxe-enrolled: the config answered 410');
+    const started = await q
+      .selectFrom('machine_agent_started')
+      .select('agent_public_key')
+      .where('machine_id', '=', machineId)
+      .executeTakeFirstOrThrow();
+    expect(Buffer.from(started.agent_public_key).equals(Buffer.from(BYSTANDER_KEY))).toBe(false);
+    const operatorEntries = await operatorHistory(q, machineId);
+    expect(operatorEntries.map((e) => [e.action, e.outcome])).toEqual([
+      ['ServeBootConfig', 'Succeeded'],
+      ['EnrollAgent', 'Succeeded'],
+      ['ServeBootConfig', 'Refused'],
+      ['ServeBootConfig', 'Succeeded'],
+      ['EnrollAgent', 'Succeeded'],
+    ]);
+    expect(operatorEntries[2]?.cause).toContain(
+      'the agent its token enrolled is trusted no more (AgentStarted removed)',
+    );
   }, 120_000);
 });

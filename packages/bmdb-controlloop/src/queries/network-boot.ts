@@ -7,6 +7,7 @@ import { isUuid } from '@bmaas/common';
 import { type Kysely, sql } from 'kysely';
 import { BMDBError } from '../errors.js';
 import { type Database, OperatorAction, Process } from '../schema.js';
+import { deleteAgentHeartbeat } from './agent-tags.js';
 import { type EnrollmentToken, issueEnrollmentToken } from './enrollment.js';
 import { recordOperatorAction } from './operator-history.js';
 
@@ -54,6 +55,8 @@ export type NetworkBootConfig =
       readonly reason: 'AlreadyServed' | 'NotLive';
       /** To whom the config was served, if it was. */
       readonly servedTo: string | undefined;
+      /** The agent this boot's token enrolled lost its AgentStarted: it may not be the machine's. */
+      readonly distrusted: boolean;
     };
 
 /** A network boot's config, as the agent booter waiting for it sees it. */
@@ -153,7 +156,11 @@ export async function liveNetworkBoot(db: Kysely<Database>, capability: string):
  * served, or its boot not live, is refused: the first such is kept on the
  * boot (the agent booter waiting for it fails it) and each is recorded in
  * the machine's operator history (`ServeBootConfig`, `Refused`), as a first
- * serve is (`Succeeded`). Undefined for a capability no boot has.
+ * serve is (`Succeeded`). A config fetched again after it was served means
+ * that whoever fetched it first had the token: an agent the token enrolled
+ * loses its AgentStarted (and heartbeat) in the same transaction, so neither
+ * fetcher's agent is trusted and the machine needs a boot again. Undefined
+ * for a capability no boot has.
  */
 export async function serveNetworkBootConfig(
   db: Kysely<Database>,
@@ -214,6 +221,18 @@ export async function serveNetworkBootConfig(
       if (row === undefined) return undefined;
       const reason = row.served_at === null ? 'NotLive' : 'AlreadyServed';
       const servedTo = row.served_to ?? undefined;
+      // Served before: whoever fetched it first had the token. An agent that token enrolled, whoever's it is, is
+      // trusted no more: its AgentStarted goes (its heartbeats are refused), and the machine needs a boot again.
+      const distrusted =
+        reason === 'AlreadyServed' &&
+        (
+          await sql<{ machine_id: string }>`
+            DELETE FROM machine_agent_started s USING machine_agent_enrollment e
+            WHERE s.machine_id = ${row.machine_id} AND e.machine_id = s.machine_id AND e.boot_id = ${row.boot_id}
+              AND e.enrolled_at IS NOT NULL AND s.agent_started_at >= e.enrolled_at
+            RETURNING s.machine_id`.execute(trx)
+        ).rows.length > 0;
+      if (distrusted) await deleteAgentHeartbeat(trx, row.machine_id);
       await recordOperatorAction(trx, {
         machineId: row.machine_id,
         action: OperatorAction.ServeBootConfig,
@@ -221,11 +240,11 @@ export async function serveNetworkBootConfig(
         actor: fetchedBy,
         cause:
           reason === 'AlreadyServed'
-            ? `machine ${row.machine_id}: its network boot's config was fetched again, by ${fetchedBy}, after it was served to ${servedTo}: the boot fails; whoever fetched it first may have enrolled in the machine's place`
+            ? `machine ${row.machine_id}: its network boot's config was fetched again, by ${fetchedBy}, after it was served to ${servedTo}: the boot fails; ${distrusted ? 'the agent its token enrolled is trusted no more (AgentStarted removed), so the machine is booted again' : 'its token had enrolled no agent'}`
             : `machine ${row.machine_id}: its network boot's config was fetched by ${fetchedBy} while no boot waits for it`,
-        detail: { bootId: row.boot_id, reason, fetchedBy, ...(servedTo === undefined ? {} : { servedTo }) },
+        detail: { bootId: row.boot_id, reason, fetchedBy, distrusted, ...(servedTo === undefined ? {} : { servedTo }) },
       });
-      return { served: false, machineId: row.machine_id, reason, servedTo };
+      return { served: false, machineId: row.machine_id, reason, servedTo, distrusted };
     });
 }
 
