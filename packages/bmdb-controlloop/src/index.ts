@@ -70,6 +70,8 @@ export {
   type EnrollmentToken,
   enrollAgent,
   issueEnrollmentToken,
+  renewEnrollmentToken,
+  revokeEnrollmentToken,
 } from './queries/enrollment.js';
 export {
   backoffsByProcess,
@@ -103,6 +105,14 @@ export { heldMachines, holdMachine, machineHold, unholdMachine } from './queries
 export type { MachineFilter } from './queries/machine-filter.js';
 export type { MachineLookup, MachineNames, MachineRef } from './queries/machine-lookup.js';
 export { lookUpMachines } from './queries/machine-lookup.js';
+export {
+  armNetworkBoot,
+  endNetworkBoot,
+  liveNetworkBoot,
+  liveNetworkBootsByMac,
+  networkBootState,
+  serveNetworkBootConfig,
+} from './queries/network-boot.js';
 export type { NewOperatorAction } from './queries/operator-history.js';
 export { operatorHistory, recordOperatorAction } from './queries/operator-history.js';
 export type {

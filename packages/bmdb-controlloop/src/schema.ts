@@ -15,6 +15,7 @@ export interface Database {
   machine_hardware_report: MachineHardwareReportTable;
   machine_agent_log: MachineAgentLogTable;
   machine_agent_enrollment: MachineAgentEnrollmentTable;
+  machine_network_boot: MachineNetworkBootTable;
   machine_os_installation_report: MachineOsInstallationReportTable;
   machine_os_installation_request: MachineOsInstallationRequestTable;
   machine_unprovided: MachineUnprovidedTable;
@@ -175,6 +176,33 @@ export interface MachineAgentEnrollmentTable {
   issued_at: Timestamp;
   expires_at: Timestamp;
   enrolled_at: Timestamp | null;
+  /** The boot it was issued for (migration 0016); null for a token issued without one. */
+  boot_id: Generated<string | null>;
+}
+
+/**
+ * A machine's last network boot (migration 0016): what any shepherd process's
+ * boot files need to answer its iPXE script and serve its config once.
+ */
+export interface MachineNetworkBootTable {
+  machine_id: string;
+  boot_id: string;
+  /** The session of the agent booter's claim the boot was armed under: the boot is live while it holds the claim. */
+  session_id: string;
+  /** The path part of the boot's script and config URLs (43 characters, base64url). */
+  capability: string;
+  /** Lower case, colons. */
+  macs: string[];
+  /** A serialized `cloud.agent.api.TakeoverInit`. */
+  takeover_init: Uint8Array;
+  agent_flags: string[];
+  token_valid_seconds: number;
+  armed_at: Timestamp;
+  ended_at: Timestamp | null;
+  config_served_at: Timestamp | null;
+  config_served_to: string | null;
+  config_refused_at: Timestamp | null;
+  config_refused_to: string | null;
 }
 
 /** How an OS installation the agent was asked for ended. */
@@ -371,6 +399,11 @@ export const OperatorAction = {
    * `Refused` (`detail` has the reason); the actor is the agent, `bmaas-agent`.
    */
   EnrollAgent: 'EnrollAgent',
+  /**
+   * A network boot's config served (`Succeeded`, `detail` has who fetched it) or refused (`Refused`:
+   * fetched again, or after its boot ended; `detail` has who and why); the actor is the fetcher's address.
+   */
+  ServeBootConfig: 'ServeBootConfig',
 } as const;
 
 /**

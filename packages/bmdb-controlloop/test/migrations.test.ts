@@ -58,6 +58,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0016_network_boot',
     '0018_retired_machines',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
@@ -71,7 +72,23 @@ test('migrations create the schema once; running them again is a no-op', async (
     FROM information_schema.columns WHERE table_schema = 'public' AND table_name NOT LIKE 'bmdb_migration%'
     GROUP BY table_name ORDER BY table_name`);
   expect(Object.fromEntries(rows.map((r) => [r.table_name, r.columns]))).toEqual({
-    machine_agent_enrollment: ['machine_id', 'token_sha256', 'issued_at', 'expires_at', 'enrolled_at'],
+    machine_agent_enrollment: ['machine_id', 'token_sha256', 'issued_at', 'expires_at', 'enrolled_at', 'boot_id'],
+    machine_network_boot: [
+      'machine_id',
+      'boot_id',
+      'session_id',
+      'capability',
+      'macs',
+      'takeover_init',
+      'agent_flags',
+      'token_valid_seconds',
+      'armed_at',
+      'ended_at',
+      'config_served_at',
+      'config_served_to',
+      'config_refused_at',
+      'config_refused_to',
+    ],
     machine_agent_boot: ['machine_id', 'boot_method'],
     machine_agent_heartbeat: ['machine_id', 'agent_heartbeat_at', 'agent_boot'],
     machine_agent_log: ['machine_id', 'agent_log', 'agent_log_received_at'],
@@ -248,6 +265,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0016_network_boot',
     '0018_retired_machines',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
@@ -350,6 +368,7 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0016_network_boot',
     '0018_retired_machines',
   ]);
   expect(await controlByLocation(bmdb.db)).toEqual([
@@ -432,6 +451,7 @@ test('a database migrated to 0008, as released before OS installation, takes 000
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0016_network_boot',
     '0018_retired_machines',
   ]);
   expect((await db.admin('SELECT count(*)::int AS n FROM machine_os_installation_request')).rows).toEqual([{ n: 0 }]);

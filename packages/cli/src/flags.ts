@@ -352,7 +352,8 @@ const flags = {
         'The agent image (shepherd agent-image build --out DIR) that machines whose inventory says "agentBoot": "virtual-media" or "network" are booted into through their BMC; no agent boot when unset',
     },
     'agent-boot-listen': {
-      describe: 'host:port the boot files (the image, each boot’s ISO and iPXE script) are served at',
+      describe:
+        'host:port the boot files (the image, this process’s virtual media ISOs, every network boot’s iPXE script and config) are served at',
       default: '0.0.0.0:8081',
     },
     'agent-boot-url': {
