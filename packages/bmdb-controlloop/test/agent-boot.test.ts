@@ -284,7 +284,7 @@ describe('agentBootSelection', () => {
   });
 
   test('needsAgentBoot: the state the selection reads, for one machine, whatever its work', async () => {
-    const [silent, installed] = [await machine('Needs'), await machine('Needs')];
+    const silent = await machine('Needs');
     await startAgent(silent);
     await db.admin(
       `UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() - interval '11 minutes' WHERE machine_id = $1`,
@@ -305,6 +305,8 @@ describe('agentBootSelection', () => {
       expect(await needsAgentBoot(q, blank, { provider: 'Needs' })).toBe(true);
       await setAgentHeartbeat(q, silent);
       expect(await needsAgentBoot(q, silent, { provider: 'Needs' })).toBe(false);
+      // Made only now, so that the two claims above had no third machine to take.
+      const installed = await machine('Needs');
       await install(installed);
       expect(await needsAgentBoot(q, installed, { provider: 'Needs' })).toBe(false);
       expect(await needsAgentBoot(q, blank, { provider: 'Other' })).toBe(false);

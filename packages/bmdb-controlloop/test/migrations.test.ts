@@ -486,7 +486,7 @@ test('0018 on a database with agents: the BMC-booted machines’ agent tags are 
   await db.admin('INSERT INTO machine_agent_heartbeat VALUES ($1, now()), ($2, now())', [ids.bmc, ids.ssh]);
 
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0018_retired_machines']);
+  expect(await bmdb.migrate()).toEqual(['0016_network_boot', '0018_retired_machines']);
   const flags = async () => ({
     started: Object.fromEntries(
       (
