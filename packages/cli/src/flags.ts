@@ -344,6 +344,12 @@ const flags = {
       describe: 'The bundled agent put in the image',
       defaultDescription: '@bmaas/agent’s dist/agent.cjs (npm run bundle -w @bmaas/agent)',
     },
+    'firmware-dir': {
+      kind: 'path',
+      describe:
+        'Where the firmware the image’s drivers declare is taken from (Debian’s firmware packages install there); what is not found is listed',
+      defaultDescription: '/lib/firmware',
+    },
   },
   'agent-boot': {
     'agent-boot-image-dir': {
