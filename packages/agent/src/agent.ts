@@ -14,6 +14,7 @@ import {
 import { OSInstallationReportOutcome } from './gen/cloud/agent/api/installation_report_outcome_pb.js';
 import type { TakeoverInit } from './gen/cloud/agent/api/takeover_pb.js';
 import { hardwareNode, readHardware } from './hardware/inventory.js';
+import { InstallationError } from './install/errors.js';
 import { install } from './install/install.js';
 import { wipeDisks } from './install/wipe.js';
 import { type LogVersion, readLogTail } from './log-tail.js';
@@ -43,6 +44,13 @@ export interface AgentOptions {
   readonly signal?: AbortSignal | undefined;
   /** Where the agent says what it does, one line at a time. */
   readonly log?: ((line: string) => void) | undefined;
+  /**
+   * Set where the agent runs in place, on the machine's own OS (a takeover
+   * where kexec could not run): why it does. Its installations and wipes are
+   * then refused, as they would overwrite the disk of the running OS, and its
+   * hardware report says so (the machine's page shows it).
+   */
+  readonly inPlace?: string | undefined;
   /**
    * The agent's log file, whose tail (at most 64 KiB, see `log-tail.ts`)
    * heartbeats carry to the server for the machine's page, each time it
@@ -100,7 +108,13 @@ export async function runAgent(options: AgentOptions): Promise<AgentEnd> {
     while (!signal?.aborted) {
       const report = installation?.report;
       const wipe = installation?.wipe === true;
-      const request = await heartbeatRequest(init.machineId, reportAccepted ? undefined : options.root, report, log);
+      const request = await heartbeatRequest(
+        init.machineId,
+        reportAccepted ? undefined : options.root,
+        options.inPlace,
+        report,
+        log,
+      );
       const tail = options.logFile === undefined ? undefined : await readLogTail(options.logFile, logSent);
       if (tail) request.agentLog = create(AgentLogSchema, { text: tail.text });
       try {
@@ -162,6 +176,7 @@ export async function runAgent(options: AgentOptions): Promise<AgentEnd> {
 async function heartbeatRequest(
   machineId: string,
   hardwareFrom: string | undefined,
+  inPlace: string | undefined,
   installationReport: OSInstallationReport | undefined,
   log: (line: string) => void,
 ): Promise<HeartbeatRequest> {
@@ -172,10 +187,24 @@ async function heartbeatRequest(
     for (const warning of inventory.warnings) log(`hardware report: ${warning}`);
     request.hardwareReport = create(AgentHardwareReportSchema, {
       report: hardwareNode(inventory),
-      warning: [...inventory.warnings],
+      warning: [...(inPlace === undefined ? [] : [inPlaceWarning(inPlace)]), ...inventory.warnings],
     });
   }
   return request;
+}
+
+/** The hardware report's warning of an agent running in place: what the machine's page shows. */
+export function inPlaceWarning(why: string): string {
+  return `the agent runs in place on the machine's own OS (${why}): it refuses installations and wipes`;
+}
+
+/** Why an agent running in place writes no disk. */
+function inPlaceRefusal(asked: OSInstallationRequest, why: string): InstallationError {
+  const what = asked.type.case === 'diskWipe' ? 'disk wipe' : 'installation';
+  return new InstallationError(
+    'in-place',
+    `${what} of generation ${asked.generation} refused: the agent runs in place on the machine's own OS (${why}), whose disk it would overwrite under it; boot the machine into the agent image (a takeover with kexec, or its BMC's agent boot) first`,
+  );
 }
 
 /** Starts installing `asked`; its outcome becomes the installation's report, unless it was stopped. */
@@ -191,27 +220,30 @@ function start(
   if (asked.type.case === 'diskImage' && asked.type.value.userData.length > 0) {
     log(`generation ${asked.generation}: its user_data is not handed to the installed OS (not implemented yet)`);
   }
-  const done = wipe
-    ? wipeDisks({ root: options.root, signal: installation.stop.signal }).then((disks) =>
-        disks
-          .map(
-            (d) =>
-              `${d.device} (${d.sizeBytes} bytes, ${d.discarded ? 'discarded' : `not discarded: ${d.discardSkipped}`})`,
+  const done =
+    options.inPlace !== undefined
+      ? Promise.reject(inPlaceRefusal(asked, options.inPlace))
+      : wipe
+        ? wipeDisks({ root: options.root, signal: installation.stop.signal }).then((disks) =>
+            disks
+              .map(
+                (d) =>
+                  `${d.device} (${d.sizeBytes} bytes, ${d.discarded ? 'discarded' : `not discarded: ${d.discardSkipped}`})`,
+              )
+              .join(', '),
           )
-          .join(', '),
-      )
-    : install(asked, {
-        root: options.root,
-        efivars: options.efivars,
-        ca,
-        signal: installation.stop.signal,
-        timeoutMs: options.installTimeoutMs,
-      }).then(
-        (installed) =>
-          `${installed.bytes} bytes onto ${installed.device}${
-            installed.bootEntry === undefined ? '' : `, boot entry ${installed.bootEntry}`
-          }`,
-      );
+        : install(asked, {
+            root: options.root,
+            efivars: options.efivars,
+            ca,
+            signal: installation.stop.signal,
+            timeoutMs: options.installTimeoutMs,
+          }).then(
+            (installed) =>
+              `${installed.bytes} bytes onto ${installed.device}${
+                installed.bootEntry === undefined ? '' : `, boot entry ${installed.bootEntry}`
+              }`,
+          );
   done.then(
     (what) => {
       log(`${wipe ? 'wiped' : 'installed'} generation ${asked.generation}: ${what}`);

@@ -55,6 +55,9 @@ Flags:
   --send-log <file>            run: the log whose tail (last 64 KiB) heartbeats carry to the
                                server when it changed. Default --log-file's.
   --foreground                 takeover: run the agent (or wait and kexec) in this process.
+  --in-place <why>             run: the agent runs in place on the machine's own OS, for this
+                               reason (the takeover sets it where kexec cannot run): it refuses
+                               installations and wipes, and its hardware report says so.
   --image-dir <dir>            takeover: the agent image to kexec into (vmlinuz, initramfs).
   --kexec <program>            takeover: kexec-tools' kexec. Default kexec (on the PATH).
   --node <program>             takeover: how to start node again for the detached process.
@@ -82,6 +85,7 @@ const OPTIONS = {
   'log-file': { type: 'string' },
   'send-log': { type: 'string' },
   foreground: { type: 'boolean', default: false },
+  'in-place': { type: 'string' },
   'image-dir': { type: 'string' },
   kexec: { type: 'string', default: 'kexec' },
   node: { type: 'string' },
@@ -144,6 +148,7 @@ interface Values {
   'log-file'?: string | undefined;
   'send-log'?: string | undefined;
   foreground: boolean;
+  'in-place'?: string | undefined;
   'image-dir'?: string | undefined;
   kexec: string;
   node?: string | undefined;
@@ -165,18 +170,24 @@ async function takeoverCommand(argv: readonly string[], values: Values): Promise
   const warnings: string[] = [];
   const staged = await stageImage(values, init, privateKey, warnings);
   if (!staged) warnings.push(IN_PLACE_WARNING);
+  // Why the agent runs in place: it refuses installations and wipes, and its hardware report says so.
+  const notPossible = 'kexec into the agent image is not possible: ';
+  const inPlace = staged
+    ? undefined
+    : (warnings.find((w) => w.startsWith(notPossible))?.slice(notPossible.length) ??
+      'no agent image to kexec into (no --image-dir)');
   await writeOut(takeoverResponse(init, privateKey, warnings));
   // The shepherd's SSH command returns once standard output is closed and this process has exited.
   process.stdout.end();
   const handOver = handOverText(init, privateKey);
   if (values.foreground) {
-    return staged ? bootImage(values, handOver, process.ppid) : runWith(values, handOver);
+    return staged ? bootImage(values, handOver, process.ppid) : runWith({ ...values, 'in-place': inPlace }, handOver);
   }
   // On in a process of its own, detached, so that the SSH command returns; the key goes over a
   // pipe, never on a command line.
   const script = process.argv[1] as string;
   const args = argv.filter((_, index) => index !== argv.indexOf('takeover'));
-  const command = staged ? ['boot-image', `--after-pid=${process.pid}`] : ['run'];
+  const command = staged ? ['boot-image', `--after-pid=${process.pid}`] : ['run', `--in-place=${inPlace}`];
   const child = spawn(values.node ?? process.execPath, [script, ...command, ...args], {
     detached: true,
     stdio: ['pipe', 'ignore', 'ignore'],
@@ -260,7 +271,7 @@ async function bootImage(values: Values, handOver: string, after: number): Promi
   const why = `bmaas-agent: kexec -e returned (${detail}): running the agent in place\n`;
   await appendFile('/dev/kmsg', why).catch(() => {});
   if (values['log-file']) await appendFile(values['log-file'], why).catch(() => {});
-  return runWith(values, handOver);
+  return runWith({ ...values, 'in-place': `kexec -e returned (${detail})` }, handOver);
 }
 
 /** In the agent image: sets the captured network up by MAC; prints the interfaces to ask DHCP on. */
@@ -353,6 +364,7 @@ async function runWith(values: Values, handOver: string, stop = stopSignal()): P
     signal: stop,
     log,
     logFile: values['send-log'] ?? logFile,
+    inPlace: values['in-place'],
   });
   return 0;
 }

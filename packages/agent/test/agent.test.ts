@@ -76,7 +76,13 @@ afterAll(async () => {
  * its key is recorded as AgentStarted. Then the agent runs, heartbeating
  * every 100 ms with the recorded BIOS VM as its hardware.
  */
-async function startedAgent(service: AgentService, port = server.port, root = fixture, logFile?: string) {
+async function startedAgent(
+  service: AgentService,
+  port = server.port,
+  root = fixture,
+  logFile?: string,
+  inPlace?: string,
+) {
   const machineId = await newMachine(q);
   const sent = { machineId, bmaasEndpoint: `localhost:${port}`, caCertificate: caDer };
   const answer = takeover(toBinary(TakeoverInitSchema, create(TakeoverInitSchema, sent)));
@@ -95,8 +101,19 @@ async function startedAgent(service: AgentService, port = server.port, root = fi
     signal: stop.signal,
     log: (line) => lines.push(line),
     logFile,
+    inPlace,
   });
   return { machineId, stop, ended, lines };
+}
+
+/** A copy of the recorded BIOS VM whose disk vda is a file of 8 MiB of `fill` under its dev/: `/dev/vda` to the agent. */
+async function biosVmWithDisk(name: string, fill = 0xaa): Promise<{ root: string; disk: string }> {
+  const root = path.join(dir, name);
+  await cp(fixture, root, { recursive: true, verbatimSymlinks: true });
+  await mkdir(path.join(root, 'dev'), { recursive: true });
+  const disk = path.join(root, 'dev/vda');
+  await writeFile(disk, Buffer.alloc(8 * MiB, fill));
+  return { root, disk };
 }
 
 describe('the agent against the BMaaS server, over TLS with its client certificate', () => {
@@ -286,11 +303,16 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
   });
 
   test('installs what it is asked: an Error report on a bad checksum, then Success on the next request, then stops', async () => {
-    const disk = path.join(dir, 'disk');
-    await writeFile(disk, Buffer.alloc(8 * MiB, 0xaa));
-    const agent = await startedAgent('cloud.agent.api');
+    const { root, disk } = await biosVmWithDisk('bios-vm-install');
+    const agent = await startedAgent('cloud.agent.api', server.port, root);
     try {
-      const request = { imageUrl, rootDevice: disk, compression: 'gzip' as const, actor: 'test', reason: 'agent test' };
+      const request = {
+        imageUrl,
+        rootDevice: '/dev/vda',
+        compression: 'gzip' as const,
+        actor: 'test',
+        reason: 'agent test',
+      };
       const wrong = await requestOSInstallation(q, agent.machineId, { ...request, imageSha256: '0'.repeat(64) });
       const failed = await eventually('the first installation failed', async () => {
         const installation = await osInstallation(q, agent.machineId);
@@ -357,11 +379,10 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
       void released.then(() => response.end(olderGzipped.subarray(olderGzipped.length - 1)));
     });
     await new Promise<void>((resolve) => gate.listen(0, '127.0.0.1', resolve));
-    const disk = path.join(dir, 'disk-replaced');
-    await writeFile(disk, Buffer.alloc(8 * MiB));
-    const agent = await startedAgent('cloud.agent.api', port);
+    const { root, disk } = await biosVmWithDisk('bios-vm-replaced', 0);
+    const agent = await startedAgent('cloud.agent.api', port, root);
     try {
-      const request = { rootDevice: disk, compression: 'gzip' as const, actor: 'test', reason: 'agent test' };
+      const request = { rootDevice: '/dev/vda', compression: 'gzip' as const, actor: 'test', reason: 'agent test' };
       const first = await requestOSInstallation(q, agent.machineId, {
         ...request,
         imageUrl: `http://127.0.0.1:${(gate.address() as AddressInfo).port}/older.raw.gz`,
@@ -400,16 +421,15 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
   });
 
   test('an installation whose request is canceled is stopped', async () => {
-    const agent = await startedAgent('cloud.agent.api');
+    const { root } = await biosVmWithDisk('bios-vm-canceled', 0);
+    const agent = await startedAgent('cloud.agent.api', server.port, root);
     const stall = createServer(() => {});
     await new Promise<void>((resolve) => stall.listen(0, '127.0.0.1', resolve));
     try {
-      const disk = path.join(dir, 'disk-canceled');
-      await writeFile(disk, Buffer.alloc(4 * MiB));
       await requestOSInstallation(q, agent.machineId, {
         imageUrl: `http://127.0.0.1:${(stall.address() as AddressInfo).port}/never`,
         imageSha256: sha256,
-        rootDevice: disk,
+        rootDevice: '/dev/vda',
         actor: 'test',
         reason: 'agent test',
       });
@@ -426,6 +446,50 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
       agent.stop.abort();
       stall.closeAllConnections();
       await new Promise((resolve) => stall.close(resolve));
+    }
+    expect(await agent.ended).toBe('stopped');
+  });
+
+  test('running in place, it refuses installations and wipes, saying why, and its hardware report (the machine page) says it runs in place', async () => {
+    const { root, disk } = await biosVmWithDisk('bios-vm-in-place');
+    const why = 'kexec_load_disabled is set';
+    const agent = await startedAgent('cloud.agent.api', server.port, root, undefined, why);
+    try {
+      const detail = await eventually('the hardware report stored', async () => {
+        const machine = await machineDetail(q, agent.machineId);
+        return machine?.hardware?.report ? machine : undefined;
+      });
+      expect(detail.hardware?.report?.warnings).toContain(
+        "the agent runs in place on the machine's own OS (kexec_load_disabled is set): it refuses installations and wipes",
+      );
+      const asked = await requestOSInstallation(q, agent.machineId, {
+        imageUrl,
+        imageSha256: sha256,
+        rootDevice: '/dev/vda',
+        compression: 'gzip',
+        actor: 'test',
+        reason: 'agent test in place',
+      });
+      const failed = await eventually('the installation refused', async () => {
+        const installation = await osInstallation(q, agent.machineId);
+        return installation?.state === 'Failed' ? installation : undefined;
+      });
+      expect(failed.error).toBe(
+        `installation of generation ${asked.generation} refused: the agent runs in place on the machine's own OS (kexec_load_disabled is set), whose disk it would overwrite under it; boot the machine into the agent image (a takeover with kexec, or its BMC's agent boot) first`,
+      );
+      const wipe = await requestDiskWipe(q, agent.machineId, { actor: 'test', reason: 'agent test in place' });
+      const wipeFailed = await eventually('the wipe refused', async () => {
+        const installation = await osInstallation(q, agent.machineId);
+        return installation?.generation === wipe.generation && installation.state === 'Failed'
+          ? installation
+          : undefined;
+      });
+      expect(wipeFailed.error).toMatch(
+        new RegExp(`^disk wipe of generation ${wipe.generation} refused: the agent runs in place`),
+      );
+      expect((await readFile(disk)).every((byte) => byte === 0xaa)).toBe(true);
+    } finally {
+      agent.stop.abort();
     }
     expect(await agent.ended).toBe('stopped');
   });

@@ -8,10 +8,11 @@ import { promisify } from 'node:util';
 import { hardwareReport, issueEnrollmentToken, newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { parseTakeoverResponse } from '@bmaas/shepherd-manager';
-import { create, toBinary } from '@bufbuild/protobuf';
+import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
+import { AgentHardwareReportSchema } from '../src/gen/cloud/agent/api/agent_pb.js';
 import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
 
 const execFileAsync = promisify(execFile);
@@ -131,7 +132,7 @@ describe('the bundled agent, one file run by plain node', () => {
     );
   });
 
-  test('takeover answers, returns, and the detached agent heartbeats to the real server until SIGTERM', async () => {
+  test('takeover answers, returns, and the detached agent heartbeats to the real server until SIGTERM, saying it runs in place', async () => {
     const machineId = await newMachine(q);
     const { sent, bytes } = await initFor(machineId);
     const log = path.join(dir, `${machineId}.log`);
@@ -151,7 +152,12 @@ describe('the bundled agent, one file run by plain node', () => {
     });
     started.add(pid);
     await eventually('a heartbeat recorded', () => lastHeartbeat(machineId));
-    expect(await hardwareReport(q, machineId)).toBeDefined();
+    const stored = await hardwareReport(q, machineId);
+    expect(stored).toBeDefined();
+    // No --image-dir: the agent runs in place, refuses installations and wipes, and its report says so.
+    expect(fromBinary(AgentHardwareReportSchema, stored?.raw ?? new Uint8Array()).warning).toContain(
+      "the agent runs in place on the machine's own OS (no agent image to kexec into (no --image-dir)): it refuses installations and wipes",
+    );
     process.kill(pid, 'SIGTERM');
     await eventually('the agent stopped', async () =>
       (await readFile(log, 'utf8')).includes(`${pid} ${machineId}: stopped`) ? true : undefined,

@@ -82,6 +82,11 @@ test('the initramfs unpacks, holding /init, busybox, node with its libraries, th
     'bin/udhcpc',
     'usr/bin/node',
     'usr/sbin/kexec',
+    // The decompressors of xz and zstd images, with their libraries.
+    'usr/bin/xz',
+    'usr/bin/zstd',
+    'lib/x86_64-linux-gnu/liblzma.so.5',
+    'lib/x86_64-linux-gnu/liblz4.so.1',
     'lib64/ld-linux-x86-64.so.2',
     'lib/x86_64-linux-gnu/libstdc++.so.6',
     'opt/bmaas/agent.cjs',
@@ -96,6 +101,8 @@ test('the initramfs unpacks, holding /init, busybox, node with its libraries, th
   ]) {
     expect(paths).toContain(expected);
   }
+  // Debian's xz, found first on the PATH (/bin comes before /usr/bin), not busybox's applet.
+  expect(paths).not.toContain('bin/xz');
   // Nothing machine-specific: the handover comes with the boot.
   expect(paths).not.toContain('etc/bmaas/handover.json');
   expect(image.initramfsBytes).toBeLessThan(128 * 2 ** 20);

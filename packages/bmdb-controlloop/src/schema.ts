@@ -207,7 +207,7 @@ export const OSInstallationState = {
 } as const;
 export type OSInstallationState = (typeof OSInstallationState)[keyof typeof OSInstallationState];
 
-/** How the image is compressed as downloaded. */
+/** How the image is compressed as downloaded: `none` lets the agent go by its first bytes (raw, gzip, xz, zstd, qcow2). */
 export type OSImageCompression = 'none' | 'gzip';
 
 /** What an OS installation request asks of the agent: write a disk image, or wipe every disk's metadata. */

@@ -312,13 +312,19 @@ const flags = {
   install: {
     'image-url': { describe: 'http:// or https:// URL of the disk image the agent writes to the root device' },
     'image-sha256': { describe: 'sha256 of the image as downloaded (before decompression), 64 hex digits' },
-    'root-device': { describe: 'Block device the image is written to, an absolute path (/dev/sda)' },
+    'root-device': {
+      describe: 'The whole disk the image is written to, an absolute path (/dev/sda, or a /dev/disk/by-path link)',
+    },
     'root-device-hint': {
       describe:
         'The root device by what it is, FIELD=VALUE (repeated; Metal3 rootDeviceHints: deviceName, model, vendor, serialNumber, wwn, minSizeGigabytes, rotational): the agent takes the one disk matching all, and --root-device too when given',
       array: true,
     },
-    compression: { describe: 'How the image is compressed as downloaded: none or gzip', default: 'none' },
+    compression: {
+      describe:
+        'none: the agent writes the image as its first bytes say (raw, gzip, xz, zstd or qcow2); gzip: it must be gzip',
+      default: 'none',
+    },
     'user-data': { describe: 'File of cloud-init user-data for the installed OS (up to 64 KiB)' },
     cancel: {
       describe: 'Withdraw the machines’ pending, delivered or failed installation request instead',

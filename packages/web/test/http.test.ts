@@ -190,7 +190,7 @@ describe('pages', () => {
     expect(rows(await page('/machines?stage=installed'))).toEqual([fleet.installed]);
     expect(rows(await page('/machines?installation=Delivered'))).toEqual([]);
     const machine = await page(`/machines/${fleet.installationFailed}`);
-    expect(machine).toContain('http://images.example.com/broken.img (raw) onto /dev/vda');
+    expect(machine).toContain('http://images.example.com/broken.img (format by its first bytes) onto /dev/vda');
     expect(machine).toContain(`sha256 ${'cd'.repeat(32)}`);
     expect(machine).toMatch(/requested by alice@ops <time[^>]*>[^<]+<\/time>; delivered to its agent <time/);
     // The agent's error is shown as text, never run.

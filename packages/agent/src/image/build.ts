@@ -93,6 +93,15 @@ export interface AgentImage {
 
 const BUSYBOX = { path: '/bin/busybox', pkg: 'busybox-static' };
 const KEXEC = { path: '/usr/sbin/kexec', pkg: 'kexec-tools' };
+/**
+ * The decompressors an installation runs for xz and zstd images (Node 20's
+ * zlib has neither); they replace busybox's `xz` applet, which has no memory
+ * limit, and the image has no other `zstd`.
+ */
+const DECOMPRESSORS = [
+  { path: '/usr/bin/xz', pkg: 'xz-utils' },
+  { path: '/usr/bin/zstd', pkg: 'zstd' },
+];
 /** Where node goes in the initramfs. */
 const NODE_PATH = '/usr/bin/node';
 
@@ -113,7 +122,7 @@ export async function buildAgentImage(options: AgentImageOptions): Promise<Agent
   await stat(agentBundle).catch(() => {
     throw new AgentImageError(`${agentBundle} is missing: build it with npm run bundle -w @bmaas/agent`);
   });
-  for (const program of [BUSYBOX, KEXEC]) {
+  for (const program of [BUSYBOX, KEXEC, ...DECOMPRESSORS]) {
     await stat(program.path).catch(() => {
       throw new AgentImageError(`${program.path} is missing: install Debian's ${program.pkg} package`);
     });
@@ -124,12 +133,20 @@ export async function buildAgentImage(options: AgentImageOptions): Promise<Agent
 
   const modules = await moduleOrder(kernel, AGENT_MODULES);
   const libraries = await sharedLibraries([node, KEXEC.path]);
+  // Only the initramfs runs them: the takeover payload (an agent in place installs nothing) carries neither.
+  const decompressors = DECOMPRESSORS.map((program) => program.path);
+  const decompressorLibraries = (await sharedLibraries(decompressors)).filter(
+    (library) => !libraries.includes(library),
+  );
+  const replaced = new Set(decompressors.map((program) => path.basename(program)));
   const applets = (await promisify(execFile)(BUSYBOX.path, ['--list'])).stdout
     .split('\n')
-    .filter((applet) => applet !== '' && applet !== 'busybox');
+    .filter((applet) => applet !== '' && applet !== 'busybox' && !replaced.has(applet));
   const inputs = [
     BUSYBOX.path,
     KEXEC.path,
+    ...decompressors,
+    ...decompressorLibraries,
     node,
     agentBundle,
     ...libraries,
@@ -143,7 +160,15 @@ export async function buildAgentImage(options: AgentImageOptions): Promise<Agent
   const initramfs = path.join(cacheDir, `initramfs-${initramfsHash}.gz`);
   const initramfsCached = await exists(initramfs);
   if (!initramfsCached) {
-    const entries = initramfsEntries({ node, agentBundle, libraries, applets, modules, release: kernel.release });
+    const entries = initramfsEntries({
+      node,
+      agentBundle,
+      programs: decompressors,
+      libraries: [...libraries, ...decompressorLibraries],
+      applets,
+      modules,
+      release: kernel.release,
+    });
     const archive = cpioArchive(await loadEntries(entries, kernel));
     await writeFile(`${initramfs}.${process.pid}.tmp`, await promisify(gzip)(archive, { level: GZIP_LEVEL }));
     await rename(`${initramfs}.${process.pid}.tmp`, initramfs);
@@ -207,6 +232,8 @@ type Planned = CpioEntry | { readonly kind: 'copy'; readonly path: string; reado
 function initramfsEntries(parts: {
   node: string;
   agentBundle: string;
+  /** Programs copied to the same path. */
+  programs: readonly string[];
   libraries: readonly string[];
   applets: readonly string[];
   modules: readonly string[];
@@ -245,6 +272,7 @@ function initramfsEntries(parts: {
   };
   copy(BUSYBOX.path);
   copy(KEXEC.path);
+  for (const program of parts.programs) copy(program);
   copy(parts.node, NODE_PATH);
   copy(parts.agentBundle, AGENT_PATH);
   for (const library of parts.libraries) copy(library);

@@ -1,4 +1,4 @@
-import { open, readdir, readFile, writeFile } from 'node:fs/promises';
+import { open, readdir, readFile, unlink, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { InstallationError } from './errors.js';
 import { ESP_TYPE, type GptPartition, readGpt } from './gpt.js';
@@ -101,6 +101,53 @@ export async function addBootEntry(efivars: string, option: LoadOption): Promise
   });
   await writeVariable(efivars, 'BootOrder', next);
   return number;
+}
+
+/**
+ * Removes every Boot#### entry whose description starts with `description`
+ * (those earlier installations added) and drops them from BootOrder, so that
+ * none names an ESP the coming write replaces. Returns their numbers.
+ *
+ * @throws {@link InstallationError} (`boot-entry`) when efivarfs refuses a removal
+ */
+export async function removeInstalledOsEntries(efivars: string, description: string): Promise<number[]> {
+  const removed: number[] = [];
+  for (const name of await readdir(efivars)) {
+    const match = /^Boot([0-9A-F]{4})-/.exec(name);
+    if (!match || !name.endsWith(EFI_GLOBAL_VARIABLE)) continue;
+    const contents = await readFile(path.join(efivars, name)).catch(() => undefined);
+    if (contents === undefined || !loadOptionDescription(contents.subarray(4)).startsWith(description)) continue;
+    try {
+      await unlink(path.join(efivars, name));
+    } catch (error) {
+      throw new InstallationError(
+        'boot-entry',
+        `removing the earlier boot entry ${name} from ${efivars} failed: ${(error as Error).message}`,
+        { cause: error },
+      );
+    }
+    removed.push(Number.parseInt(match[1] as string, 16));
+  }
+  if (removed.length === 0) return removed;
+  const order = (await bootOrder(efivars)).filter((n) => !removed.includes(n));
+  if (order.length === 0) {
+    await unlink(variableFile(efivars, 'BootOrder')).catch(() => {});
+    return removed.sort((a, b) => a - b);
+  }
+  const next = Buffer.alloc(2 * order.length);
+  order.forEach((n, i) => {
+    next.writeUInt16LE(n, 2 * i);
+  });
+  await writeVariable(efivars, 'BootOrder', next);
+  return removed.sort((a, b) => a - b);
+}
+
+/** The description of an EFI_LOAD_OPTION: UCS-2 after its attributes and path length, up to its NUL. */
+export function loadOptionDescription(option: Uint8Array): string {
+  const bytes = Buffer.from(option.buffer, option.byteOffset, option.byteLength);
+  let end = 6;
+  while (end + 1 < bytes.length && (bytes[end] !== 0 || bytes[end + 1] !== 0)) end += 2;
+  return bytes.toString('utf16le', 6, end);
 }
 
 /** BootOrder's entries, or none when it is not set. */

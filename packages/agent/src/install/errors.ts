@@ -2,13 +2,16 @@
 export type InstallationProblem =
   | 'device'
   | 'download'
+  | 'stalled'
+  | 'format'
   | 'too-large'
   | 'sha256-mismatch'
   | 'timeout'
   | 'stopped'
   | 'write'
   | 'boot-entry'
-  | 'request';
+  | 'request'
+  | 'in-place';
 
 /** An installation failed; `problem` says at which step, the message names the device or URL. */
 export class InstallationError extends Error {

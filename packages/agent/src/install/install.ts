@@ -1,4 +1,4 @@
-import { access, readFile, realpath, stat } from 'node:fs/promises';
+import { access } from 'node:fs/promises';
 import path from 'node:path';
 import type { OSInstallationRequest } from '../gen/cloud/agent/api/agent_pb.js';
 import {
@@ -7,8 +7,14 @@ import {
 } from '../gen/cloud/agent/api/disk_image_pb.js';
 import type { DiskRecord } from '../hardware/disks.js';
 import { readDisks } from '../hardware/disks.js';
-import { chooseRootDevice, noHints, parseRootDeviceHints, type RootDeviceHints } from '../root-device-hints.js';
-import { addBootEntryForDisk } from './efi-boot.js';
+import {
+  chooseRootDevice,
+  noHints,
+  parseRootDeviceHints,
+  type RootDeviceHints,
+  RootDeviceNotFoundError,
+} from '../root-device-hints.js';
+import { addBootEntryForDisk, removeInstalledOsEntries } from './efi-boot.js';
 import { InstallationError } from './errors.js';
 import { writeDiskImage } from './write-image.js';
 
@@ -27,7 +33,12 @@ export interface InstallOptions {
   readonly signal?: AbortSignal | undefined;
   /** The longest an installation may take, in milliseconds (15 minutes unless given). */
   readonly timeoutMs?: number | undefined;
+  /** The longest the image's server may stay silent, in milliseconds (60 s unless given). */
+  readonly idleTimeoutMs?: number | undefined;
 }
+
+/** The description of every boot entry an installation adds, before the disk's name: how the agent finds its own. */
+export const BOOT_ENTRY_DESCRIPTION = 'BMaaS installed OS';
 
 /** What a successful installation did. */
 export interface Installed {
@@ -41,12 +52,16 @@ export interface Installed {
 /**
  * Carries out an OS installation request: a disk image (this project's
  * extension, cloud/agent/api/disk_image.proto) onto the root device the
- * request names, by path or by hints; on a UEFI machine, then a boot entry
- * for it first in BootOrder.
+ * request names, which must be one of the machine's whole disks (as the
+ * hardware report lists them): by path (a `deviceName` hint: /dev/sda or a
+ * /dev/disk/by-path link) or by hints. On a UEFI machine, the boot entries
+ * earlier installations added are removed before the write starts, and a
+ * new one for the image goes first in BootOrder after it.
  *
  * @throws {@link InstallationError} for a request of another kind or without
- *   a device, hints that match no disk or several, and every failure of
- *   {@link writeDiskImage} and {@link addBootEntryForDisk}
+ *   a device, a device that is not a whole disk of the machine, hints that
+ *   match no disk or several (or that this agent does not know), and every
+ *   failure of {@link writeDiskImage} and {@link addBootEntryForDisk}
  */
 export async function install(request: OSInstallationRequest, options: InstallOptions = {}): Promise<Installed> {
   const { type, generation } = request;
@@ -59,6 +74,9 @@ export async function install(request: OSInstallationRequest, options: InstallOp
   const image = type.value;
   const root = options.root ?? '/';
   const target = await rootDevice(image.rootDevice, image.rootDeviceHints, root, generation);
+  const efivars = options.efivars !== undefined && (await present(options.efivars)) ? options.efivars : undefined;
+  // Before the write: an entry naming the old ESP by its GUID must not boot what is half written.
+  if (efivars !== undefined) await removeInstalledOsEntries(efivars, BOOT_ENTRY_DESCRIPTION);
   const { bytes } = await writeDiskImage(
     {
       url: image.url,
@@ -66,32 +84,32 @@ export async function install(request: OSInstallationRequest, options: InstallOp
       compression: image.compression === Compression.GZIP ? 'gzip' : 'none',
     },
     target.path,
-    { ca: options.ca, signal: options.signal, timeoutMs: options.timeoutMs },
+    { ca: options.ca, signal: options.signal, timeoutMs: options.timeoutMs, idleTimeoutMs: options.idleTimeoutMs },
   );
-  if (options.efivars === undefined || !(await present(options.efivars))) return { device: target.path, bytes };
+  if (efivars === undefined) return { device: target.path, bytes };
   const bootEntry = await addBootEntryForDisk(
-    options.efivars,
+    efivars,
     target.path,
     target.logicalBlockSize,
-    `BMaaS installed OS (${path.basename(target.path)})`,
+    `${BOOT_ENTRY_DESCRIPTION} (${path.basename(target.path)})`,
   );
   return { device: target.path, bytes, bootEntry };
 }
 
-/** The device to write: the request's path as it is, or the one disk its hints (and path) match. */
+/**
+ * The disk to write: the one whole disk of the machine (under `root`) that
+ * the request's path and hints match; the path alone is a `deviceName` hint.
+ */
 async function rootDevice(
   devicePath: string,
   given: RootDeviceHintsMessage | undefined,
   root: string,
   generation: bigint,
 ): Promise<Pick<DiskRecord, 'path' | 'logicalBlockSize'>> {
-  if (given === undefined) {
-    if (devicePath === '') {
-      throw new InstallationError('request', `installation request of generation ${generation} names no root device`);
-    }
-    return { path: devicePath, logicalBlockSize: await logicalBlockSize(devicePath) };
+  if (given === undefined && devicePath === '') {
+    throw new InstallationError('request', `installation request of generation ${generation} names no root device`);
   }
-  const hints = hintsOf(given, devicePath);
+  const hints = hintsOf(given, devicePath, generation);
   if (noHints(hints)) {
     throw new InstallationError(
       'request',
@@ -104,28 +122,44 @@ async function rootDevice(
     // The device node under the same root as sysfs: /dev/sda on the machine.
     return { path: path.join(root, disk.path), logicalBlockSize: disk.logicalBlockSize };
   } catch (error) {
+    if (given === undefined && error instanceof RootDeviceNotFoundError) {
+      throw new InstallationError(
+        'device',
+        `root device ${devicePath} of generation ${generation} is not a whole disk of this machine (a partition, a dm or md device, a file are not); disks: ${
+          error.seen.length === 0 ? 'none' : error.seen.join('; ')
+        }`,
+        { cause: error },
+      );
+    }
     throw new InstallationError('device', (error as Error).message, { cause: error });
   }
 }
 
-/** A block device's logical block size from sysfs; 512 for a file standing in for a disk. */
-async function logicalBlockSize(device: string): Promise<number> {
-  try {
-    if (!(await stat(device)).isBlockDevice()) return 512;
-    const name = path.basename(await realpath(device));
-    return Number((await readFile(`/sys/class/block/${name}/queue/logical_block_size`, 'utf8')).trim()) || 512;
-  } catch {
-    return 512;
+/**
+ * The request's hints, checked, with its root_device as the device_name hint
+ * when given. A hint this agent does not know (a newer server's, in the
+ * message's unknown fields) is refused, naming its field number: left out,
+ * it could let another disk match.
+ */
+function hintsOf(given: RootDeviceHintsMessage | undefined, devicePath: string, generation: bigint): RootDeviceHints {
+  const unknown = [...new Set((given?.$unknown ?? []).map((field) => field.no))];
+  if (unknown.length > 0) {
+    throw new InstallationError(
+      'request',
+      `root device hints of generation ${generation} carry field ${unknown.join(', ')}, unknown to this agent (a newer server's hint): refused, as a hint left out could choose another disk; update the agent image`,
+    );
   }
-}
-
-/** The request's hints, checked, with its root_device as the device_name hint when given. */
-function hintsOf(given: RootDeviceHintsMessage, devicePath: string): RootDeviceHints {
-  const { $typeName: _, ...fields } = given;
+  const fields = {
+    deviceName: devicePath !== '' ? devicePath : given?.deviceName,
+    model: given?.model,
+    vendor: given?.vendor,
+    serialNumber: given?.serialNumber,
+    wwn: given?.wwn,
+    minSizeGigabytes: given?.minSizeGigabytes,
+    rotational: given?.rotational,
+  };
   const set = Object.fromEntries(
-    Object.entries({ ...fields, ...(devicePath !== '' && { deviceName: devicePath }) }).filter(
-      ([, value]) => value !== '' && value !== 0 && value !== undefined,
-    ),
+    Object.entries(fields).filter(([, value]) => value !== '' && value !== 0 && value !== undefined),
   );
   try {
     return parseRootDeviceHints(set);

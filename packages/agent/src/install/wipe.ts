@@ -1,15 +1,15 @@
 import { execFile } from 'node:child_process';
-import { open, stat } from 'node:fs/promises';
+import { stat } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { readDisks } from '../hardware/disks.js';
 import { InstallationError } from './errors.js';
-import { deviceSize } from './write-image.js';
+import { HEAD_BYTES, TargetDisk } from './target-disk.js';
 
 const execFileAsync = promisify(execFile);
 
 /** The bytes zeroed at each end of a disk: the start's signatures, MBR and GPT; the end's backup GPT and superblocks. */
-export const WIPED_END_BYTES = 1 << 20;
+export const WIPED_END_BYTES = HEAD_BYTES;
 
 /** Where a wipe reads the machine's disks. */
 export interface WipeOptions {
@@ -66,22 +66,23 @@ export async function wipeDisks(options: WipeOptions = {}): Promise<WipedDisk[]>
   return wiped;
 }
 
-/** Discards `device` where it can, then zeroes its ends and flushes. */
+/**
+ * Discards `device` where it can, then zeroes its ends and flushes. A block
+ * device is opened exclusively first: one mounted or held by another program
+ * is refused before anything is discarded.
+ */
 export async function wipeDisk(device: string, signal?: AbortSignal): Promise<WipedDisk> {
-  const sizeBytes = await deviceSize(device);
+  // blkdiscard opens the device exclusively itself: the check closes it again before.
+  await (await TargetDisk.open(device)).close();
   const discard = await discardDevice(device, signal);
   signal?.throwIfAborted();
-  const handle = await open(device, 'r+');
+  const disk = await TargetDisk.open(device);
   try {
-    const length = Math.min(WIPED_END_BYTES, sizeBytes);
-    const zeros = Buffer.alloc(length);
-    await writeAll(handle, zeros, 0);
-    await writeAll(handle, zeros, sizeBytes - length);
-    await handle.sync();
+    await disk.zeroEnds();
   } finally {
-    await handle.close();
+    await disk.close();
   }
-  return { device, sizeBytes, ...discard };
+  return { device, sizeBytes: disk.capacity, ...discard };
 }
 
 /**
@@ -102,13 +103,5 @@ async function discardDevice(
     signal?.throwIfAborted();
     const failed = error as Error & { stderr?: string };
     return { discarded: false, discardSkipped: (failed.stderr || failed.message).trim() };
-  }
-}
-
-async function writeAll(handle: Awaited<ReturnType<typeof open>>, buffer: Buffer, position: number): Promise<void> {
-  let written = 0;
-  while (written < buffer.length) {
-    const { bytesWritten } = await handle.write(buffer, written, buffer.length - written, position + written);
-    written += bytesWritten;
   }
 }

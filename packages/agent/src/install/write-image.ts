@@ -1,20 +1,25 @@
 import { createHash } from 'node:crypto';
-import type { FileHandle } from 'node:fs/promises';
-import { open, readFile, realpath, stat } from 'node:fs/promises';
-import path from 'node:path';
-import { Transform, Writable } from 'node:stream';
+import type { IncomingMessage } from 'node:http';
+import { type Readable, Transform, Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { createGunzip } from 'node:zlib';
 import { download } from './download.js';
 import { InstallationError } from './errors.js';
+import { decompressor, formatOf, type ImageFormat, MAGIC_BYTES } from './image-format.js';
+import { mapQcow2, qcow2Writer } from './qcow2.js';
+import { TargetDisk } from './target-disk.js';
+
+export { HEAD_BYTES } from './target-disk.js';
 
 /** An image to write, as the disk image installation request gives it. */
 export interface DiskImage {
-  /** http:// or https:// URL of the image. */
+  /** http:// or https:// URL of the image; redirects to http(s) are followed. */
   readonly url: string;
   /** sha256 of the image as downloaded (before decompression), 64 hex digits. */
   readonly sha256: string;
-  /** How the image is compressed as downloaded. */
+  /**
+   * What the request says of the image as downloaded: `gzip`, which it must
+   * be; `none`, whatever its first bytes say (raw, gzip, xz, zstd or qcow2).
+   */
   readonly compression: 'none' | 'gzip';
 }
 
@@ -26,37 +31,35 @@ export interface WriteImageOptions {
   readonly signal?: AbortSignal | undefined;
   /** The longest an installation may take, in milliseconds; 15 minutes by default. */
   readonly timeoutMs?: number | undefined;
+  /** The longest the image's server may stay silent, in milliseconds; 60 s by default. */
+  readonly idleTimeoutMs?: number | undefined;
 }
 
 /** What a successful write did. */
 export interface WrittenImage {
-  /** Bytes written to the device (the decompressed image). */
+  /** Bytes written to the device (the decompressed image, a qcow2's whole disk). */
   readonly bytes: number;
-  /** Bytes downloaded. */
+  /** Bytes downloaded (a qcow2's metadata, read first, not counted). */
   readonly downloaded: number;
+  /** How the image was stored, as its first bytes said. */
+  readonly format: ImageFormat;
 }
 
 /** The bound of an installation unless told otherwise: upstream's. */
 export const DEFAULT_INSTALLATION_TIMEOUT_MS = 15 * 60_000;
 
 /**
- * The bytes held back until the image's checksum is known: the MBR and a
- * GPT's primary header and partition entries (and a boot loader's first
- * stage) all live in the first MiB, so a disk whose image failed its check,
- * or whose write stopped, is never bootable.
- */
-export const HEAD_BYTES = 1 << 20;
-
-/**
- * Writes a disk image to `device` (a block device, or a regular file of the
- * disk's size standing in for one: it is never created or grown): downloads
- * it, decompresses it as asked, writes all but its first MiB in place,
- * checks the sha256 of what was downloaded, then writes the first MiB and
- * flushes the device. On any failure (download, a device too small, a
- * checksum mismatch, the time bound, `signal`), the first and last MiB of
- * the device are zeroed (a GPT's backup header is at the disk's end), so
- * neither a half-written image nor the disk's previous OS boots, and the
- * error is thrown.
+ * Writes a disk image to `device` (a block device, opened exclusively, or a
+ * regular file of the disk's size standing in for one: it is never created
+ * or grown), in an order that never leaves the disk booting half an image:
+ * first the device's first and last MiB are zeroed and flushed (the old
+ * partition tables, both GPT headers, the boot loader's first stage); then
+ * the image is downloaded and written past its first MiB, decompressed as
+ * its first bytes say (gzip, xz, zstd; a qcow2 cluster by cluster, see
+ * `qcow2.ts`); its sha256, of the bytes as downloaded, is checked; the body
+ * is flushed, and only then is the image's first MiB written and flushed.
+ * On any failure (download, a device too small, a checksum mismatch, the
+ * time bound, `signal`), both ends are zeroed again, and the error is thrown.
  *
  * @throws {@link InstallationError} naming the device or URL and the step that failed
  */
@@ -74,87 +77,18 @@ export async function writeDiskImage(
       `sha256 ${JSON.stringify(image.sha256)} of ${image.url} is not 64 hex digits`,
     );
   }
-  const capacity = await deviceSize(device);
-  let handle: FileHandle;
+  const disk = await TargetDisk.open(device);
   try {
-    handle = await open(device, 'r+');
-  } catch (error) {
-    throw new InstallationError('device', `root device ${device} cannot be opened: ${(error as Error).message}`, {
-      cause: error,
-    });
-  }
-  try {
-    return await writeImage({ image, device, handle, capacity, signal, ca: options.ca, timeout, timeoutMs });
-  } catch (error) {
-    await wipeEnds(handle, capacity);
-    throw error;
-  } finally {
-    await handle.close().catch(() => {});
-  }
-}
-
-/** One write under way: the image, the device open for it, and what bounds it. */
-interface Writing {
-  readonly image: DiskImage;
-  readonly device: string;
-  readonly handle: FileHandle;
-  readonly capacity: number;
-  /** The caller's signal and the time bound together. */
-  readonly signal: AbortSignal;
-  readonly ca: string | undefined;
-  /** The time bound alone, to tell a timeout from a stop. */
-  readonly timeout: AbortSignal;
-  readonly timeoutMs: number;
-}
-
-/** Streams the image to the device, all but its first MiB; checks the sha256; then writes the first MiB and flushes. */
-async function writeImage(writing: Writing): Promise<WrittenImage> {
-  const { image, device, handle, capacity, signal, ca, timeout, timeoutMs } = writing;
-  const head = Buffer.alloc(Math.min(HEAD_BYTES, capacity));
-  let headLength = 0;
-  let position = 0;
-  let downloaded = 0;
-  const hash = createHash('sha256');
-  const hashed = new Transform({
-    transform(chunk: Buffer, _encoding, done) {
-      hash.update(chunk);
-      downloaded += chunk.length;
-      done(null, chunk);
-    },
-  });
-  // The chunks waiting while a write is under way arrive together (writev) and go to the disk in one write.
-  const store = (chunks: readonly Buffer[], done: (error?: Error | null) => void) => {
-    const length = chunks.reduce((sum, chunk) => sum + chunk.length, 0);
-    if (position + length > capacity) {
-      done(new InstallationError('too-large', `root device ${device} holds ${capacity} bytes; the image is larger`));
-      return;
+    try {
+      await disk.zeroEnds();
+    } catch (error) {
+      throw new InstallationError('write', `zeroing the ends of ${device} failed: ${(error as Error).message}`, {
+        cause: error,
+      });
     }
-    const bytes = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, length);
-    // The first MiB goes to memory; the rest to the disk, at its place.
-    const intoHead = Math.max(0, Math.min(length, HEAD_BYTES - position));
-    if (intoHead > 0) {
-      bytes.copy(head, position, 0, intoHead);
-      headLength = position + intoHead;
-    }
-    const rest = bytes.subarray(intoHead);
-    const at = position + intoHead;
-    position += length;
-    if (rest.length === 0) done();
-    else writeFully(handle, rest, at).then(() => done(), done);
-  };
-  const disk = new Writable({
-    highWaterMark: 4 << 20,
-    write: (chunk: Buffer, _encoding, done) => store([chunk], done),
-    writev: (chunks, done) =>
-      store(
-        chunks.map(({ chunk }) => chunk as Buffer),
-        done,
-      ),
-  });
-  try {
-    const response = await download(image.url, ca, signal);
-    await pipeline(response, hashed, ...(image.compression === 'gzip' ? [createGunzip()] : []), disk, { signal });
+    return await writeImage({ image, disk, signal, ca: options.ca, idleTimeoutMs: options.idleTimeoutMs });
   } catch (error) {
+    await disk.wipeAfterFailure();
     if (timeout.aborted) {
       throw new InstallationError(
         'timeout',
@@ -169,56 +103,143 @@ async function writeImage(writing: Writing): Promise<WrittenImage> {
     throw new InstallationError('write', `writing ${image.url} onto ${device} failed: ${(error as Error).message}`, {
       cause: error,
     });
+  } finally {
+    await disk.close();
+  }
+}
+
+/** One write under way: the image, the disk open for it, and what bounds it. */
+interface Writing {
+  readonly image: DiskImage;
+  readonly disk: TargetDisk;
+  /** The caller's signal and the time bound together. */
+  readonly signal: AbortSignal;
+  readonly ca: string | undefined;
+  readonly idleTimeoutMs: number | undefined;
+}
+
+/** Streams the image to the disk, all but its first MiB; checks the sha256; then commits the first MiB. */
+async function writeImage(writing: Writing): Promise<WrittenImage> {
+  const { image, disk, signal, ca, idleTimeoutMs } = writing;
+  const fetch = { ca, signal, idleTimeoutMs };
+  let downloaded = 0;
+  const hash = createHash('sha256');
+  const hashed = new Transform({
+    transform(chunk: Buffer, _encoding, done) {
+      hash.update(chunk);
+      downloaded += chunk.length;
+      done(null, chunk);
+    },
+  });
+  let response = await download(image.url, fetch);
+  const format = formatOf(await firstBytes(response, MAGIC_BYTES));
+  if (image.compression === 'gzip' && format !== 'gzip') {
+    response.destroy();
+    throw new InstallationError('format', `${image.url} was asked for as gzip, but its first bytes say ${format}`);
+  }
+  let bytes: number;
+  if (format === 'qcow2') {
+    // Its clusters' places come first, from range reads; then the file, once, front to back.
+    response.destroy();
+    const map = await mapQcow2((start, end) => readRange(image.url, start, end, fetch), image.url);
+    const writer = qcow2Writer(map, disk, image.url);
+    response = await download(image.url, fetch);
+    await pipeline(response, hashed, writer, { signal });
+    bytes = map.header.virtualSize;
+  } else {
+    const writer = new SequentialWriter(disk, image.url, format);
+    await pipeline(response, hashed, ...(format === 'raw' ? [] : [decompressor(format, image.url)]), writer, {
+      signal,
+    });
+    bytes = writer.position;
   }
   const got = hash.digest('hex');
   if (got !== image.sha256.toLowerCase()) {
     throw new InstallationError(
       'sha256-mismatch',
-      `sha256 of ${image.url} is ${got}, want ${image.sha256.toLowerCase()}; ${device} wiped`,
+      `sha256 of ${image.url} is ${got}, want ${image.sha256.toLowerCase()}; ${disk.device} wiped`,
     );
   }
-  await writeFully(handle, head.subarray(0, headLength), 0);
-  await handle.sync();
-  return { bytes: position, downloaded };
+  await disk.commit();
+  return { bytes, downloaded, format };
 }
 
-async function writeFully(handle: FileHandle, bytes: Uint8Array, at: number): Promise<void> {
-  let done = 0;
-  while (done < bytes.length) {
-    const { bytesWritten } = await handle.write(bytes, done, bytes.length - done, at + done);
-    done += bytesWritten;
+/** A stream writing what it is given to the disk from its first byte on, in order. */
+class SequentialWriter extends Writable {
+  /** Bytes written so far (the image's size, at its end). */
+  position = 0;
+
+  constructor(
+    private readonly disk: TargetDisk,
+    private readonly url: string,
+    /** How the image was stored: a decompressed one must not be a qcow2. */
+    private readonly format: ImageFormat,
+  ) {
+    super({ highWaterMark: 4 << 20 });
+  }
+
+  // The chunks waiting while a write is under way arrive together and go to the disk in one write.
+  override _writev(chunks: { chunk: Buffer }[], done: (error?: Error | null) => void): void {
+    const bytes =
+      chunks.length === 1 ? (chunks[0] as { chunk: Buffer }).chunk : Buffer.concat(chunks.map((c) => c.chunk));
+    if (this.position === 0 && this.format !== 'raw' && formatOf(bytes) === 'qcow2') {
+      done(
+        new InstallationError(
+          'format',
+          `${this.url} is a qcow2 image compressed with ${this.format}: serve the qcow2 itself, which the agent reads as it is`,
+        ),
+      );
+      return;
+    }
+    const at = this.position;
+    this.position += bytes.length;
+    this.disk.write(at, bytes).then(() => done(), done);
   }
 }
 
-/** Zeroes the first and last MiB of the device and flushes it; best effort, as it runs after a failure. */
-async function wipeEnds(handle: FileHandle, capacity: number): Promise<void> {
-  const length = Math.min(HEAD_BYTES, capacity);
-  const zeros = Buffer.alloc(length);
-  await writeFully(handle, zeros, 0).catch(() => {});
-  await writeFully(handle, zeros, capacity - length).catch(() => {});
-  await handle.sync().catch(() => {});
-}
-
-/**
- * The bytes a device holds: a block device's from sysfs, a regular file's
- * (the stand-in for a disk) its size.
- *
- * @throws {@link InstallationError} (`device`) when it is missing or neither
- */
-export async function deviceSize(device: string): Promise<number> {
-  let info: Awaited<ReturnType<typeof stat>>;
-  try {
-    info = await stat(device);
-  } catch (error) {
-    throw new InstallationError('device', `root device ${device} missing: ${(error as Error).message}`, {
-      cause: error,
+/** The first `count` bytes of `stream` (fewer if it ends first), put back to be read again. */
+async function firstBytes(stream: Readable, count: number): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  let length = 0;
+  while (length < count) {
+    const chunk = stream.read() as Buffer | null;
+    if (chunk !== null) {
+      chunks.push(chunk);
+      length += chunk.length;
+      continue;
+    }
+    if (stream.readableEnded) break;
+    if (stream.destroyed) throw stream.errored ?? new Error('the download ended before its first bytes');
+    await new Promise<void>((resolve, reject) => {
+      const settle = (error?: Error) => {
+        stream.off('readable', settle).off('end', settle).off('error', settle).off('close', settle);
+        if (error instanceof Error) reject(error);
+        else resolve();
+      };
+      stream.on('readable', settle).on('end', settle).on('error', settle).on('close', settle);
     });
   }
-  if (info.isFile()) return info.size;
-  if (!info.isBlockDevice()) {
-    throw new InstallationError('device', `root device ${device} is neither a block device nor a file`);
+  const first = Buffer.concat(chunks);
+  if (first.length > 0) stream.unshift(first);
+  return first.subarray(0, count);
+}
+
+/** Bytes `start` to `end` (exclusive) of the image, by a range request. */
+async function readRange(
+  url: string,
+  start: number,
+  end: number,
+  fetch: { ca: string | undefined; signal: AbortSignal; idleTimeoutMs: number | undefined },
+): Promise<Buffer> {
+  const response: IncomingMessage = await download(url, { ...fetch, range: { start, end } });
+  const chunks: Buffer[] = [];
+  for await (const chunk of response) chunks.push(chunk as Buffer);
+  const bytes = Buffer.concat(chunks);
+  if (bytes.length !== end - start) {
+    throw new InstallationError(
+      'format',
+      `${url}: bytes ${start} to ${end} read as ${bytes.length} bytes (the file is shorter than its qcow2 header says)`,
+    );
   }
-  const name = path.basename(await realpath(device));
-  const sectors = Number((await readFile(`/sys/class/block/${name}/size`, 'utf8')).trim());
-  return sectors * 512;
+  return bytes;
 }

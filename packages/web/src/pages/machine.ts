@@ -25,7 +25,7 @@ function installation(m: MachineView): Html {
   const what =
     i.kind === 'DiskWipe'
       ? html`<div class="muted">wipe every disk's metadata${i.decommission ? ', then decommission the machine' : ''}</div>`
-      : html`<div class="muted">${i.imageUrl} (${i.compression === 'gzip' ? 'gzip' : 'raw'}) onto ${rootDeviceText(i)}${i.userDataBytes > 0 ? `, ${i.userDataBytes} bytes of user-data` : ''}</div>
+      : html`<div class="muted">${i.imageUrl} (${i.compression === 'gzip' ? 'gzip' : 'format by its first bytes'}) onto ${rootDeviceText(i)}${i.userDataBytes > 0 ? `, ${i.userDataBytes} bytes of user-data` : ''}</div>
 <div class="muted id">sha256 ${i.imageSha256}</div>`;
   return html`${installationBadge(i)}
 ${what}

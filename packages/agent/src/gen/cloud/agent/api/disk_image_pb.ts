@@ -25,17 +25,22 @@ export const file_cloud_agent_api_disk_image: GenFile = /*@__PURE__*/
 /**
  * DiskImageInstallationRequest asks the agent to write a disk image to the
  * machine's root device: download it from url, check its sha256 while
- * streaming, decompress it, write it from the device's first byte, flush, and
- * report Success or Error with the request's generation; after Success the
- * machine reboots into the installed OS.
+ * streaming, decompress or convert it as its first bytes say (raw, gzip, xz,
+ * zstd or qcow2), write it from the device's first byte, flush, and report
+ * Success or Error with the request's generation; after Success the machine
+ * reboots into the installed OS. The agent zeroes both ends of the device
+ * before the download and writes the image's first MiB last, once the rest
+ * is flushed, so a write cut short leaves a device that boots nothing.
  *
  * @generated from message cloud.agent.api.DiskImageInstallationRequest
  */
 export type DiskImageInstallationRequest = Message<"cloud.agent.api.DiskImageInstallationRequest"> & {
   /**
-   * Where to download the image: an http:// or https:// URL. An https server
-   * is verified against the system's trusted CAs, or the CA certificate of
-   * the agent's TakeoverInit when it carried one.
+   * Where to download the image: an http:// or https:// URL (redirects to
+   * http or https followed, up to 5). An https server is verified against
+   * the system's trusted CAs, or the CA certificate of the agent's
+   * TakeoverInit when it carried one. A qcow2 image's server must answer
+   * range requests.
    *
    * @generated from field: string url = 1;
    */
@@ -98,14 +103,17 @@ export const DiskImageInstallationRequestSchema: GenMessage<DiskImageInstallatio
  */
 export enum DiskImageInstallationRequest_Compression {
   /**
-   * Written as downloaded.
+   * As the image's first bytes say: raw (written as downloaded), gzip, xz,
+   * zstd (decompressed while streaming) or qcow2 (converted while
+   * streaming).
    *
    * @generated from enum value: COMPRESSION_UNSPECIFIED = 0;
    */
   UNSPECIFIED = 0,
 
   /**
-   * gzip (RFC 1952), decompressed while streaming.
+   * gzip (RFC 1952), decompressed while streaming; an image whose first
+   * bytes are not gzip's is an Error.
    *
    * @generated from enum value: COMPRESSION_GZIP = 1;
    */
