@@ -31,6 +31,13 @@ export {
   WorkLostError,
   type WorkOutcome,
 } from './errors.js';
+export {
+  checkHostname,
+  checkNetworkConfig,
+  checkSshPublicKey,
+  FirstBootSettingError,
+  type NetworkConfig,
+} from './first-boot.js';
 export { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
 export type { ComponentSchema } from './migrations/index.js';
@@ -71,6 +78,8 @@ export {
   enrollAgent,
   issueEnrollmentToken,
 } from './queries/enrollment.js';
+export type { FirstBootOutcome, FirstBootReport } from './queries/first-boot.js';
+export { bootSecretSha256, recordFirstBoot } from './queries/first-boot.js';
 export {
   backoffsByProcess,
   controlByLocation,
@@ -107,6 +116,7 @@ export type { NewOperatorAction } from './queries/operator-history.js';
 export { operatorHistory, recordOperatorAction } from './queries/operator-history.js';
 export type {
   DiskWipeRequest,
+  FirstBoot,
   OSImage,
   OSInstallation,
   OSInstallationCancel,
@@ -116,6 +126,7 @@ export type {
 } from './queries/os-installation.js';
 export {
   cancelOSInstallation,
+  FIRST_BOOT_BOUND_MINUTES,
   osInstallation,
   osInstallationCounts,
   osInstallations,

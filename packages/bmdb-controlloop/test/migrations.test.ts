@@ -51,6 +51,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0019_first_boot',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
@@ -136,6 +137,12 @@ test('migrations create the schema once; running them again is a no-op', async (
       'root_device_hints',
       'request_kind',
       'decommission',
+      'hostname',
+      'ssh_public_keys',
+      'network',
+      'boot_secret_sha256',
+      'booted_at',
+      'booted_host_keys',
     ],
     machine_unprovided: ['machine_id'],
     machine_hold: ['machine_id', 'hold_reason', 'hold_actor', 'held_at', 'provider', 'provider_location'],
@@ -235,6 +242,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0019_first_boot',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // 0006 backfills a power state row for each provided machine.
@@ -336,6 +344,7 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0019_first_boot',
   ]);
   expect(await controlByLocation(bmdb.db)).toEqual([
     {
@@ -417,6 +426,7 @@ test('a database migrated to 0008, as released before OS installation, takes 000
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0019_first_boot',
   ]);
   expect((await db.admin('SELECT count(*)::int AS n FROM machine_os_installation_request')).rows).toEqual([{ n: 0 }]);
 });

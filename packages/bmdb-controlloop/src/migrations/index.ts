@@ -16,6 +16,7 @@ import * as diskWipe from './0012_disk_wipe.js';
 import * as agentLog from './0013_agent_log.js';
 import * as agentEnrollment from './0014_agent_enrollment.js';
 import * as agentBootMethod from './0015_agent_boot_method.js';
+import * as firstBoot from './0019_first_boot.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -38,6 +39,7 @@ const MIGRATIONS: Record<string, Migration> = {
   '0013_agent_log': agentLog,
   '0014_agent_enrollment': agentEnrollment,
   '0015_agent_boot_method': agentBootMethod,
+  '0019_first_boot': firstBoot,
 };
 
 /** Migration bookkeeping tables; prefixed so they sit apart from other tools'. */
