@@ -1,5 +1,5 @@
 import { randomBytes, randomUUID } from 'node:crypto';
-import { open } from 'node:fs/promises';
+import { type FileHandle, open } from 'node:fs/promises';
 import { crc32 } from 'node:zlib';
 import { type FatFile, fatImage } from './fat.js';
 import { guidBytes } from './gpt.js';
@@ -32,6 +32,8 @@ export interface ConfigDriveContents {
 export interface ConfigDriveTarget {
   /** The disk: a block device, or a regular file standing in for one. */
   readonly disk: string;
+  /** The disk open for writing (the write sequence's); opened from `disk` when absent. */
+  readonly handle?: FileHandle | undefined;
   /** The disk's size in bytes. */
   readonly diskBytes: number;
   /** Its logical block size (512 unless given). */
@@ -130,13 +132,17 @@ export async function writeConfigDrive(target: ConfigDriveTarget, contents: Conf
     volumeId: randomBytes(4).readUInt32LE(0),
     time: new Date(),
   });
-  const handle = await open(target.disk, 'r+');
+  const handle = target.handle ?? (await open(target.disk, 'r+'));
   try {
-    await handle.write(fat.bytes, 0, fat.bytes.length, layout.firstLba * blockSize);
-    for (const write of layout.writes) await handle.write(write.bytes, 0, write.bytes.length, write.at);
+    for (const write of [{ at: layout.firstLba * blockSize, bytes: fat.bytes }, ...layout.writes]) {
+      let done = 0;
+      while (done < write.bytes.length) {
+        done += (await handle.write(write.bytes, done, write.bytes.length - done, write.at + done)).bytesWritten;
+      }
+    }
     await handle.sync();
   } finally {
-    await handle.close();
+    if (target.handle === undefined) await handle.close();
   }
   return head;
 }

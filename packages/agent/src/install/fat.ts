@@ -165,7 +165,7 @@ export function fatImage(options: {
   boot.writeUInt16LE(0xaa55, 510);
 
   const table = Buffer.alloc(fatSectors * sectorSize);
-  fat.forEach((next, i) => table.writeUInt16LE(next, i * 2));
+  for (const [i, next] of fat.entries()) table.writeUInt16LE(next, i * 2);
   const rootRegion = Buffer.alloc(rootSectors * sectorSize);
   rootBytes.copy(rootRegion);
   const data = Buffer.alloc((fat.length - 2) * clusterBytes);
@@ -229,10 +229,9 @@ function longNameEntries(name: string, short: string): Buffer[] {
     e[11] = ATTR_LONG_NAME;
     e[13] = checksum;
     const part = units.slice((i - 1) * 13, i * 13);
-    part.forEach((unit, j) => {
-      const at = j < 5 ? 1 + j * 2 : j < 11 ? 14 + (j - 5) * 2 : 28 + (j - 11) * 2;
-      e.writeUInt16LE(unit, at);
-    });
+    for (const [j, unit] of part.entries()) {
+      e.writeUInt16LE(unit, j < 5 ? 1 + j * 2 : j < 11 ? 14 + (j - 5) * 2 : 28 + (j - 11) * 2);
+    }
     entries.push(e);
   }
   return entries;
