@@ -36,6 +36,7 @@ export {
   checkNetworkConfig,
   checkSshPublicKey,
   FirstBootSettingError,
+  isHostname,
   type NetworkConfig,
 } from './first-boot.js';
 export { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
@@ -78,8 +79,8 @@ export {
   enrollAgent,
   issueEnrollmentToken,
 } from './queries/enrollment.js';
-export type { FirstBootOutcome, FirstBootReport } from './queries/first-boot.js';
-export { bootSecretSha256, recordFirstBoot } from './queries/first-boot.js';
+export type { FirstBootCounts, FirstBootOutcome, FirstBootReport } from './queries/first-boot.js';
+export { bootSecretSha256, firstBootCounts, recordFirstBoot } from './queries/first-boot.js';
 export {
   backoffsByProcess,
   controlByLocation,

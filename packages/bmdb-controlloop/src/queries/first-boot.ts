@@ -5,6 +5,7 @@ import { type Kysely, sql } from 'kysely';
 import { BMDBError } from '../errors.js';
 import { checkSshPublicKey } from '../first-boot.js';
 import { type Database, OSInstallationState, OSRequestKind } from '../schema.js';
+import { FIRST_BOOT_BOUND_MINUTES, type FirstBoot } from './os-installation.js';
 
 /** What the installed OS sent: its installation's secret (from its config drive) and its SSH host keys. */
 export interface FirstBootReport {
@@ -76,3 +77,24 @@ export async function recordFirstBoot(
     return { result: 'repeated', bootedAt: before.booted_at, hostKeys: before.booted_host_keys ?? [] };
   return { result: 'refused' };
 }
+
+/** Succeeded disk image installations per first boot: see `OSInstallation.firstBoot`. */
+export type FirstBootCounts = Readonly<Record<FirstBoot, number>>;
+
+/**
+ * Succeeded disk image installations by where their OS stands: `booted`,
+ * `booting` (within the bound) and `installed-not-booted`, by the
+ * database's clock.
+ */
+export async function firstBootCounts(db: Kysely<Database>): Promise<FirstBootCounts> {
+  const { rows } = await sql<{ booted: number; booting: number; not_booted: number }>`
+    SELECT count(*) FILTER (WHERE booted_at IS NOT NULL)::int AS booted,
+      count(*) FILTER (WHERE booted_at IS NULL AND installation_ended_at >= ${overdueSince})::int AS booting,
+      count(*) FILTER (WHERE booted_at IS NULL AND installation_ended_at < ${overdueSince})::int AS not_booted
+    FROM machine_os_installation_request
+    WHERE installation_state = 'Succeeded' AND request_kind = 'DiskImage'`.execute(db);
+  const row = rows[0];
+  return { booted: row?.booted ?? 0, booting: row?.booting ?? 0, 'installed-not-booted': row?.not_booted ?? 0 };
+}
+
+const overdueSince = sql`now() - make_interval(mins => ${FIRST_BOOT_BOUND_MINUTES})`;
