@@ -60,6 +60,11 @@ async function installedMachine(providerId: string): Promise<{ machineId: string
   return { machineId, secret };
 }
 
+/** A machine's JSON, as far as these tests read it. */
+interface MachineJson {
+  readonly osInstallation: Record<string, unknown> & { readonly bootedAt: string | null };
+}
+
 const get = async (path: string) => {
   const response = await fetch(new URL(path, server.url));
   expect(response.status, path).toBe(200);
@@ -86,7 +91,7 @@ describe('the first boot on the machine page', () => {
       '<span class="first-boot first-boot-booting">booting</span>',
     );
 
-    const api = await (await get(`/api/machines/${booted.machineId}`)).json();
+    const api = (await (await get(`/api/machines/${booted.machineId}`)).json()) as MachineJson;
     expect(api.osInstallation).toMatchObject({
       state: 'Succeeded',
       hostname: 'web-node1',
@@ -94,9 +99,9 @@ describe('the first boot on the machine page', () => {
       firstBoot: 'booted',
       bootedHostKeys: [HOST_KEY],
     });
-    expect(new Date(api.osInstallation.bootedAt).getTime()).toBeGreaterThan(0);
+    expect(new Date(api.osInstallation.bootedAt ?? 0).getTime()).toBeGreaterThan(0);
     expect(api.osInstallation).not.toHaveProperty('bootSecretSha256');
-    const silentApi = await (await get(`/api/machines/${silent.machineId}`)).json();
+    const silentApi = (await (await get(`/api/machines/${silent.machineId}`)).json()) as MachineJson;
     expect(silentApi.osInstallation).toMatchObject({ firstBoot: 'installed-not-booted', bootedAt: null });
   });
 });
