@@ -525,6 +525,24 @@ describe('what the installed OS is given on its first boot', () => {
     await rm(files, { recursive: true, force: true });
   });
 
+  test('a cancel neither refuses nor reads the inventory the settings name for run static', async () => {
+    const machineId = await machine('rack4-node4');
+    await requestOSInstallation(q, machineId, {
+      imageUrl: 'https://images.example.com/debian-12.img',
+      imageSha256: SHA,
+      rootDevice: '/dev/sda',
+      actor: 'test',
+      reason: 'to cancel',
+    });
+    const result = await shepherd(
+      ['install', '--cancel', '--provider', 'Static', '--provider-id', 'rack4-node4', '--reason', 'x'],
+      { ...env(), SHEPHERD_INVENTORY: '/nonexistent/inventory.json' },
+    );
+    expect(result.stderr).toBe('');
+    expect(result.code).toBe(0);
+    expect((await osInstallation(q, machineId))?.state).toBe('Canceled');
+  });
+
   test('a cancel with --hostname exits 2 naming it', async () => {
     const dataDir = path.join(dir, 'untouched-cancel-hostname');
     const result = await shepherd(

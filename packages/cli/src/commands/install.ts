@@ -23,6 +23,10 @@ import { describeMachine, MachinesNotDoneError, machineTargets, unknownLines } f
 
 /** The most user-data a request carries: cloud-init's own limit on most clouds is far lower. */
 const MAX_USER_DATA = 64 * 1024;
+/**
+ * The flags a cancel refuses. Not `--inventory`: the settings file's
+ * SHEPHERD_INVENTORY serves `run static` too, and a cancel does not read it.
+ */
 const IMAGE_FLAGS = [
   'image-url',
   'image-sha256',
@@ -32,7 +36,6 @@ const IMAGE_FLAGS = [
   'hostname',
   'ssh-key',
   'network',
-  'inventory',
 ] as const;
 
 /** What the installed OS is given on its first boot, as the flags say it; unset: the inventory's, else the defaults. */
