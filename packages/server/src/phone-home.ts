@@ -1,6 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { Http2ServerRequest, Http2ServerResponse } from 'node:http2';
+import { constants, type Http2ServerRequest, type Http2ServerResponse } from 'node:http2';
 import { type BMDB, BMDBError, recordFirstBoot } from '@bmaas/bmdb-controlloop';
+import { type Overrun, overrunMessage, type RequestBudget } from './limits.js';
 import { log } from './log.js';
 import type { ServerMetrics } from './metrics.js';
 
@@ -31,17 +32,26 @@ export function isPhoneHome(request: Request): boolean {
  * `recordFirstBoot`). `200` once recorded, and for the same report again;
  * `403` for a secret no succeeded installation of the machine holds
  * (nothing written); `400` naming what is malformed; `405` for anything but
- * POST. The secret (and so the path) is never logged.
+ * POST. The secret (and so the path) is never logged. Its body is held to
+ * `budget` as the agents' requests are: cut off (its HTTP/2 stream reset,
+ * its HTTP/1.1 connection closed) past a share of the bytes buffered or when
+ * not answered within `requestTimeout`.
  */
 export function phoneHomeHandler(
   bmdb: BMDB,
   metrics: ServerMetrics | undefined,
+  budget: RequestBudget,
 ): (request: Request, response: Response) => void {
   const answer = (response: Response, status: number, code: string, text: string) => {
+    // Cut off meanwhile: nothing to answer on.
+    const gone = 'stream' in response ? response.stream.destroyed : response.socket?.destroyed !== false;
+    if (gone || response.writableEnded) return;
     metrics?.requests.inc({ method: 'PhoneHome', code });
     response.writeHead(status, {
       'content-type': 'text/plain; charset=utf-8',
       'content-length': Buffer.byteLength(`${text}\n`),
+      // HTTP/1.1 cannot leave the rest of a body unread on a connection that goes on.
+      ...(status === 413 && !('stream' in response) && { connection: 'close' }),
     });
     response.end(`${text}\n`);
   };
@@ -56,8 +66,33 @@ export function phoneHomeHandler(
       answer(response, 404, 'not_found', 'want /phone-home/<machine ID>/<secret>');
       return;
     }
-    readBody(request)
+    const connection = 'stream' in request ? request.stream.session : request.socket;
+    const held = budget.hold(connection ?? request);
+    let whole = false;
+    const cutOff = (overrun: Overrun) => {
+      log.server(
+        'cut off a first boot report of machine %s: %s',
+        machineId,
+        overrunMessage(overrun, budget.limits, whole),
+      );
+      held.release();
+      if ('stream' in request) request.stream.close(constants.NGHTTP2_ENHANCE_YOUR_CALM);
+      else request.socket.destroy();
+    };
+    const overtime = setTimeout(() => cutOff(budget.overrun('requestTimeout')), budget.limits.requestTimeout);
+    overtime.unref();
+    response.once('close', () => {
+      clearTimeout(overtime);
+      held.release();
+    });
+    readBody(request, (bytes) => {
+      const overrun = held.take(bytes);
+      if (overrun !== undefined) cutOff(overrun);
+      return overrun === undefined;
+    })
       .then(async (body) => {
+        whole = true;
+        if (body === null) return;
         if (body === undefined) {
           answer(response, 413, 'resource_exhausted', `the report is larger than ${MAX_BODY_BYTES} bytes`);
           return;
@@ -92,19 +127,23 @@ export function phoneHomeHandler(
   };
 }
 
-/** The body as text, or undefined when it is longer than {@link MAX_BODY_BYTES} (the rest left unread). */
-function readBody(request: Request): Promise<string | undefined> {
+/**
+ * The body as text; undefined when it is longer than {@link MAX_BODY_BYTES}
+ * (the rest left unread), null when `take` refused a chunk (the request cut off).
+ */
+function readBody(request: Request, take: (bytes: number) => boolean): Promise<string | undefined | null> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let bytes = 0;
+    const stop = (value: undefined | null) => {
+      request.removeAllListeners('data');
+      request.pause();
+      resolve(value);
+    };
     request.on('data', (chunk: Buffer) => {
       bytes += chunk.length;
-      if (bytes > MAX_BODY_BYTES) {
-        request.removeAllListeners('data');
-        request.pause();
-        resolve(undefined);
-        return;
-      }
+      if (bytes > MAX_BODY_BYTES) return stop(undefined);
+      if (!take(chunk.length)) return stop(null);
       chunks.push(chunk);
     });
     request.once('end', () => resolve(Buffer.concat(chunks).toString('utf8')));

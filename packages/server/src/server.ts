@@ -160,7 +160,7 @@ export class BmaasServer {
       // Upstream gRPC's default ceiling; a hardware report is a few kilobytes.
       readMaxBytes: READ_MAX_BYTES,
     });
-    const phoneHome = phoneHomeHandler(options.bmdb, metrics);
+    const phoneHome = phoneHomeHandler(options.bmdb, metrics, budget);
     const toLibrary = libraryRequests(library, heartbeat, enroll, budget);
     const server = createSecureServer(
       {

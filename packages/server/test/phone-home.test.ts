@@ -8,12 +8,14 @@
  */
 import { createHash, randomBytes } from 'node:crypto';
 import { request as httpsRequest } from 'node:https';
+import { connect } from 'node:tls';
 import type { Database } from '@bmaas/bmdb-controlloop';
 import { osInstallation, requestOSInstallation } from '@bmaas/bmdb-controlloop';
 import type { Kysely } from 'kysely';
 import { Registry } from 'prom-client';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { captureDebugLog } from '../../../test/support/debug-log.js';
+import { BmaasServer, selfSignedServerTls } from '../src/index.js';
 import { agentClient, agentIdentity, startedMachine, startTestServer, type TestServer } from './helpers.js';
 
 let t: TestServer;
@@ -141,5 +143,49 @@ describe('the first boot report', () => {
     expect((await phoneHome(`/phone-home/${second.machineId}/${second.secret}`, 'GET')).status).toBe(405);
     expect(await osInstallation(q, second.machineId)).toMatchObject({ bootedAt: null });
     expect(await osInstallation(q, first.machineId)).toMatchObject({ bootedAt: null });
+  });
+});
+
+describe('the first boot report and the server’s limits', () => {
+  test('a report whose body never comes is cut off at requestTimeout, its connection closed unanswered, nothing written', async () => {
+    const own = new Registry();
+    // The file's server's certificate, which the clients trust.
+    const tls = await selfSignedServerTls(t.dir);
+    const server = await BmaasServer.start({
+      bmdb: t.bmdb,
+      listen: { host: '127.0.0.1', port: 0 },
+      tls,
+      metrics: own,
+      limits: { requestTimeout: 300 },
+    });
+    try {
+      const { machineId, secret } = await installedWithSecret();
+      const socket = connect({
+        host: '127.0.0.1',
+        port: server.port,
+        servername: 'localhost',
+        ca: t.ca,
+        ALPNProtocols: ['http/1.1'],
+      });
+      let answered = '';
+      socket.setEncoding('utf8');
+      socket.on('data', (chunk: string) => {
+        answered += chunk;
+      });
+      const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
+      socket.once('secureConnect', () =>
+        socket.write(
+          `POST /phone-home/${machineId}/${secret} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\npub_key`,
+        ),
+      );
+      await closed;
+      expect(answered).toBe('');
+      expect(await own.getSingleMetricAsString('bmaas_server_requests_cut_off_total')).toContain(
+        'bmaas_server_requests_cut_off_total{limit="requestTimeout"} 1',
+      );
+      expect(await osInstallation(q, machineId)).toMatchObject({ bootedAt: null });
+    } finally {
+      await server.close();
+    }
   });
 });
