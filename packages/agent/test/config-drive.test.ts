@@ -215,6 +215,37 @@ describe('writeConfigDrive', () => {
     });
   });
 
+  test('on a disk of 4096-byte blocks, in those blocks: the GPT as fdisk reads it, a FAT of 4096-byte sectors', async () => {
+    const image = gptDiskImage(
+      8 * MiB,
+      [{ type: LINUX_TYPE_GUID, guid: '11111111-2222-4333-8444-555555555555', firstLba: 256, lastLba: 1791 }],
+      0x5a,
+      4096,
+    );
+    const diskBytes = 128 * MiB;
+    const { disk, head } = await diskWithBody('4kn.img', image, diskBytes);
+    await withHead(disk, await writeConfigDrive({ disk, diskBytes, blockSize: 4096, head }, contents));
+    // sfdisk takes the sector size from the device alone; fdisk is told it.
+    const listed = await run('fdisk', ['-b', '4096', '-l', '-o', 'Start,Sectors,Name', disk]);
+    expect(listed.stderr).toBe('');
+    expect(listed.stdout).toContain('Disklabel type: gpt');
+    const rows = listed.stdout
+      .split('\n')
+      .map((line) => /^\s*(\d+)\s+(\d+)\s+(\S+)\s*$/.exec(line))
+      .flatMap((m) => (m ? [{ start: Number(m[1]), size: Number(m[2]), name: m[3] }] : []));
+    expect(rows).toEqual([
+      { start: 256, size: 1536, name: 'part' },
+      { start: diskBytes / 4096 - 256 - CONFIG_DRIVE_BYTES / 4096, size: CONFIG_DRIVE_BYTES / 4096, name: 'config-2' },
+    ]);
+    const offset = (rows[1]?.start ?? 0) * 4096;
+    const partition = path.join(dir, '4kn-partition.img');
+    await writeFile(partition, (await readFile(disk)).subarray(offset, offset + CONFIG_DRIVE_BYTES));
+    expect((await run('blkid', ['-p', '-o', 'export', partition])).stdout).toContain('LABEL=config-2\n');
+    const { image: at, env } = mtools(disk, offset);
+    const meta = (await run('mtype', ['-i', at, '::/openstack/latest/meta_data.json'], { env })).stdout;
+    expect(JSON.parse(meta)).toMatchObject({ uuid: MACHINE, hostname: 'rack1-node7' });
+  });
+
   test('refuses a disk with no room after the image, naming the disk, and writes nothing', async () => {
     const image = gptDiskImage(6 * MiB, [
       { type: LINUX_TYPE_GUID, guid: '11111111-2222-4333-8444-555555555555', firstLba: 2048, lastLba: 12254 },
