@@ -1,6 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { constants, type Http2ServerRequest, type Http2ServerResponse } from 'node:http2';
 import { type BMDB, BMDBError, recordFirstBoot } from '@bmaas/bmdb-controlloop';
+import { isUuid } from '@bmaas/common';
 import { type Overrun, overrunMessage, type RequestBudget } from './limits.js';
 import { log } from './log.js';
 import type { ServerMetrics } from './metrics.js';
@@ -66,13 +67,15 @@ export function phoneHomeHandler(
       answer(response, 404, 'not_found', 'want /phone-home/<machine ID>/<secret>');
       return;
     }
+    // Logged only as a machine ID: a path's parts in the wrong order must not put a secret in a log.
+    const logged = isUuid(machineId) ? machineId : '(not a machine ID)';
     const connection = 'stream' in request ? request.stream.session : request.socket;
     const held = budget.hold(connection ?? request);
     let whole = false;
     const cutOff = (overrun: Overrun) => {
       log.server(
         'cut off a first boot report of machine %s: %s',
-        machineId,
+        logged,
         overrunMessage(overrun, budget.limits, whole),
       );
       held.release();
@@ -121,7 +124,7 @@ export function phoneHomeHandler(
           answer(response, 400, 'invalid_argument', error.message);
           return;
         }
-        log.server('could not record a first boot of machine %s: %s', machineId, (error as Error).message);
+        log.server('could not record a first boot of machine %s: %s', logged, (error as Error).message);
         answer(response, 503, 'unavailable', `could not record the first boot of machine ${machineId}`);
       });
   };

@@ -173,17 +173,49 @@ describe('the first boot report and the server’s limits', () => {
         answered += chunk;
       });
       const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
+      const logged = captureDebugLog('bmaas:*');
       socket.once('secureConnect', () =>
         socket.write(
           `POST /phone-home/${machineId}/${secret} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\npub_key`,
         ),
       );
-      await closed;
+      try {
+        await closed;
+      } finally {
+        logged.restore();
+      }
       expect(answered).toBe('');
+      expect(logged.lines.join('\n')).toContain(
+        `cut off a first boot report of machine ${machineId}: request cut off: not whole within 300 ms`,
+      );
+      expect(logged.lines.join('\n')).not.toContain(secret);
       expect(await own.getSingleMetricAsString('bmaas_server_requests_cut_off_total')).toContain(
         'bmaas_server_requests_cut_off_total{limit="requestTimeout"} 1',
       );
       expect(await osInstallation(q, machineId)).toMatchObject({ bootedAt: null });
+
+      // The parts swapped: what stands where the machine ID goes is not logged.
+      const swapped = connect({
+        host: '127.0.0.1',
+        port: server.port,
+        servername: 'localhost',
+        ca: t.ca,
+        ALPNProtocols: ['http/1.1'],
+      });
+      const swappedClosed = new Promise<void>((resolve) => swapped.once('close', () => resolve()));
+      const swappedLog = captureDebugLog('bmaas:*');
+      swapped.once('secureConnect', () =>
+        swapped.write(
+          `POST /phone-home/${secret}/${machineId} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n`,
+        ),
+      );
+      try {
+        await swappedClosed;
+      } finally {
+        swappedLog.restore();
+      }
+      expect(swappedLog.lines.join('\n')).toContain('cut off a first boot report of machine (not a machine ID)');
+      expect(swappedLog.lines.join('\n')).not.toContain(secret);
     } finally {
       await server.close();
     }
