@@ -160,6 +160,6 @@ export function netmask(family: 4 | 6, prefix: number): string {
   const groups = [];
   for (let shift = 112; shift >= 0; shift -= 16) groups.push(((mask >> BigInt(shift)) & 0xffffn).toString(16));
   // The zero groups at the end (there are only such) as `::`.
-  const end = groups.findIndex((group) => group === '0');
+  const end = groups.indexOf('0');
   return end === -1 ? groups.join(':') : `${groups.slice(0, end).join(':')}::`;
 }
