@@ -86,7 +86,7 @@ export class RequestBudget {
   constructor(limits: ServerLimits, metrics: ServerMetrics | undefined) {
     this.limits = limits;
     this.#metrics = metrics;
-    metrics?.buffered.set(0);
+    metrics?.readBufferedFrom(this);
   }
 
   /** Bytes buffered now, of every connection. */
@@ -106,7 +106,6 @@ export class RequestBudget {
     if (this.#total + bytes > this.limits.bufferedBytes) return this.overrun('bufferedBytes');
     this.#held.set(connection, held + bytes);
     this.#total += bytes;
-    this.#metrics?.buffered.set(this.#total);
     return undefined;
   }
 
@@ -117,7 +116,6 @@ export class RequestBudget {
     if (held > 0) this.#held.set(connection, held);
     else this.#held.delete(connection);
     this.#total -= bytes;
-    this.#metrics?.buffered.set(this.#total);
   }
 
   /** Counts a request cut off for `limit`, and returns it. */

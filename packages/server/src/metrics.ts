@@ -1,4 +1,5 @@
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
+import type { RequestBudget } from './limits.js';
 
 /**
  * The server's Prometheus metrics: heartbeats and enrollments by gRPC status
@@ -10,6 +11,8 @@ export class ServerMetrics {
   readonly requests: Counter<'method' | 'code'>;
   readonly duration: Histogram<'method'>;
   readonly buffered: Gauge;
+  /** What `buffered` reads: the server's request budget, once it has one. */
+  #budget: RequestBudget | undefined;
   readonly cutOff: Counter<'limit'>;
   readonly enrollments: Counter<'result'>;
   readonly connectionsRefused: Counter;
@@ -29,6 +32,8 @@ export class ServerMetrics {
       registers: [registry],
     });
     this.buffered = new Gauge({
+      // Read when scraped, not set per chunk of a body: a heartbeat's request would set it twice.
+      collect: () => this.buffered.set(this.#budget?.buffered ?? 0),
       name: 'bmaas_server_buffered_request_bytes',
       help: 'Bytes of requests not yet answered the server holds, of every connection.',
       registers: [registry],
@@ -50,5 +55,10 @@ export class ServerMetrics {
       labelNames: ['result'],
       registers: [registry],
     });
+  }
+
+  /** `bmaas_server_buffered_request_bytes` is what `budget` holds, read when scraped. */
+  readBufferedFrom(budget: RequestBudget): void {
+    this.#budget = budget;
   }
 }
