@@ -6,7 +6,8 @@
  * And its "Installing an operating system" the same way.
  */
 import { execFile } from 'node:child_process';
-import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { generateKeyPairSync, type KeyObject } from 'node:crypto';
+import { chmod, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -133,17 +134,28 @@ test('the README’s "Installing an operating system" runs: requested with who, 
   expect(commands).toContain('npx shepherd install');
   await writeFile(path.join(dir, 'debian-12.img.gz'), 'not really an image');
   await writeFile(path.join(dir, 'node.yaml'), '#cloud-config\nhostname: rack1\n');
+  // The operator's key, under this test's HOME; the inventory, this test's.
+  const home = path.join(dir, 'home');
+  await mkdir(path.join(home, '.ssh'), { recursive: true });
+  const operatorKey = authorizedKeyLine(generateKeyPairSync('ed25519').publicKey, 'ops@rack1');
+  await writeFile(path.join(home, '.ssh/id_ed25519.pub'), `${operatorKey}\n`);
+  expect(commands).toContain('/etc/shepherd/inventory.json');
   const inherited = Object.fromEntries(Object.entries(process.env).filter(([key]) => !key.startsWith('SHEPHERD_')));
-  const { stdout, stderr } = await promisify(execFile)('bash', ['-e', '-c', commands], {
-    cwd: dir,
-    env: {
-      ...inherited,
-      SHEPHERD_BMDB_URL: db.url,
-      PATH: `${dir}:${process.env.PATH}`,
-      SHEPHERD_ACTOR: 'ops@rack1',
-      DEBUG: '',
+  const { stdout, stderr } = await promisify(execFile)(
+    'bash',
+    ['-e', '-c', commands.replaceAll('/etc/shepherd/inventory.json', path.join(dir, 'inventory.json'))],
+    {
+      cwd: dir,
+      env: {
+        ...inherited,
+        HOME: home,
+        SHEPHERD_BMDB_URL: db.url,
+        PATH: `${dir}:${process.env.PATH}`,
+        SHEPHERD_ACTOR: 'ops@rack1',
+        DEBUG: '',
+      },
     },
-  });
+  );
   expect(stderr).toBe('');
   for (const node of ['rack1-node07', 'rack1-node08']) {
     expect(stdout).toMatch(
@@ -164,6 +176,7 @@ test('the README’s "Installing an operating system" runs: requested with who, 
     imageSha256: createHash('sha256').update('not really an image').digest('hex'),
     compression: 'gzip',
     requestedBy: 'ops@rack1',
+    sshPublicKeys: [operatorKey],
   });
   expect((await osInstallation(q, node08))?.state).toBe('Canceled');
   expect((await operatorHistory(q, node08)).map((h) => [h.action, h.outcome, h.reason])).toEqual([
@@ -171,3 +184,15 @@ test('the README’s "Installing an operating system" runs: requested with who, 
     ['CancelOSInstallation', 'Succeeded', 'wrong image'],
   ]);
 });
+
+/** An ed25519 public key as an authorized_keys line (`ssh-ed25519 AAAA… comment`). */
+function authorizedKeyLine(key: KeyObject, comment: string): string {
+  const raw = key.export({ type: 'spki', format: 'der' }).subarray(-32);
+  const field = (bytes: Buffer) => {
+    const length = Buffer.alloc(4);
+    length.writeUInt32BE(bytes.length);
+    return Buffer.concat([length, bytes]);
+  };
+  const blob = Buffer.concat([field(Buffer.from('ssh-ed25519')), field(raw)]);
+  return `ssh-ed25519 ${blob.toString('base64')} ${comment}`;
+}
