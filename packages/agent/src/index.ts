@@ -32,6 +32,7 @@ export {
 } from './image/config.js';
 export { type CpioEntry, cpioArchive } from './image/cpio.js';
 export { AgentImageError } from './image/errors.js';
+export type { MissingFirmware } from './image/firmware.js';
 export { AGENT_KERNEL_ARGUMENTS, configureAgentIso } from './image/iso.js';
 export { type BootKernel, findKernel, moduleOrder, sharedLibraries } from './image/kernel.js';
 export { InstallationError, type InstallationProblem } from './install/errors.js';

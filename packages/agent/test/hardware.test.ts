@@ -4,6 +4,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, test } from 'vitest';
 import { BlockDevice_Protocol, EFISupport } from '../src/gen/cloud/agent/api/hwreport_pb.js';
+import { readControllers } from '../src/hardware/controllers.js';
 import { readCpus } from '../src/hardware/cpu.js';
 import { readDisks } from '../src/hardware/disks.js';
 import { hardwareNode, readHardware } from '../src/hardware/inventory.js';
@@ -290,5 +291,36 @@ describe('NVMe under native multipath: a namespace whose device is its subsystem
     expect(warnings).toEqual([
       "disk nvme1n1: no controller of it has an NVMe temperature alarm (hwmon): its health is unknown, reported as no critical warning (the report's critical_warning cannot say unknown)",
     ]);
+  });
+});
+
+describe('a server whose storage and network controllers have no driver (fixture old-image-r740)', () => {
+  const root = path.join(fixtures, 'old-image-r740');
+
+  test('its PCI storage and network controllers, each with the driver bound or none; bridges and others left out', async () => {
+    expect(await readControllers(root)).toEqual([
+      { address: '0000:00:17.0', kind: 'storage', pciId: '8086:a182', pciClass: '0106', driver: 'ahci' },
+      { address: '0000:04:00.0', kind: 'network', pciId: '14e4:165f', pciClass: '0200', driver: 'tg3' },
+      { address: '0000:04:00.1', kind: 'network', pciId: '14e4:165f', pciClass: '0200', driver: 'tg3' },
+      { address: '0000:18:00.0', kind: 'storage', pciId: '1000:005d', pciClass: '0104', driver: '' },
+      { address: '0000:3b:00.0', kind: 'network', pciId: '15b3:1017', pciClass: '0200', driver: '' },
+      { address: '0000:3b:00.1', kind: 'network', pciId: '15b3:1017', pciClass: '0200', driver: '' },
+      { address: '0000:5d:05.5', kind: 'storage', pciId: '8086:201d', pciClass: '0104', driver: '' },
+    ]);
+  });
+
+  test('each controller without a driver is a warning of the report naming it: its disks or NICs are not seen', async () => {
+    const inventory = await readHardware(root);
+    expect(inventory.disks.map((disk) => disk.serialNumber)).toEqual(['2029E1234567']);
+    expect(inventory.nics.map((nic) => nic.name)).toEqual(['eno1', 'eno2']);
+    const driverless = [
+      'storage controller 0000:18:00.0 (PCI ID 1000:005d, class 0104) has no driver bound: the disks behind it are not seen',
+      'network controller 0000:3b:00.0 (PCI ID 15b3:1017, class 0200) has no driver bound: its NICs are not seen',
+      'network controller 0000:3b:00.1 (PCI ID 15b3:1017, class 0200) has no driver bound: its NICs are not seen',
+      'storage controller 0000:5d:05.5 (PCI ID 8086:201d, class 0104) has no driver bound: the disks behind it are not seen',
+    ];
+    // The fixture has no DMI, memory or CPU files: their warnings come first.
+    expect(inventory.warnings.slice(-4)).toEqual(driverless);
+    expect(inventory.warnings.filter((w) => w.includes('controller'))).toEqual(driverless);
   });
 });

@@ -1,6 +1,6 @@
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -87,6 +87,26 @@ describe('a disk wipe', () => {
     const root = await mkdtemp(path.join(tmpdir(), 'agent-wipe-empty-'));
     scratch.push(root);
     await expect(wipeDisks({ root })).rejects.toThrow(/^disk wipe: the machine has no disk to wipe$/);
+  });
+
+  test('a storage controller without a driver fails the wipe before any disk is wiped, naming it', async () => {
+    // The disks behind the PERC and the VMD domain are not seen: wiping the SATA SSD alone is no wipe of the machine.
+    const root = await mkdtemp(path.join(tmpdir(), 'agent-wipe-driverless-'));
+    scratch.push(root);
+    await cp(fileURLToPath(new URL('./fixtures/old-image-r740/', import.meta.url)), root, {
+      recursive: true,
+      verbatimSymlinks: true,
+    });
+    await mkdir(path.join(root, 'dev'));
+    await writeFile(path.join(root, 'dev/sda'), gptDisk());
+    const failed = await wipeDisks({ root }).catch((error: unknown) => error);
+    expect(failed).toBeInstanceOf(InstallationError);
+    expect((failed as InstallationError).problem).toBe('device');
+    expect((failed as Error).message).toBe(
+      'disk wipe: storage controller 0000:18:00.0 (PCI ID 1000:005d, class 0104) has no driver bound: the disks behind it are not seen; storage controller 0000:5d:05.5 (PCI ID 8086:201d, class 0104) has no driver bound: the disks behind it are not seen: nothing wiped',
+    );
+    // Compared with equals: expect's deep equality walks a Buffer byte by byte.
+    expect((await readFile(path.join(root, 'dev/sda'))).equals(gptDisk())).toBe(true);
   });
 
   test('a disk smaller than two MiB is zeroed whole', async () => {

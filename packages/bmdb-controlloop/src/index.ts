@@ -70,6 +70,8 @@ export {
   type EnrollmentToken,
   enrollAgent,
   issueEnrollmentToken,
+  renewEnrollmentToken,
+  revokeEnrollmentToken,
 } from './queries/enrollment.js';
 export {
   backoffsByProcess,
@@ -103,6 +105,14 @@ export { heldMachines, holdMachine, machineHold, unholdMachine } from './queries
 export type { MachineFilter } from './queries/machine-filter.js';
 export type { MachineLookup, MachineNames, MachineRef } from './queries/machine-lookup.js';
 export { lookUpMachines } from './queries/machine-lookup.js';
+export {
+  armNetworkBoot,
+  endNetworkBoot,
+  liveNetworkBoot,
+  liveNetworkBootsByMac,
+  networkBootState,
+  serveNetworkBootConfig,
+} from './queries/network-boot.js';
 export type { NewOperatorAction } from './queries/operator-history.js';
 export { operatorHistory, recordOperatorAction } from './queries/operator-history.js';
 export type {
@@ -140,6 +150,16 @@ export {
   updateProviderStatus,
 } from './queries/provided-tags.js';
 export type { RecoveryThresholds } from './queries/recovery-thresholds.js';
+export {
+  forgetUnlistedRetiredMachines,
+  NotRetiredError,
+  type RetiredMachine,
+  recommissionMachines,
+  retiredMachine,
+  retiredMachineCount,
+  retiredMachines,
+  retiredProviderIds,
+} from './queries/retired-machines.js';
 export { redactUrl } from './redact-url.js';
 export { checkRootDeviceHints, RootDeviceHintError, type RootDeviceHints } from './root-device-hints.js';
 export { type RoundsOptions, runRounds } from './rounds.js';

@@ -15,6 +15,7 @@ export interface Database {
   machine_hardware_report: MachineHardwareReportTable;
   machine_agent_log: MachineAgentLogTable;
   machine_agent_enrollment: MachineAgentEnrollmentTable;
+  machine_network_boot: MachineNetworkBootTable;
   machine_os_installation_report: MachineOsInstallationReportTable;
   machine_os_installation_request: MachineOsInstallationRequestTable;
   machine_unprovided: MachineUnprovidedTable;
@@ -26,6 +27,7 @@ export interface Database {
   machine_hold: MachineHoldTable;
   machine_power_state: MachinePowerStateTable;
   operator_history: OperatorHistoryTable;
+  machine_retired: MachineRetiredTable;
 }
 
 /** Timestamps are read as `Date` and written as `Date` or a SQL expression. */
@@ -127,11 +129,15 @@ export interface MachineAgentStartedTable {
   agent_public_key: Uint8Array;
   /** Whether an AgentHeartbeat row exists; kept by triggers, for the recovery index. Never write it. */
   has_heartbeat: Generated<boolean>;
+  /** Whether the machine's BMC boots its agent (migration 0018, from `machine_agent_boot`); kept by triggers. Never write it. */
+  agent_boot: Generated<boolean>;
 }
 
 export interface MachineAgentHeartbeatTable {
   machine_id: string;
   agent_heartbeat_at: Timestamp;
+  /** Whether the machine's BMC boots its agent (migration 0018, from `machine_agent_boot`); kept by triggers. Never write it. */
+  agent_boot: Generated<boolean>;
 }
 
 /** The agent's last hardware report (a serialized `cloud.bmaas.server.api.AgentHardwareReport`). */
@@ -170,6 +176,33 @@ export interface MachineAgentEnrollmentTable {
   issued_at: Timestamp;
   expires_at: Timestamp;
   enrolled_at: Timestamp | null;
+  /** The boot it was issued for (migration 0016); null for a token issued without one. */
+  boot_id: Generated<string | null>;
+}
+
+/**
+ * A machine's last network boot (migration 0016): what any shepherd process's
+ * boot files need to answer its iPXE script and serve its config once.
+ */
+export interface MachineNetworkBootTable {
+  machine_id: string;
+  boot_id: string;
+  /** The session of the agent booter's claim the boot was armed under: the boot is live while it holds the claim. */
+  session_id: string;
+  /** The path part of the boot's script and config URLs (43 characters, base64url). */
+  capability: string;
+  /** Lower case, colons. */
+  macs: string[];
+  /** A serialized `cloud.agent.api.TakeoverInit`. */
+  takeover_init: Uint8Array;
+  agent_flags: string[];
+  token_valid_seconds: number;
+  armed_at: Timestamp;
+  ended_at: Timestamp | null;
+  config_served_at: Timestamp | null;
+  config_served_to: string | null;
+  config_refused_at: Timestamp | null;
+  config_refused_to: string | null;
 }
 
 /** How an OS installation the agent was asked for ended. */
@@ -366,6 +399,11 @@ export const OperatorAction = {
    * `Refused` (`detail` has the reason); the actor is the agent, `bmaas-agent`.
    */
   EnrollAgent: 'EnrollAgent',
+  /**
+   * A network boot's config served (`Succeeded`, `detail` has who fetched it) or refused (`Refused`:
+   * fetched again, or after its boot ended; `detail` has who and why); the actor is the fetcher's address.
+   */
+  ServeBootConfig: 'ServeBootConfig',
 } as const;
 
 /**
@@ -384,6 +422,25 @@ export interface OperatorHistoryTable {
   cause: string | null;
   /** The action's particulars (`{"graceful": true}`, what the BMC was told), as JSON. */
   detail: ColumnType<unknown | null, string | null | undefined, string | null>;
+}
+
+/**
+ * A machine decommissioned, by provider and provider ID (migration 0018):
+ * its machine row is gone, and the provisioner does not bring it back from
+ * its provider's inventory until the entry leaves the inventory or an
+ * operator recommissions it.
+ */
+export interface MachineRetiredTable {
+  provider: string;
+  provider_id: string;
+  /** The machine ID it had, which its work and operator history keep. */
+  machine_id: string;
+  retired_at: Generated<Date>;
+  /** Who decommissioned it; null when not said. */
+  retired_by: string | null;
+  retire_reason: string | null;
+  /** Whether its disks were wiped before (`decommission --wipe`). */
+  wiped: boolean;
 }
 
 export type MachineProvidedRow = Selectable<MachineProvidedTable>;

@@ -284,7 +284,7 @@ describe('agentBootSelection', () => {
   });
 
   test('needsAgentBoot: the state the selection reads, for one machine, whatever its work', async () => {
-    const [silent, installed] = [await machine('Needs'), await machine('Needs')];
+    const silent = await machine('Needs');
     await startAgent(silent);
     await db.admin(
       `UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() - interval '11 minutes' WHERE machine_id = $1`,
@@ -305,6 +305,8 @@ describe('agentBootSelection', () => {
       expect(await needsAgentBoot(q, blank, { provider: 'Needs' })).toBe(true);
       await setAgentHeartbeat(q, silent);
       expect(await needsAgentBoot(q, silent, { provider: 'Needs' })).toBe(false);
+      // Made only now, so that the two claims above had no third machine to take.
+      const installed = await machine('Needs');
       await install(installed);
       expect(await needsAgentBoot(q, installed, { provider: 'Needs' })).toBe(false);
       expect(await needsAgentBoot(q, blank, { provider: 'Other' })).toBe(false);
@@ -336,6 +338,47 @@ describe('agentBootSelection', () => {
     // The recoverer's own thresholds decide, as they do for it.
     expect(await bootable('Silent', { heartbeatWithin: 20 * 60_000 })).toEqual([never]);
     expect(await recoverable('Silent')).toEqual([sshStale]);
+  });
+
+  test('a started machine switched to a BMC boot and back: its silent agent is offered, then left to the recoverer', async () => {
+    // Its agent started and heartbeated while it was an SSH machine, then both went silent.
+    const switched = await machine('Switched', 'ssh');
+    await startAgent(switched);
+    const never = await machine('Switched', 'ssh');
+    await startAgent(never, { startedAgo: 31 * 60_000, heartbeat: false });
+    await db.admin(
+      `UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() - interval '11 minutes' WHERE machine_id = $1`,
+      [switched],
+    );
+    expect(await bootable('Switched')).toEqual([]);
+    expect(await recoverable('Switched')).toEqual([switched, never].sort());
+    const methods = async (method: AgentBootMethod) =>
+      setAgentBootMethods(
+        q,
+        'Switched',
+        new Map([
+          [await providerIdOf(switched), method],
+          [await providerIdOf(never), method],
+        ]),
+      );
+    await methods('network');
+    expect(await bootable('Switched')).toEqual([switched, never].sort());
+    expect(await recoverable('Switched')).toEqual([]);
+    // A change between two BMC methods keeps them the agent boot's.
+    await methods('virtual-media');
+    expect(await bootable('Switched')).toEqual([switched, never].sort());
+    await methods('ssh');
+    expect(await bootable('Switched')).toEqual([]);
+    expect(await recoverable('Switched')).toEqual([switched, never].sort());
+    // Its first heartbeat after the switch (a new agent) is flagged as its start was.
+    await methods('network');
+    await db.admin('DELETE FROM machine_agent_heartbeat WHERE machine_id = $1', [switched]);
+    await setAgentHeartbeat(q, switched);
+    await db.admin(
+      `UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() - interval '11 minutes' WHERE machine_id = $1`,
+      [switched],
+    );
+    expect(await bootable('Switched')).toEqual([switched, never].sort());
   });
 
   test('held machines, machines in backoff and machines under live shepherd work are left out', async () => {
@@ -527,6 +570,59 @@ describe('at 10,000 machines', () => {
       expect(start).not.toMatch(fleetScan);
       const recovery = await plan(agentRecoverySelection(q, { provider: 'Scale' }));
       expect(recovery).not.toMatch(fleetScan);
+    } finally {
+      await client.end();
+      await session.close();
+    }
+  });
+});
+
+describe('at 10,000 machines, nearly all taken over through SSH', () => {
+  test('the agent boot scans the silent agents of BMC-booted machines alone, through their own partial indexes', async () => {
+    // 9,800 SSH machines, the odd ones never heartbeating since a start an hour ago and 1 in 3 of the even ones
+    // heartbeating an hour ago: some 6,500 silent SSH agents the agent boot must not walk past. 200 BMC-booted ones
+    // (i % 100 of 0 or 1), silent: the 100 odd ones (no heartbeat) and the 10 of i % 1000 = 0 (an old heartbeat).
+    await db.admin(`
+      WITH m AS (INSERT INTO machines SELECT gen_random_uuid() FROM generate_series(1, 10000) RETURNING machine_id),
+        n AS (SELECT machine_id, row_number() OVER () AS i FROM m)
+      INSERT INTO machine_provided (machine_id, provider, provider_id) SELECT machine_id, 'Mixed', 'mixed-' || i FROM n`);
+    const i = `substring(provider_id FROM 7)::int`;
+    await db.admin(`
+      INSERT INTO machine_agent_boot (machine_id, boot_method)
+      SELECT machine_id, 'network' FROM machine_provided WHERE provider = 'Mixed' AND ${i} % 100 IN (0, 1)`);
+    await db.admin(`
+      INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key)
+      SELECT machine_id, now() - interval '1 hour', '\\x00' FROM machine_provided WHERE provider = 'Mixed'`);
+    const silent = `${i} % 1000 = 0 OR (${i} % 100 <> 0 AND ${i} % 3 = 0)`;
+    await db.admin(`
+      INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at)
+      SELECT machine_id, CASE WHEN ${silent} THEN now() - interval '1 hour' ELSE now() END
+      FROM machine_provided WHERE provider = 'Mixed' AND ${i} % 2 = 0`);
+    await db.admin('ANALYZE');
+    expect(await bootable('Mixed')).toHaveLength(110);
+    // The recoverer's, at least as many as it reads at once.
+    expect(await recoverable('Mixed')).toHaveLength(1000);
+
+    const session = await bmdb.startSession({ processor: 'agent-boot-silent-plan' });
+    const client = new pg.Client({ connectionString: db.url });
+    await client.connect();
+    try {
+      const selection = agentBootSelection(q, { provider: 'Mixed' });
+      const claim = claimSelectedStatement(selection.process, selection.query, [session.id]).compile(q);
+      await client.query('BEGIN');
+      await client.query(
+        'SET LOCAL enable_seqscan = off; SET LOCAL enable_mergejoin = off; SET LOCAL enable_hashjoin = off',
+      );
+      const { rows } = await client.query<{ 'QUERY PLAN': string }>(`EXPLAIN ${claim.sql}`, [...claim.parameters]);
+      await client.query('ROLLBACK');
+      const plan = rows.map((r) => r['QUERY PLAN']).join('\n');
+      expect(plan).toMatch(/Index (Only )?Scan (using|on) machine_agent_heartbeat_boot_idx/);
+      expect(plan).toMatch(/Index (Only )?Scan (using|on) machine_agent_started_boot_silent_idx/);
+      // The indexes of every silent agent, SSH ones included, are the recoverer's alone.
+      expect(plan).not.toMatch(/machine_agent_heartbeat_at_idx|machine_agent_started_silent_idx/);
+      expect(plan).not.toMatch(
+        /Seq Scan on machine_(provided|agent_pending|agent_boot|agent_started|agent_heartbeat)\b/,
+      );
     } finally {
       await client.end();
       await session.close();

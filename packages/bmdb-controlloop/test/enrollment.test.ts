@@ -1,4 +1,4 @@
-import { createHash } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import { Secret } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { BinaryWriter, WireType } from '@bufbuild/protobuf/wire';
@@ -16,6 +16,8 @@ import {
   issueEnrollmentToken,
   newMachine,
   operatorHistory,
+  renewEnrollmentToken,
+  revokeEnrollmentToken,
   type Session,
 } from '../src/index.js';
 import { provideMachines } from './helpers.js';
@@ -117,6 +119,53 @@ describe('issueEnrollmentToken', () => {
     );
     await expect(issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: Number.NaN })).rejects.toThrow(BMDBError);
     expect(await agentEnrollment(bmdb.db, machineId)).toBeUndefined();
+  });
+});
+
+describe('a boot’s token', () => {
+  test('is renewed for the wait and revoked at its end, that boot’s alone: a later boot’s token is left as it is', async () => {
+    const machineId = await machine();
+    const [first, later] = [randomUUID(), randomUUID()];
+    const issued = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 60, bootId: first });
+    expect((await agentEnrollment(bmdb.db, machineId))?.bootId).toBe(first);
+    // An hour of BMC calls: the token issued before them expired; renewed, it is good for the wait again.
+    await db.admin(
+      `UPDATE machine_agent_enrollment SET issued_at = issued_at - interval '1 hour', expires_at = expires_at - interval '1 hour' WHERE machine_id = $1`,
+      [machineId],
+    );
+    const renewed = await renewEnrollmentToken(bmdb.db, machineId, first, { validForSeconds: 60 });
+    expect(renewed?.getTime()).toBeGreaterThan(issued.expiresAt.getTime() - 1_000);
+    // A later boot (the first one's claim lost) issues its own; the first one's end touches it not.
+    const second = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 60, bootId: later });
+    expect(await revokeEnrollmentToken(bmdb.db, machineId, first)).toBe(false);
+    expect(await renewEnrollmentToken(bmdb.db, machineId, first, { validForSeconds: 600 })).toBeUndefined();
+    expect((await agentEnrollment(bmdb.db, machineId))?.expiresAt).toEqual(second.expiresAt);
+    // Its own end revokes it at once: refused as expired.
+    expect(await revokeEnrollmentToken(bmdb.db, machineId, later)).toBe(true);
+    expect(await revokeEnrollmentToken(bmdb.db, machineId, later)).toBe(false);
+    const refused = await enrollAgent(bmdb.db, {
+      machineId,
+      token: second.token.reveal(),
+      agentPublicKey: key(7),
+    }).catch((e: unknown) => e);
+    expect((refused as EnrollmentRefusedError).reason).toBe('Expired');
+  });
+
+  test('used, it is neither renewed nor revoked', async () => {
+    const machineId = await machine();
+    const bootId = randomUUID();
+    const { token } = await issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 60, bootId });
+    await enrollAgent(bmdb.db, { machineId, token: token.reveal(), agentPublicKey: key(8) });
+    expect(await revokeEnrollmentToken(bmdb.db, machineId, bootId)).toBe(false);
+    expect(await renewEnrollmentToken(bmdb.db, machineId, bootId, { validForSeconds: 60 })).toBeUndefined();
+    expect((await agentEnrollment(bmdb.db, machineId))?.enrolledAt).toBeInstanceOf(Date);
+  });
+
+  test('a boot ID that is no UUID is refused naming the machine', async () => {
+    const machineId = await machine();
+    await expect(issueEnrollmentToken(bmdb.db, machineId, { validForSeconds: 60, bootId: 'boot-1' })).rejects.toThrow(
+      `enrollment token for machine ${machineId}: boot ID "boot-1" is no UUID`,
+    );
   });
 });
 

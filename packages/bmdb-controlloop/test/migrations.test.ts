@@ -22,6 +22,13 @@ import * as fleetPage from '../src/migrations/0004_fleet_page.js';
 import * as leanTriggers from '../src/migrations/0005_lean_triggers.js';
 import * as operatorControl from '../src/migrations/0006_operator_control.js';
 import * as fleetMetrics from '../src/migrations/0008_fleet_metrics.js';
+import * as osInstallation from '../src/migrations/0009_os_installation.js';
+import * as installationReportKey from '../src/migrations/0010_installation_report_key.js';
+import * as rootDeviceHints from '../src/migrations/0011_root_device_hints.js';
+import * as diskWipe from '../src/migrations/0012_disk_wipe.js';
+import * as agentLog from '../src/migrations/0013_agent_log.js';
+import * as agentEnrollment from '../src/migrations/0014_agent_enrollment.js';
+import * as agentBootMethod from '../src/migrations/0015_agent_boot_method.js';
 
 /** The library's migrations as released up to 0006 (operator control). */
 const THROUGH_0006: Record<string, Migration> = {
@@ -51,6 +58,8 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0016_network_boot',
+    '0018_retired_machines',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
@@ -63,11 +72,28 @@ test('migrations create the schema once; running them again is a no-op', async (
     FROM information_schema.columns WHERE table_schema = 'public' AND table_name NOT LIKE 'bmdb_migration%'
     GROUP BY table_name ORDER BY table_name`);
   expect(Object.fromEntries(rows.map((r) => [r.table_name, r.columns]))).toEqual({
-    machine_agent_enrollment: ['machine_id', 'token_sha256', 'issued_at', 'expires_at', 'enrolled_at'],
+    machine_agent_enrollment: ['machine_id', 'token_sha256', 'issued_at', 'expires_at', 'enrolled_at', 'boot_id'],
+    machine_network_boot: [
+      'machine_id',
+      'boot_id',
+      'session_id',
+      'capability',
+      'macs',
+      'takeover_init',
+      'agent_flags',
+      'token_valid_seconds',
+      'armed_at',
+      'ended_at',
+      'config_served_at',
+      'config_served_to',
+      'config_refused_at',
+      'config_refused_to',
+    ],
     machine_agent_boot: ['machine_id', 'boot_method'],
-    machine_agent_heartbeat: ['machine_id', 'agent_heartbeat_at'],
+    machine_agent_heartbeat: ['machine_id', 'agent_heartbeat_at', 'agent_boot'],
     machine_agent_log: ['machine_id', 'agent_log', 'agent_log_received_at'],
-    machine_agent_started: ['machine_id', 'agent_started_at', 'agent_public_key', 'has_heartbeat'],
+    machine_agent_started: ['machine_id', 'agent_started_at', 'agent_public_key', 'has_heartbeat', 'agent_boot'],
+    machine_retired: ['provider', 'provider_id', 'machine_id', 'retired_at', 'retired_by', 'retire_reason', 'wiped'],
     machine_provided: [
       'machine_id',
       'provider',
@@ -185,6 +211,10 @@ test('migrations create the schema once; running them again is a no-op', async (
       'machine_power_state_state_idx',
       'machine_power_state_failed_idx',
       'fleet_location_totals_pkey',
+      'machine_agent_heartbeat_boot_idx',
+      'machine_agent_started_boot_silent_idx',
+      'machine_retired_pkey',
+      'machine_retired_machine_idx',
     ]),
   );
   // 0015 split it into the SSH machines' and the BMC-booted machines' partial indexes.
@@ -235,6 +265,8 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0016_network_boot',
+    '0018_retired_machines',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // 0006 backfills a power state row for each provided machine.
@@ -336,6 +368,8 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0016_network_boot',
+    '0018_retired_machines',
   ]);
   expect(await controlByLocation(bmdb.db)).toEqual([
     {
@@ -417,8 +451,80 @@ test('a database migrated to 0008, as released before OS installation, takes 000
     '0013_agent_log',
     '0014_agent_enrollment',
     '0015_agent_boot_method',
+    '0016_network_boot',
+    '0018_retired_machines',
   ]);
   expect((await db.admin('SELECT count(*)::int AS n FROM machine_os_installation_request')).rows).toEqual([{ n: 0 }]);
+});
+
+test('0018 on a database with agents: the BMC-booted machines’ agent tags are flagged, then kept so by triggers', async () => {
+  const db = await createTestDatabase();
+  await migrateTo(db, {
+    ...THROUGH_0006,
+    '0008_fleet_metrics': fleetMetrics,
+    '0009_os_installation': osInstallation,
+    '0010_installation_report_key': installationReportKey,
+    '0011_root_device_hints': rootDeviceHints,
+    '0012_disk_wipe': diskWipe,
+    '0013_agent_log': agentLog,
+    '0014_agent_enrollment': agentEnrollment,
+    '0015_agent_boot_method': agentBootMethod,
+  });
+  // Started and heartbeating: a BMC-booted machine, an SSH one, and a BMC-booted one never heartbeating.
+  const ids: Record<string, string> = {};
+  for (const name of ['bmc', 'ssh', 'silent']) {
+    const { rows } = await db.admin(
+      `WITH m AS (INSERT INTO machines DEFAULT VALUES RETURNING machine_id)
+       INSERT INTO machine_provided (machine_id, provider, provider_id) SELECT machine_id, 'Old', $1 FROM m
+       RETURNING machine_id`,
+      [name],
+    );
+    ids[name] = rows[0].machine_id;
+    await db.admin(`INSERT INTO machine_agent_started VALUES ($1, now(), '\\x00')`, [ids[name]]);
+  }
+  await db.admin(`INSERT INTO machine_agent_boot VALUES ($1, 'network'), ($2, 'virtual-media')`, [ids.bmc, ids.silent]);
+  await db.admin('INSERT INTO machine_agent_heartbeat VALUES ($1, now()), ($2, now())', [ids.bmc, ids.ssh]);
+
+  const bmdb = await openTestBMDB(db, { migrate: false });
+  expect(await bmdb.migrate()).toEqual(['0016_network_boot', '0018_retired_machines']);
+  const flags = async () => ({
+    started: Object.fromEntries(
+      (
+        await db.admin(
+          'SELECT mp.provider_id, a.agent_boot FROM machine_agent_started a JOIN machine_provided mp USING (machine_id)',
+        )
+      ).rows.map((r) => [r.provider_id, r.agent_boot]),
+    ),
+    heartbeat: Object.fromEntries(
+      (
+        await db.admin(
+          'SELECT mp.provider_id, h.agent_boot FROM machine_agent_heartbeat h JOIN machine_provided mp USING (machine_id)',
+        )
+      ).rows.map((r) => [r.provider_id, r.agent_boot]),
+    ),
+  });
+  expect(await flags()).toEqual({
+    started: { bmc: true, ssh: false, silent: true },
+    heartbeat: { bmc: true, ssh: false },
+  });
+
+  // The SSH machine switched to a BMC boot, and the never-heartbeating one heartbeats at last.
+  await db.admin(`INSERT INTO machine_agent_boot VALUES ($1, 'network')`, [ids.ssh]);
+  await db.admin('INSERT INTO machine_agent_heartbeat VALUES ($1, now())', [ids.silent]);
+  // A heartbeat's upsert of an existing row keeps its flag.
+  await db.admin(
+    `INSERT INTO machine_agent_heartbeat VALUES ($1, now()) ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = excluded.agent_heartbeat_at`,
+    [ids.bmc],
+  );
+  // The BMC-booted one switched to SSH.
+  await db.admin('DELETE FROM machine_agent_boot WHERE machine_id = $1', [ids.bmc]);
+  expect(await flags()).toEqual({
+    started: { bmc: false, ssh: true, silent: true },
+    heartbeat: { bmc: false, ssh: true, silent: true },
+  });
+  // A machine whose tags and boot method go together is deleted cleanly.
+  await db.admin('DELETE FROM machines WHERE machine_id = $1', [ids.silent]);
+  expect((await flags()).started).toEqual({ bmc: false, ssh: true });
 });
 
 test('0012: a request is a disk image with its image and disk, or a disk wipe with neither; older rows are disk images', async () => {

@@ -1,11 +1,11 @@
 import { existsSync } from 'node:fs';
 import { hostname } from 'node:os';
 import path from 'node:path';
-import { BMDB, DatabaseUnreachableError } from '@bmaas/bmdb-controlloop';
+import { BMDB, DatabaseUnreachableError, type Session } from '@bmaas/bmdb-controlloop';
 import type { Registry } from 'prom-client';
 import { ensureDirectory } from './directory.js';
 import { log } from './logging.js';
-import { type DatabaseSettings, UsageError } from './settings.js';
+import { type Argv, type DatabaseSettings, databaseSettings, UsageError } from './settings.js';
 import { VERSION } from './version.js';
 
 /** What the commands need of the BMDB beyond where it is. */
@@ -58,4 +58,26 @@ export async function openBMDB(settings: DatabaseSettings, options: OpenOptions)
     log('initialising a new embedded BMDB in %s (the first start takes a few seconds)', settings.dataDir);
   }
   return BMDB.open({ ...common, embedded: { dataDir: settings.dataDir, attach: options.attach ?? false } });
+}
+
+/**
+ * Runs `fn` with a session of its own on the BMDB of the command's flags
+ * (one that exists: an embedded one is not created); closes both after.
+ */
+export async function withSession<T>(
+  argv: Argv,
+  processor: string,
+  fn: (session: Session, bmdb: BMDB) => Promise<T>,
+): Promise<T> {
+  const bmdb = await openBMDB(databaseSettings(argv), { migrate: false, mustExist: true, attach: true });
+  try {
+    const session = await bmdb.startSession({ processor });
+    try {
+      return await fn(session, bmdb);
+    } finally {
+      await session.close();
+    }
+  } finally {
+    await bmdb.close();
+  }
 }

@@ -288,10 +288,11 @@ const flags = {
     },
     reason: {
       describe:
-        'Why: recorded with the hold, power action or installation request (required for hold, install and every power action but status)',
+        'Why: recorded with the hold, power action, installation request or decommissioned machine’s retirement (required for hold, install, decommission --wipe and every power action but status)',
     },
     actor: {
-      describe: 'Who: recorded with the hold, power action or installation request',
+      describe:
+        'Who: recorded with the hold, power action, installation request or decommissioned machine’s retirement; logged by recommission',
       defaultDescription: '<user>@<host> of this process',
     },
     graceful: {
@@ -300,7 +301,7 @@ const flags = {
     },
     wipe: {
       describe:
-        "decommission: first wipe each machine's disks through its running agent (discard, both ends zeroed), and remove it once its agent reported success; needs --reason",
+        "decommission: first wipe each machine's disks through its running agent, or one its BMC boots for it (discard, both ends zeroed), and remove it once its agent reported success; needs --reason",
       boolean: true,
     },
     'wipe-timeout': {
@@ -343,6 +344,12 @@ const flags = {
       describe: 'The bundled agent put in the image',
       defaultDescription: '@bmaas/agent’s dist/agent.cjs (npm run bundle -w @bmaas/agent)',
     },
+    'firmware-dir': {
+      kind: 'path',
+      describe:
+        'Where the firmware the image’s drivers declare is taken from (Debian’s firmware packages install there); what is not found is listed',
+      defaultDescription: '/lib/firmware',
+    },
   },
   'agent-boot': {
     'agent-boot-image-dir': {
@@ -351,7 +358,8 @@ const flags = {
         'The agent image (shepherd agent-image build --out DIR) that machines whose inventory says "agentBoot": "virtual-media" or "network" are booted into through their BMC; no agent boot when unset',
     },
     'agent-boot-listen': {
-      describe: 'host:port the boot files (the image, each boot’s ISO and iPXE script) are served at',
+      describe:
+        'host:port the boot files (the image, this process’s virtual media ISOs, every network boot’s iPXE script and config) are served at',
       default: '0.0.0.0:8081',
     },
     'agent-boot-url': {
@@ -463,7 +471,7 @@ const GROUP_TITLES: Record<FlagGroup, string> = {
   dummy: 'Dummy provider (run dummy, power)',
   server: 'BMaaS server (server)',
   static: 'Static provider (run static, power)',
-  decommission: 'Machines (decommission, hold, unhold, power, install)',
+  decommission: 'Machines (decommission, recommission, hold, unhold, power, install)',
   operator: 'Holds and power actions (hold, unhold, power)',
   install: 'OS installation (install)',
   'agent-image': 'Agent image (agent-image build)',

@@ -12,6 +12,7 @@ import { hold, unhold } from './commands/hold.js';
 import { install } from './commands/install.js';
 import { migrate } from './commands/migrate.js';
 import { POWER_COMMANDS, type PowerCommand, power, powerCommand } from './commands/power.js';
+import { recommission } from './commands/recommission.js';
 import { type ProviderKind, run } from './commands/run.js';
 import { server } from './commands/server.js';
 import { sshKey } from './commands/ssh-key.js';
@@ -64,7 +65,15 @@ const POWER_LIST = `${POWER_COMMANDS.slice(0, -1).join(', ')} or ${POWER_COMMAND
 export async function main(args: readonly string[], options: MainOptions = {}): Promise<number> {
   const io = options.io ?? { stdout: (t) => process.stdout.write(t), stderr: (t) => process.stderr.write(t) };
   const debug = 'debug' in options ? options.debug : process.env.DEBUG;
-  const enableLogs = () => enableLogsFrom(debug);
+  for (const variable of unknownVariables(process.env)) {
+    io.stderr(`shepherd: warning: ${variable} is set, but no shepherd command has such a flag; ignored\n`);
+  }
+  const refusal = commandLineRefusal(args);
+  if (refusal !== undefined) {
+    io.stderr(`shepherd: ${refusal}\n`);
+    return EXIT.usage;
+  }
+
   let exitCode: number = EXIT.ok;
   const fail = (error: unknown) => {
     if (error instanceof UsageError) {
@@ -75,55 +84,73 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
       exitCode = EXIT.failed;
     }
   };
+  const cli = withCommands(parserOf(args), { io, enableLogs: () => enableLogsFrom(debug) })
+    .demandCommand(
+      1,
+      'say which command to run: run, migrate, status, ssh-key, server, decommission, recommission, hold, unhold, install, power, web or agent-image',
+    )
+    .fail((message, error) => {
+      // Our handlers' errors and yargs' own validation (unknown flag, missing command) end here.
+      if (error) fail(error);
+      else {
+        io.stderr(`shepherd: ${message}; see --help\n`);
+        exitCode = EXIT.usage;
+      }
+    })
+    .exitProcess(false);
 
-  for (const variable of unknownVariables(process.env)) {
-    io.stderr(`shepherd: warning: ${variable} is set, but no shepherd command has such a flag; ignored\n`);
+  try {
+    await cli.parseAsync();
+  } catch (error) {
+    if (exitCode === EXIT.ok) fail(error);
   }
+  return exitCode;
+}
+
+/**
+ * Why the command line is refused before yargs reads it (a missing or
+ * unknown provider, power command or agent-image command, an unknown flag,
+ * an extra word), as the line after `shepherd: `; undefined when it is not.
+ */
+function commandLineRefusal(args: readonly string[]): string | undefined {
   const command = commandOf(args);
+  const words = positionals(args);
   const wantsHelp = args.some((arg) => arg === '--help' || arg === '-h' || arg === '--version');
-  const provider = command === 'run' ? positionals(args)[1] : undefined;
+  const provider = command === 'run' ? words[1] : undefined;
   if (command === 'run' && provider === undefined && !wantsHelp) {
-    io.stderr(`shepherd: run: say which provider: ${PROVIDER_LIST} (e.g. shepherd run dummy)\n`);
-    return EXIT.usage;
+    return `run: say which provider: ${PROVIDER_LIST} (e.g. shepherd run dummy)`;
   }
   if (provider !== undefined && !PROVIDERS.includes(provider)) {
-    io.stderr(`shepherd: run: unknown provider ${JSON.stringify(provider)}: want ${PROVIDER_LIST}\n`);
-    return EXIT.usage;
+    return `run: unknown provider ${JSON.stringify(provider)}: want ${PROVIDER_LIST}`;
   }
-  const powerWord = command === 'power' ? positionals(args)[1] : undefined;
+  const powerWord = command === 'power' ? words[1] : undefined;
   if (command === 'power' && powerCommand(powerWord) === undefined && !wantsHelp) {
-    io.stderr(
-      powerWord === undefined
-        ? `shepherd: power: say what to do: ${POWER_LIST} (e.g. shepherd power status --provider Static --provider-id node1)\n`
-        : `shepherd: power: unknown command ${JSON.stringify(powerWord)}: want ${POWER_LIST}\n`,
-    );
-    return EXIT.usage;
+    return powerWord === undefined
+      ? `power: say what to do: ${POWER_LIST} (e.g. shepherd power status --provider Static --provider-id node1)`
+      : `power: unknown command ${JSON.stringify(powerWord)}: want ${POWER_LIST}`;
   }
-  const imageAction = command === 'agent-image' ? positionals(args)[1] : undefined;
+  const imageAction = command === 'agent-image' ? words[1] : undefined;
   if (command === 'agent-image' && !wantsHelp && !AGENT_IMAGE_ACTIONS.some((action) => action === imageAction)) {
-    io.stderr(
-      imageAction === undefined
-        ? 'shepherd: agent-image: say what to do: build (e.g. shepherd agent-image build --out dist/agent-image)\n'
-        : `shepherd: agent-image: unknown command ${JSON.stringify(imageAction)}: want build\n`,
-    );
-    return EXIT.usage;
+    return imageAction === undefined
+      ? 'agent-image: say what to do: build (e.g. shepherd agent-image build --out dist/agent-image)'
+      : `agent-image: unknown command ${JSON.stringify(imageAction)}: want build`;
   }
   const unknown = unknownFlag(args);
   if (unknown) {
     const hint = unknown.startsWith('--') ? '' : ' (a value starting with "-" is written --flag=value)';
-    io.stderr(`shepherd: ${unknown}: unknown flag${command ? ` for ${command}` : ''}; see --help${hint}\n`);
-    return EXIT.usage;
+    return `${unknown}: unknown flag${command ? ` for ${command}` : ''}; see --help${hint}`;
   }
-  const extra = command === undefined ? undefined : extraArgument(command, positionals(args));
-  if (extra !== undefined) {
-    io.stderr(`shepherd: ${command}: unexpected argument ${JSON.stringify(extra)}; see --help\n`);
-    return EXIT.usage;
-  }
+  const extra = command === undefined ? undefined : extraArgument(command, words);
+  if (extra !== undefined) return `${command}: unexpected argument ${JSON.stringify(extra)}; see --help`;
+  return undefined;
+}
 
+/** The parser of `args`, before its commands: usage, help, version, the environment epilogue. */
+function parserOf(args: readonly string[]): Yargs {
   const parser = yargs([...args]) as Yargs & UsageConfigurable;
   // Each flag's description carries its type and default (flags.ts).
   parser.usageConfiguration({ 'hide-types': true });
-  const cli: Yargs = parser
+  return parser
     .scriptName('shepherd')
     .usage(
       '$0 <command> [flags]\n\nKeeps a fleet of bare-metal servers in step with the BMDB: brings machines in from a provider, starts the agent on each over SSH, and reboots those whose agent went silent.',
@@ -135,7 +162,23 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
     .wrap(Math.min(120, process.stdout.columns ?? 120))
     .epilogue(
       `Every flag can also be set in the environment as SHEPHERD_<FLAG>, e.g. SHEPHERD_BMDB_URL or SHEPHERD_EQUINIX_API_KEY; each command takes the variables of its own flags. Logs go to stderr; DEBUG narrows or widens them (default ${DEFAULT_LOG_NAMESPACES}), DEBUG= turns them off.`,
-    )
+    );
+}
+
+/** What the commands' handlers need of `main`: where they write, and the logs turned on. */
+interface CommandContext {
+  readonly io: Io;
+  readonly enableLogs: () => void;
+}
+
+/** Every command, in the order `--help` lists them. */
+function withCommands(cli: Yargs, context: CommandContext): Yargs {
+  return withTools(withMachineCommands(withFleetCommands(cli, context), context), context);
+}
+
+/** The commands that run the shepherd or read and shape the BMDB as a whole. */
+function withFleetCommands(cli: Yargs, { io, enableLogs }: CommandContext): Yargs {
+  return cli
     .command(
       'run <provider>',
       'Run the provisioner, initializer and recoverer (and the provider’s own loop) until SIGINT/SIGTERM',
@@ -163,7 +206,7 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
     )
     .command(
       'status',
-      'The fleet at a glance: machines per lifecycle stage, active work, backoffs with causes',
+      'The fleet at a glance: machines per lifecycle stage, active work, backoffs with causes, retired machines',
       (y) => y.options(optionsOf('status')).strict(),
       (argv) => status(argv, io.stdout),
     )
@@ -181,14 +224,28 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
         enableLogs();
         await server(argv, io.stdout);
       },
-    )
+    );
+}
+
+/** The operator's commands on machines named by provider ID (or machine ID). */
+function withMachineCommands(cli: Yargs, { io, enableLogs }: CommandContext): Yargs {
+  return cli
     .command(
       'decommission',
-      'Remove machines gone for good at their provider from the BMDB (refused for machines with live work; their history stays); with --wipe, wipe their disks first',
+      'Remove machines from the BMDB and retire them, so that the provisioner does not bring them back while their provider lists them (refused for machines with live work; their history stays); with --wipe, wipe their disks first',
       (y) => y.options(optionsOf('decommission')).strict(),
       async (argv) => {
         enableLogs();
         await decommission(argv, io.stdout);
+      },
+    )
+    .command(
+      'recommission',
+      'Bring retired (decommissioned) machines back: the provisioner brings each in again as a new machine while its provider lists it',
+      (y) => y.options(optionsOf('recommission')).strict(),
+      async (argv) => {
+        enableLogs();
+        await recommission(argv, io.stdout);
       },
     )
     .command(
@@ -233,7 +290,12 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
         enableLogs();
         await power(argv, argv.command as PowerCommand, io.stdout);
       },
-    )
+    );
+}
+
+/** The agent image's build and the fleet page. */
+function withTools(cli: Yargs, { io, enableLogs }: CommandContext): Yargs {
+  return cli
     .command(
       'agent-image <command>',
       'Build the agent environment (kernel, initramfs, an ISO booting under BIOS and UEFI) from this machine’s Debian packages',
@@ -258,27 +320,7 @@ export async function main(args: readonly string[], options: MainOptions = {}): 
         enableLogs();
         await web(argv, io.stdout);
       },
-    )
-    .demandCommand(
-      1,
-      'say which command to run: run, migrate, status, ssh-key, server, decommission, hold, unhold, install, power, web or agent-image',
-    )
-    .fail((message, error) => {
-      // Our handlers' errors and yargs' own validation (unknown flag, missing command) end here.
-      if (error) fail(error);
-      else {
-        io.stderr(`shepherd: ${message}; see --help\n`);
-        exitCode = EXIT.usage;
-      }
-    })
-    .exitProcess(false);
-
-  try {
-    await cli.parseAsync();
-  } catch (error) {
-    if (exitCode === EXIT.ok) fail(error);
-  }
-  return exitCode;
+    );
 }
 
 /** How many words each command takes after its name (`run dummy`); yargs' strict mode would find more only after the command ran. */
@@ -289,6 +331,8 @@ const COMMAND_ARGUMENTS: Record<string, number> = {
   'ssh-key': 0,
   server: 0,
   web: 0,
+  decommission: 0,
+  recommission: 0,
   hold: 0,
   unhold: 0,
   install: 0,
@@ -319,6 +363,7 @@ const COMMAND_GROUPS: Record<string, FlagGroup[]> = {
   status: ['database'],
   server: SERVER_GROUPS,
   decommission: ['database', 'decommission'],
+  recommission: ['database', 'decommission'],
   web: ['database', 'observability', 'web'],
   hold: ['database', 'decommission'],
   unhold: ['database', 'decommission'],
@@ -334,6 +379,7 @@ const COMMAND_FLAGS: Record<string, string[]> = {
   unhold: ['machine-id', 'reason', 'actor'],
   install: ['machine-id', 'reason', 'actor'],
   decommission: ['wipe', 'wipe-timeout', 'reason', 'actor'],
+  recommission: ['reason', 'actor'],
   power: ['reason', 'actor', 'graceful'],
   status: ['json'],
   'ssh-key': ['data-dir', 'ssh-key-path'],

@@ -282,7 +282,7 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
     [
       'no command',
       () => [],
-      /^shepherd: say which command to run: run, migrate, status, ssh-key, server, decommission, hold, unhold, install, power, web or agent-image; see --help\n$/,
+      /^shepherd: say which command to run: run, migrate, status, ssh-key, server, decommission, recommission, hold, unhold, install, power, web or agent-image; see --help\n$/,
     ],
     [
       'run without a provider',

@@ -1,12 +1,19 @@
 import { type ChildProcess, spawn } from 'node:child_process';
-import { X509Certificate } from 'node:crypto';
+import { generateKeyPairSync, X509Certificate } from 'node:crypto';
 import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { addProvided, newMachine, operatorHistory, osInstallation, setAgentStarted } from '@bmaas/bmdb-controlloop';
+import {
+  addProvided,
+  newMachine,
+  operatorHistory,
+  osInstallation,
+  retiredMachines,
+  setAgentStarted,
+} from '@bmaas/bmdb-controlloop';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
-import { encodeTakeoverInit, parseTakeoverResponse } from '@bmaas/shepherd-manager';
+import { encodeTakeoverInit } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { buildOnce, shepherd } from './helpers.js';
@@ -47,22 +54,27 @@ async function machine(providerId: string, disks: readonly string[]): Promise<{ 
 }
 
 /**
- * The real agent taken over as the initializer does it (TakeoverInit on its standard input,
- * TakeoverResponse on its standard output), then running in that process, its key recorded
- * as AgentStarted.
+ * The real agent as it runs once booted into the agent image (a takeover's kexec, or its BMC's boot):
+ * `bmaas-agent run` with the hand-over on its standard input (its TakeoverInit and key), its public
+ * key recorded as AgentStarted. Not a takeover that stays on the machine's OS: an agent running in
+ * place refuses to wipe the disks under it.
  */
 async function startAgent(machineId: string, root: string): Promise<ChildProcess> {
   const sent = { machineId, bmaasEndpoint: `localhost:${server.port}`, caCertificate: caDer };
+  const { publicKey, privateKey } = generateKeyPairSync('ed25519');
+  const handOver = JSON.stringify({
+    init: Buffer.from(encodeTakeoverInit(sent)).toString('base64'),
+    privateKey: privateKey.export({ type: 'pkcs8', format: 'pem' }).toString(),
+  });
   const child = spawn(
     process.execPath,
-    [AGENT, 'takeover', '--foreground', '--root', root, '--interval', '200ms', '--log-file', `${root}.log`],
-    { stdio: ['pipe', 'pipe', 'inherit'] },
+    [AGENT, 'run', '--root', root, '--interval', '200ms', '--log-file', `${root}.log`],
+    { stdio: ['pipe', 'ignore', 'inherit'] },
   );
   agents.push(child);
-  child.stdin?.end(encodeTakeoverInit(sent));
-  const chunks: Buffer[] = [];
-  for await (const chunk of child.stdout ?? []) chunks.push(chunk as Buffer);
-  const { key } = parseTakeoverResponse(Buffer.concat(chunks), sent);
+  child.stdin?.end(handOver);
+  // The raw ed25519 key: the last 32 bytes of its SubjectPublicKeyInfo.
+  const key = new Uint8Array(publicKey.export({ type: 'spki', format: 'der' }).subarray(-32));
   await setAgentStarted(q, machineId, { publicKey: key });
   return child;
 }
@@ -103,6 +115,11 @@ test('decommission --wipe: a machine whose agent wiped its disks is removed; a f
   expect(result.stderr).toContain(
     `Static wipe-agentless (machine ${agentless.machineId}): no agent runs on it, so its disks cannot be wiped yet`,
   );
+  // Its agent arrives over SSH: booting one through the BMC is for the machines whose inventory says so.
+  expect(result.stderr).toContain(
+    `wipe-agentless (machine ${agentless.machineId}): no agent runs on it, so its disks cannot be wiped yet: its agent arrives over SSH (boot method ssh), which only the initializer's takeover of a running OS starts, and its BMC boots none; kept in the BMDB`,
+  );
+  expect(result.stderr).not.toContain('not built yet');
   expect(result.stderr).toMatch(
     new RegExp(
       `Static wipe-broken \\(machine ${broken.machineId}\\): its wipe \\(generation 1\\) failed: disk wipe: 1 of 3 disks not wiped: /dev/sda \\(BTYF01234567480BGN\\)`,
@@ -118,6 +135,16 @@ test('decommission --wipe: a machine whose agent wiped its disks is removed; a f
     expect(bytes.subarray(bytes.length - MiB).every((byte) => byte === 0)).toBe(true);
   }
   expect(await exited(wipedAgent)).toBe(0);
+  // Retired, wiped: the provisioner does not bring it back from the inventory.
+  expect(await retiredMachines(q, { provider: 'Static' })).toMatchObject([
+    {
+      providerId: 'wipe-ok',
+      machineId: wiped.machineId,
+      actor: 'tech@rack3',
+      reason: 'returned to the lessor',
+      wiped: true,
+    },
+  ]);
   expect(await readFile(`${wiped.root}.log`, 'utf8')).toContain('wiped; stopping');
 
   // Kept, visible with the agent's error; the agentless one untouched.

@@ -278,9 +278,14 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
     ]);
     expect(stdout).toMatch(new RegExp(`wiped and removed Static ${machine.id}`));
     timing(`${machine.id}: decommissioned with a wipe (its agent booted from virtual media) in ${seconds(phase)}`);
-    // Gone from the BMDB (the inventory still lists the VM: a later pass brings it in again, as a new machine).
+    // Gone from the BMDB and retired: the inventory still lists the VM, and no later pass brings it in again.
     const { rows } = await db.admin('SELECT 1 FROM machine_provided WHERE machine_id = $1', [machineId]);
     expect(rows).toEqual([]);
+    const { rows: retired } = await db.admin(
+      "SELECT machine_id, wiped FROM machine_retired WHERE provider = 'Static' AND provider_id = $1",
+      [machine.id],
+    );
+    expect(retired).toEqual([{ machine_id: machineId, wiped: true }]);
     const ends = await open(disk, 'r');
     const head = Buffer.alloc(MiB);
     const tail = Buffer.alloc(MiB);

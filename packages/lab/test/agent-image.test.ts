@@ -3,17 +3,19 @@
  * under SeaBIOS (isolinux) and under OVMF (GRUB EFI), with one machine's
  * config in a copy of the ISO; its /init brings the network up with DHCP
  * and the agent heartbeats to a real BMaaS server on the host, reached from
- * QEMU's user network at 10.0.2.2.
+ * QEMU's user network at 10.0.2.2. A disk behind a MegaRAID controller
+ * (QEMU's megasas-gen2, megaraid_sas's) is in its hardware report: the
+ * driver was loaded because the device asked for it.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { generateKeyPairSync, X509Certificate } from 'node:crypto';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, truncate, writeFile } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { agentConfigArchive, buildAgentImage, configureAgentIso, type NetworkConfig } from '@bmaas/agent';
 import { hardwareReport, newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
-import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
-import { create } from '@bufbuild/protobuf';
+import { AgentHardwareReportSchema, BmaasServer, selfSignedServerTls } from '@bmaas/server';
+import { create, fromBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
@@ -77,6 +79,70 @@ describe.skipIf(missing.length > 0)('the agent image in QEMU', () => {
     ],
     nameservers: ['10.0.2.3'],
   };
+  /**
+   * Boots the agent ISO with a new machine's config (its network as handed over) in QEMU with `args`,
+   * until that machine's agent heartbeated; the VM stays up until killed.
+   */
+  async function bootAgent(
+    args: readonly string[],
+    handedOver: Pick<Parameters<typeof agentConfigArchive>[0], 'network' | 'capturedNetwork'>,
+  ): Promise<{ machineId: string; vm: ChildProcess; serialText: () => Promise<string>; seconds: string }> {
+    const machineId = await newMachine(q);
+    const { publicKey, privateKey } = generateKeyPairSync('ed25519');
+    await setAgentStarted(q, machineId, {
+      publicKey: publicKey.export({ format: 'der', type: 'spki' }).subarray(-32),
+    });
+    const init = create(TakeoverInitSchema, {
+      machineId,
+      bmaasEndpoint: `10.0.2.2:${server.port}`,
+      caCertificate: caDer,
+    });
+    const config = path.join(dir, `${machineId}.cpio`);
+    await writeFile(config, agentConfigArchive({ init, privateKey, flags: ['--interval=2s'], ...handedOver }));
+    const machineIso = path.join(dir, `${machineId}.iso`);
+    await configureAgentIso(iso, config, machineIso);
+    const serial = path.join(dir, `${machineId}.serial`);
+    const started = performance.now();
+    const vm = spawn(
+      'qemu-system-x86_64',
+      [
+        '-m',
+        '1024',
+        ...args,
+        '-cdrom',
+        machineIso,
+        '-display',
+        'none',
+        '-serial',
+        `file:${serial}`,
+        '-nic',
+        'user,model=virtio-net-pci',
+        '-no-reboot',
+      ],
+      { stdio: 'ignore' },
+    );
+    vms.add(vm);
+    const serialText = () => readFile(serial, 'utf8').catch(() => '');
+    await eventually(
+      'the agent started',
+      async () => ((await serialText()).includes('bmaas-init: starting the agent') ? true : undefined),
+      400_000,
+    );
+    await eventually(
+      'a heartbeat recorded',
+      async () =>
+        (
+          await bmdb.db
+            .selectFrom('machine_agent_heartbeat')
+            .select('agent_heartbeat_at')
+            .where('machine_id', '=', machineId)
+            .executeTakeFirst()
+        )?.agent_heartbeat_at,
+      300_000,
+    );
+    return { machineId, vm, serialText, seconds: ((performance.now() - started) / 1000).toFixed(0) };
+  }
+
   test.each([
     ['BIOS', 'DHCP', []],
     ['UEFI', 'DHCP', ['-bios', OVMF]],
@@ -85,66 +151,13 @@ describe.skipIf(missing.length > 0)('the agent image in QEMU', () => {
   ] as const)(
     'the agent ISO boots under %s with %s and its agent heartbeats to the server',
     async (firmware, network, args) => {
-      const machineId = await newMachine(q);
-      const { publicKey, privateKey } = generateKeyPairSync('ed25519');
-      await setAgentStarted(q, machineId, {
-        publicKey: publicKey.export({ format: 'der', type: 'spki' }).subarray(-32),
-      });
-      const init = create(TakeoverInitSchema, {
-        machineId,
-        bmaasEndpoint: `10.0.2.2:${server.port}`,
-        caCertificate: caDer,
-      });
-      const config = path.join(dir, `${machineId}.cpio`);
       const handedOver =
         network === 'DHCP'
           ? {}
           : network === 'the network a takeover captured'
             ? { capturedNetwork: CAPTURED }
             : { network: STATIC };
-      await writeFile(config, agentConfigArchive({ init, privateKey, flags: ['--interval=2s'], ...handedOver }));
-      const machineIso = path.join(dir, `${machineId}.iso`);
-      await configureAgentIso(iso, config, machineIso);
-      const serial = path.join(dir, `${machineId}.serial`);
-      const started = performance.now();
-      const vm = spawn(
-        'qemu-system-x86_64',
-        [
-          '-m',
-          '1024',
-          ...args,
-          '-cdrom',
-          machineIso,
-          '-display',
-          'none',
-          '-serial',
-          `file:${serial}`,
-          '-nic',
-          'user,model=virtio-net-pci',
-          '-no-reboot',
-        ],
-        { stdio: 'ignore' },
-      );
-      vms.add(vm);
-      const serialText = () => readFile(serial, 'utf8').catch(() => '');
-      await eventually(
-        'the agent started',
-        async () => ((await serialText()).includes('bmaas-init: starting the agent') ? true : undefined),
-        400_000,
-      );
-      await eventually(
-        'a heartbeat recorded',
-        async () =>
-          (
-            await bmdb.db
-              .selectFrom('machine_agent_heartbeat')
-              .select('agent_heartbeat_at')
-              .where('machine_id', '=', machineId)
-              .executeTakeFirst()
-          )?.agent_heartbeat_at,
-        300_000,
-      );
-      const seconds = ((performance.now() - started) / 1000).toFixed(0);
+      const { machineId, vm, serialText, seconds } = await bootAgent(args, handedOver);
       process.stdout.write(
         `agent ISO, ${firmware}, ${network}: first heartbeat ${seconds} s after QEMU started (load average ${loadavg()[0]?.toFixed(1)})\n`,
       );
@@ -157,8 +170,41 @@ describe.skipIf(missing.length > 0)('the agent image in QEMU', () => {
         }[network],
       );
       expect(await hardwareReport(q, machineId)).toBeDefined();
+      if (firmware === 'UEFI') {
+        // efivarfs is a module: the kernel asked the image's /sbin/modprobe for it at the mount.
+        expect(await serialText()).not.toContain('efivarfs not mounted');
+      }
       vm.kill('SIGKILL');
       vms.delete(vm);
     },
   );
+
+  test('under SeaBIOS, a disk behind a MegaRAID controller (megasas-gen2) is in the hardware report with its serial', async () => {
+    const disk = path.join(dir, 'raid-disk.img');
+    await writeFile(disk, '');
+    await truncate(disk, 64 * 2 ** 20);
+    const { machineId, vm, serialText, seconds } = await bootAgent(
+      [
+        '-device',
+        'megasas-gen2,id=raid',
+        '-drive',
+        `if=none,id=raid-disk,file=${disk},format=raw`,
+        '-device',
+        'scsi-hd,drive=raid-disk,bus=raid.0,serial=LAB-RAID-0001',
+      ],
+      {},
+    );
+    process.stdout.write(
+      `agent ISO, a disk behind megasas-gen2: first heartbeat ${seconds} s after QEMU started (load average ${loadavg()[0]?.toFixed(1)})\n`,
+    );
+    const raw = (await hardwareReport(q, machineId))?.raw;
+    const sent = raw === undefined ? undefined : fromBinary(AgentHardwareReportSchema, raw);
+    expect(sent?.report?.blockDevice.map((d) => d.serialNumber)).toContain('LAB-RAID-0001');
+    // Loaded because the controller asked for it.
+    expect(await serialText()).toMatch(/bmaas-init: drivers loaded: .*\bmegaraid_sas\b/);
+    // Every storage and network controller of the VM has its driver: no warning names one.
+    expect(sent?.warning.filter((w) => w.includes('no driver bound'))).toEqual([]);
+    vm.kill('SIGKILL');
+    vms.delete(vm);
+  });
 });

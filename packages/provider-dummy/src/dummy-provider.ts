@@ -5,6 +5,7 @@ import { addProvided, newMachine } from '@bmaas/bmdb-controlloop';
 import {
   type AcceptedPowerCommand,
   type AgentBootControl,
+  type AgentBootEnd,
   AgentBootError,
   type AgentBootMedia,
   type AgentBootStarted,
@@ -230,9 +231,9 @@ export class DummyProvider implements Provider, PowerControl, AgentBootControl {
     return { method, detail: `${how}; ${power.command}` };
   }
 
-  /** Ends a pretend agent boot: its media is removed. */
-  async endAgentBoot(id: string): Promise<void> {
-    this.agentBootMedia.delete(this.#known(id));
+  /** Ends a pretend agent boot: its media is removed if it is this boot's (another boot's stays). */
+  async endAgentBoot(id: string, boot: AgentBootEnd): Promise<void> {
+    if (this.agentBootMedia.get(this.#known(id))?.isoUrl === boot.media.isoUrl) this.agentBootMedia.delete(id);
   }
 
   #known(id: string): string {

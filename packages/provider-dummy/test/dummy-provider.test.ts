@@ -300,7 +300,10 @@ describe('simulated power', () => {
     expect(await provider.bootAgent('dummy-000001', media)).toMatchObject({ detail: /simulated power cycle$/ });
     expect(provider.powerCycles.get('dummy-000001')).toBe(1);
     expect(provider.agentBootMedia.get('dummy-000001')).toEqual(media);
-    await provider.endAgentBoot('dummy-000001');
+    // Another boot's end leaves this boot's media; its own removes it.
+    await provider.endAgentBoot('dummy-000001', { method: 'network', media: { isoUrl: `${media.isoUrl}.old` } });
+    expect(provider.agentBootMedia.get('dummy-000001')).toEqual(media);
+    await provider.endAgentBoot('dummy-000001', { method: 'network', media });
     expect(provider.agentBootMedia.has('dummy-000001')).toBe(false);
 
     const cd = new DummyProvider({ capacity: 1, agentBoot: 'virtual-media' });

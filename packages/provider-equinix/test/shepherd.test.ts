@@ -379,6 +379,8 @@ describe('orphans through the provisioner', () => {
         created: [],
         failed: [],
         bootMethodsChanged: 0,
+        retired: [],
+        forgotten: [],
       });
     } finally {
       await session.close();

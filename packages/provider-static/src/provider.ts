@@ -15,6 +15,7 @@ import { describeError, Secret } from '@bmaas/common';
 import {
   type AcceptedPowerCommand,
   type AgentBootControl,
+  type AgentBootEnd,
   AgentBootError,
   type AgentBootMedia,
   type AgentBootStarted,
@@ -250,7 +251,11 @@ export class StaticProvider implements Provider, PowerControl, AgentBootControl 
     if (method === 'virtual-media') {
       // The inventory allows virtual-media with a Redfish BMC only.
       if (!(bmc instanceof RedfishBmc)) throw new AgentBootError(id, 'virtual-media needs a Redfish BMC');
-      const inserted = await bmc.insertVirtualMedia(media.isoUrl, signal).catch((error: unknown) => {
+      const isoUrl = media.isoUrl;
+      if (isoUrl === undefined) {
+        throw new AgentBootError(id, 'virtual-media, but no ISO was made for this boot (its inventory said network)');
+      }
+      const inserted = await bmc.insertVirtualMedia(isoUrl, signal).catch((error: unknown) => {
         if (error instanceof VirtualMediaUnsupportedError && entry.macs.length > 0) return error;
         throw error;
       });
@@ -260,7 +265,7 @@ export class StaticProvider implements Provider, PowerControl, AgentBootControl 
         method = 'network';
       } else {
         steps.push(
-          `${inserted.ejected ? 'ejected, then ' : ''}inserted ${mediaName(media.isoUrl)} in virtual media ${inserted.media}`,
+          `${inserted.ejected ? 'ejected, then ' : ''}inserted ${mediaName(isoUrl)} in virtual media ${inserted.media}`,
         );
         steps.push(await bmc.setCdBootOnce(entry.bootMode, signal));
       }
@@ -276,20 +281,22 @@ export class StaticProvider implements Provider, PowerControl, AgentBootControl 
   }
 
   /**
-   * Ends the machine's agent boot: ejects its virtual media (a
-   * `virtual-media` machine's; nothing when its BMC has none, as it then
-   * was network-booted). Nothing for a network boot.
+   * Ends one agent boot of the machine: a boot started with virtual media
+   * has its image ejected if the CD still holds it (`boot.media.isoUrl`);
+   * another boot's image, inserted since, stays. The method is the one the
+   * boot started with, whatever the inventory says now. Nothing for a
+   * network boot, nor when the BMC has no virtual media.
    *
    * @throws {@link MachineNotFoundError} when the inventory does not have it
    * @throws {@link BmcError} subclasses when the BMC does not eject
    */
-  async endAgentBoot(id: string, signal?: AbortSignal): Promise<void> {
-    const entry = await this.#entry(id, signal);
-    if (entry.agentBoot !== 'virtual-media') return;
+  async endAgentBoot(id: string, boot: AgentBootEnd, signal?: AbortSignal): Promise<void> {
+    const image = boot.media.isoUrl;
+    if (boot.method !== 'virtual-media' || image === undefined) return;
     const bmc = await this.bmcOf(id, signal);
     if (!(bmc instanceof RedfishBmc)) return;
     try {
-      await bmc.ejectVirtualMedia(signal);
+      await bmc.ejectVirtualMedia(image, signal);
     } catch (error) {
       if (!(error instanceof VirtualMediaUnsupportedError)) throw error;
     }

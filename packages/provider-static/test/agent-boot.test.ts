@@ -185,8 +185,8 @@ describe('virtual media through Redfish', () => {
     );
     expect(bmc.told('nocd2')).toEqual([]);
     // Its agent boot's end has nothing to eject.
-    await p.endAgentBoot('nocd2');
-    await p.endAgentBoot('nocd1');
+    await p.endAgentBoot('nocd2', { method: 'virtual-media', media });
+    await p.endAgentBoot('nocd1', { method: 'network', media });
   });
 
   test('a BMC that does not allow a Cd override is named; nothing is powered', async () => {
@@ -242,15 +242,46 @@ describe('virtual media through Redfish', () => {
   test('the agent boot’s end ejects the media, once', async () => {
     const p = await providerOf([redfishMachine('cd7', { agentBoot: 'virtual-media' })]);
     await p.bootAgent('cd7', media);
-    await p.endAgentBoot('cd7');
+    await p.endAgentBoot('cd7', { method: 'virtual-media', media });
     expect(bmc.virtualMedia('cd7').inserted).toBe(false);
-    await p.endAgentBoot('cd7');
+    await p.endAgentBoot('cd7', { method: 'virtual-media', media });
     expect(bmc.told('cd7')).toEqual([
       `InsertMedia ${ISO} (HTTPS)`,
       'BootOverride Cd Once UEFI',
       'Reset ForceRestart',
       'EjectMedia',
     ]);
+  });
+
+  test('the end of a boot whose claim was lost leaves the next boot’s image inserted', async () => {
+    const p = await providerOf([redfishMachine('cd10', { agentBoot: 'virtual-media' })]);
+    const next = { isoUrl: 'https://shepherd.example:8443/agent-boot/next/agent.iso' };
+    await p.bootAgent('cd10', media);
+    // The next boot, by the task that claimed the machine after this one lost it.
+    await p.bootAgent('cd10', next);
+    await p.endAgentBoot('cd10', { method: 'virtual-media', media });
+    expect(bmc.virtualMedia('cd10')).toMatchObject({ inserted: true, image: next.isoUrl });
+    expect(bmc.told('cd10').filter((told) => told === 'EjectMedia')).toHaveLength(1);
+    await p.endAgentBoot('cd10', { method: 'virtual-media', media: next });
+    expect(bmc.virtualMedia('cd10').inserted).toBe(false);
+    expect(bmc.told('cd10').at(-1)).toBe('EjectMedia');
+  });
+
+  test('a machine moved to network in the inventory mid-boot has its virtual media boot’s image ejected', async () => {
+    const entry = redfishMachine('cd11', { agentBoot: 'virtual-media' });
+    const file = path.join(dir, 'inventory-moved.json');
+    await writeFile(file, JSON.stringify([entry]), { mode: 0o600 });
+    const p = new StaticProvider({ inventory: file, redfish });
+    await p.listMachines();
+    await p.bootAgent('cd11', media);
+    await writeFile(
+      file,
+      JSON.stringify([{ ...(entry as object), agentBoot: 'network', macs: ['52:54:00:00:11:11'] }]),
+    );
+    expect((await p.listMachines())[0]?.agentBoot).toBe('network');
+    await p.endAgentBoot('cd11', { method: 'virtual-media', media });
+    expect(bmc.virtualMedia('cd11').inserted).toBe(false);
+    expect(bmc.told('cd11').at(-1)).toBe('EjectMedia');
   });
 
   test('a network boot through Redfish: a one-time Pxe override, then power on or restart; nothing to eject', async () => {
@@ -264,7 +295,7 @@ describe('virtual media through Redfish', () => {
     expect(await p.bootAgent('pxe1', media)).toEqual({ method: 'network', detail: 'boot override Pxe (Once); On' });
     expect(bmc.told('pxe1')).toEqual(['BootOverride Pxe Once', 'Reset On']);
     const requests = bmc.requests.length;
-    await p.endAgentBoot('pxe1');
+    await p.endAgentBoot('pxe1', { method: 'network', media });
     expect(bmc.requests.length).toBe(requests);
   });
 
@@ -348,7 +379,7 @@ describe.skipIf(!hasIpmiTools)('network boot through IPMI (ipmi_sim)', () => {
       'chassis power status',
       'chassis power reset',
     ]);
-    expect(await p.endAgentBoot('ipmi1')).toBeUndefined();
+    expect(await p.endAgentBoot('ipmi1', { method: 'network', media })).toBeUndefined();
     expect((await commands()).at(-1)).toBe('chassis power reset');
   });
 

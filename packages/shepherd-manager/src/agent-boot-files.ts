@@ -6,24 +6,29 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { AGENT_KERNEL_ARGUMENTS, agentEnrollmentArchive, configureAgentIso } from '@bmaas/agent';
+import { type Database, liveNetworkBoot, liveNetworkBootsByMac, serveNetworkBootConfig } from '@bmaas/bmdb-controlloop';
 import { describeError, type Secret } from '@bmaas/common';
+import { fromBinary } from '@bufbuild/protobuf';
+import type { Kysely } from 'kysely';
 import { type FileSent, sendFile } from './boot-files/file-response.js';
 import { agentBootScript, noAgentBootScript, normalizeMac } from './boot-files/ipxe.js';
 import { type AgentBootFilesLimits, agentBootFilesLimits, holdConnections } from './boot-files/limits.js';
-import type { TakeoverInit } from './gen/cloud/agent/api/takeover_pb.js';
+import { type TakeoverInit, TakeoverInitSchema } from './gen/cloud/agent/api/takeover_pb.js';
 import { detail, log } from './internal.js';
 import { ShepherdError } from './provider.js';
 
 /** The agent image's files, as `shepherd agent-image build --out DIR` names them. */
 const IMAGE_FILES = ['vmlinuz', 'initramfs', 'agent.iso'] as const;
-/** A boot's files under its unguessable path. */
-const BOOT_FILES = ['agent.iso', 'config.cpio', 'script.ipxe'] as const;
 const PREFIX = '/agent-boot';
+/** A boot's capability: the unguessable part of its URLs, 32 random bytes. */
+const CAPABILITY_BYTES = 32;
 
 /** Where and how {@link AgentBootFiles} serves. */
 export interface AgentBootFilesOptions {
   /** The directory `shepherd agent-image build --out DIR` wrote: `vmlinuz`, `initramfs`, `agent.iso`. */
   readonly imageDir: string;
+  /** The BMDB the network boots are answered from, whichever process armed them (`bmdb.db`). */
+  readonly db: Kysely<Database>;
   /** Where this server's directory of boots is made (and removed at close). Default the system's temporary directory. */
   readonly workDir?: string | undefined;
   /** The address to listen on; port 0: any free port. */
@@ -40,27 +45,24 @@ export interface AgentBootFilesOptions {
   readonly limits?: Partial<AgentBootFilesLimits> | undefined;
 }
 
-/** One boot of one machine's agent, as {@link AgentBootFiles.prepare} takes it. */
+/** One virtual media boot of one machine's agent, as {@link AgentBootFiles.prepare} takes it. */
 export interface AgentBootRequest {
   readonly machineId: string;
-  /** The machine's NIC MAC addresses its iPXE script is matched by (any case, colons or dashes); empty: none. */
-  readonly macs: readonly string[];
   /** The takeover's settings the agent enrolls with: machine ID, BMaaS endpoint, its CA. */
   readonly init: TakeoverInit;
-  /** This boot's enrollment token; it is written into the boot's config and nowhere else. */
+  /** This boot's enrollment token; it is written into the boot's ISO and nowhere else. */
   readonly token: Secret;
   /** The agent's flags (`--interval=10s`), written into the boot's config beside the token. */
   readonly flags?: readonly string[];
 }
 
-/** Where a machine's BMC or iPXE fetches its boot; the paths are unguessable, and hold the token's files. */
+/** Where a machine's BMC fetches its virtual media boot; the path is unguessable, and the ISO holds the token. */
 export interface PreparedAgentBoot {
-  /** This boot's ISO (the image's, with this boot's config), for virtual media. */
+  readonly machineId: string;
+  /** The unguessable part of the boot's URL, by which it is forgotten. Never log it. */
+  readonly capability: string;
+  /** This boot's ISO (the image's, with this boot's config as `/boot/config.cpio`). */
   readonly isoUrl: string;
-  /** This boot's config initramfs (`/etc/bmaas/enrollment.json`). */
-  readonly configUrl: string;
-  /** This boot's iPXE script (also answered at `/agent-boot/ipxe?mac=` for each of the machine's MACs). */
-  readonly ipxeScriptUrl: string;
 }
 
 /** The boot files could not be served or a boot not prepared; names the machine when one is involved. */
@@ -76,45 +78,48 @@ export class AgentBootFilesError extends ShepherdError {
   }
 }
 
-/** A prepared boot: its capability, its directory and its script. */
-interface Boot {
+/** A prepared virtual media boot: its machine and directory, by capability. */
+interface MediaBoot {
   readonly machineId: string;
-  readonly capability: string;
   readonly dir: string;
-  readonly macs: readonly string[];
-  readonly script: string;
 }
 
 /**
  * The HTTP(S) server a machine's BMC or iPXE boots the agent from: the agent
  * image (`/agent-boot/vmlinuz`, `/agent-boot/initramfs`, `/agent-boot/agent.iso`),
- * each boot's ISO, config initramfs and iPXE script under an unguessable path
- * (`/agent-boot/b/<capability>/...`), and `GET /agent-boot/ipxe?mac=...`, the
- * prepared script of the machine with that MAC. Files are answered in ranges
- * (BMCs fetch ISOs in pieces), with HEAD and ETag, streamed from disk. HTTP/1.1
- * alone: that is what BMCs and iPXE speak.
+ * each virtual media boot's ISO under an unguessable path
+ * (`/agent-boot/b/<capability>/agent.iso`), and each network boot's iPXE
+ * script (`GET /agent-boot/ipxe?mac=...` by the machine's MAC, and
+ * `/agent-boot/b/<capability>/script.ipxe`) and config
+ * (`/agent-boot/b/<capability>/config.cpio`). Files are answered in ranges
+ * (BMCs fetch ISOs in pieces), with HEAD and ETag, streamed from disk.
+ * HTTP/1.1 alone: that is what BMCs and iPXE speak.
  *
- * It runs in the process that issues the enrollment tokens, so a token's plain
- * text stays in that process and this server's work directory (mode 0700, its
- * files 0600) until the boot is forgotten. Capabilities and tokens are never
- * logged; requests are, by machine, file and range.
+ * A virtual media boot is this process's ({@link AgentBootFiles.prepare}):
+ * its token's plain text stays in this process and this server's work
+ * directory (mode 0700, its files 0600) until the boot is forgotten, and it
+ * is never answered by MAC. A network boot is the BMDB's (`armNetworkBoot`,
+ * by the agent booter of whichever process claimed the machine): any
+ * process's boot files answer its script while it is live, and serve its
+ * config once, with a token minted as it is served (`serveNetworkBootConfig`);
+ * a second fetch is refused (410) and fails the boot. Capabilities and
+ * tokens are never logged; requests are, by machine, file and range.
  */
 export class AgentBootFiles {
   readonly #server: Server;
   readonly #imageDir: string;
   readonly #workDir: string;
   readonly #publicUrl: string;
-  readonly #byMachine = new Map<string, Boot>();
-  readonly #byCapability = new Map<string, Boot>();
-  /** MAC (lower case, colons) → the machine prepared with it last. */
-  readonly #byMac = new Map<string, string>();
-  /** Each machine's prepare and forget, in the order called. */
-  readonly #queues = new Map<string, Promise<unknown>>();
+  readonly #db: Kysely<Database>;
+  readonly #byCapability = new Map<string, MediaBoot>();
+  /** Prepares under way, which close waits for. */
+  readonly #preparing = new Set<Promise<unknown>>();
   #closed = false;
 
-  private constructor(server: Server, imageDir: string, workDir: string, publicUrl: string) {
+  private constructor(server: Server, options: AgentBootFilesOptions, workDir: string, publicUrl: string) {
     this.#server = server;
-    this.#imageDir = imageDir;
+    this.#imageDir = options.imageDir;
+    this.#db = options.db;
     this.#workDir = workDir;
     this.#publicUrl = publicUrl;
   }
@@ -180,7 +185,7 @@ export class AgentBootFiles {
     const shownHost = host.includes(':') ? `[${host}]` : host;
     files = new AgentBootFiles(
       server,
-      options.imageDir,
+      options,
       workDir,
       publicUrl ?? `${options.tls ? 'https' : 'http'}://${shownHost}:${bound}`,
     );
@@ -199,27 +204,32 @@ export class AgentBootFiles {
   }
 
   /**
-   * Makes one boot of a machine's agent: its config initramfs holding the
-   * enrollment token (`agentEnrollmentArchive`), its ISO (the image's with
-   * that config as `/boot/config.cpio`), and its iPXE script, under a new
-   * unguessable path. A machine prepared before has that boot replaced: its
-   * old URLs answer 404 from then on. Its MACs answer its script at
-   * `/agent-boot/ipxe?mac=...`.
+   * Makes one virtual media boot of a machine's agent: its config initramfs
+   * holding the enrollment token (`agentEnrollmentArchive`) and its ISO (the
+   * image's with that config as `/boot/config.cpio`), under a new
+   * unguessable path, served until {@link AgentBootFiles.forget} forgets
+   * this boot. Another boot of the machine, prepared before or since, is
+   * left alone. No MAC answers it: a network boot is armed in the BMDB.
    *
-   * @throws {@link AgentBootFilesError} naming the machine: a MAC that is not one, the ISO not made, or the server closed
+   * @throws {@link AgentBootFilesError} naming the machine: the ISO not made, or the server closed
    */
   prepare(boot: AgentBootRequest): Promise<PreparedAgentBoot> {
-    return this.#inOrder(boot.machineId, () => this.#prepare(boot));
+    const preparing = this.#prepare(boot);
+    this.#preparing.add(preparing);
+    void preparing.then(
+      () => this.#preparing.delete(preparing),
+      () => this.#preparing.delete(preparing),
+    );
+    return preparing;
   }
 
-  /** Removes a machine's boot (after its enrollment, or giving up): its files are gone, its URLs and MACs answer nothing. */
-  forget(machineId: string): Promise<void> {
-    return this.#inOrder(machineId, async () => {
-      const boot = this.#byMachine.get(machineId);
-      if (boot === undefined) return;
-      await this.#remove(boot);
-      log.bootFiles('forgot the agent boot of machine %s', machineId);
-    });
+  /** Removes this boot (after its enrollment, or giving up): its files are gone, its URL answers 404. */
+  async forget(boot: PreparedAgentBoot): Promise<void> {
+    const prepared = this.#byCapability.get(boot.capability);
+    if (prepared === undefined) return;
+    this.#byCapability.delete(boot.capability);
+    await rm(prepared.dir, { recursive: true, force: true });
+    log.bootFiles('forgot an agent boot of machine %s', prepared.machineId);
   }
 
   /** Stops listening, ends open connections and removes every boot's files. */
@@ -230,117 +240,55 @@ export class AgentBootFiles {
       this.#server.close(() => resolve());
       this.#server.closeAllConnections();
     });
-    await Promise.allSettled(this.#queues.values());
-    this.#byMachine.clear();
+    await Promise.allSettled(this.#preparing);
     this.#byCapability.clear();
-    this.#byMac.clear();
     await rm(this.#workDir, { recursive: true, force: true });
   }
 
   async #prepare(request: AgentBootRequest): Promise<PreparedAgentBoot> {
     const { machineId } = request;
     if (this.#closed) throw new AgentBootFilesError(machineId, 'agent boot files are closed');
-    const macs = request.macs.map((mac) => {
-      const normalized = normalizeMac(mac);
-      if (normalized === undefined) {
-        throw new AgentBootFilesError(
-          machineId,
-          `MAC address ${JSON.stringify(mac)} is not one (want aa:bb:cc:dd:ee:ff)`,
-        );
-      }
-      return normalized;
-    });
-    const capability = randomBytes(32).toString('base64url');
+    const capability = newCapability();
     const dir = await mkdtemp(path.join(this.#workDir, 'boot-'));
-    const urls = this.#bootUrls(capability);
-    const script = agentBootScript(
-      {
-        kernel: `${this.#publicUrl}${PREFIX}/vmlinuz`,
-        initramfs: `${this.#publicUrl}${PREFIX}/initramfs`,
-        config: urls.configUrl,
-      },
-      AGENT_KERNEL_ARGUMENTS,
-    );
     try {
       const config = path.join(dir, 'config.cpio');
       await writeFile(
         config,
         agentEnrollmentArchive({ init: request.init, token: request.token, flags: request.flags ?? [] }),
-        {
-          mode: 0o600,
-        },
+        { mode: 0o600 },
       );
-      await writeFile(path.join(dir, 'script.ipxe'), script, { mode: 0o600 });
       const iso = path.join(dir, 'agent.iso');
       await configureAgentIso(path.join(this.#imageDir, 'agent.iso'), config, iso);
       await chmod(iso, 0o600);
+      // The ISO holds the config; the config alone is served to no one.
+      await rm(config);
     } catch (error) {
       await rm(dir, { recursive: true, force: true });
       throw new AgentBootFilesError(
         machineId,
         `cannot make its agent boot files: ${request.token.scrub(describeError(error))}`,
-        {
-          cause: error,
-        },
+        { cause: error },
       );
     }
     if (this.#closed) {
       await rm(dir, { recursive: true, force: true });
       throw new AgentBootFilesError(machineId, 'agent boot files are closed');
     }
-    const previous = this.#byMachine.get(machineId);
-    if (previous) await this.#remove(previous);
-    const boot: Boot = { machineId, capability, dir, macs, script };
-    this.#byMachine.set(machineId, boot);
-    this.#byCapability.set(capability, boot);
-    for (const mac of macs) {
-      const other = this.#byMac.get(mac);
-      if (other !== undefined && other !== machineId) {
-        log.bootFiles(
-          'MAC %s of machine %s was machine %s’s: its iPXE script is machine %s’s now',
-          mac,
-          machineId,
-          other,
-          machineId,
-        );
-      }
-      this.#byMac.set(mac, machineId);
-    }
-    log.bootFiles(
-      'prepared an agent boot of machine %s (ISO, config, iPXE script%s)',
-      machineId,
-      macs.length ? ` for ${macs.join(', ')}` : '',
+    this.#byCapability.set(capability, { machineId, dir });
+    log.bootFiles('prepared a virtual media boot of machine %s', machineId);
+    return { machineId, capability, isoUrl: `${this.#publicUrl}${PREFIX}/b/${capability}/agent.iso` };
+  }
+
+  /** The iPXE script of the network boot of `capability`, with this server's URLs. */
+  #script(capability: string): string {
+    return agentBootScript(
+      {
+        kernel: `${this.#publicUrl}${PREFIX}/vmlinuz`,
+        initramfs: `${this.#publicUrl}${PREFIX}/initramfs`,
+        config: `${this.#publicUrl}${PREFIX}/b/${capability}/config.cpio`,
+      },
+      AGENT_KERNEL_ARGUMENTS,
     );
-    return urls;
-  }
-
-  #bootUrls(capability: string): PreparedAgentBoot {
-    const base = `${this.#publicUrl}${PREFIX}/b/${capability}`;
-    return { isoUrl: `${base}/agent.iso`, configUrl: `${base}/config.cpio`, ipxeScriptUrl: `${base}/script.ipxe` };
-  }
-
-  async #remove(boot: Boot): Promise<void> {
-    this.#byMachine.delete(boot.machineId);
-    this.#byCapability.delete(boot.capability);
-    for (const mac of boot.macs) {
-      if (this.#byMac.get(mac) === boot.machineId) this.#byMac.delete(mac);
-    }
-    await rm(boot.dir, { recursive: true, force: true });
-  }
-
-  /** Runs `act` after the machine's earlier prepare or forget settled, so the last call wins. */
-  #inOrder<T>(machineId: string, act: () => Promise<T>): Promise<T> {
-    const previous = this.#queues.get(machineId) ?? Promise.resolve();
-    const result = previous.then(act, act);
-    const settled = result.then(
-      () => undefined,
-      () => undefined,
-    );
-    this.#queues.set(machineId, settled);
-    void settled.then(() => {
-      if (this.#queues.get(machineId) === settled) this.#queues.delete(machineId);
-    });
-    return result;
   }
 
   async #answer(request: IncomingMessage, response: ServerResponse): Promise<void> {
@@ -356,7 +304,7 @@ export class AgentBootFiles {
     }
     try {
       if (route.path === 'ipxe') {
-        this.#answerIpxe(route.query.get('mac'), request, response, from);
+        await this.#answerIpxe(route.query.get('mac'), request, response, from);
         return;
       }
       const image = IMAGE_FILES.find((file) => file === route.path);
@@ -368,31 +316,37 @@ export class AgentBootFiles {
         detail.bootFiles('%s %s %s', from, image, describeSent(sent));
         return;
       }
-      const bootFile = /^b\/([A-Za-z0-9_-]{43})\/([a-z.]+)$/.exec(route.path);
-      const boot = bootFile ? this.#byCapability.get(bootFile[1] ?? '') : undefined;
-      const name = BOOT_FILES.find((file) => file === bootFile?.[2]);
-      if (boot === undefined || name === undefined) {
-        // Never the path: a capability mistyped by one character is still nearly one.
-        detail.bootFiles(
-          '%s asked for %s, which is not served',
-          from,
-          route.path.startsWith('b/') ? 'a boot file' : 'a path',
-        );
-        response.writeHead(404, { 'content-type': 'text/plain; charset=utf-8' }).end('not found\n');
-        return;
+      const [, capability = '', name = ''] = /^b\/([A-Za-z0-9_-]{43})\/([a-z.]+)$/.exec(route.path) ?? [];
+      if (name === 'agent.iso') {
+        const boot = this.#byCapability.get(capability);
+        if (boot !== undefined) {
+          const sent = await sendFile(request, response, path.join(boot.dir, name), {
+            contentType: contentType(name),
+            cacheControl: 'no-store',
+          });
+          // A BMC reads an ISO in many ranges: one line each is a detail.
+          detail.bootFiles('machine %s: %s %s to %s', boot.machineId, name, describeSent(sent), from);
+          return;
+        }
       }
-      const sent = await sendFile(request, response, path.join(boot.dir, name), {
-        contentType: contentType(name),
-        cacheControl: 'no-store',
-      });
-      // A BMC reads an ISO in many ranges: one line each is a detail; the config and script are read once.
-      (name === 'agent.iso' ? detail : log).bootFiles(
-        'machine %s: %s %s to %s',
-        boot.machineId,
-        name,
-        describeSent(sent),
+      if (name === 'script.ipxe') {
+        const machineId = await liveNetworkBoot(this.#db, capability);
+        if (machineId !== undefined) {
+          log.bootFiles('machine %s: iPXE script to %s', machineId, from);
+          sendText(request, response, this.#script(capability));
+          return;
+        }
+      }
+      if (name === 'config.cpio' && request.method === 'GET') {
+        if (await this.#serveConfig(capability, response, from)) return;
+      }
+      // Never the path: a capability mistyped by one character is still nearly one.
+      detail.bootFiles(
+        '%s asked for %s, which is not served',
         from,
+        route.path.startsWith('b/') ? 'a boot file' : 'a path',
       );
+      response.writeHead(404, { 'content-type': 'text/plain; charset=utf-8' }).end('not found\n');
     } catch (error) {
       log.bootFiles('answering %s failed: %s', from, describeError(error));
       if (!response.headersSent) response.writeHead(500).end();
@@ -400,29 +354,95 @@ export class AgentBootFiles {
     }
   }
 
-  #answerIpxe(macParameter: string | null, request: IncomingMessage, response: ServerResponse, from: string): void {
+  /**
+   * Serves a network boot's config, once (see `serveNetworkBootConfig`):
+   * answers 410 to a fetch after that, which fails the boot. False for a
+   * capability no network boot has. A HEAD is never answered: it would spend the one serve.
+   */
+  async #serveConfig(capability: string, response: ServerResponse, from: string): Promise<boolean> {
+    const config = await serveNetworkBootConfig(this.#db, capability, from);
+    if (config === undefined) return false;
+    if (!config.served) {
+      if (config.reason === 'AlreadyServed') {
+        log.bootFiles(
+          'machine %s: the config of its network boot was fetched again, by %s, after it was served to %s: refused, and the boot fails%s',
+          config.machineId,
+          from,
+          config.servedTo,
+          config.distrusted ? '; the agent its token enrolled is trusted no more' : '',
+        );
+      } else {
+        log.bootFiles(
+          'machine %s: the config of its network boot was fetched by %s while no boot waits for it: refused',
+          config.machineId,
+          from,
+        );
+      }
+      response.writeHead(410, { 'content-type': 'text/plain; charset=utf-8' }).end('gone\n');
+      return true;
+    }
+    const archive = agentEnrollmentArchive({
+      init: fromBinary(TakeoverInitSchema, config.takeoverInit),
+      token: config.token.token,
+      flags: config.agentFlags,
+    });
+    response.writeHead(200, {
+      'content-type': contentType('config.cpio'),
+      'content-length': archive.length,
+      'cache-control': 'no-store',
+    });
+    response.end(archive);
+    log.bootFiles('machine %s: config.cpio of its network boot served to %s', config.machineId, from);
+    return true;
+  }
+
+  async #answerIpxe(
+    macParameter: string | null,
+    request: IncomingMessage,
+    response: ServerResponse,
+    from: string,
+  ): Promise<void> {
     const mac = macParameter === null ? undefined : normalizeMac(macParameter);
-    const machineId = mac === undefined ? undefined : this.#byMac.get(mac);
-    const boot = machineId === undefined ? undefined : this.#byMachine.get(machineId);
+    const boots = mac === undefined ? [] : await liveNetworkBootsByMac(this.#db, mac);
+    const [boot, other] = boots;
     let script: string;
     if (mac === undefined) {
       log.bootFiles('%s asked for an iPXE script without a MAC address (its DHCP boot URL lacks ?mac=)', from);
       script = noAgentBootScript('no MAC address in the request: the DHCP boot URL needs ?mac= and net0/mac');
     } else if (boot === undefined) {
-      log.bootFiles('%s asked for the iPXE script of MAC %s: no agent boot is prepared for it', from, mac);
+      log.bootFiles('%s asked for the iPXE script of MAC %s: no network boot waits for it', from, mac);
       script = noAgentBootScript(`no agent boot is prepared for MAC ${mac}; going on to the next boot device`);
+    } else if (other !== undefined) {
+      log.bootFiles(
+        '%s asked for the iPXE script of MAC %s, which machines %s and %s both have (check the inventory): none answered',
+        from,
+        mac,
+        boot.machineId,
+        other.machineId,
+      );
+      script = noAgentBootScript(`MAC ${mac} is several machines' in the inventory; no agent boot`);
     } else {
       log.bootFiles('machine %s: iPXE script for MAC %s to %s', boot.machineId, mac, from);
-      script = boot.script;
+      script = this.#script(boot.capability);
     }
     // 200 even for no boot: iPXE runs no script from an error response, and this one says why on the console.
-    response.writeHead(200, {
-      'content-type': 'text/plain; charset=utf-8',
-      'content-length': Buffer.byteLength(script),
-      'cache-control': 'no-store',
-    });
-    response.end(request.method === 'HEAD' ? undefined : script);
+    sendText(request, response, script);
   }
+}
+
+/** A new boot's capability: 32 random bytes, base64url (43 characters). */
+export function newCapability(): string {
+  return randomBytes(CAPABILITY_BYTES).toString('base64url');
+}
+
+/** An iPXE script, never cached. */
+function sendText(request: IncomingMessage, response: ServerResponse, text: string): void {
+  response.writeHead(200, {
+    'content-type': 'text/plain; charset=utf-8',
+    'content-length': Buffer.byteLength(text),
+    'cache-control': 'no-store',
+  });
+  response.end(request.method === 'HEAD' ? undefined : text);
 }
 
 /**
@@ -444,7 +464,6 @@ function routeOf(target: string): { path: string; query: URLSearchParams } | und
 
 function contentType(file: string): string {
   if (file.endsWith('.iso')) return 'application/x-iso9660-image';
-  if (file.endsWith('.ipxe')) return 'text/plain; charset=utf-8';
   return 'application/octet-stream';
 }
 

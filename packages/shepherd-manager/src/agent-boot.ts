@@ -2,8 +2,20 @@ import { ShepherdError } from './provider.js';
 
 /** What an agent boot boots: this boot's agent ISO, which carries the machine's one-time enrollment token. */
 export interface AgentBootMedia {
-  /** Where the BMC fetches the ISO (`https://…/agent.iso`, under a path only this boot knows). */
-  readonly isoUrl: string;
+  /**
+   * Where the BMC fetches the ISO (`https://…/agent.iso`, under a path only
+   * this boot knows). Absent for a machine whose inventory says `network`:
+   * no ISO, and no token, is made for a boot that does not use one.
+   */
+  readonly isoUrl?: string | undefined;
+}
+
+/** The boot an {@link AgentBootControl.endAgentBoot} ends: how it was started, and with what. */
+export interface AgentBootEnd {
+  /** The method it started with (or was asked with, when `bootAgent` threw), whatever the inventory says now. */
+  readonly method: 'virtual-media' | 'network';
+  /** What `bootAgent` was given: only an image at this URL is ejected. */
+  readonly media: AgentBootMedia;
 }
 
 /** What a provider started: the boot method it used, and in its own words how (for logs and history). */
@@ -34,8 +46,12 @@ export interface AgentBootControl {
    * the power request; the agent's enrollment is awaited elsewhere.
    */
   bootAgent(id: string, media: AgentBootMedia, signal?: AbortSignal): Promise<AgentBootStarted>;
-  /** After enrollment (or giving up): ejects virtual media; nothing for a network boot. */
-  endAgentBoot(id: string, signal?: AbortSignal): Promise<void>;
+  /**
+   * After enrollment (or giving up): ejects the virtual media if it still
+   * holds this boot's image (`boot.media.isoUrl`), and nothing else: another
+   * boot's image, inserted since, stays. Nothing for a network boot.
+   */
+  endAgentBoot(id: string, boot: AgentBootEnd, signal?: AbortSignal): Promise<void>;
 }
 
 /** A machine's agent cannot be booted through its BMC; the message names the machine and what refused. */

@@ -9,6 +9,7 @@
 
 export {
   type AgentBootControl,
+  type AgentBootEnd,
   AgentBootError,
   type AgentBootMedia,
   type AgentBootStarted,
@@ -20,7 +21,12 @@ export {
   type AgentBootRequest,
   type PreparedAgentBoot,
 } from './agent-boot-files.js';
-export { AgentBooter, type AgentBooterOptions, AgentEnrollmentTimeoutError } from './agent-booter.js';
+export {
+  AgentBootConfigRefetchedError,
+  AgentBooter,
+  type AgentBooterOptions,
+  AgentEnrollmentTimeoutError,
+} from './agent-booter.js';
 export {
   AgentResponseError,
   type AgentResponseRejection,

@@ -1,11 +1,13 @@
 import {
   type AgentBootMethod,
   type BMDB,
+  forgetUnlistedRetiredMachines,
   type ProvidedMachine,
   ProviderStatus,
   parseLimiter,
   providedMachines,
   type RateLimiter,
+  retiredProviderIds,
   runRounds,
   type Session,
   SessionClosedError,
@@ -73,6 +75,10 @@ export interface ReconcileReport {
   readonly failed: readonly { readonly machine: Machine; readonly error: unknown }[];
   /** Machines whose boot method (`Machine.agentBoot`) the BMDB took from the provider in this pass. */
   readonly bootMethodsChanged: number;
+  /** Provider IDs the provider lists that are retired (decommissioned), so not brought in, sorted. */
+  readonly retired: readonly string[];
+  /** Retired machines forgotten in this pass, sorted: the provider lists them no more. */
+  readonly forgotten: readonly string[];
 }
 
 const PROCESSOR = 'shepherd-provisioner';
@@ -83,6 +89,12 @@ const PROCESSOR = 'shepherd-provisioner';
  * each machine in use in the BMDB (so the BMDB follows the inventory), checks
  * they agree, and creates machines from unused capacity. It claims no work:
  * creation is the provider's, recorded in the BMDB in the same step.
+ *
+ * A retired machine (decommissioned) the provider still lists is neither
+ * capacity nor missing from the BMDB: it is left out until an operator
+ * recommissions it; once the provider lists it no more (in a pass in which
+ * the provider and the BMDB agree), its retirement is forgotten, so an entry
+ * added again under its ID is a new machine.
  */
 export class Provisioner {
   readonly #maxCount: number;
@@ -142,19 +154,28 @@ export class Provisioner {
     const type = this.provider.type;
     const listing = new AbortController();
     const listingSignal = signal ? AbortSignal.any([signal, listing.signal]) : listing.signal;
-    let inProvider: Machine[];
+    let listed: Machine[];
     let provided: ProvidedMachine[];
+    let retiredIds: Set<string>;
     try {
       // In parallel; the first failure cancels the provider listing.
-      [inProvider, provided] = await Promise.all([
+      [listed, [provided, retiredIds]] = await Promise.all([
         this.provider.listMachines(listingSignal),
-        session.transact((q) => providedMachines(q, type)),
+        session.transact(async (q) => [await providedMachines(q, type), await retiredProviderIds(q, type)] as const),
       ]);
     } catch (error) {
       listing.abort(error);
       throw error;
     }
     const inBMDB = new Set(provided.map((m) => m.providerId));
+    // A machine the BMDB has is managed even if retired under its ID (brought back by hand, say).
+    const retired = (machine: Machine) =>
+      machine.id !== undefined && retiredIds.has(machine.id) && !inBMDB.has(machine.id);
+    const retiredListed = listed.filter(retired).map((m) => m.id as string);
+    if (retiredListed.length > 0) {
+      detail.provisioner('%s lists %d retired machine(s), left out: %s', type, retiredListed.length, retiredListed);
+    }
+    const inProvider = listed.filter((machine) => !retired(machine));
     // A machine whose provisioning failed for good may well be gone at the provider.
     const failedInBMDB = new Set(
       provided.filter((m) => m.providerStatus === ProviderStatus.ProvisioningFailedPermanent).map((m) => m.providerId),
@@ -184,6 +205,8 @@ export class Provisioner {
     if (missingFromBMDB.length > 0 || missingFromProvider.length > 0) {
       throw new ProviderDiscrepancyError(type, missingFromBMDB as string[], missingFromProvider.sort());
     }
+    // Only once they agree: a listing that lost machines (an inventory served empty) must not forget retirements.
+    const forgotten = await this.#forgetUnlisted(session, listed, retiredIds);
 
     const managed = [...used.keys()].filter((id) => inBMDB.has(id)).length;
     const wanted = this.#maxCount === 0 ? Number.POSITIVE_INFINITY : this.#maxCount - managed;
@@ -222,7 +245,31 @@ export class Provisioner {
         failed.push({ machine, error });
       }
     }
-    return { managed, available: available.length, created, failed, bootMethodsChanged };
+    return {
+      managed,
+      available: available.length,
+      created,
+      failed,
+      bootMethodsChanged,
+      retired: [...new Set(retiredListed)].sort(),
+      forgotten,
+    };
+  }
+
+  /** Forgets the retired machines `inProvider` lists no more; logs them. */
+  async #forgetUnlisted(
+    session: Session,
+    inProvider: readonly Machine[],
+    retiredIds: ReadonlySet<string>,
+  ): Promise<string[]> {
+    const listed = new Set(inProvider.flatMap((m) => (m.id === undefined ? [] : [m.id])));
+    if (![...retiredIds].some((id) => !listed.has(id))) return [];
+    const type = this.provider.type;
+    const forgotten = await session.transact((q) => forgetUnlistedRetiredMachines(q, type, [...listed]));
+    for (const id of forgotten) {
+      log.provisioner('forgot retired machine %s of %s: the provider lists it no more', id, type);
+    }
+    return forgotten;
   }
 
   /** `setAgentBootMethods`, one statement that writes only what changed; logs a change. */

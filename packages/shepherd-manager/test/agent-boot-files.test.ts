@@ -1,10 +1,12 @@
 /**
  * The agent boot files over a real server on 127.0.0.1, plain and over real
- * TLS: the image's files in ranges (as BMCs fetch ISOs), each boot's ISO and
- * config holding its machine's enrollment, the iPXE script by MAC, a boot
- * forgotten or replaced, and no capability or token in the log. The image is
- * a small ISO made here with xorriso (isolinux's boot record in it, as the real
- * image has), so no 50 MiB image is built.
+ * TLS, on a real BMDB: the image's files in ranges (as BMCs fetch ISOs), each
+ * virtual media boot's ISO holding its machine's enrollment (never answered
+ * by MAC), each network boot armed in the BMDB answered by MAC by every
+ * process's boot files and its config served once, with a token minted then,
+ * a boot forgotten by its own capability, and no capability or token in the
+ * log. The image is a small ISO made here with xorriso (isolinux's boot
+ * record in it, as the real image has), so no 50 MiB image is built.
  */
 import { execFile } from 'node:child_process';
 import { generateKeyPairSync, randomBytes, randomUUID } from 'node:crypto';
@@ -15,10 +17,25 @@ import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import {
+  agentEnrollment,
+  armNetworkBoot,
+  EnrollmentRefusedError,
+  endNetworkBoot,
+  enrollAgent,
+  networkBootState,
+  newMachine,
+  operatorHistory,
+  Process,
+  revokeEnrollmentToken,
+  setAgentHeartbeat,
+} from '@bmaas/bmdb-controlloop';
 import { certificatePem, Secret, selfSignedCertificate } from '@bmaas/common';
-import { create, fromBinary } from '@bufbuild/protobuf';
+import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { smallAgentImage } from '../../../test/support/agent-image.js';
+import { testBMDB } from '../../../test/support/database.js';
 import { captureDebugLog } from '../../../test/support/debug-log.js';
 import { eventually } from '../../../test/support/wait.js';
 import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
@@ -30,6 +47,8 @@ import {
 } from '../src/index.js';
 
 const run = promisify(execFile);
+const { bmdb } = await testBMDB();
+const q = bmdb.db;
 
 let dir: string;
 let imageDir: string;
@@ -98,13 +117,59 @@ function enrollmentOf(archive: Buffer) {
   };
 }
 
-function bootOf(machineId = randomUUID(), macs: readonly string[] = []): AgentBootRequest {
+function bootOf(machineId = randomUUID()): AgentBootRequest {
   return {
     machineId,
-    macs,
     init: create(TakeoverInitSchema, { machineId, bmaasEndpoint: 'bmaas.example:4443' }),
     token: new Secret(randomBytes(24).toString('base64url')),
   };
+}
+
+/** A machine the agent booter holds a claim on, as its loop does: a live session and its work row. */
+async function claimedMachine(): Promise<{ machineId: string; sessionId: string }> {
+  const machineId = await newMachine(q);
+  const { session_id: sessionId } = await q
+    .insertInto('sessions')
+    .values({
+      component_name: 'test',
+      runtime_info: 'agent boot files test',
+      interval_seconds: 3600,
+      deadline: sql<Date>`now() + interval '1 hour'`,
+    })
+    .returning('session_id')
+    .executeTakeFirstOrThrow();
+  await q
+    .insertInto('work')
+    .values({ machine_id: machineId, session_id: sessionId, process: Process.ShepherdAgentBoot })
+    .execute();
+  return { machineId, sessionId };
+}
+
+/** A network boot armed for a claimed machine, as the agent booter arms it. */
+async function armedBoot(macs: readonly string[]) {
+  const { machineId, sessionId } = await claimedMachine();
+  const bootId = randomUUID();
+  const capability = randomBytes(32).toString('base64url');
+  await armNetworkBoot(q, {
+    machineId,
+    bootId,
+    capability,
+    macs,
+    takeoverInit: toBinary(
+      TakeoverInitSchema,
+      create(TakeoverInitSchema, { machineId, bmaasEndpoint: 'bmaas.example:4443' }),
+    ),
+    agentFlags: ['--interval=3000ms'],
+    tokenValidForSeconds: 120,
+  });
+  return { machineId, sessionId, bootId, capability };
+}
+
+/** The URL in the script's `initrd` line of this boot's config. */
+function configUrlOf(script: string): string {
+  const url = /^initrd (\S+\/config\.cpio)$/m.exec(script)?.[1];
+  expect(url).toBeDefined();
+  return url ?? '';
 }
 
 /** The per-boot directories under `workDir`'s server directory. */
@@ -118,6 +183,7 @@ beforeAll(async () => {
   imageDir = await smallAgentImage(dir, image);
   files = await AgentBootFiles.start({
     imageDir,
+    db: q,
     workDir: path.join(dir, 'work'),
     listen: { host: '127.0.0.1', port: 0 },
   });
@@ -195,6 +261,7 @@ describe('the image files', () => {
       await copyFile(path.join(imageDir, file), path.join(ownDir, file));
     const own = await AgentBootFiles.start({
       imageDir: ownDir,
+      db: q,
       workDir: path.join(dir, 'work-if-range'),
       listen: { host: '127.0.0.1', port: 0 },
     });
@@ -249,13 +316,12 @@ describe('the image files', () => {
   });
 });
 
-describe('a boot', () => {
-  test('its ISO is the image’s with its machine’s enrollment as /boot/config.cpio, boot record kept; its config URL the same archive', async () => {
+describe('a virtual media boot', () => {
+  test('its ISO is the image’s with its machine’s enrollment as /boot/config.cpio, boot record kept; no config is served apart', async () => {
     const boot = bootOf();
     const prepared = await files.prepare(boot);
     expect(prepared.isoUrl).toMatch(new RegExp(`^${files.url}/agent-boot/b/[A-Za-z0-9_-]{43}/agent\\.iso$`));
-    expect(prepared.configUrl).toBe(prepared.isoUrl.replace(/agent\.iso$/, 'config.cpio'));
-    expect(prepared.ipxeScriptUrl).toBe(prepared.isoUrl.replace(/agent\.iso$/, 'script.ipxe'));
+    expect(prepared.isoUrl).toBe(`${files.url}/agent-boot/b/${prepared.capability}/agent.iso`);
 
     const iso = await fetchRaw(prepared.isoUrl);
     expect(iso.status).toBe(200);
@@ -276,31 +342,29 @@ describe('a boot', () => {
     await run('xorriso', ['-osirrox', 'on', '-indev', isoFile, '-extract', '/boot/vmlinuz', path.join(dir, 'vmlinuz')]);
     expect((await readFile(path.join(dir, 'vmlinuz'))).equals(image.vmlinuz)).toBe(true);
 
-    const configAnswer = await fetchRaw(prepared.configUrl);
-    expect(configAnswer.status).toBe(200);
-    expect(configAnswer.body.equals(config)).toBe(true);
+    // The token is in the ISO alone: neither a config nor a script is served under the boot's path.
+    for (const name of ['config.cpio', 'script.ipxe']) {
+      expect((await fetchRaw(prepared.isoUrl.replace(/agent\.iso$/, name))).status, name).toBe(404);
+    }
     // The ISO in pieces, as a BMC reads it.
     const piece = await fetchRaw(prepared.isoUrl, { headers: { range: 'bytes=32768-34815' } });
     expect(piece.status).toBe(206);
     expect(piece.body.equals(iso.body.subarray(32768, 34816))).toBe(true);
-    await files.forget(boot.machineId);
+    await files.forget(prepared);
   });
 
-  test('its files are mode 0600 in the work directory, and a forgotten boot’s files are gone from it', async () => {
+  test('its ISO is mode 0600 in the work directory, and a forgotten boot’s files are gone from it', async () => {
     const workDir = path.join(dir, 'work-modes');
-    const own = await AgentBootFiles.start({ imageDir, workDir, listen: { host: '127.0.0.1', port: 0 } });
+    const own = await AgentBootFiles.start({ imageDir, db: q, workDir, listen: { host: '127.0.0.1', port: 0 } });
     try {
-      const boot = bootOf();
-      await own.prepare(boot);
+      const prepared = await own.prepare(bootOf());
       const [serverDir = ''] = await readdir(workDir);
       expect((await stat(path.join(workDir, serverDir))).mode & 0o777).toBe(0o700);
       const [bootDir = ''] = await bootDirs(workDir);
       const names = (await readdir(path.join(workDir, serverDir, bootDir))).sort();
-      expect(names).toEqual(['agent.iso', 'config.cpio', 'script.ipxe']);
-      for (const name of names) {
-        expect((await stat(path.join(workDir, serverDir, bootDir, name))).mode & 0o777, name).toBe(0o600);
-      }
-      await own.forget(boot.machineId);
+      expect(names).toEqual(['agent.iso']);
+      expect((await stat(path.join(workDir, serverDir, bootDir, 'agent.iso'))).mode & 0o777).toBe(0o600);
+      await own.forget(prepared);
       expect(await bootDirs(workDir)).toEqual([]);
       await own.prepare(bootOf());
     } finally {
@@ -309,29 +373,198 @@ describe('a boot', () => {
     expect(await readdir(workDir)).toEqual([]);
   });
 
-  test('the iPXE script is answered by any of the machine’s MACs, with colons or dashes, in either case', async () => {
-    const boot = bootOf(randomUUID(), ['52:54:00:12:34:56', '52:54:00:AB:CD:EF']);
-    const prepared = await files.prepare(boot);
-    const script = (await fetchRaw(prepared.ipxeScriptUrl)).body.toString('utf8');
-    expect(script.split('\n')).toEqual([
-      '#!ipxe',
-      `kernel ${files.url}/agent-boot/vmlinuz console=tty0 console=ttyS0,115200 panic=10`,
-      `initrd ${files.url}/agent-boot/initramfs`,
-      `initrd ${prepared.configUrl}`,
-      'boot',
-      '',
-    ]);
-    for (const mac of ['52:54:00:12:34:56', '52-54-00-12-34-56', '52:54:00:AB:CD:EF', '52-54-00-ab-cd-ef']) {
-      const got = await fetchRaw(`${files.url}/agent-boot/ipxe?mac=${mac}`);
-      expect(got.status, mac).toBe(200);
-      expect(got.body.toString('utf8'), mac).toBe(script);
-    }
-    // What the script names is served: the kernel, the initramfs and this boot's config.
-    expect((await fetchRaw(prepared.configUrl)).status).toBe(200);
-    await files.forget(boot.machineId);
+  test('two boots of one machine are each forgotten by their own capability: forgetting the older leaves the newer served', async () => {
+    const machineId = randomUUID();
+    const older = await files.prepare(bootOf(machineId));
+    const newer = await files.prepare(bootOf(machineId));
+    expect(newer.isoUrl).not.toBe(older.isoUrl);
+    expect((await fetchRaw(older.isoUrl, { method: 'HEAD' })).status).toBe(200);
+    // The older boot's task ends late (its claim was lost): its end must not reach the newer boot.
+    await files.forget(older);
+    expect((await fetchRaw(older.isoUrl, { method: 'HEAD' })).status).toBe(404);
+    expect((await fetchRaw(newer.isoUrl, { method: 'HEAD' })).status).toBe(200);
+    await files.forget(newer);
+    expect((await fetchRaw(newer.isoUrl, { method: 'HEAD' })).status).toBe(404);
+    await files.forget(newer); // twice: nothing to do
   });
 
-  test('an unknown MAC, or none, gets a script that says why on the console and exits to the next boot device', async () => {
+  test('a closed server prepares nothing', async () => {
+    const own = await AgentBootFiles.start({
+      imageDir,
+      db: q,
+      workDir: path.join(dir, 'work-closed'),
+      listen: { host: '127.0.0.1', port: 0 },
+    });
+    await own.close();
+    const error = await own.prepare(bootOf()).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(AgentBootFilesError);
+    expect((error as Error).message).toMatch(/^machine [0-9a-f-]{36}: agent boot files are closed$/);
+  });
+});
+
+describe('a network boot', () => {
+  let other: AgentBootFiles;
+  beforeAll(async () => {
+    // A second shepherd process's boot files on the same BMDB.
+    other = await AgentBootFiles.start({
+      imageDir,
+      db: q,
+      workDir: path.join(dir, 'work-other'),
+      listen: { host: '127.0.0.1', port: 0 },
+    });
+  });
+  afterAll(() => other?.close());
+
+  test('its script is answered by any of its MACs, by every process’s boot files, each with its own URLs', async () => {
+    const boot = await armedBoot(['52:54:00:12:34:56', '52:54:00:ab:cd:ef']);
+    for (const server of [files, other]) {
+      const script = (await fetchRaw(`${server.url}/agent-boot/ipxe?mac=52:54:00:12:34:56`)).body.toString('utf8');
+      expect(script.split('\n')).toEqual([
+        '#!ipxe',
+        `kernel ${server.url}/agent-boot/vmlinuz console=tty0 console=ttyS0,115200 panic=10`,
+        `initrd ${server.url}/agent-boot/initramfs`,
+        `initrd ${server.url}/agent-boot/b/${boot.capability}/config.cpio`,
+        'boot',
+        '',
+      ]);
+      for (const mac of ['52-54-00-12-34-56', '52:54:00:AB:CD:EF', '52-54-00-ab-cd-ef']) {
+        const got = await fetchRaw(`${server.url}/agent-boot/ipxe?mac=${mac}`);
+        expect(got.status, mac).toBe(200);
+        expect(got.body.toString('utf8'), mac).toBe(script);
+      }
+      expect((await fetchRaw(`${server.url}/agent-boot/b/${boot.capability}/script.ipxe`)).body.toString()).toBe(
+        script,
+      );
+    }
+    await endNetworkBoot(q, boot.machineId, boot.bootId);
+  });
+
+  test('its config is served once, by whichever process is asked, with a token minted then for this boot; a second fetch is refused and recorded', async () => {
+    const boot = await armedBoot(['02:00:00:00:04:04']);
+    expect(await agentEnrollment(q, boot.machineId)).toBeUndefined();
+    const script = (await fetchRaw(`${other.url}/agent-boot/ipxe?mac=02:00:00:00:04:04`)).body.toString();
+    const configUrl = configUrlOf(script);
+    expect(configUrl.startsWith(other.url)).toBe(true);
+    // A HEAD would spend the one serve: it is not answered.
+    expect((await fetchRaw(configUrl, { method: 'HEAD' })).status).toBe(404);
+    const served = await fetchRaw(configUrl);
+    expect(served.status).toBe(200);
+    expect(served.headers['cache-control']).toBe('no-store');
+    const enrollment = enrollmentOf(served.body);
+    expect(enrollment.init.machineId).toBe(boot.machineId);
+    expect(parseCpio(served.body).get('etc/bmaas/agent-flags')?.data.toString()).toBe('--interval=3000ms\n');
+    // The token was minted as the config was served, for this boot; the database holds its hash alone.
+    const issued = await agentEnrollment(q, boot.machineId);
+    expect(issued?.bootId).toBe(boot.bootId);
+    expect(issued?.enrolledAt).toBeUndefined();
+    const stored = await q
+      .selectFrom('machine_network_boot')
+      .selectAll()
+      .where('machine_id', '=', boot.machineId)
+      .executeTakeFirstOrThrow();
+    expect(JSON.stringify(stored)).not.toContain(enrollment.token);
+
+    // Fetched again, from this process or the other: 410, the boot marked, the fetch in the machine's history.
+    for (const server of [files, other]) {
+      const again = await fetchRaw(`${server.url}/agent-boot/b/${boot.capability}/config.cpio`);
+      expect(again.status).toBe(410);
+      expect(again.body.toString()).not.toContain(enrollment.token);
+    }
+    const state = await networkBootState(q, boot.machineId, boot.bootId);
+    expect(state?.configServedTo).toBe('127.0.0.1');
+    expect(state?.configRefusedTo).toBe('127.0.0.1');
+    expect(state?.configRefusedAt).toBeInstanceOf(Date);
+    const history = await operatorHistory(q, boot.machineId);
+    expect(history.map((entry) => [entry.action, entry.outcome])).toEqual([
+      ['ServeBootConfig', 'Succeeded'],
+      ['ServeBootConfig', 'Refused'],
+      ['ServeBootConfig', 'Refused'],
+    ]);
+    expect(history[1]?.cause).toBe(
+      `machine ${boot.machineId}: its network boot's config was fetched again, by 127.0.0.1, after it was served to 127.0.0.1: the boot fails; its token had enrolled no agent`,
+    );
+    // The token served enrolls, once.
+    await enrollAgent(q, { machineId: boot.machineId, token: enrollment.token, agentPublicKey: randomBytes(32) });
+    expect((await agentEnrollment(q, boot.machineId))?.enrolledAt).toBeInstanceOf(Date);
+    await endNetworkBoot(q, boot.machineId, boot.bootId);
+  });
+
+  test('fetched again after its token enrolled an agent, that agent is trusted no more: its AgentStarted and heartbeat go', async () => {
+    const boot = await armedBoot([]);
+    const configUrl = `${files.url}/agent-boot/b/${boot.capability}/config.cpio`;
+    const { token } = enrollmentOf((await fetchRaw(configUrl)).body);
+    // Whoever was served first enrolled, and heartbeats.
+    await enrollAgent(q, { machineId: boot.machineId, token, agentPublicKey: randomBytes(32) });
+    await setAgentHeartbeat(q, boot.machineId);
+    expect((await fetchRaw(configUrl)).status).toBe(410);
+    const started = await q
+      .selectFrom('machine_agent_started')
+      .select('machine_id')
+      .where('machine_id', '=', boot.machineId)
+      .execute();
+    expect(started).toEqual([]);
+    const heartbeat = await q
+      .selectFrom('machine_agent_heartbeat')
+      .select('machine_id')
+      .where('machine_id', '=', boot.machineId)
+      .execute();
+    expect(heartbeat).toEqual([]);
+    const refused = (await operatorHistory(q, boot.machineId)).filter((entry) => entry.outcome === 'Refused');
+    expect(refused.map((entry) => entry.cause)).toEqual([
+      `machine ${boot.machineId}: its network boot's config was fetched again, by 127.0.0.1, after it was served to 127.0.0.1: the boot fails; the agent its token enrolled is trusted no more (AgentStarted removed), so the machine is booted again`,
+    ]);
+    await endNetworkBoot(q, boot.machineId, boot.bootId);
+  });
+
+  test('its config served together to two processes is served to one of them alone', async () => {
+    const boot = await armedBoot([]);
+    const answers = await Promise.all(
+      [files, other, files, other].map((server) =>
+        fetchRaw(`${server.url}/agent-boot/b/${boot.capability}/config.cpio`),
+      ),
+    );
+    expect(answers.map((answer) => answer.status).sort()).toEqual([200, 410, 410, 410]);
+    await endNetworkBoot(q, boot.machineId, boot.bootId);
+  });
+
+  test('its script and config are answered only while its boot waits: not once it ended, nor once its claim is gone', async () => {
+    const ended = await armedBoot(['02:00:00:00:05:05']);
+    expect(
+      configUrlOf((await fetchRaw(`${files.url}/agent-boot/ipxe?mac=02:00:00:00:05:05`)).body.toString()),
+    ).toContain(ended.capability);
+    expect(await endNetworkBoot(q, ended.machineId, ended.bootId)).toBe(true);
+    expect((await fetchRaw(`${files.url}/agent-boot/ipxe?mac=02:00:00:00:05:05`)).body.toString()).toMatch(
+      /no agent boot is prepared for MAC 02:00:00:00:05:05/,
+    );
+    expect((await fetchRaw(`${files.url}/agent-boot/b/${ended.capability}/script.ipxe`)).status).toBe(404);
+    // A fetch of its config after the end mints nothing, and is recorded against the machine.
+    expect((await fetchRaw(`${files.url}/agent-boot/b/${ended.capability}/config.cpio`)).status).toBe(410);
+    expect(await agentEnrollment(q, ended.machineId)).toBeUndefined();
+    expect((await operatorHistory(q, ended.machineId)).map((entry) => entry.outcome)).toEqual(['Refused']);
+
+    // The booter's process died: its session expired, its claim is gone with it.
+    const orphaned = await armedBoot(['02:00:00:00:06:06']);
+    await q
+      .updateTable('sessions')
+      .set({ deadline: sql<Date>`now() - interval '1 second'` })
+      .where('session_id', '=', orphaned.sessionId)
+      .execute();
+    expect((await fetchRaw(`${files.url}/agent-boot/ipxe?mac=02:00:00:00:06:06`)).body.toString()).toMatch(
+      /no agent boot is prepared/,
+    );
+    expect((await fetchRaw(`${files.url}/agent-boot/b/${orphaned.capability}/config.cpio`)).status).toBe(410);
+    expect(await agentEnrollment(q, orphaned.machineId)).toBeUndefined();
+  });
+
+  test('a MAC two live boots have answers neither; an unknown MAC, or none, gets a script that says why and exits', async () => {
+    const first = await armedBoot(['02:00:00:00:07:07']);
+    const second = await armedBoot(['02:00:00:00:07:07']);
+    const script = (await fetchRaw(`${files.url}/agent-boot/ipxe?mac=02:00:00:00:07:07`)).body.toString();
+    expect(script).toBe(
+      "#!ipxe\necho BMaaS shepherd: MAC 02:00:00:00:07:07 is several machines' in the inventory; no agent boot\nexit 1\n",
+    );
+    for (const boot of [first, second]) await endNetworkBoot(q, boot.machineId, boot.bootId);
+
     const unknown = await fetchRaw(`${files.url}/agent-boot/ipxe?mac=02:00:00:00:00:99`);
     // 200: iPXE runs no script from an error response, so a 404 would not say why.
     expect(unknown.status).toBe(200);
@@ -348,91 +581,47 @@ describe('a boot', () => {
     }
   });
 
-  test('a forgotten boot’s URLs and MACs answer nothing', async () => {
-    const boot = bootOf(randomUUID(), ['02:00:00:00:01:01']);
-    const prepared = await files.prepare(boot);
-    expect((await fetchRaw(prepared.isoUrl, { method: 'HEAD' })).status).toBe(200);
-    await files.forget(boot.machineId);
-    for (const url of [prepared.isoUrl, prepared.configUrl, prepared.ipxeScriptUrl]) {
-      expect((await fetchRaw(url)).status, url).toBe(404);
-    }
-    expect((await fetchRaw(`${files.url}/agent-boot/ipxe?mac=02:00:00:00:01:01`)).body.toString()).toMatch(
-      /no agent boot is prepared/,
+  test('a token minted for a boot is refused once that boot is revoked', async () => {
+    const boot = await armedBoot([]);
+    const { token } = enrollmentOf((await fetchRaw(`${files.url}/agent-boot/b/${boot.capability}/config.cpio`)).body);
+    expect(await revokeEnrollmentToken(q, boot.machineId, boot.bootId)).toBe(true);
+    const refused = await enrollAgent(q, { machineId: boot.machineId, token, agentPublicKey: randomBytes(32) }).catch(
+      (e: unknown) => e,
     );
-    await files.forget(boot.machineId); // twice: nothing to do
-  });
-
-  test('a machine prepared again has its old boot replaced: old URLs 404, its MAC answers the new script, the new token', async () => {
-    const machineId = randomUUID();
-    const first = await files.prepare(bootOf(machineId, ['02:00:00:00:02:02']));
-    const again = bootOf(machineId, ['02:00:00:00:02:02']);
-    const second = await files.prepare(again);
-    expect(second.isoUrl).not.toBe(first.isoUrl);
-    for (const url of [first.isoUrl, first.configUrl, first.ipxeScriptUrl])
-      expect((await fetchRaw(url)).status, url).toBe(404);
-    const script = (await fetchRaw(`${files.url}/agent-boot/ipxe?mac=02:00:00:00:02:02`)).body.toString();
-    expect(script).toContain(`initrd ${second.configUrl}\n`);
-    expect(enrollmentOf((await fetchRaw(second.configUrl)).body).token).toBe(again.token.reveal());
-    await files.forget(machineId);
-  });
-
-  test('prepares of one machine called together end with the last one’s boot alone on disk', async () => {
-    const workDir = path.join(dir, 'work-together');
-    const own = await AgentBootFiles.start({ imageDir, workDir, listen: { host: '127.0.0.1', port: 0 } });
-    try {
-      const machineId = randomUUID();
-      const boots = [bootOf(machineId), bootOf(machineId), bootOf(machineId)];
-      const prepared = await Promise.all(boots.map((boot) => own.prepare(boot)));
-      expect(await bootDirs(workDir)).toHaveLength(1);
-      for (const earlier of prepared.slice(0, 2)) expect((await fetchRaw(earlier.configUrl)).status).toBe(404);
-      const last = prepared[2]?.configUrl ?? '';
-      expect(enrollmentOf((await fetchRaw(last)).body).token).toBe(boots[2]?.token.reveal());
-    } finally {
-      await own.close();
-    }
-  });
-
-  test('a MAC that is not one is refused naming the machine; a closed server prepares nothing', async () => {
-    const boot = bootOf(randomUUID(), ['52:54:00:12:34']);
-    const error = await files.prepare(boot).catch((e: unknown) => e);
-    expect(error).toBeInstanceOf(AgentBootFilesError);
-    expect((error as AgentBootFilesError).machine).toBe(boot.machineId);
-    expect((error as Error).message).toBe(
-      `machine ${boot.machineId}: MAC address "52:54:00:12:34" is not one (want aa:bb:cc:dd:ee:ff)`,
-    );
-    const own = await AgentBootFiles.start({
-      imageDir,
-      workDir: path.join(dir, 'work-closed'),
-      listen: { host: '127.0.0.1', port: 0 },
-    });
-    await own.close();
-    await expect(own.prepare(bootOf())).rejects.toThrow(AgentBootFilesError);
+    expect(refused).toBeInstanceOf(EnrollmentRefusedError);
+    expect((refused as EnrollmentRefusedError).reason).toBe('Expired');
   });
 
   test('nothing logged names a capability or a token; the machine, the file and the range are', async () => {
     const { lines, restore } = captureDebugLog('shepherd:*');
+    const media = bootOf();
     let prepared: Awaited<ReturnType<AgentBootFiles['prepare']>>;
-    const boot = bootOf(randomUUID(), ['02:00:00:00:03:03']);
+    let network: Awaited<ReturnType<typeof armedBoot>>;
+    let token: string;
     try {
-      prepared = await files.prepare(boot);
+      prepared = await files.prepare(media);
       await fetchRaw(prepared.isoUrl, { headers: { range: 'bytes=0-2047' } });
-      await fetchRaw(prepared.configUrl);
-      await fetchRaw(`${files.url}/agent-boot/ipxe?mac=02-00-00-00-03-03`);
       await fetchRaw(`${prepared.isoUrl}x`);
-      await files.forget(boot.machineId);
-      await fetchRaw(prepared.configUrl);
+      await files.forget(prepared);
+      network = await armedBoot(['02:00:00:00:03:03']);
+      await fetchRaw(`${files.url}/agent-boot/ipxe?mac=02-00-00-00-03-03`);
+      token = enrollmentOf((await fetchRaw(`${files.url}/agent-boot/b/${network.capability}/config.cpio`)).body).token;
+      await fetchRaw(`${files.url}/agent-boot/b/${network.capability}/config.cpio`);
     } finally {
       restore();
     }
-    const capability = /\/b\/([^/]+)\//.exec(prepared.isoUrl)?.[1] ?? '';
-    expect(capability).toHaveLength(43);
+    expect(prepared.capability).toHaveLength(43);
     const text = lines.join('\n');
-    expect(text).not.toContain(capability);
-    expect(text).not.toContain(boot.token.reveal());
-    expect(text).toContain(`machine ${boot.machineId}: agent.iso 206 bytes 0-2047/`);
-    expect(text).toContain(`machine ${boot.machineId}: config.cpio 200`);
-    expect(text).toContain(`machine ${boot.machineId}: iPXE script for MAC 02:00:00:00:03:03`);
-    expect(text).toContain(`forgot the agent boot of machine ${boot.machineId}`);
+    for (const secret of [prepared.capability, network.capability, media.token.reveal(), token]) {
+      expect(text).not.toContain(secret);
+    }
+    expect(text).toContain(`machine ${media.machineId}: agent.iso 206 bytes 0-2047/`);
+    expect(text).toContain(`forgot an agent boot of machine ${media.machineId}`);
+    expect(text).toContain(`machine ${network.machineId}: iPXE script for MAC 02:00:00:00:03:03`);
+    expect(text).toContain(`machine ${network.machineId}: config.cpio of its network boot served to 127.0.0.1`);
+    expect(text).toContain(
+      `machine ${network.machineId}: the config of its network boot was fetched again, by 127.0.0.1, after it was served to 127.0.0.1: refused, and the boot fails`,
+    );
   });
 });
 
@@ -494,6 +683,7 @@ describe('what a client may hold of the server', () => {
     const { imageDir: large, kernel } = await largeImage('large-image-idle');
     const own = await AgentBootFiles.start({
       imageDir: large,
+      db: q,
       workDir: path.join(dir, 'work-idle'),
       listen: { host: '127.0.0.1', port: 0 },
       // Long enough for each download's first bytes on a loaded machine.
@@ -523,6 +713,7 @@ describe('what a client may hold of the server', () => {
     const { imageDir: large } = await largeImage('large-image-cap');
     const own = await AgentBootFiles.start({
       imageDir: large,
+      db: q,
       workDir: path.join(dir, 'work-cap'),
       listen: { host: '127.0.0.1', port: 0 },
       limits: { connections: 2 },
@@ -554,7 +745,7 @@ describe('what a client may hold of the server', () => {
 
   test('limits that are not whole numbers above zero are refused, naming the limit', async () => {
     const start = (limits: AgentBootFilesOptions['limits']) =>
-      AgentBootFiles.start({ imageDir, listen: { host: '127.0.0.1', port: 0 }, limits });
+      AgentBootFiles.start({ imageDir, db: q, listen: { host: '127.0.0.1', port: 0 }, limits });
     await expect(start({ connections: 0 })).rejects.toThrow(
       new RangeError('agent boot files limits: connections must be a whole number above zero, got 0'),
     );
@@ -572,6 +763,7 @@ test('over TLS: the image in ranges, and a boot’s URLs under the public URL', 
   const key = privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
   const tls = await AgentBootFiles.start({
     imageDir,
+    db: q,
     workDir: path.join(dir, 'work-tls'),
     listen: { host: '127.0.0.1', port: 0 },
     tls: { cert, key },
@@ -583,15 +775,25 @@ test('over TLS: the image in ranges, and a boot’s URLs under the public URL', 
     expect(piece.body.equals(image.vmlinuz.subarray(-4096))).toBe(true);
     const boot = bootOf();
     const prepared = await tls.prepare(boot);
-    expect(enrollmentOf((await fetchRaw(prepared.configUrl, { ca: cert })).body).token).toBe(boot.token.reveal());
-    // Plain HTTP to the TLS port is no answer.
-    await expect(fetchRaw(prepared.configUrl.replace('https:', 'http:'))).rejects.toThrow();
+    expect((await fetchRaw(prepared.isoUrl, { method: 'HEAD', ca: cert })).status).toBe(200);
+    // A network boot over HTTPS, as an iPXE built with the shepherd's CA fetches it: its script, then its config once.
+    const network = await armedBoot(['02:00:00:00:08:08']);
+    const script = (await fetchRaw(`${tls.url}/agent-boot/ipxe?mac=02:00:00:00:08:08`, { ca: cert })).body.toString();
+    const configUrl = configUrlOf(script);
+    expect(configUrl).toBe(`${tls.url}/agent-boot/b/${network.capability}/config.cpio`);
+    // Plain HTTP to the TLS port is no answer, and spends nothing.
+    await expect(fetchRaw(configUrl.replace('https:', 'http:'))).rejects.toThrow();
+    const served = await fetchRaw(configUrl, { ca: cert });
+    expect(served.status).toBe(200);
+    expect(enrollmentOf(served.body).init.machineId).toBe(network.machineId);
+    expect((await fetchRaw(configUrl, { ca: cert })).status).toBe(410);
   } finally {
     await tls.close();
   }
   // Behind another name: the URLs say the name machines resolve.
   const named = await AgentBootFiles.start({
     imageDir,
+    db: q,
     workDir: path.join(dir, 'work-named'),
     listen: { host: '127.0.0.1', port: 0 },
     tls: { cert, key },
@@ -610,7 +812,7 @@ test('over TLS: the image in ranges, and a boot’s URLs under the public URL', 
 test('start refuses an image directory without the image, and a public URL with a path, naming them', async () => {
   const empty = path.join(dir, 'no-image');
   await mkdir(empty);
-  const missing = await AgentBootFiles.start({ imageDir: empty, listen: { host: '127.0.0.1', port: 0 } }).catch(
+  const missing = await AgentBootFiles.start({ imageDir: empty, db: q, listen: { host: '127.0.0.1', port: 0 } }).catch(
     (e: unknown) => e,
   );
   expect(missing).toBeInstanceOf(AgentBootFilesError);
@@ -619,6 +821,7 @@ test('start refuses an image directory without the image, and a public URL with 
   );
   const badUrl = await AgentBootFiles.start({
     imageDir,
+    db: q,
     listen: { host: '127.0.0.1', port: 0 },
     publicUrl: 'https://shepherd.example/boot',
   }).catch((e: unknown) => e);
@@ -626,7 +829,7 @@ test('start refuses an image directory without the image, and a public URL with 
   expect((badUrl as Error).message).toBe(
     'public URL "https://shepherd.example/boot": want http(s)://host[:port] with no path, query or credentials',
   );
-  const taken = await AgentBootFiles.start({ imageDir, listen: { host: '127.0.0.1', port: files.port } }).catch(
+  const taken = await AgentBootFiles.start({ imageDir, db: q, listen: { host: '127.0.0.1', port: files.port } }).catch(
     (e: unknown) => e,
   );
   expect(taken).toBeInstanceOf(AgentBootFilesError);

@@ -1,17 +1,30 @@
 import {
+  addProvided,
   agentBootMethod,
+  decommissionMachines,
   machinesForAgentBoot,
   machinesForAgentStart,
+  newMachine,
   ProviderStatus,
   parseLimiter,
   providedMachines,
+  recommissionMachines,
+  retiredMachines,
+  type Session,
   SessionExpiredError,
   updateProviderStatus,
 } from '@bmaas/bmdb-controlloop';
 import { describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
-import { Availability, type Machine, ProviderDiscrepancyError, Provisioner } from '../src/index.js';
+import {
+  Availability,
+  type CreateMachineRequest,
+  type Machine,
+  type Provider,
+  ProviderDiscrepancyError,
+  Provisioner,
+} from '../src/index.js';
 import { resolvePossiblyUsed } from '../src/provisioner.js';
 import { TestProvider } from './test-provider.js';
 
@@ -22,12 +35,47 @@ const fastLimiters = () => ({
   creationLimiter: parseLimiter('1ms,100'),
 });
 
-/** A clean BMDB for the TestProvider's machines. */
-async function forget(provider: TestProvider): Promise<void> {
+/** A clean BMDB for the provider's machines. */
+async function forget(provider: Provider): Promise<void> {
   await db.admin(
     'DELETE FROM machines WHERE machine_id IN (SELECT machine_id FROM machine_provided WHERE provider = $1)',
     [provider.type],
   );
+  await db.admin('DELETE FROM machine_retired WHERE provider = $1', [provider.type]);
+}
+
+/**
+ * An inventory of named machines, as the static provider's: each listed as
+ * possibly used, and taken into use under its own name.
+ */
+class Inventory implements Provider {
+  readonly type = 'Inventory';
+  readonly names = new Set<string>();
+
+  async listMachines(): Promise<Machine[]> {
+    return [...this.names].map((id) => this.#machine(id));
+  }
+
+  async getMachine(id: string): Promise<Machine> {
+    return this.#machine(id);
+  }
+
+  async createMachine(session: Session, request: CreateMachineRequest): Promise<Machine> {
+    const id = request.unusedMachine.id as string;
+    await session.transact(async (q) => addProvided(q, await newMachine(q), { provider: this.type, providerId: id }));
+    return this.#machine(id);
+  }
+
+  #machine(id: string): Machine {
+    return {
+      id,
+      address: '192.0.2.7',
+      availability: Availability.PossiblyUsed,
+      failed: false,
+      agentBoot: 'ssh',
+      macs: [],
+    };
+  }
 }
 
 describe('Provisioner', () => {
@@ -154,6 +202,8 @@ describe('Provisioner', () => {
       created: [],
       failed: [],
       bootMethodsChanged: 0,
+      retired: [],
+      forgotten: [],
     });
     expect(provider.createAttempts).toEqual([]);
     await session.close();
@@ -250,6 +300,74 @@ describe('Provisioner', () => {
     expect((await provisioner.reconcile(session)).bootMethodsChanged).toBe(0);
     await session.close();
     await forget(provider);
+  });
+
+  test('a decommissioned machine its inventory lists stays retired until recommissioned, and is forgotten once unlisted', async () => {
+    const inventory = new Inventory();
+    inventory.names.add('inv-a').add('inv-b');
+    const provisioner = new Provisioner(inventory, { maxCount: 0, ...fastLimiters() });
+    const session = await bmdb.startSession();
+    const machineIdOf = async (providerId: string) =>
+      (await providedMachines(bmdb.db, inventory.type)).find((m) => m.providerId === providerId)?.machineId;
+    try {
+      expect((await provisioner.reconcile(session)).created).toEqual(['inv-a', 'inv-b']);
+      const first = await machineIdOf('inv-a');
+      await session.transact((q) =>
+        decommissionMachines(q, inventory.type, ['inv-a'], { actor: 'alice@ops', reason: 'returned' }),
+      );
+
+      // Neither capacity nor a discrepancy: left out, pass after pass.
+      for (let pass = 0; pass < 2; pass++) {
+        expect(await provisioner.reconcile(session)).toMatchObject({
+          managed: 1,
+          available: 0,
+          created: [],
+          retired: ['inv-a'],
+          forgotten: [],
+        });
+      }
+      expect(await machineIdOf('inv-a')).toBeUndefined();
+      expect(await retiredMachines(bmdb.db, { provider: inventory.type })).toMatchObject([
+        { providerId: 'inv-a', machineId: first, actor: 'alice@ops', reason: 'returned', wiped: false },
+      ]);
+
+      // Brought back on purpose: a new machine.
+      await session.transact((q) => recommissionMachines(q, inventory.type, ['inv-a']));
+      expect(await provisioner.reconcile(session)).toMatchObject({ created: ['inv-a'], retired: [] });
+      const second = await machineIdOf('inv-a');
+      expect(second).toBeDefined();
+      expect(second).not.toBe(first);
+
+      // Retired again, then its entry leaves the inventory: forgotten, so an entry added again is new. Not in a
+      // pass that refuses (an inventory that lost the machines in service too, served empty by mistake).
+      await session.transact((q) => decommissionMachines(q, inventory.type, ['inv-a']));
+      inventory.names.clear();
+      await expect(provisioner.reconcile(session)).rejects.toBeInstanceOf(ProviderDiscrepancyError);
+      expect(await retiredMachines(bmdb.db, { provider: inventory.type })).toMatchObject([{ providerId: 'inv-a' }]);
+      inventory.names.add('inv-b');
+      expect(await provisioner.reconcile(session)).toMatchObject({ created: [], retired: [], forgotten: ['inv-a'] });
+      expect(await retiredMachines(bmdb.db, { provider: inventory.type })).toEqual([]);
+      inventory.names.add('inv-a');
+      expect(await provisioner.reconcile(session)).toMatchObject({ created: ['inv-a'] });
+    } finally {
+      await session.close();
+      await forget(inventory);
+    }
+  });
+
+  test('a retired machine the provider lists as in use is no discrepancy', async () => {
+    const provider = new TestProvider(3);
+    const provisioner = new Provisioner(provider, { maxCount: 3, chunkSize: 3, ...fastLimiters() });
+    const session = await bmdb.startSession();
+    try {
+      expect((await provisioner.reconcile(session)).created).toHaveLength(3);
+      await session.transact((q) => decommissionMachines(q, provider.type, ['machine-1']));
+      expect(await provisioner.reconcile(session)).toMatchObject({ managed: 2, created: [], retired: ['machine-1'] });
+      expect(provider.createAttempts).toHaveLength(3);
+    } finally {
+      await session.close();
+      await forget(provider);
+    }
   });
 
   test('rejects a negative max count or a zero chunk size', () => {

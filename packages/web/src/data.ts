@@ -23,7 +23,11 @@ import {
   providers,
   type RecentFailure,
   type RecoveryThresholds,
+  type RetiredMachine,
   recentFailures,
+  retiredMachine,
+  retiredMachineCount,
+  retiredMachines,
   SHEPHERD_PROCESSES,
 } from '@bmaas/bmdb-controlloop';
 import type { Kysely } from 'kysely';
@@ -57,7 +61,14 @@ export interface Overview extends FleetControl {
   readonly recentFailures: readonly RecentFailure[];
   /** Machines per OS installation state. */
   readonly installations: OSInstallationCounts;
+  /** Retired (decommissioned) machines: the provisioner leaves them out while their provider lists them. */
+  readonly retired: number;
+  /** The most recently retired, at most {@link RETIRED_SHOWN}. */
+  readonly retiredMachines: readonly RetiredMachine[];
 }
+
+/** Retired machines the overview lists. */
+export const RETIRED_SHOWN = 20;
 
 /**
  * The overview, from two read-only transactions run side by side: the stage
@@ -74,6 +85,8 @@ export async function readOverview(db: BMDBReader, thresholds: RecoveryThreshold
       backoffCauses: await backoffCauses(q, { limit: 20 }),
       recentFailures: await recentFailures(q, { limit: 20 }),
       installations: await osInstallationCounts(q),
+      retired: await retiredMachineCount(q),
+      retiredMachines: await retiredMachines(q, { limit: RETIRED_SHOWN }),
     })),
   ]);
   return { ...stages, ...rest };
@@ -142,6 +155,11 @@ export async function readMachine(
       consoleUrl: detail.provided ? consoleUrl(detail.provided.provider, detail.provided.providerId) : null,
     };
   });
+}
+
+/** The retirement of the machine that had `machineId`, for a page asked for a machine no longer in the BMDB. */
+export function readRetiredMachine(db: BMDBReader, machineId: string): Promise<RetiredMachine | undefined> {
+  return readOnly(db, (q) => retiredMachine(q, machineId));
 }
 
 function installationView(installation: OSInstallation): InstallationView {

@@ -12,7 +12,14 @@ import {
 } from '@bmaas/bmdb-controlloop';
 import { describeError, isUuid } from '@bmaas/common';
 import { checkTlsRule, checkTokenRule, expiredLoginCookie, parseCookies, TokenCheck } from './access.js';
-import { type BMDBReader, readExactMatch, readMachine, readMachineList, readOverview } from './data.js';
+import {
+  type BMDBReader,
+  readExactMatch,
+  readMachine,
+  readMachineList,
+  readOverview,
+  readRetiredMachine,
+} from './data.js';
 import { type Html, href } from './html.js';
 import { type Frame, layout, notice } from './pages/layout.js';
 import { loginPage } from './pages/login.js';
@@ -218,7 +225,11 @@ export function fleetPageHandler(options: FleetPageOptions): RequestListener {
       const id = machineIdOf(match[2] ?? '');
       const machine = await readMachine(options.db, id, thresholds);
       if (machine === undefined) {
-        const message = `no machine ${JSON.stringify(id)} in the BMDB`;
+        const retired = await readRetiredMachine(options.db, id);
+        const message =
+          retired === undefined
+            ? `no machine ${JSON.stringify(id)} in the BMDB`
+            : `machine ${id} is retired: ${retired.provider} ${retired.providerId}, decommissioned ${retired.retiredAt.toISOString()} by ${retired.actor ?? 'an unnamed actor'}${retired.wiped ? ' after its disks were wiped' : ''}${retired.reason === null ? '' : `: ${retired.reason}`}; shepherd recommission brings it back as a new machine`;
         if (api) sendJson(response, 404, { error: message });
         else
           sendPage(

@@ -3,7 +3,13 @@ import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { providedMachine, setAgentBootMethods } from '@bmaas/bmdb-controlloop';
+import {
+  addProvided,
+  decommissionMachines,
+  newMachine,
+  providedMachine,
+  setAgentBootMethods,
+} from '@bmaas/bmdb-controlloop';
 import { type ServerTls, selfSignedServerTls } from '@bmaas/server';
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, testBMDB } from '../../../test/support/database.js';
@@ -139,6 +145,54 @@ describe('pages', () => {
     expect(body).toMatch(/<a href="\/machines\?power=PoweringOn">powering on<\/a><\/td><td class="num">1<\/td>/);
     expect(body).toMatch(/<a href="\/machines\?power=Unread">not read yet<\/a><\/td><td class="num">4<\/td>/);
     expect(body).toContain('1 machine: last power state read failed');
+  });
+
+  test('the overview lists retired machines: who retired them, when, why, whether wiped; its JSON too', async () => {
+    expect(await page('/')).toContain('<p class="muted">No machine is retired.</p>');
+    const machineId = await newMachine(bmdb.db);
+    await addProvided(bmdb.db, machineId, { provider: 'Static', providerId: 'rack9-node1' });
+    await decommissionMachines(bmdb.db, 'Static', ['rack9-node1'], { actor: 'tech@rack9', reason: HOSTILE_REASON });
+    try {
+      const body = await page('/');
+      expect(body).toContain(
+        '1 machine retired (decommissioned): the provisioner leaves it out while the provider lists it, until <code>shepherd recommission</code>',
+      );
+      expect(body).toContain(
+        `<td>Static</td>\n<td>rack9-node1</td>\n<td class="id">${machineId.slice(0, 8)}</td>\n<td><time datetime=`,
+      );
+      expect(body).toContain(
+        '<td>tech@rack9</td>\n<td>not wiped</td>\n<td class="cause">swap &lt;b&gt;PSU&lt;/b&gt; &amp; fans</td>',
+      );
+      expect(body).not.toContain(HOSTILE_REASON);
+      const overview = await json('/api/overview');
+      // Its page, asked for by the machine ID it had, is gone and says why.
+      const gone = await get(`/machines/${machineId}`);
+      expect(gone.status).toBe(404);
+      expect(await gone.text()).toMatch(
+        new RegExp(
+          `machine ${machineId} is retired: Static rack9-node1, decommissioned \\S+ by tech@rack9: swap &lt;b&gt;PSU&lt;/b&gt; &amp; fans; shepherd recommission brings it back as a new machine`,
+        ),
+      );
+      const goneJson = await get(`/api/machines/${machineId}`);
+      expect(goneJson.status).toBe(404);
+      expect(((await goneJson.json()) as { error: string }).error).toContain(
+        `machine ${machineId} is retired: Static rack9-node1`,
+      );
+      expect(overview.retired).toBe(1);
+      expect(overview.retiredMachines).toEqual([
+        {
+          provider: 'Static',
+          providerId: 'rack9-node1',
+          machineId,
+          retiredAt: expect.stringMatching(/^\d{4}-\d\d-\d\dT/),
+          actor: 'tech@rack9',
+          reason: HOSTILE_REASON,
+          wiped: false,
+        },
+      ]);
+    } finally {
+      await db.admin('DELETE FROM machine_retired');
+    }
   });
 
   test('the machine table shows power and holds, and filters by them', async () => {

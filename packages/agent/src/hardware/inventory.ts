@@ -1,5 +1,6 @@
 import { create } from '@bufbuild/protobuf';
 import { BlockDevice_Protocol, EFISupport, type Node, NodeSchema } from '../gen/cloud/agent/api/hwreport_pb.js';
+import { driverlessMessage, readControllers } from './controllers.js';
 import { type CpuRecord, readCpus } from './cpu.js';
 import { type DiskRecord, readDisks } from './disks.js';
 import { type MemoryRecord, readMemory } from './memory.js';
@@ -19,7 +20,9 @@ export interface HardwareInventory {
 
 /**
  * Reads the machine under `root` (`/` on the machine itself): sysfs, procfs
- * and the SMBIOS table, one reader per kind of device.
+ * and the SMBIOS table, one reader per kind of device. A PCI storage or
+ * network controller without a driver is a warning: its disks or NICs are
+ * missing from the report.
  */
 export async function readHardware(root = '/'): Promise<HardwareInventory> {
   const warnings: string[] = [];
@@ -29,6 +32,9 @@ export async function readHardware(root = '/'): Promise<HardwareInventory> {
   const cpus = await readCpus(root, warnings);
   const disks = await readDisks(root, warnings);
   const nics = await readNics(root);
+  for (const controller of await readControllers(root)) {
+    if (controller.driver === '') warnings.push(driverlessMessage(controller));
+  }
   return { system, memory, cpus, disks, nics, warnings };
 }
 

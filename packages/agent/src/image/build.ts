@@ -9,55 +9,30 @@ import { promisify } from 'node:util';
 import { gzip } from 'node:zlib';
 import { type CpioEntry, cpioArchive } from './cpio.js';
 import { AgentImageError } from './errors.js';
+import { declaredFirmware, FIRMWARE_DIR, findFirmware, type ImageFirmware, type MissingFirmware } from './firmware.js';
 import {
   AGENT_PATH,
   CONFIG_DIR,
   DHCP_ON_LINK,
   DHCP_ON_LINK_TEXT,
   INIT_SCRIPT,
-  MODULE_LIST,
   UDHCPC_SCRIPT,
   UDHCPC_SCRIPT_TEXT,
 } from './init-script.js';
 import { BOOT_FILES, checkBootFiles, writeIso } from './iso.js';
-import { type BootKernel, findKernel, moduleOrder, sharedLibraries } from './kernel.js';
+import { type BootKernel, findKernel, sharedLibraries } from './kernel.js';
+import { type ImageModules, imageModules, moduleName } from './modules.js';
 import { writeTakeoverPayload } from './payload.js';
 import { tool } from './tools.js';
 
 /** Bump when the layout changes in a way the inputs' contents do not show. */
-const FORMAT = 2;
+const FORMAT = 3;
 /**
  * gzip's level. gzip rather than zstd (38 MiB at level 3, against 41 MiB here): busybox reads
  * gzip, so the takeover payload takes node and kexec out of this initramfs on a machine that
  * has nothing but a shell, and node is not carried twice.
  */
 const GZIP_LEVEL = 6;
-
-/**
- * Drivers the environment loads when they are modules: disks (virtio, NVMe,
- * AHCI, SCSI), NICs (virtio, Intel, Broadcom, Realtek) and efivarfs.
- */
-export const AGENT_MODULES = [
-  'virtio_pci',
-  'virtio_blk',
-  'virtio_scsi',
-  'virtio_net',
-  'nvme',
-  'ahci',
-  'sd_mod',
-  'e1000',
-  'e1000e',
-  'igb',
-  'ixgbe',
-  'i40e',
-  'tg3',
-  'bnxt_en',
-  'r8169',
-  'efivarfs',
-  // The network a takeover hands over: bonds and VLANs.
-  'bonding',
-  '8021q',
-];
 
 /** Options of {@link buildAgentImage}. */
 export interface AgentImageOptions {
@@ -73,6 +48,11 @@ export interface AgentImageOptions {
   readonly agentBundle?: string;
   /** Flags of the takeover payload's `takeover` (and so of the agent): `--interval=30s`. */
   readonly takeoverFlags?: readonly string[];
+  /**
+   * Where the firmware the image's drivers declare is looked up (Debian's
+   * firmware packages install there). Default `/lib/firmware`.
+   */
+  readonly firmwareDir?: string;
 }
 
 /** A built agent image: its files, their sizes, and what came from the cache. */
@@ -89,6 +69,14 @@ export interface AgentImage {
   readonly takeoverBytes: number;
   /** The initramfs and the ISO were found in the cache, not built. */
   readonly cached: { readonly initramfs: boolean; readonly iso: boolean };
+  /** The modules carried, relative to the kernel's modules directory (`kernel/drivers/...ko`). */
+  readonly modules: readonly string[];
+  /** The declared firmware carried, by its path under `/lib/firmware`. */
+  readonly firmware: readonly string[];
+  /** The firmware the carried drivers declare that the firmware directory does not have. */
+  readonly missingFirmware: readonly MissingFirmware[];
+  /** The firmware directory looked in. */
+  readonly firmwareDir: string;
 }
 
 const BUSYBOX = { path: '/bin/busybox', pkg: 'busybox-static' };
@@ -108,7 +96,8 @@ const NODE_PATH = '/usr/bin/node';
 /**
  * Builds the agent environment from this machine's Debian packages: Debian's
  * kernel, an initramfs (busybox, node and its libraries, the agent bundle,
- * the disk and NIC modules, /init) and a hybrid ISO booting them under BIOS
+ * the kernel's NIC and storage driver families with the firmware they
+ * declare that the firmware directory has, /init) and a hybrid ISO booting them under BIOS
  * and UEFI. Each part is cached under `cacheDir` by the hash of its inputs'
  * contents, so a second build copies what did not change.
  *
@@ -131,7 +120,17 @@ export async function buildAgentImage(options: AgentImageOptions): Promise<Agent
   await mkdir(cacheDir, { recursive: true });
   await mkdir(options.out, { recursive: true });
 
-  const modules = await moduleOrder(kernel, AGENT_MODULES);
+  const modules = await imageModules(kernel);
+  const firmwareDir = options.firmwareDir ?? FIRMWARE_DIR;
+  // Each module is read once: its content for the cache key, its .modinfo for the firmware it declares.
+  const moduleHashes: string[] = [];
+  const declared: { module: string; firmware: string[] }[] = [];
+  for (const file of modules.files) {
+    const data = await readFile(path.join(kernel.modules, file));
+    moduleHashes.push(`${file} ${createHash('sha256').update(data).digest('hex')}\n`);
+    declared.push({ module: moduleName(file), firmware: declaredFirmware(data, file) });
+  }
+  const firmware = await findFirmware(firmwareDir, declared);
   const libraries = await sharedLibraries([node, KEXEC.path]);
   // Only the initramfs runs them: the takeover payload (an agent in place installs nothing) carries neither.
   const decompressors = DECOMPRESSORS.map((program) => program.path);
@@ -150,11 +149,13 @@ export async function buildAgentImage(options: AgentImageOptions): Promise<Agent
     node,
     agentBundle,
     ...libraries,
-    ...modules.map((module) => path.join(kernel.modules, module)),
+    ...firmware.found.map((file) => file.source),
   ];
   const initramfsKey = createHash('sha256').update(
-    `format ${FORMAT} gzip ${GZIP_LEVEL}\n${INIT_SCRIPT}\n${UDHCPC_SCRIPT_TEXT}\n${DHCP_ON_LINK_TEXT}\n${applets.join(' ')}\n`,
+    `format ${FORMAT} gzip ${GZIP_LEVEL}\n${INIT_SCRIPT}\n${UDHCPC_SCRIPT_TEXT}\n${DHCP_ON_LINK_TEXT}\n${applets.join(' ')}\n${modules.dep}${modules.alias}`,
   );
+  for (const line of moduleHashes) initramfsKey.update(line);
+  for (const file of firmware.found) initramfsKey.update(`firmware ${file.name}\n`);
   for (const input of inputs) initramfsKey.update(`${input} ${await contentHash(input)}\n`);
   const initramfsHash = initramfsKey.digest('hex').slice(0, 16);
   const initramfs = path.join(cacheDir, `initramfs-${initramfsHash}.gz`);
@@ -167,9 +168,10 @@ export async function buildAgentImage(options: AgentImageOptions): Promise<Agent
       libraries: [...libraries, ...decompressorLibraries],
       applets,
       modules,
-      release: kernel.release,
+      firmware,
+      kernel,
     });
-    const archive = cpioArchive(await loadEntries(entries, kernel));
+    const archive = cpioArchive(await loadEntries(entries));
     await writeFile(`${initramfs}.${process.pid}.tmp`, await promisify(gzip)(archive, { level: GZIP_LEVEL }));
     await rename(`${initramfs}.${process.pid}.tmp`, initramfs);
   }
@@ -223,6 +225,10 @@ export async function buildAgentImage(options: AgentImageOptions): Promise<Agent
     isoBytes: (await stat(result.iso)).size,
     takeoverBytes,
     cached: { initramfs: initramfsCached, iso: isoCached },
+    modules: modules.files,
+    firmware: firmware.found.map((file) => file.name),
+    missingFirmware: firmware.missing,
+    firmwareDir,
   };
 }
 
@@ -236,8 +242,9 @@ function initramfsEntries(parts: {
   programs: readonly string[];
   libraries: readonly string[];
   applets: readonly string[];
-  modules: readonly string[];
-  release: string;
+  modules: ImageModules;
+  firmware: ImageFirmware;
+  kernel: BootKernel;
 }): Planned[] {
   const entries: Planned[] = [];
   const dirs = new Set<string>();
@@ -276,23 +283,28 @@ function initramfsEntries(parts: {
   copy(parts.node, NODE_PATH);
   copy(parts.agentBundle, AGENT_PATH);
   for (const library of parts.libraries) copy(library);
-  const modules = parts.modules.map((module) => `${parts.release}/${module}`);
-  for (const module of modules) copy(module, `/lib/modules/${module}`);
+  // busybox's modprobe reads modules.dep and modules.alias from /lib/modules/<release>.
+  const modulesDir = `/lib/modules/${parts.kernel.release}`;
+  for (const module of parts.modules.files) copy(path.join(parts.kernel.modules, module), `${modulesDir}/${module}`);
+  for (const file of parts.firmware.found) copy(file.source, `/lib/firmware/${file.name}`);
   for (const applet of parts.applets) entries.push({ kind: 'symlink', path: `/bin/${applet}`, target: '/bin/busybox' });
+  // Where the kernel runs modprobe from for what it requests itself (a filesystem, a crypto algorithm, a bond).
+  entries.push({ kind: 'symlink', path: '/sbin/modprobe', target: '/bin/busybox' });
   entries.push({ kind: 'file', path: '/init', data: Buffer.from(INIT_SCRIPT), mode: 0o755 });
   entries.push({ kind: 'file', path: UDHCPC_SCRIPT, data: Buffer.from(UDHCPC_SCRIPT_TEXT), mode: 0o755 });
   entries.push({ kind: 'file', path: DHCP_ON_LINK, data: Buffer.from(DHCP_ON_LINK_TEXT), mode: 0o755 });
+  entries.push({ kind: 'file', path: `${modulesDir}/modules.dep`, data: Buffer.from(parts.modules.dep), mode: 0o644 });
   entries.push({
     kind: 'file',
-    path: MODULE_LIST,
-    data: Buffer.from(modules.map((m) => `${m}\n`).join('')),
+    path: `${modulesDir}/modules.alias`,
+    data: Buffer.from(parts.modules.alias),
     mode: 0o644,
   });
   return entries;
 }
 
-/** Reads each file to copy (modules from the kernel's tree); the first entry of a path wins. */
-async function loadEntries(planned: readonly Planned[], kernel: BootKernel): Promise<CpioEntry[]> {
+/** Reads each file to copy; the first entry of a path wins. */
+async function loadEntries(planned: readonly Planned[]): Promise<CpioEntry[]> {
   const seen = new Set<string>();
   const entries: CpioEntry[] = [];
   for (const entry of planned) {
@@ -302,11 +314,8 @@ async function loadEntries(planned: readonly Planned[], kernel: BootKernel): Pro
       entries.push(entry);
       continue;
     }
-    const source = entry.path.startsWith('/lib/modules/')
-      ? path.join(kernel.modules, '..', entry.source)
-      : entry.source;
-    const s = await stat(source);
-    entries.push({ kind: 'file', path: entry.path, data: await readFile(source), mode: s.mode & 0o7777 });
+    const s = await stat(entry.source);
+    entries.push({ kind: 'file', path: entry.path, data: await readFile(entry.source), mode: s.mode & 0o7777 });
   }
   return entries;
 }

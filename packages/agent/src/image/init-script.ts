@@ -6,8 +6,6 @@ export const CONFIG_DIR = '/etc/bmaas';
 export const AGENT_LOG = '/var/log/bmaas-agent.log';
 /** The bundled agent in the environment. */
 export const AGENT_PATH = '/opt/bmaas/agent.cjs';
-/** Modules to load, in order, one path under /lib/modules per line (`<release>/kernel/...`). */
-export const MODULE_LIST = `${CONFIG_DIR}/modules`;
 export const UDHCPC_SCRIPT = `${CONFIG_DIR}/udhcpc.script`;
 /** Asks DHCP on NICs as they gain link ({@link dhcpOnLinkScript}). */
 export const DHCP_ON_LINK = `${CONFIG_DIR}/dhcp-on-link`;
@@ -25,7 +23,7 @@ export const ENROLLMENT_JSON = `${CONFIG_DIR}/enrollment.json`;
 export const NETWORK_JSON = `${CONFIG_DIR}/network.json`;
 
 /**
- * The environment's /init: mounts, modules, network (handed over, else DHCP
+ * The environment's /init: mounts, the drivers its devices ask for, network (handed over, else DHCP
  * on every NIC as it gains link, {@link dhcpOnLinkScript}), then the agent (`run` with a takeover's
  * handover.json; `enroll` with a BMC boot's enrollment.json and no
  * handover.json), restarted if it ends without a reboot. Everything it prints goes to the console (the last `console=` of
@@ -48,7 +46,25 @@ say() { echo "bmaas-init: $*" | tee -a ${AGENT_LOG}; }
 # The boot ID shows a takeover's kexec: a new boot, not the OS it replaced.
 say "agent environment starting on $(uname -r), boot ID $(cat /proc/sys/kernel/random/boot_id)"
 
-while read -r module; do insmod "/lib/modules/$module" 2>/dev/null; done <${MODULE_LIST}
+# Drivers by the hardware present: each device's modalias (a PCI device's IDs and class, a virtio
+# device's, a SCSI device's type) resolved through the image's modules.alias by modprobe, then again
+# for the devices those drivers added (a controller's disks, virtio's devices), until no device asks
+# for one not asked for before. What the kernel requests itself (efivarfs, a bond, crc32c) reaches
+# /sbin/modprobe through the kernel.
+asked=" "
+while true; do
+  aliases=$(cat /sys/bus/*/devices/*/modalias 2>/dev/null | sort -u)
+  new=""
+  set -f
+  for alias in $aliases; do
+    case "$asked" in *" $alias "*) ;; *) new="$new $alias" ;; esac
+  done
+  [ -n "$new" ] || { set +f; break; }
+  asked="$asked$new "
+  modprobe -q -a $new
+  set +f
+done
+say "drivers loaded: $(cut -d' ' -f1 /proc/modules | sort | tr '\\n' ' ')"
 if [ -d /sys/firmware/efi ]; then
   mount -t efivarfs efivarfs /sys/firmware/efi/efivars || say "efivarfs not mounted: no boot entry can be added"
 fi

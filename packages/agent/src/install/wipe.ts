@@ -2,6 +2,7 @@ import { execFile } from 'node:child_process';
 import { stat } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import { driverlessMessage, readControllers } from '../hardware/controllers.js';
 import { readDisks } from '../hardware/disks.js';
 import { InstallationError } from './errors.js';
 import { HEAD_BYTES, TargetDisk } from './target-disk.js';
@@ -38,11 +39,18 @@ export interface WipedDisk {
  * signatures at either end) and flushed. Every disk is tried even after one
  * failed; the error names each that failed.
  *
- * @throws {@link InstallationError} (`device`) when the machine has no disk,
+ * @throws {@link InstallationError} (`device`) before wiping anything when
+ *   a storage controller has no driver (its disks cannot be seen, so a wipe
+ *   of the others is no wipe of the machine); when the machine has no disk,
  *   or any disk could not be zeroed and flushed
  */
 export async function wipeDisks(options: WipeOptions = {}): Promise<WipedDisk[]> {
   const root = options.root ?? '/';
+  // Every storage controller has a driver: else the disks behind it would be left as they are.
+  const blind = (await readControllers(root)).filter((c) => c.kind === 'storage' && c.driver === '');
+  if (blind.length > 0) {
+    throw new InstallationError('device', `disk wipe: ${blind.map(driverlessMessage).join('; ')}: nothing wiped`);
+  }
   const disks = await readDisks(root, []);
   if (disks.length === 0) throw new InstallationError('device', 'disk wipe: the machine has no disk to wipe');
   const wiped: WipedDisk[] = [];

@@ -33,6 +33,20 @@ import { hardwareTotals } from '../hardware-totals.js';
  *   unchanged state change nothing here.
  */
 export async function up(db: Kysely<unknown>): Promise<void> {
+  await createTotalsTable(db);
+  await placeStoredRows(db);
+  await createTotalsAdder(db);
+  await countProvidedMachines(db);
+  await placeNewRows(db);
+  await countReports(db);
+  await countHolds(db);
+  await countPowerStates(db);
+  await countStoredRows(db);
+  await readStoredReports(db);
+}
+
+/** The totals per place, spread over 64 shards. */
+async function createTotalsTable(db: Kysely<unknown>): Promise<void> {
   await sql`
     CREATE TABLE fleet_location_totals (
       provider text NOT NULL,
@@ -57,7 +71,10 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       power_read_failed bigint NOT NULL DEFAULT 0,
       PRIMARY KEY (provider, provider_location, shard)
     )`.execute(db);
+}
 
+/** The place columns of the rows that count by place, and the places of those stored already. */
+async function placeStoredRows(db: Kysely<unknown>): Promise<void> {
   await sql`
     ALTER TABLE machine_hardware_report
       ADD COLUMN provider text,
@@ -78,7 +95,10 @@ export async function up(db: Kysely<unknown>): Promise<void> {
   await sql`
     UPDATE machine_power_state ps SET provider_location = mp.provider_location
     FROM machine_provided mp WHERE mp.machine_id = ps.machine_id`.execute(db);
+}
 
+/** `bmdb_fleet_location_add`, which every counting trigger calls. */
+async function createTotalsAdder(db: Kysely<unknown>): Promise<void> {
   // Adds to the totals of a place (its row of the machine's shard); each
   // caller names what it adds.
   await sql`
@@ -114,7 +134,10 @@ export async function up(db: Kysely<unknown>): Promise<void> {
         power_unread = t.power_unread + excluded.power_unread,
         power_read_failed = t.power_read_failed + excluded.power_read_failed
     $$`.execute(db);
+}
 
+/** The Provided tag's trigger: machines per place, and the places of the machine's other rows. */
+async function countProvidedMachines(db: Kysely<unknown>): Promise<void> {
   // A Provided tag counts one machine at its place, and moves the rows that
   // count at the machine's place with it (0006's trigger keeps the power
   // state's provider and deletes it with the tag; a hold and a report stay).
@@ -152,7 +175,10 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     FOR EACH ROW WHEN (NEW.machine_id IS DISTINCT FROM OLD.machine_id OR NEW.provider IS DISTINCT FROM OLD.provider
       OR NEW.provider_location IS DISTINCT FROM OLD.provider_location)
     EXECUTE FUNCTION bmdb_machine_provided_totals()`.execute(db);
+}
 
+/** `bmdb_placed`: a new report, hold or power state takes its machine's place. */
+async function placeNewRows(db: Kysely<unknown>): Promise<void> {
   // A row made for a machine takes the machine's place.
   await sql`
     CREATE FUNCTION bmdb_placed() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -171,7 +197,10 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       CREATE TRIGGER ${sql.id(`${table}_placed`)} BEFORE INSERT ON ${sql.table(table)}
       FOR EACH ROW EXECUTE FUNCTION bmdb_placed()`.execute(db);
   }
+}
 
+/** The hardware report's triggers: reports read per place and their totals. */
+async function countReports(db: Kysely<unknown>): Promise<void> {
   // A report that was read adds its totals at its place.
   await sql`
     CREATE FUNCTION bmdb_hardware_report_totals() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -198,7 +227,10 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       IS DISTINCT FROM (OLD.machine_id, OLD.provider, OLD.provider_location, OLD.cpu_threads, OLD.memory_bytes,
         OLD.disks, OLD.disk_bytes))
     EXECUTE FUNCTION bmdb_hardware_report_totals()`.execute(db);
+}
 
+/** The hold's triggers: held machines per place. */
+async function countHolds(db: Kysely<unknown>): Promise<void> {
   // A hold counts one held machine at its place.
   await sql`
     CREATE FUNCTION bmdb_hold_totals() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -219,7 +251,10 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     FOR EACH ROW WHEN ((NEW.machine_id, NEW.provider, NEW.provider_location)
       IS DISTINCT FROM (OLD.machine_id, OLD.provider, OLD.provider_location))
     EXECUTE FUNCTION bmdb_hold_totals()`.execute(db);
+}
 
+/** The power state's triggers: machines per power state per place. */
+async function countPowerStates(db: Kysely<unknown>): Promise<void> {
   // A power state counts its machine in its state (and among failed reads)
   // at its place.
   await sql`
@@ -254,7 +289,10 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       IS DISTINCT FROM (OLD.machine_id, OLD.provider, OLD.provider_location, OLD.power_state,
         OLD.power_read_failed_at IS NULL))
     EXECUTE FUNCTION bmdb_power_state_totals()`.execute(db);
+}
 
+/** The totals of the rows stored before this migration. */
+async function countStoredRows(db: Kysely<unknown>): Promise<void> {
   // What is stored already: everything counted but the reports' totals,
   // which their update adds as they are read.
   await sql`
@@ -276,7 +314,6 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       FROM machine_power_state) AS counted (provider, location, machine_id, machines, held, power_on, power_off,
         powering_on, powering_off, power_unknown, power_unread, power_read_failed)
     GROUP BY 1, 2, 3`.execute(db);
-  await readStoredReports(db);
 }
 
 /** The totals of every report stored before this migration, in batches in machine ID order. */

@@ -16,6 +16,8 @@ import * as diskWipe from './0012_disk_wipe.js';
 import * as agentLog from './0013_agent_log.js';
 import * as agentEnrollment from './0014_agent_enrollment.js';
 import * as agentBootMethod from './0015_agent_boot_method.js';
+import * as networkBoot from './0016_network_boot.js';
+import * as retiredMachines from './0018_retired_machines.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -38,6 +40,8 @@ const MIGRATIONS: Record<string, Migration> = {
   '0013_agent_log': agentLog,
   '0014_agent_enrollment': agentEnrollment,
   '0015_agent_boot_method': agentBootMethod,
+  '0016_network_boot': networkBoot,
+  '0018_retired_machines': retiredMachines,
 };
 
 /** Migration bookkeeping tables; prefixed so they sit apart from other tools'. */

@@ -127,9 +127,10 @@ export function agentBootSelection(
 /**
  * The machines without an agent come from range scans of the partial index
  * `machine_agent_pending_boot_idx` (migration 0015), from a random machine ID
- * onwards then up to it, as the agent start's do; the silent ones from the
- * recovery's two range scans, each with a key probe of `machine_agent_boot`.
- * SSH machines are in neither, however many there are.
+ * onwards then up to it, as the agent start's do; the silent ones from range
+ * scans of the BMC-booted agents' partial indexes (migration 0018, see
+ * {@link silentBmcBootedAgents}). SSH machines are in none, however many
+ * there are and however many of their agents are silent.
  */
 function agentBootQuery(db: Kysely<Database>, options: { provider: string } & RecoveryThresholds) {
   const { provider } = options;
@@ -162,9 +163,8 @@ function needingAgentBoot(db: Kysely<Database>, options: { provider: string } & 
      WHERE p.provider = ${provider} AND p.agent_boot AND p.machine_id < (SELECT at FROM start)
        AND NOT ${stillInstalled('p.machine_id')} ORDER BY p.machine_id)
     UNION ALL
-    (SELECT silent.machine_id FROM (${silentAgents(db, options)}) AS silent
-     WHERE ${bootedByBmc('silent.machine_id')}
-       AND NOT ${installingRecently('silent.machine_id', installingWithin)}))`;
+    (SELECT silent.machine_id FROM (${silentBmcBootedAgents(db, options)}) AS silent
+     WHERE NOT ${installingRecently('silent.machine_id', installingWithin)}))`;
 }
 
 /**
@@ -236,7 +236,7 @@ function agentRecoveryQuery(db: Kysely<Database>, options: { provider: string } 
 
 /**
  * The machines whose started agent went silent past the thresholds, whatever
- * their boot method: two index range scans, one per way of going silent
+ * their boot method (the recoverer's, which leaves out the BMC-booted ones): two index range scans, one per way of going silent
  * (`machine_agent_heartbeat_at_idx`, the partial `machine_agent_started_silent_idx`).
  */
 function silentAgents(db: Kysely<Database>, thresholds: RecoveryThresholds) {
@@ -254,6 +254,34 @@ function silentAgents(db: Kysely<Database>, thresholds: RecoveryThresholds) {
         .where(sql<boolean>`a.agent_started_at < now() - make_interval(secs => ${firstWithin})`)
         .where(sql<boolean>`NOT EXISTS (SELECT 1 FROM machine_agent_heartbeat h WHERE h.machine_id = a.machine_id)`),
     );
+}
+
+/**
+ * {@link silentAgents} of the machines whose BMC boots their agent alone: two
+ * range scans of partial indexes holding only their agents
+ * (`machine_agent_heartbeat_boot_idx` by heartbeat time, and
+ * `machine_agent_started_boot_silent_idx` by start time for those that never
+ * heartbeated), whose `agent_boot` flags triggers keep from `machine_agent_boot`.
+ */
+function silentBmcBootedAgents(db: Kysely<Database>, thresholds: RecoveryThresholds) {
+  const { firstWithin, within } = thresholdSeconds(thresholds);
+  return (
+    db
+      .selectFrom('machine_agent_heartbeat as h')
+      .innerJoin('machine_agent_started as a', 'a.machine_id', 'h.machine_id')
+      .select('h.machine_id')
+      // Written out, not parameters: a generic plan's `= $1` would not match the partial indexes' predicates.
+      .where(sql<boolean>`h.agent_boot`)
+      .where(sql<boolean>`h.agent_heartbeat_at < now() - make_interval(secs => ${within})`)
+      .unionAll(
+        db
+          .selectFrom('machine_agent_started as a')
+          .select('a.machine_id')
+          .where(sql<boolean>`a.agent_boot AND NOT a.has_heartbeat`)
+          .where(sql<boolean>`a.agent_started_at < now() - make_interval(secs => ${firstWithin})`)
+          .where(sql<boolean>`NOT EXISTS (SELECT 1 FROM machine_agent_heartbeat h WHERE h.machine_id = a.machine_id)`),
+      )
+  );
 }
 
 /** Whether the machine at `machineId` has its agent booted by its BMC: a primary-key probe of `machine_agent_boot`. */

@@ -1,11 +1,20 @@
-/** Removing machines a provider no longer has, after wiping their disks where asked. */
+/**
+ * Decommissioning machines: removing them from the BMDB, after wiping their
+ * disks where asked, and retiring them (see `retired-machines.ts`).
+ */
 import { type Kysely, sql } from 'kysely';
 import { type Database, OSInstallationState, OSRequestKind } from '../schema.js';
 import { requestDiskWipe } from './os-installation.js';
 
+/** Who decommissions machines and why, recorded with each one's retirement. */
+export interface DecommissionRequest {
+  readonly actor?: string;
+  readonly reason?: string;
+}
+
 /** What {@link decommissionMachines} did with each provider ID it was given. */
 export interface DecommissionReport {
-  /** Removed from the BMDB, with their tags and backoffs; their work history stays. */
+  /** Removed from the BMDB, with their tags and backoffs, and retired; their work history stays. */
   readonly removed: readonly { readonly providerId: string; readonly machineId: string }[];
   /** Refused: work of these processes is held on them by a live session. */
   readonly busy: readonly {
@@ -24,6 +33,10 @@ export interface DecommissionReport {
  * are; work left behind by expired sessions goes with its machine. Work
  * history has no key on machines and stays, for the record.
  *
+ * Each machine removed is retired, with `request`'s actor and reason: the
+ * provisioner does not bring it back while its provider's inventory lists
+ * it (see `recommissionMachines`).
+ *
  * The machines are locked first (`FOR UPDATE`), so a claim racing with the
  * removal either lands first and is seen, or waits and then fails.
  */
@@ -31,6 +44,16 @@ export async function decommissionMachines(
   db: Kysely<Database>,
   provider: string,
   providerIds: readonly string[],
+  request: DecommissionRequest = {},
+): Promise<DecommissionReport> {
+  return removeAndRetire(db, provider, providerIds, { ...request, wiped: false });
+}
+
+async function removeAndRetire(
+  db: Kysely<Database>,
+  provider: string,
+  providerIds: readonly string[],
+  retirement: DecommissionRequest & { readonly wiped: boolean },
 ): Promise<DecommissionReport> {
   const wanted = [...new Set(providerIds)];
   if (wanted.length === 0) return { removed: [], busy: [], unknown: [] };
@@ -55,6 +78,29 @@ export async function decommissionMachines(
     // Only dead work is left on them: its key on machines would block the delete.
     await db.deleteFrom('work').where('machine_id', 'in', ids).execute();
     await db.deleteFrom('machines').where('machine_id', 'in', ids).execute();
+    // Retired again, a machine brought back and decommissioned once more is remembered as it was last.
+    await db
+      .insertInto('machine_retired')
+      .values(
+        removed.map((row) => ({
+          provider,
+          provider_id: row.provider_id,
+          machine_id: row.machine_id,
+          retired_by: retirement.actor ?? null,
+          retire_reason: retirement.reason ?? null,
+          wiped: retirement.wiped,
+        })),
+      )
+      .onConflict((oc) =>
+        oc.columns(['provider', 'provider_id']).doUpdateSet((eb) => ({
+          machine_id: eb.ref('excluded.machine_id'),
+          retired_at: sql<Date>`now()`,
+          retired_by: eb.ref('excluded.retired_by'),
+          retire_reason: eb.ref('excluded.retire_reason'),
+          wiped: eb.ref('excluded.wiped'),
+        })),
+      )
+      .execute();
   }
   const found = new Set(rows.map((row) => row.provider_id));
   return {
@@ -92,8 +138,8 @@ export interface WipeDecommissionReport extends DecommissionReport {
 
 /**
  * Decommissions machines after wiping their disks: a machine whose
- * decommission wipe succeeded is removed (as {@link decommissionMachines},
- * refused while live work is on it); one with a wipe under way is left to
+ * decommission wipe succeeded is removed and retired (as
+ * {@link decommissionMachines}, refused while live work is on it); one with a wipe under way is left to
  * it; one with a running agent and no such wipe (or a failed one, when
  * `retryFailed`) gets one requested (`decommission` set), as does one
  * without an agent whose BMC boots its agent (the agent booter boots one to
@@ -164,7 +210,11 @@ export async function decommissionWithWipe(
     }
   }
   const found = new Set(rows.map((row) => row.provider_id));
-  const removal = await decommissionMachines(db, provider, wiped);
+  const removal = await removeAndRetire(db, provider, wiped, {
+    actor: request.actor,
+    reason: request.reason,
+    wiped: true,
+  });
   return {
     removed: removal.removed,
     busy: removal.busy,

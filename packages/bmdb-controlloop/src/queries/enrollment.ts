@@ -35,6 +35,8 @@ export interface AgentEnrollmentState {
   readonly issuedAt: Date;
   readonly expiresAt: Date;
   readonly enrolledAt: Date | undefined;
+  /** The boot the token was issued for; undefined when it was issued without one. */
+  readonly bootId: string | undefined;
 }
 
 /** Who enrolls, in the operator history: the agent itself, not a person. */
@@ -46,35 +48,88 @@ const TOKEN_BYTES = 32;
  * Issues a one-time enrollment token for `machineId`, good for
  * `validForSeconds` by the database's clock, replacing any earlier one
  * (used or not): an agent booted with the earlier token is refused.
- * Only the token's sha256 is stored.
+ * Only the token's sha256 is stored, with `bootId`, the boot it is for
+ * (see {@link renewEnrollmentToken}, {@link revokeEnrollmentToken}).
  *
- * @throws {@link BMDBError} for a machine that does not exist, or a validity under a second
+ * @throws {@link BMDBError} for a machine that does not exist, a validity under a second, or a boot ID that is no UUID
  */
 export async function issueEnrollmentToken(
   db: Kysely<Database>,
   machineId: string,
-  options: { validForSeconds: number },
+  options: { validForSeconds: number; bootId?: string | undefined },
 ): Promise<EnrollmentToken> {
-  const { validForSeconds } = options;
-  // At least a second: a shorter one could round to no time at all in the database's microseconds.
+  const { validForSeconds, bootId } = options;
+  checkValidity(machineId, validForSeconds);
+  if (!isUuid(machineId)) throw new BMDBError(`enrollment token for machine ${machineId}: no such machine`);
+  if (bootId !== undefined && !isUuid(bootId)) {
+    throw new BMDBError(`enrollment token for machine ${machineId}: boot ID ${JSON.stringify(bootId)} is no UUID`);
+  }
+  const token = randomBytes(TOKEN_BYTES).toString('base64url');
+  const row = await sql<{ expires_at: Date }>`
+    INSERT INTO machine_agent_enrollment (machine_id, token_sha256, issued_at, expires_at, enrolled_at, boot_id)
+    SELECT machine_id, ${sha256(token)}, now(), now() + make_interval(secs => ${validForSeconds}), NULL,
+           ${bootId ?? null}::uuid
+    FROM machines WHERE machine_id = ${machineId}
+    ON CONFLICT (machine_id) DO UPDATE
+    SET token_sha256 = excluded.token_sha256, issued_at = excluded.issued_at, expires_at = excluded.expires_at,
+        enrolled_at = NULL, boot_id = excluded.boot_id
+    RETURNING expires_at`.execute(db);
+  const [issued] = row.rows;
+  if (issued === undefined) throw new BMDBError(`enrollment token for machine ${machineId}: no such machine`);
+  return { machineId, token: new Secret(token), expiresAt: issued.expires_at };
+}
+
+/**
+ * Makes the unused token of boot `bootId` of `machineId` good for
+ * `validForSeconds` from now, by the database's clock: for a boot whose
+ * wait for the enrollment starts only once the BMC accepted it, however
+ * long that took (a token that expired meanwhile is good again). Returns
+ * the new expiry, or undefined when the machine's token is another boot's
+ * or used: nothing changed then. Called before the wait, never after a
+ * revocation.
+ *
+ * @throws {@link BMDBError} for a validity under a second
+ */
+export async function renewEnrollmentToken(
+  db: Kysely<Database>,
+  machineId: string,
+  bootId: string,
+  options: { validForSeconds: number },
+): Promise<Date | undefined> {
+  checkValidity(machineId, options.validForSeconds);
+  if (!isUuid(machineId) || !isUuid(bootId)) return undefined;
+  const { rows } = await sql<{ expires_at: Date }>`
+    UPDATE machine_agent_enrollment SET expires_at = now() + make_interval(secs => ${options.validForSeconds})
+    WHERE machine_id = ${machineId} AND boot_id = ${bootId} AND enrolled_at IS NULL
+    RETURNING expires_at`.execute(db);
+  return rows[0]?.expires_at;
+}
+
+/**
+ * Revokes the unused token of boot `bootId` of `machineId`, at once: for a
+ * boot that ended without its enrollment, so that nobody enrolls with it
+ * once nobody waits for it. An agent presenting it is refused as for an
+ * expired token. Returns whether a token was revoked (false: another boot's,
+ * used, or already past).
+ */
+export async function revokeEnrollmentToken(db: Kysely<Database>, machineId: string, bootId: string): Promise<boolean> {
+  if (!isUuid(machineId) || !isUuid(bootId)) return false;
+  // now() can equal issued_at only within the issuing transaction; the CHECK (expires_at > issued_at) keeps
+  // the microsecond after it then.
+  const { rows } = await sql<{ machine_id: string }>`
+    UPDATE machine_agent_enrollment SET expires_at = greatest(now(), issued_at + interval '1 microsecond')
+    WHERE machine_id = ${machineId} AND boot_id = ${bootId} AND enrolled_at IS NULL AND expires_at > now()
+    RETURNING machine_id`.execute(db);
+  return rows.length > 0;
+}
+
+/** At least a second: a shorter one could round to no time at all in the database's microseconds. */
+function checkValidity(machineId: string, validForSeconds: number): void {
   if (!Number.isFinite(validForSeconds) || validForSeconds < 1) {
     throw new BMDBError(
       `enrollment token for machine ${machineId}: validForSeconds must be at least 1 second, got ${validForSeconds}`,
     );
   }
-  if (!isUuid(machineId)) throw new BMDBError(`enrollment token for machine ${machineId}: no such machine`);
-  const token = randomBytes(TOKEN_BYTES).toString('base64url');
-  const row = await sql<{ expires_at: Date }>`
-    INSERT INTO machine_agent_enrollment (machine_id, token_sha256, issued_at, expires_at, enrolled_at)
-    SELECT machine_id, ${sha256(token)}, now(), now() + make_interval(secs => ${validForSeconds}), NULL
-    FROM machines WHERE machine_id = ${machineId}
-    ON CONFLICT (machine_id) DO UPDATE
-    SET token_sha256 = excluded.token_sha256, issued_at = excluded.issued_at, expires_at = excluded.expires_at,
-        enrolled_at = NULL
-    RETURNING expires_at`.execute(db);
-  const [issued] = row.rows;
-  if (issued === undefined) throw new BMDBError(`enrollment token for machine ${machineId}: no such machine`);
-  return { machineId, token: new Secret(token), expiresAt: issued.expires_at };
 }
 
 /**
@@ -245,10 +300,17 @@ export async function agentEnrollment(
   if (!isUuid(machineId)) return undefined;
   const row = await db
     .selectFrom('machine_agent_enrollment')
-    .select(['issued_at', 'expires_at', 'enrolled_at'])
+    .select(['issued_at', 'expires_at', 'enrolled_at', 'boot_id'])
     .where('machine_id', '=', machineId)
     .executeTakeFirst();
-  return row && { issuedAt: row.issued_at, expiresAt: row.expires_at, enrolledAt: row.enrolled_at ?? undefined };
+  return (
+    row && {
+      issuedAt: row.issued_at,
+      expiresAt: row.expires_at,
+      enrolledAt: row.enrolled_at ?? undefined,
+      bootId: row.boot_id ?? undefined,
+    }
+  );
 }
 
 function sha256(token: string): Buffer {

@@ -3,7 +3,7 @@ import type { BMDB, DecommissionReport, WipeDecommissionReport } from '@bmaas/bm
 import { decommissionMachines, decommissionWithWipe } from '@bmaas/bmdb-controlloop';
 import { openBMDB } from '../database.js';
 import { log } from '../logging.js';
-import { type Argv, actor, databaseSettings, duration, reason, required, UsageError } from '../settings.js';
+import { type Argv, actor, databaseSettings, duration, optional, reason, required, UsageError } from '../settings.js';
 import { listFlag } from './machine-targets.js';
 
 /** The machines `shepherd decommission` removed and refused. */
@@ -12,9 +12,11 @@ export class DecommissionRefusedError extends Error {
 }
 
 /**
- * `shepherd decommission --provider P --provider-id ID…`: removes machines
- * from the BMDB (their tags and backoffs; their work history stays), for
- * machines gone for good at their provider. Machines with live work are
+ * `shepherd decommission --provider P --provider-id ID… [--reason TEXT]`:
+ * removes machines from the BMDB (their tags and backoffs; their work
+ * history stays) and retires them, with the actor and reason: the
+ * provisioner does not bring a retired machine back while its provider still
+ * lists it (`shepherd recommission` does). Machines with live work are
  * refused and left alone; so are IDs the BMDB does not know. Exits 1 if any
  * was refused, after removing the others.
  */
@@ -34,17 +36,24 @@ export async function decommission(argv: Argv, write: (text: string) => void): P
     }
     return;
   }
+  const request = { actor: actor(argv), reason: optional(argv, 'reason')?.trim() || undefined };
   const bmdb = await openBMDB(databaseSettings(argv), { migrate: false, attach: true });
   try {
     const session = await bmdb.startSession({ processor: 'shepherd-decommission' });
     let report: DecommissionReport;
     try {
-      report = await session.transact((q) => decommissionMachines(q, settings.provider, settings.providerIds));
+      report = await session.transact((q) => decommissionMachines(q, settings.provider, settings.providerIds, request));
     } finally {
       await session.close();
     }
     for (const { providerId, machineId } of report.removed) {
-      log('decommissioned machine %s (provider %s, provider ID %s)', machineId, settings.provider, providerId);
+      log(
+        'decommissioned machine %s (provider %s, provider ID %s) for %s; retired',
+        machineId,
+        settings.provider,
+        providerId,
+        request.actor,
+      );
       write(`removed ${settings.provider} ${providerId} (machine ${machineId})\n`);
     }
     const refusals: string[] = [];
@@ -83,9 +92,11 @@ const WIPE_POLL_MS = 1000;
 
 /**
  * `shepherd decommission --wipe`: requests a wipe of each machine's disks
- * (one with a running agent; one without is refused: nothing can wipe it
- * yet), waits up to `--wipe-timeout` for the agents' reports, and removes
- * each machine whose wipe succeeded. A failed wipe keeps its machine, with
+ * (one with a running agent, or one whose BMC boots its agent: the agent
+ * booter boots one to wipe it; one whose agent arrives over SSH and runs no
+ * more is refused: nothing can wipe it), waits up to `--wipe-timeout` for
+ * the agents' reports, and removes and retires each machine whose wipe
+ * succeeded. A failed wipe keeps its machine, with
  * the agent's error; so does one not reported in time, which the same
  * command run again removes once reported (it requests no second wipe).
  * Exits 1 if any machine is left.
@@ -112,7 +123,7 @@ async function decommissionWiping(
       first = false;
       for (const { providerId, machineId } of report.removed) {
         log(
-          'decommissioned machine %s (provider %s, provider ID %s) after wiping its disks',
+          'decommissioned machine %s (provider %s, provider ID %s) after wiping its disks; retired',
           machineId,
           provider,
           providerId,
@@ -130,7 +141,7 @@ async function decommissionWiping(
       }
       for (const { providerId, machineId } of report.noAgent) {
         refusals.push(
-          `${provider} ${providerId} (machine ${machineId}): no agent runs on it, so its disks cannot be wiped yet (booting the agent through the BMC is not built yet); kept in the BMDB`,
+          `${provider} ${providerId} (machine ${machineId}): no agent runs on it, so its disks cannot be wiped yet: its agent arrives over SSH (boot method ssh), which only the initializer's takeover of a running OS starts, and its BMC boots none; kept in the BMDB`,
         );
       }
       for (const { providerId, machineId, processes } of report.busy) {

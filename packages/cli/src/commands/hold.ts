@@ -1,8 +1,8 @@
-import type { BMDB, MachineNames, MachineRef, PlacedHold, Session } from '@bmaas/bmdb-controlloop';
+import type { MachineNames, MachineRef, PlacedHold } from '@bmaas/bmdb-controlloop';
 import { holdMachine, lookUpMachines, unholdMachine } from '@bmaas/bmdb-controlloop';
-import { openBMDB } from '../database.js';
+import { withSession } from '../database.js';
 import { log } from '../logging.js';
-import { type Argv, actor, databaseSettings, optional, reason } from '../settings.js';
+import { type Argv, actor, optional, reason } from '../settings.js';
 import { describeMachine, MachinesNotDoneError, machineTargets, unknownLines } from './machine-targets.js';
 
 /** What `hold` and `unhold` are told, checked before anything is touched. */
@@ -140,26 +140,4 @@ export async function unhold(argv: Argv, write: (text: string) => void): Promise
     const unknown = unknownLines(settings.targets, lookup);
     if (unknown.length > 0) throw new MachinesNotDoneError('refused', unknown);
   });
-}
-
-/**
- * Runs `fn` with a session of its own on the BMDB of the command's flags
- * (one that exists: an embedded one is not created); closes both after.
- */
-export async function withSession<T>(
-  argv: Argv,
-  processor: string,
-  fn: (session: Session, bmdb: BMDB) => Promise<T>,
-): Promise<T> {
-  const bmdb = await openBMDB(databaseSettings(argv), { migrate: false, mustExist: true, attach: true });
-  try {
-    const session = await bmdb.startSession({ processor });
-    try {
-      return await fn(session, bmdb);
-    } finally {
-      await session.close();
-    }
-  } finally {
-    await bmdb.close();
-  }
 }

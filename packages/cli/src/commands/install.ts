@@ -9,9 +9,9 @@ import {
   type RootDeviceHints,
   requestOSInstallation,
 } from '@bmaas/bmdb-controlloop';
+import { withSession } from '../database.js';
 import { log } from '../logging.js';
 import { type Argv, actor, fileContents, oneOf, optional, reason, UsageError } from '../settings.js';
-import { withSession } from './hold.js';
 import { describeMachine, MachinesNotDoneError, machineTargets, unknownLines } from './machine-targets.js';
 
 /** The most user-data a request carries: cloud-init's own limit on most clouds is far lower. */

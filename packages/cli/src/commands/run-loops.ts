@@ -80,7 +80,11 @@ export async function shepherdParts(
   ];
 }
 
-/** The agent booter, and the boot files it serves from this process (where its tokens are made) until it stops. */
+/**
+ * The agent booter, and the boot files served from this process until it
+ * stops: its own virtual media boots' ISOs (where their tokens are made), and
+ * every network boot armed in the BMDB, whichever process claimed it.
+ */
 async function agentBooterPart(
   bmdb: BMDB,
   settings: RunSettings,
@@ -90,6 +94,7 @@ async function agentBooterPart(
   const tls = own.tls && (await loadTls(own.tls));
   const files = await AgentBootFiles.start({
     imageDir: own.imageDir,
+    db: bmdb.db,
     listen: own.listen,
     publicUrl: own.publicUrl,
     limits: own.limits,

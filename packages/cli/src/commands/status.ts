@@ -9,6 +9,8 @@ import {
   osInstallationCounts,
   osInstallations,
   type RootDeviceHints,
+  retiredMachineCount,
+  retiredMachines,
 } from '@bmaas/bmdb-controlloop';
 import { openBMDB } from '../database.js';
 import { type Argv, databaseSettings } from '../settings.js';
@@ -56,6 +58,19 @@ interface Installation {
   readonly error: string | null;
 }
 
+/** A decommissioned machine the provisioner leaves out while its provider lists it. */
+interface Retired {
+  readonly provider: string;
+  readonly providerId: string;
+  /** The machine ID it had. */
+  readonly machineId: string;
+  readonly retiredAt: string;
+  readonly actor: string | null;
+  readonly reason: string | null;
+  /** Whether its disks were wiped before (`decommission --wipe`). */
+  readonly wiped: boolean;
+}
+
 /** What `shepherd status --json` prints. */
 export interface Status extends FleetStats {
   readonly backoffs: readonly Backoff[];
@@ -67,18 +82,24 @@ export interface Status extends FleetStats {
   readonly agentBoots: AgentBootCounts;
   /** Installations requested, delivered (installing) or failed, most recent first (at most 50). */
   readonly installationRequests: readonly Installation[];
+  /** Retired (decommissioned) machines, of every provider. */
+  readonly retired: number;
+  /** Retired machines, most recently retired first (at most 50). */
+  readonly retiredMachines: readonly Retired[];
 }
 
 const BACKOFFS_SHOWN = 50;
 const HOLDS_SHOWN = 50;
 const INSTALLATIONS_SHOWN = 50;
+const RETIRED_SHOWN = 50;
 
 /**
  * `shepherd status`: the fleet at a glance — machines per lifecycle stage,
  * held machines with reason, actor and age, machines per power state, OS
  * installations per state (those under way or failed listed, with the
  * agent's error), machines per boot method, live work per process, machines in backoff with cause and
- * time left.
+ * time left, retired machines (decommissioned: left out by the provisioner until recommissioned) with who
+ * retired them, when and why.
  */
 export async function status(argv: Argv, write: (text: string) => void): Promise<void> {
   const bmdb = await openBMDB(databaseSettings(argv), { migrate: false, readOnly: true, attach: true });
@@ -91,8 +112,11 @@ export async function status(argv: Argv, write: (text: string) => void): Promise
       states: ['Requested', 'Delivered', 'Failed'],
       limit: INSTALLATIONS_SHOWN,
     });
+    const retired = await retiredMachines(q, { limit: RETIRED_SHOWN });
     const result: Status = {
       ...stats,
+      retired: await retiredMachineCount(q),
+      retiredMachines: retired.map((r) => ({ ...r, retiredAt: r.retiredAt.toISOString() })),
       installations: await osInstallationCounts(q),
       agentBoots: await agentBootCounts(q),
       installationRequests: installations.map((i) => ({
@@ -227,6 +251,26 @@ function render(status: Status): string {
       ]),
     );
     if (total > status.backoffs.length) lines.push(`  … ${total - status.backoffs.length} more`);
+  }
+  lines.push('', `Retired: ${status.retired}`);
+  if (status.retiredMachines.length > 0) {
+    lines.push(
+      ...table([
+        ['PROVIDER', 'PROVIDER ID', 'WAS MACHINE', 'RETIRED', 'BY', 'WIPED', 'REASON'],
+        ...status.retiredMachines.map((r) => [
+          r.provider,
+          r.providerId,
+          r.machineId,
+          r.retiredAt,
+          r.actor ?? '-',
+          r.wiped ? 'yes' : 'no',
+          r.reason ?? '',
+        ]),
+      ]),
+    );
+    if (status.retired > status.retiredMachines.length) {
+      lines.push(`  … ${status.retired - status.retiredMachines.length} more`);
+    }
   }
   return `${lines.join('\n')}\n`;
 }

@@ -64,9 +64,9 @@ export class RedfishBmc implements Bmc {
     return this.client.insertVirtualMedia(this.target, image, signal);
   }
 
-  /** Ejects the CD virtual media's image, if one is inserted. */
-  ejectVirtualMedia(signal?: AbortSignal): Promise<RedfishMediaResult> {
-    return this.client.ejectVirtualMedia(this.target, signal);
+  /** Ejects the CD virtual media's image if it is `image`, and nothing else (see {@link RedfishClient.ejectVirtualMedia}). */
+  ejectVirtualMedia(image: string, signal?: AbortSignal): Promise<RedfishMediaResult> {
+    return this.client.ejectVirtualMedia(this.target, image, signal);
   }
 }
 

@@ -158,11 +158,13 @@ export class RedfishClient {
   }
 
   /**
-   * Ejects the image of the system's CD or DVD virtual media, if one is inserted.
+   * Ejects the image of the system's CD or DVD virtual media if it is
+   * `image`: another one (inserted by a later boot), or one the BMC does
+   * not name, stays, and `ejected` is false.
    *
    * @throws {@link BmcUnsupportedError} when the BMC has no CD or DVD virtual media, or no EjectMedia action
    */
-  async ejectVirtualMedia(target: RedfishTarget, signal?: AbortSignal): Promise<RedfishMediaResult> {
+  async ejectVirtualMedia(target: RedfishTarget, image: string, signal?: AbortSignal): Promise<RedfishMediaResult> {
     return this.#withSlot(signal, async () => {
       const media = await findCdMedia(
         this.#transport,
@@ -170,11 +172,20 @@ export class RedfishClient {
         await readSystem(this.#transport, target, signal),
         signal,
       );
-      if (media.inserted) {
-        await ejectMedia(this.#transport, target, media, signal);
-        log.redfish('machine %s: ejected the virtual media of %s', target.machine, media.url);
+      if (!media.inserted) return { media: media.url, ejected: false };
+      if (media.image !== image) {
+        log.redfish(
+          'machine %s: %s holds %s, not %s: left in place',
+          target.machine,
+          media.url,
+          media.image === undefined ? 'an image the BMC does not name' : mediaName(media.image),
+          mediaName(image),
+        );
+        return { media: media.url, ejected: false };
       }
-      return { media: media.url, ejected: media.inserted };
+      await ejectMedia(this.#transport, target, media, signal);
+      log.redfish('machine %s: ejected %s from %s', target.machine, mediaName(image), media.url);
+      return { media: media.url, ejected: true };
     });
   }
 

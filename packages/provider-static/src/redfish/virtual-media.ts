@@ -10,6 +10,8 @@ export interface RedfishVirtualMedia {
   readonly url: string;
   readonly mediaTypes: readonly string[];
   readonly inserted: boolean;
+  /** The image's URL, as the BMC says it (`Image`); `undefined` when it says none. */
+  readonly image: string | undefined;
   /** `#VirtualMedia.InsertMedia`'s target; `undefined` when it has none. */
   readonly insertTarget: string | undefined;
   /** `#VirtualMedia.EjectMedia`'s target; `undefined` when it has none. */
@@ -172,6 +174,7 @@ function readMedia(target: RedfishTarget, url: string, body: Record<string, unkn
     url,
     mediaTypes: stringArray(body.MediaTypes) ?? [],
     inserted: body.Inserted === true,
+    image: typeof body.Image === 'string' && body.Image !== '' ? body.Image : undefined,
     insertTarget: actionTarget('#VirtualMedia.InsertMedia'),
     ejectTarget: actionTarget('#VirtualMedia.EjectMedia'),
   };

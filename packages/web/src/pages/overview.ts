@@ -4,7 +4,7 @@ import { type Html, href, html } from '../html.js';
 import { relativeTime, timeTag } from '../time.js';
 import { INSTALLATION_LABELS, POWER_LABELS, STAGE_LABELS } from './layout.js';
 
-/** `/`: stages as a bar chart, live sessions, work in flight, backoffs by cause, recent failures. */
+/** `/`: stages as a bar chart, live sessions, work in flight, backoffs by cause, recent failures, retired machines. */
 export function overviewPage(o: Overview): Html {
   const largest = Math.max(1, ...MACHINE_STAGES.map((stage) => o.stages[stage]));
   const chart = MACHINE_STAGES.filter((stage) => stage !== 'unprovided' || o.stages.unprovided > 0).map((stage) => {
@@ -55,6 +55,17 @@ export function overviewPage(o: Overview): Html {
         : html` – ${timeTag(c.latestUntil, o.now)}`
     }</td>
 <td><a class="id" href="/machines/${c.exampleMachineId}">${c.exampleMachineId.slice(0, 8)}</a></td>
+</tr>`,
+  );
+  const retired = o.retiredMachines.map(
+    (r) => html`<tr>
+<td>${r.provider}</td>
+<td>${r.providerId}</td>
+<td class="id">${r.machineId.slice(0, 8)}</td>
+<td>${timeTag(r.retiredAt, o.now)}</td>
+<td>${r.actor ?? html`<span class="none">–</span>`}</td>
+<td>${r.wiped ? 'wiped' : 'not wiped'}</td>
+<td class="cause">${r.reason ?? ''}</td>
 </tr>`,
   );
   const failures = o.recentFailures.map(
@@ -120,5 +131,12 @@ ${
   failures.length === 0
     ? html`<p class="muted">No failures recorded.</p>`
     : html`<div class="scroll"><table><thead><tr><th>when</th><th>machine</th><th>process</th><th>cause</th></tr></thead><tbody>${failures}</tbody></table></div>`
+}
+<h2>Retired</h2>
+${
+  o.retired === 0
+    ? html`<p class="muted">No machine is retired.</p>`
+    : html`<p>${o.retired.toLocaleString('en-US')} machine${o.retired === 1 ? '' : 's'} retired (decommissioned): the provisioner leaves ${o.retired === 1 ? 'it' : 'them'} out while the provider lists ${o.retired === 1 ? 'it' : 'them'}, until <code>shepherd recommission</code>${o.retired > retired.length ? html`; the latest ${retired.length}` : ''}</p>
+<div class="scroll"><table class="retired"><thead><tr><th>provider</th><th>provider ID</th><th>was machine</th><th>retired</th><th>by</th><th>disks</th><th>reason</th></tr></thead><tbody>${retired}</tbody></table></div>`
 }`;
 }
