@@ -19,7 +19,7 @@ const SOURCES = fileURLToPath(new URL('../packages/bmdb-controlloop/src/', impor
 const LAYERS: readonly (readonly [string, RegExp])[] = [
   [
     'base: the schema, errors, values and the metrics',
-    /^(errors|schema|root-device-hints|hardware-report|hardware-totals|tags|backoff|duration|redact-url|work-candidate|metrics|agent-heartbeat-check)\.ts$/,
+    /^(errors|schema|root-device-hints|first-boot|hardware-report|hardware-totals|tags|backoff|duration|redact-url|work-candidate|metrics|agent-heartbeat-check)\.ts$/,
   ],
   ['sql/: the statements that claim, end and keep sessions', /^sql\//],
   ['queries/: reads, tag writes, selections', /^(queries\/|queries\.ts$|selection\.ts$)/],

@@ -1,4 +1,4 @@
-import type { KeyObject } from 'node:crypto';
+import { createHash, type KeyObject, randomBytes } from 'node:crypto';
 import { certificatePem, sleep } from '@bmaas/common';
 import { create } from '@bufbuild/protobuf';
 import { type AgentService, HeartbeatClient } from './callback/heartbeat-client.js';
@@ -217,9 +217,9 @@ function start(
   const wipe = asked.type.case === 'diskWipe';
   const installation: Installation = { generation: asked.generation, wipe, stop: new AbortController() };
   log(`${wipe ? 'wiping every disk for' : 'installing'} generation ${asked.generation}`);
-  if (asked.type.case === 'diskImage' && asked.type.value.userData.length > 0) {
-    log(`generation ${asked.generation}: its user_data is not handed to the installed OS (not implemented yet)`);
-  }
+  // The installation's first-boot secret: on the config drive, its hash in the Success report, never logged.
+  const secret = randomBytes(32).toString('base64url');
+  const { machineId, bmaasEndpoint } = options.init;
   const done =
     options.inPlace !== undefined
       ? Promise.reject(inPlaceRefusal(asked, options.inPlace))
@@ -238,6 +238,10 @@ function start(
             ca,
             signal: installation.stop.signal,
             timeoutMs: options.installTimeoutMs,
+            firstBoot: {
+              machineId,
+              phoneHome: { url: `https://${bmaasEndpoint}${PHONE_HOME_PATH}${machineId}/${secret}`, caCertificate: ca },
+            },
           }).then(
             (installed) =>
               `${installed.bytes} bytes onto ${installed.device}${
@@ -247,9 +251,10 @@ function start(
   done.then(
     (what) => {
       log(`${wipe ? 'wiped' : 'installed'} generation ${asked.generation}: ${what}`);
+      const bootSecretSha256 = wipe ? new Uint8Array() : createHash('sha256').update(secret, 'utf8').digest();
       installation.report = create(OSInstallationReportSchema, {
         generation: asked.generation,
-        result: { case: 'success', value: {} },
+        result: { case: 'success', value: { bootSecretSha256 } },
       });
     },
     (error: unknown) => {
@@ -264,6 +269,9 @@ function start(
   );
   return installation;
 }
+
+/** Where the BMaaS server takes an installed OS's first boot report (the server's `PHONE_HOME_PATH`). */
+const PHONE_HOME_PATH = '/phone-home/';
 
 async function reboot(command: string | undefined, log: (line: string) => void): Promise<void> {
   if (!command) {

@@ -1,10 +1,13 @@
+import { execFile } from 'node:child_process';
 import { createHash, X509Certificate } from 'node:crypto';
 import { cp, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { createServer, type Server } from 'node:http';
+import { request as httpsRequest } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import { gzipSync } from 'node:zlib';
 import {
   addProvided,
@@ -28,7 +31,35 @@ import { type AgentEnd, runAgent } from '../src/agent.js';
 import type { AgentService } from '../src/callback/heartbeat-client.js';
 import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
 import { IN_PLACE_WARNING, takeover } from '../src/takeover.js';
+import { gptDiskImage, LINUX_TYPE_GUID } from './disk-image-builder.js';
 import { biosInformation, endOfTable, memoryDevice, systemInformation } from './smbios-builder.js';
+
+const run = promisify(execFile);
+const IMAGE_PARTITION = '11111111-2222-4333-8444-555555555555';
+
+/**
+ * The disk holds `written` as an installation leaves it: the image's body
+ * byte for byte (its own backup GPT header, at its end, zeroed), its MBR's
+ * boot code, and a GPT of the image's partition, unchanged, and the config
+ * drive (config-2) at the disk's end.
+ */
+async function expectInstalled(disk: string, written: Buffer): Promise<void> {
+  const bytes = await readFile(disk);
+  expect(bytes.subarray(MiB, written.length - 512).equals(written.subarray(MiB, written.length - 512))).toBe(true);
+  expect(bytes.subarray(0, 446).equals(written.subarray(0, 446))).toBe(true);
+  const table = JSON.parse((await run('sfdisk', ['--json', disk])).stdout).partitiontable;
+  expect(
+    table.partitions.map((p: { start: number; size: number; uuid: string; name: string }) => [
+      p.start,
+      p.size,
+      p.uuid,
+      p.name,
+    ]),
+  ).toEqual([
+    [2048, 6109 - 2048 + 1, IMAGE_PARTITION.toUpperCase(), 'part'],
+    [bytes.length / 512 - 2048 - 64 * 2048, 64 * 2048, expect.any(String), 'config-2'],
+  ]);
+}
 
 const fixture = fileURLToPath(new URL('./fixtures/bios-vm/', import.meta.url));
 const { bmdb } = await testBMDB();
@@ -43,8 +74,10 @@ const lastHeartbeat = async (machineId: string): Promise<Date | undefined> =>
       .where('machine_id', '=', machineId)
       .executeTakeFirst()
   )?.agent_heartbeat_at;
-const image = Buffer.alloc(3 * MiB);
-for (let i = 0; i < image.length; i += 4) image.writeUInt32LE(i, i);
+/** A 3 MiB whole-disk image: a GPT with one Linux partition, its bytes a pattern. */
+const image = gptDiskImage(3 * MiB, [{ type: LINUX_TYPE_GUID, guid: IMAGE_PARTITION, firstLba: 2048, lastLba: 6109 }]);
+/** What a disk the agent installs onto holds: the image, then room for its config drive at the end. */
+const INSTALL_DISK_BYTES = 72 * MiB;
 const gzipped = gzipSync(image);
 const sha256 = createHash('sha256').update(gzipped).digest('hex');
 
@@ -106,13 +139,13 @@ async function startedAgent(
   return { machineId, stop, ended, lines };
 }
 
-/** A copy of the recorded BIOS VM whose disk vda is a file of 8 MiB of `fill` under its dev/: `/dev/vda` to the agent. */
-async function biosVmWithDisk(name: string, fill = 0xaa): Promise<{ root: string; disk: string }> {
+/** A copy of the recorded BIOS VM whose disk vda is a file of `bytes` (8 MiB) of `fill` under its dev/: `/dev/vda` to the agent. */
+async function biosVmWithDisk(name: string, fill = 0xaa, bytes = 8 * MiB): Promise<{ root: string; disk: string }> {
   const root = path.join(dir, name);
   await cp(fixture, root, { recursive: true, verbatimSymlinks: true });
   await mkdir(path.join(root, 'dev'), { recursive: true });
   const disk = path.join(root, 'dev/vda');
-  await writeFile(disk, Buffer.alloc(8 * MiB, fill));
+  await writeFile(disk, Buffer.alloc(bytes, fill));
   return { root, disk };
 }
 
@@ -303,7 +336,7 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
   });
 
   test('installs what it is asked: an Error report on a bad checksum, then Success on the next request, then stops', async () => {
-    const { root, disk } = await biosVmWithDisk('bios-vm-install');
+    const { root, disk } = await biosVmWithDisk('bios-vm-install', 0xaa, INSTALL_DISK_BYTES);
     const agent = await startedAgent('cloud.agent.api', server.port, root);
     try {
       const request = {
@@ -326,8 +359,65 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
       expect(await agent.ended).toBe('installed');
       const installed = await osInstallation(q, agent.machineId);
       expect(installed).toMatchObject({ generation: right.generation, state: 'Succeeded', error: null });
-      expect((await readFile(disk)).subarray(0, image.length).equals(image)).toBe(true);
+      await expectInstalled(disk, image);
       expect(agent.lines).toContain('installed; no reboot command: stopping as if rebooted');
+    } finally {
+      agent.stop.abort();
+    }
+  });
+
+  test('gives the installed OS a config drive with the request’s hostname, keys and network, whose phone home marks it booted', async () => {
+    const { root, disk } = await biosVmWithDisk('bios-vm-first-boot', 0, INSTALL_DISK_BYTES);
+    const agent = await startedAgent('cloud.agent.api', server.port, root);
+    const key = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOp1bV7Yq2W8hA0Xw3u5mJc9tXJ0cJmXG1wYb4lDk5Qe alice@ops';
+    try {
+      await requestOSInstallation(q, agent.machineId, {
+        imageUrl,
+        imageSha256: sha256,
+        rootDevice: '/dev/vda',
+        compression: 'gzip',
+        hostname: 'db1',
+        sshPublicKeys: [key],
+        actor: 'test',
+        reason: 'first boot',
+      });
+      expect(await agent.ended).toBe('installed');
+      await expectInstalled(disk, image);
+      const table = JSON.parse((await run('sfdisk', ['--json', disk])).stdout).partitiontable;
+      const at = `${disk}@@${table.partitions[1].start * 512}`;
+      const env = { ...process.env, MTOOLS_SKIP_CHECK: '1' };
+      const read = async (name: string) =>
+        JSON.parse((await run('mtype', ['-i', at, `::/openstack/latest/${name}`], { env })).stdout);
+      expect(await read('meta_data.json')).toMatchObject({
+        uuid: agent.machineId,
+        hostname: 'db1',
+        public_keys: { 'key-0': key },
+      });
+      // No network in the request: DHCP on the recorded VM's NIC, by its MAC.
+      const network = await read('network_data.json');
+      expect(network.networks).toEqual([{ id: 'network0', type: 'ipv4_dhcp', link: 'nic0' }]);
+      expect(network.links).toEqual([
+        { id: 'nic0', type: 'phy', ethernet_mac_address: expect.stringMatching(/^([0-9a-f]{2}:){5}[0-9a-f]{2}$/) },
+      ]);
+      const cloudConfig = JSON.parse((await read('vendor_data.json'))['cloud-init'].replace('#cloud-config\n', ''));
+      expect(cloudConfig.ca_certs.trusted).toEqual([new X509Certificate(caDer).toString()]);
+      const url = new URL(cloudConfig.phone_home.url);
+      expect(url.origin).toBe(`https://localhost:${server.port}`);
+      expect(url.pathname).toMatch(new RegExp(`^/phone-home/${agent.machineId}/[A-Za-z0-9_-]{43}$`));
+      expect(agent.lines.join('\n')).not.toContain(url.pathname.split('/')[3]);
+      expect(await osInstallation(q, agent.machineId)).toMatchObject({ state: 'Succeeded', firstBoot: 'booting' });
+
+      // The installed OS, come up, posts there as cloud-init's phone_home does.
+      const status = await new Promise<number | undefined>((resolve, reject) =>
+        httpsRequest(url, { method: 'POST', ca: cloudConfig.ca_certs.trusted[0] }, (response) => {
+          response.resume();
+          resolve(response.statusCode);
+        })
+          .on('error', reject)
+          .end('pub_key_ed25519=N%2FA&instance_id=x'),
+      );
+      expect(status).toBe(200);
+      expect(await osInstallation(q, agent.machineId)).toMatchObject({ firstBoot: 'booted' });
     } finally {
       agent.stop.abort();
     }
@@ -341,7 +431,7 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
       verbatimSymlinks: true,
     });
     await writeFile(path.join(root, 'dev/sda'), Buffer.alloc(8 * MiB, 0xaa));
-    await writeFile(path.join(root, 'dev/sdb'), Buffer.alloc(8 * MiB, 0xaa));
+    await writeFile(path.join(root, 'dev/sdb'), Buffer.alloc(INSTALL_DISK_BYTES, 0xaa));
     const agent = await startedAgent('cloud.agent.api', server.port, root);
     try {
       await requestOSInstallation(q, agent.machineId, {
@@ -354,7 +444,7 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
       });
       expect(await agent.ended).toBe('installed');
       expect(await osInstallation(q, agent.machineId)).toMatchObject({ state: 'Succeeded', rootDevice: undefined });
-      expect((await readFile(path.join(root, 'dev/sdb'))).subarray(0, image.length).equals(image)).toBe(true);
+      await expectInstalled(path.join(root, 'dev/sdb'), image);
       expect((await readFile(path.join(root, 'dev/sda'))).every((byte) => byte === 0xaa)).toBe(true);
     } finally {
       agent.stop.abort();
@@ -368,7 +458,11 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
     const tls = await selfSignedServerTls(dir);
     let own = await BmaasServer.start({ bmdb, listen: { host: '127.0.0.1', port: 0 }, tls });
     const port = own.port;
-    const older = Buffer.alloc(3 * MiB, 0x5a);
+    const older = gptDiskImage(
+      3 * MiB,
+      [{ type: LINUX_TYPE_GUID, guid: IMAGE_PARTITION, firstLba: 2048, lastLba: 6109 }],
+      0x3c,
+    );
     const olderGzipped = gzipSync(older);
     let release = () => {};
     const released = new Promise<void>((resolve) => {
@@ -379,7 +473,7 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
       void released.then(() => response.end(olderGzipped.subarray(olderGzipped.length - 1)));
     });
     await new Promise<void>((resolve) => gate.listen(0, '127.0.0.1', resolve));
-    const { root, disk } = await biosVmWithDisk('bios-vm-replaced', 0);
+    const { root, disk } = await biosVmWithDisk('bios-vm-replaced', 0, INSTALL_DISK_BYTES);
     const agent = await startedAgent('cloud.agent.api', port, root);
     try {
       const request = { rootDevice: '/dev/vda', compression: 'gzip' as const, actor: 'test', reason: 'agent test' };
@@ -410,7 +504,7 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
         generation: second.generation,
         state: 'Succeeded',
       });
-      expect((await readFile(disk)).subarray(0, image.length).equals(image)).toBe(true);
+      await expectInstalled(disk, image);
     } finally {
       agent.stop.abort();
       release();

@@ -5,7 +5,7 @@ import { guidBytes } from '../src/install/gpt.js';
 export const ESP_TYPE_GUID = 'C12A7328-F81F-11D2-BA4B-00A0C93EC93B';
 export const LINUX_TYPE_GUID = '0FC63DAF-8483-4772-8E79-3D69D8477DE4';
 
-/** A partition to lay out: its type, unique GUID and LBAs (512-byte blocks). */
+/** A partition to lay out: its type, unique GUID and LBAs (of the image's blocks, 512 bytes unless given). */
 export interface PartitionSpec {
   readonly type: string;
   readonly guid: string;
@@ -14,16 +14,22 @@ export interface PartitionSpec {
 }
 
 /**
- * A whole-disk image of `bytes` (a multiple of 512) with a protective MBR and
- * a GPT (primary and backup headers, 128 entries of 128 bytes, CRCs set) of
- * `partitions`, the rest filled with a pattern so that its bytes are not
- * mistaken for zeros or for another image.
+ * A whole-disk image of `bytes` (a multiple of `blockSize`, 512 unless
+ * given) with a protective MBR and a GPT (primary and backup headers, 128
+ * entries of 128 bytes, CRCs set) of `partitions`, the rest filled with a
+ * pattern so that its bytes are not mistaken for zeros or for another image.
  */
-export function gptDiskImage(bytes: number, partitions: readonly PartitionSpec[], pattern = 0x5a): Buffer {
+export function gptDiskImage(
+  bytes: number,
+  partitions: readonly PartitionSpec[],
+  pattern = 0x5a,
+  blockSize = 512,
+): Buffer {
   const image = Buffer.alloc(bytes, pattern);
-  const lbas = bytes / 512;
-  image.fill(0, 0, 34 * 512);
-  image.fill(0, bytes - 33 * 512);
+  const lbas = bytes / blockSize;
+  const entryBlocks = (128 * 128) / blockSize;
+  image.fill(0, 0, (2 + entryBlocks) * blockSize);
+  image.fill(0, bytes - (1 + entryBlocks) * blockSize);
   // Protective MBR: one partition of type 0xEE over the disk.
   image[446 + 4] = 0xee;
   image.writeUInt32LE(1, 446 + 8);
@@ -45,8 +51,8 @@ export function gptDiskImage(bytes: number, partitions: readonly PartitionSpec[]
     h.writeUInt32LE(92, 12);
     h.writeBigUInt64LE(BigInt(current), 24);
     h.writeBigUInt64LE(BigInt(backup), 32);
-    h.writeBigUInt64LE(34n, 40);
-    h.writeBigUInt64LE(BigInt(lbas - 34), 48);
+    h.writeBigUInt64LE(BigInt(2 + entryBlocks), 40);
+    h.writeBigUInt64LE(BigInt(lbas - 2 - entryBlocks), 48);
     Buffer.from(guidBytes('4D1B0C3A-0000-4000-8000-000000000001')).copy(h, 56);
     h.writeBigUInt64LE(BigInt(entriesLba), 72);
     h.writeUInt32LE(128, 80);
@@ -55,9 +61,9 @@ export function gptDiskImage(bytes: number, partitions: readonly PartitionSpec[]
     h.writeUInt32LE(crc32(h), 16);
     return h;
   };
-  header(1, lbas - 1, 2).copy(image, 512);
-  entries.copy(image, 2 * 512);
-  entries.copy(image, (lbas - 33) * 512);
-  header(lbas - 1, 1, lbas - 33).copy(image, (lbas - 1) * 512);
+  header(1, lbas - 1, 2).copy(image, blockSize);
+  entries.copy(image, 2 * blockSize);
+  entries.copy(image, (lbas - 1 - entryBlocks) * blockSize);
+  header(lbas - 1, 1, lbas - 1 - entryBlocks).copy(image, (lbas - 1) * blockSize);
   return image;
 }

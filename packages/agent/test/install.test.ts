@@ -701,6 +701,23 @@ describe('installing a request', () => {
     expect(await bootOrder(efivars)).toEqual([1, 0]);
   });
 
+  test('with a first boot, a disk without room for the config drive fails the installation, naming it, both ends zeroed', async () => {
+    const root = await machine();
+    const disk = path.join(root, 'dev/vda');
+    const failure = install(request({ rootDevice: '/dev/vda' }), {
+      root,
+      firstBoot: { machineId: '0b9c1f7e-5d2a-4c3b-9e8f-7a6b5c4d3e2f', phoneHome: undefined },
+    });
+    await expect(failure).rejects.toBeInstanceOf(InstallationError);
+    await expect(failure).rejects.toMatchObject({
+      problem: 'config-drive',
+      message: expect.stringContaining(`config drive: ${disk}: no 64 MiB free after the image`),
+    });
+    const bytes = await readFile(disk);
+    expect(bytes.subarray(0, MiB).every((byte) => byte === 0)).toBe(true);
+    expect(bytes.subarray(bytes.length - MiB).every((byte) => byte === 0)).toBe(true);
+  });
+
   test('on a BIOS machine (no efivarfs), no boot entry', async () => {
     const root = await machine();
     expect(await install(request({ rootDevice: '/dev/vda' }), { root, efivars: path.join(dir, 'no-efivars') })).toEqual(

@@ -19,7 +19,12 @@ describe("the agent's generated API code", () => {
   });
 
   test("keeps this project's root device hints under their field numbers", () => {
-    expect(shape(DiskImageInstallationRequestSchema).at(-1)).toEqual([6, 'root_device_hints', 'message']);
+    expect(shape(DiskImageInstallationRequestSchema).slice(5)).toEqual([
+      [6, 'root_device_hints', 'message'],
+      [7, 'hostname', 9],
+      [8, 'ssh_public_keys', 'list'],
+      [9, 'network_json', 9],
+    ]);
     // ScalarType: 9 = string, 5 = int32, 8 = bool.
     expect(shape(RootDeviceHintsSchema)).toEqual([
       [1, 'device_name', 9],

@@ -1,5 +1,6 @@
 import { isUuid } from '@bmaas/common';
 import { BMDBError } from './errors.js';
+import type { NetworkConfig } from './first-boot.js';
 import type { RootDeviceHints } from './root-device-hints.js';
 import type { OSImageCompression, OSInstallationResult, OSRequestKind } from './schema.js';
 
@@ -18,6 +19,12 @@ export interface PendingOSInstallation {
   readonly rootDeviceHints: RootDeviceHints | undefined;
   readonly compression: OSImageCompression;
   readonly userData: Uint8Array | undefined;
+  /** The installed OS's hostname; empty for a disk wipe. */
+  readonly hostname: string;
+  /** OpenSSH public keys for the installed OS. */
+  readonly sshPublicKeys: readonly string[];
+  /** The installed OS's network; undefined: DHCP on each NIC. */
+  readonly network: NetworkConfig | undefined;
 }
 
 /**
@@ -55,6 +62,12 @@ export interface OSInstallationReport {
   readonly raw: Uint8Array;
   /** The agent's error message, for `Error`: shown with the installation. */
   readonly error?: string | undefined;
+  /**
+   * For `Success`: the sha256 (32 bytes) of the secret the agent put on the
+   * installed OS's config drive, which the OS presents when it reports its
+   * first boot (`recordFirstBoot`).
+   */
+  readonly bootSecretSha256?: Uint8Array | undefined;
 }
 
 /**
@@ -144,6 +157,10 @@ export function checkAgentHeartbeat(heartbeat: AgentHeartbeat): void {
       throw new BMDBError(
         `agent heartbeat of machine ${heartbeat.machineId}: installation generation ${String(report.generation)} is not a 64-bit integer`,
       );
+    }
+    const secret = report.bootSecretSha256;
+    if (secret !== undefined && (!(secret instanceof Uint8Array) || secret.length !== 32)) {
+      throw new BMDBError(`agent heartbeat of machine ${heartbeat.machineId}: boot secret sha256 must be 32 bytes`);
     }
     if (report.error !== undefined && typeof report.error !== 'string') {
       throw new BMDBError(`agent heartbeat of machine ${heartbeat.machineId}: installation error must be text`);

@@ -31,6 +31,14 @@ export {
   WorkLostError,
   type WorkOutcome,
 } from './errors.js';
+export {
+  checkHostname,
+  checkNetworkConfig,
+  checkSshPublicKey,
+  FirstBootSettingError,
+  isHostname,
+  type NetworkConfig,
+} from './first-boot.js';
 export { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
 export { parseLimiter, RateLimiter } from './limiter.js';
 export type { ComponentSchema } from './migrations/index.js';
@@ -73,6 +81,8 @@ export {
   renewEnrollmentToken,
   revokeEnrollmentToken,
 } from './queries/enrollment.js';
+export type { FirstBootCounts, FirstBootOutcome, FirstBootReport } from './queries/first-boot.js';
+export { bootSecretSha256, firstBootCounts, recordFirstBoot } from './queries/first-boot.js';
 export {
   backoffsByProcess,
   controlByLocation,
@@ -117,6 +127,7 @@ export type { NewOperatorAction } from './queries/operator-history.js';
 export { operatorHistory, recordOperatorAction } from './queries/operator-history.js';
 export type {
   DiskWipeRequest,
+  FirstBoot,
   OSImage,
   OSInstallation,
   OSInstallationCancel,
@@ -126,6 +137,7 @@ export type {
 } from './queries/os-installation.js';
 export {
   cancelOSInstallation,
+  FIRST_BOOT_BOUND_MINUTES,
   osInstallation,
   osInstallationCounts,
   osInstallations,

@@ -1,4 +1,5 @@
 import type { ColumnType, Generated, Insertable, Selectable } from 'kysely';
+import type { NetworkConfig } from './first-boot.js';
 import type { RootDeviceHints } from './root-device-hints.js';
 
 /**
@@ -277,6 +278,18 @@ export interface MachineOsInstallationRequestTable {
   delivered_at: Timestamp | null;
   installation_ended_at: Timestamp | null;
   installation_error: string | null;
+  /** The installed OS's hostname (migration 0019); null for a disk wipe. */
+  hostname: string | null;
+  /** OpenSSH public keys for the installed OS (migration 0019). */
+  ssh_public_keys: ColumnType<string[], string[] | undefined, string[]>;
+  /** The installed OS's network, the agent's model as JSON (migration 0019); null: DHCP on each NIC. */
+  network: ColumnType<NetworkConfig | null, string | null, string | null>;
+  /** sha256 of the first-boot secret the agent put on the config drive, from its `Success` report (migration 0019). */
+  boot_secret_sha256: Uint8Array | null;
+  /** When the installed OS reported its first boot (migration 0019). */
+  booted_at: Timestamp | null;
+  /** The SSH host keys the installed OS sent with its first boot (migration 0019). */
+  booted_host_keys: string[] | null;
   /** Its machine's provider and location, for `fleet_location_totals`; kept by triggers, never write them. */
   provider: Generated<string | null>;
   provider_location: Generated<string | null>;

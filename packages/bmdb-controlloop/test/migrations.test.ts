@@ -60,6 +60,7 @@ test('migrations create the schema once; running them again is a no-op', async (
     '0015_agent_boot_method',
     '0016_network_boot',
     '0018_retired_machines',
+    '0019_first_boot',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // Concurrent starts migrate safely too.
@@ -162,6 +163,12 @@ test('migrations create the schema once; running them again is a no-op', async (
       'root_device_hints',
       'request_kind',
       'decommission',
+      'hostname',
+      'ssh_public_keys',
+      'network',
+      'boot_secret_sha256',
+      'booted_at',
+      'booted_host_keys',
     ],
     machine_unprovided: ['machine_id'],
     machine_hold: ['machine_id', 'hold_reason', 'hold_actor', 'held_at', 'provider', 'provider_location'],
@@ -267,6 +274,7 @@ test('0002 on a database with data: pending agents and heartbeat mirrors are bac
     '0015_agent_boot_method',
     '0016_network_boot',
     '0018_retired_machines',
+    '0019_first_boot',
   ]);
   expect(await bmdb.migrate()).toEqual([]);
   // 0006 backfills a power state row for each provided machine.
@@ -370,6 +378,7 @@ test('0008 on a database with reports: the stored reports are read and the fleet
     '0015_agent_boot_method',
     '0016_network_boot',
     '0018_retired_machines',
+    '0019_first_boot',
   ]);
   expect(await controlByLocation(bmdb.db)).toEqual([
     {
@@ -453,6 +462,7 @@ test('a database migrated to 0008, as released before OS installation, takes 000
     '0015_agent_boot_method',
     '0016_network_boot',
     '0018_retired_machines',
+    '0019_first_boot',
   ]);
   expect((await db.admin('SELECT count(*)::int AS n FROM machine_os_installation_request')).rows).toEqual([{ n: 0 }]);
 });
@@ -486,7 +496,7 @@ test('0018 on a database with agents: the BMC-booted machines’ agent tags are 
   await db.admin('INSERT INTO machine_agent_heartbeat VALUES ($1, now()), ($2, now())', [ids.bmc, ids.ssh]);
 
   const bmdb = await openTestBMDB(db, { migrate: false });
-  expect(await bmdb.migrate()).toEqual(['0016_network_boot', '0018_retired_machines']);
+  expect(await bmdb.migrate()).toEqual(['0016_network_boot', '0018_retired_machines', '0019_first_boot']);
   const flags = async () => ({
     started: Object.fromEntries(
       (

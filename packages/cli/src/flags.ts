@@ -327,6 +327,19 @@ const flags = {
       default: 'none',
     },
     'user-data': { describe: 'File of cloud-init user-data for the installed OS (up to 64 KiB)' },
+    hostname: {
+      describe:
+        "The installed OS's hostname (one machine only), in its config drive; default: the inventory's hostname (with --inventory), else the machine's provider ID",
+    },
+    'ssh-key': {
+      describe:
+        "File of OpenSSH public keys (authorized_keys lines) the installed OS lets in, in its config drive (repeated); default: the inventory's sshPublicKeys (with --inventory)",
+      array: true,
+    },
+    network: {
+      describe:
+        "JSON file of the installed OS's network (interfaces by MAC, bonds, VLANs, static addresses, routes, nameservers; see the README; one machine only); default: the inventory's network (with --inventory), else DHCP on each NIC",
+    },
     cancel: {
       describe: 'Withdraw the machines’ pending, delivered or failed installation request instead',
       boolean: true,

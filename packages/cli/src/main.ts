@@ -377,7 +377,7 @@ const WEB_RECOVERER_FLAGS = ['recoverer-first-heartbeat-timeout', 'recoverer-hea
 const COMMAND_FLAGS: Record<string, string[]> = {
   hold: ['machine-id', 'reason', 'actor', 'json'],
   unhold: ['machine-id', 'reason', 'actor'],
-  install: ['machine-id', 'reason', 'actor'],
+  install: ['machine-id', 'reason', 'actor', 'inventory'],
   decommission: ['wipe', 'wipe-timeout', 'reason', 'actor'],
   recommission: ['reason', 'actor'],
   power: ['reason', 'actor', 'graceful'],

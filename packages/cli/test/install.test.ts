@@ -5,10 +5,21 @@
  * and refusals; and every bad input exiting 2 naming its flag, touching
  * nothing.
  */
+import { createHash, randomBytes } from 'node:crypto';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { addProvided, newMachine, operatorHistory, osInstallation } from '@bmaas/bmdb-controlloop';
+import {
+  addProvided,
+  bootSecretSha256,
+  newMachine,
+  operatorHistory,
+  osInstallation,
+  recordFirstBoot,
+  requestOSInstallation,
+  setAgentStarted,
+} from '@bmaas/bmdb-controlloop';
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { buildOnce, expectUsageError, shepherd } from './helpers.js';
@@ -360,11 +371,256 @@ describe('bad input exits 2 with one line naming the flag, before anything is to
       '--root-device-hint',
       '--compression',
       '--user-data',
+      '--hostname',
+      '--ssh-key',
+      '--network',
+      '--inventory',
       '--cancel',
       '--reason',
       '--provider-id',
       '--machine-id',
     ])
       expect(help.stdout).toContain(flag);
+  });
+});
+
+describe('what the installed OS is given on its first boot', () => {
+  const KEY_A = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOp1bV7Yq2W8hA0Xw3u5mJc9tXJ0cJmXG1wYb4lDk5Qe alice@ops';
+  const KEY_B = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIH0st0Kq2W8hA0Xw3u5mJc9tXJ0cJmXG1wYb4lDk5QeA bob@ops';
+  const NETWORK = {
+    interfaces: [
+      {
+        kind: 'device',
+        name: 'eno1',
+        mac: '0c:c4:7a:00:00:01',
+        addresses: ['192.0.2.10/24'],
+        dhcp: false,
+        routes: [{ destination: '0.0.0.0/0', gateway: '192.0.2.1' }],
+      },
+    ],
+    nameservers: ['192.0.2.53'],
+  };
+  const env = () => ({ SHEPHERD_BMDB_URL: db.url, DEBUG: '' });
+  const machine = async (providerId: string) => {
+    const machineId = await newMachine(q);
+    await addProvided(q, machineId, { provider: 'Static', providerId });
+    return machineId;
+  };
+
+  test('--hostname, --ssh-key and --network are stored with the request, handed to the agent as given', async () => {
+    const machineId = await machine('rack4-node1');
+    await writeFile(path.join(dir, 'keys'), `# the operators\n${KEY_A}\n\n${KEY_B}\n`);
+    await writeFile(path.join(dir, 'network.json'), JSON.stringify(NETWORK));
+    const result = await shepherd(
+      [
+        'install',
+        '--provider',
+        'Static',
+        '--provider-id',
+        'rack4-node1',
+        ...image,
+        '--hostname',
+        'db1.example.com',
+        '--ssh-key',
+        path.join(dir, 'keys'),
+        '--network',
+        path.join(dir, 'network.json'),
+        '--reason',
+        'with a network',
+      ],
+      env(),
+    );
+    expect(result.stderr).toBe('');
+    expect(result.code).toBe(0);
+    expect(await osInstallation(q, machineId)).toMatchObject({
+      hostname: 'db1.example.com',
+      sshPublicKeys: [KEY_A, KEY_B],
+      network: NETWORK,
+    });
+  });
+
+  test('--inventory gives a Static machine its entry’s hostname, keys and network; the flags come first', async () => {
+    const first = await machine('rack4-node2');
+    const second = await machine('rack4-node3');
+    const inventory = path.join(dir, 'inventory.json');
+    await writeFile(
+      inventory,
+      JSON.stringify([
+        { id: 'rack4-node2', address: '192.0.2.2', hostname: 'web2', sshPublicKeys: [KEY_A], network: NETWORK },
+        { id: 'rack4-node3', address: '192.0.2.3', hostname: 'web3', sshPublicKeys: [KEY_A] },
+      ]),
+    );
+    await writeFile(path.join(dir, 'key-b'), `${KEY_B}\n`);
+    const target = ['--provider', 'Static', '--provider-id', 'rack4-node2', 'rack4-node3'];
+    const result = await shepherd(
+      ['install', ...target, ...image, '--inventory', inventory, '--ssh-key', path.join(dir, 'key-b'), '--reason', 'x'],
+      env(),
+    );
+    expect(result.stderr).toBe('');
+    expect(result.code).toBe(0);
+    expect(await osInstallation(q, first)).toMatchObject({
+      hostname: 'web2',
+      sshPublicKeys: [KEY_B],
+      network: NETWORK,
+    });
+    expect(await osInstallation(q, second)).toMatchObject({
+      hostname: 'web3',
+      sshPublicKeys: [KEY_B],
+      network: undefined,
+    });
+  });
+
+  const targets = ['--provider', 'Static', '--provider-id', 'rack1-node3'];
+  test.concurrent.each<[string, (files: string) => Promise<string[]>, RegExp]>([
+    [
+      'a hostname that is none',
+      async () => ['--hostname', 'node_1'],
+      /--hostname: invalid value "node_1": want a hostname: letters, digits and hyphens, dots between/,
+    ],
+    [
+      'a hostname for two machines',
+      async () => ['--provider-id', 'rack1-node3', 'rack1-node2', '--hostname', 'db1'],
+      /--hostname: names one machine’s: install one machine with it/,
+    ],
+    [
+      'a key file with a line that is no key',
+      async (files) => {
+        await writeFile(path.join(files, 'bad-keys'), `${KEY_A}\nssh-ed25519 notbase64!\n`);
+        return ['--ssh-key', path.join(files, 'bad-keys')];
+      },
+      /--ssh-key: ".*bad-keys": "ssh-ed25519 notbase64!" is not an OpenSSH public key/,
+    ],
+    [
+      'a network file that is not JSON',
+      async (files) => {
+        await writeFile(path.join(files, 'network.yaml'), 'interfaces: []\n');
+        return ['--network', path.join(files, 'network.yaml')];
+      },
+      /--network: ".*network.yaml" is not JSON/,
+    ],
+    [
+      'a network with an address without its prefix',
+      async (files) => {
+        const bad = { ...NETWORK, interfaces: [{ ...NETWORK.interfaces[0], addresses: ['192.0.2.10'] }] };
+        await writeFile(path.join(files, 'network.json'), JSON.stringify(bad));
+        return ['--network', path.join(files, 'network.json')];
+      },
+      /--network: ".*network.json": interface eno1: address "192.0.2.10" is not an IP address\/prefix length/,
+    ],
+    [
+      'an inventory with a bad hostname',
+      async (files) => {
+        await writeFile(
+          path.join(files, 'inventory.json'),
+          JSON.stringify([{ id: 'rack1-node3', address: '192.0.2.9', hostname: 'a b' }]),
+        );
+        return ['--inventory', path.join(files, 'inventory.json')];
+      },
+      /--inventory: .*inventory.json.*hostname.*"a b" is not a hostname/,
+    ],
+  ])('%s exits 2 naming the flag, touching nothing', async (_, flags, message) => {
+    const files = await mkdtemp(path.join(tmpdir(), 'shepherd-install-flags-'));
+    const dataDir = path.join(files, 'untouched');
+    const result = await shepherd(
+      ['install', ...targets, ...image, ...(await flags(files)), '--reason', 'x', '--data-dir', dataDir],
+      { DEBUG: '' },
+    );
+    await expectUsageError(result, message, dataDir);
+    await rm(files, { recursive: true, force: true });
+  });
+
+  test('a cancel neither refuses nor reads the inventory the settings name for run static', async () => {
+    const machineId = await machine('rack4-node4');
+    await requestOSInstallation(q, machineId, {
+      imageUrl: 'https://images.example.com/debian-12.img',
+      imageSha256: SHA,
+      rootDevice: '/dev/sda',
+      actor: 'test',
+      reason: 'to cancel',
+    });
+    const result = await shepherd(
+      ['install', '--cancel', '--provider', 'Static', '--provider-id', 'rack4-node4', '--reason', 'x'],
+      { ...env(), SHEPHERD_INVENTORY: '/nonexistent/inventory.json' },
+    );
+    expect(result.stderr).toBe('');
+    expect(result.code).toBe(0);
+    expect((await osInstallation(q, machineId))?.state).toBe('Canceled');
+  });
+
+  test('a cancel with --hostname exits 2 naming it', async () => {
+    const dataDir = path.join(dir, 'untouched-cancel-hostname');
+    const result = await shepherd(
+      ['install', '--cancel', ...targets, '--hostname', 'db1', '--reason', 'x', '--data-dir', dataDir],
+      { DEBUG: '' },
+    );
+    await expectUsageError(result, /--hostname: not with --cancel/, dataDir);
+  });
+});
+
+describe('status shows whether installed OSes booted', () => {
+  const HOST_KEY = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIH0st0Kq2W8hA0Xw3u5mJc9tXJ0cJmXG1wYb4lDk5QeA root@db1';
+
+  /** A Static machine installed as its agent would report it, with the first-boot secret's hash; returns it and the secret. */
+  async function installedMachine(providerId: string): Promise<{ machineId: string; secret: string }> {
+    const machineId = await newMachine(q);
+    await addProvided(q, machineId, { provider: 'Static', providerId });
+    const key = new Uint8Array(randomBytes(32));
+    await setAgentStarted(q, machineId, { publicKey: key });
+    await requestOSInstallation(q, machineId, {
+      imageUrl: 'https://images.example.com/debian-12.img',
+      imageSha256: SHA,
+      rootDevice: '/dev/sda',
+      actor: 'test',
+      reason: 'status test',
+    });
+    await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    const secret = randomBytes(32).toString('base64url');
+    await bmdb.answerAgentHeartbeat({
+      machineId,
+      publicKey: key,
+      installationReport: {
+        generation: 1n,
+        result: 'Success',
+        raw: new Uint8Array([8, 1]),
+        bootSecretSha256: bootSecretSha256(secret),
+      },
+    });
+    return { machineId, secret };
+  }
+
+  test('booted with its time and host keys, booting, and installed-not-booted past the bound, as text and JSON', async () => {
+    const booted = await installedMachine('rack5-node1');
+    const silent = await installedMachine('rack5-node2');
+    const fresh = await installedMachine('rack5-node3');
+    await recordFirstBoot(q, booted.machineId, { secret: booted.secret, hostKeys: [HOST_KEY] });
+    await sql`UPDATE machine_os_installation_request SET installation_ended_at = now() - interval '31 minutes'
+      WHERE machine_id = ${silent.machineId}`.execute(q);
+    const env = { SHEPHERD_BMDB_URL: db.url, DEBUG: '' };
+    const json = JSON.parse((await shepherd(['status', '--json'], env)).stdout);
+    const bootedAt = (await osInstallation(q, booted.machineId))?.bootedAt?.toISOString();
+    expect(json.firstBoots).toEqual({ booted: 1, booting: 1, 'installed-not-booted': 1 });
+    expect(json.installedOSes).toContainEqual(
+      expect.objectContaining({ providerId: 'rack5-node1', firstBoot: 'booted', bootedAt, hostKeys: [HOST_KEY] }),
+    );
+    expect(json.installedOSes).toContainEqual(
+      expect.objectContaining({ providerId: 'rack5-node2', firstBoot: 'installed-not-booted', bootedAt: null }),
+    );
+    expect(json.installedOSes).toContainEqual(
+      expect.objectContaining({ machineId: fresh.machineId, firstBoot: 'booting', hostKeys: [] }),
+    );
+    const text = (await shepherd(['status'], env)).stdout;
+    expect(text).toMatch(
+      /First boots of installed OSes: 3\n {2}booted +1\n {2}booting +1\n {2}installed-not-booted +1\n/,
+    );
+    const blob = Buffer.from(HOST_KEY.split(' ')[1] as string, 'base64');
+    const fingerprint = createHash('sha256').update(blob).digest('base64').replace(/=+$/, '');
+    expect(text).toMatch(
+      new RegExp(
+        `${booted.machineId}  rack5-node1 +1 +rack5-node1 +booted +${bootedAt} +ssh-ed25519 SHA256:${fingerprint.replace(/[+/]/g, '\\$&')}`,
+      ),
+    );
+    expect(text).toMatch(
+      new RegExp(`${silent.machineId}  rack5-node2 +1 +rack5-node2 +installed-not-booted +installed `),
+    );
   });
 });

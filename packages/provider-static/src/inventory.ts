@@ -1,7 +1,15 @@
 import { readFile, stat } from 'node:fs/promises';
 import { isIP } from 'node:net';
 import path from 'node:path';
-import { type AgentBootMethod, redactUrl } from '@bmaas/bmdb-controlloop';
+import {
+  type AgentBootMethod,
+  checkHostname,
+  checkNetworkConfig,
+  checkSshPublicKey,
+  FirstBootSettingError,
+  type NetworkConfig,
+  redactUrl,
+} from '@bmaas/bmdb-controlloop';
 import { describeError, Secret } from '@bmaas/common';
 import { InventoryError } from './errors.js';
 import { IPMI_DEFAULT_CIPHER_SUITE, IPMI_DEFAULT_PORT } from './ipmi/target.js';
@@ -66,9 +74,26 @@ export interface InventoryMachine {
    * `undefined`: a Redfish BMC's own current mode, and UEFI over IPMI.
    */
   readonly bootMode: InventoryBootMode | undefined;
+  /** `hostname`: the installed OS's hostname (`shepherd install`); undefined: its id. */
+  readonly hostname: string | undefined;
+  /** `sshPublicKeys`: OpenSSH public keys the installed OS lets in (`shepherd install`); undefined when not given. */
+  readonly sshPublicKeys: readonly string[] | undefined;
+  /** `network`: the installed OS's network (`shepherd install`); undefined: DHCP on each NIC. */
+  readonly network: NetworkConfig | undefined;
 }
 
-const MACHINE_KEYS = ['id', 'address', 'location', 'bmc', 'agentBoot', 'macs', 'bootMode'] as const;
+const MACHINE_KEYS = [
+  'id',
+  'address',
+  'location',
+  'bmc',
+  'agentBoot',
+  'macs',
+  'bootMode',
+  'hostname',
+  'sshPublicKeys',
+  'network',
+] as const;
 /** Ways a machine's agent arrives; `ssh` when `agentBoot` is left out. */
 const AGENT_BOOT_METHODS: readonly AgentBootMethod[] = ['ssh', 'virtual-media', 'network'];
 const BOOT_MODES: readonly InventoryBootMode[] = ['uefi', 'legacy'];
@@ -86,7 +111,8 @@ const MAX_INVENTORY_BYTES = 16 * 1024 * 1024;
 /**
  * Parses and checks an inventory's text: a JSON array of machines. Either
  * the shepherd's own keys (`id`, `address`, `location`, `bmc`, `agentBoot`,
- * `macs`, `bootMode`) or the
+ * `macs`, `bootMode`, and for `shepherd install` `hostname`,
+ * `sshPublicKeys`, `network`) or the
  * upstream mini device list's (`ID`, `Addr`, `Location`) per entry.
  *
  * @param source - the file or URL the text came from, named in errors
@@ -205,6 +231,33 @@ function parseMachine(entry: unknown, source: string, index: number): InventoryM
     agentBoot: method,
     macs,
     bootMode: bootMode as InventoryBootMode | undefined,
+    ...firstBootOf(entry, fail),
+  };
+}
+
+/** `hostname`, `sshPublicKeys` and `network`: what `shepherd install` gives the installed OS, checked by the library's rules. */
+function firstBootOf(
+  entry: Record<string, unknown>,
+  fail: (field: string, problem: string) => InventoryError,
+): Pick<InventoryMachine, 'hostname' | 'sshPublicKeys' | 'network'> {
+  const checked = <T>(field: string, check: () => T): T => {
+    try {
+      return check();
+    } catch (error) {
+      if (error instanceof FirstBootSettingError) throw fail(field, error.detail);
+      throw error;
+    }
+  };
+  const { hostname, sshPublicKeys, network } = entry;
+  if (sshPublicKeys !== undefined && !Array.isArray(sshPublicKeys)) {
+    throw fail('sshPublicKeys', `want an array of OpenSSH public keys, got ${kindOf(sshPublicKeys)}`);
+  }
+  return {
+    hostname: hostname === undefined ? undefined : checked('hostname', () => checkHostname(hostname, '')),
+    sshPublicKeys: sshPublicKeys?.map((key: unknown, i: number) =>
+      checked(`sshPublicKeys[${i}]`, () => checkSshPublicKey(key, '')),
+    ),
+    network: network === undefined ? undefined : checked('network', () => checkNetworkConfig(network, '')),
   };
 }
 

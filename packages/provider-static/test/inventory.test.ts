@@ -24,6 +24,23 @@ function parseError(value: unknown): InventoryError {
 const bmc = { url: 'https://10.1.7.7/redfish/v1/Systems/1', username: 'admin', passwordFile: '/etc/shepherd/bmc/n7' };
 
 describe('parseInventory', () => {
+  test('reads what shepherd install gives the installed OS: hostname, SSH keys, network', () => {
+    const key = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOp1bV7Yq2W8hA0Xw3u5mJc9tXJ0cJmXG1wYb4lDk5Qe alice@ops';
+    const network = { interfaces: [{ kind: 'device', name: 'eno1', mac: '0c:c4:7a:00:00:01', dhcp: true }] };
+    const [machine] = parseInventory(
+      JSON.stringify([{ id: 'n1', address: '10.0.0.1', hostname: 'db1', sshPublicKeys: [key], network }]),
+      SOURCE,
+    );
+    expect(machine).toMatchObject({
+      hostname: 'db1',
+      sshPublicKeys: [key],
+      network: {
+        interfaces: [{ kind: 'device', name: 'eno1', mac: '0c:c4:7a:00:00:01', addresses: [], dhcp: true, routes: [] }],
+        nameservers: [],
+      },
+    });
+  });
+
   test('reads the shepherd’s own format, with and without BMCs', () => {
     const machines = parseInventory(
       JSON.stringify([
@@ -395,6 +412,27 @@ describe('parseInventory', () => {
       'insecure that is no boolean',
       [{ id: 'n1', address: '10.0.0.1', bmc: { url: 'https://10.1.0.1/', insecure: 'yes' } }],
       'field bmc.insecure: want true or false, got "yes"',
+    ],
+    [
+      'a hostname that is none',
+      [{ id: 'n1', address: '10.0.0.1', hostname: 'node_1' }],
+      'field hostname: "node_1" is not a hostname',
+    ],
+    [
+      'an SSH key that is none',
+      [{ id: 'n1', address: '10.0.0.1', sshPublicKeys: ['ssh-ed25519 AAAA'] }],
+      'field sshPublicKeys[0]: "ssh-ed25519 AAAA" is not an OpenSSH public key',
+    ],
+    [
+      'a network with a bond over an interface not listed',
+      [
+        {
+          id: 'n1',
+          address: '10.0.0.1',
+          network: { interfaces: [{ kind: 'bond', name: 'bond0', mode: '802.3ad', members: ['eno9'] }] },
+        },
+      ],
+      'field network: interface bond0: "eno9" is not among the interfaces',
     ],
   ])('refuses %s, naming the file, the entry and the field', (_, value, expected) => {
     const error = parseError(value);

@@ -152,7 +152,8 @@ async function heartbeat(
 
 /**
  * The answer handing out a pending request: `installation_request` with its
- * generation and this project's `disk_image` member (field 100), or its
+ * generation and this project's `disk_image` member (field 100, with what
+ * the installed OS's config drive holds: hostname, SSH keys, network), or its
  * `disk_wipe` (field 101) for a disk wipe, and what
  * became of the report the heartbeat carried (`installation_report_outcome`,
  * this project's field 100 of the answer; none when it carried none): an
@@ -179,6 +180,9 @@ export function installationResponse(
                 ...(pending.rootDeviceHints && { rootDeviceHints: hintsMessage(pending.rootDeviceHints) }),
                 compression: pending.compression === 'gzip' ? Compression.GZIP : Compression.UNSPECIFIED,
                 ...(pending.userData && { userData: pending.userData }),
+                hostname: pending.hostname,
+                sshPublicKeys: [...pending.sshPublicKeys],
+                networkJson: pending.network === undefined ? '' : JSON.stringify(pending.network),
               },
             },
     },
@@ -226,10 +230,18 @@ function installationReport(machineId: string, report: OSInstallationReportMessa
       Code.InvalidArgument,
     );
   }
+  const secret = result.case === 'success' ? result.value.bootSecretSha256 : new Uint8Array();
+  if (secret.length !== 0 && secret.length !== 32) {
+    throw new ConnectError(
+      `installation_report of machine ${machineId}: boot_secret_sha256 has ${secret.length} bytes, not 32`,
+      Code.InvalidArgument,
+    );
+  }
   return {
     generation: report.generation,
     result: result.case === 'success' ? 'Success' : 'Error',
     raw: toBinary(OSInstallationReportSchema, report),
     ...(result.case === 'error' && { error: result.value.error }),
+    ...(secret.length === 32 && { bootSecretSha256: secret }),
   };
 }

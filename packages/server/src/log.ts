@@ -7,4 +7,6 @@ export const log = {
   heartbeat: createDebug('bmaas:server:heartbeat'),
   /** One line per enrollment, enrolled or refused: the machine and why, never the token. */
   enrollment: createDebug('bmaas:server:enrollment'),
+  /** One line per installed OS's first boot report, recorded or refused: the machine, never its secret. */
+  firstBoot: createDebug('bmaas:server:first-boot'),
 };

@@ -20,6 +20,7 @@ import { RequestBudget, type ServerLimits, serverLimits } from './limits.js';
 import { log } from './log.js';
 import { ServerMetrics } from './metrics.js';
 import { peerKey, peerKeyOf } from './peer-key.js';
+import { isPhoneHome, phoneHomeHandler } from './phone-home.js';
 import { grpcRoutes, leanRoute, libraryRoutes } from './routes.js';
 import type { ServerTls } from './tls.js';
 
@@ -98,7 +99,9 @@ export interface BmaasServerOptions {
 
 /**
  * The BMaaS server: AgentCallback and AgentEnrollment over gRPC (and Connect
- * and gRPC-Web) on HTTP/2 with TLS. It asks every client for a certificate and checks no
+ * and gRPC-Web) on HTTP/2 with TLS, and installed OSes' reports of their
+ * first boot (`POST /phone-home/<machine ID>/<secret>`, HTTP/1.1 or
+ * HTTP/2, no client certificate: the installation's secret authenticates it). It asks every client for a certificate and checks no
  * chain: an agent's is self-signed over its ed25519 key, and what
  * authenticates a heartbeat is that key being its machine's (see
  * `BMDB.recordAgentHeartbeat`).
@@ -157,6 +160,8 @@ export class BmaasServer {
       // Upstream gRPC's default ceiling; a hardware report is a few kilobytes.
       readMaxBytes: READ_MAX_BYTES,
     });
+    const phoneHome = phoneHomeHandler(options.bmdb, metrics, budget);
+    const toLibrary = libraryRequests(library, heartbeat, enroll, budget);
     const server = createSecureServer(
       {
         cert: options.tls.cert,
@@ -166,7 +171,8 @@ export class BmaasServer {
         allowHTTP1: true,
         settings: { maxConcurrentStreams: limits.streamsPerConnection },
       },
-      libraryRequests(library, heartbeat, enroll, budget),
+      // Installed OSes' first boot reports need no client certificate: the rest goes to the library.
+      (request, response) => (isPhoneHome(request) ? phoneHome(request, response) : toLibrary(request, response)),
     );
     routeStreams(server, grpcRoutes(heartbeat, enroll), budget);
     holdConnections(server, limits, metrics);

@@ -4,6 +4,7 @@ import { generatedAndCommitted } from '../../../test/support/proto.js';
 import { NodeSchema } from '../src/gen/cloud/agent/api/hwreport_pb.js';
 import {
   MetropolisInstallationRequestSchema,
+  OSInstallationReport_SuccessSchema,
   OSInstallationRequestSchema,
 } from '../src/gen/cloud/bmaas/server/api/agent_pb.js';
 import {
@@ -86,7 +87,12 @@ describe('generated BMaaS server API code', () => {
       [4, 'compression', 'enum', ''],
       [5, 'user_data', 12, ''],
       [6, 'root_device_hints', 'cloud.agent.api.RootDeviceHints', ''],
+      [7, 'hostname', 9, ''],
+      [8, 'ssh_public_keys', 9, 'repeated'],
+      [9, 'network_json', 9, ''],
     ]);
+    // This project's extension of upstream's empty Success, under a number upstream never used.
+    expect(shape(OSInstallationReport_SuccessSchema)).toEqual([[100, 'boot_secret_sha256', 12, '']]);
     expect(shape(MetropolisInstallationRequestSchema)).toEqual([[3, 'root_device', 9, '']]);
     expect(NodeSchema.typeName).toBe('cloud.agent.api.Node');
     // The same API under the current upstream agent's names (cloud/agent/api/agent.proto).

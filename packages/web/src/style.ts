@@ -51,6 +51,11 @@ h1 .id { font-size: 1.15rem; }
 .install-Succeeded, .stage-installed { color: var(--ok); border-color: var(--ok); }
 .install-Failed { color: var(--bad); border-color: var(--bad); }
 .install-Requested, .install-Delivered { color: var(--warn); border-color: var(--warn); }
+.first-boot { display: inline-block; padding: 0 .45rem; border-radius: 1rem; font-size: .8rem; white-space: nowrap;
+  border: 1px solid var(--line); }
+.first-boot-booted { color: var(--ok); border-color: var(--ok); }
+.first-boot-installed-not-booted { color: var(--bad); border-color: var(--bad); }
+.first-boot-booting { color: var(--warn); border-color: var(--warn); }
 .held { display: inline-block; padding: 0 .45rem; border-radius: 1rem; font-size: .8rem; font-weight: 600;
   color: var(--warn); border: 1px solid var(--warn); }
 .ev-Succeeded { color: var(--ok); }

@@ -10,6 +10,7 @@ export type InstallationProblem =
   | 'stopped'
   | 'write'
   | 'boot-entry'
+  | 'config-drive'
   | 'request'
   | 'in-place';
 

@@ -3,10 +3,13 @@ import path from 'node:path';
 import type { OSInstallationRequest } from '../gen/cloud/agent/api/agent_pb.js';
 import {
   DiskImageInstallationRequest_Compression as Compression,
+  type DiskImageInstallationRequest,
   type RootDeviceHints as RootDeviceHintsMessage,
 } from '../gen/cloud/agent/api/disk_image_pb.js';
 import type { DiskRecord } from '../hardware/disks.js';
 import { readDisks } from '../hardware/disks.js';
+import { readNics } from '../hardware/nics.js';
+import type { NetworkConfig } from '../network/config.js';
 import {
   chooseRootDevice,
   noHints,
@@ -14,8 +17,10 @@ import {
   type RootDeviceHints,
   RootDeviceNotFoundError,
 } from '../root-device-hints.js';
+import type { ConfigDriveContents } from './config-drive.js';
 import { addBootEntryForDisk, removeInstalledOsEntries } from './efi-boot.js';
 import { InstallationError } from './errors.js';
+import { networkData } from './network-data.js';
 import { writeDiskImage } from './write-image.js';
 
 /** Where an installation reads the machine and writes its boot entry. */
@@ -35,6 +40,21 @@ export interface InstallOptions {
   readonly timeoutMs?: number | undefined;
   /** The longest the image's server may stay silent, in milliseconds (60 s unless given). */
   readonly idleTimeoutMs?: number | undefined;
+  /**
+   * The installed OS's first boot: a config drive is written (see
+   * `config-drive.ts`) with the request's hostname (the machine ID if it
+   * gives none), SSH keys, user data and network (DHCP on each NIC if it
+   * gives none), and the phone home; none when absent.
+   */
+  readonly firstBoot?: FirstBootSettings | undefined;
+}
+
+/** What the agent, not the request, knows of the installed OS's first boot. */
+export interface FirstBootSettings {
+  /** The machine's BMDB UUID: the OS's instance ID. */
+  readonly machineId: string;
+  /** Where the OS reports its first boot, the installation's secret in it; and the CA (PEM) it trusts it by. */
+  readonly phoneHome: ConfigDriveContents['phoneHome'];
 }
 
 /** The description of every boot entry an installation adds, before the disk's name: how the agent finds its own. */
@@ -56,7 +76,9 @@ export interface Installed {
  * hardware report lists them): by path (a `deviceName` hint: /dev/sda or a
  * /dev/disk/by-path link) or by hints. On a UEFI machine, the boot entries
  * earlier installations added are removed before the write starts, and a
- * new one for the image goes first in BootOrder after it.
+ * new one for the image goes first in BootOrder after it. With
+ * `firstBoot`, the installed OS gets a config drive (`config-drive.ts`),
+ * written after the image's body and before its head.
  *
  * @throws {@link InstallationError} for a request of another kind or without
  *   a device, a device that is not a whole disk of the machine, hints that
@@ -77,6 +99,7 @@ export async function install(request: OSInstallationRequest, options: InstallOp
   const efivars = options.efivars !== undefined && (await present(options.efivars)) ? options.efivars : undefined;
   // Before the write: an entry naming the old ESP by its GUID must not boot what is half written.
   if (efivars !== undefined) await removeInstalledOsEntries(efivars, BOOT_ENTRY_DESCRIPTION);
+  const contents = options.firstBoot && (await configDriveContents(image, options.firstBoot, root, generation));
   const { bytes } = await writeDiskImage(
     {
       url: image.url,
@@ -84,7 +107,13 @@ export async function install(request: OSInstallationRequest, options: InstallOp
       compression: image.compression === Compression.GZIP ? 'gzip' : 'none',
     },
     target.path,
-    { ca: options.ca, signal: options.signal, timeoutMs: options.timeoutMs, idleTimeoutMs: options.idleTimeoutMs },
+    {
+      ca: options.ca,
+      signal: options.signal,
+      timeoutMs: options.timeoutMs,
+      idleTimeoutMs: options.idleTimeoutMs,
+      configDrive: contents && { contents, blockSize: target.logicalBlockSize },
+    },
   );
   if (efivars === undefined) return { device: target.path, bytes };
   const bootEntry = await addBootEntryForDisk(
@@ -165,6 +194,45 @@ function hintsOf(given: RootDeviceHintsMessage | undefined, devicePath: string, 
     return parseRootDeviceHints(set);
   } catch (error) {
     throw new InstallationError('request', (error as Error).message, { cause: error });
+  }
+}
+
+/**
+ * The config drive's contents: the request's hostname, keys, user data and
+ * network (its network_json, else DHCP on each of the machine's NICs).
+ */
+async function configDriveContents(
+  image: DiskImageInstallationRequest,
+  firstBoot: FirstBootSettings,
+  root: string,
+  generation: bigint,
+): Promise<ConfigDriveContents> {
+  let network: NetworkConfig | undefined;
+  if (image.networkJson !== '') {
+    try {
+      network = JSON.parse(image.networkJson) as NetworkConfig;
+      if (!Array.isArray(network.interfaces) || !Array.isArray(network.nameservers))
+        throw new Error('no interfaces or nameservers');
+    } catch (error) {
+      throw new InstallationError(
+        'request',
+        `network_json of generation ${generation} is not a network configuration: ${(error as Error).message}`,
+        { cause: error },
+      );
+    }
+  }
+  const macs = network === undefined ? (await readNics(root)).map((nic) => nic.mac).filter((mac) => mac !== '') : [];
+  try {
+    return {
+      machineId: firstBoot.machineId,
+      hostname: image.hostname !== '' ? image.hostname : firstBoot.machineId,
+      sshPublicKeys: image.sshPublicKeys,
+      userData: image.userData.length > 0 ? image.userData : undefined,
+      networkData: networkData(network, macs),
+      phoneHome: firstBoot.phoneHome,
+    };
+  } catch (error) {
+    throw new InstallationError('request', `generation ${generation}: ${(error as Error).message}`, { cause: error });
   }
 }
 

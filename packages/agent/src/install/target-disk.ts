@@ -93,6 +93,22 @@ export class TargetDisk {
     this.#headLength = Math.max(this.#headLength, Math.min(length, this.#head.length));
   }
 
+  /** The image's first bytes as held back so far (a copy). */
+  get head(): Buffer {
+    return Buffer.from(this.#head.subarray(0, this.#headLength));
+  }
+
+  /** Replaces the held-back first bytes (the config drive's partition added): as long as {@link head}, or shorter. */
+  replaceHead(bytes: Uint8Array): void {
+    if (bytes.length > this.#headLength) {
+      throw new InstallationError(
+        'write',
+        `${this.device}: a new head of ${bytes.length} bytes for one of ${this.#headLength}`,
+      );
+    }
+    this.#head.set(bytes, 0);
+  }
+
   /** Flushes the body, then writes the first MiB and flushes again: the image is bootable only once whole. */
   async commit(): Promise<void> {
     await this.handle.sync();

@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import { type Readable, Transform, Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
+import { type ConfigDriveContents, writeConfigDrive } from './config-drive.js';
 import { download } from './download.js';
 import { InstallationError } from './errors.js';
 import { decompressor, formatOf, type ImageFormat, MAGIC_BYTES } from './image-format.js';
@@ -33,6 +34,11 @@ export interface WriteImageOptions {
   readonly timeoutMs?: number | undefined;
   /** The longest the image's server may stay silent, in milliseconds; 60 s by default. */
   readonly idleTimeoutMs?: number | undefined;
+  /**
+   * The installed OS's config drive, made after the body is written and
+   * checked and before the head (`config-drive.ts`); none when absent.
+   */
+  readonly configDrive?: { readonly contents: ConfigDriveContents; readonly blockSize: number } | undefined;
 }
 
 /** What a successful write did. */
@@ -56,10 +62,13 @@ export const DEFAULT_INSTALLATION_TIMEOUT_MS = 15 * 60_000;
  * partition tables, both GPT headers, the boot loader's first stage); then
  * the image is downloaded and written past its first MiB, decompressed as
  * its first bytes say (gzip, xz, zstd; a qcow2 cluster by cluster, see
- * `qcow2.ts`); its sha256, of the bytes as downloaded, is checked; the body
- * is flushed, and only then is the image's first MiB written and flushed.
- * On any failure (download, a device too small, a checksum mismatch, the
- * time bound, `signal`), both ends are zeroed again, and the error is thrown.
+ * `qcow2.ts`); its sha256, of the bytes as downloaded, is checked; with
+ * `configDrive`, the config drive's partition is written at the disk's end
+ * (with the backup GPT) and added to the held-back head (`config-drive.ts`);
+ * the body is flushed, and only then is the image's first MiB written and
+ * flushed. On any failure (download, a device too small, a checksum
+ * mismatch, no room for the config drive, the time bound, `signal`), both
+ * ends are zeroed again, and the error is thrown.
  *
  * @throws {@link InstallationError} naming the device or URL and the step that failed
  */
@@ -86,7 +95,14 @@ export async function writeDiskImage(
         cause: error,
       });
     }
-    return await writeImage({ image, disk, signal, ca: options.ca, idleTimeoutMs: options.idleTimeoutMs });
+    return await writeImage({
+      image,
+      disk,
+      signal,
+      ca: options.ca,
+      idleTimeoutMs: options.idleTimeoutMs,
+      configDrive: options.configDrive,
+    });
   } catch (error) {
     await disk.wipeAfterFailure();
     if (timeout.aborted) {
@@ -116,11 +132,16 @@ interface Writing {
   readonly signal: AbortSignal;
   readonly ca: string | undefined;
   readonly idleTimeoutMs: number | undefined;
+  readonly configDrive: WriteImageOptions['configDrive'];
 }
 
-/** Streams the image to the disk, all but its first MiB; checks the sha256; then commits the first MiB. */
+/**
+ * Streams the image to the disk, all but its first MiB; checks the sha256;
+ * makes the config drive (its partition added to the head held back); then
+ * commits the first MiB.
+ */
 async function writeImage(writing: Writing): Promise<WrittenImage> {
-  const { image, disk, signal, ca, idleTimeoutMs } = writing;
+  const { image, disk, signal, ca, idleTimeoutMs, configDrive } = writing;
   const fetch = { ca, signal, idleTimeoutMs };
   let downloaded = 0;
   const hash = createHash('sha256');
@@ -159,6 +180,22 @@ async function writeImage(writing: Writing): Promise<WrittenImage> {
       'sha256-mismatch',
       `sha256 of ${image.url} is ${got}, want ${image.sha256.toLowerCase()}; ${disk.device} wiped`,
     );
+  }
+  if (configDrive !== undefined) {
+    const target = {
+      disk: disk.device,
+      handle: disk.handle,
+      diskBytes: disk.capacity,
+      blockSize: configDrive.blockSize,
+      head: disk.head,
+    };
+    try {
+      disk.replaceHead(await writeConfigDrive(target, configDrive.contents));
+    } catch (error) {
+      throw new InstallationError('config-drive', `config drive: ${(error as Error).message}`, {
+        cause: error,
+      });
+    }
   }
   await disk.commit();
   return { bytes, downloaded, format };

@@ -1,4 +1,5 @@
 import type { AgentHeartbeat, AgentHeartbeatAnswer } from '../agent-heartbeat-check.js';
+import type { NetworkConfig } from '../first-boot.js';
 import { hardwareTotals } from '../hardware-totals.js';
 import type { BMDBMetrics } from '../metrics.js';
 import type { RootDeviceHints } from '../root-device-hints.js';
@@ -53,7 +54,8 @@ const PROCESSOR = 'agent-callback';
  *   handed out now would be cut short by the reset. The new agent gets the
  *   request once the boot's work ended.
  * - A report of that generation is stored with the key that sent it, and
- *   the request marked `Succeeded` or `Failed` (with the agent's error); a
+ *   the request marked `Succeeded` (with the sha256 of the first-boot
+ *   secret the report carries, for `recordFirstBoot`) or `Failed` (with the agent's error); a
  *   report of any other generation is ignored. A request handed out for the
  *   first time is marked `Delivered`. The UPDATE re-checks the generation on
  *   the row's latest version, so a new request committed meanwhile is left
@@ -96,9 +98,10 @@ const PROCESSOR = 'agent-callback';
 const HEARTBEAT_SQL = `
   WITH requests AS (
     SELECT * FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::bigint[], $5::text[], $6::bytea[], $7::text[],
-                         $8::bigint[], $9::bigint[], $10::int[], $11::bigint[], $12::text[])
+                         $8::bigint[], $9::bigint[], $10::int[], $11::bigint[], $12::text[], $13::bytea[])
       WITH ORDINALITY AS r (machine_id, public_key, hardware_report, generation, result, installation_report,
-                            installation_error, cpu_threads, memory_bytes, disks, disk_bytes, agent_log, ord)),
+                            installation_error, cpu_threads, memory_bytes, disks, disk_bytes, agent_log,
+                            boot_secret_sha256, ord)),
   authenticated AS (
     SELECT r.* FROM requests r JOIN machine_agent_started a ON a.machine_id = r.machine_id
     WHERE a.machine_id = ANY ($1::uuid[]) AND a.agent_public_key = r.public_key
@@ -111,8 +114,9 @@ const HEARTBEAT_SQL = `
       AND p.os_installation_result = 'Success' AND p.agent_public_key = r.public_key
       AND q.installation_state = 'Succeeded' AND r.ord NOT IN (SELECT ord FROM authenticated)),
   open AS (
-    SELECT a.ord, a.machine_id, a.public_key, a.installation_report, a.installation_error, q.generation,
-      q.installation_state, q.request_kind, q.image_url, q.image_sha256, q.root_device, q.root_device_hints, q.compression, q.user_data,
+    SELECT a.ord, a.machine_id, a.public_key, a.installation_report, a.installation_error, a.boot_secret_sha256,
+      q.generation, q.installation_state, q.request_kind, q.image_url, q.image_sha256, q.root_device,
+      q.root_device_hints, q.compression, q.user_data, q.hostname, q.ssh_public_keys, q.network,
       CASE WHEN a.generation = q.generation AND NOT b.booting THEN a.result END AS result,
       -- Not held unless delivered, not under recovery: queries/conditions.ts's
       -- isHeld and hasLiveWork, written out in this statement's raw text.
@@ -145,7 +149,8 @@ const HEARTBEAT_SQL = `
         delivered_at = coalesce(q.delivered_at, now()),
         installation_ended_at = CASE WHEN o.result IS NOT NULL THEN now() END,
         installation_error = CASE WHEN o.result = 'Error'
-          THEN coalesce(nullif(o.installation_error, ''), 'the agent reported an error without a message') END
+          THEN coalesce(nullif(o.installation_error, ''), 'the agent reported an error without a message') END,
+        boot_secret_sha256 = CASE WHEN o.result = 'Success' THEN o.boot_secret_sha256 END
     FROM open o
     WHERE q.machine_id = o.machine_id AND q.generation = o.generation
       AND q.installation_state IN ('Requested', 'Delivered')
@@ -180,7 +185,8 @@ const HEARTBEAT_SQL = `
         'imageUrl', o.image_url,
         'imageSha256', o.image_sha256, 'rootDevice', o.root_device,
         'rootDeviceHints', o.root_device_hints, 'compression', o.compression,
-        'userData', encode(o.user_data, 'base64')))
+        'userData', encode(o.user_data, 'base64'), 'hostname', o.hostname, 'sshPublicKeys', o.ssh_public_keys,
+        'network', o.network))
      FROM open o WHERE o.result IS NULL AND o.deliverable) AS pending
   FROM authenticated`;
 
@@ -196,6 +202,10 @@ interface PendingRow {
   readonly rootDeviceHints: RootDeviceHints | null;
   readonly compression: OSImageCompression;
   readonly userData: string | null;
+  /** Null for a disk wipe. */
+  readonly hostname: string | null;
+  readonly sshPublicKeys: string[];
+  readonly network: NetworkConfig | null;
 }
 
 /**
@@ -255,6 +265,10 @@ export class AgentHeartbeats {
       totals.map((t) => t?.disks ?? null),
       totals.map((t) => t?.diskBytes ?? null),
       heartbeats.map((h) => h.agentLog ?? null),
+      heartbeats.map((h) => {
+        const secret = h.installationReport?.bootSecretSha256;
+        return secret === undefined || secret.length === 0 ? null : Buffer.from(secret);
+      }),
     ];
     const query = { sql: HEARTBEAT_SQL, parameters };
     const rows = await withRetry(
@@ -290,6 +304,9 @@ export class AgentHeartbeats {
           rootDeviceHints: request.rootDeviceHints ?? undefined,
           compression: request.compression,
           userData: request.userData === null ? undefined : Buffer.from(request.userData, 'base64'),
+          hostname: request.hostname ?? '',
+          sshPublicKeys: request.sshPublicKeys,
+          network: request.network ?? undefined,
         },
       };
     });

@@ -18,6 +18,7 @@ import * as agentEnrollment from './0014_agent_enrollment.js';
 import * as agentBootMethod from './0015_agent_boot_method.js';
 import * as networkBoot from './0016_network_boot.js';
 import * as retiredMachines from './0018_retired_machines.js';
+import * as firstBoot from './0019_first_boot.js';
 
 /**
  * Every migration, in order. Names sort lexically and are recorded in the
@@ -42,6 +43,7 @@ const MIGRATIONS: Record<string, Migration> = {
   '0015_agent_boot_method': agentBootMethod,
   '0016_network_boot': networkBoot,
   '0018_retired_machines': retiredMachines,
+  '0019_first_boot': firstBoot,
 };
 
 /** Migration bookkeeping tables; prefixed so they sit apart from other tools'. */

@@ -2,6 +2,7 @@
 import { type Insertable, type Kysely, type Selectable, sql } from 'kysely';
 import type { PendingOSInstallation } from '../agent-heartbeat-check.js';
 import { BMDBError } from '../errors.js';
+import { checkHostname, checkNetworkConfig, checkSshPublicKey, isHostname, type NetworkConfig } from '../first-boot.js';
 import { checkRootDeviceHints, inFieldOrder, type RootDeviceHints } from '../root-device-hints.js';
 import {
   type Database,
@@ -31,6 +32,12 @@ export interface OSImage {
   readonly compression?: OSImageCompression | undefined;
   /** cloud-init user-data for the installed OS, if any. */
   readonly userData?: Uint8Array | undefined;
+  /** The installed OS's hostname; the machine's provider ID unless given (its machine ID where that is no hostname). */
+  readonly hostname?: string | undefined;
+  /** OpenSSH public keys (`authorized_keys` lines) the installed OS lets in. */
+  readonly sshPublicKeys?: readonly string[] | undefined;
+  /** The installed OS's network (NICs by MAC, bonds, VLANs, static addresses); unset: DHCP on each NIC. */
+  readonly network?: NetworkConfig | undefined;
 }
 
 /** An operator's installation request (see {@link requestOSInstallation}). */
@@ -57,7 +64,28 @@ export interface OSInstallation extends PendingOSInstallation {
   readonly error: string | null;
   /** A disk wipe `shepherd decommission --wipe` requested: the machine is removed once it succeeded. */
   readonly decommission: boolean;
+  /** When the installed OS reported its first boot; null until it did. */
+  readonly bootedAt: Date | null;
+  /** The SSH host keys the installed OS sent with its first boot. */
+  readonly bootedHostKeys: readonly string[];
+  /**
+   * Whether the installed OS came up, for a `Succeeded` disk image:
+   * `booted` (it reported its first boot), `booting` (not yet, within
+   * {@link FIRST_BOOT_BOUND_MINUTES} of the installation's end) or
+   * `installed-not-booted` (not within it); undefined otherwise.
+   */
+  readonly firstBoot: FirstBoot | undefined;
 }
+
+/** Where a succeeded installation's OS stands: see {@link OSInstallation.firstBoot}. */
+export type FirstBoot = 'booted' | 'booting' | 'installed-not-booted';
+
+/**
+ * How long after its installation's end the installed OS has to report its
+ * first boot before it reads `installed-not-booted`: a server's firmware
+ * and cloud-init's first run take minutes, not half an hour.
+ */
+export const FIRST_BOOT_BOUND_MINUTES = 30;
 
 /** An operator's disk wipe request (see {@link requestDiskWipe}). */
 export interface DiskWipeRequest {
@@ -125,6 +153,12 @@ export function checkOSImage(image: OSImage, what: string): RootDeviceHints | un
   if (image.userData !== undefined && !(image.userData instanceof Uint8Array)) {
     throw new BMDBError(`${what}: user-data must be bytes`);
   }
+  if (image.hostname !== undefined) checkHostname(image.hostname, what);
+  if (image.sshPublicKeys !== undefined) {
+    if (!Array.isArray(image.sshPublicKeys)) throw new BMDBError(`${what}: SSH public keys must be a list`);
+    for (const key of image.sshPublicKeys) checkSshPublicKey(key, what);
+  }
+  if (image.network !== undefined) checkNetworkConfig(image.network, what);
   return hints;
 }
 
@@ -149,8 +183,15 @@ export async function requestOSInstallation(
   const hints = checkOSImage(request, what);
   checkActor(request.actor, what);
   checkReason(request.reason, what, 'why the machine is installed');
-  const machine = await db.selectFrom('machines').select('machine_id').where('machine_id', '=', machineId).execute();
-  if (machine.length === 0) throw new BMDBError(`${what}: no such machine in the BMDB`);
+  const machine = await db
+    .selectFrom('machines as m')
+    .leftJoin('machine_provided as mp', 'mp.machine_id', 'm.machine_id')
+    .select(['m.machine_id', 'mp.provider_id'])
+    .where('m.machine_id', '=', machineId)
+    .executeTakeFirst();
+  if (machine === undefined) throw new BMDBError(`${what}: no such machine in the BMDB`);
+  const providerId = machine.provider_id;
+  const hostname = request.hostname ?? (providerId !== null && isHostname(providerId) ? providerId : machineId);
   const values = {
     request_kind: OSRequestKind.DiskImage,
     decommission: false,
@@ -160,6 +201,9 @@ export async function requestOSInstallation(
     root_device_hints: hints === undefined ? null : JSON.stringify(hints),
     compression: request.compression ?? 'none',
     user_data: request.userData === undefined ? null : Buffer.from(request.userData),
+    hostname,
+    ssh_public_keys: (request.sshPublicKeys ?? []).map((key) => key.trim()),
+    network: request.network === undefined ? null : JSON.stringify(checkNetworkConfig(request.network, what)),
     requested_by: request.actor,
   };
   const { installation, previous } = await putRequest(db, machineId, values);
@@ -177,6 +221,9 @@ export async function requestOSInstallation(
       rootDeviceHints: installation.rootDeviceHints,
       compression: installation.compression,
       userDataBytes: installation.userData?.length ?? 0,
+      hostname: installation.hostname,
+      sshPublicKeys: installation.sshPublicKeys.length,
+      network: installation.network === undefined ? 'DHCP' : 'given',
       ...(previous && { replaced: { generation: Number(previous.generation), state: previous.state } }),
     },
   });
@@ -207,6 +254,9 @@ export async function requestDiskWipe(
     root_device_hints: null,
     compression: 'none',
     user_data: null,
+    hostname: null,
+    ssh_public_keys: [],
+    network: null,
     requested_by: request.actor,
   });
   await recordOperatorAction(db, {
@@ -255,9 +305,13 @@ async function putRequest(
         delivered_at: null,
         installation_ended_at: null,
         installation_error: null,
+        boot_secret_sha256: null,
+        booted_at: null,
+        booted_host_keys: null,
       }),
     )
     .returningAll()
+    .returning(bootOverdue)
     .executeTakeFirstOrThrow();
   return { installation: toOSInstallation(row), previous };
 }
@@ -289,6 +343,7 @@ export async function cancelOSInstallation(
       OSInstallationState.Failed,
     ])
     .returningAll()
+    .returning(bootOverdue)
     .executeTakeFirst();
   const canceled = row && toOSInstallation(row);
   // Nothing canceled: the request as read before says why.
@@ -323,6 +378,7 @@ export async function osInstallation(db: Kysely<Database>, machineId: string): P
   const row = await db
     .selectFrom('machine_os_installation_request')
     .selectAll()
+    .select(bootOverdue)
     .where('machine_id', '=', machineId)
     .executeTakeFirst();
   return row && toOSInstallation(row);
@@ -338,6 +394,7 @@ export async function osInstallations(
     .leftJoin('machine_provided as mp', 'mp.machine_id', 'q.machine_id')
     .selectAll('q')
     .select(['mp.provider', 'mp.provider_id'])
+    .select(bootOverdue)
     .orderBy('q.requested_at', 'desc')
     .orderBy('q.machine_id')
     .limit(options.limit ?? 100);
@@ -374,7 +431,18 @@ const NO_INSTALLATIONS: Record<OSInstallationState, number> = {
   Canceled: 0,
 };
 
-export function toOSInstallation(row: Selectable<MachineOsInstallationRequestTable>): OSInstallation {
+/**
+ * Whether a succeeded installation's OS is past its bound without reporting
+ * its first boot, by the database's clock (which tests move).
+ */
+const bootOverdue = sql<boolean>`(installation_state = 'Succeeded' AND booted_at IS NULL
+  AND installation_ended_at < now() - make_interval(mins => ${FIRST_BOOT_BOUND_MINUTES}))`.as('boot_overdue');
+
+export function toOSInstallation(
+  row: Selectable<MachineOsInstallationRequestTable> & { readonly boot_overdue: boolean | null },
+): OSInstallation {
+  const succeeded =
+    row.installation_state === OSInstallationState.Succeeded && row.request_kind === OSRequestKind.DiskImage;
   return {
     machineId: row.machine_id,
     generation: BigInt(row.generation),
@@ -392,5 +460,17 @@ export function toOSInstallation(row: Selectable<MachineOsInstallationRequestTab
     endedAt: row.installation_ended_at,
     error: row.installation_error,
     decommission: row.decommission,
+    hostname: row.hostname ?? '',
+    sshPublicKeys: row.ssh_public_keys,
+    network: row.network ?? undefined,
+    bootedAt: row.booted_at,
+    bootedHostKeys: row.booted_host_keys ?? [],
+    firstBoot: !succeeded
+      ? undefined
+      : row.booted_at !== null
+        ? 'booted'
+        : row.boot_overdue === true
+          ? 'installed-not-booted'
+          : 'booting',
   };
 }

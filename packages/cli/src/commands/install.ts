@@ -1,14 +1,21 @@
 import {
   cancelOSInstallation,
+  checkNetworkConfig,
   checkRootDeviceHints,
+  checkSshPublicKey,
+  FirstBootSettingError,
+  isHostname,
   lookUpMachines,
   type MachineNames,
+  type MachineRef,
+  type NetworkConfig,
   type OSImage,
   type OSImageCompression,
   RootDeviceHintError,
   type RootDeviceHints,
   requestOSInstallation,
 } from '@bmaas/bmdb-controlloop';
+import { InventoryError, type InventoryMachine, InventorySource } from '@bmaas/provider-static';
 import { withSession } from '../database.js';
 import { log } from '../logging.js';
 import { type Argv, actor, fileContents, oneOf, optional, reason, UsageError } from '../settings.js';
@@ -16,20 +23,46 @@ import { describeMachine, MachinesNotDoneError, machineTargets, unknownLines } f
 
 /** The most user-data a request carries: cloud-init's own limit on most clouds is far lower. */
 const MAX_USER_DATA = 64 * 1024;
-const IMAGE_FLAGS = ['image-url', 'image-sha256', 'root-device', 'root-device-hint', 'user-data'] as const;
+/**
+ * The flags a cancel refuses. Not `--inventory`: the settings file's
+ * SHEPHERD_INVENTORY serves `run static` too, and a cancel does not read it.
+ */
+const IMAGE_FLAGS = [
+  'image-url',
+  'image-sha256',
+  'root-device',
+  'root-device-hint',
+  'user-data',
+  'hostname',
+  'ssh-key',
+  'network',
+] as const;
+
+/** What the installed OS is given on its first boot, as the flags say it; unset: the inventory's, else the defaults. */
+interface FirstBootFlags {
+  readonly hostname: string | undefined;
+  readonly sshPublicKeys: readonly string[] | undefined;
+  readonly network: NetworkConfig | undefined;
+  /** The Static inventory's machines by ID, when --inventory was given. */
+  readonly inventory: ReadonlyMap<string, InventoryMachine> | undefined;
+}
 
 /** What `install` is told, checked before anything is touched. */
 type InstallSettings = {
   readonly targets: MachineNames;
   readonly reason: string;
   readonly actor: string;
-} & ({ readonly cancel: false; readonly image: OSImage } | { readonly cancel: true });
+} & (
+  | { readonly cancel: false; readonly image: OSImage; readonly firstBoot: FirstBootFlags }
+  | { readonly cancel: true }
+);
 
 /**
  * `shepherd install --provider P --provider-id ID… --image-url URL
  * --image-sha256 HEX (--root-device DEV | --root-device-hint FIELD=VALUE…)
  * [--compression none|gzip]
- * [--user-data FILE] --reason TEXT` (or `--machine-id ID…`): requests an OS
+ * [--user-data FILE] [--hostname NAME] [--ssh-key FILE…] [--network FILE]
+ * [--inventory FILE|URL] --reason TEXT` (or `--machine-id ID…`): requests an OS
  * installation of each machine, a new generation each; the machine's agent
  * gets it with its next heartbeat's answer (the initializer starts one
  * where none runs). `--cancel` withdraws the machines' requests instead.
@@ -44,7 +77,7 @@ export async function install(argv: Argv, write: (text: string) => void): Promis
     for (const machine of lookup.found) {
       const name = describeMachine(machine);
       if (!settings.cancel) {
-        const image = settings.image;
+        const image = { ...settings.image, ...firstBootOf(machine, settings.firstBoot) };
         const requested = await session.transact((q) =>
           requestOSInstallation(q, machine.machineId, { ...image, reason: settings.reason, actor: settings.actor }),
         );
@@ -107,6 +140,7 @@ async function installSettings(argv: Argv): Promise<InstallSettings> {
   if (userData !== undefined && userData.length > MAX_USER_DATA) {
     throw new UsageError('user-data', `${JSON.stringify(userDataFile)} is larger than ${MAX_USER_DATA} bytes`);
   }
+  const firstBoot = await firstBootFlags(argv, targets);
   const why = reason(argv, 'install');
   return {
     targets,
@@ -114,6 +148,83 @@ async function installSettings(argv: Argv): Promise<InstallSettings> {
     actor: actor(argv),
     cancel: false,
     image: { imageUrl, imageSha256: imageSha256.toLowerCase(), rootDevice, rootDeviceHints, compression, userData },
+    firstBoot,
+  };
+}
+
+/**
+ * `--hostname`, `--ssh-key FILE…`, `--network FILE` and `--inventory`, each
+ * checked by the library's rules (a bad one exits 2 naming it). A hostname
+ * or a network names one machine's, so either is refused for several.
+ */
+async function firstBootFlags(argv: Argv, targets: MachineNames): Promise<FirstBootFlags> {
+  const several = ('machineIds' in targets ? targets.machineIds : targets.providerIds).length > 1;
+  const hostname = optional(argv, 'hostname')?.trim();
+  if (hostname !== undefined && !isHostname(hostname)) {
+    throw UsageError.invalid('hostname', hostname, 'a hostname: letters, digits and hyphens, dots between');
+  }
+  const networkFile = optional(argv, 'network');
+  for (const [flag, given] of [
+    ['hostname', hostname],
+    ['network', networkFile],
+  ] as const) {
+    if (given !== undefined && several) throw new UsageError(flag, 'names one machine’s: install one machine with it');
+  }
+  let network: NetworkConfig | undefined;
+  if (networkFile !== undefined) {
+    const text = (await fileContents('network', networkFile)).toString('utf8');
+    try {
+      network = checkNetworkConfig(JSON.parse(text), 'install');
+    } catch (error) {
+      if (error instanceof SyntaxError)
+        throw new UsageError(
+          'network',
+          `${JSON.stringify(networkFile)} is not JSON (${error.message.replaceAll('\n', '\\n')})`,
+        );
+      if (error instanceof FirstBootSettingError)
+        throw new UsageError('network', `${JSON.stringify(networkFile)}: ${error.detail}`);
+      throw error;
+    }
+  }
+  const raw = argv['ssh-key'];
+  const keyFiles = (Array.isArray(raw) ? raw : raw === undefined ? [] : [raw]).map(String);
+  const sshPublicKeys: string[] = [];
+  for (const file of keyFiles) {
+    const lines = (await fileContents('ssh-key', file)).toString('utf8').split('\n');
+    for (const line of lines.map((l) => l.trim()).filter((l) => l !== '' && !l.startsWith('#'))) {
+      try {
+        sshPublicKeys.push(checkSshPublicKey(line, 'install'));
+      } catch (error) {
+        if (error instanceof FirstBootSettingError)
+          throw new UsageError('ssh-key', `${JSON.stringify(file)}: ${error.detail}`);
+        throw error;
+      }
+    }
+  }
+  const location = optional(argv, 'inventory');
+  let inventory: Map<string, InventoryMachine> | undefined;
+  if (location !== undefined) {
+    try {
+      inventory = new Map((await new InventorySource(location).read()).map((machine) => [machine.id, machine]));
+    } catch (error) {
+      if (error instanceof InventoryError) throw new UsageError('inventory', error.message);
+      throw error;
+    }
+  }
+  return { hostname, sshPublicKeys: keyFiles.length > 0 ? sshPublicKeys : undefined, network, inventory };
+}
+
+/** One machine's first-boot settings: the flags', else its Static inventory entry's; what neither gives, the library's defaults. */
+function firstBootOf(
+  machine: MachineRef,
+  flags: FirstBootFlags,
+): Pick<OSImage, 'hostname' | 'sshPublicKeys' | 'network'> {
+  const entry =
+    machine.provider === 'Static' && machine.providerId ? flags.inventory?.get(machine.providerId) : undefined;
+  return {
+    hostname: flags.hostname ?? entry?.hostname,
+    sshPublicKeys: flags.sshPublicKeys ?? entry?.sshPublicKeys,
+    network: flags.network ?? entry?.network,
   };
 }
 

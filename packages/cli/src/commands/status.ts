@@ -1,8 +1,12 @@
+import { createHash } from 'node:crypto';
 import {
   type AgentBootCounts,
   activeBackoffs,
   agentBootCounts,
+  type FirstBoot,
+  type FirstBootCounts,
   type FleetStats,
+  firstBootCounts,
   fleetStats,
   heldMachines,
   type OSInstallationCounts,
@@ -71,6 +75,22 @@ interface Retired {
   readonly wiped: boolean;
 }
 
+/** A succeeded disk image installation and whether its OS reported its first boot. */
+interface InstalledOS {
+  readonly machineId: string;
+  readonly provider: string | null;
+  readonly providerId: string | null;
+  readonly generation: number;
+  readonly hostname: string;
+  readonly installedAt: string | null;
+  /** `booted`, `booting` (not yet, within the bound) or `installed-not-booted`. */
+  readonly firstBoot: FirstBoot;
+  /** When the OS reported its first boot. */
+  readonly bootedAt: string | null;
+  /** The SSH host keys it sent with it. */
+  readonly hostKeys: readonly string[];
+}
+
 /** What `shepherd status --json` prints. */
 export interface Status extends FleetStats {
   readonly backoffs: readonly Backoff[];
@@ -86,6 +106,10 @@ export interface Status extends FleetStats {
   readonly retired: number;
   /** Retired machines, most recently retired first (at most 50). */
   readonly retiredMachines: readonly Retired[];
+  /** Succeeded disk image installations per first boot. */
+  readonly firstBoots: FirstBootCounts;
+  /** Succeeded disk image installations, most recently requested first (at most 50), with their first boot. */
+  readonly installedOSes: readonly InstalledOS[];
 }
 
 const BACKOFFS_SHOWN = 50;
@@ -97,9 +121,11 @@ const RETIRED_SHOWN = 50;
  * `shepherd status`: the fleet at a glance — machines per lifecycle stage,
  * held machines with reason, actor and age, machines per power state, OS
  * installations per state (those under way or failed listed, with the
- * agent's error), machines per boot method, live work per process, machines in backoff with cause and
- * time left, retired machines (decommissioned: left out by the provisioner until recommissioned) with who
- * retired them, when and why.
+ * agent's error), installed OSes by their first boot (booted with its time
+ * and host keys, booting, or installed-not-booted past the bound), machines
+ * per boot method, live work per process, machines in backoff with cause and
+ * time left, retired machines (decommissioned: left out by the provisioner
+ * until recommissioned) with who retired them, when and why.
  */
 export async function status(argv: Argv, write: (text: string) => void): Promise<void> {
   const bmdb = await openBMDB(databaseSettings(argv), { migrate: false, readOnly: true, attach: true });
@@ -113,6 +139,7 @@ export async function status(argv: Argv, write: (text: string) => void): Promise
       limit: INSTALLATIONS_SHOWN,
     });
     const retired = await retiredMachines(q, { limit: RETIRED_SHOWN });
+    const installed = await osInstallations(q, { states: ['Succeeded'], limit: INSTALLATIONS_SHOWN });
     const result: Status = {
       ...stats,
       retired: await retiredMachineCount(q),
@@ -134,6 +161,24 @@ export async function status(argv: Argv, write: (text: string) => void): Promise
         deliveredAt: i.deliveredAt?.toISOString() ?? null,
         error: i.error,
       })),
+      firstBoots: await firstBootCounts(q),
+      installedOSes: installed.flatMap((i) =>
+        i.firstBoot === undefined
+          ? []
+          : [
+              {
+                machineId: i.machineId,
+                provider: i.provider,
+                providerId: i.providerId,
+                generation: Number(i.generation),
+                hostname: i.hostname,
+                installedAt: i.endedAt?.toISOString() ?? null,
+                firstBoot: i.firstBoot,
+                bootedAt: i.bootedAt?.toISOString() ?? null,
+                hostKeys: i.bootedHostKeys,
+              },
+            ],
+      ),
       holds: holds.map((h) => ({
         machineId: h.machineId,
         provider: h.provider,
@@ -177,6 +222,12 @@ const INSTALLATION_STATES: [keyof OSInstallationCounts, string][] = [
   ['Canceled', 'canceled'],
 ];
 
+/** An OpenSSH public key as `ssh-keygen -l` names it: its type and `SHA256:` fingerprint. */
+function fingerprint(key: string): string {
+  const [type = '', blob = ''] = key.split(/\s+/);
+  return `${type} SHA256:${createHash('sha256').update(Buffer.from(blob, 'base64')).digest('base64').replace(/=+$/, '')}`;
+}
+
 function render(status: Status): string {
   const lines = [`Machines: ${status.machines}`];
   for (const [key, label] of STAGES) {
@@ -219,6 +270,27 @@ function render(status: Status): string {
             ? 'wipe every disk'
             : `${i.imageUrl} onto ${describeRootDevice(i.rootDevice ?? undefined, i.rootDeviceHints ?? undefined)}`,
           i.error ?? '',
+        ]),
+      ]),
+    );
+  }
+  const firstBoots = Object.values(status.firstBoots).reduce((a, b) => a + b, 0);
+  if (firstBoots > 0) {
+    lines.push('', `First boots of installed OSes: ${firstBoots}`);
+    for (const [state, count] of Object.entries(status.firstBoots)) {
+      if (count > 0) lines.push(`  ${state.padEnd(20)}${String(count).padStart(8)}`);
+    }
+    lines.push(
+      ...table([
+        ['MACHINE', 'PROVIDER ID', 'GEN', 'HOSTNAME', 'FIRST BOOT', 'AT', 'HOST KEYS'],
+        ...status.installedOSes.map((i) => [
+          i.machineId,
+          i.providerId ?? '-',
+          String(i.generation),
+          i.hostname,
+          i.firstBoot,
+          i.bootedAt ?? (i.installedAt === null ? '' : `installed ${i.installedAt}`),
+          i.hostKeys.map(fingerprint).join(', '),
         ]),
       ]),
     );

@@ -32,8 +32,27 @@ ${what}
 <div>requested by ${i.requestedBy} ${timeTag(i.requestedAt, m.now)}; ${
     i.deliveredAt ? html`delivered to its agent ${timeTag(i.deliveredAt, m.now)}` : 'not delivered yet'
   }${i.endedAt ? html`; ${i.state === 'Canceled' ? 'canceled' : 'reported'} ${timeTag(i.endedAt, m.now)}` : ''}</div>${
-    i.error === null ? '' : html`<div class="cause">${i.error}</div>`
-  }`;
+    i.kind === 'DiskImage' ? html`<div class="muted">${firstBootSettings(i)}</div>` : ''
+  }${firstBoot(i, m.now)}${i.error === null ? '' : html`<div class="cause">${i.error}</div>`}`;
+}
+
+/** What the installed OS is given on its first boot (its config drive): hostname, SSH keys, network. */
+function firstBootSettings(i: InstallationView): string {
+  const keys = i.sshPublicKeys.length === 1 ? '1 SSH key' : `${i.sshPublicKeys.length} SSH keys`;
+  const network = i.network === undefined ? 'DHCP on each NIC' : `${i.network.interfaces.length} interfaces configured`;
+  return `first boot as ${i.hostname}, ${keys}, ${network}`;
+}
+
+/** Whether the installed OS came up: booted (when, its host keys), booting, or installed-not-booted. */
+function firstBoot(i: InstallationView, now: Date): Html {
+  if (i.firstBoot === undefined) return html``;
+  if (i.firstBoot === 'booted' && i.bootedAt !== null) {
+    const keys = i.bootedHostKeys.map((key) => html`<div class="muted id">host key ${key}</div>`);
+    return html`<div><span class="first-boot first-boot-booted">booted</span> ${timeTag(i.bootedAt, now)}</div>${keys}`;
+  }
+  return i.firstBoot === 'installed-not-booted'
+    ? html`<div><span class="first-boot first-boot-installed-not-booted">installed-not-booted</span> its OS has not reported its first boot</div>`
+    : html`<div><span class="first-boot first-boot-booting">booting</span> its OS has not reported its first boot yet</div>`;
 }
 
 /** How the machine's agent arrives, as its inventory says. */

@@ -20,7 +20,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file cloud/agent/api/disk_image.proto.
  */
 export const file_cloud_agent_api_disk_image: GenFile = /*@__PURE__*/
-  fileDesc("CiBjbG91ZC9hZ2VudC9hcGkvZGlza19pbWFnZS5wcm90bxIPY2xvdWQuYWdlbnQuYXBpIrICChxEaXNrSW1hZ2VJbnN0YWxsYXRpb25SZXF1ZXN0EgsKA3VybBgBIAEoCRIOCgZzaGEyNTYYAiABKAkSEwoLcm9vdF9kZXZpY2UYAyABKAkSTgoLY29tcHJlc3Npb24YBCABKA4yOS5jbG91ZC5hZ2VudC5hcGkuRGlza0ltYWdlSW5zdGFsbGF0aW9uUmVxdWVzdC5Db21wcmVzc2lvbhIRCgl1c2VyX2RhdGEYBSABKAwSOwoRcm9vdF9kZXZpY2VfaGludHMYBiABKAsyIC5jbG91ZC5hZ2VudC5hcGkuUm9vdERldmljZUhpbnRzIkAKC0NvbXByZXNzaW9uEhsKF0NPTVBSRVNTSU9OX1VOU1BFQ0lGSUVEEAASFAoQQ09NUFJFU1NJT05fR1pJUBABIq0BCg9Sb290RGV2aWNlSGludHMSEwoLZGV2aWNlX25hbWUYASABKAkSDQoFbW9kZWwYAiABKAkSDgoGdmVuZG9yGAMgASgJEhUKDXNlcmlhbF9udW1iZXIYBCABKAkSCwoDd3duGAUgASgJEhoKEm1pbl9zaXplX2dpZ2FieXRlcxgGIAEoBRIXCgpyb3RhdGlvbmFsGAcgASgISACIAQFCDQoLX3JvdGF0aW9uYWxCJFoic291cmNlLm1vbm9nb24uZGV2L2Nsb3VkL2FnZW50L2FwaWIGcHJvdG8z");
+  fileDesc("CiBjbG91ZC9hZ2VudC9hcGkvZGlza19pbWFnZS5wcm90bxIPY2xvdWQuYWdlbnQuYXBpIvMCChxEaXNrSW1hZ2VJbnN0YWxsYXRpb25SZXF1ZXN0EgsKA3VybBgBIAEoCRIOCgZzaGEyNTYYAiABKAkSEwoLcm9vdF9kZXZpY2UYAyABKAkSTgoLY29tcHJlc3Npb24YBCABKA4yOS5jbG91ZC5hZ2VudC5hcGkuRGlza0ltYWdlSW5zdGFsbGF0aW9uUmVxdWVzdC5Db21wcmVzc2lvbhIRCgl1c2VyX2RhdGEYBSABKAwSOwoRcm9vdF9kZXZpY2VfaGludHMYBiABKAsyIC5jbG91ZC5hZ2VudC5hcGkuUm9vdERldmljZUhpbnRzEhAKCGhvc3RuYW1lGAcgASgJEhcKD3NzaF9wdWJsaWNfa2V5cxgIIAMoCRIUCgxuZXR3b3JrX2pzb24YCSABKAkiQAoLQ29tcHJlc3Npb24SGwoXQ09NUFJFU1NJT05fVU5TUEVDSUZJRUQQABIUChBDT01QUkVTU0lPTl9HWklQEAEirQEKD1Jvb3REZXZpY2VIaW50cxITCgtkZXZpY2VfbmFtZRgBIAEoCRINCgVtb2RlbBgCIAEoCRIOCgZ2ZW5kb3IYAyABKAkSFQoNc2VyaWFsX251bWJlchgEIAEoCRILCgN3d24YBSABKAkSGgoSbWluX3NpemVfZ2lnYWJ5dGVzGAYgASgFEhcKCnJvdGF0aW9uYWwYByABKAhIAIgBAUINCgtfcm90YXRpb25hbEIkWiJzb3VyY2UubW9ub2dvbi5kZXYvY2xvdWQvYWdlbnQvYXBpYgZwcm90bzM");
 
 /**
  * DiskImageInstallationRequest asks the agent to write a disk image to the
@@ -69,7 +69,7 @@ export type DiskImageInstallationRequest = Message<"cloud.agent.api.DiskImageIns
 
   /**
    * cloud-init user-data for the installed OS; empty for none. The agent
-   * hands it to the installed OS (a NoCloud seed, a config drive).
+   * hands it to the installed OS in its config drive (user_data).
    *
    * @generated from field: bytes user_data = 5;
    */
@@ -87,6 +87,32 @@ export type DiskImageInstallationRequest = Message<"cloud.agent.api.DiskImageIns
    * @generated from field: cloud.agent.api.RootDeviceHints root_device_hints = 6;
    */
   rootDeviceHints?: RootDeviceHints | undefined;
+
+  /**
+   * The installed OS's hostname, for its config drive's meta data.
+   *
+   * @generated from field: string hostname = 7;
+   */
+  hostname: string;
+
+  /**
+   * OpenSSH public keys (authorized_keys lines) for the installed OS's
+   * default user, in its config drive's meta data (public_keys).
+   *
+   * @generated from field: repeated string ssh_public_keys = 8;
+   */
+  sshPublicKeys: string[];
+
+  /**
+   * The installed OS's network as JSON, in the agent's model
+   * (packages/agent/src/network/config.ts, as a takeover's network.json:
+   * interfaces by MAC, bonds, VLANs, static addresses, routes, nameservers),
+   * written as the config drive's network_data.json. Empty: DHCP on each
+   * of the machine's NICs.
+   *
+   * @generated from field: string network_json = 9;
+   */
+  networkJson: string;
 };
 
 /**
