@@ -51,6 +51,8 @@ export interface LabOptions {
   readonly firmware?: (index: number) => VmFirmware;
   /** What VM `index`'s disk sits behind (`megasas`, `nvme`). Default `virtio` for every VM. */
   readonly diskController?: (index: number) => VmDiskController;
+  /** The guest address VM `index`'s SSH forward goes to, for an OS given a static one. Default QEMU's DHCP address, 10.0.2.15. */
+  readonly sshGuestAddress?: (index: number) => string | undefined;
   /**
    * Which VMs (by index, from 0) are blank: an empty disk and no OS, their
    * agent booted by their BMC as this says (`undefined`: the VM boots the
@@ -218,6 +220,7 @@ export class Lab {
           mac: macOf(index + 1),
           firmware: firmware(index),
           diskController: this.options.diskController?.(index),
+          sshGuestAddress: this.options.sshGuestAddress?.(index),
         }),
       ),
     );

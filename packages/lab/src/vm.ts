@@ -25,6 +25,11 @@ export interface VirtualMachineOptions {
   readonly address: string;
   /** The host port forwarded to the guest's sshd (22). */
   readonly sshPort: number;
+  /**
+   * The guest's address the forward to its sshd goes to: QEMU's first DHCP
+   * address, `10.0.2.15`, by default; another for an OS given a static one.
+   */
+  readonly sshGuestAddress?: string;
   /** Keys allowed to log in as root (authorized_keys lines): the shepherd's. */
   readonly authorizedKeys: readonly string[];
   /** Guest memory in MiB. Default 512. */
@@ -411,7 +416,7 @@ async function launch(options: VirtualMachineOptions, bootSource: VmBootSource):
     ...firmware,
     ...boot,
     '-netdev',
-    `user,id=net0,hostfwd=tcp:${options.address}:${options.sshPort}-:22`,
+    `user,id=net0,${sshForward(options)}`,
     '-device',
     `virtio-net-pci,netdev=net0${options.mac ? `,mac=${options.mac}` : ''}`,
     ...share(GUEST_SHARE, options.guestDir),
@@ -441,6 +446,11 @@ function diskDevices(options: VirtualMachineOptions, bootIndex: string): string[
   }
 }
 
+/** QEMU's forward of the VM's host address and port to its guest's sshd. */
+function sshForward(options: VirtualMachineOptions): string {
+  return `hostfwd=tcp:${options.address}:${options.sshPort}-${options.sshGuestAddress ?? ''}:22`;
+}
+
 /** The file a blank VM's CD drive holds, as `setMedia` left it; `undefined` when empty. */
 async function currentMedia(dir: string): Promise<string | undefined> {
   const text = (await readFile(path.join(dir, 'cdrom-media'), 'utf8').catch(() => '')).trim();
@@ -459,7 +469,7 @@ function blankDevices(options: VirtualMachineOptions, bootSource: VmBootSource, 
   const disk = bootSource === 'disk' ? ',bootindex=1' : ',bootindex=2';
   const netdev = [
     'user,id=net0',
-    `hostfwd=tcp:${options.address}:${options.sshPort}-:22`,
+    sshForward(options),
     ...(options.netBootFile ? [`bootfile=${options.netBootFile}`] : []),
   ].join(',');
   return [
