@@ -20,7 +20,7 @@ export const CLOUD_IMAGE_CACHE = '/var/cache/shepherd-lab/cloud-images';
  * ifupdown with a DHCP client, the network cloud-init renders for Debian, and
  * ca-certificates, which cloud-init's `ca_certs` adds a config drive's CA to.
  */
-export const CLOUD_IMAGE_PACKAGES = [
+const CLOUD_IMAGE_PACKAGES = [
   'systemd-sysv',
   'udev',
   'linux-image-amd64',
@@ -106,8 +106,10 @@ const TOOLS = {
 
 /**
  * A Debian 12 (bookworm) cloud image as operators install one: built by
- * `mmdebstrap` from Debian's packages ({@link CLOUD_IMAGE_PACKAGES}), nothing
- * else fetched, and bootable under BIOS and UEFI from one GPT disk:
+ * `mmdebstrap` from Debian's packages (cloud-init, openssh-server,
+ * linux-image-amd64, GRUB's BIOS and EFI modules, …: the package's README
+ * lists them), nothing else fetched, and bootable under BIOS and UEFI from
+ * one GPT disk:
  *
  * - partition 1, a BIOS boot partition holding GRUB's core image (booted by
  *   GRUB's boot.img in the MBR);
