@@ -7,6 +7,12 @@
 
 export { type CpioEntry, cpioArchive } from '@bmaas/agent';
 export { type BootImage, buildBootImage } from './boot-image.js';
+export {
+  buildCloudImage,
+  CLOUD_IMAGE_CACHE,
+  type CloudImage,
+  type CloudImageOptions,
+} from './cloud-image.js';
 export { LabSetupError, VmError } from './errors.js';
 export { type GuestShare, prepareGuestShare } from './guest-share.js';
 export { buildInitramfs, type Initramfs } from './initramfs.js';
@@ -15,4 +21,10 @@ export { LAB_SSH_PORT, Lab, type LabAgentBoot, type LabBmcProtocol, type LabMach
 export { QemuPower, VM_BOOT_DEVICES, type VmBootDevice, type VmPowerState } from './power.js';
 export { QmpClient, QmpCommandError, type QmpStatus } from './qmp.js';
 export { QemuRedfishPower } from './redfish-power.js';
-export { VirtualMachine, type VirtualMachineOptions, type VmBootSource, type VmFirmware } from './vm.js';
+export {
+  VirtualMachine,
+  type VirtualMachineOptions,
+  type VmBootSource,
+  type VmDiskController,
+  type VmFirmware,
+} from './vm.js';

@@ -15,7 +15,7 @@ import { findKernel } from './kernel.js';
 import { log } from './log.js';
 import { LabProcess } from './processes.js';
 import { QemuRedfishPower } from './redfish-power.js';
-import { VirtualMachine, type VmFirmware } from './vm.js';
+import { VirtualMachine, type VmDiskController, type VmFirmware } from './vm.js';
 
 /** How a lab machine's BMC is spoken to. */
 export type LabBmcProtocol = 'ipmi' | 'redfish';
@@ -49,6 +49,10 @@ export interface LabOptions {
    * `lab-vm3`, SeaBIOS for the others: the lab has both kinds from three VMs on.
    */
   readonly firmware?: (index: number) => VmFirmware;
+  /** What VM `index`'s disk sits behind (`megasas`, `nvme`). Default `virtio` for every VM. */
+  readonly diskController?: (index: number) => VmDiskController;
+  /** The guest address VM `index`'s SSH forward goes to, for an OS given a static one. Default QEMU's DHCP address, 10.0.2.15. */
+  readonly sshGuestAddress?: (index: number) => string | undefined;
   /**
    * Which VMs (by index, from 0) are blank: an empty disk and no OS, their
    * agent booted by their BMC as this says (`undefined`: the VM boots the
@@ -215,6 +219,8 @@ export class Lab {
           diskSerial: diskSerialOf(index + 1),
           mac: macOf(index + 1),
           firmware: firmware(index),
+          diskController: this.options.diskController?.(index),
+          sshGuestAddress: this.options.sshGuestAddress?.(index),
         }),
       ),
     );

@@ -25,6 +25,11 @@ export interface VirtualMachineOptions {
   readonly address: string;
   /** The host port forwarded to the guest's sshd (22). */
   readonly sshPort: number;
+  /**
+   * The guest's address the forward to its sshd goes to: QEMU's first DHCP
+   * address, `10.0.2.15`, by default; another for an OS given a static one.
+   */
+  readonly sshGuestAddress?: string;
   /** Keys allowed to log in as root (authorized_keys lines): the shepherd's. */
   readonly authorizedKeys: readonly string[];
   /** Guest memory in MiB. Default 512. */
@@ -48,10 +53,20 @@ export interface VirtualMachineOptions {
   readonly blank?: boolean;
   /** The boot file QEMU's user-mode DHCP hands a network boot (an `http://` URL iPXE fetches). */
   readonly netBootFile?: string;
+  /** What its disk sits behind. Default `virtio`. */
+  readonly diskController?: VmDiskController;
 }
 
 /** A VM's firmware: SeaBIOS or OVMF. */
 export type VmFirmware = 'bios' | 'uefi';
+
+/**
+ * What a VM's disk sits behind: a virtio block device (`virtio`, the
+ * default), a MegaRAID SAS controller (`megasas`: QEMU's `megasas-gen2`,
+ * Linux's megaraid_sas, a disk SeaBIOS boots but OVMF has no driver for), or
+ * an NVMe controller (`nvme`, which OVMF boots and SeaBIOS does too).
+ */
+export type VmDiskController = 'virtio' | 'megasas' | 'nvme';
 
 /** Debian's OVMF (package ovmf): its code, read-only, and the variable store each UEFI VM gets a copy of. */
 const OVMF_CODE = '/usr/share/OVMF/OVMF_CODE.fd';
@@ -401,7 +416,7 @@ async function launch(options: VirtualMachineOptions, bootSource: VmBootSource):
     ...firmware,
     ...boot,
     '-netdev',
-    `user,id=net0,hostfwd=tcp:${options.address}:${options.sshPort}-:22`,
+    `user,id=net0,${sshForward(options)}`,
     '-device',
     `virtio-net-pci,netdev=net0${options.mac ? `,mac=${options.mac}` : ''}`,
     ...share(GUEST_SHARE, options.guestDir),
@@ -409,9 +424,31 @@ async function launch(options: VirtualMachineOptions, bootSource: VmBootSource):
     // The disk as a device of its own: the drive's serial= is gone from newer QEMUs, the device's is not.
     '-drive',
     `file=${path.join(dir, 'disk.img')},format=raw,if=none,id=disk0`,
-    '-device',
-    `virtio-blk-pci,drive=disk0${bootIndex}${options.diskSerial ? `,serial=${options.diskSerial}` : ''}`,
+    ...diskDevices(options, bootIndex),
   ]);
+}
+
+/**
+ * The devices of a VM's disk (the drive `disk0`) behind its controller, with
+ * `bootIndex` (`,bootindex=N` or nothing) and its serial number: a SCSI
+ * disk's is its VPD serial, an NVMe controller's (which QEMU requires) its
+ * namespace's disk serial as Linux shows it.
+ */
+function diskDevices(options: VirtualMachineOptions, bootIndex: string): string[] {
+  const serial = options.diskSerial ? `,serial=${options.diskSerial}` : '';
+  switch (options.diskController ?? 'virtio') {
+    case 'virtio':
+      return ['-device', `virtio-blk-pci,drive=disk0${bootIndex}${serial}`];
+    case 'megasas':
+      return ['-device', 'megasas-gen2,id=scsi0', '-device', `scsi-hd,drive=disk0,bus=scsi0.0${bootIndex}${serial}`];
+    case 'nvme':
+      return ['-device', `nvme,drive=disk0${bootIndex},serial=${options.diskSerial ?? options.name.slice(0, 20)}`];
+  }
+}
+
+/** QEMU's forward of the VM's host address and port to its guest's sshd. */
+function sshForward(options: VirtualMachineOptions): string {
+  return `hostfwd=tcp:${options.address}:${options.sshPort}-${options.sshGuestAddress ?? ''}:22`;
 }
 
 /** The file a blank VM's CD drive holds, as `setMedia` left it; `undefined` when empty. */
@@ -432,7 +469,7 @@ function blankDevices(options: VirtualMachineOptions, bootSource: VmBootSource, 
   const disk = bootSource === 'disk' ? ',bootindex=1' : ',bootindex=2';
   const netdev = [
     'user,id=net0',
-    `hostfwd=tcp:${options.address}:${options.sshPort}-:22`,
+    sshForward(options),
     ...(options.netBootFile ? [`bootfile=${options.netBootFile}`] : []),
   ].join(',');
   return [
@@ -454,8 +491,7 @@ function blankDevices(options: VirtualMachineOptions, bootSource: VmBootSource, 
     `ide-cd,drive=cd0,id=${CDROM_DEVICE}${order('cdrom')}`,
     '-drive',
     `file=${path.join(options.dir, 'disk.img')},format=raw,if=none,id=disk0`,
-    '-device',
-    `virtio-blk-pci,drive=disk0${disk}${options.diskSerial ? `,serial=${options.diskSerial}` : ''}`,
+    ...diskDevices(options, disk),
   ];
 }
 

@@ -17,8 +17,14 @@ type Response = ServerResponse | Http2ServerResponse;
  */
 export const PHONE_HOME_PATH = '/phone-home/';
 
-/** cloud-init's form fields holding the SSH host keys (`N/A` for a key type the OS has none of). */
-const HOST_KEY_FIELDS = ['pub_key_ed25519', 'pub_key_ecdsa', 'pub_key_rsa', 'pub_key_dsa'];
+/**
+ * cloud-init's form fields holding the SSH host keys (`N/A` for a key type
+ * the OS has none of). Not `pub_key_dsa`: cloud-init 22.4 (Debian 12's)
+ * still makes an ssh-dss host key and posts it, but sshd has offered none
+ * since OpenSSH 7.0 and the BMDB takes no ssh-dss key, so read, it had the
+ * whole report refused and a stock Debian 12 never read booted.
+ */
+const HOST_KEY_FIELDS = ['pub_key_ed25519', 'pub_key_ecdsa', 'pub_key_rsa'];
 /** cloud-init's form is a few kilobytes (the keys, the hostname): more is not a phone home. */
 const MAX_BODY_BYTES = 64 * 1024;
 

@@ -37,11 +37,16 @@ const NETWORK = {
 };
 
 /** A POST as cloud-init's phone_home makes it: form-encoded, N/A for the key types the OS lacks. */
-function phoneHome(path: string, method = 'POST'): Promise<{ status: number; body: string }> {
+function phoneHome(
+  path: string,
+  method = 'POST',
+  keys: Record<string, string> = {},
+): Promise<{ status: number; body: string }> {
   const form = new URLSearchParams({
     pub_key_rsa: 'N/A',
     pub_key_ecdsa: 'N/A',
     pub_key_ed25519: `${HOST_ED25519}\n`,
+    ...keys,
     instance_id: path.split('/')[2] ?? '',
     hostname: 'db1',
     fqdn: 'db1.example.com',
@@ -128,6 +133,17 @@ describe('the first boot report', () => {
     const counted = await registry.getSingleMetricAsString('bmaas_server_requests_total');
     expect(counted).toContain('bmaas_server_requests_total{method="PhoneHome",code="ok"} 2');
     expect(counted).toContain('bmaas_server_requests_total{method="PhoneHome",code="permission_denied"} 1');
+  });
+
+  test('the report of Debian 12’s cloud-init, with the DSA host key it still makes, marks it booted with the keys sshd offers', async () => {
+    const { machineId, secret } = await installedWithSecret();
+    // cloud-init 22.4 makes an ssh-dss host key and posts it as pub_key_dsa; sshd offers none since OpenSSH 7.0.
+    const blob = Buffer.concat([Buffer.from([0, 0, 0, 7]), Buffer.from('ssh-dss'), randomBytes(64)]);
+    const report = await phoneHome(`/phone-home/${machineId}/${secret}`, 'POST', {
+      pub_key_dsa: `ssh-dss ${blob.toString('base64')} root@db1\n`,
+    });
+    expect(report.status).toBe(200);
+    expect(await osInstallation(q, machineId)).toMatchObject({ firstBoot: 'booted', bootedHostKeys: [HOST_ED25519] });
   });
 
   test('another machine’s secret, a malformed path or secret, and a GET are refused, naming what is wrong', async () => {
