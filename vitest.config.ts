@@ -9,6 +9,7 @@ import { defineConfig } from 'vitest/config';
 const packages = [
   'common',
   'bmdb-controlloop',
+  'bmdb-model',
   'shepherd-manager',
   'provider-dummy',
   'provider-equinix',

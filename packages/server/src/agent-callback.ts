@@ -1,11 +1,12 @@
 import { performance } from 'node:perf_hooks';
+import type { BMDB } from '@bmaas/bmdb-controlloop';
 import {
   AGENT_LOG_MAX_BYTES,
-  type BMDB,
+  AgentHeartbeats,
   type OSInstallationReport,
   type PendingOSInstallation,
   type RootDeviceHints,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { isUuid } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
@@ -49,7 +50,7 @@ export type HeartbeatHandler = (request: HeartbeatRequest, key: Uint8Array | und
  * to the database's now and stores the reports it carries, and the answer
  * carries the machine's pending OS installation request and, when it
  * reported on an installation, whether that report was accepted or ignored
- * (see `BMDB.answerAgentHeartbeat`). A `Success` report its agent sends
+ * (see `AgentHeartbeats.answer`). A `Success` report its agent sends
  * again, having lost the answer, is answered as the first was. Each heartbeat is counted, by the status it
  * settles with, and timed, when it settles.
  */
@@ -57,10 +58,11 @@ export function heartbeatHandler(bmdb: BMDB, metrics: ServerMetrics | undefined)
   // Label children bound once: no label object built per heartbeat (prom-client still checks and hashes the labels on each call).
   const ok = metrics?.requests.labels({ method: 'Heartbeat', code: 'ok' });
   const duration = metrics?.duration.labels({ method: 'Heartbeat' });
+  const heartbeats = AgentHeartbeats.of(bmdb);
   // One promise reaction per heartbeat, not an async function around another: this runs thousands of times a second.
   return (request, key) => {
     const started = performance.now();
-    return heartbeat(bmdb, request, key).then(
+    return heartbeat(heartbeats, request, key).then(
       (response) => {
         ok?.inc();
         duration?.observe((performance.now() - started) / 1000);
@@ -97,7 +99,7 @@ const REPORTED_RESPONSES = {
 } as const;
 
 async function heartbeat(
-  bmdb: BMDB,
+  heartbeats: AgentHeartbeats,
   request: HeartbeatRequest,
   key: Uint8Array | undefined,
 ): Promise<HeartbeatResponse> {
@@ -110,9 +112,9 @@ async function heartbeat(
   }
   const report = request.installationReport && installationReport(request.machineId, request.installationReport);
   const agentLog = request.agentLog && checkedAgentLog(request.machineId, request.agentLog.text);
-  let answer: Awaited<ReturnType<BMDB['answerAgentHeartbeat']>>;
+  let answer: Awaited<ReturnType<AgentHeartbeats['answer']>>;
   try {
-    answer = await bmdb.answerAgentHeartbeat({
+    answer = await heartbeats.answer({
       machineId: request.machineId,
       publicKey: key,
       ...(request.hardwareReport && {

@@ -1,13 +1,6 @@
 import { performance } from 'node:perf_hooks';
-import {
-  type BMDB,
-  BMDBError,
-  ConnectionClosedError,
-  DatabaseUnreachableError,
-  type EnrollmentOutcome,
-  EnrollmentRefusedError,
-  enrollAgent,
-} from '@bmaas/bmdb-controlloop';
+import { type BMDB, BMDBError, ConnectionClosedError, DatabaseUnreachableError } from '@bmaas/bmdb-controlloop';
+import { type EnrollmentOutcome, EnrollmentRefusedError, enrollAgent } from '@bmaas/bmdb-model';
 import { isUuid } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';

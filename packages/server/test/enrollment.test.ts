@@ -4,13 +4,7 @@
  * certificate's key becomes the machine's agent key, whose heartbeats are
  * then accepted; refusals name the machine and why, never the token.
  */
-import {
-  agentEnrollment,
-  hardwareReport,
-  issueEnrollmentToken,
-  newMachine,
-  operatorHistory,
-} from '@bmaas/bmdb-controlloop';
+import { agentEnrollment, hardwareReport, issueEnrollmentToken, newMachine, operatorHistory } from '@bmaas/bmdb-model';
 import { create, fromBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError, createClient } from '@connectrpc/connect';
 import { createConnectTransport, createGrpcTransport, createGrpcWebTransport } from '@connectrpc/connect-node';

@@ -6,7 +6,7 @@
  */
 
 import type { Database } from '@bmaas/bmdb-controlloop';
-import { osInstallation, requestOSInstallation } from '@bmaas/bmdb-controlloop';
+import { osInstallation, requestOSInstallation } from '@bmaas/bmdb-model';
 import { Code, ConnectError } from '@connectrpc/connect';
 import type { Kysely } from 'kysely';
 import pg from 'pg';
