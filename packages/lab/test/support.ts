@@ -1,9 +1,9 @@
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { EFISupport } from '@bmaas/api/cloud/agent/api/hwreport_pb';
 import { IpmiSimulator, onPath } from '@bmaas/provider-static/testing';
 import { AgentHardwareReportSchema } from '@bmaas/server';
 import { fromBinary } from '@bufbuild/protobuf';
 import type { TestDatabase } from '../../../test/support/database.js';
-import { EFISupport } from '../../server/src/gen/cloud/agent/api/hwreport_pb.js';
 
 /** What the lab's tests need from Debian, and the package of each; the tests skip, saying so, without them. */
 export async function missingForLab(): Promise<string[]> {
