@@ -18,13 +18,20 @@ describe("the API's generated code", () => {
     await buf(['lint']);
   });
 
-  test('exports every generated module under its path, from source, declarations and JavaScript', () => {
+  test('exports every generated module under its path, from source, declarations and JavaScript, and the hand-written network model', () => {
     const modules = readdirSync(new URL('../src/gen/', import.meta.url), { recursive: true, encoding: 'utf8' })
       .filter((file) => file.endsWith('.ts'))
       .map((file) => file.replace(/\.ts$/, ''))
       .sort();
     expect(modules.length).toBeGreaterThan(0);
-    expect(Object.keys(manifest.exports).sort()).toEqual(modules.map((module) => `./${module}`));
+    expect(Object.keys(manifest.exports).sort()).toEqual(
+      [...modules.map((module) => `./${module}`), './network'].sort(),
+    );
+    expect(manifest.exports['./network']).toEqual({
+      source: './src/network.ts',
+      types: './dist/network.d.ts',
+      default: './dist/network.js',
+    });
     for (const module of modules) {
       expect(manifest.exports[`./${module}`], module).toEqual({
         source: `./src/gen/${module}.ts`,
