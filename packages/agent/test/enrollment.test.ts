@@ -166,17 +166,7 @@ describe('bmaas-agent enroll', () => {
     expect(await hardwareReport(q, machineId)).toBeDefined();
     // The key enrolled is the handover's: a restarted agent runs with it.
     expect((await stat(handOver)).mode & 0o777).toBe(0o600);
-    const { privateKey } = JSON.parse(await readFile(handOver, 'utf8')) as { privateKey: string };
-    const raw = Buffer.from(
-      createPublicKey(createPrivateKey(privateKey)).export({ format: 'jwk' }).x ?? '',
-      'base64url',
-    );
-    const started = await q
-      .selectFrom('machine_agent_started')
-      .select('agent_public_key')
-      .where('machine_id', '=', machineId)
-      .executeTakeFirstOrThrow();
-    expect(Buffer.from(started.agent_public_key)).toEqual(raw);
+    await expectHandoverKeyStarted(handOver, machineId);
     const history = await operatorHistory(q, machineId);
     expect(history.map((e) => [e.action, e.outcome])).toEqual([['EnrollAgent', 'Succeeded']]);
     const first = await lastHeartbeat(machineId);
@@ -245,17 +235,7 @@ describe('bmaas-agent enroll', () => {
       await proxy.close();
     }
     // The first call enrolled the key; the retry was answered as it, and the handover holds that key.
-    const { privateKey } = JSON.parse(await readFile(handOver, 'utf8')) as { privateKey: string };
-    const raw = Buffer.from(
-      createPublicKey(createPrivateKey(privateKey)).export({ format: 'jwk' }).x ?? '',
-      'base64url',
-    );
-    const started = await q
-      .selectFrom('machine_agent_started')
-      .select('agent_public_key')
-      .where('machine_id', '=', machineId)
-      .executeTakeFirstOrThrow();
-    expect(Buffer.from(started.agent_public_key)).toEqual(raw);
+    await expectHandoverKeyStarted(handOver, machineId);
     expect((await operatorHistory(q, machineId)).map((e) => [e.action, e.outcome])).toEqual([
       ['EnrollAgent', 'Succeeded'],
     ]);
@@ -326,3 +306,15 @@ describe('bmaas-agent enroll', () => {
     expect(stderr).toContain('missing.json');
   });
 });
+
+/** The public key of the private key `handOver` holds is the one the BMDB started `machineId`'s agent with. */
+async function expectHandoverKeyStarted(handOver: string, machineId: string): Promise<void> {
+  const { privateKey } = JSON.parse(await readFile(handOver, 'utf8')) as { privateKey: string };
+  const raw = Buffer.from(createPublicKey(createPrivateKey(privateKey)).export({ format: 'jwk' }).x ?? '', 'base64url');
+  const started = await q
+    .selectFrom('machine_agent_started')
+    .select('agent_public_key')
+    .where('machine_id', '=', machineId)
+    .executeTakeFirstOrThrow();
+  expect(Buffer.from(started.agent_public_key)).toEqual(raw);
+}
