@@ -8,6 +8,7 @@ import { defineConfig } from 'vitest/config';
  */
 const packages = [
   'common',
+  'api',
   'bmdb-controlloop',
   'bmdb-model',
   'shepherd-manager',

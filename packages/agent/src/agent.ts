@@ -1,8 +1,5 @@
 import { createHash, type KeyObject, randomBytes } from 'node:crypto';
-import { certificatePem, sleep } from '@bmaas/common';
-import { create } from '@bufbuild/protobuf';
-import { type AgentService, HeartbeatClient } from './callback/heartbeat-client.js';
-import { AgentLogSchema } from './gen/cloud/agent/api/agent_log_pb.js';
+import { AgentLogSchema } from '@bmaas/api/cloud/agent/api/agent_log_pb';
 import {
   AgentHardwareReportSchema,
   type HeartbeatRequest,
@@ -10,9 +7,12 @@ import {
   type OSInstallationReport,
   OSInstallationReportSchema,
   type OSInstallationRequest,
-} from './gen/cloud/agent/api/agent_pb.js';
-import { OSInstallationReportOutcome } from './gen/cloud/agent/api/installation_report_outcome_pb.js';
-import type { TakeoverInit } from './gen/cloud/agent/api/takeover_pb.js';
+} from '@bmaas/api/cloud/agent/api/agent_pb';
+import { OSInstallationReportOutcome } from '@bmaas/api/cloud/agent/api/installation_report_outcome_pb';
+import type { TakeoverInit } from '@bmaas/api/cloud/agent/api/takeover_pb';
+import { certificatePem, sleep } from '@bmaas/common';
+import { create } from '@bufbuild/protobuf';
+import { type AgentService, HeartbeatClient } from './callback/heartbeat-client.js';
 import { hardwareNode, readHardware } from './hardware/inventory.js';
 import { InstallationError } from './install/errors.js';
 import { install } from './install/install.js';

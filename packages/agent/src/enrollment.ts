@@ -1,11 +1,11 @@
 import { generateKeyPairSync, type KeyObject } from 'node:crypto';
+import { type TakeoverInit, TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
+import { AgentHardwareReportSchema } from '@bmaas/api/cloud/bmaas/server/api/agent_pb';
+import { EnrollRequestSchema } from '@bmaas/api/cloud/bmaas/server/api/enrollment_pb';
 import { certificatePem, sleep } from '@bmaas/common';
 import { create, fromBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
 import { EnrollmentClient } from './callback/enrollment-client.js';
-import { type TakeoverInit, TakeoverInitSchema } from './gen/cloud/agent/api/takeover_pb.js';
-import { AgentHardwareReportSchema } from './gen/cloud/bmaas/server/api/agent_pb.js';
-import { EnrollRequestSchema } from './gen/cloud/bmaas/server/api/enrollment_pb.js';
 import { hardwareNode, readHardware } from './hardware/inventory.js';
 
 /**

@@ -1,6 +1,6 @@
 import { createPublicKey, generateKeyPairSync, type KeyObject } from 'node:crypto';
+import { type TakeoverInit, TakeoverInitSchema, TakeoverResponseSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
-import { type TakeoverInit, TakeoverInitSchema, TakeoverResponseSchema } from './gen/cloud/agent/api/takeover_pb.js';
 
 /**
  * Said in a TakeoverSuccess when the agent runs in place, on the OS the

@@ -9,6 +9,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { gzipSync } from 'node:zlib';
+import { TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import {
   addProvided,
   cancelOSInstallation,
@@ -30,7 +31,6 @@ import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
 import { type AgentEnd, runAgent } from '../src/agent.js';
 import type { AgentService } from '../src/callback/heartbeat-client.js';
-import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
 import { IN_PLACE_WARNING, takeover } from '../src/takeover.js';
 import { gptDiskImage, LINUX_TYPE_GUID } from './disk-image-builder.js';
 import { biosInformation, endOfTable, memoryDevice, systemInformation } from './smbios-builder.js';

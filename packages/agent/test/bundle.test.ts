@@ -5,6 +5,8 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import { AgentHardwareReportSchema } from '@bmaas/api/cloud/agent/api/agent_pb';
+import { TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import { hardwareReport, issueEnrollmentToken, newMachine, setAgentStarted } from '@bmaas/bmdb-model';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { parseTakeoverResponse } from '@bmaas/shepherd-manager';
@@ -12,8 +14,6 @@ import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
-import { AgentHardwareReportSchema } from '../src/gen/cloud/agent/api/agent_pb.js';
-import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
 
 const execFileAsync = promisify(execFile);
 const packageDir = fileURLToPath(new URL('..', import.meta.url));

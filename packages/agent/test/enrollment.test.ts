@@ -13,6 +13,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import { TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import { agentEnrollment, hardwareReport, issueEnrollmentToken, newMachine, operatorHistory } from '@bmaas/bmdb-model';
 import { BmaasServer, type ServerTls, selfSignedServerTls } from '@bmaas/server';
 import { create } from '@bufbuild/protobuf';
@@ -21,7 +22,6 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
 import { parseEnrollment } from '../src/enrollment.js';
-import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
 import { agentEnrollmentArchive, Secret } from '../src/index.js';
 
 const packageDir = fileURLToPath(new URL('..', import.meta.url));
@@ -160,17 +160,7 @@ describe('bmaas-agent enroll', () => {
     expect(await hardwareReport(q, machineId)).toBeDefined();
     // The key enrolled is the handover's: a restarted agent runs with it.
     expect((await stat(handOver)).mode & 0o777).toBe(0o600);
-    const { privateKey } = JSON.parse(await readFile(handOver, 'utf8')) as { privateKey: string };
-    const raw = Buffer.from(
-      createPublicKey(createPrivateKey(privateKey)).export({ format: 'jwk' }).x ?? '',
-      'base64url',
-    );
-    const started = await q
-      .selectFrom('machine_agent_started')
-      .select('agent_public_key')
-      .where('machine_id', '=', machineId)
-      .executeTakeFirstOrThrow();
-    expect(Buffer.from(started.agent_public_key)).toEqual(raw);
+    await expectHandoverKeyStarted(handOver, machineId);
     const history = await operatorHistory(q, machineId);
     expect(history.map((e) => [e.action, e.outcome])).toEqual([['EnrollAgent', 'Succeeded']]);
     const first = await lastHeartbeat(machineId);
@@ -239,17 +229,7 @@ describe('bmaas-agent enroll', () => {
       await proxy.close();
     }
     // The first call enrolled the key; the retry was answered as it, and the handover holds that key.
-    const { privateKey } = JSON.parse(await readFile(handOver, 'utf8')) as { privateKey: string };
-    const raw = Buffer.from(
-      createPublicKey(createPrivateKey(privateKey)).export({ format: 'jwk' }).x ?? '',
-      'base64url',
-    );
-    const started = await q
-      .selectFrom('machine_agent_started')
-      .select('agent_public_key')
-      .where('machine_id', '=', machineId)
-      .executeTakeFirstOrThrow();
-    expect(Buffer.from(started.agent_public_key)).toEqual(raw);
+    await expectHandoverKeyStarted(handOver, machineId);
     expect((await operatorHistory(q, machineId)).map((e) => [e.action, e.outcome])).toEqual([
       ['EnrollAgent', 'Succeeded'],
     ]);
@@ -320,3 +300,15 @@ describe('bmaas-agent enroll', () => {
     expect(stderr).toContain('missing.json');
   });
 });
+
+/** The public key of the private key `handOver` holds is the one the BMDB started `machineId`'s agent with. */
+async function expectHandoverKeyStarted(handOver: string, machineId: string): Promise<void> {
+  const { privateKey } = JSON.parse(await readFile(handOver, 'utf8')) as { privateKey: string };
+  const raw = Buffer.from(createPublicKey(createPrivateKey(privateKey)).export({ format: 'jwk' }).x ?? '', 'base64url');
+  const started = await q
+    .selectFrom('machine_agent_started')
+    .select('agent_public_key')
+    .where('machine_id', '=', machineId)
+    .executeTakeFirstOrThrow();
+  expect(Buffer.from(started.agent_public_key)).toEqual(raw);
+}

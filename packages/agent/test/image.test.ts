@@ -14,9 +14,9 @@ import { mkdir, mkdtemp, readFile, rm, stat, symlink, utimes, writeFile } from '
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import { TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import { create } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, expect, test } from 'vitest';
-import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
 import {
   type AgentImage,
   AgentImageError,

@@ -8,16 +8,16 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { gzipSync } from 'node:zlib';
+import { OSInstallationRequestSchema } from '@bmaas/api/cloud/agent/api/agent_pb';
+import {
+  DiskImageInstallationRequest_Compression as Compression,
+  RootDeviceHintsSchema,
+} from '@bmaas/api/cloud/agent/api/disk_image_pb';
 import { selfSignedServerTls } from '@bmaas/server';
 import { create, fromBinary } from '@bufbuild/protobuf';
 import { build } from 'esbuild';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { eventually } from '../../../test/support/wait.js';
-import { OSInstallationRequestSchema } from '../src/gen/cloud/agent/api/agent_pb.js';
-import {
-  DiskImageInstallationRequest_Compression as Compression,
-  RootDeviceHintsSchema,
-} from '../src/gen/cloud/agent/api/disk_image_pb.js';
 import { addBootEntry, bootOrder, EFI_GLOBAL_VARIABLE, encodeLoadOption } from '../src/install/efi-boot.js';
 import { InstallationError } from '../src/install/errors.js';
 import { guidBytes } from '../src/install/gpt.js';

@@ -1,7 +1,7 @@
+import { TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import { AgentResponseError, parseTakeoverResponse } from '@bmaas/shepherd-manager';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { describe, expect, test } from 'vitest';
-import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
 import { IN_PLACE_WARNING, takeover } from '../src/takeover.js';
 
 const sent = {

@@ -1,47 +1,14 @@
 /**
  * What an installation gives the installed OS for its first boot (its
  * hostname, the operator's SSH keys, its network), checked before it is
- * stored. The network is the agent's model (`packages/agent/src/network/config.ts`,
- * the takeover's `/etc/bmaas/network.json`): the agent depends on no
- * workspace package, so this is a second copy of its shape, checked here.
+ * stored. The network is the model the agent reads (`@bmaas/api/network`),
+ * checked here because its JSON comes from an operator.
  */
 import { isIP } from 'node:net';
+import type { NetworkConfig, NetworkRoute } from '@bmaas/api/network';
 import { BMDBError } from '@bmaas/bmdb-controlloop';
 
-/** A route of one interface. */
-export interface NetworkRoute {
-  /** A prefix: `0.0.0.0/0`, `10.9.0.0/16`. */
-  readonly destination: string;
-  readonly gateway?: string;
-  readonly source?: string;
-  readonly metric?: number;
-}
-
-interface InterfaceCommon {
-  /** Its name: a bond or VLAN is named by it, a NIC found by its MAC. */
-  readonly name: string;
-  readonly mtu?: number;
-  /** Static addresses with their prefix length (`192.0.2.10/24`). */
-  readonly addresses: readonly string[];
-  /** DHCP (IPv4) on it. */
-  readonly dhcp: boolean;
-  readonly routes: readonly NetworkRoute[];
-}
-
-/** The installed OS's network: interfaces (NICs by MAC, bonds, VLANs) and nameservers. */
-export interface NetworkConfig {
-  readonly interfaces: readonly (
-    | (InterfaceCommon & { readonly kind: 'device'; readonly mac: string })
-    | (InterfaceCommon & { readonly kind: 'bond'; readonly mode: string; readonly members: readonly string[] })
-    | (InterfaceCommon & {
-        readonly kind: 'vlan';
-        readonly parent: string;
-        readonly id: number;
-        readonly protocol: '802.1Q' | '802.1ad';
-      })
-  )[];
-  readonly nameservers: readonly string[];
-}
+export type { NetworkConfig };
 
 /** First-boot settings that are not valid; `field` names the one at fault (`hostname`, `network`, …). */
 export class FirstBootSettingError extends BMDBError {

@@ -1,7 +1,7 @@
+import { BlockDevice_Protocol, EFISupport, type Node, NodeSchema } from '@bmaas/api/cloud/agent/api/hwreport_pb';
 import { describeError } from '@bmaas/common';
 import { fromBinary } from '@bufbuild/protobuf';
 import { BinaryReader, WireType } from '@bufbuild/protobuf/wire';
-import { BlockDevice_Protocol, EFISupport, type Node, NodeSchema } from './gen/cloud/agent/api/hwreport_pb.js';
 
 /**
  * A machine's last hardware report as plain records, for its detail (the

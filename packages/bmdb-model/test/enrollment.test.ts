@@ -1,4 +1,5 @@
 import { createHash, randomUUID } from 'node:crypto';
+import { NodeSchema } from '@bmaas/api/cloud/agent/api/hwreport_pb';
 import { BMDBError, type Session } from '@bmaas/bmdb-controlloop';
 import { Secret } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
@@ -8,7 +9,6 @@ import { beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { provideMachines } from '../../../test/support/machines.js';
 import { eventually } from '../../../test/support/wait.js';
-import { NodeSchema } from '../src/gen/cloud/agent/api/hwreport_pb.js';
 import {
   AgentHeartbeats,
   agentEnrollment,

@@ -27,11 +27,10 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { startedAgents } from '../../../test/support/agents.js';
 import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
 import { freePort } from '../../../test/support/ports.js';
-import { eventually } from '../../../test/support/wait.js';
 import { bundleAgent } from '../../agent/test/bundle-agent.js';
 import { buildBootImage, findKernel, Lab, type LabMachine } from '../src/index.js';
 import { sshBanner } from '../src/vm.js';
-import { missingForBlankLab, reportedHardware } from './support.js';
+import { enrolledWithHardwareReport, labEventually, missingForBlankLab, reportedHardware, seconds } from './support.js';
 
 const missing = await missingForBlankLab();
 if (missing.length > 0) {
@@ -88,24 +87,14 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
     console.log(`lab agent boot test: ${seconds(started)} in all\n${timings.join('\n')}`);
   });
 
-  async function within<T>(what: string, check: () => Promise<T | undefined>, timeout = 400_000): Promise<T> {
-    try {
-      return await eventually(what, check, timeout, 500);
-    } catch (error) {
-      throw new Error(
-        `${(error as Error).message}\nshepherd run:\n${lab.run?.output.slice(-4000)}\nshepherd server:\n${lab.server?.output.slice(-2000)}`,
-      );
-    }
-  }
+  const within = <T>(what: string, check: () => Promise<T | undefined>, timeout = 400_000) =>
+    labEventually(lab, what, check, timeout, 500);
 
   /** Waits for `machine`'s agent to enroll and report its hardware; prints the time from its power on. */
   async function enrolled(machine: LabMachine, path: string): Promise<string> {
-    const agent = await within(`${machine.id}'s agent enrolled, heartbeating with a hardware report`, async () => {
-      const found = (await startedAgents(db, 'providerId')).get(machine.id);
-      if (found?.heartbeatAgo === null || found === undefined) return undefined;
-      const { rows } = await db.admin('SELECT 1 FROM machine_hardware_report WHERE machine_id = $1', [found.machineId]);
-      return rows.length > 0 ? found : undefined;
-    });
+    const agent = await within(`${machine.id}'s agent enrolled, heartbeating with a hardware report`, () =>
+      enrolledWithHardwareReport(db, machine),
+    );
     const enrolledAt = Date.now() - agent.startedAgo * 1000;
     const poweredOn = machine.vm.lastResetAt;
     expect(poweredOn).toBeDefined();
@@ -296,7 +285,3 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
     expect(tail.equals(Buffer.alloc(MiB))).toBe(true);
   });
 });
-
-function seconds(since: number): string {
-  return `${((Date.now() - since) / 1000).toFixed(1)} s`;
-}

@@ -13,13 +13,13 @@ import { mkdtemp, readFile, rm, truncate, writeFile } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { agentConfigArchive, buildAgentImage, configureAgentIso, type NetworkConfig } from '@bmaas/agent';
+import { TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import { hardwareReport, newMachine, setAgentStarted } from '@bmaas/bmdb-model';
 import { AgentHardwareReportSchema, BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { create, fromBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
-import { TakeoverInitSchema } from '../../agent/src/gen/cloud/agent/api/takeover_pb.js';
 import { bundleAgent } from '../../agent/test/bundle-agent.js';
 import { missingForAgentImage } from './support.js';
 

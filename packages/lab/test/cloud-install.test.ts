@@ -25,13 +25,11 @@ import { promisify } from 'node:util';
 import { onPath } from '@bmaas/provider-static/testing';
 import { type HostKeyPinStore, Ssh2Client, SshKey } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { startedAgents } from '../../../test/support/agents.js';
 import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
 import { freePort } from '../../../test/support/ports.js';
-import { eventually } from '../../../test/support/wait.js';
 import { bundleAgent } from '../../agent/test/bundle-agent.js';
 import { buildCloudImage, CLOUD_IMAGE_CACHE, type CloudImage, LAB_SSH_PORT, Lab } from '../src/index.js';
-import { missingForBlankLab, reportedHardware } from './support.js';
+import { enrolledWithHardwareReport, labEventually, missingForBlankLab, reportedHardware, seconds } from './support.js';
 
 const missing = await missingForBlankLab();
 if (!(await onPath('mmdebstrap'))) missing.push('mmdebstrap');
@@ -113,27 +111,15 @@ describe.skipIf(missing.length > 0 || !root)(
       console.log(`lab cloud install test: ${seconds(started)} in all\n${timings.join('\n')}`);
     });
 
-    async function within<T>(what: string, check: () => Promise<T | undefined>, timeout = 900_000): Promise<T> {
-      try {
-        return await eventually(what, check, timeout, 1_000);
-      } catch (error) {
-        throw new Error(
-          `${(error as Error).message}\nshepherd run:\n${lab.run?.output.slice(-4000)}\nshepherd server:\n${lab.server?.output.slice(-2000)}`,
-        );
-      }
-    }
+    const within = <T>(what: string, check: () => Promise<T | undefined>, timeout = 900_000) =>
+      labEventually(lab, what, check, timeout, 1_000);
 
     test('each blank VM is booted into the agent by its BMC, which sees its disk behind megasas or on NVMe', async () => {
       await Promise.all(
         lab.machines.map(async (machine) => {
-          const agent = await within(`${machine.id}'s agent enrolled with a hardware report`, async () => {
-            const found = (await startedAgents(db, 'providerId')).get(machine.id);
-            if (found?.heartbeatAgo === null || found === undefined) return undefined;
-            const { rows } = await db.admin('SELECT 1 FROM machine_hardware_report WHERE machine_id = $1', [
-              found.machineId,
-            ]);
-            return rows.length > 0 ? found : undefined;
-          });
+          const agent = await within(`${machine.id}'s agent enrolled with a hardware report`, () =>
+            enrolledWithHardwareReport(db, machine),
+          );
           timing(`${machine.id} (${machine.vm.options.diskController}): agent enrolled`);
           expect((await reportedHardware(db, agent.machineId)).serials).toContain(machine.diskSerial);
         }),
@@ -290,8 +276,4 @@ async function serveFile(file: string): Promise<{ server: Server; port: number }
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   return { server, port: (server.address() as AddressInfo).port };
-}
-
-function seconds(since: number): string {
-  return `${((Date.now() - since) / 1000).toFixed(1)} s`;
 }

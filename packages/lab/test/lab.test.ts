@@ -34,16 +34,15 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { gzipSync } from 'node:zlib';
+import { EFISupport } from '@bmaas/api/cloud/agent/api/hwreport_pb';
 import { IpmiClient, Secret } from '@bmaas/provider-static';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { startedAgents } from '../../../test/support/agents.js';
 import { createTestDatabase, type TestDatabase } from '../../../test/support/database.js';
 import { freePort } from '../../../test/support/ports.js';
-import { eventually } from '../../../test/support/wait.js';
 import { bundleAgent } from '../../agent/test/bundle-agent.js';
-import { EFISupport } from '../../server/src/gen/cloud/agent/api/hwreport_pb.js';
 import { buildBootImage, findKernel, Lab, type LabMachine, QmpClient } from '../src/index.js';
-import { missingForLab, reportedHardware } from './support.js';
+import { labEventually, missingForLab, reportedHardware } from './support.js';
 
 const missing = await missingForLab();
 if (missing.length > 0) {
@@ -108,15 +107,8 @@ describe.skipIf(missing.length > 0)('the lab', () => {
   /** Per VM (provider ID): its started agent. */
   const agents = () => startedAgents(db, 'providerId');
 
-  async function within<T>(what: string, check: () => Promise<T | undefined>, timeout = 300_000): Promise<T> {
-    try {
-      return await eventually(what, check, timeout, 500);
-    } catch (error) {
-      throw new Error(
-        `${(error as Error).message}\nshepherd run:\n${lab.run?.output.slice(-4000)}\nshepherd server:\n${lab.server?.output.slice(-2000)}`,
-      );
-    }
-  }
+  const within = <T>(what: string, check: () => Promise<T | undefined>, timeout = 300_000) =>
+    labEventually(lab, what, check, timeout, 500);
 
   /** The boot IDs a VM's console shows, in order: its OS's boots and its agent image's. */
   async function bootIds(machine: LabMachine): Promise<{ os: string[]; image: string[]; last: 'os' | 'image' }> {

@@ -1,9 +1,12 @@
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { EFISupport } from '@bmaas/api/cloud/agent/api/hwreport_pb';
 import { IpmiSimulator, onPath } from '@bmaas/provider-static/testing';
 import { AgentHardwareReportSchema } from '@bmaas/server';
 import { fromBinary } from '@bufbuild/protobuf';
+import { type StartedAgent, startedAgents } from '../../../test/support/agents.js';
 import type { TestDatabase } from '../../../test/support/database.js';
-import { EFISupport } from '../../server/src/gen/cloud/agent/api/hwreport_pb.js';
+import { eventually } from '../../../test/support/wait.js';
+import type { Lab, LabMachine } from '../src/index.js';
 
 /** What the lab's tests need from Debian, and the package of each; the tests skip, saying so, without them. */
 export async function missingForLab(): Promise<string[]> {
@@ -126,4 +129,41 @@ export async function reportedHardware(
       [],
     efi: report?.efiSupport ?? EFISupport.EFI_SUPPORT_INVALID,
   };
+}
+
+/**
+ * Waits for `check` as `eventually` does; when it times out, the error
+ * carries the tails of the lab's `shepherd run` and `shepherd server`
+ * output, which say why a VM's step never came.
+ */
+export async function labEventually<T>(
+  lab: Lab,
+  what: string,
+  check: () => Promise<T | undefined>,
+  timeout: number,
+  interval: number,
+): Promise<T> {
+  try {
+    return await eventually(what, check, timeout, interval);
+  } catch (error) {
+    throw new Error(
+      `${(error as Error).message}\nshepherd run:\n${lab.run?.output.slice(-4000)}\nshepherd server:\n${lab.server?.output.slice(-2000)}`,
+    );
+  }
+}
+
+/** `machine`'s started agent once it heartbeats and its hardware report is stored, else undefined. */
+export async function enrolledWithHardwareReport(
+  db: TestDatabase,
+  machine: LabMachine,
+): Promise<StartedAgent | undefined> {
+  const found = (await startedAgents(db, 'providerId')).get(machine.id);
+  if (found === undefined || found.heartbeatAgo === null) return undefined;
+  const { rows } = await db.admin('SELECT 1 FROM machine_hardware_report WHERE machine_id = $1', [found.machineId]);
+  return rows.length > 0 ? found : undefined;
+}
+
+/** The time since `since` (a `Date.now()`), as the lab's timing lines print it. */
+export function seconds(since: number): string {
+  return `${((Date.now() - since) / 1000).toFixed(1)} s`;
 }

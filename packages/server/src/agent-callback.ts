@@ -1,4 +1,18 @@
 import { performance } from 'node:perf_hooks';
+import {
+  DiskImageInstallationRequest_Compression as Compression,
+  type RootDeviceHints as RootDeviceHintsMessage,
+  RootDeviceHintsSchema,
+} from '@bmaas/api/cloud/agent/api/disk_image_pb';
+import { OSInstallationReportOutcome as ReportOutcome } from '@bmaas/api/cloud/agent/api/installation_report_outcome_pb';
+import {
+  AgentHardwareReportSchema,
+  type HeartbeatRequest,
+  type HeartbeatResponse,
+  HeartbeatResponseSchema,
+  type OSInstallationReport as OSInstallationReportMessage,
+  OSInstallationReportSchema,
+} from '@bmaas/api/cloud/bmaas/server/api/agent_pb';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
 import {
   AGENT_LOG_MAX_BYTES,
@@ -10,20 +24,6 @@ import {
 import { isUuid } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
-import {
-  DiskImageInstallationRequest_Compression as Compression,
-  type RootDeviceHints as RootDeviceHintsMessage,
-  RootDeviceHintsSchema,
-} from './gen/cloud/agent/api/disk_image_pb.js';
-import { OSInstallationReportOutcome as ReportOutcome } from './gen/cloud/agent/api/installation_report_outcome_pb.js';
-import {
-  AgentHardwareReportSchema,
-  type HeartbeatRequest,
-  type HeartbeatResponse,
-  HeartbeatResponseSchema,
-  type OSInstallationReport as OSInstallationReportMessage,
-  OSInstallationReportSchema,
-} from './gen/cloud/bmaas/server/api/agent_pb.js';
 import { log } from './log.js';
 import type { ServerMetrics } from './metrics.js';
 

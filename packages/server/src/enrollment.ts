@@ -1,15 +1,15 @@
 import { performance } from 'node:perf_hooks';
+import { AgentHardwareReportSchema } from '@bmaas/api/cloud/bmaas/server/api/agent_pb';
+import {
+  type EnrollRequest,
+  type EnrollResponse,
+  EnrollResponseSchema,
+} from '@bmaas/api/cloud/bmaas/server/api/enrollment_pb';
 import { type BMDB, BMDBError, ConnectionClosedError, DatabaseUnreachableError } from '@bmaas/bmdb-controlloop';
 import { type EnrollmentOutcome, EnrollmentRefusedError, enrollAgent } from '@bmaas/bmdb-model';
 import { isUuid } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
-import { AgentHardwareReportSchema } from './gen/cloud/bmaas/server/api/agent_pb.js';
-import {
-  type EnrollRequest,
-  type EnrollResponse,
-  EnrollResponseSchema,
-} from './gen/cloud/bmaas/server/api/enrollment_pb.js';
 import { log } from './log.js';
 import type { ServerMetrics } from './metrics.js';
 

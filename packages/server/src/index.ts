@@ -12,17 +12,16 @@
  * @packageDocumentation
  */
 
-export { BmaasServerError, ListenError, ServerTlsError } from './errors.js';
 // The service, and the messages an agent sends it and gets back (the
-// installation request among them); the rest of the generated code stays in
-// src/gen/. The same service under the current upstream agent's name, with
+// installation request among them), from @bmaas/api, which holds the rest of
+// the generated code. The same service under the current upstream agent's name, with
 // its messages, is `agentApi`.
-export * as agentApi from './gen/cloud/agent/api/agent_pb.js';
+export * as agentApi from '@bmaas/api/cloud/agent/api/agent_pb';
 export {
   type DiskImageInstallationRequest,
   DiskImageInstallationRequest_Compression,
   DiskImageInstallationRequestSchema,
-} from './gen/cloud/agent/api/disk_image_pb.js';
+} from '@bmaas/api/cloud/agent/api/disk_image_pb';
 export {
   AgentCallback,
   type AgentHardwareReport,
@@ -35,14 +34,15 @@ export {
   OSInstallationReportSchema,
   type OSInstallationRequest,
   OSInstallationRequestSchema,
-} from './gen/cloud/bmaas/server/api/agent_pb.js';
+} from '@bmaas/api/cloud/bmaas/server/api/agent_pb';
 export {
   AgentEnrollment,
   type EnrollRequest,
   EnrollRequestSchema,
   type EnrollResponse,
   EnrollResponseSchema,
-} from './gen/cloud/bmaas/server/api/enrollment_pb.js';
+} from '@bmaas/api/cloud/bmaas/server/api/enrollment_pb';
+export { BmaasServerError, ListenError, ServerTlsError } from './errors.js';
 export type { ServerLimits } from './limits.js';
 export { BmaasServer, type BmaasServerOptions } from './server.js';
 export { loadServerTls, type SelfSignedTlsOptions, type ServerTls, selfSignedServerTls } from './tls.js';

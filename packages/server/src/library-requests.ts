@@ -1,12 +1,12 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { constants, type Http2ServerRequest, type Http2ServerResponse } from 'node:http2';
+import { HeartbeatRequestSchema } from '@bmaas/api/cloud/bmaas/server/api/agent_pb';
+import { AgentEnrollment, EnrollRequestSchema } from '@bmaas/api/cloud/bmaas/server/api/enrollment_pb';
 import { create } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
 import { codeToHttpStatus, errorToJsonBytes } from '@connectrpc/connect/protocol-connect';
 import type { HeartbeatHandler } from './agent-callback.js';
 import type { EnrollHandler } from './enrollment.js';
-import { HeartbeatRequestSchema } from './gen/cloud/bmaas/server/api/agent_pb.js';
-import { AgentEnrollment, EnrollRequestSchema } from './gen/cloud/bmaas/server/api/enrollment_pb.js';
 import { encodeGrpcMessage } from './grpc-headers.js';
 import { type Overrun, overrunMessage, type RequestBudget } from './limits.js';
 import { log } from './log.js';

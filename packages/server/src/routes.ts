@@ -1,24 +1,24 @@
 import type { IncomingHttpHeaders } from 'node:http2';
-import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
-import type { GenService } from '@bufbuild/protobuf/codegenv2';
-import type { ConnectRouter } from '@connectrpc/connect';
-import type { HeartbeatHandler } from './agent-callback.js';
-import type { EnrollHandler } from './enrollment.js';
-import { AgentCallback as AgentCallbackUnderAgentApi } from './gen/cloud/agent/api/agent_pb.js';
+import { AgentCallback as AgentCallbackUnderAgentApi } from '@bmaas/api/cloud/agent/api/agent_pb';
 import {
   AgentCallback,
   type HeartbeatRequest,
   HeartbeatRequestSchema,
   type HeartbeatResponse,
   HeartbeatResponseSchema,
-} from './gen/cloud/bmaas/server/api/agent_pb.js';
+} from '@bmaas/api/cloud/bmaas/server/api/agent_pb';
 import {
   AgentEnrollment,
   type EnrollRequest,
   EnrollRequestSchema,
   type EnrollResponse,
   EnrollResponseSchema,
-} from './gen/cloud/bmaas/server/api/enrollment_pb.js';
+} from '@bmaas/api/cloud/bmaas/server/api/enrollment_pb';
+import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
+import type { GenService } from '@bufbuild/protobuf/codegenv2';
+import type { ConnectRouter } from '@connectrpc/connect';
+import type { HeartbeatHandler } from './agent-callback.js';
+import type { EnrollHandler } from './enrollment.js';
 import type { UnaryRoute } from './grpc-unary.js';
 import { connectionPeerKey, peerKey } from './peer-key.js';
 
@@ -40,7 +40,7 @@ export const HEARTBEAT_SERVICES: readonly HeartbeatService[] = [
   AgentCallback,
   // `cloud.agent.api.AgentCallback`, as the current upstream agent names the service (its .proto moved to
   // cloud/agent/api/agent.proto in 2025): its messages are this package's under another package name, field for
-  // field (test/proto-generated.test.ts checks each), so both paths serve it with this package's messages: the
+  // field (@bmaas/api's test/wire-format.test.ts checks each), so both paths serve it with this package's messages: the
   // lean path decodes and encodes them by this package's schemas, the library reads and writes their fields by name.
   AgentCallbackUnderAgentApi as unknown as HeartbeatService,
 ];

@@ -4,6 +4,8 @@
  * certificate's key becomes the machine's agent key, whose heartbeats are
  * then accepted; refusals name the machine and why, never the token.
  */
+
+import { NodeSchema } from '@bmaas/api/cloud/agent/api/hwreport_pb';
 import { agentEnrollment, hardwareReport, issueEnrollmentToken, newMachine, operatorHistory } from '@bmaas/bmdb-model';
 import { create, fromBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError, createClient } from '@connectrpc/connect';
@@ -11,7 +13,6 @@ import { createConnectTransport, createGrpcTransport, createGrpcWebTransport } f
 import { Registry } from 'prom-client';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { captureDebugLog } from '../../../test/support/debug-log.js';
-import { NodeSchema } from '../src/gen/cloud/agent/api/hwreport_pb.js';
 import { AgentEnrollment, AgentHardwareReportSchema } from '../src/index.js';
 import { type AgentIdentity, agentClient, agentIdentity, startTestServer, type TestServer } from './helpers.js';
 

@@ -5,6 +5,7 @@
  * (`installation_report_outcome`, this project's field 100).
  */
 
+import { OSInstallationReportOutcome as Outcome } from '@bmaas/api/cloud/agent/api/installation_report_outcome_pb';
 import type { Database } from '@bmaas/bmdb-controlloop';
 import { osInstallation, requestOSInstallation } from '@bmaas/bmdb-model';
 import { Code, ConnectError } from '@connectrpc/connect';
@@ -14,7 +15,6 @@ import { Registry } from 'prom-client';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { captureDebugLog } from '../../../test/support/debug-log.js';
 import { eventually } from '../../../test/support/wait.js';
-import { OSInstallationReportOutcome as Outcome } from '../src/gen/cloud/agent/api/installation_report_outcome_pb.js';
 import {
   type AgentIdentity,
   agentClient,

@@ -5,6 +5,7 @@
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { BlockDevice_Protocol, EFISupport, NodeSchema } from '@bmaas/api/cloud/agent/api/hwreport_pb';
 import {
   hardwareReport,
   machineDetail,
@@ -18,7 +19,6 @@ import { Code, ConnectError, createClient } from '@connectrpc/connect';
 import { createConnectTransport } from '@connectrpc/connect-node';
 import { Registry } from 'prom-client';
 import { beforeAll, describe, expect, test } from 'vitest';
-import { BlockDevice_Protocol, EFISupport, NodeSchema } from '../src/gen/cloud/agent/api/hwreport_pb.js';
 import {
   AgentHardwareReportSchema,
   agentApi,

@@ -6,6 +6,7 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { AGENT_KERNEL_ARGUMENTS, agentEnrollmentArchive, configureAgentIso } from '@bmaas/agent';
+import { type TakeoverInit, TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import type { Database } from '@bmaas/bmdb-controlloop';
 import { liveNetworkBoot, liveNetworkBootsByMac, serveNetworkBootConfig } from '@bmaas/bmdb-model';
 import { describeError, type Secret } from '@bmaas/common';
@@ -14,7 +15,6 @@ import type { Kysely } from 'kysely';
 import { type FileSent, sendFile } from './boot-files/file-response.js';
 import { agentBootScript, noAgentBootScript, normalizeMac } from './boot-files/ipxe.js';
 import { type AgentBootFilesLimits, agentBootFilesLimits, holdConnections } from './boot-files/limits.js';
-import { type TakeoverInit, TakeoverInitSchema } from './gen/cloud/agent/api/takeover_pb.js';
 import { detail, log } from './internal.js';
 import { ShepherdError } from './provider.js';
 

@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import { type TakeoverInit, TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import type { Database } from '@bmaas/bmdb-controlloop';
 import {
   type Backoff,
@@ -29,7 +30,6 @@ import type { Kysely } from 'kysely';
 import type { AgentBootControl, AgentBootEnd, AgentBootStarted } from './agent-boot.js';
 import { type AgentBootFiles, newCapability, type PreparedAgentBoot } from './agent-boot-files.js';
 import { normalizeMac } from './boot-files/ipxe.js';
-import { type TakeoverInit, TakeoverInitSchema } from './gen/cloud/agent/api/takeover_pb.js';
 import { detail, log } from './internal.js';
 import { PowerOutcomeUnknownError } from './power.js';
 import { type Machine, type Provider, ShepherdError } from './provider.js';

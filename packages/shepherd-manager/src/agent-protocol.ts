@@ -1,11 +1,11 @@
-import { describeError } from '@bmaas/common';
-import { create, equals, fromBinary, toBinary } from '@bufbuild/protobuf';
 import {
   type TakeoverInit,
   TakeoverInitSchema,
   type TakeoverResponse,
   TakeoverResponseSchema,
-} from './gen/cloud/agent/api/takeover_pb.js';
+} from '@bmaas/api/cloud/agent/api/takeover_pb';
+import { describeError } from '@bmaas/common';
+import { create, equals, fromBinary, toBinary } from '@bufbuild/protobuf';
 import { ShepherdError } from './provider.js';
 
 /** Length of an ed25519 public key, the only kind of key an agent may answer with. */

@@ -7,6 +7,7 @@
  * @packageDocumentation
  */
 
+export { TakeoverResponseSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 export {
   type AgentBootControl,
   type AgentBootEnd,
@@ -36,7 +37,6 @@ export {
   type TakeoverInitParams,
 } from './agent-protocol.js';
 export type { AgentBootFilesLimits } from './boot-files/limits.js';
-export { TakeoverResponseSchema } from './gen/cloud/agent/api/takeover_pb.js';
 export {
   type HostKeyPinStore,
   HostKeyStoreError,

@@ -17,6 +17,7 @@ import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import { TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import {
   agentEnrollment,
   armNetworkBoot,
@@ -38,7 +39,6 @@ import { smallAgentImage } from '../../../test/support/agent-image.js';
 import { testBMDB } from '../../../test/support/database.js';
 import { captureDebugLog } from '../../../test/support/debug-log.js';
 import { eventually } from '../../../test/support/wait.js';
-import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
 import {
   AgentBootFiles,
   AgentBootFilesError,

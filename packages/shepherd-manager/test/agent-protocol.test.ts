@@ -2,9 +2,9 @@ import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { stat } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
+import { TakeoverInitSchema, type TakeoverResponse } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import { describe, expect, test } from 'vitest';
-import { TakeoverInitSchema, type TakeoverResponse } from '../src/gen/cloud/agent/api/takeover_pb.js';
 import {
   AgentResponseError,
   type AgentResponseRejection,

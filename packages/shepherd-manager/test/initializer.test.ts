@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
+import { TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import { parseLimiter } from '@bmaas/bmdb-controlloop';
 import { providedMachine, providedMachines, workHistory } from '@bmaas/bmdb-model';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
@@ -13,7 +14,6 @@ import { captureDebugLog } from '../../../test/support/debug-log.js';
 import { startTestSshServer, type TestSshServer } from '../../../test/support/sshd.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import { eventually, runUntil } from '../../../test/support/wait.js';
-import { TakeoverInitSchema } from '../src/gen/cloud/agent/api/takeover_pb.js';
 import {
   Initializer,
   type InitializerOptions,

@@ -1,6 +1,6 @@
+import { AgentEnrollment, type EnrollRequest } from '@bmaas/api/cloud/bmaas/server/api/enrollment_pb';
 import { type Client, createClient } from '@connectrpc/connect';
 import { createGrpcTransport, type Http2SessionManager } from '@connectrpc/connect-node';
-import { AgentEnrollment, type EnrollRequest } from '../gen/cloud/bmaas/server/api/enrollment_pb.js';
 import { type ServerConnectionOptions, serverConnection } from './client-certificate.js';
 
 /**

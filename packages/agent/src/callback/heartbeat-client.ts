@@ -1,14 +1,14 @@
-import { fromBinary, toBinary } from '@bufbuild/protobuf';
-import { type Client, createClient } from '@connectrpc/connect';
-import { createGrpcTransport, type Http2SessionManager } from '@connectrpc/connect-node';
 import {
   AgentCallback,
   type HeartbeatRequest,
   HeartbeatRequestSchema,
   type HeartbeatResponse,
   HeartbeatResponseSchema,
-} from '../gen/cloud/agent/api/agent_pb.js';
-import * as older from '../gen/cloud/bmaas/server/api/agent_pb.js';
+} from '@bmaas/api/cloud/agent/api/agent_pb';
+import * as older from '@bmaas/api/cloud/bmaas/server/api/agent_pb';
+import { fromBinary, toBinary } from '@bufbuild/protobuf';
+import { type Client, createClient } from '@connectrpc/connect';
+import { createGrpcTransport, type Http2SessionManager } from '@connectrpc/connect-node';
 import { type ServerConnectionOptions, serverConnection } from './client-certificate.js';
 
 /**

@@ -1,5 +1,5 @@
+import { BlockDevice_Protocol, EFISupport, type Node, NodeSchema } from '@bmaas/api/cloud/agent/api/hwreport_pb';
 import { create } from '@bufbuild/protobuf';
-import { BlockDevice_Protocol, EFISupport, type Node, NodeSchema } from '../gen/cloud/agent/api/hwreport_pb.js';
 import { driverlessMessage, readControllers } from './controllers.js';
 import { type CpuRecord, readCpus } from './cpu.js';
 import { type DiskRecord, readDisks } from './disks.js';

@@ -1,8 +1,8 @@
 import type { KeyObject } from 'node:crypto';
 import { isIP } from 'node:net';
+import { type TakeoverInit, TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import type { Secret } from '@bmaas/common';
 import { toBinary } from '@bufbuild/protobuf';
-import { type TakeoverInit, TakeoverInitSchema } from '../gen/cloud/agent/api/takeover_pb.js';
 import type { NetworkConfig } from '../network/config.js';
 import { cpioArchive } from './cpio.js';
 import { AgentImageError } from './errors.js';

@@ -1,11 +1,11 @@
 import { access } from 'node:fs/promises';
 import path from 'node:path';
-import type { OSInstallationRequest } from '../gen/cloud/agent/api/agent_pb.js';
+import type { OSInstallationRequest } from '@bmaas/api/cloud/agent/api/agent_pb';
 import {
   DiskImageInstallationRequest_Compression as Compression,
   type DiskImageInstallationRequest,
   type RootDeviceHints as RootDeviceHintsMessage,
-} from '../gen/cloud/agent/api/disk_image_pb.js';
+} from '@bmaas/api/cloud/agent/api/disk_image_pb';
 import type { DiskRecord } from '../hardware/disks.js';
 import { readDisks } from '../hardware/disks.js';
 import { readNics } from '../hardware/nics.js';

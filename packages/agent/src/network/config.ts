@@ -1,59 +1,17 @@
 import { BlockList, isIP } from 'node:net';
 
-// The running OS's network configuration as the takeover hands it to the agent image (upstream's
-// osbase/net/proto Net, reduced to what busybox can set up): interfaces keyed by MAC, not by name,
-// since the agent image's kernel may name the NICs otherwise.
+import type { NetworkConfig, NetworkInterface } from '@bmaas/api/network';
 
-/** A route of one interface. */
-export interface NetworkRoute {
-  /** A prefix: `0.0.0.0/0`, `::/0`, `10.9.0.0/16`. */
-  readonly destination: string;
-  readonly gateway?: string;
-  /** The preferred source address. */
-  readonly source?: string;
-  readonly metric?: number;
-}
-
-interface InterfaceCommon {
-  /** Its name on the running OS (a bond's and a VLAN's name is kept; a NIC is found by its MAC). */
-  readonly name: string;
-  readonly mtu?: number;
-  /** Static addresses with their prefix length (`192.0.2.10/24`, `2001:db8::10/64`). */
-  readonly addresses: readonly string[];
-  /** It had an IPv4 address leased by DHCP: the agent image asks DHCP on it too. */
-  readonly dhcp: boolean;
-  readonly routes: readonly NetworkRoute[];
-}
-
-/** A physical NIC, by its permanent MAC address (lower case). */
-export interface DeviceInterface extends InterfaceCommon {
-  readonly kind: 'device';
-  readonly mac: string;
-}
-
-/** A Linux bond of other interfaces (by their names here). */
-export interface BondInterface extends InterfaceCommon {
-  readonly kind: 'bond';
-  /** The bonding driver's mode name: `802.3ad`, `active-backup`, `balance-rr`, … */
-  readonly mode: string;
-  readonly members: readonly string[];
-}
-
-/** A VLAN on another interface (by its name here). */
-export interface VlanInterface extends InterfaceCommon {
-  readonly kind: 'vlan';
-  readonly parent: string;
-  readonly id: number;
-  readonly protocol: '802.1Q' | '802.1ad';
-}
-
-export type NetworkInterface = DeviceInterface | BondInterface | VlanInterface;
-
-/** What the takeover captured. */
-export interface NetworkConfig {
-  readonly interfaces: readonly NetworkInterface[];
-  readonly nameservers: readonly string[];
-}
+// The running OS's network configuration as the takeover hands it to the agent image, in the model
+// the agent and the shepherd share (@bmaas/api/network).
+export type {
+  BondInterface,
+  DeviceInterface,
+  NetworkConfig,
+  NetworkInterface,
+  NetworkRoute,
+  VlanInterface,
+} from '@bmaas/api/network';
 
 /** A capture and what it could not carry over. */
 export interface CapturedNetwork {

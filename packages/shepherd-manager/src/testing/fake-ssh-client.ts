@@ -1,6 +1,6 @@
 import { generateKeyPairSync } from 'node:crypto';
+import { type TakeoverInit, TakeoverInitSchema, TakeoverResponseSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
-import { type TakeoverInit, TakeoverInitSchema, TakeoverResponseSchema } from '../gen/cloud/agent/api/takeover_pb.js';
 import { SshAbortedError, SshDialError } from '../ssh/errors.js';
 import type { SshClient, SshConnection, SshDialOptions, SshExecResult, SshTarget } from '../ssh-client.js';
 

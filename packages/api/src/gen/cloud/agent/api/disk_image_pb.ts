@@ -104,8 +104,8 @@ export type DiskImageInstallationRequest = Message<"cloud.agent.api.DiskImageIns
   sshPublicKeys: string[];
 
   /**
-   * The installed OS's network as JSON, in the agent's model
-   * (packages/agent/src/network/config.ts, as a takeover's network.json:
+   * The installed OS's network as JSON, in the model the agent and the
+   * shepherd share (packages/api/src/network.ts, as a takeover's network.json:
    * interfaces by MAC, bonds, VLANs, static addresses, routes, nameservers),
    * written as the config drive's network_data.json. Empty: DHCP on each
    * of the machine's NICs.
