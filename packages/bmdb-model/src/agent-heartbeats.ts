@@ -111,8 +111,13 @@ export class AgentHeartbeats {
    * @throws {@link BMDBError} as `record`
    */
   answer(heartbeat: AgentHeartbeat): Promise<AgentHeartbeatAnswer> {
-    this.connection.assertOpen();
-    checkAgentHeartbeat(heartbeat);
+    // Not an async function (one promise per heartbeat, not two), so a refusal is rejected by hand, as one would be.
+    try {
+      this.connection.assertOpen();
+      checkAgentHeartbeat(heartbeat);
+    } catch (error) {
+      return Promise.reject(error);
+    }
     const answer = this.#batcher.submit(heartbeat);
     if (!this.#batcher.sending) void this.#sendBatches();
     return answer;

@@ -1,8 +1,8 @@
 import { randomBytes } from 'node:crypto';
-import { BMDBError } from '@bmaas/bmdb-controlloop';
+import { BMDBError, ConnectionClosedError } from '@bmaas/bmdb-controlloop';
 import { Registry } from 'prom-client';
 import { describe, expect, test } from 'vitest';
-import { testBMDB } from '../../../test/support/database.js';
+import { openTestBMDB, testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';
 import {
   AGENT_LOG_MAX_BYTES,
@@ -130,6 +130,20 @@ describe('AgentHeartbeats.record', () => {
       }),
     ).rejects.toThrow(/installation generation 9223372036854775808 is not a 64-bit integer/);
     expect(await heartbeatAt(machineId)).toBeUndefined();
+  });
+
+  test("a BMDB has one AgentHeartbeats, which callers share; a closed BMDB's refuses, rejecting", async () => {
+    const own = await openTestBMDB(db);
+    const heartbeats = AgentHeartbeats.of(own);
+    expect(AgentHeartbeats.of(own)).toBe(heartbeats);
+    expect(AgentHeartbeats.of(bmdb)).not.toBe(heartbeats);
+    const { machineId, key } = await startedMachine();
+    expect(await heartbeats.record({ machineId, publicKey: key })).toBe('recorded');
+    await own.close();
+    await expect(heartbeats.answer({ machineId, publicKey: key })).rejects.toThrow(ConnectionClosedError);
+    const closed = await openTestBMDB(db);
+    await closed.close();
+    expect(() => AgentHeartbeats.of(closed)).toThrow(ConnectionClosedError);
   });
 
   test('concurrent heartbeats go as one statement, each answered by itself', async () => {

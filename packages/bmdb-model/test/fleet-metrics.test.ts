@@ -1,4 +1,4 @@
-import { type BMDB, BMDBError } from '@bmaas/bmdb-controlloop';
+import { type BMDB, BMDBError, ConnectionClosedError } from '@bmaas/bmdb-controlloop';
 import { BinaryWriter, WireType } from '@bufbuild/protobuf/wire';
 import { Registry } from 'prom-client';
 import { afterEach, beforeAll, describe, expect, test } from 'vitest';
@@ -564,6 +564,19 @@ describe('FleetMetrics', () => {
     } finally {
       await proxy.close();
     }
+  });
+
+  test("a BMDB's close stops the readers started on it, lock and gauges; a closed one starts none", async () => {
+    const own = await openTestBMDB(db);
+    const registry = new Registry();
+    const reader = start(registry, own);
+    await eventually('the reader leading', async () => (reader.leading ? true : undefined));
+    expect(await holder()).toBeDefined();
+    await own.close();
+    expect(reader.leading).toBe(false);
+    expect(await samples(registry, 'bmdb_fleet_machines')).toEqual({});
+    await eventually('the reader lock released', async () => ((await holder()) === undefined ? true : undefined));
+    expect(() => startFleetMetrics(own, { registry: new Registry(), interval: 1000 })).toThrow(ConnectionClosedError);
   });
 
   test('an interval under a second, or a registry read twice, is refused', () => {
