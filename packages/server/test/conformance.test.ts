@@ -647,7 +647,7 @@ describe('limits: what a client may hold of the server', () => {
     );
   });
 
-  test('a request not whole within requestTimeout is cut off, naming it; a connection without a frame for idleTimeout is closed', async () => {
+  test('a request not whole within requestTimeout is cut off, naming it; a connection without a new request for idleTimeout is closed', async () => {
     const { registry: own, client } = await limitedServer({ requestTimeout: 500, idleTimeout: 1000 });
     const { agent, machineId } = await agentWithMachine();
     const raw = client(agent);
