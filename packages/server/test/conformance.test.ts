@@ -818,6 +818,53 @@ describe('limits: what a client may hold of the server', () => {
     );
   });
 
+  test('a call waiting on the database is answered by its deadline or its requestTimeout, whichever comes first', async () => {
+    const { registry: own, client } = await limitedServer({ requestTimeout: 1000 });
+    const { agent, machineId } = await agentWithMachine();
+    const frame = grpcFrame(heartbeatMessage(machineId));
+    const held = await holdMachine(machineId);
+    const raw = client(agent);
+    try {
+      // The deadline first: answered as timed out, and no limit counted as passed.
+      const early = await raw.call(frame, { 'grpc-timeout': '300m' });
+      expect(early.grpcStatus).toBe(Code.DeadlineExceeded);
+      expect(early.grpcMessage).toBe('the operation timed out');
+      // The requestTimeout first: cut off, naming it.
+      const late = await raw.call(frame, { 'grpc-timeout': '20S' });
+      expect(late.grpcStatus).toBe(Code.DeadlineExceeded);
+      expect(late.grpcMessage).toBe('request cut off: not answered within 1000 ms');
+      // Both requests still held: the handler waits on the database for each.
+      expect(await buffered(own)).toBe(2 * frame.length);
+    } finally {
+      await held.release();
+    }
+    await eventually('both requests let go once the database answered', async () =>
+      (await buffered(own)) === 0 ? true : undefined,
+    );
+    expect(await own.getSingleMetricAsString('bmaas_server_requests_cut_off_total')).toMatch(
+      /limit="requestTimeout"\} 1/,
+    );
+  });
+
+  test('a connection idle for idleTimeout while its request waits on the database is asked to go, and the request still answered', async () => {
+    const { client } = await limitedServer({ idleTimeout: 500 });
+    const { agent, machineId } = await agentWithMachine();
+    const held = await holdMachine(machineId);
+    const raw = client(agent);
+    let goaway = false;
+    raw.session.on('goaway', () => {
+      goaway = true;
+    });
+    const answer = raw.call(grpcFrame(heartbeatMessage(machineId)));
+    try {
+      await eventually('the connection asked to go', async () => (goaway ? true : undefined));
+    } finally {
+      await held.release();
+    }
+    expect((await answer).grpcStatus).toBe(status.OK);
+    expect(await heartbeatRecorded(machineId)).toBe(true);
+  });
+
   test('a gzipped message is held as it inflates: one inflating past the connection’s share is cut off', async () => {
     const perConnection = 64 * 1024;
     const { registry: own, client } = await limitedServer({ bufferedBytesPerConnection: perConnection });
