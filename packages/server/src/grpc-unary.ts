@@ -83,8 +83,10 @@ export class UnaryCall {
   #answered = false;
   /** The handler has the request: its bytes stay held until the handler answers, even past the call's own answer. */
   #answering = false;
-  /** The call's deadline (`grpc-timeout`), or, once reading, its `requestTimeout` when that comes first. */
+  /** The call's one timer: its deadline (`grpc-timeout`), or its `requestTimeout` when reading and that comes first. */
   #timer: NodeJS.Timeout | undefined;
+  /** Whether the call's timer was chosen (by `read`, or by `answer` without a read). */
+  #timed = false;
   /** Milliseconds from the call's start to its deadline, if it has one a timer can wait for. */
   #deadline: number | undefined;
   /** The request's bytes held against the budget, from the first one read until the handler answers. */
@@ -97,8 +99,9 @@ export class UnaryCall {
 
   /**
    * The call on `stream`, once its `grpc-encoding` and `grpc-timeout` are
-   * ones it can serve (its deadline then runs); `undefined` when it refused
-   * them (the call is answered).
+   * ones it can serve; `undefined` when it refused them (the call is
+   * answered). Its deadline runs from its {@link UnaryCall.read}, or its
+   * {@link UnaryCall.answer} without one, in the same turn.
    */
   static open(stream: ServerHttp2Stream, headers: IncomingHttpHeaders): UnaryCall | undefined {
     stream.on('error', ignore);
@@ -121,14 +124,7 @@ export class UnaryCall {
         call.refuse(new ConnectError(`protocol error: invalid grpc timeout value: ${timeout}`, Code.InvalidArgument));
         return undefined;
       }
-      if (ms <= LONGEST_TIMER_MS) {
-        call.#deadline = ms;
-        call.#timer = setTimeout(
-          () => call.refuse(new ConnectError('the operation timed out', Code.DeadlineExceeded)),
-          ms,
-        );
-        call.#timer.unref();
-      }
+      if (ms <= LONGEST_TIMER_MS) call.#deadline = ms;
     }
     return call;
   }
@@ -140,8 +136,8 @@ export class UnaryCall {
    * ({@link UnaryCall.answer}), or with `undefined` once the call was
    * answered instead (a broken or oversized body, a limit passed, its
    * deadline) or its stream closed before the request was whole. Called in
-   * the same turn as {@link UnaryCall.open}, so that its `requestTimeout`
-   * and the deadline run from the same instant.
+   * the same turn as {@link UnaryCall.open}: the call's deadline and its
+   * `requestTimeout` run from here, on one timer, whichever comes first.
    */
   read<Desc extends DescMessage>(budget: RequestBudget, schema: Desc): Promise<MessageShape<Desc> | undefined> {
     const stream = this.stream;
@@ -161,10 +157,13 @@ export class UnaryCall {
             overrun === 'requestTimeout' ? Code.DeadlineExceeded : Code.ResourceExhausted,
           ),
         );
+      // Whichever of the deadline and the requestTimeout comes first answers the call: the other would find nothing
+      // left to cut off, so it gets no timer.
+      this.#timed = true;
       const { requestTimeout } = budget.limits;
-      if (this.#deadline === undefined || this.#deadline > requestTimeout) {
-        // The requestTimeout comes first: it answers the call, so the deadline would find nothing to cut off.
-        clearTimeout(this.#timer);
+      const deadline = this.#deadline;
+      if (deadline !== undefined && deadline <= requestTimeout) this.#startDeadline(deadline);
+      else {
         this.#timer = setTimeout(() => cutOff(budget.overrun('requestTimeout')), requestTimeout);
         this.#timer.unref();
       }
@@ -246,6 +245,10 @@ export class UnaryCall {
    * request's bytes are given back as `answer` settles.
    */
   answer<Desc extends DescMessage>(answer: Promise<MessageShape<Desc>>, schema: Desc): void {
+    if (!this.#timed) {
+      this.#timed = true;
+      if (this.#deadline !== undefined) this.#startDeadline(this.#deadline);
+    }
     answer.then(
       (response) => {
         this.#answering = false;
@@ -258,6 +261,12 @@ export class UnaryCall {
         this.refuse(error);
       },
     );
+  }
+
+  /** Answers DEADLINE_EXCEEDED `ms` from now, unless answered before. */
+  #startDeadline(ms: number): void {
+    this.#timer = setTimeout(() => this.refuse(new ConnectError('the operation timed out', Code.DeadlineExceeded)), ms);
+    this.#timer.unref();
   }
 
   /** Answers with `error`'s status, if this is the call's first answer. */

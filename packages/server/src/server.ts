@@ -6,6 +6,7 @@ import {
   type ServerHttp2Stream,
 } from 'node:http2';
 import type { AddressInfo, Socket } from 'node:net';
+import { performance } from 'node:perf_hooks';
 import type { TLSSocket } from 'node:tls';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
 import { createContextValues } from '@connectrpc/connect';
@@ -81,12 +82,20 @@ function holdConnections(server: Http2SecureServer, limits: ServerLimits, metric
     refusing = false;
   });
   server.on('session', (connection: ServerHttp2Session) => {
-    // Pushed back as each request starts, not on every read and write as Node's own (`Http2Session.setTimeout`)
-    // is, several times a heartbeat, each a timer list lookup and a clock read. A request under way when it
-    // fires finishes: the GOAWAY only stops new ones.
-    const idle = setTimeout(() => connection.close(), limits.idleTimeout);
-    idle.unref();
-    connection.on('stream', () => idle.refresh());
+    // Not Node's own (`Http2Session.setTimeout`), which pushes its timer back on every read and write, several
+    // times a heartbeat, each a lookup in Node's timer table and a clock read: each request's start is noted (a
+    // clock read), and the timer, when it fires, waits again for what is left since the last one. A request
+    // under way when it closes finishes: the GOAWAY only stops new ones.
+    let lastRequest = performance.now();
+    const expire = () => {
+      const left = lastRequest + limits.idleTimeout - performance.now();
+      if (left > 0) idle = setTimeout(expire, Math.ceil(left)).unref();
+      else connection.close();
+    };
+    let idle = setTimeout(expire, limits.idleTimeout).unref();
+    connection.on('stream', () => {
+      lastRequest = performance.now();
+    });
     connection.once('close', () => clearTimeout(idle));
   });
   server.on('secureConnection', (socket: TLSSocket) => {
