@@ -119,8 +119,28 @@ describe('ARCHITECTURE.md', () => {
     }
   });
 
+  it('gives the agent heartbeat path, from the stream listener to its statement, as numbered steps in at most six files', () => {
+    const heading = '## The agent heartbeat path';
+    const numbered = steps(heading).filter((step) => step.numbered);
+    expect(numbered.length).toBeGreaterThanOrEqual(5);
+    expect(numbered[0]?.from.file).toBe('packages/server/src/server.ts');
+    expect(numbered.at(-1)?.to.file).toBe('packages/bmdb-model/src/sql/agent-heartbeat.ts');
+    const reached = new Set([`${numbered[0]?.from.file}:${nameOf(numbered[0]?.from ?? { file: '', names: [] })}`]);
+    for (const step of numbered) {
+      expect(reached, `${heading}: ${step.line}`).toContain(`${step.from.file}:${nameOf(step.from)}`);
+      reached.add(`${step.to.file}:${nameOf(step.to)}`);
+    }
+    const files = new Set(numbered.flatMap((step) => [step.from.file, step.to.file]));
+    expect(files.size, [...files].join(', ')).toBeLessThanOrEqual(6);
+  });
+
   describe('paths as the code runs them', () => {
-    const pathSteps = ['## The claim path', '## The end path', '## The power-action path'].flatMap(steps);
+    const pathSteps = [
+      '## The claim path',
+      '## The end path',
+      '## The power-action path',
+      '## The agent heartbeat path',
+    ].flatMap(steps);
     // One program for every file a step names, with what they import.
     const graph = new CallGraph(
       root,
@@ -133,7 +153,7 @@ describe('ARCHITECTURE.md', () => {
       return a !== undefined && b !== undefined && graph.references(a, b);
     };
 
-    it('each step of the claim, end and power-action paths is a call its first function makes', () => {
+    it('each step of the claim, end, power-action and agent heartbeat paths is a call its first function makes', () => {
       expect(pathSteps.length).toBeGreaterThan(15);
       const stale = pathSteps.filter((step) => !edge(step.from, step.to)).map((step) => step.line);
       expect(stale).toEqual([]);

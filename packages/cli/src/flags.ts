@@ -233,7 +233,7 @@ const flags = {
     'idle-timeout': {
       kind: 'duration',
       describe:
-        'How long a connection may stay without a frame (HTTP/2) or a byte (HTTP/1.1) before it is closed (agents connect again)',
+        'How long a connection may go without a new request (HTTP/2) or a byte (HTTP/1.1) before it is closed (agents connect again)',
       default: '5m',
     },
   },

@@ -1,3 +1,4 @@
+import type { IncomingHttpHeaders, ServerHttp2Stream } from 'node:http2';
 import { performance } from 'node:perf_hooks';
 import {
   DiskImageInstallationRequest_Compression as Compression,
@@ -8,6 +9,7 @@ import { OSInstallationReportOutcome as ReportOutcome } from '@bmaas/api/cloud/a
 import {
   AgentHardwareReportSchema,
   type HeartbeatRequest,
+  HeartbeatRequestSchema,
   type HeartbeatResponse,
   HeartbeatResponseSchema,
   type OSInstallationReport as OSInstallationReportMessage,
@@ -24,8 +26,12 @@ import {
 import { isUuid } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
+import type { Counter, Histogram } from 'prom-client';
+import { UnaryCall } from './grpc-unary.js';
+import type { RequestBudget } from './limits.js';
 import { log } from './log.js';
 import type { ServerMetrics } from './metrics.js';
+import { connectionPeerKey } from './peer-key.js';
 
 /**
  * The same answer for every refused agent, as upstream: whether the machine
@@ -34,49 +40,81 @@ import type { ServerMetrics } from './metrics.js';
 const UNAUTHENTICATED = 'machine id or public key unknown';
 
 /**
- * Answers one heartbeat from the agent whose connection proved it holds
- * `key` (the ed25519 key of its TLS client certificate; `undefined` when it
- * presented none, or one over another kind of key). Refusals reject with a
- * `ConnectError` whose code is the gRPC status to answer with. Every route
- * Heartbeat is served on, whatever the protocol and service name, answers
- * through the one handler, so they cannot differ in what they check, write
- * or count.
+ * Heartbeat over the BMDB, on every route it is served on: the lean path's
+ * calls ({@link Heartbeats.serve}) and the gRPC library's
+ * ({@link Heartbeats.answer}), whatever the protocol and service name, so
+ * they cannot differ in what they check, write or count.
+ *
+ * A heartbeat is accepted only from the agent holding the key of its
+ * machine's AgentStarted tag; it sets AgentHeartbeat to the database's now
+ * and stores the reports it carries, and the answer carries the machine's
+ * pending OS installation request and, when it reported on an
+ * installation, whether that report was accepted or ignored (see
+ * `AgentHeartbeats.answer`). A `Success` report its agent sends again,
+ * having lost the answer, is answered as the first was. Each heartbeat is
+ * counted, by the status it settles with, and timed, when it settles.
  */
-export type HeartbeatHandler = (request: HeartbeatRequest, key: Uint8Array | undefined) => Promise<HeartbeatResponse>;
-
-/**
- * Heartbeat over the BMDB. A heartbeat is accepted only from the agent
- * holding the key of its machine's AgentStarted tag; it sets AgentHeartbeat
- * to the database's now and stores the reports it carries, and the answer
- * carries the machine's pending OS installation request and, when it
- * reported on an installation, whether that report was accepted or ignored
- * (see `AgentHeartbeats.answer`). A `Success` report its agent sends
- * again, having lost the answer, is answered as the first was. Each heartbeat is counted, by the status it
- * settles with, and timed, when it settles.
- */
-export function heartbeatHandler(bmdb: BMDB, metrics: ServerMetrics | undefined): HeartbeatHandler {
+export class Heartbeats {
+  /** The BMDB's agent heartbeats, taken once: every heartbeat of this server goes through them. */
+  readonly #heartbeats: AgentHeartbeats;
+  readonly #metrics: ServerMetrics | undefined;
   // Label children bound once: no label object built per heartbeat (prom-client still checks and hashes the labels on each call).
-  const ok = metrics?.requests.labels({ method: 'Heartbeat', code: 'ok' });
-  const duration = metrics?.duration.labels({ method: 'Heartbeat' });
-  const heartbeats = AgentHeartbeats.of(bmdb);
-  // One promise reaction per heartbeat, not an async function around another: this runs thousands of times a second.
-  return (request, key) => {
+  readonly #ok: Counter.Internal | undefined;
+  readonly #duration: Histogram.Internal<'method'> | undefined;
+
+  constructor(bmdb: BMDB, metrics: ServerMetrics | undefined) {
+    this.#heartbeats = AgentHeartbeats.of(bmdb);
+    this.#metrics = metrics;
+    this.#ok = metrics?.requests.labels({ method: 'Heartbeat', code: 'ok' });
+    this.#duration = metrics?.duration.labels({ method: 'Heartbeat' });
+  }
+
+  /**
+   * Serves one Heartbeat call of the lean path (gRPC with protobuf, on any
+   * service name): a connection without a key is refused before the body
+   * is read; otherwise the request is read, held to `budget`, and answered.
+   */
+  serve(stream: ServerHttp2Stream, headers: IncomingHttpHeaders, budget: RequestBudget): void {
+    const call = UnaryCall.open(stream, headers);
+    if (call === undefined) return;
+    const key = connectionPeerKey(stream.session);
+    // `answer` refuses any call without a key (and counts it) whatever it asks: it is asked with an empty request.
+    if (key === undefined) {
+      call.answer(this.answer(EMPTY_REQUEST, undefined), HeartbeatResponseSchema);
+      return;
+    }
+    call.read(budget, HeartbeatRequestSchema).then((request) => {
+      if (request !== undefined) call.answer(this.answer(request, key), HeartbeatResponseSchema);
+    });
+  }
+
+  /**
+   * Answers one heartbeat from the agent whose connection proved it holds
+   * `key` (the ed25519 key of its TLS client certificate; `undefined` when
+   * it presented none, or one over another kind of key). Refusals reject
+   * with a `ConnectError` whose code is the gRPC status to answer with.
+   */
+  answer(request: HeartbeatRequest, key: Uint8Array | undefined): Promise<HeartbeatResponse> {
     const started = performance.now();
-    return heartbeat(heartbeats, request, key).then(
+    // One promise reaction per heartbeat, not an async function around another: this runs thousands of times a second.
+    return heartbeat(this.#heartbeats, request, key).then(
       (response) => {
-        ok?.inc();
-        duration?.observe((performance.now() - started) / 1000);
+        this.#ok?.inc();
+        this.#duration?.observe((performance.now() - started) / 1000);
         return response;
       },
       (error: unknown) => {
         const code = error instanceof ConnectError ? codeName(error.code) : 'unknown';
-        metrics?.requests.inc({ method: 'Heartbeat', code });
-        duration?.observe((performance.now() - started) / 1000);
+        this.#metrics?.requests.inc({ method: 'Heartbeat', code });
+        this.#duration?.observe((performance.now() - started) / 1000);
         throw error;
       },
     );
-  };
+  }
 }
+
+/** What a call without a key is answered as: any request is refused alike. */
+const EMPTY_REQUEST: HeartbeatRequest = create(HeartbeatRequestSchema);
 
 /** The answer without an installation request or report, never changed, so shared: nearly every heartbeat gets it. */
 const EMPTY_RESPONSE: HeartbeatResponse = create(HeartbeatResponseSchema);

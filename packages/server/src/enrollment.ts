@@ -1,7 +1,9 @@
+import type { IncomingHttpHeaders, ServerHttp2Stream } from 'node:http2';
 import { performance } from 'node:perf_hooks';
 import { AgentHardwareReportSchema } from '@bmaas/api/cloud/bmaas/server/api/agent_pb';
 import {
   type EnrollRequest,
+  EnrollRequestSchema,
   type EnrollResponse,
   EnrollResponseSchema,
 } from '@bmaas/api/cloud/bmaas/server/api/enrollment_pb';
@@ -10,20 +12,21 @@ import { type EnrollmentOutcome, EnrollmentRefusedError, enrollAgent } from '@bm
 import { isUuid } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
+import { UnaryCall } from './grpc-unary.js';
+import type { RequestBudget } from './limits.js';
 import { log } from './log.js';
 import type { ServerMetrics } from './metrics.js';
-
-/**
- * Answers one Enroll from the agent whose connection proved it holds `key`
- * (as {@link HeartbeatHandler} does). Every route Enroll is served on
- * answers through the one handler.
- */
-export type EnrollHandler = (request: EnrollRequest, key: Uint8Array | undefined) => Promise<EnrollResponse>;
+import { connectionPeerKey } from './peer-key.js';
 
 const ENROLLED: EnrollResponse = create(EnrollResponseSchema);
 
+/** What a call without a key is answered as: any request is refused alike. */
+const EMPTY_REQUEST: EnrollRequest = create(EnrollRequestSchema);
+
 /**
- * Enroll over the BMDB (`enrollAgent`): the connection's client-certificate
+ * Enroll over the BMDB (`enrollAgent`), on every route it is served on (the
+ * lean path's calls, {@link Enrollments.serve}, and the gRPC library's,
+ * {@link Enrollments.answer}): the connection's client-certificate
  * key becomes the machine's AgentStarted key, as a takeover's would, so the
  * agent's heartbeats are accepted from then on. A refused token is answered
  * PERMISSION_DENIED with the library's message (the machine and why, never
@@ -36,11 +39,40 @@ const ENROLLED: EnrollResponse = create(EnrollResponseSchema);
  * agent tries again). Each enrollment is counted by its result
  * (`bmaas_server_enrollments_total`), and as a request by its status.
  */
-export function enrollHandler(bmdb: BMDB, metrics: ServerMetrics | undefined): EnrollHandler {
-  return async (request, key) => {
+export class Enrollments {
+  readonly #bmdb: BMDB;
+  readonly #metrics: ServerMetrics | undefined;
+
+  constructor(bmdb: BMDB, metrics: ServerMetrics | undefined) {
+    this.#bmdb = bmdb;
+    this.#metrics = metrics;
+  }
+
+  /** Serves one Enroll call of the lean path, as `Heartbeats.serve` serves a heartbeat. */
+  serve(stream: ServerHttp2Stream, headers: IncomingHttpHeaders, budget: RequestBudget): void {
+    const call = UnaryCall.open(stream, headers);
+    if (call === undefined) return;
+    const key = connectionPeerKey(stream.session);
+    // As a heartbeat's: a connection without a key is refused (and counted) before its body is read.
+    if (key === undefined) {
+      call.answer(this.answer(EMPTY_REQUEST, undefined), EnrollResponseSchema);
+      return;
+    }
+    call.read(budget, EnrollRequestSchema).then((request) => {
+      if (request !== undefined) call.answer(this.answer(request, key), EnrollResponseSchema);
+    });
+  }
+
+  /**
+   * Answers one Enroll from the agent whose connection proved it holds
+   * `key` (as `Heartbeats.answer` does); refusals reject with a
+   * `ConnectError` whose code is the gRPC status to answer with.
+   */
+  async answer(request: EnrollRequest, key: Uint8Array | undefined): Promise<EnrollResponse> {
+    const metrics = this.#metrics;
     const started = performance.now();
     try {
-      const outcome = await enroll(bmdb, request, key);
+      const outcome = await enroll(this.#bmdb, request, key);
       metrics?.enrollments.inc({ result: outcome === 'repeated' ? 'Repeated' : 'Enrolled' });
       metrics?.requests.inc({ method: 'Enroll', code: 'ok' });
       return ENROLLED;
@@ -54,7 +86,7 @@ export function enrollHandler(bmdb: BMDB, metrics: ServerMetrics | undefined): E
     } finally {
       metrics?.duration.observe({ method: 'Enroll' }, (performance.now() - started) / 1000);
     }
-  };
+  }
 }
 
 async function enroll(bmdb: BMDB, request: EnrollRequest, key: Uint8Array | undefined): Promise<EnrollmentOutcome> {

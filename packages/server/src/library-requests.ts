@@ -1,16 +1,17 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { constants, type Http2ServerRequest, type Http2ServerResponse } from 'node:http2';
 import { HeartbeatRequestSchema } from '@bmaas/api/cloud/bmaas/server/api/agent_pb';
-import { AgentEnrollment, EnrollRequestSchema } from '@bmaas/api/cloud/bmaas/server/api/enrollment_pb';
+import { EnrollRequestSchema } from '@bmaas/api/cloud/bmaas/server/api/enrollment_pb';
 import { create } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
 import { codeToHttpStatus, errorToJsonBytes } from '@connectrpc/connect/protocol-connect';
-import type { HeartbeatHandler } from './agent-callback.js';
-import type { EnrollHandler } from './enrollment.js';
+import type { Heartbeats } from './agent-callback.js';
+import type { Enrollments } from './enrollment.js';
 import { encodeGrpcMessage } from './grpc-headers.js';
 import { type Overrun, overrunMessage, type RequestBudget } from './limits.js';
 import { log } from './log.js';
 import { peerKeyOf } from './peer-key.js';
+import { ENROLL_PATH } from './routes.js';
 
 type Request = IncomingMessage | Http2ServerRequest;
 type Response = ServerResponse | Http2ServerResponse;
@@ -21,8 +22,8 @@ type Response = ServerResponse | Http2ServerResponse;
  * library reads them:
  *
  * - A connection without a key is refused before the body is read: the
- *   handler's refusal of a call without one (counted as every refusal:
- *   Enroll's handler for Enroll's path, Heartbeat's for any other), as
+ *   refusal of a call without one (counted as every refusal:
+ *   `Enrollments.answer` for Enroll's path, `Heartbeats.answer` for any other), as
  *   a Connect error with its HTTP status, and `grpc-status` and
  *   `grpc-message` for gRPC and gRPC-Web clients, which read those.
  * - The body's bytes are held against `budget` until the answer is sent
@@ -36,17 +37,16 @@ type Response = ServerResponse | Http2ServerResponse;
  */
 export function libraryRequests(
   library: (request: Request, response: Response) => void,
-  handler: HeartbeatHandler,
-  enroll: EnrollHandler,
+  heartbeats: Heartbeats,
+  enrollments: Enrollments,
   budget: RequestBudget,
 ): (request: Request, response: Response) => void {
-  const enrollPath = `/${AgentEnrollment.typeName}/${AgentEnrollment.method.enroll.name}`;
   return (request, response) => {
     if (peerKeyOf(request) === undefined) {
       const refused: Promise<unknown> =
-        request.url === enrollPath
-          ? enroll(create(EnrollRequestSchema), undefined)
-          : handler(create(HeartbeatRequestSchema), undefined);
+        request.url === ENROLL_PATH
+          ? enrollments.answer(create(EnrollRequestSchema), undefined)
+          : heartbeats.answer(create(HeartbeatRequestSchema), undefined);
       refused.then(
         () => refuse(request, response, new ConnectError('no client certificate', Code.Unauthenticated)),
         (error: unknown) => refuse(request, response, error),

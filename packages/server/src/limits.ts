@@ -22,7 +22,7 @@ export interface ServerLimits {
   readonly bufferedBytes: number;
   /** How long a request may take from its headers to its answer. Default 30 s. */
   readonly requestTimeout: number;
-  /** How long a connection, HTTP/2 or HTTP/1.1, may stay without a frame or a byte before it is closed. Default 5 minutes. */
+  /** How long an HTTP/2 connection may go without a new request (a GOAWAY: a request under way finishes), or an HTTP/1.1 one without a byte, before it is closed. Default 5 minutes. */
   readonly idleTimeout: number;
 }
 
@@ -112,9 +112,9 @@ export class RequestBudget {
   /** @internal Gives back what `connection` held of one request. */
   give(connection: object, bytes: number): void {
     if (bytes === 0) return;
-    const held = (this.#held.get(connection) ?? 0) - bytes;
-    if (held > 0) this.#held.set(connection, held);
-    else this.#held.delete(connection);
+    // Kept at zero, not deleted: the connection's next request would add it again, and the table would shrink and
+    // grow by turns, rehashing (it goes with the connection, a weak key).
+    this.#held.set(connection, (this.#held.get(connection) ?? 0) - bytes);
     this.#total -= bytes;
   }
 

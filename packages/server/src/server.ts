@@ -6,22 +6,23 @@ import {
   type ServerHttp2Stream,
 } from 'node:http2';
 import type { AddressInfo, Socket } from 'node:net';
+import { performance } from 'node:perf_hooks';
 import type { TLSSocket } from 'node:tls';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
 import { createContextValues } from '@connectrpc/connect';
 import { compressionGzip, connectNodeAdapter } from '@connectrpc/connect-node';
 import type { Registry } from 'prom-client';
-import { heartbeatHandler } from './agent-callback.js';
-import { enrollHandler } from './enrollment.js';
+import { Heartbeats } from './agent-callback.js';
+import { Enrollments } from './enrollment.js';
 import { ListenError } from './errors.js';
-import { READ_MAX_BYTES, serveUnaryCall } from './grpc-unary.js';
+import { leanPath, READ_MAX_BYTES } from './grpc-unary.js';
 import { libraryRequests } from './library-requests.js';
 import { RequestBudget, type ServerLimits, serverLimits } from './limits.js';
 import { log } from './log.js';
 import { ServerMetrics } from './metrics.js';
 import { peerKey, peerKeyOf } from './peer-key.js';
 import { isPhoneHome, phoneHomeHandler } from './phone-home.js';
-import { grpcRoutes, leanRoute, libraryRoutes } from './routes.js';
+import { ENROLL_PATH, HEARTBEAT_PATHS, libraryRoutes } from './routes.js';
 import type { ServerTls } from './tls.js';
 
 /**
@@ -31,7 +32,12 @@ import type { ServerTls } from './tls.js';
  * is taken off and called for the streams the lean path does not take.
  * HTTP/1.1 requests never are streams and go to the library directly.
  */
-function routeStreams(server: Http2SecureServer, routes: ReturnType<typeof grpcRoutes>, budget: RequestBudget): void {
+function routeStreams(
+  server: Http2SecureServer,
+  heartbeats: Heartbeats,
+  enrollments: Enrollments,
+  budget: RequestBudget,
+): void {
   const listeners = server.listeners('stream');
   const [toLibrary] = listeners;
   if (listeners.length !== 1 || toLibrary === undefined) {
@@ -41,9 +47,9 @@ function routeStreams(server: Http2SecureServer, routes: ReturnType<typeof grpcR
   server.on(
     'stream',
     (stream: ServerHttp2Stream, headers: IncomingHttpHeaders, flags: number, rawHeaders: string[]) => {
-      const route = leanRoute(routes, headers);
-      // Each route reads and answers its own messages: the call itself needs nothing of their types.
-      if (route !== undefined) serveUnaryCall<unknown, unknown>(stream, headers, route, budget);
+      const path = leanPath(headers);
+      if (path !== undefined && HEARTBEAT_PATHS.has(path)) heartbeats.serve(stream, headers, budget);
+      else if (path === ENROLL_PATH) enrollments.serve(stream, headers, budget);
       else toLibrary.call(server, stream, headers, flags, rawHeaders);
     },
   );
@@ -53,9 +59,9 @@ function routeStreams(server: Http2SecureServer, routes: ReturnType<typeof grpcR
  * Holds the server's connections to `limits`: at most `connections` open
  * (node:net closes the others as it accepts them; the first of a run of
  * them is logged, each counted), and each closed after `idleTimeout`
- * without a frame (HTTP/2) or a byte (HTTP/1.1). An HTTP/2 connection is
- * asked to go, as an agent would close it between heartbeats (a GOAWAY,
- * after which it connects again). An HTTP/1.1 one is node:http's, which on
+ * without a new request (HTTP/2) or a byte (HTTP/1.1). An HTTP/2 connection
+ * is asked to go, as an agent would close it between heartbeats (a GOAWAY:
+ * a request under way finishes; the agent connects again for its next). An HTTP/1.1 one is node:http's, which on
  * a node:http2 server has no idle timeout of its own: its socket's timeout
  * is it, and node:http destroys the socket when it fires (no one listens
  * for `timeout`).
@@ -76,7 +82,21 @@ function holdConnections(server: Http2SecureServer, limits: ServerLimits, metric
     refusing = false;
   });
   server.on('session', (connection: ServerHttp2Session) => {
-    connection.setTimeout(limits.idleTimeout, () => connection.close());
+    // Not Node's own (`Http2Session.setTimeout`), which pushes its timer back on every read and write, several
+    // times a heartbeat, each a lookup in Node's timer table and a clock read: each request's start is noted (a
+    // clock read), and the timer, when it fires, waits again for what is left since the last one. A request
+    // under way when it closes finishes: the GOAWAY only stops new ones.
+    let lastRequest = performance.now();
+    const expire = () => {
+      const left = lastRequest + limits.idleTimeout - performance.now();
+      if (left > 0) idle = setTimeout(expire, Math.ceil(left)).unref();
+      else connection.close();
+    };
+    let idle = setTimeout(expire, limits.idleTimeout).unref();
+    connection.on('stream', () => {
+      lastRequest = performance.now();
+    });
+    connection.once('close', () => clearTimeout(idle));
   });
   server.on('secureConnection', (socket: TLSSocket) => {
     if (socket.alpnProtocol !== 'h2') socket.setTimeout(limits.idleTimeout);
@@ -107,9 +127,9 @@ export interface BmaasServerOptions {
  * `AgentHeartbeats.record` of `@bmaas/bmdb-model`).
  *
  * Heartbeats over gRPC with protobuf, which is how agents call, take a lean
- * path on `node:http2`'s streams (`grpc-unary.ts`); everything else goes
- * to `@connectrpc/connect-node` as it arrives (`library-requests.ts`). Both
- * answer through the same handler, from the same table of service names
+ * path on `node:http2`'s streams (`Heartbeats.serve`, `grpc-unary.ts`);
+ * everything else goes to `@connectrpc/connect-node` as it arrives
+ * (`library-requests.ts`). Both answer through `Heartbeats.answer`, from the same table of service names
  * (`routes.ts`), and both hold clients to the same {@link ServerLimits}: at
  * most `connections` are open; a connection without a certificate is
  * refused before a request's body is read; a connection has at most
@@ -150,10 +170,10 @@ export class BmaasServer {
     const limits = serverLimits(options.limits);
     const metrics = options.metrics ? new ServerMetrics(options.metrics) : undefined;
     const budget = new RequestBudget(limits, metrics);
-    const heartbeat = heartbeatHandler(options.bmdb, metrics);
-    const enroll = enrollHandler(options.bmdb, metrics);
+    const heartbeats = new Heartbeats(options.bmdb, metrics);
+    const enrollments = new Enrollments(options.bmdb, metrics);
     const library = connectNodeAdapter({
-      routes: libraryRoutes(heartbeat, enroll),
+      routes: libraryRoutes(heartbeats, enrollments),
       contextValues: (request) => createContextValues().set(peerKey, peerKeyOf(request)),
       // Requests may come gzipped, as on the lean path; answers are too small to be worth compressing.
       acceptCompression: [compressionGzip],
@@ -161,7 +181,7 @@ export class BmaasServer {
       readMaxBytes: READ_MAX_BYTES,
     });
     const phoneHome = phoneHomeHandler(options.bmdb, metrics, budget);
-    const toLibrary = libraryRequests(library, heartbeat, enroll, budget);
+    const toLibrary = libraryRequests(library, heartbeats, enrollments, budget);
     const server = createSecureServer(
       {
         cert: options.tls.cert,
@@ -174,7 +194,7 @@ export class BmaasServer {
       // Installed OSes' first boot reports need no client certificate: the rest goes to the library.
       (request, response) => (isPhoneHome(request) ? phoneHome(request, response) : toLibrary(request, response)),
     );
-    routeStreams(server, grpcRoutes(heartbeat, enroll), budget);
+    routeStreams(server, heartbeats, enrollments, budget);
     holdConnections(server, limits, metrics);
     // A client that breaks off its handshake or connection is its own business.
     server.on('tlsClientError', (error) => log.server('TLS handshake failed: %s', error.message));

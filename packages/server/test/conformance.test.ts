@@ -35,6 +35,7 @@ import {
   type AgentIdentity,
   agentIdentity,
   heartbeatStatements,
+  heartbeatsBehindAHeldOne,
   startedMachine as machineOf,
   startTestServer,
   type TestServer,
@@ -453,18 +454,14 @@ describe('what the gRPC library still serves', () => {
 });
 
 describe('batching and metrics', () => {
-  test('many agents at once, each on its own connection: all recorded, in fewer statements than heartbeats', async () => {
+  test('many agents at once, each on its own connection: all recorded, the 29 behind a statement in flight in one', async () => {
     const fleet = await Promise.all(Array.from({ length: 30 }, () => agentWithMachine()));
-    const statements = () => heartbeatStatements(registry);
-    const before = await statements();
-    const clients = fleet.map(({ agent }) => grpcJs(agent));
-    // Every connection up first, so the heartbeats arrive together.
-    await Promise.all(clients.map((client) => client.heartbeat({ machineId: 'warm-up' })));
-    const between = await statements();
-    expect(between).toBe(before);
-    const answers = await Promise.all(clients.map((client, i) => client.heartbeat({ machineId: fleet[i]?.machineId })));
-    expect(answers.every((a) => a.status.code === status.OK)).toBe(true);
-    expect(await statements()).toBeLessThan(between + 30);
+    const before = await heartbeatStatements(registry);
+    // The first heartbeat's statement held until the 29 others are queued behind it, so they share one whatever
+    // the machine's speed: two statements for 30 heartbeats.
+    const answers = await heartbeatsBehindAHeldOne(t, fleet);
+    expect(answers.map((a) => a.grpcStatus)).toEqual(fleet.map(() => status.OK));
+    expect(await heartbeatStatements(registry)).toBe(before + 2);
     for (const { machineId } of fleet) expect(await heartbeatRecorded(machineId)).toBe(true);
   });
 
@@ -647,7 +644,7 @@ describe('limits: what a client may hold of the server', () => {
     );
   });
 
-  test('a request not whole within requestTimeout is cut off, naming it; a connection without a frame for idleTimeout is closed', async () => {
+  test('a request not whole within requestTimeout is cut off, naming it; a connection without a new request for idleTimeout is closed', async () => {
     const { registry: own, client } = await limitedServer({ requestTimeout: 500, idleTimeout: 1000 });
     const { agent, machineId } = await agentWithMachine();
     const raw = client(agent);
@@ -819,6 +816,53 @@ describe('limits: what a client may hold of the server', () => {
     expect(await own.getSingleMetricAsString('bmaas_server_requests_cut_off_total')).toMatch(
       /limit="requestTimeout"\} 2/,
     );
+  });
+
+  test('a call waiting on the database is answered by its deadline or its requestTimeout, whichever comes first', async () => {
+    const { registry: own, client } = await limitedServer({ requestTimeout: 1000 });
+    const { agent, machineId } = await agentWithMachine();
+    const frame = grpcFrame(heartbeatMessage(machineId));
+    const held = await holdMachine(machineId);
+    const raw = client(agent);
+    try {
+      // The deadline first: answered as timed out, and no limit counted as passed.
+      const early = await raw.call(frame, { 'grpc-timeout': '300m' });
+      expect(early.grpcStatus).toBe(Code.DeadlineExceeded);
+      expect(early.grpcMessage).toBe('the operation timed out');
+      // The requestTimeout first: cut off, naming it.
+      const late = await raw.call(frame, { 'grpc-timeout': '20S' });
+      expect(late.grpcStatus).toBe(Code.DeadlineExceeded);
+      expect(late.grpcMessage).toBe('request cut off: not answered within 1000 ms');
+      // Both requests still held: the handler waits on the database for each.
+      expect(await buffered(own)).toBe(2 * frame.length);
+    } finally {
+      await held.release();
+    }
+    await eventually('both requests let go once the database answered', async () =>
+      (await buffered(own)) === 0 ? true : undefined,
+    );
+    expect(await own.getSingleMetricAsString('bmaas_server_requests_cut_off_total')).toMatch(
+      /limit="requestTimeout"\} 1/,
+    );
+  });
+
+  test('a connection idle for idleTimeout while its request waits on the database is asked to go, and the request still answered', async () => {
+    const { client } = await limitedServer({ idleTimeout: 500 });
+    const { agent, machineId } = await agentWithMachine();
+    const held = await holdMachine(machineId);
+    const raw = client(agent);
+    let goaway = false;
+    raw.session.on('goaway', () => {
+      goaway = true;
+    });
+    const answer = raw.call(grpcFrame(heartbeatMessage(machineId)));
+    try {
+      await eventually('the connection asked to go', async () => (goaway ? true : undefined));
+    } finally {
+      await held.release();
+    }
+    expect((await answer).grpcStatus).toBe(status.OK);
+    expect(await heartbeatRecorded(machineId)).toBe(true);
   });
 
   test('a gzipped message is held as it inflates: one inflating past the connection’s share is cut off', async () => {

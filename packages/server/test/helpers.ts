@@ -3,14 +3,18 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
-import { newMachine, setAgentStarted } from '@bmaas/bmdb-model';
+import { AgentHeartbeats, newMachine, setAgentStarted } from '@bmaas/bmdb-model';
 import { certificatePem, selfSignedCertificate } from '@bmaas/common';
+import { create, toBinary } from '@bufbuild/protobuf';
 import { type Client, createClient } from '@connectrpc/connect';
 import { createGrpcTransport } from '@connectrpc/connect-node';
+import pg from 'pg';
 import type { Registry } from 'prom-client';
 import { afterAll } from 'vitest';
 import { type TestDatabase, testBMDB } from '../../../test/support/database.js';
-import { AgentCallback, agentApi, BmaasServer, selfSignedServerTls } from '../src/index.js';
+import { eventually } from '../../../test/support/wait.js';
+import { AgentCallback, agentApi, BmaasServer, HeartbeatRequestSchema, selfSignedServerTls } from '../src/index.js';
+import { grpcFrame, type RawAnswer, RawGrpcClient } from './standard-clients.js';
 
 /** A server of the calling test file's own: its database, BMDB, certificate directory and CA. */
 export interface TestServer {
@@ -99,4 +103,60 @@ export function currentAgentClient(
       nodeOptions: { ca, ...(identity && { cert: identity.cert, key: identity.key }) },
     }),
   );
+}
+
+/** An agent and its machine (whose AgentStarted tag has the agent's key). */
+export interface AgentOfMachine {
+  readonly agent: AgentIdentity;
+  readonly machineId: string;
+}
+
+/**
+ * One heartbeat from each agent of `fleet`, each on its own connection,
+ * sent so that all but the first share one statement whatever the
+ * machine's speed: the first machine's AgentStarted row is held
+ * (`FOR UPDATE`, in a transaction of its own) until its heartbeat's
+ * statement waits for it, a batch in flight; the others are then sent
+ * whole, and the row let go only once the server handed each to the BMDB
+ * (`AgentHeartbeats.answer` called, which queues it behind the statement
+ * in flight before it returns). Resolves with each heartbeat's answer, in
+ * `fleet`'s order.
+ */
+export async function heartbeatsBehindAHeldOne(t: TestServer, fleet: readonly AgentOfMachine[]): Promise<RawAnswer[]> {
+  const [held] = fleet;
+  if (held === undefined) return [];
+  const clients = fleet.map(({ agent }) => new RawGrpcClient(t.server.port, t.ca, agent));
+  const frames = fleet.map(({ machineId }) =>
+    grpcFrame(toBinary(HeartbeatRequestSchema, create(HeartbeatRequestSchema, { machineId }))),
+  );
+  // The heartbeats the server handed to the BMDB: the server calls this method of the BMDB's AgentHeartbeats.
+  const heartbeats = AgentHeartbeats.of(t.bmdb);
+  const answer = heartbeats.answer;
+  let handed = 0;
+  heartbeats.answer = (heartbeat) => {
+    handed += 1;
+    return answer.call(heartbeats, heartbeat);
+  };
+  const blocker = new pg.Client({ connectionString: t.db.url });
+  await blocker.connect();
+  try {
+    const { rows } = await blocker.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
+    await blocker.query('BEGIN');
+    await blocker.query('SELECT 1 FROM machine_agent_started WHERE machine_id = $1 FOR UPDATE', [held.machineId]);
+    const first = (clients[0] as RawGrpcClient).call(frames[0] as Buffer);
+    await eventually('the first heartbeat’s statement waiting for the held row', async () => {
+      const { rowCount } = await t.db.admin('SELECT 1 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))', [
+        rows[0]?.pid,
+      ]);
+      return rowCount ? true : undefined;
+    });
+    const others = clients.slice(1).map((client, i) => client.call(frames[i + 1] as Buffer));
+    await eventually('every heartbeat handed to the BMDB', async () => (handed === fleet.length ? true : undefined));
+    await blocker.query('ROLLBACK');
+    return await Promise.all([first, ...others]);
+  } finally {
+    heartbeats.answer = answer;
+    await blocker.end();
+    for (const client of clients) client.close();
+  }
 }
