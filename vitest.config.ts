@@ -1,5 +1,7 @@
+import { availableParallelism } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { defineConfig } from 'vitest/config';
+import { LongestFirst } from './test/longest-first.js';
 
 /**
  * One Vitest project per package; tests run against sources (the `source`
@@ -23,7 +25,14 @@ const packages = [
 
 export default defineConfig({
   ssr: { resolve: { conditions: ['source'] } },
+  // Outside node_modules, so the last run's file durations (LongestFirst's order) outlive `npm ci`.
+  cacheDir: '.tmp/vite',
   test: {
+    // Test files mostly wait: on PostgreSQL, on the processes they start (the CLI, sshd,
+    // ipmi_sim) and on conditions they poll. Vitest's default, a worker per core but one,
+    // ran them one at a time on two cores.
+    maxWorkers: availableParallelism() * 2,
+    sequence: { sequencer: LongestFirst },
     // Absolute: projects inherit it and resolve relative paths from their own root.
     globalSetup: [fileURLToPath(new URL('./test/global-setup.ts', import.meta.url))],
     testTimeout: 60_000,

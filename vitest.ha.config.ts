@@ -5,7 +5,7 @@ import { defineConfig } from 'vitest/config';
  * nodes and HAProxy on loopback, whose leader is killed under whole shepherd
  * processes; each failover takes Patroni's ttl (30 s), so a few minutes in
  * all. Kept out of `npm test` (vitest.config.ts) for time: `npm run test:ha`
- * runs them, and `.ci/run` after the lab's, counting them in its closing line.
+ * runs them, and `.ci/run` beside the lab's, counting them in its closing line.
  * They need no shared test database: the cluster is theirs.
  */
 export default defineConfig({

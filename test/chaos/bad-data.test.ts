@@ -7,12 +7,12 @@
 import { beforeAll, expect, test } from 'vitest';
 import { shepherd } from '../../packages/cli/test/helpers.js';
 import { createTestDatabase } from '../support/database.js';
-import { buildShepherd, ChaosShepherd, eventually, killShepherdsAfterEach, table } from './helpers.js';
+import { buildOnce, ChaosShepherd, eventually, killShepherdsAfterEach, table } from './helpers.js';
 
 const db = await createTestDatabase();
 
 beforeAll(async () => {
-  await buildShepherd();
+  await buildOnce();
   expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
 });
 killShepherdsAfterEach();

@@ -12,7 +12,7 @@ import { shepherd } from '../../packages/cli/test/helpers.js';
 import { createTestDatabase } from '../support/database.js';
 import {
   agentStarts,
-  buildShepherd,
+  buildOnce,
   ChaosShepherd,
   dummyArgs,
   eventually,
@@ -33,7 +33,7 @@ let dir: string;
 const db = await createTestDatabase();
 
 beforeAll(async () => {
-  await buildShepherd();
+  await buildOnce();
   dir = await mkdtemp(path.join(tmpdir(), 'chaos-crash-'));
   expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
 });

@@ -21,7 +21,7 @@ import { PostgresServer } from '../support/postgres-server.js';
 import {
   type AgentStart,
   agentStarts,
-  buildShepherd,
+  buildOnce,
   ChaosShepherd,
   dummyArgs,
   eventually,
@@ -39,7 +39,7 @@ let server: PostgresServer;
 let dir: string;
 
 beforeAll(async () => {
-  await buildShepherd();
+  await buildOnce();
   server = await PostgresServer.start();
   dir = await mkdtemp(path.join(tmpdir(), 'chaos-db-'));
 });

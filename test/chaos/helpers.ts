@@ -4,43 +4,20 @@
  * record of agent starts, and samplers watching the BMDB while they run.
  */
 import { spawn } from 'node:child_process';
-import { mkdirSync, readFileSync, rmdirSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { sleep } from '@bmaas/common';
 import pg from 'pg';
 import { afterAll, afterEach } from 'vitest';
-import { buildOnce, Shepherd } from '../../packages/cli/test/helpers.js';
+import { Shepherd } from '../../packages/cli/test/helpers.js';
 
+export { buildOnce } from '../../packages/cli/test/helpers.js';
 export { eventually } from '../support/wait.js';
 
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const BIN = path.join(ROOT, 'packages/cli/bin/shepherd.js');
 export const TEST_AGENT = path.join(ROOT, 'packages/shepherd-manager/bin/test-agent.js');
-
-/**
- * Brings the compiled packages up to date once per machine at a time: the
- * chaos files run in parallel and must not build over each other.
- */
-export async function buildShepherd(): Promise<void> {
-  const lock = path.join(tmpdir(), 'shepherd-ts-chaos-build.lock');
-  const deadline = Date.now() + 120_000;
-  for (;;) {
-    try {
-      mkdirSync(lock);
-      break;
-    } catch {
-      if (Date.now() > deadline) throw new Error(`build lock ${lock} held for too long; remove it if stale`);
-      await sleep(200);
-    }
-  }
-  try {
-    buildOnce();
-  } finally {
-    rmdirSync(lock);
-  }
-}
 
 const running = new Set<ChaosShepherd>();
 

@@ -19,7 +19,7 @@ import { createTestDatabase } from '../support/database.js';
 import { HostileProxy } from '../support/hostile-proxy.js';
 import { freePort } from '../support/ports.js';
 import { startTestSshServer, type TestSshServer } from '../support/sshd.js';
-import { buildShepherd, ChaosShepherd, eventually, killShepherdsAfterEach, TEST_AGENT, table } from './helpers.js';
+import { buildOnce, ChaosShepherd, eventually, killShepherdsAfterEach, TEST_AGENT, table } from './helpers.js';
 
 const MACHINES = 4;
 // Bounds, not waits (only the hanging agent and the silent server run into them): wide enough
@@ -41,7 +41,7 @@ type AgentMode = 'hang' | 'garbage' | 'flood' | 'exit-3' | 'behave';
 const db = await createTestDatabase();
 
 beforeAll(async () => {
-  await buildShepherd();
+  await buildOnce();
   dir = await mkdtemp(path.join(tmpdir(), 'chaos-agent-'));
   expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
   keyPath = path.join(dir, 'ssh_key');

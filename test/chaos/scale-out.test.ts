@@ -12,7 +12,7 @@ import { afterAll, beforeAll, expect, test } from 'vitest';
 import { createTestDatabase } from '../support/database.js';
 import {
   agentStarts,
-  buildShepherd,
+  buildOnce,
   ChaosShepherd,
   dummyArgs,
   eventually,
@@ -29,7 +29,7 @@ let dir: string;
 const db = await createTestDatabase();
 
 beforeAll(async () => {
-  await buildShepherd();
+  await buildOnce();
   dir = await mkdtemp(path.join(tmpdir(), 'chaos-scale-'));
 });
 afterAll(() => rm(dir, { recursive: true, force: true }));

@@ -25,7 +25,7 @@ import { AgentLoop } from '../../packages/cli/test/agent-loop.js';
 import { shepherd } from '../../packages/cli/test/helpers.js';
 import {
   agentStarts,
-  buildShepherd,
+  buildOnce,
   ChaosShepherd,
   dummyArgs,
   eventually,
@@ -55,7 +55,7 @@ let dir: string;
 
 beforeAll(async () => {
   if (unavailable) return;
-  await buildShepherd();
+  await buildOnce();
   dir = await mkdtemp(path.join(tmpdir(), 'bmdb-ha-test-'));
   cluster = await PatroniCluster.start({ synchronous: true });
 });

@@ -48,8 +48,10 @@ async function expireAndCollect(stop: AbortSignal): Promise<number> {
 }
 
 test('heartbeats see no serialization failures under parallel claims, finishes and collection', async () => {
+  // A 2 s interval: a session expires only if its heartbeats stall for two seconds, not one
+  // (test files run in parallel, and a loaded machine's scheduler can stall this one for a second).
   const workers = await Promise.all(
-    Array.from({ length: 6 }, () => bmdb.startSession({ processor: 'busy', interval: 1000 })),
+    Array.from({ length: 6 }, () => bmdb.startSession({ processor: 'busy', interval: 2000 })),
   );
   const stop = new AbortController();
   const errors: unknown[] = [];
@@ -78,7 +80,7 @@ test('heartbeats see no serialization failures under parallel claims, finishes a
     untilError(() => expireAndCollect(stop.signal)),
   ]);
   try {
-    // Each session beats every 500 ms: wait for 120 of the busy sessions' beats.
+    // Each session beats every second: wait for 120 of the busy sessions' beats.
     await eventually(async () => {
       if (stop.signal.aborted) return true;
       return (await counted('bmdb_session_heartbeat_total', { processor: 'busy' })) >= 120 ? true : undefined;

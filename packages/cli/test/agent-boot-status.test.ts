@@ -11,7 +11,7 @@ const { db, bmdb } = await testBMDB();
 const q = bmdb.db;
 
 beforeAll(async () => {
-  buildOnce();
+  await buildOnce();
   const methods = new Map([
     ['rack1-node1', 'virtual-media'],
     ['rack1-node2', 'virtual-media'],

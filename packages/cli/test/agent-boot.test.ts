@@ -37,7 +37,7 @@ let agent: ChildProcess | undefined;
 const db = await createTestDatabase();
 
 beforeAll(async () => {
-  buildOnce();
+  await buildOnce();
   dir = await mkdtemp(path.join(tmpdir(), 'shepherd-agent-boot-'));
   expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
   const bmdb = await openTestBMDB(db);

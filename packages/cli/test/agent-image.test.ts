@@ -15,7 +15,7 @@ import { buildOnce, shepherd } from './helpers.js';
 
 let dir: string;
 beforeAll(async () => {
-  buildOnce();
+  await buildOnce();
   dir = await mkdtemp(path.join(tmpdir(), 'cli-agent-image-'));
 }, 120_000);
 afterAll(() => rm(dir, { recursive: true, force: true }));

@@ -24,7 +24,7 @@ const db = await createTestDatabase();
 let loop: AgentLoop;
 
 beforeAll(async () => {
-  buildOnce();
+  await buildOnce();
   loop = await AgentLoop.start(db, {
     name: 'bmaas-loop',
     machines: MACHINES,

@@ -19,7 +19,7 @@ let dir: string;
 const db = await createTestDatabase();
 
 beforeAll(async () => {
-  buildOnce();
+  await buildOnce();
   dir = await mkdtemp(path.join(tmpdir(), 'shepherd-cli-'));
   // The tests read the BMDB while shepherds start: give it its schema first.
   expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);

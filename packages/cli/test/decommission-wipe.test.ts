@@ -30,7 +30,7 @@ let caDer: Uint8Array;
 const agents: ChildProcess[] = [];
 
 beforeAll(async () => {
-  buildOnce();
+  await buildOnce();
   dir = await mkdtemp(path.join(tmpdir(), 'decommission-wipe-'));
   const tls = await selfSignedServerTls(dir);
   caDer = new X509Certificate(tls.cert).raw;

@@ -97,7 +97,7 @@ describe('the metrics the rules and the dashboard name', () => {
   const bodies = new Map<string, string>();
 
   beforeAll(async () => {
-    buildOnce();
+    await buildOnce();
     db = await createTestDatabase();
     dir = await mkdtemp(path.join(tmpdir(), 'shepherd-deploy-'));
     expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);

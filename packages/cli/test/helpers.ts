@@ -1,6 +1,10 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { mkdirSync, rmdirSync } from 'node:fs';
 import { readdir, readFile, stat } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { sleep } from '@bmaas/common';
 import { expect } from 'vitest';
 
 export { eventually } from '../../../test/support/wait.js';
@@ -11,9 +15,26 @@ const bin = fileURLToPath(new URL('../bin/shepherd.js', import.meta.url));
 /**
  * The binary runs the compiled packages: bring them up to date (incremental,
  * a second or two when nothing changed). `npm test` builds first as well.
+ * One build per machine at a time: test files run in parallel and must not
+ * write the same outputs at once.
  */
-export function buildOnce(): void {
-  execFileSync(`${root}node_modules/.bin/tsc`, ['--build'], { cwd: root, stdio: 'inherit' });
+export async function buildOnce(): Promise<void> {
+  const lock = path.join(tmpdir(), 'shepherd-ts-build.lock');
+  const deadline = Date.now() + 120_000;
+  for (;;) {
+    try {
+      mkdirSync(lock);
+      break;
+    } catch {
+      if (Date.now() > deadline) throw new Error(`build lock ${lock} held for too long; remove it if stale`);
+      await sleep(200);
+    }
+  }
+  try {
+    execFileSync(`${root}node_modules/.bin/tsc`, ['--build'], { cwd: root, stdio: 'inherit' });
+  } finally {
+    rmdirSync(lock);
+  }
 }
 
 export interface Result {

@@ -31,7 +31,7 @@ let loop: AgentLoop;
 let images: ImageServer | undefined;
 
 beforeAll(async () => {
-  buildOnce();
+  await buildOnce();
   loop = await AgentLoop.start(db, {
     name: 'install-loop',
     machines: MACHINES,

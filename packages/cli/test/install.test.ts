@@ -33,7 +33,7 @@ const NODES = ['rack1-node1', 'rack1-node2', 'rack1-node3'];
 const ids: Record<string, string> = {};
 
 beforeAll(async () => {
-  buildOnce();
+  await buildOnce();
   dir = await mkdtemp(path.join(tmpdir(), 'shepherd-install-'));
   await writeFile(path.join(dir, 'user-data'), '#cloud-config\nhostname: node1\n');
   await writeFile(path.join(dir, 'empty'), '');

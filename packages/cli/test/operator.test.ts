@@ -37,7 +37,7 @@ const NODES = ['node1', 'node2', 'node3', 'node4', 'node5'];
 const { db, bmdb } = await testBMDB();
 
 beforeAll(async () => {
-  buildOnce();
+  await buildOnce();
   session = await bmdb.startSession({ processor: 'operator-test' });
   dir = await mkdtemp(path.join(tmpdir(), 'shepherd-operator-'));
   const certificate = await selfSignedCertificate();

@@ -15,7 +15,7 @@ const env = () => ({ SHEPHERD_BMDB_URL: db.url, DEBUG: '' });
 const machines: Record<string, string> = {};
 
 beforeAll(async () => {
-  buildOnce();
+  await buildOnce();
   for (const id of ['rack2-node1', 'rack2-node2', 'rack2-node3']) {
     machines[id] = await newMachine(q);
     await addProvided(q, machines[id] as string, { provider: 'Static', providerId: id });

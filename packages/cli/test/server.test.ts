@@ -25,7 +25,7 @@ let dir: string;
 const db = await createTestDatabase();
 
 beforeAll(async () => {
-  buildOnce();
+  await buildOnce();
   dir = await mkdtemp(path.join(tmpdir(), 'shepherd-server-'));
   expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
 });

@@ -28,7 +28,7 @@ let run: Shepherd | undefined;
 const db = await createTestDatabase();
 
 beforeAll(async () => {
-  buildOnce();
+  await buildOnce();
   dir = await mkdtemp(path.join(tmpdir(), 'shepherd-static-'));
   expect((await shepherd(['migrate', '--bmdb-url', db.url])).code).toBe(0);
   // The operator's step: the shepherd's public key onto the machines.

@@ -35,7 +35,7 @@ let bmc: FakeRedfishServer;
 const { db, bmdb } = await testBMDB();
 
 beforeAll(async () => {
-  buildOnce();
+  await buildOnce();
   dir = await mkdtemp(path.join(tmpdir(), 'shepherd-working-'));
   const certificate = await selfSignedCertificate();
   bmc = await FakeRedfishServer.start({ tls: certificate });
