@@ -12,6 +12,7 @@ const packages = [
   'common',
   'api',
   'bmdb-controlloop',
+  'bmdb-model',
   'shepherd-manager',
   'provider-dummy',
   'provider-equinix',

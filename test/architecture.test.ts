@@ -18,12 +18,13 @@ const map = readFileSync(path.join(root, 'ARCHITECTURE.md'), 'utf8');
 
 /**
  * A backticked repository path (a folder ends in `/`), or a file's short name
- * (`session.ts`, `internal/ends.ts`: under the library's src/ unless at the
- * root), optionally with `:identifier`.
+ * (`session.ts`, `internal/ends.ts`: under the core's src/, else the
+ * model's, unless at the root), optionally with `:identifier`.
  */
 const REFERENCE =
   /`((?:packages|proto|bench|test|scripts)\/[\w./<>-]*|[\w./-]+\.(?:ts|json|md|proto))(?::([#\w.]+))?`/g;
-const LIBRARY_SOURCES = 'packages/bmdb-controlloop/src';
+/** Where a short name is looked for, in this order: the core's sources, then the model's. */
+const LIBRARY_SOURCES = ['packages/bmdb-controlloop/src', 'packages/bmdb-model/src'] as const;
 
 interface Reference {
   readonly file: string;
@@ -57,11 +58,17 @@ const nameOf = (reference: Reference) => reference.names.join('.');
 function references(text: string): Reference[] {
   return [...text.matchAll(REFERENCE)].map(([, file = '', name]) => ({
     file:
-      /^(packages|proto|bench|test|scripts)\//.test(file) || existsSync(path.join(root, file))
-        ? file
-        : `${LIBRARY_SOURCES}/${file}`,
+      /^(packages|proto|bench|test|scripts)\//.test(file) || existsSync(path.join(root, file)) ? file : shortName(file),
     names: name === undefined ? [] : name.split('.').filter((part) => part !== ''),
   }));
+}
+
+/** A short name's file: the core's, else the model's (a name in neither stays the core's, and fails as missing). */
+function shortName(file: string): string {
+  const [core, model] = LIBRARY_SOURCES;
+  return existsSync(path.join(root, core, file)) || !existsSync(path.join(root, model, file))
+    ? `${core}/${file}`
+    : `${model}/${file}`;
 }
 
 /** Whether `source` has `name` as a whole identifier (`#claim` is not `#claimSelected`). */
@@ -117,7 +124,7 @@ describe('ARCHITECTURE.md', () => {
     const numbered = steps(heading).filter((step) => step.numbered);
     expect(numbered.length).toBeGreaterThanOrEqual(5);
     expect(numbered[0]?.from.file).toBe('packages/server/src/server.ts');
-    expect(numbered.at(-1)?.to.file).toBe(`${LIBRARY_SOURCES}/sql/agent-heartbeat.ts`);
+    expect(numbered.at(-1)?.to.file).toBe('packages/bmdb-model/src/sql/agent-heartbeat.ts');
     const reached = new Set([`${numbered[0]?.from.file}:${nameOf(numbered[0]?.from ?? { file: '', names: [] })}`]);
     for (const step of numbered) {
       expect(reached, `${heading}: ${step.line}`).toContain(`${step.from.file}:${nameOf(step.from)}`);

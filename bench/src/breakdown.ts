@@ -12,15 +12,8 @@
  *   npm run breakdown -w bench     (BENCH_ITEMS, default 3,000; BENCH_CONCURRENCY, default 1)
  */
 import { performance } from 'node:perf_hooks';
-import {
-  agentStartSelection,
-  BMDB,
-  type ControlLoop,
-  Process,
-  type ProvidedMachine,
-  parseLimiter,
-  runControlLoop,
-} from '@bmaas/bmdb-controlloop';
+import { BMDB, type ControlLoop, parseLimiter, runControlLoop } from '@bmaas/bmdb-controlloop';
+import { agentStartSelection, Process, type ProvidedMachine } from '@bmaas/bmdb-model';
 import pg from 'pg';
 import { fillFleet, PROVIDER } from './fleet.js';
 import { BenchServer } from './server.js';

@@ -5,7 +5,7 @@
  * shows), two `shepherd run dummy` of 8 workers starting agents on
  * BENCH_FAILOVER_MACHINES machines (default 1,500, 500 ms an agent start),
  * and BENCH_FAILOVER_AGENTS agents (default 200) heartbeating through the
- * library's path (`BMDB.recordAgentHeartbeat`, what `shepherd server` calls)
+ * library's path (`AgentHeartbeats.record`, what `shepherd server` calls)
  * from 16 callers. Once a quarter of the machines is started, the leader's
  * Patroni and PostgreSQL are SIGKILLed. Measured: the time from the kill to
  * the first claim and the first heartbeat recorded on the new primary;
@@ -26,7 +26,8 @@ import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { addProvided, BMDB, newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
+import { BMDB } from '@bmaas/bmdb-controlloop';
+import { AgentHeartbeats, addProvided, newMachine, setAgentStarted } from '@bmaas/bmdb-model';
 import pg from 'pg';
 // The cluster and the reading of committed rows are the failover test's own (test/ha).
 import { CommittedRecorder, type CommittedRows, lostRows, readCommitted } from '../../test/ha/committed.js';
@@ -38,7 +39,7 @@ const CLI = path.join(ROOT, 'packages/cli/bin/shepherd.js');
 const MACHINES = Number(process.env.BENCH_FAILOVER_MACHINES ?? 1_500);
 const AGENTS = Number(process.env.BENCH_FAILOVER_AGENTS ?? 200);
 const MODES = (process.env.BENCH_FAILOVER_MODES ?? 'synchronous,asynchronous').split(',');
-/** Callers of recordAgentHeartbeat, each heartbeating one agent after another. */
+/** Callers of AgentHeartbeats.record, each heartbeating one agent after another. */
 const HEARTBEAT_CALLERS = 16;
 /** The window of the rates before the kill and after the resumption. */
 const WINDOW = 10_000;
@@ -136,7 +137,7 @@ async function failover(mode: string): Promise<FailoverFigure> {
         // A heartbeat counts at the time it was sent: one sent after the kill and recorded went to the new primary.
         const sent = Date.now();
         try {
-          if ((await bmdb.recordAgentHeartbeat(agent)) === 'recorded') heartbeats.add(sent);
+          if ((await AgentHeartbeats.of(bmdb).record(agent)) === 'recorded') heartbeats.add(sent);
         } catch {
           // UNAVAILABLE, as the server answers: the agent tries again.
           await new Promise((resolve) => setTimeout(resolve, 100));
@@ -356,7 +357,7 @@ function render(figures: readonly FailoverFigure[]): string {
           )}; AgentStarted tags lost ${f.lost.agentStarted ?? 0}, of which ${f.agentStartedLostAtEnd} still missing once every machine was started`,
     );
   return [
-    `**Failover**: a 3-node Patroni cluster (ttl 30 s, loop_wait 10 s) behind HAProxy on loopback, the leader's Patroni and PostgreSQL SIGKILLed once a quarter of ${n(figures[0]?.machines ?? 0)} machines had their agents started by two \`shepherd run dummy\` of 8 workers (500 ms a start), while ${n(figures[0]?.agents ?? 0)} agents heartbeat through \`BMDB.recordAgentHeartbeat\` from ${HEARTBEAT_CALLERS} callers. Rates over 10 s before the kill and 10 s after they resumed. Lost: rows the old primary had committed (read from it until the kill) that the new one lacked when it was promoted (history rows; AgentStarted tags; heartbeats moved back).`,
+    `**Failover**: a 3-node Patroni cluster (ttl 30 s, loop_wait 10 s) behind HAProxy on loopback, the leader's Patroni and PostgreSQL SIGKILLed once a quarter of ${n(figures[0]?.machines ?? 0)} machines had their agents started by two \`shepherd run dummy\` of 8 workers (500 ms a start), while ${n(figures[0]?.agents ?? 0)} agents heartbeat through \`AgentHeartbeats.record\` from ${HEARTBEAT_CALLERS} callers. Rates over 10 s before the kill and 10 s after they resumed. Lost: rows the old primary had committed (read from it until the kill) that the new one lacked when it was promoted (history rows; AgentStarted tags; heartbeats moved back).`,
     '',
     '| replication | kill → first claim | kill → first heartbeat | claims/s before → after | heartbeats/s before → after | sessions expired | agent starts redone | lost (history; AgentStarted; heartbeats) | agents started again after a lost AgentStarted | load average before → after |',
     '|---|---:|---:|---|---|---:|---:|---|---:|---|',

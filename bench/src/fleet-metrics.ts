@@ -5,9 +5,9 @@ import type pg from 'pg';
 import { Registry } from 'prom-client';
 // The reading is the library's own, run from its sources: the gauges, the
 // reader's connection settings and its transaction.
-import { FleetGaugeSet } from '../../packages/bmdb-controlloop/src/fleet-gauges.js';
-import { readerConnection, readFleet } from '../../packages/bmdb-controlloop/src/fleet-metrics.js';
-import { SingleConnection } from '../../packages/bmdb-controlloop/src/internal/single-connection.js';
+import { FleetGaugeSet } from '../../packages/bmdb-model/src/fleet-gauges.js';
+import { readerConnection, readFleet } from '../../packages/bmdb-model/src/fleet-metrics.js';
+import { SingleConnection } from '../../packages/bmdb-model/src/internal/single-connection.js';
 import { fillFleet } from './fleet.js';
 import type { BenchServer } from './server.js';
 import { percentile } from './stats.js';

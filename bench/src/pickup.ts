@@ -1,13 +1,5 @@
-import {
-  agentStartSelection,
-  BMDB,
-  type ControlLoop,
-  Process,
-  type ProvidedMachine,
-  parseLimiter,
-  runControlLoop,
-  setAgentStarted,
-} from '@bmaas/bmdb-controlloop';
+import { BMDB, type ControlLoop, parseLimiter, runControlLoop } from '@bmaas/bmdb-controlloop';
+import { agentStartSelection, Process, type ProvidedMachine, setAgentStarted } from '@bmaas/bmdb-model';
 import { PROVIDER } from './fleet.js';
 import type { BenchServer } from './server.js';
 

@@ -1,14 +1,13 @@
+import { BMDB, type Database } from '@bmaas/bmdb-controlloop';
 import {
   agentRecoverySelection,
   agentStartSelection,
-  BMDB,
-  type Database,
   leasePowerReads,
   machinesForAgentRecovery,
   machinesForAgentStart,
   Process,
   powerActionSelection,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { type CompiledQuery, Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
 // The claim statement is internal to the library; the bench runs from its sources.

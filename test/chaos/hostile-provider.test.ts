@@ -1,4 +1,5 @@
-import { parseLimiter, providedMachines, SessionClosedError, SessionExpiredError } from '@bmaas/bmdb-controlloop';
+import { parseLimiter, SessionClosedError, SessionExpiredError } from '@bmaas/bmdb-controlloop';
+import { providedMachines } from '@bmaas/bmdb-model';
 import { sleep } from '@bmaas/common';
 import { EQUINIX_PROVIDER, EquinixClient, EquinixProvider, EquinixStatusUpdater } from '@bmaas/provider-equinix';
 import { FakeEquinixApi, type FakeFault, type FakeRoute } from '@bmaas/provider-equinix/testing';

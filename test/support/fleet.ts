@@ -1,5 +1,5 @@
 import type { BMDB, Session } from '@bmaas/bmdb-controlloop';
-import { addProvided, holdMachine, newMachine, recordOperatorAction, recordPowerState } from '@bmaas/bmdb-controlloop';
+import { addProvided, holdMachine, newMachine, recordOperatorAction, recordPowerState } from '@bmaas/bmdb-model';
 import type { TestDatabase } from './database.js';
 
 /** A failure cause that must show as text, never run. */

@@ -20,7 +20,8 @@ import {
   requestDiskWipe,
   requestOSInstallation,
   setAgentStarted,
-} from '@bmaas/bmdb-controlloop';
+  startFleetMetrics,
+} from '@bmaas/bmdb-model';
 import { AgentHardwareReportSchema, BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { parseTakeoverResponse } from '@bmaas/shepherd-manager';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
@@ -229,7 +230,7 @@ describe('the agent against the BMaaS server, over TLS with its client certifica
     // A place of its own, so the gauges' labels single it out of the file's other machines.
     await addProvided(q, agent.machineId, { provider: 'Static', providerId: 'r640-1', providerLocation: 'gauge-rack' });
     const registry = new Registry();
-    const reader = bmdb.startFleetMetrics({ registry, interval: 1000 });
+    const reader = startFleetMetrics(bmdb, { registry, interval: 1000 });
     try {
       await eventually('hardware report stored', () => hardwareReport(q, agent.machineId));
       const detail = await machineDetail(q, agent.machineId);

@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { AgentHardwareReportSchema } from '@bmaas/api/cloud/agent/api/agent_pb';
 import { TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
-import { hardwareReport, issueEnrollmentToken, newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
+import { hardwareReport, issueEnrollmentToken, newMachine, setAgentStarted } from '@bmaas/bmdb-model';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { parseTakeoverResponse } from '@bmaas/shepherd-manager';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';

@@ -14,13 +14,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
-import {
-  agentEnrollment,
-  hardwareReport,
-  issueEnrollmentToken,
-  newMachine,
-  operatorHistory,
-} from '@bmaas/bmdb-controlloop';
+import { agentEnrollment, hardwareReport, issueEnrollmentToken, newMachine, operatorHistory } from '@bmaas/bmdb-model';
 import { BmaasServer, type ServerTls, selfSignedServerTls } from '@bmaas/server';
 import { create } from '@bufbuild/protobuf';
 import pg from 'pg';

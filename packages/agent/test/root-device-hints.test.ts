@@ -1,6 +1,6 @@
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { checkRootDeviceHints, RootDeviceHintError as RequestHintError } from '@bmaas/bmdb-controlloop';
+import { checkRootDeviceHints, RootDeviceHintError as RequestHintError } from '@bmaas/bmdb-model';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { type DiskRecord, readDisks } from '../src/hardware/disks.js';
 import {

@@ -18,7 +18,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
-import { newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
+import { newMachine, setAgentStarted } from '@bmaas/bmdb-model';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { parseTakeoverResponse } from '@bmaas/shepherd-manager';
 import { create, toBinary } from '@bufbuild/protobuf';

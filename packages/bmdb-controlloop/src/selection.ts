@@ -1,5 +1,5 @@
 import { type Expression, type RawBuilder, sql } from 'kysely';
-import { hasLiveWork, inBackoff, isHeld } from './queries/conditions.js';
+import { hasLiveWork, inBackoff, isHeld } from './conditions.js';
 import type { SelectionRow } from './sql/claim.js';
 import type { WorkCandidate } from './work-candidate.js';
 
@@ -19,8 +19,11 @@ export type { SelectionRow } from './sql/claim.js';
  *
  * @example
  * ```ts
- * const selection: Selection<ProvidedMachine> = q.agentStartSelection({ provider: 'Example' });
- * const work = await session.work(Process.ShepherdAgentStart, selection);
+ * const selection: Selection<{ machineId: string }> = selectionFor('OsInstall', {
+ *   query: q.selectFrom('machines').select('machine_id'),
+ *   toCandidate: (row) => ({ machineId: row.machine_id }),
+ * });
+ * const work = await session.work('OsInstall', selection);
  * ```
  */
 export interface Selection<T extends WorkCandidate, R extends SelectionRow = SelectionRow> {
@@ -81,7 +84,7 @@ export interface SelectionSource<T extends WorkCandidate, R extends SelectionRow
   toCandidate(row: R): T;
   /**
    * Other processes whose live work also keeps a machine out, for work that
-   * must not run alongside them (the shepherd's: `SHEPHERD_PROCESSES`).
+   * must not run alongside them (the shepherd's: the model's `SHEPHERD_PROCESSES`).
    */
   readonly exclusiveWith?: readonly string[];
 }

@@ -1,21 +1,19 @@
-import { agentStartSelection, setAgentStarted, workHistory } from '@bmaas/bmdb-controlloop';
+import { agentStartSelection, Process, SHEPHERD_PROCESSES, setAgentStarted, workHistory } from '@bmaas/bmdb-model';
 import { sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { openTestBMDB, testBMDB, waitForAdvisoryLockWaiter } from '../../../test/support/database.js';
+import { provideMachines } from '../../../test/support/machines.js';
 import {
   type BMDB,
   hasLiveWork,
   NothingToDoError,
-  Process,
   type Selection,
   type Session,
   SessionExpiredError,
-  SHEPHERD_PROCESSES,
   type Work,
   WorkLostError,
 } from '../src/index.js';
-import { provideMachines } from './helpers.js';
 
 let holder: pg.Client;
 

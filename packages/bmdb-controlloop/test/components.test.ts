@@ -2,6 +2,7 @@ import type { Database } from '@bmaas/bmdb-controlloop';
 import { type Kysely, sql } from 'kysely';
 import { describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
+import { provideMachines } from '../../../test/support/machines.js';
 import {
   BMDB,
   BMDBError,
@@ -12,7 +13,7 @@ import {
   runControlLoop,
   selectionFor,
 } from '../src/index.js';
-import { deferred, provideMachines } from './helpers.js';
+import { deferred } from './helpers.js';
 
 const db = await createTestDatabase();
 

@@ -1,18 +1,16 @@
-import { agentStartSelection, machinesForAgentStart, setAgentStarted } from '@bmaas/bmdb-controlloop';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { openTestBMDB, testBMDB } from '../../../test/support/database.js';
-import { TcpProxy } from '../../../test/support/tcp-proxy.js';
-import { eventually } from '../../../test/support/wait.js';
 import {
-  type BMDB,
-  type ControlLoop,
+  agentStartSelection,
+  machinesForAgentStart,
   Process,
   type ProvidedMachine,
-  parseLimiter,
-  runControlLoop,
-  SessionExpiredError,
-} from '../src/index.js';
-import { provideMachines } from './helpers.js';
+  setAgentStarted,
+} from '@bmaas/bmdb-model';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { openTestBMDB, testBMDB } from '../../../test/support/database.js';
+import { provideMachines } from '../../../test/support/machines.js';
+import { TcpProxy } from '../../../test/support/tcp-proxy.js';
+import { eventually } from '../../../test/support/wait.js';
+import { type BMDB, type ControlLoop, parseLimiter, runControlLoop, SessionExpiredError } from '../src/index.js';
 
 let proxy: TcpProxy;
 /** A connection through the proxy, with sessions short enough to see expire, long enough to outlive a blip. */

@@ -1,9 +1,8 @@
-import { agentStartSelection } from '@bmaas/bmdb-controlloop';
+import { agentStartSelection, Process } from '@bmaas/bmdb-model';
 import { sql } from 'kysely';
 import { expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB } from '../../../test/support/database.js';
-import { Process } from '../src/index.js';
-import { provideMachines } from './helpers.js';
+import { provideMachines } from '../../../test/support/machines.js';
 
 const db = await createTestDatabase();
 

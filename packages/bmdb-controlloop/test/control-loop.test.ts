@@ -3,28 +3,29 @@ import {
   agentStartSelection,
   deleteAgentStarted,
   machinesForAgentStart,
+  Process,
+  type ProvidedMachine,
+  SHEPHERD_PROCESSES,
   setAgentStarted,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import type { Kysely } from 'kysely';
 import { sql } from 'kysely';
 import { Registry } from 'prom-client';
 import { afterAll, describe, expect, test } from 'vitest';
 import { openTestBMDB, testBMDB } from '../../../test/support/database.js';
+import { provideMachines } from '../../../test/support/machines.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import { eventually } from '../../../test/support/wait.js';
 import {
   type ControlLoop,
   hasLiveWork,
-  Process,
-  type ProvidedMachine,
   parseLimiter,
   type RateLimiter,
   runControlLoop,
   SessionExpiredError,
-  SHEPHERD_PROCESSES,
   type Task,
 } from '../src/index.js';
-import { deferred, provideMachines } from './helpers.js';
+import { deferred } from './helpers.js';
 
 const { db, bmdb } = await testBMDB();
 

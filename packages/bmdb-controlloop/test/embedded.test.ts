@@ -3,7 +3,7 @@ import { chmod, chown, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/p
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { newMachine } from '@bmaas/bmdb-controlloop';
+import { newMachine } from '@bmaas/bmdb-model';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { eventually } from '../../../test/support/wait.js';
 import { postgresInstallation } from '../src/embedded/installation.js';

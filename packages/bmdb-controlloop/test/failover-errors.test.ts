@@ -7,15 +7,15 @@
  * (a transaction through Kysely, an end through the prepared statements).
  */
 
+import { Process } from '@bmaas/bmdb-model';
 import pg from 'pg';
 import { Registry } from 'prom-client';
 import { afterEach, expect, inject, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { captureDebugLog } from '../../../test/support/debug-log.js';
+import { provideMachines } from '../../../test/support/machines.js';
 import { eventually } from '../../../test/support/wait.js';
-import { Process } from '../src/index.js';
 import { connectionLoss } from '../src/internal/connection-lost.js';
-import { provideMachines } from './helpers.js';
 
 const registry = new Registry();
 const COMPONENT = 'failover-errors';

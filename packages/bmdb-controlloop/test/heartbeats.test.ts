@@ -1,10 +1,10 @@
-import { setAgentStarted } from '@bmaas/bmdb-controlloop';
+import { Process, setAgentStarted } from '@bmaas/bmdb-model';
 import { Registry } from 'prom-client';
 import { expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
+import { agentStartCandidates, provideMachines } from '../../../test/support/machines.js';
 import { eventually } from '../../../test/support/wait.js';
-import { NothingToDoError, Process, type Session } from '../src/index.js';
-import { agentStartCandidates, provideMachines } from './helpers.js';
+import { NothingToDoError, type Session } from '../src/index.js';
 
 const registry = new Registry();
 

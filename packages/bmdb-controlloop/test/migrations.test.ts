@@ -10,7 +10,7 @@ import {
   requestOSInstallation,
   setAgentHeartbeat,
   setAgentStarted,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { Kysely, type Migration, Migrator, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import { expect, test } from 'vitest';

@@ -1,18 +1,17 @@
-import { agentStartSelection, machinesForAgentStart, setAgentStarted, workHistory } from '@bmaas/bmdb-controlloop';
+import {
+  agentStartSelection,
+  machinesForAgentStart,
+  Process,
+  SHEPHERD_PROCESSES,
+  setAgentStarted,
+  workHistory,
+} from '@bmaas/bmdb-model';
 import { sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { openTestBMDB, testBMDB, waitForAdvisoryLockWaiter } from '../../../test/support/database.js';
-import {
-  hasLiveWork,
-  NothingToDoError,
-  Process,
-  type Selection,
-  SessionExpiredError,
-  SHEPHERD_PROCESSES,
-  WorkConflictError,
-} from '../src/index.js';
-import { provideMachines } from './helpers.js';
+import { provideMachines } from '../../../test/support/machines.js';
+import { hasLiveWork, NothingToDoError, type Selection, SessionExpiredError, WorkConflictError } from '../src/index.js';
 
 let holder: pg.Client;
 

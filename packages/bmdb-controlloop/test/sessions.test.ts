@@ -1,19 +1,13 @@
 import { performance } from 'node:perf_hooks';
-import { machinesForAgentStart, newMachine } from '@bmaas/bmdb-controlloop';
+import { machinesForAgentStart, newMachine, Process } from '@bmaas/bmdb-model';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { openTestBMDB, testBMDB } from '../../../test/support/database.js';
+import { agentStartCandidates, provideMachines } from '../../../test/support/machines.js';
 import { TcpProxy } from '../../../test/support/tcp-proxy.js';
 import { eventually } from '../../../test/support/wait.js';
-import {
-  type BMDB,
-  NothingToDoError,
-  Process,
-  SessionClosedError,
-  SessionExpiredError,
-  WorkEndedError,
-} from '../src/index.js';
-import { agentStartCandidates, deferred, provideMachines } from './helpers.js';
+import { type BMDB, NothingToDoError, SessionClosedError, SessionExpiredError, WorkEndedError } from '../src/index.js';
+import { deferred } from './helpers.js';
 
 let proxy: TcpProxy;
 let proxiedUrl: string;

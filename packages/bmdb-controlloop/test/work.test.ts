@@ -1,23 +1,17 @@
 import type { Database } from '@bmaas/bmdb-controlloop';
 import {
   machinesForAgentStart,
+  Process,
   setAgentHeartbeat,
   setAgentStarted,
   workBackoffs,
   workHistory,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import type { Kysely } from 'kysely';
 import { describe, expect, test } from 'vitest';
 import { openTestBMDB, testBMDB } from '../../../test/support/database.js';
-import {
-  BMDBError,
-  NothingToDoError,
-  Process,
-  WorkConflictError,
-  WorkEndedError,
-  WorkLostError,
-} from '../src/index.js';
-import { agentStartCandidates, provideMachines } from './helpers.js';
+import { agentStartCandidates, provideMachines } from '../../../test/support/machines.js';
+import { BMDBError, NothingToDoError, WorkConflictError, WorkEndedError, WorkLostError } from '../src/index.js';
 
 const { db, bmdb } = await testBMDB();
 

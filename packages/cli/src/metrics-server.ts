@@ -1,5 +1,7 @@
 import { createServer, type Server } from 'node:http';
-import type { BMDB, FleetMetrics, RecoveryThresholds } from '@bmaas/bmdb-controlloop';
+import type { BMDB } from '@bmaas/bmdb-controlloop';
+import type { FleetMetrics, RecoveryThresholds } from '@bmaas/bmdb-model';
+import { startFleetMetrics } from '@bmaas/bmdb-model';
 import type { Registry } from 'prom-client';
 import { log } from './logging.js';
 import { type MetricsSettings, UsageError } from './settings.js';
@@ -51,5 +53,5 @@ export function readFleet(
   settings: MetricsSettings,
   thresholds: RecoveryThresholds,
 ): FleetMetrics {
-  return bmdb.startFleetMetrics({ registry, interval: settings.fleetInterval, thresholds });
+  return startFleetMetrics(bmdb, { registry, interval: settings.fleetInterval, thresholds });
 }

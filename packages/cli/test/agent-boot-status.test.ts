@@ -2,7 +2,7 @@
  * `shepherd status` through the built CLI: how many machines' agents arrive
  * over SSH, and how many are booted by their BMC, as text and JSON.
  */
-import { addProvided, newMachine, setAgentBootMethods } from '@bmaas/bmdb-controlloop';
+import { addProvided, newMachine, setAgentBootMethods } from '@bmaas/bmdb-model';
 import { beforeAll, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { buildOnce, shepherd } from './helpers.js';

@@ -5,20 +5,18 @@
  * names as running: an OS installation under way, in text and JSON.
  */
 import { randomBytes } from 'node:crypto';
+import { NothingToDoError, type Session, selectionFor, WorkConflictError } from '@bmaas/bmdb-controlloop';
 import {
+  AgentHeartbeats,
   addProvided,
   holdMachine,
   machineHold,
-  NothingToDoError,
   newMachine,
   osInstallation,
   Process,
   requestOSInstallation,
-  type Session,
-  selectionFor,
   setAgentStarted,
-  WorkConflictError,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { holdsMeetingClaims, holdViolations, type ToldHold } from '../../../test/support/holds.js';
@@ -131,8 +129,8 @@ describe('what hold names', () => {
       });
     }
     // Their agents took the request in a heartbeat's answer: installing. The third's has not yet.
-    await bmdb.answerAgentHeartbeat({ machineId: text, publicKey: key });
-    await bmdb.answerAgentHeartbeat({ machineId: json, publicKey: key });
+    await AgentHeartbeats.of(bmdb).answer({ machineId: text, publicKey: key });
+    await AgentHeartbeats.of(bmdb).answer({ machineId: json, publicKey: key });
     const recovery = await session.work(Process.ShepherdRecovery, async () => [text]);
 
     const byText = await shepherd(

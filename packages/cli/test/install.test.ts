@@ -10,6 +10,7 @@ import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import {
+  AgentHeartbeats,
   addProvided,
   bootSecretSha256,
   newMachine,
@@ -18,7 +19,7 @@ import {
   recordFirstBoot,
   requestOSInstallation,
   setAgentStarted,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
@@ -573,9 +574,9 @@ describe('status shows whether installed OSes booted', () => {
       actor: 'test',
       reason: 'status test',
     });
-    await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+    await AgentHeartbeats.of(bmdb).answer({ machineId, publicKey: key });
     const secret = randomBytes(32).toString('base64url');
-    await bmdb.answerAgentHeartbeat({
+    await AgentHeartbeats.of(bmdb).answer({
       machineId,
       publicKey: key,
       installationReport: {

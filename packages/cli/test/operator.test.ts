@@ -9,6 +9,7 @@
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { hostname, tmpdir, userInfo } from 'node:os';
 import path from 'node:path';
+import type { Session } from '@bmaas/bmdb-controlloop';
 import {
   addProvided,
   lookUpMachines,
@@ -17,8 +18,7 @@ import {
   operatorHistory,
   Process,
   powerState,
-  type Session,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { FakeEquinixApi } from '@bmaas/provider-equinix/testing';
 import { FakeRedfishServer, selfSignedCertificate } from '@bmaas/provider-static/testing';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';

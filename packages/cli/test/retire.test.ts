@@ -4,7 +4,7 @@
  * `recommission` brings them back, refusing with exit 2 any provider ID that
  * is not retired.
  */
-import { addProvided, newMachine, retiredProviderIds } from '@bmaas/bmdb-controlloop';
+import { addProvided, newMachine, retiredProviderIds } from '@bmaas/bmdb-model';
 import { beforeAll, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { buildOnce, shepherd } from './helpers.js';

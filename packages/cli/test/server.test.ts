@@ -8,7 +8,7 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { connect, type IncomingHttpHeaders } from 'node:http2';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
+import { newMachine, setAgentStarted } from '@bmaas/bmdb-model';
 import { certificatePem, selfSignedCertificate } from '@bmaas/common';
 import { AgentCallback } from '@bmaas/server';
 import { createClient } from '@connectrpc/connect';

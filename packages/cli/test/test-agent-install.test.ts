@@ -27,7 +27,7 @@ import {
   requestOSInstallation,
   setAgentStarted,
   unholdMachine,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { encodeTakeoverInit, parseTakeoverResponse, type TakeoverInitParams } from '@bmaas/shepherd-manager';
 import pg from 'pg';

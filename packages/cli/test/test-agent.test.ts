@@ -8,7 +8,7 @@ import { randomUUID } from 'node:crypto';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { hardwareReport, newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
+import { hardwareReport, newMachine, setAgentStarted } from '@bmaas/bmdb-model';
 import { AgentHardwareReportSchema, BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { encodeTakeoverInit, parseTakeoverResponse, type TakeoverInitParams } from '@bmaas/shepherd-manager';
 import { fromBinary } from '@bufbuild/protobuf';

@@ -20,7 +20,7 @@ import {
   operatorHistory,
   osInstallation,
   workHistory,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { FakeRedfishServer, selfSignedCertificate } from '@bmaas/provider-static/testing';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';

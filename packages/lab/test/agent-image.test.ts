@@ -14,7 +14,7 @@ import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { agentConfigArchive, buildAgentImage, configureAgentIso, type NetworkConfig } from '@bmaas/agent';
 import { TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
-import { hardwareReport, newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
+import { hardwareReport, newMachine, setAgentStarted } from '@bmaas/bmdb-model';
 import { AgentHardwareReportSchema, BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { create, fromBinary } from '@bufbuild/protobuf';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';

@@ -1,5 +1,5 @@
 import { performance } from 'node:perf_hooks';
-import type { PowerState } from '@bmaas/bmdb-controlloop';
+import type { PowerState } from '@bmaas/bmdb-model';
 
 /** Where one pretend machine's power is headed, and since when. */
 interface Switch {

@@ -1,7 +1,8 @@
 import { createHash } from 'node:crypto';
 import { setTimeout as delay } from 'node:timers/promises';
-import type { AgentBootMethod, PowerState, Session } from '@bmaas/bmdb-controlloop';
-import { addProvided, newMachine } from '@bmaas/bmdb-controlloop';
+import type { Session } from '@bmaas/bmdb-controlloop';
+import type { AgentBootMethod, PowerState } from '@bmaas/bmdb-model';
+import { addProvided, newMachine } from '@bmaas/bmdb-model';
 import {
   type AcceptedPowerCommand,
   type AgentBootControl,

@@ -1,5 +1,6 @@
 import type { BMDB, Session } from '@bmaas/bmdb-controlloop';
-import { runRounds, setAgentHeartbeats, startedAgents } from '@bmaas/bmdb-controlloop';
+import { runRounds } from '@bmaas/bmdb-controlloop';
+import { setAgentHeartbeats, startedAgents } from '@bmaas/bmdb-model';
 import { describeError } from '@bmaas/common';
 import createDebug from 'debug';
 import type { DummyProvider } from './dummy-provider.js';

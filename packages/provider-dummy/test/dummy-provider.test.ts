@@ -1,4 +1,5 @@
-import { parseLimiter, providedMachines, setAgentStarted } from '@bmaas/bmdb-controlloop';
+import { parseLimiter } from '@bmaas/bmdb-controlloop';
+import { providedMachines, setAgentStarted } from '@bmaas/bmdb-model';
 import {
   AgentBootError,
   Availability,

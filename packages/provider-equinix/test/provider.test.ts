@@ -1,4 +1,5 @@
-import { ProviderStatus, providedMachines, type Session } from '@bmaas/bmdb-controlloop';
+import type { Session } from '@bmaas/bmdb-controlloop';
+import { ProviderStatus, providedMachines } from '@bmaas/bmdb-model';
 import { Availability, type Machine, MachineNotFoundError } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';

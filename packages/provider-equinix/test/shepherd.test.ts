@@ -6,15 +6,8 @@
  * did against its fake, plus the orphan-adoption and idempotent-create paths
  * through the provisioner.
  */
-import {
-  type ControlLoopOptions,
-  type ProvidedMachine,
-  ProviderStatus,
-  parseLimiter,
-  providedMachines,
-  SessionExpiredError,
-  workHistory,
-} from '@bmaas/bmdb-controlloop';
+import { type ControlLoopOptions, parseLimiter, SessionExpiredError } from '@bmaas/bmdb-controlloop';
+import { type ProvidedMachine, ProviderStatus, providedMachines, workHistory } from '@bmaas/bmdb-model';
 import {
   Initializer,
   type Provider,

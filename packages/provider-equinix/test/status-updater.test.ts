@@ -1,4 +1,5 @@
-import { addProvided, newMachine, ProviderStatus, providedMachines, type Session } from '@bmaas/bmdb-controlloop';
+import type { Session } from '@bmaas/bmdb-controlloop';
+import { addProvided, newMachine, ProviderStatus, providedMachines } from '@bmaas/bmdb-model';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { EQUINIX_PROVIDER, EquinixStatusUpdater } from '../src/index.js';

@@ -1,4 +1,4 @@
-import type { PowerState } from '@bmaas/bmdb-controlloop';
+import type { PowerState } from '@bmaas/bmdb-model';
 import type { AcceptedPowerCommand } from '@bmaas/shepherd-manager';
 import type { InventoryBootMode } from './inventory.js';
 

@@ -1,6 +1,7 @@
 import { readFile, stat } from 'node:fs/promises';
 import { isIP } from 'node:net';
 import path from 'node:path';
+import { redactUrl } from '@bmaas/bmdb-controlloop';
 import {
   type AgentBootMethod,
   checkHostname,
@@ -8,8 +9,7 @@ import {
   checkSshPublicKey,
   FirstBootSettingError,
   type NetworkConfig,
-  redactUrl,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { describeError, Secret } from '@bmaas/common';
 import { InventoryError } from './errors.js';
 import { IPMI_DEFAULT_CIPHER_SUITE, IPMI_DEFAULT_PORT } from './ipmi/target.js';

@@ -1,16 +1,14 @@
 import { readFile, stat } from 'node:fs/promises';
+import { type BMDB, runRounds, type Session } from '@bmaas/bmdb-controlloop';
 import {
   addProvided,
-  type BMDB,
   newMachine,
   type PowerState,
   ProviderStatus,
   providedMachines,
-  runRounds,
-  type Session,
   setAgentBootMethods,
   updateProviderStatus,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { describeError, Secret } from '@bmaas/common';
 import {
   type AcceptedPowerCommand,

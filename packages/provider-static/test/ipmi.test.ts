@@ -10,7 +10,7 @@
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { PowerState } from '@bmaas/bmdb-controlloop';
+import { PowerState } from '@bmaas/bmdb-model';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import {
   BmcCredentialsError,

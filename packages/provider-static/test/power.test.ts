@@ -8,14 +8,8 @@
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import {
-  leasePowerReads,
-  machineHold,
-  operatorHistory,
-  parseLimiter,
-  powerState,
-  providedMachines,
-} from '@bmaas/bmdb-controlloop';
+import { parseLimiter } from '@bmaas/bmdb-controlloop';
+import { leasePowerReads, machineHold, operatorHistory, powerState, providedMachines } from '@bmaas/bmdb-model';
 import { PowerActions, PowerSync, Provisioner, Recoverer } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';

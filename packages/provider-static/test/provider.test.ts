@@ -7,7 +7,8 @@
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { agentBootMethod, decommissionMachines, parseLimiter, providedMachines } from '@bmaas/bmdb-controlloop';
+import { parseLimiter } from '@bmaas/bmdb-controlloop';
+import { agentBootMethod, decommissionMachines, providedMachines } from '@bmaas/bmdb-model';
 import { MachineNotFoundError, ProviderDiscrepancyError, Provisioner } from '@bmaas/shepherd-manager';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';

@@ -15,13 +15,14 @@ import {
   type OSInstallationReport as OSInstallationReportMessage,
   OSInstallationReportSchema,
 } from '@bmaas/api/cloud/bmaas/server/api/agent_pb';
+import type { BMDB } from '@bmaas/bmdb-controlloop';
 import {
   AGENT_LOG_MAX_BYTES,
-  type BMDB,
+  AgentHeartbeats,
   type OSInstallationReport,
   type PendingOSInstallation,
   type RootDeviceHints,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { isUuid } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
@@ -49,19 +50,20 @@ const UNAUTHENTICATED = 'machine id or public key unknown';
  * and stores the reports it carries, and the answer carries the machine's
  * pending OS installation request and, when it reported on an
  * installation, whether that report was accepted or ignored (see
- * `BMDB.answerAgentHeartbeat`). A `Success` report its agent sends again,
+ * `AgentHeartbeats.answer`). A `Success` report its agent sends again,
  * having lost the answer, is answered as the first was. Each heartbeat is
  * counted, by the status it settles with, and timed, when it settles.
  */
 export class Heartbeats {
-  readonly #bmdb: BMDB;
+  /** The BMDB's agent heartbeats, taken once: every heartbeat of this server goes through them. */
+  readonly #heartbeats: AgentHeartbeats;
   readonly #metrics: ServerMetrics | undefined;
   // Label children bound once: no label object built per heartbeat (prom-client still checks and hashes the labels on each call).
   readonly #ok: Counter.Internal | undefined;
   readonly #duration: Histogram.Internal<'method'> | undefined;
 
   constructor(bmdb: BMDB, metrics: ServerMetrics | undefined) {
-    this.#bmdb = bmdb;
+    this.#heartbeats = AgentHeartbeats.of(bmdb);
     this.#metrics = metrics;
     this.#ok = metrics?.requests.labels({ method: 'Heartbeat', code: 'ok' });
     this.#duration = metrics?.duration.labels({ method: 'Heartbeat' });
@@ -95,7 +97,7 @@ export class Heartbeats {
   answer(request: HeartbeatRequest, key: Uint8Array | undefined): Promise<HeartbeatResponse> {
     const started = performance.now();
     // One promise reaction per heartbeat, not an async function around another: this runs thousands of times a second.
-    return heartbeat(this.#bmdb, request, key).then(
+    return heartbeat(this.#heartbeats, request, key).then(
       (response) => {
         this.#ok?.inc();
         this.#duration?.observe((performance.now() - started) / 1000);
@@ -135,7 +137,7 @@ const REPORTED_RESPONSES = {
 } as const;
 
 async function heartbeat(
-  bmdb: BMDB,
+  heartbeats: AgentHeartbeats,
   request: HeartbeatRequest,
   key: Uint8Array | undefined,
 ): Promise<HeartbeatResponse> {
@@ -148,9 +150,9 @@ async function heartbeat(
   }
   const report = request.installationReport && installationReport(request.machineId, request.installationReport);
   const agentLog = request.agentLog && checkedAgentLog(request.machineId, request.agentLog.text);
-  let answer: Awaited<ReturnType<BMDB['answerAgentHeartbeat']>>;
+  let answer: Awaited<ReturnType<AgentHeartbeats['answer']>>;
   try {
-    answer = await bmdb.answerAgentHeartbeat({
+    answer = await heartbeats.answer({
       machineId: request.machineId,
       publicKey: key,
       ...(request.hardwareReport && {

@@ -7,15 +7,8 @@ import {
   type EnrollResponse,
   EnrollResponseSchema,
 } from '@bmaas/api/cloud/bmaas/server/api/enrollment_pb';
-import {
-  type BMDB,
-  BMDBError,
-  ConnectionClosedError,
-  DatabaseUnreachableError,
-  type EnrollmentOutcome,
-  EnrollmentRefusedError,
-  enrollAgent,
-} from '@bmaas/bmdb-controlloop';
+import { type BMDB, BMDBError, ConnectionClosedError, DatabaseUnreachableError } from '@bmaas/bmdb-controlloop';
+import { type EnrollmentOutcome, EnrollmentRefusedError, enrollAgent } from '@bmaas/bmdb-model';
 import { isUuid } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';

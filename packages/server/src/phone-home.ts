@@ -1,6 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { constants, type Http2ServerRequest, type Http2ServerResponse } from 'node:http2';
-import { type BMDB, BMDBError, recordFirstBoot } from '@bmaas/bmdb-controlloop';
+import { type BMDB, BMDBError } from '@bmaas/bmdb-controlloop';
+import { recordFirstBoot } from '@bmaas/bmdb-model';
 import { isUuid } from '@bmaas/common';
 import { type Overrun, overrunMessage, type RequestBudget } from './limits.js';
 import { log } from './log.js';

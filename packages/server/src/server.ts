@@ -124,7 +124,7 @@ export interface BmaasServerOptions {
  * HTTP/2, no client certificate: the installation's secret authenticates it). It asks every client for a certificate and checks no
  * chain: an agent's is self-signed over its ed25519 key, and what
  * authenticates a heartbeat is that key being its machine's (see
- * `BMDB.recordAgentHeartbeat`).
+ * `AgentHeartbeats.record` of `@bmaas/bmdb-model`).
  *
  * Heartbeats over gRPC with protobuf, which is how agents call, take a lean
  * path on `node:http2`'s streams (`Heartbeats.serve`, `grpc-unary.ts`);

@@ -6,13 +6,7 @@
  */
 
 import { NodeSchema } from '@bmaas/api/cloud/agent/api/hwreport_pb';
-import {
-  agentEnrollment,
-  hardwareReport,
-  issueEnrollmentToken,
-  newMachine,
-  operatorHistory,
-} from '@bmaas/bmdb-controlloop';
+import { agentEnrollment, hardwareReport, issueEnrollmentToken, newMachine, operatorHistory } from '@bmaas/bmdb-model';
 import { create, fromBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError, createClient } from '@connectrpc/connect';
 import { createConnectTransport, createGrpcTransport, createGrpcWebTransport } from '@connectrpc/connect-node';

@@ -2,7 +2,8 @@ import { generateKeyPairSync, type KeyObject } from 'node:crypto';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { type BMDB, newMachine, setAgentStarted } from '@bmaas/bmdb-controlloop';
+import type { BMDB } from '@bmaas/bmdb-controlloop';
+import { AgentHeartbeats, newMachine, setAgentStarted } from '@bmaas/bmdb-model';
 import { certificatePem, selfSignedCertificate } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { type Client, createClient } from '@connectrpc/connect';
@@ -117,7 +118,7 @@ export interface AgentOfMachine {
  * (`FOR UPDATE`, in a transaction of its own) until its heartbeat's
  * statement waits for it, a batch in flight; the others are then sent
  * whole, and the row let go only once the server handed each to the BMDB
- * (`BMDB.answerAgentHeartbeat` called, which queues it behind the statement
+ * (`AgentHeartbeats.answer` called, which queues it behind the statement
  * in flight before it returns). Resolves with each heartbeat's answer, in
  * `fleet`'s order.
  */
@@ -128,13 +129,13 @@ export async function heartbeatsBehindAHeldOne(t: TestServer, fleet: readonly Ag
   const frames = fleet.map(({ machineId }) =>
     grpcFrame(toBinary(HeartbeatRequestSchema, create(HeartbeatRequestSchema, { machineId }))),
   );
-  // The heartbeats the server handed to the BMDB: the server calls this method of the BMDB it was given.
-  const bmdb = t.bmdb;
-  const answerAgentHeartbeat = bmdb.answerAgentHeartbeat;
+  // The heartbeats the server handed to the BMDB: the server calls this method of the BMDB's AgentHeartbeats.
+  const heartbeats = AgentHeartbeats.of(t.bmdb);
+  const answer = heartbeats.answer;
   let handed = 0;
-  bmdb.answerAgentHeartbeat = (heartbeat) => {
+  heartbeats.answer = (heartbeat) => {
     handed += 1;
-    return answerAgentHeartbeat.call(bmdb, heartbeat);
+    return answer.call(heartbeats, heartbeat);
   };
   const blocker = new pg.Client({ connectionString: t.db.url });
   await blocker.connect();
@@ -154,7 +155,7 @@ export async function heartbeatsBehindAHeldOne(t: TestServer, fleet: readonly Ag
     await blocker.query('ROLLBACK');
     return await Promise.all([first, ...others]);
   } finally {
-    bmdb.answerAgentHeartbeat = answerAgentHeartbeat;
+    heartbeats.answer = answer;
     await blocker.end();
     for (const client of clients) client.close();
   }

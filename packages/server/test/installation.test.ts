@@ -7,7 +7,7 @@
 
 import { OSInstallationReportOutcome as Outcome } from '@bmaas/api/cloud/agent/api/installation_report_outcome_pb';
 import type { Database } from '@bmaas/bmdb-controlloop';
-import { osInstallation, requestOSInstallation } from '@bmaas/bmdb-controlloop';
+import { osInstallation, requestOSInstallation } from '@bmaas/bmdb-model';
 import { Code, ConnectError } from '@connectrpc/connect';
 import type { Kysely } from 'kysely';
 import pg from 'pg';

@@ -10,7 +10,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { request as httpsRequest } from 'node:https';
 import { connect } from 'node:tls';
 import type { Database } from '@bmaas/bmdb-controlloop';
-import { osInstallation, requestOSInstallation } from '@bmaas/bmdb-controlloop';
+import { osInstallation, requestOSInstallation } from '@bmaas/bmdb-model';
 import type { Kysely } from 'kysely';
 import { Registry } from 'prom-client';
 import { beforeAll, describe, expect, test } from 'vitest';

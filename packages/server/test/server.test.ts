@@ -13,7 +13,7 @@ import {
   osInstallation,
   osInstallationReport,
   requestOSInstallation,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { create, fromBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError, createClient } from '@connectrpc/connect';
 import { createConnectTransport } from '@connectrpc/connect-node';

@@ -2,13 +2,18 @@ import { randomUUID } from 'node:crypto';
 import { type TakeoverInit, TakeoverInitSchema } from '@bmaas/api/cloud/agent/api/takeover_pb';
 import type { Database } from '@bmaas/bmdb-controlloop';
 import {
-  agentBootSelection,
-  agentEnrollment,
-  armNetworkBoot,
   type Backoff,
   type BMDB,
   type ControlLoop,
   type ControlLoopOptions,
+  runControlLoop,
+  type Selection,
+  type Task,
+} from '@bmaas/bmdb-controlloop';
+import {
+  agentBootSelection,
+  agentEnrollment,
+  armNetworkBoot,
   endNetworkBoot,
   issueEnrollmentToken,
   needsAgentBoot,
@@ -18,10 +23,7 @@ import {
   type RecoveryThresholds,
   renewEnrollmentToken,
   revokeEnrollmentToken,
-  runControlLoop,
-  type Selection,
-  type Task,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { describeError, sleep } from '@bmaas/common';
 import { create, toBinary } from '@bufbuild/protobuf';
 import type { Kysely } from 'kysely';

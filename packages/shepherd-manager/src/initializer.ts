@@ -1,16 +1,14 @@
 import type { Database } from '@bmaas/bmdb-controlloop';
 import {
-  agentStartSelection,
   type Backoff,
   type BMDB,
   type ControlLoop,
   type ControlLoopOptions,
-  Process,
-  type ProvidedMachine,
   runControlLoop,
   type Selection,
   type Task,
 } from '@bmaas/bmdb-controlloop';
+import { agentStartSelection, Process, type ProvidedMachine } from '@bmaas/bmdb-model';
 import type { Kysely } from 'kysely';
 import { encodeTakeoverInit, parseTakeoverResponse, type TakeoverInitParams } from './agent-protocol.js';
 import { detail, log } from './internal.js';

@@ -1,10 +1,9 @@
+import { type BMDB, NothingToDoError, type Session, type Work, WorkConflictError } from '@bmaas/bmdb-controlloop';
 import {
-  type BMDB,
   forgetPowerRead,
   holdMachine,
   leasePowerRead,
   lookUpMachines,
-  NothingToDoError,
   OperatorAction,
   OperatorOutcome,
   type PowerState,
@@ -13,10 +12,7 @@ import {
   powerActionSelection,
   recordOperatorAction,
   recordPowerRead,
-  type Session,
-  type Work,
-  WorkConflictError,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { describeError } from '@bmaas/common';
 import { log } from './internal.js';
 import { type AcceptedPowerCommand, type PowerControl, PowerOutcomeUnknownError } from './power.js';

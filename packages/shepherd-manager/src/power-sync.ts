@@ -1,13 +1,5 @@
-import {
-  type BMDB,
-  leasePowerReads,
-  type PowerReadLease,
-  type PowerReadResult,
-  parseLimiter,
-  type RateLimiter,
-  recordPowerRead,
-  runRounds,
-} from '@bmaas/bmdb-controlloop';
+import { type BMDB, parseLimiter, type RateLimiter, runRounds } from '@bmaas/bmdb-controlloop';
+import { leasePowerReads, type PowerReadLease, type PowerReadResult, recordPowerRead } from '@bmaas/bmdb-model';
 import { describeError, sleep } from '@bmaas/common';
 import { detail, log } from './internal.js';
 import type { PowerControl } from './power.js';

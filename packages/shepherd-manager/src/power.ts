@@ -1,4 +1,4 @@
-import type { PowerState } from '@bmaas/bmdb-controlloop';
+import type { PowerState } from '@bmaas/bmdb-model';
 import { ShepherdError } from './provider.js';
 
 /**

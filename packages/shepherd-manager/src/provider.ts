@@ -1,4 +1,5 @@
-import type { AgentBootMethod, Session } from '@bmaas/bmdb-controlloop';
+import type { Session } from '@bmaas/bmdb-controlloop';
+import type { AgentBootMethod } from '@bmaas/bmdb-model';
 
 /**
  * Whether a provider machine is in use by us. `PossiblyUsed` means the

@@ -1,19 +1,21 @@
 import {
-  type AgentBootMethod,
   type BMDB,
-  forgetUnlistedRetiredMachines,
-  type ProvidedMachine,
-  ProviderStatus,
   parseLimiter,
-  providedMachines,
   type RateLimiter,
-  retiredProviderIds,
   runRounds,
   type Session,
   SessionClosedError,
   SessionExpiredError,
-  setAgentBootMethods,
 } from '@bmaas/bmdb-controlloop';
+import {
+  type AgentBootMethod,
+  forgetUnlistedRetiredMachines,
+  type ProvidedMachine,
+  ProviderStatus,
+  providedMachines,
+  retiredProviderIds,
+  setAgentBootMethods,
+} from '@bmaas/bmdb-model';
 import { describeError, isStop } from '@bmaas/common';
 import { detail, log } from './internal.js';
 import { Availability, type Machine, type Provider, ShepherdError } from './provider.js';

@@ -1,20 +1,22 @@
 import type { Database } from '@bmaas/bmdb-controlloop';
 import {
-  agentHeartbeatsAhead,
-  agentRecoverySelection,
   type Backoff,
   type BMDB,
   type ControlLoop,
   type ControlLoopOptions,
-  PowerState,
-  Process,
-  type ProvidedMachine,
-  type RecoveryThresholds,
   runControlLoop,
   runRounds,
   type Selection,
   type Task,
 } from '@bmaas/bmdb-controlloop';
+import {
+  agentHeartbeatsAhead,
+  agentRecoverySelection,
+  PowerState,
+  Process,
+  type ProvidedMachine,
+  type RecoveryThresholds,
+} from '@bmaas/bmdb-model';
 import { describeError, sleep } from '@bmaas/common';
 import type { Kysely } from 'kysely';
 import { detail, log } from './internal.js';

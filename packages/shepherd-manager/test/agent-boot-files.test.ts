@@ -30,7 +30,7 @@ import {
   Process,
   revokeEnrollmentToken,
   setAgentHeartbeat,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { certificatePem, Secret, selfSignedCertificate } from '@bmaas/common';
 import { create, fromBinary, toBinary } from '@bufbuild/protobuf';
 import { sql } from 'kysely';

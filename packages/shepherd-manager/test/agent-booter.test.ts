@@ -33,7 +33,7 @@ import {
   setAgentBootMethods,
   setAgentHeartbeat,
   setAgentStarted,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { BmaasServer, selfSignedServerTls } from '@bmaas/server';
 import { sql } from 'kysely';
 import pg from 'pg';

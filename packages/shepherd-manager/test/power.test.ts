@@ -1,16 +1,16 @@
+import { parseLimiter } from '@bmaas/bmdb-controlloop';
 import {
   holdMachine,
   leasePowerReads,
   machineHold,
   operatorHistory,
   Process,
-  parseLimiter,
   powerState,
   providedMachine,
   providedMachines,
   unholdMachine,
   workHistory,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually, runUntil } from '../../../test/support/wait.js';

@@ -1,3 +1,4 @@
+import { parseLimiter, type Session, SessionExpiredError } from '@bmaas/bmdb-controlloop';
 import {
   addProvided,
   agentBootMethod,
@@ -6,14 +7,11 @@ import {
   machinesForAgentStart,
   newMachine,
   ProviderStatus,
-  parseLimiter,
   providedMachines,
   recommissionMachines,
   retiredMachines,
-  type Session,
-  SessionExpiredError,
   updateProviderStatus,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
 import { eventually } from '../../../test/support/wait.js';

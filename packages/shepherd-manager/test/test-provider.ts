@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
-import type { AgentBootMethod, PowerState, Session } from '@bmaas/bmdb-controlloop';
-import { addProvided, newMachine } from '@bmaas/bmdb-controlloop';
+import type { Session } from '@bmaas/bmdb-controlloop';
+import type { AgentBootMethod, PowerState } from '@bmaas/bmdb-model';
+import { addProvided, newMachine } from '@bmaas/bmdb-model';
 import { expect } from 'vitest';
 import {
   type AcceptedPowerCommand,

@@ -1,8 +1,7 @@
 import { createHash } from 'node:crypto';
-import type { Database } from '@bmaas/bmdb-controlloop';
+import type { BMDB, Database } from '@bmaas/bmdb-controlloop';
 import {
   type BackoffCause,
-  type BMDB,
   backoffCauses,
   databaseNow,
   type FleetControl,
@@ -29,7 +28,7 @@ import {
   retiredMachineCount,
   retiredMachines,
   SHEPHERD_PROCESSES,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import type { Kysely } from 'kysely';
 
 /** The Kysely instance over the BMDB (`BMDB.db`). */

@@ -1,15 +1,15 @@
 import { createServer, type IncomingMessage, type RequestListener, type Server, type ServerResponse } from 'node:http';
 import { createServer as createTlsServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
+import type { BMDB } from '@bmaas/bmdb-controlloop';
 import {
-  type BMDB,
   MACHINE_STAGES,
   type MachineFilter,
   type MachineStage,
   OSInstallationState,
   PowerState,
   type RecoveryThresholds,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { describeError, isUuid } from '@bmaas/common';
 import { checkTlsRule, checkTokenRule, expiredLoginCookie, parseCookies, TokenCheck } from './access.js';
 import {

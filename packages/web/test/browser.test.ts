@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { BMDB } from '@bmaas/bmdb-controlloop';
+import { AgentHeartbeats } from '@bmaas/bmdb-model';
 import { AgentHardwareReportSchema, selfSignedServerTls } from '@bmaas/server';
 import { create, toBinary } from '@bufbuild/protobuf';
 import puppeteer, { type Browser, type Page } from 'puppeteer-core';
@@ -280,7 +281,7 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
       },
       warning: ['no EFI variables'],
     });
-    const recorded = await bmdb.recordAgentHeartbeat({
+    const recorded = await AgentHeartbeats.of(bmdb).record({
       machineId: fleet.heartbeating,
       publicKey: new Uint8Array(32).fill(7),
       hardwareReport: toBinary(AgentHardwareReportSchema, report),
@@ -358,7 +359,7 @@ describe.skipIf(!hasChromium)(`in a real browser (${CHROMIUM}, headless)`, () =>
     const log = `bmaas-init: starting the agent\n${HOSTILE_CAUSE}\n</pre><img src=x onerror="alert(1)">\n`;
     // As the server stores it: a heartbeat with the key the seeded machine's agent started with.
     expect(
-      await bmdb.recordAgentHeartbeat({
+      await AgentHeartbeats.of(bmdb).record({
         machineId: fleet.heartbeating,
         publicKey: new Uint8Array(32).fill(7),
         agentLog: log,

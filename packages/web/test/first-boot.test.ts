@@ -6,13 +6,14 @@
  */
 import { randomBytes } from 'node:crypto';
 import {
+  AgentHeartbeats,
   addProvided,
   bootSecretSha256,
   newMachine,
   recordFirstBoot,
   requestOSInstallation,
   setAgentStarted,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
@@ -45,9 +46,9 @@ async function installedMachine(providerId: string): Promise<{ machineId: string
     actor: 'alice@ops',
     reason: 'page test',
   });
-  await bmdb.answerAgentHeartbeat({ machineId, publicKey: key });
+  await AgentHeartbeats.of(bmdb).answer({ machineId, publicKey: key });
   const secret = randomBytes(32).toString('base64url');
-  await bmdb.answerAgentHeartbeat({
+  await AgentHeartbeats.of(bmdb).answer({
     machineId,
     publicKey: key,
     installationReport: {

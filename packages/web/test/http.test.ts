@@ -3,13 +3,7 @@ import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import {
-  addProvided,
-  decommissionMachines,
-  newMachine,
-  providedMachine,
-  setAgentBootMethods,
-} from '@bmaas/bmdb-controlloop';
+import { addProvided, decommissionMachines, newMachine, providedMachine, setAgentBootMethods } from '@bmaas/bmdb-model';
 import { type ServerTls, selfSignedServerTls } from '@bmaas/server';
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
 import { createTestDatabase, openTestBMDB, testBMDB } from '../../../test/support/database.js';

@@ -10,8 +10,6 @@ export const log = {
   heartbeat: createDebug('bmdb:session:heartbeat'),
   work: createDebug('bmdb:work'),
   loop: createDebug('bmdb:loop'),
-  /** The fleet gauges' reader: who reads, and readings failing. */
-  fleet: createDebug('bmdb:fleet'),
 };
 
 /**

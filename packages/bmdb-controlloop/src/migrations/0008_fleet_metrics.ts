@@ -10,7 +10,7 @@ import { hardwareTotals } from '../hardware-totals.js';
  * - The totals of each machine's last hardware report as columns of
  *   `machine_hardware_report`: CPU threads (over its CPUs), installed
  *   memory, block devices and their capacity, read from the report by
- *   `BMDB.recordAgentHeartbeat` as it stores it (`hardware-totals.ts`);
+ *   the model's `AgentHeartbeats` as it stores it (`hardware-totals.ts`);
  *   NULL for a report that could not be read. Reports stay stored as the
  *   agent sent them; those already stored are read here, 500 at a time.
  * - The machine's place (provider and location) on the rows whose counts go

@@ -70,7 +70,7 @@ export interface MachineClaimStatus {
  * machine is skipped. Claims committed before the snapshot are visible to
  * the selection, which excludes their machines. So no machine is claimed on
  * a stale view of its claims, by any process. A hold bumps the version too
- * (queries/holds.ts), so a hold committed after the snapshot is honoured as
+ * (the model's `holdMachine`), so a hold committed after the snapshot is honoured as
  * one committed before it, which the selection sees. A request left without a
  * machine while candidates were skipped learns of them (`bmdb_found`), and
  * the caller tries again on a fresh snapshot.

@@ -8,7 +8,7 @@ import { historyOfReleased, notifiedOfReleased } from './end-work.js';
  * heartbeat, whether it is alive, and ending it (closed by its owner, or
  * collected once expired) with the claims it held. The claim and end
  * statements check a session's deadline as part of their own work; the
- * fleet's reports read sessions through the query functions of `queries/`.
+ * fleet's reports read sessions through the model's query functions (`@bmaas/bmdb-model`).
  */
 
 /** What a new session's row records. */

@@ -1,6 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { BMDB, DecommissionReport, WipeDecommissionReport } from '@bmaas/bmdb-controlloop';
-import { decommissionMachines, decommissionWithWipe } from '@bmaas/bmdb-controlloop';
+import type { BMDB } from '@bmaas/bmdb-controlloop';
+import type { DecommissionReport, WipeDecommissionReport } from '@bmaas/bmdb-model';
+import { decommissionMachines, decommissionWithWipe } from '@bmaas/bmdb-model';
 import { openBMDB } from '../database.js';
 import { log } from '../logging.js';
 import { type Argv, actor, databaseSettings, duration, optional, reason, required, UsageError } from '../settings.js';

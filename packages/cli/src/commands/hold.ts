@@ -1,5 +1,5 @@
-import type { MachineNames, MachineRef, PlacedHold } from '@bmaas/bmdb-controlloop';
-import { holdMachine, lookUpMachines, unholdMachine } from '@bmaas/bmdb-controlloop';
+import type { MachineNames, MachineRef, PlacedHold } from '@bmaas/bmdb-model';
+import { holdMachine, lookUpMachines, unholdMachine } from '@bmaas/bmdb-model';
 import { withSession } from '../database.js';
 import { log } from '../logging.js';
 import { type Argv, actor, optional, reason } from '../settings.js';

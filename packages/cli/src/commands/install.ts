@@ -14,7 +14,7 @@ import {
   RootDeviceHintError,
   type RootDeviceHints,
   requestOSInstallation,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { InventoryError, type InventoryMachine, InventorySource } from '@bmaas/provider-static';
 import { withSession } from '../database.js';
 import { log } from '../logging.js';

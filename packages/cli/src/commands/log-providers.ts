@@ -1,4 +1,5 @@
-import { type BMDB, machinesPerProvider } from '@bmaas/bmdb-controlloop';
+import type { BMDB } from '@bmaas/bmdb-controlloop';
+import { machinesPerProvider } from '@bmaas/bmdb-model';
 import { log } from '../logging.js';
 
 /**

@@ -1,4 +1,4 @@
-import type { MachineLookup, MachineNames, MachineRef } from '@bmaas/bmdb-controlloop';
+import type { MachineLookup, MachineNames, MachineRef } from '@bmaas/bmdb-model';
 import { isUuid } from '@bmaas/common';
 import { type Argv, optional, UsageError } from '../settings.js';
 

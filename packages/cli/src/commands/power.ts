@@ -1,5 +1,6 @@
-import type { MachineRef, Session } from '@bmaas/bmdb-controlloop';
-import { lookUpMachines } from '@bmaas/bmdb-controlloop';
+import type { Session } from '@bmaas/bmdb-controlloop';
+import type { MachineRef } from '@bmaas/bmdb-model';
+import { lookUpMachines } from '@bmaas/bmdb-model';
 import { describeError, Semaphore } from '@bmaas/common';
 import { type PowerActionKind, type PowerActionResult, PowerActions } from '@bmaas/shepherd-manager';
 import { withSession } from '../database.js';

@@ -1,4 +1,4 @@
-import { NotRetiredError, recommissionMachines } from '@bmaas/bmdb-controlloop';
+import { NotRetiredError, recommissionMachines } from '@bmaas/bmdb-model';
 import { withSession } from '../database.js';
 import { log } from '../logging.js';
 import { type Argv, actor, optional, UsageError } from '../settings.js';

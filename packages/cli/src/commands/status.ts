@@ -15,7 +15,7 @@ import {
   type RootDeviceHints,
   retiredMachineCount,
   retiredMachines,
-} from '@bmaas/bmdb-controlloop';
+} from '@bmaas/bmdb-model';
 import { openBMDB } from '../database.js';
 import { type Argv, databaseSettings } from '../settings.js';
 import { describeRootDevice } from './install.js';

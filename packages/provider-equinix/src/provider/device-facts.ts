@@ -1,4 +1,4 @@
-import { PowerState, ProviderStatus } from '@bmaas/bmdb-controlloop';
+import { PowerState, ProviderStatus } from '@bmaas/bmdb-model';
 import { type EquinixDevice, refId } from '../api/types.js';
 
 /** The provider name the BMDB knows Equinix machines by (`machine_provided.provider`). */

@@ -1,4 +1,4 @@
-import type { PowerState } from '@bmaas/bmdb-controlloop';
+import type { PowerState } from '@bmaas/bmdb-model';
 import { type AcceptedPowerCommand, NotImplementedError, type PowerControl } from '@bmaas/shepherd-manager';
 import type { DeviceAction, EquinixClient } from '../api/client.js';
 import { log } from '../internal/log.js';

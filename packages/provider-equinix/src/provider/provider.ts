@@ -1,5 +1,5 @@
 import type { Session } from '@bmaas/bmdb-controlloop';
-import { addProvided, newMachine, updateProviderStatus } from '@bmaas/bmdb-controlloop';
+import { addProvided, newMachine, updateProviderStatus } from '@bmaas/bmdb-model';
 import { describeError, isAbortOf } from '@bmaas/common';
 import { Availability, type CreateMachineRequest, MachineNotFoundError, type Provider } from '@bmaas/shepherd-manager';
 import type { EquinixClient } from '../api/client.js';

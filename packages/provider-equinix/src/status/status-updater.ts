@@ -1,6 +1,8 @@
 import { performance } from 'node:perf_hooks';
-import type { BMDB, ProvidedMachine, ProviderStatusUpdate, Session } from '@bmaas/bmdb-controlloop';
-import { ProviderStatus, providedMachines, runRounds, updateProviderStatus } from '@bmaas/bmdb-controlloop';
+import type { BMDB, Session } from '@bmaas/bmdb-controlloop';
+import { runRounds } from '@bmaas/bmdb-controlloop';
+import type { ProvidedMachine, ProviderStatusUpdate } from '@bmaas/bmdb-model';
+import { ProviderStatus, providedMachines, updateProviderStatus } from '@bmaas/bmdb-model';
 import { describeError, isAbortOf } from '@bmaas/common';
 import type { EquinixClient } from '../api/client.js';
 import type { EquinixDevice } from '../api/types.js';

@@ -1,4 +1,4 @@
-import { PowerState } from '@bmaas/bmdb-controlloop';
+import { PowerState } from '@bmaas/bmdb-model';
 import type { AcceptedPowerCommand } from '@bmaas/shepherd-manager';
 import { type Bmc, BOOT_OVERRIDE_ATTEMPTS } from '../bmc.js';
 import { BootOverrideIgnoredError } from '../errors.js';

@@ -1,4 +1,4 @@
-import { PowerState } from '@bmaas/bmdb-controlloop';
+import { PowerState } from '@bmaas/bmdb-model';
 import type { AcceptedPowerCommand } from '@bmaas/shepherd-manager';
 import type { Bmc } from '../bmc.js';
 import type { InventoryBootMode } from '../inventory.js';

@@ -1,4 +1,4 @@
-import type { OSInstallationState, PowerState } from '@bmaas/bmdb-controlloop';
+import type { OSInstallationState, PowerState } from '@bmaas/bmdb-model';
 import { type Html, href, html } from '../html.js';
 import { absoluteTime, relativeTime } from '../time.js';
 

@@ -1,4 +1,4 @@
-import { MACHINE_STAGES, type MachineFilter } from '@bmaas/bmdb-controlloop';
+import { MACHINE_STAGES, type MachineFilter } from '@bmaas/bmdb-model';
 import type { MachineList } from '../data.js';
 import { type Html, href, html } from '../html.js';
 import { relativeTime, timeTag } from '../time.js';

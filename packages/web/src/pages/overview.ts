@@ -1,4 +1,4 @@
-import { MACHINE_STAGES } from '@bmaas/bmdb-controlloop';
+import { MACHINE_STAGES } from '@bmaas/bmdb-model';
 import type { Overview } from '../data.js';
 import { type Html, href, html } from '../html.js';
 import { relativeTime, timeTag } from '../time.js';
