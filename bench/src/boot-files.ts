@@ -20,8 +20,10 @@ import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 import { loadavg, tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import { BMDB } from '@bmaas/bmdb-controlloop';
 import { certificatePem, Secret, selfSignedCertificate } from '@bmaas/common';
 import { AgentBootFiles } from '@bmaas/shepherd-manager';
+import { BenchServer } from './server.js';
 
 const ISO_MIB = Number(process.env.BENCH_BOOT_ISO_MIB ?? 64);
 const ROUNDS = Number(process.env.BENCH_BOOT_ROUNDS ?? 3);
@@ -95,15 +97,24 @@ async function memoryServer(iso: Buffer): Promise<{ url: string; close(): void }
   return { url: `http://127.0.0.1:${port}/agent.iso`, close: () => server.close() };
 }
 
+// The boot files answer network boots from the BMDB; virtual media, read here, needs none of its rows.
+const database = await BenchServer.start();
+const bmdb = await BMDB.open({
+  url: await database.createDatabase('bench_boot_files'),
+  migrate: true,
+  componentName: 'bench',
+  runtimeInfo: 'boot-files',
+});
 const transports = [
   {
     name: 'HTTP',
-    files: await AgentBootFiles.start({ imageDir, workDir: dir, listen: { host: '127.0.0.1', port: 0 } }),
+    files: await AgentBootFiles.start({ imageDir, db: bmdb.db, workDir: dir, listen: { host: '127.0.0.1', port: 0 } }),
   },
   {
     name: 'TLS',
     files: await AgentBootFiles.start({
       imageDir,
+      db: bmdb.db,
       workDir: dir,
       listen: { host: '127.0.0.1', port: 0 },
       tls: { cert, key },
@@ -124,7 +135,6 @@ try {
     const started = performance.now();
     const prepared = await transport.files.prepare({
       machineId,
-      macs: [],
       init: {
         $typeName: 'cloud.agent.api.TakeoverInit',
         machineId,
@@ -157,6 +167,8 @@ try {
 } finally {
   floor?.close();
   for (const transport of transports) await transport.files.close();
+  await bmdb.close();
+  await database.stop();
   await rm(dir, { recursive: true, force: true });
 }
 
