@@ -5,24 +5,22 @@
  * and refusals; and every bad input exiting 2 naming its flag, touching
  * nothing.
  */
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import {
-  AgentHeartbeats,
   addProvided,
-  bootSecretSha256,
   newMachine,
   operatorHistory,
   osInstallation,
   recordFirstBoot,
   requestOSInstallation,
-  setAgentStarted,
 } from '@bmaas/bmdb-model';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
+import { installedMachine } from '../../../test/support/machines.js';
 import { buildOnce, expectUsageError, shepherd } from './helpers.js';
 
 const { db, bmdb } = await testBMDB();
@@ -561,38 +559,14 @@ describe('what the installed OS is given on its first boot', () => {
 describe('status shows whether installed OSes booted', () => {
   const HOST_KEY = 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIH0st0Kq2W8hA0Xw3u5mJc9tXJ0cJmXG1wYb4lDk5QeA root@db1';
 
-  /** A Static machine installed as its agent would report it, with the first-boot secret's hash; returns it and the secret. */
-  async function installedMachine(providerId: string): Promise<{ machineId: string; secret: string }> {
-    const machineId = await newMachine(q);
-    await addProvided(q, machineId, { provider: 'Static', providerId });
-    const key = new Uint8Array(randomBytes(32));
-    await setAgentStarted(q, machineId, { publicKey: key });
-    await requestOSInstallation(q, machineId, {
-      imageUrl: 'https://images.example.com/debian-12.img',
-      imageSha256: SHA,
-      rootDevice: '/dev/sda',
-      actor: 'test',
-      reason: 'status test',
-    });
-    await AgentHeartbeats.of(bmdb).answer({ machineId, publicKey: key });
-    const secret = randomBytes(32).toString('base64url');
-    await AgentHeartbeats.of(bmdb).answer({
-      machineId,
-      publicKey: key,
-      installationReport: {
-        generation: 1n,
-        result: 'Success',
-        raw: new Uint8Array([8, 1]),
-        bootSecretSha256: bootSecretSha256(secret),
-      },
-    });
-    return { machineId, secret };
-  }
+  /** A Static machine installed as its agent would report it; returns it and its first-boot secret. */
+  const installed = (providerId: string) =>
+    installedMachine(bmdb, providerId, { actor: 'test', reason: 'status test' });
 
   test('booted with its time and host keys, booting, and installed-not-booted past the bound, as text and JSON', async () => {
-    const booted = await installedMachine('rack5-node1');
-    const silent = await installedMachine('rack5-node2');
-    const fresh = await installedMachine('rack5-node3');
+    const booted = await installed('rack5-node1');
+    const silent = await installed('rack5-node2');
+    const fresh = await installed('rack5-node3');
     await recordFirstBoot(q, booted.machineId, { secret: booted.secret, hostKeys: [HOST_KEY] });
     await sql`UPDATE machine_os_installation_request SET installation_ended_at = now() - interval '31 minutes'
       WHERE machine_id = ${silent.machineId}`.execute(q);

@@ -1,22 +1,8 @@
-/**
- * Whether an installed OS came up, on the machine's page and in its JSON:
- * booted (when, with its host keys), booting, or installed-not-booted past
- * the bound (time moved in the database); and what its config drive gives
- * it (hostname, SSH keys, network).
- */
-import { randomBytes } from 'node:crypto';
-import {
-  AgentHeartbeats,
-  addProvided,
-  bootSecretSha256,
-  newMachine,
-  recordFirstBoot,
-  requestOSInstallation,
-  setAgentStarted,
-} from '@bmaas/bmdb-model';
+import { recordFirstBoot } from '@bmaas/bmdb-model';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { testBMDB } from '../../../test/support/database.js';
+import { installedMachine } from '../../../test/support/machines.js';
 import { type FleetPageServer, serveFleetPage } from '../src/index.js';
 
 const { bmdb } = await testBMDB();
@@ -32,34 +18,9 @@ afterAll(async () => {
   await server?.close();
 });
 
-/** A machine installed as its agent reports it, with the first-boot secret's hash; returns it and the secret. */
-async function installedMachine(providerId: string): Promise<{ machineId: string; secret: string }> {
-  const machineId = await newMachine(q);
-  await addProvided(q, machineId, { provider: 'Static', providerId });
-  const key = new Uint8Array(randomBytes(32));
-  await setAgentStarted(q, machineId, { publicKey: key });
-  await requestOSInstallation(q, machineId, {
-    imageUrl: 'https://images.example.com/debian-12.img',
-    imageSha256: 'ab'.repeat(32),
-    rootDevice: '/dev/sda',
-    sshPublicKeys: [KEY],
-    actor: 'alice@ops',
-    reason: 'page test',
-  });
-  await AgentHeartbeats.of(bmdb).answer({ machineId, publicKey: key });
-  const secret = randomBytes(32).toString('base64url');
-  await AgentHeartbeats.of(bmdb).answer({
-    machineId,
-    publicKey: key,
-    installationReport: {
-      generation: 1n,
-      result: 'Success',
-      raw: new Uint8Array([8, 1]),
-      bootSecretSha256: bootSecretSha256(secret),
-    },
-  });
-  return { machineId, secret };
-}
+/** A machine installed as its agent reports it, asked with the operator's key; returns it and its first-boot secret. */
+const installed = (providerId: string) =>
+  installedMachine(bmdb, providerId, { sshPublicKeys: [KEY], actor: 'alice@ops', reason: 'page test' });
 
 /** A machine's JSON, as far as these tests read it. */
 interface MachineJson {
@@ -74,9 +35,9 @@ const get = async (path: string) => {
 
 describe('the first boot on the machine page', () => {
   test('booted with its time and host keys; booting; installed-not-booted past the bound: as HTML and JSON', async () => {
-    const booted = await installedMachine('web-node1');
-    const silent = await installedMachine('web-node2');
-    const fresh = await installedMachine('web-node3');
+    const booted = await installed('web-node1');
+    const silent = await installed('web-node2');
+    const fresh = await installed('web-node3');
     await recordFirstBoot(q, booted.machineId, { secret: booted.secret, hostKeys: [HOST_KEY] });
     await sql`UPDATE machine_os_installation_request SET installation_ended_at = now() - interval '31 minutes'
       WHERE machine_id = ${silent.machineId}`.execute(q);
