@@ -18,14 +18,14 @@ describe("the API's generated code", () => {
     await buf(['lint']);
   });
 
-  test('exports every generated module under its path, from source, declarations and JavaScript, and the hand-written network model', () => {
+  test('exports every generated module under its path, from source, declarations and JavaScript, and the hand-written network model and root-device hints', () => {
     const modules = readdirSync(new URL('../src/gen/', import.meta.url), { recursive: true, encoding: 'utf8' })
       .filter((file) => file.endsWith('.ts'))
       .map((file) => file.replace(/\.ts$/, ''))
       .sort();
     expect(modules.length).toBeGreaterThan(0);
     expect(Object.keys(manifest.exports).sort()).toEqual(
-      [...modules.map((module) => `./${module}`), './network'].sort(),
+      [...modules.map((module) => `./${module}`), './network', './root-device-hints'].sort(),
     );
     expect(manifest.exports['./network']).toEqual({
       source: './src/network.ts',
