@@ -18,7 +18,7 @@ import { createHash } from 'node:crypto';
 import { mkdir, mkdtemp, open, readFile, rm } from 'node:fs/promises';
 import { createServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
-import { loadavg, tmpdir } from 'node:os';
+import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
@@ -30,7 +30,14 @@ import { freePort } from '../../../test/support/ports.js';
 import { bundleAgent } from '../../agent/test/bundle-agent.js';
 import { buildBootImage, findKernel, Lab, type LabMachine } from '../src/index.js';
 import { sshBanner } from '../src/vm.js';
-import { enrolledWithHardwareReport, labEventually, missingForBlankLab, reportedHardware, seconds } from './support.js';
+import {
+  enrolledWithHardwareReport,
+  LabTimings,
+  labEventually,
+  missingForBlankLab,
+  reportedHardware,
+  seconds,
+} from './support.js';
 
 const missing = await missingForBlankLab();
 if (missing.length > 0) {
@@ -46,13 +53,8 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
   let db: TestDatabase;
   let dir: string;
   let lab: Lab;
-  const started = Date.now();
-  const timings: string[] = [];
-  function timing(line: string): void {
-    const text = `lab agent boot timing: ${line} (load ${loadavg()[0]?.toFixed(2)})`;
-    timings.push(text);
-    console.log(text);
-  }
+  const timings = new LabTimings('lab agent boot');
+  const timing = (line: string) => timings.record(line);
 
   beforeAll(async () => {
     // The lab runs the built packages: the CLI, and ipmi_sim's chassis control.
@@ -84,7 +86,7 @@ describe.skipIf(missing.length > 0)('the lab’s blank machines, booted by their
   afterAll(async () => {
     await lab?.stop();
     if (dir) await rm(dir, { recursive: true, force: true });
-    console.log(`lab agent boot test: ${seconds(started)} in all\n${timings.join('\n')}`);
+    timings.summarize();
   });
 
   const within = <T>(what: string, check: () => Promise<T | undefined>, timeout = 400_000) =>

@@ -18,7 +18,7 @@ import { createReadStream } from 'node:fs';
 import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { loadavg, tmpdir } from 'node:os';
+import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
@@ -29,7 +29,14 @@ import { createTestDatabase, type TestDatabase } from '../../../test/support/dat
 import { freePort } from '../../../test/support/ports.js';
 import { bundleAgent } from '../../agent/test/bundle-agent.js';
 import { buildCloudImage, CLOUD_IMAGE_CACHE, type CloudImage, LAB_SSH_PORT, Lab } from '../src/index.js';
-import { enrolledWithHardwareReport, labEventually, missingForBlankLab, reportedHardware, seconds } from './support.js';
+import {
+  enrolledWithHardwareReport,
+  LabTimings,
+  labEventually,
+  missingForBlankLab,
+  reportedHardware,
+  seconds,
+} from './support.js';
 
 const missing = await missingForBlankLab();
 if (!(await onPath('mmdebstrap'))) missing.push('mmdebstrap');
@@ -61,13 +68,8 @@ describe.skipIf(missing.length > 0 || !root)(
     let imageUrl: string;
     let imagePort: number;
     let key: SshKey;
-    const started = Date.now();
-    const timings: string[] = [];
-    function timing(line: string): void {
-      const text = `lab cloud install timing: ${line} (load ${loadavg()[0]?.toFixed(2)})`;
-      timings.push(text);
-      console.log(text);
-    }
+    const timings = new LabTimings('lab cloud install');
+    const timing = (line: string) => timings.record(line);
 
     beforeAll(async () => {
       // The lab runs the built packages: the CLI, and the agent's bundle.
@@ -108,7 +110,7 @@ describe.skipIf(missing.length > 0 || !root)(
       await lab?.stop();
       imageServer?.close();
       if (dir) await rm(dir, { recursive: true, force: true });
-      console.log(`lab cloud install test: ${seconds(started)} in all\n${timings.join('\n')}`);
+      timings.summarize();
     });
 
     const within = <T>(what: string, check: () => Promise<T | undefined>, timeout = 900_000) =>

@@ -1,4 +1,5 @@
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { loadavg } from 'node:os';
 import { EFISupport } from '@bmaas/api/cloud/agent/api/hwreport_pb';
 import { IpmiSimulator, onPath } from '@bmaas/provider-static/testing';
 import { AgentHardwareReportSchema } from '@bmaas/server';
@@ -166,4 +167,27 @@ export async function enrolledWithHardwareReport(
 /** The time since `since` (a `Date.now()`), as the lab's timing lines print it. */
 export function seconds(since: number): string {
   return `${((Date.now() - since) / 1000).toFixed(1)} s`;
+}
+
+/**
+ * A lab test's timing lines: each printed as it is recorded, with the load
+ * average beside it, and all again under the test's total time at its end
+ * (Vitest's output of a long run buries the first ones).
+ */
+export class LabTimings {
+  readonly #started = Date.now();
+  readonly #lines: string[] = [];
+
+  constructor(readonly test: string) {}
+
+  record(line: string): void {
+    const text = `${this.test} timing: ${line} (load ${loadavg()[0]?.toFixed(2)})`;
+    this.#lines.push(text);
+    console.log(text);
+  }
+
+  /** Prints the test's time in all and every line recorded. */
+  summarize(): void {
+    console.log(`${this.test} test: ${seconds(this.#started)} in all\n${this.#lines.join('\n')}`);
+  }
 }
